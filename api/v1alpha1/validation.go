@@ -1,0 +1,490 @@
+package v1alpha1
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// The API server enforces the CRD schema and its CEL rules. The functions below check the same spec
+// in Go, plus what CEL cannot express (base64 payloads, CIDRs, cross-field rules over names), for
+// two callers: the controller's validating webhook and `qvirt-launcher run -f`, which reads a spec
+// outside Kubernetes and must refuse what the API server would refuse.
+
+// MaxVCPUs is the most vCPUs a q35 guest gets from QEMU here.
+const MaxVCPUs = 255
+
+var (
+	dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	macRE    = regexp.MustCompile(`^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$`)
+	machRE   = regexp.MustCompile(`^(q35|pc-q35-[0-9.]+)$`)
+	cpuRE    = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
+	serialRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
+)
+
+// ValidateVirtualMachine checks a VirtualMachine's spec.
+func ValidateVirtualMachine(vm *VirtualMachine) field.ErrorList {
+	p := field.NewPath("spec")
+	var errs field.ErrorList
+	if vm.Spec.RunStrategy != nil && vm.Spec.Running != nil {
+		errs = append(errs, field.Forbidden(p.Child("running"), "set either running (deprecated) or runStrategy, not both"))
+	}
+	if rs := vm.Spec.RunStrategy; rs != nil {
+		errs = append(errs, validateEnum(p.Child("runStrategy"), string(*rs), string(RunStrategyAlways),
+			string(RunStrategyRerunOnFailure), string(RunStrategyOnce), string(RunStrategyManual), string(RunStrategyHalted))...)
+	}
+	return append(errs, ValidateVirtualMachineInstanceSpec(&vm.Spec.Template.Spec, p.Child("template", "spec"))...)
+}
+
+// ValidateVirtualMachineInstanceSpec checks an instance spec; p is the spec's path.
+func ValidateVirtualMachineInstanceSpec(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	errs = append(errs, validateDomain(&spec.Domain, p.Child("domain"))...)
+	errs = append(errs, validateVolumes(spec.Volumes, p.Child("volumes"))...)
+	errs = append(errs, validateNetworks(spec.Networks, p.Child("networks"))...)
+	errs = append(errs, validateDiskVolumePairs(spec, p)...)
+	errs = append(errs, validateInterfaceNetworkPairs(spec, p)...)
+	if spec.TerminationGracePeriodSeconds != nil && *spec.TerminationGracePeriodSeconds < 0 {
+		errs = append(errs, field.Invalid(p.Child("terminationGracePeriodSeconds"), *spec.TerminationGracePeriodSeconds, "must be 0 or more"))
+	}
+	if es := spec.EvictionStrategy; es != nil {
+		errs = append(errs, validateEnum(p.Child("evictionStrategy"), string(*es), string(EvictionStrategyNone),
+			string(EvictionStrategyLiveMigrate), string(EvictionStrategyLiveMigrateIfPossible), string(EvictionStrategyExternal))...)
+	}
+	errs = append(errs, validateOptionalLabel(p.Child("hostname"), spec.Hostname)...)
+	return append(errs, validateOptionalLabel(p.Child("subdomain"), spec.Subdomain)...)
+}
+
+func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if cpu := d.CPU; cpu != nil {
+		errs = append(errs, validateCPU(cpu, p.Child("cpu"))...)
+	}
+	errs = append(errs, validateMemory(d, p)...)
+	if m := d.Machine; m != nil && m.Type != "" && !machRE.MatchString(m.Type) {
+		errs = append(errs, field.NotSupported(p.Child("machine", "type"), m.Type, []string{"q35", "pc-q35-<version>"}))
+	}
+	if fw := d.Firmware; fw != nil {
+		errs = append(errs, validateFirmware(fw, p.Child("firmware"))...)
+	}
+	errs = append(errs, validateDisks(d.Devices.Disks, p.Child("devices", "disks"))...)
+	return append(errs, validateInterfaces(d.Devices.Interfaces, p.Child("devices", "interfaces"))...)
+}
+
+func validateCPU(cpu *CPU, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if cpu.Model != "" && !cpuRE.MatchString(cpu.Model) {
+		errs = append(errs, field.Invalid(p.Child("model"), cpu.Model, "must be a QEMU CPU model name such as host-passthrough or qemu64"))
+	}
+	if v := VCPUs(cpu); v > MaxVCPUs {
+		errs = append(errs, field.Invalid(p, v, fmt.Sprintf("sockets*cores*threads must be at most %d", MaxVCPUs)))
+	}
+	return errs
+}
+
+// VCPUs is the vCPU count of a topology, counting unset values as 1.
+func VCPUs(cpu *CPU) uint64 {
+	if cpu == nil {
+		return 1
+	}
+	one := func(v uint32) uint64 { return max(uint64(v), 1) }
+	return one(cpu.Sockets) * one(cpu.Cores) * one(cpu.Threads)
+}
+
+func validateMemory(d *DomainSpec, p *field.Path) field.ErrorList {
+	guest := GuestMemory(d)
+	if d.Memory != nil && d.Memory.Guest != nil {
+		if d.Memory.Guest.Sign() <= 0 {
+			return field.ErrorList{field.Invalid(p.Child("memory", "guest"), d.Memory.Guest.String(), "must be a positive quantity")}
+		}
+		if limit, ok := d.Resources.Limits["memory"]; ok && limit.Cmp(*guest) < 0 {
+			return field.ErrorList{field.Invalid(p.Child("resources", "limits", "memory"), limit.String(), "must be at least memory.guest")}
+		}
+		return nil
+	}
+	if guest == nil || guest.Sign() <= 0 {
+		return field.ErrorList{field.Required(p.Child("memory", "guest"), "set memory.guest or resources.requests.memory to a positive quantity")}
+	}
+	return nil
+}
+
+// GuestMemory is the memory the guest sees: memory.guest, else resources.requests.memory; nil if neither.
+func GuestMemory(d *DomainSpec) *resource.Quantity {
+	if d.Memory != nil && d.Memory.Guest != nil {
+		return d.Memory.Guest
+	}
+	if q, ok := d.Resources.Requests["memory"]; ok {
+		return &q
+	}
+	return nil
+}
+
+func validateFirmware(fw *Firmware, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if fw.Serial != "" && !serialRE.MatchString(fw.Serial) {
+		errs = append(errs, field.Invalid(p.Child("serial"), fw.Serial, "may hold only letters, digits and _.+-"))
+	}
+	kb := fw.KernelBoot
+	if kb == nil {
+		return errs
+	}
+	kp := p.Child("kernelBoot")
+	if kb.Container == nil {
+		if kb.KernelArgs != "" {
+			errs = append(errs, field.Required(kp.Child("container"), "kernelArgs needs a container with the kernel"))
+		}
+		return errs
+	}
+	cp := kp.Child("container")
+	if kb.Container.Image == "" {
+		errs = append(errs, field.Required(cp.Child("image"), "the image holding the kernel"))
+	}
+	if kb.Container.KernelPath == "" && kb.Container.InitrdPath == "" {
+		errs = append(errs, field.Required(cp, "at least one of kernelPath and initrdPath must be set"))
+	}
+	errs = append(errs, validateAbsPath(cp.Child("kernelPath"), kb.Container.KernelPath)...)
+	return append(errs, validateAbsPath(cp.Child("initrdPath"), kb.Container.InitrdPath)...)
+}
+
+func validateDisks(disks []Disk, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	names := map[string]bool{}
+	boot := map[uint32]string{}
+	for i := range disks {
+		d := &disks[i]
+		dp := p.Index(i)
+		errs = append(errs, validateName(dp.Child("name"), d.Name, names)...)
+		errs = append(errs, validateDiskTarget(d, dp)...)
+		if d.BootOrder != nil {
+			if *d.BootOrder < 1 {
+				errs = append(errs, field.Invalid(dp.Child("bootOrder"), *d.BootOrder, "must be 1 or more"))
+			} else if other, dup := boot[*d.BootOrder]; dup {
+				errs = append(errs, field.Duplicate(dp.Child("bootOrder"), fmt.Sprintf("%d (also disk %q)", *d.BootOrder, other)))
+			}
+			boot[*d.BootOrder] = d.Name
+		}
+		if d.Serial != "" && (len(d.Serial) > 20 || !serialRE.MatchString(d.Serial)) {
+			errs = append(errs, field.Invalid(dp.Child("serial"), d.Serial, "must be at most 20 letters, digits or _.+-"))
+		}
+		if d.Cache != "" {
+			errs = append(errs, validateEnum(dp.Child("cache"), string(d.Cache), string(CacheNone), string(CacheWriteThrough), string(CacheWriteBack))...)
+		}
+		if d.IO != "" {
+			errs = append(errs, validateEnum(dp.Child("io"), string(d.IO), string(IONative), string(IOThreads))...)
+		}
+		if d.IO == IONative && d.Cache != "" && d.Cache != CacheNone {
+			errs = append(errs, field.Invalid(dp.Child("io"), d.IO, "io native needs cache none"))
+		}
+	}
+	return errs
+}
+
+func validateDiskTarget(d *Disk, p *field.Path) field.ErrorList {
+	switch {
+	case d.Disk != nil && d.CDRom != nil:
+		return field.ErrorList{field.Forbidden(p.Child("cdrom"), "a disk is either disk or cdrom, not both")}
+	case d.Disk != nil && d.Disk.Bus != "":
+		return validateEnum(p.Child("disk", "bus"), string(d.Disk.Bus), string(DiskBusVirtio), string(DiskBusSATA), string(DiskBusSCSI))
+	case d.CDRom != nil:
+		var errs field.ErrorList
+		if d.CDRom.Bus != "" {
+			errs = validateEnum(p.Child("cdrom", "bus"), string(d.CDRom.Bus), string(DiskBusSATA), string(DiskBusSCSI))
+		}
+		if d.CDRom.ReadOnly != nil && !*d.CDRom.ReadOnly {
+			errs = append(errs, field.Invalid(p.Child("cdrom", "readonly"), false, "a cdrom is always read-only"))
+		}
+		return errs
+	}
+	return nil
+}
+
+func validateInterfaces(ifaces []Interface, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	names := map[string]bool{}
+	macs := map[string]bool{}
+	for i := range ifaces {
+		in := &ifaces[i]
+		ip := p.Index(i)
+		errs = append(errs, validateName(ip.Child("name"), in.Name, names)...)
+		if in.Model != "" {
+			errs = append(errs, validateEnum(ip.Child("model"), in.Model, "virtio", "e1000", "e1000e", "rtl8139")...)
+		}
+		if in.Masquerade != nil && in.Bridge != nil {
+			errs = append(errs, field.Forbidden(ip.Child("bridge"), "an interface has one binding: masquerade or bridge, not both"))
+		}
+		if in.MacAddress != "" {
+			errs = append(errs, validateMAC(ip.Child("macAddress"), in.MacAddress, macs)...)
+		}
+		for j, port := range in.Ports {
+			pp := ip.Child("ports").Index(j)
+			if port.Port < 1 || port.Port > 65535 {
+				errs = append(errs, field.Invalid(pp.Child("port"), port.Port, "must be between 1 and 65535"))
+			}
+			if port.Protocol != "" {
+				errs = append(errs, validateEnum(pp.Child("protocol"), port.Protocol, "TCP", "UDP")...)
+			}
+		}
+	}
+	return errs
+}
+
+func validateMAC(p *field.Path, mac string, seen map[string]bool) field.ErrorList {
+	if !macRE.MatchString(mac) {
+		return field.ErrorList{field.Invalid(p, mac, "must be six hex octets such as 02:00:00:00:00:01")}
+	}
+	hw, err := net.ParseMAC(strings.ReplaceAll(mac, "-", ":"))
+	if err != nil {
+		return field.ErrorList{field.Invalid(p, mac, err.Error())}
+	}
+	if hw[0]&1 == 1 {
+		return field.ErrorList{field.Invalid(p, mac, "must be a unicast address (lowest bit of the first octet clear)")}
+	}
+	key := hw.String()
+	if seen[key] {
+		return field.ErrorList{field.Duplicate(p, mac)}
+	}
+	seen[key] = true
+	return nil
+}
+
+func validateVolumes(vols []Volume, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	names := map[string]bool{}
+	for i := range vols {
+		v := &vols[i]
+		vp := p.Index(i)
+		errs = append(errs, validateName(vp.Child("name"), v.Name, names)...)
+		errs = append(errs, validateVolumeSource(&v.VolumeSource, vp)...)
+	}
+	return errs
+}
+
+func validateVolumeSource(s *VolumeSource, p *field.Path) field.ErrorList {
+	set := countSet(s.ContainerDisk != nil, s.CloudInitNoCloud != nil, s.EmptyDisk != nil,
+		s.HostDisk != nil, s.PersistentVolumeClaim != nil, s.Ephemeral != nil)
+	if set != 1 {
+		return field.ErrorList{field.Invalid(p, set, "a volume sets exactly one source: containerDisk, cloudInitNoCloud, emptyDisk, hostDisk, persistentVolumeClaim or ephemeral")}
+	}
+	switch {
+	case s.ContainerDisk != nil:
+		return validateContainerDisk(s.ContainerDisk, p.Child("containerDisk"))
+	case s.CloudInitNoCloud != nil:
+		return validateCloudInit(s.CloudInitNoCloud, p.Child("cloudInitNoCloud"))
+	case s.EmptyDisk != nil:
+		if s.EmptyDisk.Capacity.Sign() <= 0 {
+			return field.ErrorList{field.Invalid(p.Child("emptyDisk", "capacity"), s.EmptyDisk.Capacity.String(), "must be a positive quantity")}
+		}
+	case s.HostDisk != nil:
+		return validateHostDisk(s.HostDisk, p.Child("hostDisk"))
+	case s.PersistentVolumeClaim != nil:
+		return validateClaim(s.PersistentVolumeClaim, p.Child("persistentVolumeClaim"))
+	case s.Ephemeral != nil:
+		if s.Ephemeral.PersistentVolumeClaim == nil {
+			return field.ErrorList{field.Required(p.Child("ephemeral", "persistentVolumeClaim"), "the claim under the overlay")}
+		}
+		return validateClaim(s.Ephemeral.PersistentVolumeClaim, p.Child("ephemeral", "persistentVolumeClaim"))
+	}
+	return nil
+}
+
+func validateContainerDisk(c *ContainerDiskSource, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if c.Image == "" {
+		errs = append(errs, field.Required(p.Child("image"), "the container image holding the disk"))
+	}
+	return append(errs, validateAbsPath(p.Child("path"), c.Path)...)
+}
+
+func validateCloudInit(c *CloudInitNoCloudSource, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if countSet(c.UserData != "", c.UserDataBase64 != "", c.UserDataSecretRef != nil) > 1 {
+		errs = append(errs, field.Forbidden(p, "set at most one of userData, userDataBase64 and secretRef"))
+	}
+	if countSet(c.NetworkData != "", c.NetworkDataBase64 != "", c.NetworkDataSecretRef != nil) > 1 {
+		errs = append(errs, field.Forbidden(p, "set at most one of networkData, networkDataBase64 and networkDataSecretRef"))
+	}
+	errs = append(errs, validateBase64(p.Child("userDataBase64"), c.UserDataBase64)...)
+	return append(errs, validateBase64(p.Child("networkDataBase64"), c.NetworkDataBase64)...)
+}
+
+func validateHostDisk(h *HostDisk, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if h.Path == "" {
+		errs = append(errs, field.Required(p.Child("path"), "the absolute path of the image on the node"))
+	}
+	errs = append(errs, validateAbsPath(p.Child("path"), h.Path)...)
+	errs = append(errs, validateEnum(p.Child("type"), string(h.Type), string(HostDiskExists), string(HostDiskExistsOrCreate))...)
+	if h.Type == HostDiskExistsOrCreate && (h.Capacity == nil || h.Capacity.Sign() <= 0) {
+		errs = append(errs, field.Required(p.Child("capacity"), "a positive capacity is required when type is DiskOrCreate"))
+	}
+	return errs
+}
+
+func validateClaim(c *PersistentVolumeClaimVolumeSource, p *field.Path) field.ErrorList {
+	if c.ClaimName == "" {
+		return field.ErrorList{field.Required(p.Child("claimName"), "the PersistentVolumeClaim's name")}
+	}
+	if msgs := validation.IsDNS1123Subdomain(c.ClaimName); len(msgs) > 0 {
+		return field.ErrorList{field.Invalid(p.Child("claimName"), c.ClaimName, strings.Join(msgs, "; "))}
+	}
+	return nil
+}
+
+func validateNetworks(nets []Network, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	names := map[string]bool{}
+	pods := 0
+	for i := range nets {
+		n := &nets[i]
+		np := p.Index(i)
+		errs = append(errs, validateName(np.Child("name"), n.Name, names)...)
+		if (n.Pod == nil) == (n.Multus == nil) {
+			errs = append(errs, field.Invalid(np, n.Name, "a network sets exactly one of pod and multus"))
+			continue
+		}
+		if n.Pod != nil {
+			pods++
+			if pods > 1 {
+				errs = append(errs, field.Duplicate(np.Child("pod"), "only one network may be the pod network"))
+			}
+			errs = append(errs, validateCIDR(np.Child("pod", "vmNetworkCIDR"), n.Pod.VMNetworkCIDR)...)
+		}
+		if n.Multus != nil && n.Multus.NetworkName == "" {
+			errs = append(errs, field.Required(np.Child("multus", "networkName"), "the NetworkAttachmentDefinition's name"))
+		}
+	}
+	return errs
+}
+
+func validateDiskVolumePairs(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	vols := map[string]bool{}
+	for _, v := range spec.Volumes {
+		vols[v.Name] = true
+	}
+	disks := map[string]bool{}
+	for i, d := range spec.Domain.Devices.Disks {
+		disks[d.Name] = true
+		if !vols[d.Name] {
+			errs = append(errs, field.NotFound(p.Child("domain", "devices", "disks").Index(i).Child("name"), d.Name))
+		}
+	}
+	for i, v := range spec.Volumes {
+		if !disks[v.Name] {
+			errs = append(errs, field.Invalid(p.Child("volumes").Index(i).Child("name"), v.Name, "no disk attaches this volume"))
+		}
+	}
+	return errs
+}
+
+func validateInterfaceNetworkPairs(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	nets := map[string]*Network{}
+	for i := range spec.Networks {
+		nets[spec.Networks[i].Name] = &spec.Networks[i]
+	}
+	ifaces := map[string]bool{}
+	for i, in := range spec.Domain.Devices.Interfaces {
+		ifaces[in.Name] = true
+		ip := p.Child("domain", "devices", "interfaces").Index(i)
+		n, ok := nets[in.Name]
+		if !ok {
+			errs = append(errs, field.NotFound(ip.Child("name"), in.Name))
+			continue
+		}
+		if in.Masquerade != nil && n.Pod == nil {
+			errs = append(errs, field.Invalid(ip.Child("masquerade"), in.Name, "the masquerade binding needs the pod network"))
+		}
+	}
+	for i, n := range spec.Networks {
+		if !ifaces[n.Name] {
+			errs = append(errs, field.Invalid(p.Child("networks").Index(i).Child("name"), n.Name, "no interface uses this network"))
+		}
+	}
+	return errs
+}
+
+func validateName(p *field.Path, name string, seen map[string]bool) field.ErrorList {
+	if name == "" {
+		return field.ErrorList{field.Required(p, "a name")}
+	}
+	if len(name) > 63 || !dnsLabel.MatchString(name) {
+		return field.ErrorList{field.Invalid(p, name, "must be a DNS label: lower-case letters, digits and '-', at most 63")}
+	}
+	if seen[name] {
+		return field.ErrorList{field.Duplicate(p, name)}
+	}
+	seen[name] = true
+	return nil
+}
+
+func validateOptionalLabel(p *field.Path, v string) field.ErrorList {
+	if v == "" || (len(v) <= 63 && dnsLabel.MatchString(v)) {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(p, v, "must be a DNS label: lower-case letters, digits and '-', at most 63")}
+}
+
+func validateEnum(p *field.Path, v string, allowed ...string) field.ErrorList {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return field.ErrorList{field.NotSupported(p, v, allowed)}
+}
+
+func validateAbsPath(p *field.Path, v string) field.ErrorList {
+	if v == "" {
+		return nil
+	}
+	if !strings.HasPrefix(v, "/") || strings.ContainsRune(v, 0) {
+		return field.ErrorList{field.Invalid(p, v, "must be an absolute path")}
+	}
+	for _, seg := range strings.Split(v, "/") {
+		if seg == ".." {
+			return field.ErrorList{field.Invalid(p, v, "must not contain '..' segments")}
+		}
+	}
+	return nil
+}
+
+func validateBase64(p *field.Path, v string) field.ErrorList {
+	if v == "" {
+		return nil
+	}
+	if _, err := base64.StdEncoding.DecodeString(v); err != nil {
+		return field.ErrorList{field.Invalid(p, "<base64 data>", fmt.Sprintf("not valid base64: %v", err))}
+	}
+	return nil
+}
+
+func validateCIDR(p *field.Path, v string) field.ErrorList {
+	if v == "" {
+		return nil
+	}
+	ip, n, err := net.ParseCIDR(v)
+	if err != nil || ip.To4() == nil {
+		return field.ErrorList{field.Invalid(p, v, "must be an IPv4 CIDR such as 10.0.2.0/24")}
+	}
+	if ones, _ := n.Mask.Size(); ones > 30 {
+		return field.ErrorList{field.Invalid(p, v, "must leave room for a gateway and a guest: prefix /30 or shorter")}
+	}
+	return nil
+}
+
+func countSet(vs ...bool) int {
+	n := 0
+	for _, v := range vs {
+		if v {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,204 @@
+package v1alpha1
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+)
+
+// validVM is the one valid object every case below starts from.
+func validVM() *VirtualMachine {
+	rs := RunStrategyAlways
+	return &VirtualMachine{Spec: VirtualMachineSpec{
+		RunStrategy: &rs,
+		Template: VirtualMachineInstanceTemplateSpec{Spec: VirtualMachineInstanceSpec{
+			Domain: DomainSpec{
+				CPU:    &CPU{Cores: 2},
+				Memory: &Memory{Guest: ptr.To(resource.MustParse("256Mi"))},
+				Devices: Devices{
+					Disks: []Disk{
+						{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1)},
+						{Name: "cidata", CDRom: &CDRomTarget{Bus: DiskBusSATA}},
+					},
+					Interfaces: []Interface{{Name: "default", Masquerade: &InterfaceMasquerade{}, Ports: []Port{{Port: 80}}}},
+				},
+			},
+			Volumes: []Volume{
+				{Name: "root", VolumeSource: VolumeSource{ContainerDisk: &ContainerDiskSource{Image: "example/disk:1"}}},
+				{Name: "cidata", VolumeSource: VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{UserData: "#cloud-config\n"}}},
+			},
+			Networks: []Network{{Name: "default", Pod: &PodNetwork{}}},
+		}},
+	}}
+}
+
+func TestValidateVirtualMachine(t *testing.T) {
+	if errs := ValidateVirtualMachine(validVM()); len(errs) != 0 {
+		t.Fatalf("the base object must be valid, got %v", errs)
+	}
+	cases := []struct {
+		name   string
+		mutate func(vm *VirtualMachine, s *VirtualMachineInstanceSpec)
+		path   string
+	}{
+		{"running and runStrategy", func(vm *VirtualMachine, _ *VirtualMachineInstanceSpec) { vm.Spec.Running = ptr.To(true) }, "spec.running"},
+		{"runStrategy typo", func(vm *VirtualMachine, _ *VirtualMachineInstanceSpec) { vm.Spec.RunStrategy = ptr.To(RunStrategy("Allways")) }, "spec.runStrategy"},
+		{"disk without volume", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: "orphan"})
+		}, "spec.template.spec.domain.devices.disks[2].name"},
+		{"volume without disk", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes = append(s.Volumes, Volume{Name: "extra", VolumeSource: VolumeSource{EmptyDisk: &EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}})
+		}, "spec.template.spec.volumes[2].name"},
+		{"duplicate disk", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].Name = "root" }, "spec.template.spec.domain.devices.disks[1].name"},
+		{"duplicate volume", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Volumes[1].Name = "root" }, "spec.template.spec.volumes[1].name"},
+		{"bad disk name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[0].Name = "Root_Disk" }, "spec.template.spec.domain.devices.disks[0].name"},
+		{"zero memory", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Memory.Guest = ptr.To(resource.MustParse("0")) }, "spec.template.spec.domain.memory.guest"},
+		{"no memory at all", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Memory = nil }, "spec.template.spec.domain.memory.guest"},
+		{"limit below guest memory", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Resources.Limits = corev1.ResourceList{"memory": resource.MustParse("128Mi")}
+		}, "spec.template.spec.domain.resources.limits.memory"},
+		{"too many vCPUs", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.CPU = &CPU{Sockets: 16, Cores: 16, Threads: 2} }, "spec.template.spec.domain.cpu"},
+		{"unknown bus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[0].Disk.Bus = "ide" }, "spec.template.spec.domain.devices.disks[0].disk.bus"},
+		{"cdrom on virtio", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].CDRom.Bus = DiskBusVirtio }, "spec.template.spec.domain.devices.disks[1].cdrom.bus"},
+		{"disk and cdrom", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].Disk = &DiskTarget{} }, "spec.template.spec.domain.devices.disks[1].cdrom"},
+		{"duplicate bootOrder", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].BootOrder = ptr.To[uint32](1) }, "spec.template.spec.domain.devices.disks[1].bootOrder"},
+		{"native io with writeback", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks[0].IO, s.Domain.Devices.Disks[0].Cache = IONative, CacheWriteBack
+		}, "spec.template.spec.domain.devices.disks[0].io"},
+		{"bad MAC", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Interfaces[0].MacAddress = "02:00:00:00:00" }, "spec.template.spec.domain.devices.interfaces[0].macAddress"},
+		{"multicast MAC", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Interfaces[0].MacAddress = "01:00:5e:00:00:01" }, "spec.template.spec.domain.devices.interfaces[0].macAddress"},
+		{"two bindings", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Interfaces[0].Bridge = &InterfaceBridge{} }, "spec.template.spec.domain.devices.interfaces[0].bridge"},
+		{"port out of range", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Interfaces[0].Ports[0].Port = 70000 }, "spec.template.spec.domain.devices.interfaces[0].ports[0].port"},
+		{"interface without network", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Networks[0].Name = "other" }, "spec.template.spec.domain.devices.interfaces[0].name"},
+		{"masquerade on multus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Networks[0] = Network{Name: "default", Multus: &MultusNetwork{NetworkName: "ns/net"}}
+		}, "spec.template.spec.domain.devices.interfaces[0].masquerade"},
+		{"pod and multus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Networks[0].Multus = &MultusNetwork{NetworkName: "x"} }, "spec.template.spec.networks[0]"},
+		{"bad vm CIDR", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Networks[0].Pod.VMNetworkCIDR = "10.0.2.0/31" }, "spec.template.spec.networks[0].pod.vmNetworkCIDR"},
+		{"two sources", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Volumes[0].EmptyDisk = &EmptyDiskSource{Capacity: resource.MustParse("1Gi")} }, "spec.template.spec.volumes[0]"},
+		{"bad base64", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].CloudInitNoCloud = &CloudInitNoCloudSource{UserDataBase64: "not base64!"}
+		}, "spec.template.spec.volumes[1].cloudInitNoCloud.userDataBase64"},
+		{"hostDisk relative path", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[0].VolumeSource = VolumeSource{HostDisk: &HostDisk{Path: "disk.img", Type: HostDiskExists}}
+		}, "spec.template.spec.volumes[0].hostDisk.path"},
+		{"hostDisk dot-dot", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[0].VolumeSource = VolumeSource{HostDisk: &HostDisk{Path: "/var/lib/../../etc/shadow", Type: HostDiskExists}}
+		}, "spec.template.spec.volumes[0].hostDisk.path"},
+		{"hostDisk create without capacity", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[0].VolumeSource = VolumeSource{HostDisk: &HostDisk{Path: "/var/lib/qvirt/d.img", Type: HostDiskExistsOrCreate}}
+		}, "spec.template.spec.volumes[0].hostDisk.capacity"},
+		{"bad hostname", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Hostname = "My_Host" }, "spec.template.spec.hostname"},
+		{"kernel boot without paths", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{KernelBoot: &KernelBoot{Container: &KernelBootContainer{Image: "k:1"}}}
+		}, "spec.template.spec.domain.firmware.kernelBoot.container"},
+		{"machine type", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Machine = &Machine{Type: "pc-i440fx-7.2"} }, "spec.template.spec.domain.machine.type"},
+		{"negative grace period", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.TerminationGracePeriodSeconds = ptr.To[int64](-1) }, "spec.template.spec.terminationGracePeriodSeconds"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			vm := validVM()
+			tc.mutate(vm, &vm.Spec.Template.Spec)
+			errs := ValidateVirtualMachine(vm)
+			if !hasPath(errs, tc.path) {
+				t.Fatalf("want an error at %s, got %v", tc.path, errs)
+			}
+		})
+	}
+}
+
+func hasPath(errs field.ErrorList, path string) bool {
+	for _, e := range errs {
+		if e.Field == path {
+			return true
+		}
+	}
+	return false
+}
+
+func TestSamplesValidate(t *testing.T) {
+	for _, f := range sampleFiles(t) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal(data, &meta); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		var errs field.ErrorList
+		switch meta.Kind {
+		case "VirtualMachine":
+			var vm VirtualMachine
+			mustUnmarshalStrict(t, f, data, &vm)
+			errs = ValidateVirtualMachine(&vm)
+		case "VirtualMachineInstance":
+			var vmi VirtualMachineInstance
+			mustUnmarshalStrict(t, f, data, &vmi)
+			errs = ValidateVirtualMachineInstanceSpec(&vmi.Spec, field.NewPath("spec"))
+		default:
+			continue
+		}
+		if len(errs) != 0 {
+			t.Errorf("%s: %v", filepath.Base(f), errs)
+		}
+	}
+}
+
+func mustUnmarshalStrict(t testing.TB, name string, data []byte, into any) {
+	t.Helper()
+	if err := yaml.UnmarshalStrict(data, into); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+}
+
+func sampleFiles(t testing.TB) []string {
+	files, err := filepath.Glob("../../config/samples/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no samples under config/samples: %v", err)
+	}
+	var out []string
+	for _, f := range files {
+		if !strings.HasSuffix(f, "kustomization.yaml") {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// FuzzValidateVirtualMachine feeds arbitrary manifests to the validation functions: they must never
+// panic, every error must name a field, and validation must be deterministic.
+func FuzzValidateVirtualMachine(f *testing.F) {
+	for _, file := range sampleFiles(f) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	base, _ := json.Marshal(validVM())
+	f.Add(base)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var vm VirtualMachine
+		if err := yaml.Unmarshal(data, &vm); err != nil {
+			return
+		}
+		errs := ValidateVirtualMachine(&vm)
+		for _, e := range errs {
+			if e.Field == "" {
+				t.Fatalf("error without a field path: %v", e)
+			}
+		}
+		if again := ValidateVirtualMachine(&vm); len(again) != len(errs) {
+			t.Fatalf("validation is not deterministic: %d then %d errors", len(errs), len(again))
+		}
+	})
+}

@@ -1,0 +1,195 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// VirtualMachine declares a virtual machine that qvirt keeps in the state its runStrategy asks for,
+// creating and deleting VirtualMachineInstances from its template.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=vm;vms,categories=all;qvirt
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="Status",type=string,JSONPath=".status.printableStatus"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=".status.conditions[?(@.type=='Ready')].status"
+type VirtualMachine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the desired machine and whether it should run.
+	Spec VirtualMachineSpec `json:"spec"`
+
+	// Status is what the controller observes.
+	// +optional
+	Status VirtualMachineStatus `json:"status,omitempty"`
+}
+
+// VirtualMachineList is a list of VirtualMachines.
+//
+// +kubebuilder:object:root=true
+type VirtualMachineList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VirtualMachine `json:"items"`
+}
+
+// VirtualMachineSpec is the desired machine and its run strategy.
+// +kubebuilder:validation:XValidation:rule="!(has(self.running) && has(self.runStrategy))",message="set either running (deprecated) or runStrategy, not both"
+type VirtualMachineSpec struct {
+	// RunStrategy says when an instance should exist: Always (keep one running, restart it whatever
+	// ends it), RerunOnFailure (restart it after a failure but not after a guest shutdown), Once (run
+	// it once), Manual (only start/stop requests change it) or Halted (no instance). Halted when
+	// neither runStrategy nor running is set.
+	// +optional
+	RunStrategy *RunStrategy `json:"runStrategy,omitempty"`
+
+	// Running is the deprecated KubeVirt switch: true is runStrategy Always, false is Halted.
+	// +optional
+	Running *bool `json:"running,omitempty"`
+
+	// Template is the instance the VirtualMachine creates.
+	Template VirtualMachineInstanceTemplateSpec `json:"template"`
+}
+
+// VirtualMachineInstanceTemplateSpec is the metadata and spec of the instances a VirtualMachine creates.
+type VirtualMachineInstanceTemplateSpec struct {
+	// ObjectMeta holds the labels and annotations given to each instance.
+	// +optional
+	ObjectMeta metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the instance's spec.
+	Spec VirtualMachineInstanceSpec `json:"spec"`
+}
+
+// RunStrategy says when a VirtualMachine's instance should exist.
+// +kubebuilder:validation:Enum=Always;RerunOnFailure;Once;Manual;Halted
+type RunStrategy string
+
+// Run strategies, with KubeVirt's semantics.
+const (
+	RunStrategyAlways         RunStrategy = "Always"
+	RunStrategyRerunOnFailure RunStrategy = "RerunOnFailure"
+	RunStrategyOnce           RunStrategy = "Once"
+	RunStrategyManual         RunStrategy = "Manual"
+	RunStrategyHalted         RunStrategy = "Halted"
+)
+
+// PrintableStatus is a one-word summary of a VirtualMachine for people.
+type PrintableStatus string
+
+// Printable statuses, as in KubeVirt.
+const (
+	PrintableStatusStopped            PrintableStatus = "Stopped"
+	PrintableStatusProvisioning       PrintableStatus = "Provisioning"
+	PrintableStatusStarting           PrintableStatus = "Starting"
+	PrintableStatusRunning            PrintableStatus = "Running"
+	PrintableStatusPaused             PrintableStatus = "Paused"
+	PrintableStatusStopping           PrintableStatus = "Stopping"
+	PrintableStatusTerminating        PrintableStatus = "Terminating"
+	PrintableStatusMigrating          PrintableStatus = "Migrating"
+	PrintableStatusUnknown            PrintableStatus = "Unknown"
+	PrintableStatusUnschedulable      PrintableStatus = "ErrorUnschedulable"
+	PrintableStatusErrImagePull       PrintableStatus = "ErrImagePull"
+	PrintableStatusImagePullBackOff   PrintableStatus = "ImagePullBackOff"
+	PrintableStatusCrashLoopBackOff   PrintableStatus = "CrashLoopBackOff"
+	PrintableStatusWaitingForVolume   PrintableStatus = "WaitingForVolumeBinding"
+	PrintableStatusFailed             PrintableStatus = "Failed"
+	PrintableStatusSucceeded          PrintableStatus = "Succeeded"
+	PrintableStatusRestartRequired    PrintableStatus = "RestartRequired"
+	PrintableStatusDataVolumeNotReady PrintableStatus = "DataVolumeError"
+)
+
+// Condition types of a VirtualMachine.
+const (
+	// VirtualMachineReady mirrors the instance's Ready condition.
+	VirtualMachineReady = "Ready"
+	// VirtualMachinePaused mirrors the instance's Paused condition.
+	VirtualMachinePaused = "Paused"
+	// VirtualMachineFailure reports a failure to create or run the instance.
+	VirtualMachineFailure = "Failure"
+	// VirtualMachineRestartRequired is true when the template changed under a running instance.
+	VirtualMachineRestartRequired = "RestartRequired"
+)
+
+// VirtualMachineStatus is the observed state of a VirtualMachine.
+type VirtualMachineStatus struct {
+	// Created is true when an instance exists.
+	// +optional
+	Created bool `json:"created,omitempty"`
+
+	// Ready is true when the instance exists and is ready.
+	// +optional
+	Ready bool `json:"ready,omitempty"`
+
+	// PrintableStatus is a one-word summary: Stopped, Starting, Running, Paused, Stopping,
+	// Terminating, Migrating, ErrorUnschedulable, CrashLoopBackOff, ...
+	// +optional
+	PrintableStatus PrintableStatus `json:"printableStatus,omitempty"`
+
+	// RunStrategy is the run strategy in force.
+	// +optional
+	RunStrategy RunStrategy `json:"runStrategy,omitempty"`
+
+	// Conditions are Ready, Paused, Failure, RestartRequired and the like.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// StateChangeRequests are pending start and stop requests, as set by `qvirtctl start/stop/restart`.
+	// A restart is a Stop naming the current instance's UID followed by a Start.
+	// +optional
+	// +listType=atomic
+	StateChangeRequests []VirtualMachineStateChangeRequest `json:"stateChangeRequests,omitempty"`
+
+	// StartFailure tracks consecutive failed starts for the crash-loop back-off.
+	// +optional
+	StartFailure *VirtualMachineStartFailure `json:"startFailure,omitempty"`
+
+	// ObservedGeneration is the spec generation the status reflects.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// StateChangeRequestAction is a requested change of run state.
+// +kubebuilder:validation:Enum=Start;Stop
+type StateChangeRequestAction string
+
+// Request actions.
+const (
+	StartRequest StateChangeRequestAction = "Start"
+	StopRequest  StateChangeRequestAction = "Stop"
+)
+
+// VirtualMachineStateChangeRequest is one start or stop request.
+type VirtualMachineStateChangeRequest struct {
+	// Action is Start or Stop.
+	Action StateChangeRequestAction `json:"action"`
+	// Data carries request details, such as a grace period override.
+	// +optional
+	Data map[string]string `json:"data,omitempty"`
+	// UID is the instance a Stop applies to; a Stop for an instance that is already gone is dropped.
+	// +optional
+	UID *types.UID `json:"uid,omitempty"`
+}
+
+// VirtualMachineStartFailure tracks failed starts.
+type VirtualMachineStartFailure struct {
+	// ConsecutiveFailCount is how many starts in a row failed.
+	// +optional
+	ConsecutiveFailCount int `json:"consecutiveFailCount,omitempty"`
+	// LastFailedVMIUID is the instance that failed last.
+	// +optional
+	LastFailedVMIUID types.UID `json:"lastFailedVMIUID,omitempty"`
+	// RetryAfterTimestamp is when the next start may happen.
+	// +optional
+	RetryAfterTimestamp *metav1.Time `json:"retryAfterTimestamp,omitempty"`
+}
+
+func init() {
+	SchemeBuilder.Register(&VirtualMachine{}, &VirtualMachineList{})
+	SchemeBuilder.Register(&VirtualMachineInstance{}, &VirtualMachineInstanceList{})
+	SchemeBuilder.Register(&VirtualMachineInstanceMigration{}, &VirtualMachineInstanceMigrationList{})
+}

@@ -1,0 +1,210 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// VirtualMachineInstancePhase is where an instance is in its life.
+// +kubebuilder:validation:Enum=Pending;Scheduling;Scheduled;Running;Succeeded;Failed;Unknown
+type VirtualMachineInstancePhase string
+
+// Instance phases, as in KubeVirt.
+const (
+	// Pending: accepted, no launcher pod yet.
+	Pending VirtualMachineInstancePhase = "Pending"
+	// Scheduling: the launcher pod exists and waits for a node.
+	Scheduling VirtualMachineInstancePhase = "Scheduling"
+	// Scheduled: the launcher pod runs on a node; the node agent has not started the guest yet.
+	Scheduled VirtualMachineInstancePhase = "Scheduled"
+	// Running: the guest runs (or is paused); set by the node agent.
+	Running VirtualMachineInstancePhase = "Running"
+	// Succeeded: the guest powered off cleanly.
+	Succeeded VirtualMachineInstancePhase = "Succeeded"
+	// Failed: the guest or its launcher ended abnormally; status.reason says why.
+	Failed VirtualMachineInstancePhase = "Failed"
+	// Unknown: the node agent lost track of the instance.
+	Unknown VirtualMachineInstancePhase = "Unknown"
+)
+
+// Condition types of an instance.
+const (
+	// VirtualMachineInstanceReady is true while the guest runs and is not paused.
+	VirtualMachineInstanceReady = "Ready"
+	// VirtualMachineInstancePaused is true while the guest's vCPUs are stopped on request.
+	VirtualMachineInstancePaused = "Paused"
+	// VirtualMachineInstanceIsMigratable says whether the instance can live-migrate, and why not.
+	VirtualMachineInstanceIsMigratable = "LiveMigratable"
+)
+
+// VirtualMachineInstanceStatus is the observed state of an instance.
+type VirtualMachineInstanceStatus struct {
+	// Phase is where the instance is in its life.
+	// +optional
+	Phase VirtualMachineInstancePhase `json:"phase,omitempty"`
+
+	// PhaseTransitionTimestamps records when each phase was entered.
+	// +optional
+	// +listType=atomic
+	PhaseTransitionTimestamps []VirtualMachineInstancePhaseTransitionTimestamp `json:"phaseTransitionTimestamps,omitempty"`
+
+	// NodeName is the node the instance runs on.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+
+	// Reason is a short machine-readable reason for the phase, for example GuestShutdown or Killed.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+
+	// Conditions are Ready, Paused, LiveMigratable and the like.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// Interfaces are the guest's network interfaces and their addresses. With the masquerade binding
+	// the address is the pod's, since that is where the guest is reached.
+	// +optional
+	// +listType=atomic
+	Interfaces []VirtualMachineInstanceNetworkInterface `json:"interfaces,omitempty"`
+
+	// MigrationState is the state of the current or last live migration.
+	// +optional
+	MigrationState *VirtualMachineInstanceMigrationState `json:"migrationState,omitempty"`
+
+	// LauncherContainerImageVersion is the launcher image the instance runs in.
+	// +optional
+	LauncherContainerImageVersion string `json:"launcherContainerImageVersion,omitempty"`
+
+	// QEMUVersion is the version of the QEMU running the guest.
+	// +optional
+	QEMUVersion string `json:"qemuVersion,omitempty"`
+
+	// VolumeStatus is the state of each volume.
+	// +optional
+	// +listType=atomic
+	VolumeStatus []VolumeStatus `json:"volumeStatus,omitempty"`
+
+	// ActivePods maps the UIDs of the instance's launcher pods to their nodes.
+	// +optional
+	ActivePods map[types.UID]string `json:"activePods,omitempty"`
+}
+
+// VirtualMachineInstancePhaseTransitionTimestamp is when a phase was entered.
+type VirtualMachineInstancePhaseTransitionTimestamp struct {
+	// Phase is the phase entered.
+	Phase VirtualMachineInstancePhase `json:"phase,omitempty"`
+	// PhaseTransitionTimestamp is when.
+	PhaseTransitionTimestamp metav1.Time `json:"phaseTransitionTimestamp,omitempty"`
+}
+
+// VirtualMachineInstanceNetworkInterface is a guest interface as observed.
+type VirtualMachineInstanceNetworkInterface struct {
+	// Name is the interface's name in the spec.
+	// +optional
+	Name string `json:"name,omitempty"`
+	// MAC is the guest MAC address.
+	// +optional
+	MAC string `json:"mac,omitempty"`
+	// IP is the interface's primary address.
+	// +optional
+	IP string `json:"ipAddress,omitempty"`
+	// IPs are all of the interface's addresses.
+	// +optional
+	// +listType=atomic
+	IPs []string `json:"ipAddresses,omitempty"`
+	// InterfaceName is the interface's name inside the guest, when known.
+	// +optional
+	InterfaceName string `json:"interfaceName,omitempty"`
+}
+
+// VirtualMachineInstanceMigrationState is the state of a live migration as the instance sees it.
+type VirtualMachineInstanceMigrationState struct {
+	// MigrationUID is the VirtualMachineInstanceMigration driving it.
+	// +optional
+	MigrationUID types.UID `json:"migrationUid,omitempty"`
+	// StartTimestamp is when the source started sending.
+	// +optional
+	StartTimestamp *metav1.Time `json:"startTimestamp,omitempty"`
+	// EndTimestamp is when it finished.
+	// +optional
+	EndTimestamp *metav1.Time `json:"endTimestamp,omitempty"`
+	// SourceNode is the node it leaves.
+	// +optional
+	SourceNode string `json:"sourceNode,omitempty"`
+	// SourcePod is the launcher pod it leaves.
+	// +optional
+	SourcePod string `json:"sourcePod,omitempty"`
+	// TargetNode is the node it moves to.
+	// +optional
+	TargetNode string `json:"targetNode,omitempty"`
+	// TargetPod is the launcher pod it moves to.
+	// +optional
+	TargetPod string `json:"targetPod,omitempty"`
+	// TargetNodeAddress is the address the source sends to.
+	// +optional
+	TargetNodeAddress string `json:"targetNodeAddress,omitempty"`
+	// TargetReady is set by the target node agent once QEMU waits for the incoming migration.
+	// +optional
+	TargetReady bool `json:"targetReady,omitempty"`
+	// Completed is true once the target runs the guest.
+	// +optional
+	Completed bool `json:"completed,omitempty"`
+	// Failed is true when the migration failed; the source keeps running the guest.
+	// +optional
+	Failed bool `json:"failed,omitempty"`
+	// FailureReason says why it failed.
+	// +optional
+	FailureReason string `json:"failureReason,omitempty"`
+	// AbortRequested is true once cancellation was asked for.
+	// +optional
+	AbortRequested bool `json:"abortRequested,omitempty"`
+	// DataTotalBytes is the guest memory to transfer.
+	// +optional
+	DataTotalBytes *int64 `json:"dataTotalBytes,omitempty"`
+	// DataProcessedBytes is what was sent so far.
+	// +optional
+	DataProcessedBytes *int64 `json:"dataProcessedBytes,omitempty"`
+	// DataRemainingBytes is what is left to send.
+	// +optional
+	DataRemainingBytes *int64 `json:"dataRemainingBytes,omitempty"`
+	// DowntimeMilliseconds is the guest pause at switch-over.
+	// +optional
+	DowntimeMilliseconds *int64 `json:"downtimeMs,omitempty"`
+}
+
+// VolumePhase is where a volume is in being attached.
+type VolumePhase string
+
+// Volume phases.
+const (
+	VolumePending  VolumePhase = "Pending"
+	VolumeReady    VolumePhase = "Ready"
+	VolumeDetached VolumePhase = "Detaching"
+	VolumeFailed   VolumePhase = "Failed"
+)
+
+// VolumeStatus is the state of one volume.
+type VolumeStatus struct {
+	// Name is the volume's name.
+	Name string `json:"name"`
+	// Target is the device name in the guest (vda, sda, ...), when known.
+	// +optional
+	Target string `json:"target,omitempty"`
+	// Phase is Pending, Ready, Detaching or Failed.
+	// +optional
+	Phase VolumePhase `json:"phase,omitempty"`
+	// Reason is a short machine-readable reason for the phase.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// Message explains the phase to a person.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Hotplugged is true for a volume attached while the guest runs.
+	// +optional
+	Hotplugged bool `json:"hotplugged,omitempty"`
+	// Size is the volume's size, when known.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+}

@@ -1,0 +1,672 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Limits on list sizes keep the CEL rules below within the API server's cost budget; they are far
+// above what QEMU can attach to one machine anyway.
+const (
+	MaxDisks      = 64
+	MaxInterfaces = 32
+)
+
+// VirtualMachineInstance is one running virtual machine: a QEMU process in a launcher pod. It is usually
+// created and owned by a VirtualMachine; its spec cannot change after creation.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=vmi;vmis,categories=all;qvirt
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=".status.phase"
+// +kubebuilder:printcolumn:name="IP",type=string,JSONPath=".status.interfaces[0].ipAddress"
+// +kubebuilder:printcolumn:name="NodeName",type=string,JSONPath=".status.nodeName"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=".status.conditions[?(@.type=='Ready')].status"
+// +kubebuilder:printcolumn:name="Live-Migratable",type=string,JSONPath=".status.conditions[?(@.type=='LiveMigratable')].status",priority=1
+type VirtualMachineInstance struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the desired virtual machine. It is immutable once the instance exists: change the
+	// owning VirtualMachine's template and restart instead.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec is immutable after creation; change the VirtualMachine template and restart instead"
+	Spec VirtualMachineInstanceSpec `json:"spec"`
+
+	// Status is what the controller and the node agent observe.
+	// +optional
+	Status VirtualMachineInstanceStatus `json:"status,omitempty"`
+}
+
+// VirtualMachineInstanceList is a list of VirtualMachineInstances.
+//
+// +kubebuilder:object:root=true
+type VirtualMachineInstanceList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VirtualMachineInstance `json:"items"`
+}
+
+// VirtualMachineInstanceSpec describes the machine (domain), its storage (volumes), its networks and
+// where it may be scheduled.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.domain.devices.disks) || self.domain.devices.disks.all(d, has(self.volumes) && self.volumes.exists(v, v.name == d.name))",message="every disk in domain.devices.disks must name a volume in volumes",fieldPath=".domain.devices.disks"
+// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.domain.devices.disks) && self.domain.devices.disks.exists(d, d.name == v.name))",message="every volume must be attached by a disk of the same name in domain.devices.disks",fieldPath=".volumes"
+// +kubebuilder:validation:XValidation:rule="!has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(self.networks) && self.networks.exists(n, n.name == i.name))",message="every interface in domain.devices.interfaces must name a network in networks",fieldPath=".domain.devices.interfaces"
+// +kubebuilder:validation:XValidation:rule="!has(self.networks) || self.networks.all(n, has(self.domain.devices.interfaces) && self.domain.devices.interfaces.exists(i, i.name == n.name))",message="every network needs exactly one interface of the same name in domain.devices.interfaces",fieldPath=".networks"
+type VirtualMachineInstanceSpec struct {
+	// Domain is the virtual hardware: CPU, memory, firmware, machine type and devices.
+	Domain DomainSpec `json:"domain"`
+
+	// NodeSelector must match a node's labels for the instance to be scheduled there.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Affinity holds the launcher pod's scheduling constraints, as for a pod.
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+
+	// Tolerations let the launcher pod schedule onto nodes with matching taints.
+	// +optional
+	// +listType=atomic
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// PriorityClassName is the launcher pod's priority class.
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+
+	// SchedulerName is the scheduler that places the launcher pod; the default scheduler when empty.
+	// +optional
+	SchedulerName string `json:"schedulerName,omitempty"`
+
+	// EvictionStrategy says what happens when the node is drained: None (the instance stops),
+	// LiveMigrate (migrate, and block the eviction if the instance cannot migrate),
+	// LiveMigrateIfPossible (migrate when possible, otherwise stop) or External (an outside
+	// controller handles it).
+	// +optional
+	EvictionStrategy *EvictionStrategy `json:"evictionStrategy,omitempty"`
+
+	// TerminationGracePeriodSeconds is how long a graceful shutdown (ACPI power button) may take
+	// before QEMU is told to quit. Defaults to 180 seconds, as in KubeVirt.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TerminationGracePeriodSeconds *int64 `json:"terminationGracePeriodSeconds,omitempty"`
+
+	// Volumes are the storage sources the disks attach. Every volume is attached by the disk of the
+	// same name.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Volumes []Volume `json:"volumes,omitempty"`
+
+	// Hostname is the guest's hostname; defaults to the instance name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Hostname string `json:"hostname,omitempty"`
+
+	// Subdomain makes the guest reachable as <hostname>.<subdomain>.<namespace>.svc when a headless
+	// Service of that name selects it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Subdomain string `json:"subdomain,omitempty"`
+
+	// Networks are the networks the guest's interfaces connect to. Every network is used by the
+	// interface of the same name.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	Networks []Network `json:"networks,omitempty"`
+}
+
+// EvictionStrategy says what happens to an instance when its node is drained.
+// +kubebuilder:validation:Enum=None;LiveMigrate;LiveMigrateIfPossible;External
+type EvictionStrategy string
+
+// Eviction strategies, as in KubeVirt.
+const (
+	EvictionStrategyNone                  EvictionStrategy = "None"
+	EvictionStrategyLiveMigrate           EvictionStrategy = "LiveMigrate"
+	EvictionStrategyLiveMigrateIfPossible EvictionStrategy = "LiveMigrateIfPossible"
+	EvictionStrategyExternal              EvictionStrategy = "External"
+)
+
+// DomainSpec is the virtual hardware of the machine.
+type DomainSpec struct {
+	// Resources are the launcher pod's compute requests and limits. When memory.guest is not set,
+	// the guest gets requests.memory.
+	// +optional
+	Resources ResourceRequirements `json:"resources,omitempty"`
+
+	// CPU is the guest's CPU model and topology. One vCPU (1 socket, 1 core, 1 thread) when unset.
+	// +optional
+	CPU *CPU `json:"cpu,omitempty"`
+
+	// Memory is the guest's memory.
+	// +optional
+	Memory *Memory `json:"memory,omitempty"`
+
+	// Machine is the emulated machine type.
+	// +optional
+	Machine *Machine `json:"machine,omitempty"`
+
+	// Firmware holds the SMBIOS UUID and serial and an optional direct kernel boot.
+	// +optional
+	Firmware *Firmware `json:"firmware,omitempty"`
+
+	// Features are optional platform features such as ACPI.
+	// +optional
+	Features *Features `json:"features,omitempty"`
+
+	// Devices are the disks, network interfaces and consoles of the guest.
+	Devices Devices `json:"devices"`
+}
+
+// ResourceRequirements are the compute resources of the launcher pod.
+type ResourceRequirements struct {
+	// Requests is the minimum of each resource the instance needs, as in a pod. requests.memory is
+	// the guest memory when memory.guest is unset.
+	// +optional
+	Requests corev1.ResourceList `json:"requests,omitempty"`
+
+	// Limits is the maximum of each resource, as in a pod.
+	// +optional
+	Limits corev1.ResourceList `json:"limits,omitempty"`
+
+	// OvercommitGuestOverhead leaves the launcher's memory overhead out of the pod's memory request
+	// (the limit keeps it), trading a safety margin for density.
+	// +optional
+	OvercommitGuestOverhead bool `json:"overcommitGuestOverhead,omitempty"`
+}
+
+// CPU is the guest CPU model and topology; vCPUs = sockets * cores * threads.
+type CPU struct {
+	// Cores is the number of cores per socket. Defaults to 1.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=255
+	Cores uint32 `json:"cores,omitempty"`
+
+	// Sockets is the number of sockets. Defaults to 1.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=255
+	Sockets uint32 `json:"sockets,omitempty"`
+
+	// Threads is the number of threads per core. Defaults to 1.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=8
+	Threads uint32 `json:"threads,omitempty"`
+
+	// Model is the CPU model: host-passthrough (the default with KVM), host-model, or a QEMU model
+	// name such as Haswell-noTSX or qemu64 (the default under emulation).
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][-A-Za-z0-9_.]*$`
+	Model string `json:"model,omitempty"`
+}
+
+// Memory is the guest memory.
+type Memory struct {
+	// Guest is the memory the guest sees, for example 512Mi. Defaults to resources.requests.memory.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memory.guest must be a positive quantity"
+	Guest *resource.Quantity `json:"guest,omitempty"`
+}
+
+// Machine is the emulated machine type.
+type Machine struct {
+	// Type is the QEMU machine type, q35 by default. pc-q35-* versions pin a machine ABI.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^(q35|pc-q35-[0-9.]+)$`
+	Type string `json:"type,omitempty"`
+}
+
+// Firmware holds SMBIOS identity and direct kernel boot.
+type Firmware struct {
+	// UUID is the SMBIOS system UUID the guest reads. Defaults to one derived from the
+	// VirtualMachine, stable across restarts.
+	// +optional
+	UUID types.UID `json:"uuid,omitempty"`
+
+	// Serial is the SMBIOS system serial number.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.+-]+$`
+	Serial string `json:"serial,omitempty"`
+
+	// KernelBoot boots a kernel and initrd directly instead of a disk's bootloader.
+	// +optional
+	KernelBoot *KernelBoot `json:"kernelBoot,omitempty"`
+}
+
+// KernelBoot boots the guest from a kernel and initrd taken from a container image.
+// +kubebuilder:validation:XValidation:rule="has(self.container) || !has(self.kernelArgs)",message="kernelArgs needs a container with the kernel"
+type KernelBoot struct {
+	// KernelArgs is the kernel command line.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	KernelArgs string `json:"kernelArgs,omitempty"`
+
+	// Container is the image holding the kernel and initrd.
+	// +optional
+	Container *KernelBootContainer `json:"container,omitempty"`
+}
+
+// KernelBootContainer is a container image holding a kernel and an initrd.
+// +kubebuilder:validation:XValidation:rule="has(self.kernelPath) || has(self.initrdPath)",message="at least one of kernelPath and initrdPath must be set"
+type KernelBootContainer struct {
+	// Image is the container image that holds the kernel and initrd.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	Image string `json:"image"`
+
+	// ImagePullSecret is the name of a Secret used to pull the image.
+	// +optional
+	ImagePullSecret string `json:"imagePullSecret,omitempty"`
+
+	// ImagePullPolicy is when to pull the image: Always, Never or IfNotPresent.
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// KernelPath is the absolute path of the kernel inside the image.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^/[^\x00]*$`
+	KernelPath string `json:"kernelPath,omitempty"`
+
+	// InitrdPath is the absolute path of the initrd inside the image.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^/[^\x00]*$`
+	InitrdPath string `json:"initrdPath,omitempty"`
+}
+
+// Features are optional platform features.
+type Features struct {
+	// ACPI gives the guest an ACPI table and power button; on by default. Without it a graceful
+	// shutdown cannot reach the guest.
+	// +optional
+	ACPI *FeatureState `json:"acpi,omitempty"`
+}
+
+// FeatureState turns a feature on or off.
+type FeatureState struct {
+	// Enabled turns the feature on (the default) or off.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
+// Devices are the guest's disks, network interfaces and consoles.
+// +kubebuilder:validation:XValidation:rule="!has(self.disks) || self.disks.filter(d, has(d.bootOrder)).all(d, self.disks.filter(e, has(e.bootOrder) && e.bootOrder == d.bootOrder).size() == 1)",message="bootOrder values must be unique across disks",fieldPath=".disks"
+type Devices struct {
+	// Disks are the guest's block devices; each attaches the volume of the same name.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Disks []Disk `json:"disks,omitempty"`
+
+	// Interfaces are the guest's network cards; each connects to the network of the same name.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	Interfaces []Interface `json:"interfaces,omitempty"`
+
+	// AutoattachSerialConsole gives the guest a serial console (ttyS0) reachable with
+	// `qvirtctl console`. Defaults to true.
+	// +optional
+	AutoattachSerialConsole *bool `json:"autoattachSerialConsole,omitempty"`
+
+	// AutoattachGraphicsDevice gives the guest a VGA device and VNC display reachable with
+	// `qvirtctl vnc`. Defaults to true.
+	// +optional
+	AutoattachGraphicsDevice *bool `json:"autoattachGraphicsDevice,omitempty"`
+}
+
+// Disk attaches the volume of the same name to the guest as a disk or a CD-ROM.
+// +kubebuilder:validation:XValidation:rule="!(has(self.disk) && has(self.cdrom))",message="a disk is either disk or cdrom, not both"
+type Disk struct {
+	// Name is the disk's name; it must match a volume's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// Disk attaches the volume as a hard disk (the default when neither disk nor cdrom is set).
+	// +optional
+	Disk *DiskTarget `json:"disk,omitempty"`
+
+	// CDRom attaches the volume as a read-only CD-ROM.
+	// +optional
+	CDRom *CDRomTarget `json:"cdrom,omitempty"`
+
+	// BootOrder is the disk's place in the boot order, from 1; disks without one are not tried.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	BootOrder *uint32 `json:"bootOrder,omitempty"`
+
+	// Serial is the serial number the guest sees, for example in /dev/disk/by-id.
+	// +optional
+	// +kubebuilder:validation:MaxLength=20
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.+-]+$`
+	Serial string `json:"serial,omitempty"`
+
+	// Cache is the host page cache mode: none (the default; required for live migration),
+	// writethrough or writeback.
+	// +optional
+	Cache DriverCache `json:"cache,omitempty"`
+
+	// IO is the I/O mode: native (needs cache none) or threads.
+	// +optional
+	IO DriverIO `json:"io,omitempty"`
+}
+
+// DiskBus is the bus a disk is attached to.
+// +kubebuilder:validation:Enum=virtio;sata;scsi
+type DiskBus string
+
+// Disk buses.
+const (
+	DiskBusVirtio DiskBus = "virtio"
+	DiskBusSATA   DiskBus = "sata"
+	DiskBusSCSI   DiskBus = "scsi"
+)
+
+// DriverCache is a disk's host cache mode.
+// +kubebuilder:validation:Enum=none;writethrough;writeback
+type DriverCache string
+
+// Cache modes.
+const (
+	CacheNone         DriverCache = "none"
+	CacheWriteThrough DriverCache = "writethrough"
+	CacheWriteBack    DriverCache = "writeback"
+)
+
+// DriverIO is a disk's I/O mode.
+// +kubebuilder:validation:Enum=native;threads
+type DriverIO string
+
+// I/O modes.
+const (
+	IONative  DriverIO = "native"
+	IOThreads DriverIO = "threads"
+)
+
+// DiskTarget attaches a volume as a hard disk.
+type DiskTarget struct {
+	// Bus is virtio (the default), sata or scsi.
+	// +optional
+	Bus DiskBus `json:"bus,omitempty"`
+
+	// ReadOnly exposes the disk read-only.
+	// +optional
+	ReadOnly bool `json:"readonly,omitempty"`
+}
+
+// CDRomTarget attaches a volume as a CD-ROM.
+// +kubebuilder:validation:XValidation:rule="!has(self.readonly) || self.readonly",message="a cdrom is always read-only"
+type CDRomTarget struct {
+	// Bus is sata (the default) or scsi; a CD-ROM cannot sit on virtio.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self != 'virtio'",message="a cdrom cannot use the virtio bus; use sata or scsi"
+	Bus DiskBus `json:"bus,omitempty"`
+
+	// ReadOnly is always true for a CD-ROM.
+	// +optional
+	ReadOnly *bool `json:"readonly,omitempty"`
+}
+
+// Interface is one guest network card, connected to the network of the same name.
+// +kubebuilder:validation:XValidation:rule="!(has(self.masquerade) && has(self.bridge))",message="an interface has one binding: masquerade or bridge, not both"
+type Interface struct {
+	// Name is the interface's name; it must match a network's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// Model is the emulated card: virtio (the default), e1000, e1000e or rtl8139.
+	// +optional
+	// +kubebuilder:validation:Enum=virtio;e1000;e1000e;rtl8139
+	Model string `json:"model,omitempty"`
+
+	// Masquerade connects the guest through NAT behind the pod's address (the default binding);
+	// inbound connections to the pod on ports are forwarded to the guest. Live-migratable.
+	// +optional
+	Masquerade *InterfaceMasquerade `json:"masquerade,omitempty"`
+
+	// Bridge hands the pod's address to the guest through a bridge and DHCP. Not live-migratable.
+	// +optional
+	Bridge *InterfaceBridge `json:"bridge,omitempty"`
+
+	// Ports limit which inbound ports are forwarded to the guest with masquerade; all when empty.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Ports []Port `json:"ports,omitempty"`
+
+	// MacAddress is the guest MAC, for example 02:00:00:00:00:01. Defaults to one derived from the
+	// instance, stable across restarts and migrations.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$`
+	MacAddress string `json:"macAddress,omitempty"`
+}
+
+// InterfaceMasquerade selects the masquerade (NAT) binding.
+type InterfaceMasquerade struct{}
+
+// InterfaceBridge selects the bridge binding.
+type InterfaceBridge struct{}
+
+// Port is an inbound port forwarded to the guest.
+type Port struct {
+	// Name is an optional name for the port.
+	// +optional
+	// +kubebuilder:validation:MaxLength=15
+	Name string `json:"name,omitempty"`
+
+	// Protocol is TCP (the default) or UDP.
+	// +optional
+	// +kubebuilder:validation:Enum=TCP;UDP
+	Protocol string `json:"protocol,omitempty"`
+
+	// Port is the port number.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port"`
+}
+
+// Network is a network the guest connects to: the pod network or a Multus network.
+// +kubebuilder:validation:XValidation:rule="has(self.pod) != has(self.multus)",message="a network sets exactly one of pod and multus"
+type Network struct {
+	// Name is the network's name; an interface of the same name connects to it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// Pod is the pod network, the network of the launcher pod.
+	// +optional
+	Pod *PodNetwork `json:"pod,omitempty"`
+
+	// Multus is a secondary network attached through Multus.
+	// +optional
+	Multus *MultusNetwork `json:"multus,omitempty"`
+}
+
+// PodNetwork is the pod network.
+type PodNetwork struct {
+	// VMNetworkCIDR is the guest-side subnet of the masquerade binding, 10.0.2.0/24 by default.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$`
+	VMNetworkCIDR string `json:"vmNetworkCIDR,omitempty"`
+}
+
+// MultusNetwork is a Multus NetworkAttachmentDefinition.
+type MultusNetwork struct {
+	// NetworkName is the NetworkAttachmentDefinition, as <name> or <namespace>/<name>.
+	// +kubebuilder:validation:MinLength=1
+	NetworkName string `json:"networkName"`
+
+	// Default makes this network the pod's default network instead of the cluster's.
+	// +optional
+	Default bool `json:"default,omitempty"`
+}
+
+// Volume is a storage source attached by the disk of the same name. Exactly one source is set.
+// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud), has(self.emptyDisk), has(self.hostDisk), has(self.persistentVolumeClaim), has(self.ephemeral)].filter(x, x).size() == 1",message="a volume sets exactly one source: containerDisk, cloudInitNoCloud, emptyDisk, hostDisk, persistentVolumeClaim or ephemeral"
+type Volume struct {
+	// Name is the volume's name; a disk of the same name attaches it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	VolumeSource `json:",inline"`
+}
+
+// VolumeSource is where a volume's data comes from.
+type VolumeSource struct {
+	// ContainerDisk is a disk image inside a container image, copied on write and discarded when
+	// the instance stops.
+	// +optional
+	ContainerDisk *ContainerDiskSource `json:"containerDisk,omitempty"`
+
+	// CloudInitNoCloud is a NoCloud cloud-init data source (a small ISO labelled cidata).
+	// +optional
+	CloudInitNoCloud *CloudInitNoCloudSource `json:"cloudInitNoCloud,omitempty"`
+
+	// EmptyDisk is a blank sparse disk that lives as long as the instance.
+	// +optional
+	EmptyDisk *EmptyDiskSource `json:"emptyDisk,omitempty"`
+
+	// HostDisk is a disk image file on the node. Only paths under the cluster's allowed host paths
+	// are accepted; an instance with a host disk cannot live-migrate.
+	// +optional
+	HostDisk *HostDisk `json:"hostDisk,omitempty"`
+
+	// PersistentVolumeClaim attaches a claim's volume as the disk.
+	// +optional
+	PersistentVolumeClaim *PersistentVolumeClaimVolumeSource `json:"persistentVolumeClaim,omitempty"`
+
+	// Ephemeral attaches a claim read-only with a copy-on-write overlay discarded at stop.
+	// +optional
+	Ephemeral *EphemeralVolumeSource `json:"ephemeral,omitempty"`
+}
+
+// ContainerDiskSource is a disk image in a container image.
+type ContainerDiskSource struct {
+	// Image is the container image holding the disk image.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	Image string `json:"image"`
+
+	// ImagePullSecret is the name of a Secret used to pull the image.
+	// +optional
+	ImagePullSecret string `json:"imagePullSecret,omitempty"`
+
+	// Path is the disk image's path inside the image; the single file under /disk when empty.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^/[^\x00]*$`
+	Path string `json:"path,omitempty"`
+
+	// ImagePullPolicy is when to pull the image: Always, Never or IfNotPresent.
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+}
+
+// CloudInitNoCloudSource is NoCloud user and network data, inline or from a Secret.
+// +kubebuilder:validation:XValidation:rule="[has(self.userData), has(self.userDataBase64), has(self.secretRef)].filter(x, x).size() <= 1",message="set at most one of userData, userDataBase64 and secretRef"
+// +kubebuilder:validation:XValidation:rule="[has(self.networkData), has(self.networkDataBase64), has(self.networkDataSecretRef)].filter(x, x).size() <= 1",message="set at most one of networkData, networkDataBase64 and networkDataSecretRef"
+type CloudInitNoCloudSource struct {
+	// UserData is cloud-init user data.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048000
+	UserData string `json:"userData,omitempty"`
+
+	// UserDataBase64 is cloud-init user data, base64-encoded.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048000
+	UserDataBase64 string `json:"userDataBase64,omitempty"`
+
+	// UserDataSecretRef names a Secret whose userdata (or userData) key holds the user data.
+	// +optional
+	UserDataSecretRef *corev1.LocalObjectReference `json:"secretRef,omitempty"`
+
+	// NetworkData is cloud-init network configuration.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048000
+	NetworkData string `json:"networkData,omitempty"`
+
+	// NetworkDataBase64 is cloud-init network configuration, base64-encoded.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048000
+	NetworkDataBase64 string `json:"networkDataBase64,omitempty"`
+
+	// NetworkDataSecretRef names a Secret whose networkdata (or networkData) key holds it.
+	// +optional
+	NetworkDataSecretRef *corev1.LocalObjectReference `json:"networkDataSecretRef,omitempty"`
+}
+
+// EmptyDiskSource is a blank disk.
+type EmptyDiskSource struct {
+	// Capacity is the disk's size, for example 2Gi.
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="capacity must be a positive quantity"
+	Capacity resource.Quantity `json:"capacity"`
+}
+
+// HostDiskType says whether a host disk must exist.
+// +kubebuilder:validation:Enum=Disk;DiskOrCreate
+type HostDiskType string
+
+// Host disk types.
+const (
+	HostDiskExists         HostDiskType = "Disk"
+	HostDiskExistsOrCreate HostDiskType = "DiskOrCreate"
+)
+
+// HostDisk is a raw disk image file on the node.
+// +kubebuilder:validation:XValidation:rule="self.type != 'DiskOrCreate' || has(self.capacity)",message="capacity is required when type is DiskOrCreate",fieldPath=".capacity"
+type HostDisk struct {
+	// Path is the absolute path of the image file on the node.
+	// +kubebuilder:validation:Pattern=`^/[^\x00]*$`
+	// +kubebuilder:validation:MaxLength=4096
+	// +kubebuilder:validation:XValidation:rule="!self.contains('/../') && !self.endsWith('/..')",message="path must not contain '..' segments"
+	Path string `json:"path"`
+
+	// Type is Disk (the file must exist) or DiskOrCreate (create a sparse raw file of capacity).
+	Type HostDiskType `json:"type"`
+
+	// Capacity is the size of a file created for DiskOrCreate.
+	// +optional
+	Capacity *resource.Quantity `json:"capacity,omitempty"`
+
+	// Shared marks the file as shared storage reachable from every node, which allows migration.
+	// +optional
+	Shared *bool `json:"shared,omitempty"`
+}
+
+// PersistentVolumeClaimVolumeSource references a PersistentVolumeClaim in the instance's namespace.
+type PersistentVolumeClaimVolumeSource struct {
+	// ClaimName is the claim's name.
+	// +kubebuilder:validation:MinLength=1
+	ClaimName string `json:"claimName"`
+
+	// ReadOnly attaches the claim read-only.
+	// +optional
+	ReadOnly bool `json:"readOnly,omitempty"`
+}
+
+// EphemeralVolumeSource is a claim attached read-only under a discarded overlay.
+type EphemeralVolumeSource struct {
+	// PersistentVolumeClaim is the claim that backs the overlay.
+	PersistentVolumeClaim *PersistentVolumeClaimVolumeSource `json:"persistentVolumeClaim"`
+}

@@ -1,0 +1,320 @@
+// Package crd tests the generated CRDs inside a real kube-apiserver: they install, the samples are
+// accepted, and invalid manifests are refused with messages naming the offending field, exactly as a
+// user running kubectl sees them.
+package crd
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/qvirt/qvirt/test/envtest"
+)
+
+var cp *envtest.ControlPlane
+
+func TestMain(m *testing.M) { envtest.Main(m, &cp) }
+
+func kubectl(t *testing.T, stdin []byte, args ...string) (string, string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return cp.KubectlCmd(ctx, stdin, args...)
+}
+
+func TestCRDsInstalled(t *testing.T) {
+	var crds apiextensionsv1.CustomResourceDefinitionList
+	if err := cp.Client.List(context.Background(), &crds); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{
+		"virtualmachines.qvirt.io": false, "virtualmachineinstances.qvirt.io": false,
+		"virtualmachineinstancemigrations.qvirt.io": false,
+	}
+	for _, c := range crds.Items {
+		if _, ok := want[c.Name]; ok {
+			want[c.Name] = true
+			for _, v := range c.Spec.Versions {
+				if v.Schema.OpenAPIV3Schema.XPreserveUnknownFields != nil && *v.Schema.OpenAPIV3Schema.XPreserveUnknownFields {
+					t.Errorf("%s preserves unknown fields; unsupported KubeVirt fields would be dropped silently", c.Name)
+				}
+			}
+		}
+	}
+	for name, found := range want {
+		if !found {
+			t.Errorf("CRD %s not installed", name)
+		}
+	}
+	out, stderr, err := kubectl(t, nil, "get", "crd")
+	if err != nil {
+		t.Fatalf("kubectl get crd: %v: %s", err, stderr)
+	}
+	for name := range want {
+		if !strings.Contains(out, name) {
+			t.Errorf("kubectl get crd does not list %s:\n%s", name, out)
+		}
+	}
+}
+
+func TestExplain(t *testing.T) {
+	cases := map[string][]string{
+		"vmi.spec.domain.devices.disks":                           {"bootOrder", "cdrom", "attaches the volume of the same name"},
+		"vm.spec.template.spec.domain.devices.disks":              {"bootOrder", "Bus is virtio"},
+		"vm.spec.runStrategy":                                     {"RerunOnFailure", "Halted"},
+		"vmim.spec.vmiName":                                       {"VirtualMachineInstance to migrate"},
+		"vmi.spec.domain.devices.interfaces.macAddress":           {"stable across restarts"},
+		"virtualmachineinstance.status.phaseTransitionTimestamps": {"when each phase was entered"},
+	}
+	for path, wants := range cases {
+		out, stderr, err := kubectl(t, nil, "explain", path)
+		if err != nil {
+			t.Errorf("kubectl explain %s: %v: %s", path, err, stderr)
+			continue
+		}
+		for _, w := range wants {
+			if !strings.Contains(out, w) {
+				t.Errorf("kubectl explain %s lacks %q:\n%s", path, w, out)
+			}
+		}
+	}
+}
+
+func sampleFiles(t *testing.T) []string {
+	files, err := filepath.Glob(filepath.Join(envtest.RepoRoot(), "config", "samples", "*.yaml"))
+	if err != nil || len(files) < 3 {
+		t.Fatalf("samples under config/samples: %v (found %d)", err, len(files))
+	}
+	var out []string
+	for _, f := range files {
+		if filepath.Base(f) != "kustomization.yaml" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func TestSamplesAccepted(t *testing.T) {
+	for _, f := range sampleFiles(t) {
+		out, stderr, err := kubectl(t, nil, "apply", "--dry-run=server", "-n", "default", "-f", f)
+		if err != nil {
+			t.Errorf("%s refused: %v: %s", filepath.Base(f), err, stderr)
+			continue
+		}
+		if !strings.Contains(out, "(server dry run)") {
+			t.Errorf("%s: unexpected kubectl output %q", filepath.Base(f), out)
+		}
+	}
+}
+
+// obj is a manifest as a user writes it, edited by path in the cases below.
+type obj map[string]any
+
+func load(t *testing.T, sample string) obj {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "config", "samples", sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o obj
+	if err := yaml.Unmarshal(data, &o); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// at walks a dotted path ("spec.domain.devices.disks.0") and returns the map or list element there.
+func (o obj) at(t *testing.T, path string) any {
+	t.Helper()
+	var cur any = map[string]any(o)
+	for _, key := range strings.Split(path, ".") {
+		switch c := cur.(type) {
+		case map[string]any:
+			cur = c[key]
+		case []any:
+			i := int(key[0] - '0')
+			cur = c[i]
+		default:
+			t.Fatalf("path %s: %q is not a map or list", path, key)
+		}
+	}
+	return cur
+}
+
+func (o obj) set(t *testing.T, path string, v any) {
+	t.Helper()
+	i := strings.LastIndex(path, ".")
+	parent, key := o.at(t, path[:i]).(map[string]any), path[i+1:]
+	if parent == nil {
+		t.Fatalf("path %s has no parent map", path)
+	}
+	if v == nil {
+		delete(parent, key)
+		return
+	}
+	parent[key] = v
+}
+
+func (o obj) appendTo(t *testing.T, path string, v any) {
+	t.Helper()
+	list, _ := o.at(t, path).([]any)
+	o.set(t, path, append(list, v))
+}
+
+func TestInvalidManifestsRejected(t *testing.T) {
+	const (
+		vm  = "vm_testguest.yaml"
+		vmi = "vmi_testguest.yaml"
+	)
+	d := "spec.domain.devices"
+	td := "spec.template.spec.domain.devices"
+	cases := []struct {
+		name, sample string
+		mutate       func(t *testing.T, o obj)
+		// field and message must both appear in kubectl's error.
+		field, message string
+	}{
+		{"disk without volume", vmi, func(t *testing.T, o obj) {
+			o.set(t, d+".disks", []any{map[string]any{"name": "orphan", "disk": map[string]any{}}})
+		}, "spec.domain.devices.disks", "must name a volume"},
+		{"volume without disk", vm, func(t *testing.T, o obj) {
+			o.appendTo(t, "spec.template.spec.volumes", map[string]any{"name": "extra", "emptyDisk": map[string]any{"capacity": "1Gi"}})
+		}, "spec.template.spec.volumes", "every volume must be attached by a disk"},
+		{"duplicate disk names", vm, func(t *testing.T, o obj) {
+			o.appendTo(t, td+".disks", map[string]any{"name": "scratch"})
+		}, "spec.template.spec.domain.devices.disks[1]", "Duplicate value"},
+		{"duplicate volume names", vm, func(t *testing.T, o obj) {
+			o.appendTo(t, "spec.template.spec.volumes", map[string]any{"name": "scratch", "emptyDisk": map[string]any{"capacity": "1Gi"}})
+		}, "spec.template.spec.volumes[1]", "Duplicate value"},
+		{"duplicate interface names", vmi, func(t *testing.T, o obj) {
+			o.appendTo(t, d+".interfaces", map[string]any{"name": "default", "bridge": map[string]any{}})
+		}, "spec.domain.devices.interfaces[1]", "Duplicate value"},
+		{"interface without network", vmi, func(t *testing.T, o obj) {
+			o.set(t, "spec.networks", []any{map[string]any{"name": "other", "pod": map[string]any{}}})
+		}, "spec.domain.devices.interfaces", "must name a network"},
+		{"network without interface", vm, func(t *testing.T, o obj) {
+			o.appendTo(t, "spec.template.spec.networks", map[string]any{"name": "second", "multus": map[string]any{"networkName": "net1"}})
+		}, "spec.template.spec.networks", "needs exactly one interface"},
+		{"bad memory quantity", vmi, func(t *testing.T, o obj) { o.set(t, "spec.domain.memory.guest", "12XB") }, "spec.domain.memory.guest", "quantities must match"},
+		{"zero memory", vmi, func(t *testing.T, o obj) { o.set(t, "spec.domain.memory.guest", "0") }, "spec.domain.memory.guest", "positive"},
+		{"negative memory", vm, func(t *testing.T, o obj) { o.set(t, "spec.template.spec.domain.memory.guest", "-256Mi") }, "spec.template.spec.domain.memory.guest", "positive"},
+		{"runStrategy typo", vm, func(t *testing.T, o obj) { o.set(t, "spec.runStrategy", "Allways") }, "spec.runStrategy", `Unsupported value: "Allways"`},
+		{"running and runStrategy", vm, func(t *testing.T, o obj) { o.set(t, "spec.running", true) }, "spec", "set either running (deprecated) or runStrategy"},
+		{"KubeVirt-only field gpus", vm, func(t *testing.T, o obj) {
+			o.set(t, td+".gpus", []any{map[string]any{"name": "gpu1", "deviceName": "nvidia.com/GP102GL"}})
+		}, "spec.template.spec.domain.devices.gpus", "unknown field"},
+		{"KubeVirt-only field dataVolumeTemplates", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.dataVolumeTemplates", []any{map[string]any{"metadata": map[string]any{"name": "dv"}}})
+		}, "spec.dataVolumeTemplates", "unknown field"},
+		{"unknown bus", vm, func(t *testing.T, o obj) { o.set(t, td+".disks.0.disk.bus", "ide") }, "spec.template.spec.domain.devices.disks[0].disk.bus", `Unsupported value: "ide"`},
+		{"cdrom on virtio", vm, func(t *testing.T, o obj) {
+			o.set(t, td+".disks.0", map[string]any{"name": "scratch", "cdrom": map[string]any{"bus": "virtio"}})
+		}, "spec.template.spec.domain.devices.disks[0].cdrom.bus", "cannot use the virtio bus"},
+		{"disk and cdrom", vm, func(t *testing.T, o obj) { o.set(t, td+".disks.0.cdrom", map[string]any{}) }, "spec.template.spec.domain.devices.disks[0]", "either disk or cdrom"},
+		{"bad MAC", vmi, func(t *testing.T, o obj) { o.set(t, d+".interfaces.0.macAddress", "02:00:00:00:00") }, "spec.domain.devices.interfaces[0].macAddress", "should match"},
+		{"two bindings", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.bridge", map[string]any{}) }, "spec.template.spec.domain.devices.interfaces[0]", "masquerade or bridge, not both"},
+		{"unknown NIC model", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.model", "ne2k_pci") }, "spec.template.spec.domain.devices.interfaces[0].model", "Unsupported value"},
+		{"port out of range", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.ports.0.port", 70000) }, "spec.template.spec.domain.devices.interfaces[0].ports[0].port", "less than or equal to 65535"},
+		{"zero cores", vm, func(t *testing.T, o obj) { o.set(t, "spec.template.spec.domain.cpu.cores", 0) }, "spec.template.spec.domain.cpu.cores", "greater than or equal to 1"},
+		{"zero bootOrder", vm, func(t *testing.T, o obj) { o.set(t, td+".disks.0.bootOrder", 0) }, "spec.template.spec.domain.devices.disks[0].bootOrder", "greater than or equal to 1"},
+		{"volume with two sources", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.volumes.0.containerDisk", map[string]any{"image": "x:1"})
+		}, "spec.template.spec.volumes[0]", "exactly one source"},
+		{"network with pod and multus", vmi, func(t *testing.T, o obj) {
+			o.set(t, "spec.networks.0.multus", map[string]any{"networkName": "net1"})
+		}, "spec.networks[0]", "exactly one of pod and multus"},
+		{"hostDisk DiskOrCreate without capacity", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.volumes.0", map[string]any{"name": "scratch", "hostDisk": map[string]any{"path": "/var/lib/qvirt/d.img", "type": "DiskOrCreate"}})
+		}, "spec.template.spec.volumes[0].hostDisk.capacity", "capacity is required"},
+		{"hostDisk relative path", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.volumes.0", map[string]any{"name": "scratch", "hostDisk": map[string]any{"path": "d.img", "type": "Disk"}})
+		}, "spec.template.spec.volumes[0].hostDisk.path", "should match"},
+		{"hostname not a DNS label", vm, func(t *testing.T, o obj) { o.set(t, "spec.template.spec.hostname", "My_Host") }, "spec.template.spec.hostname", "should match"},
+		{"evictionStrategy typo", vm, func(t *testing.T, o obj) { o.set(t, "spec.template.spec.evictionStrategy", "Migrate") }, "spec.template.spec.evictionStrategy", "Unsupported value"},
+		{"kernelBoot without paths", vmi, func(t *testing.T, o obj) {
+			o.set(t, "spec.domain.firmware.kernelBoot.container", map[string]any{"image": "k:1"})
+		}, "spec.domain.firmware.kernelBoot.container", "at least one of kernelPath and initrdPath"},
+		{"emptyDisk without capacity", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.volumes.0.emptyDisk", map[string]any{})
+		}, "spec.template.spec.volumes[0].emptyDisk.capacity", "Required value"},
+		{"migration without vmiName", "vmim_testvm.yaml", func(t *testing.T, o obj) { o.set(t, "spec.vmiName", nil) }, "spec.vmiName", "Required value"},
+	}
+	if len(cases) < 20 {
+		t.Fatalf("the issue asks for at least 20 invalid manifests, have %d", len(cases))
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := load(t, tc.sample)
+			tc.mutate(t, o)
+			manifest, err := json.Marshal(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, stderr, err := kubectl(t, manifest, "create", "--dry-run=server", "-n", "default", "-f", "-")
+			if err == nil {
+				t.Fatalf("accepted, want refusal at %s; kubectl said %q", tc.field, out)
+			}
+			if !strings.Contains(stderr, tc.field) || !strings.Contains(stderr, tc.message) {
+				t.Fatalf("want refusal naming %s with %q, got:\n%s", tc.field, tc.message, stderr)
+			}
+		})
+	}
+}
+
+func TestVMISpecImmutable(t *testing.T) {
+	o := load(t, "vmi_testguest.yaml")
+	o.set(t, "metadata.name", "immutable")
+	manifest, _ := json.Marshal(o)
+	if _, stderr, err := kubectl(t, manifest, "create", "-n", "default", "-f", "-"); err != nil {
+		t.Fatalf("create: %v: %s", err, stderr)
+	}
+	t.Cleanup(func() { _, _, _ = kubectl(t, nil, "delete", "-n", "default", "vmi", "immutable", "--wait=false") })
+
+	_, stderr, err := kubectl(t, nil, "patch", "-n", "default", "vmi", "immutable", "--type=merge",
+		"-p", `{"spec":{"domain":{"memory":{"guest":"512Mi"}}}}`)
+	if err == nil || !strings.Contains(stderr, "spec: Invalid value") || !strings.Contains(stderr, "spec is immutable") {
+		t.Fatalf("spec change accepted or refused without naming spec: %v: %s", err, stderr)
+	}
+	// Labels and status are not frozen: the controller and node agent update them.
+	if _, stderr, err := kubectl(t, nil, "label", "-n", "default", "vmi", "immutable", "team=a"); err != nil {
+		t.Fatalf("label change refused: %v: %s", err, stderr)
+	}
+}
+
+func TestPrinterColumns(t *testing.T) {
+	cases := []struct {
+		sample, kind string
+		headers      []string
+	}{
+		{"vm_testguest.yaml", "vm", []string{"NAME", "AGE", "STATUS", "READY"}},
+		{"vmi_testguest.yaml", "vmi", []string{"NAME", "AGE", "PHASE", "IP", "NODENAME", "READY"}},
+		{"vmim_testvm.yaml", "vmim", []string{"NAME", "PHASE", "VMI", "AGE"}},
+	}
+	for _, tc := range cases {
+		o := load(t, tc.sample)
+		o.set(t, "metadata.name", "columns")
+		manifest, _ := json.Marshal(o)
+		if _, stderr, err := kubectl(t, manifest, "create", "-n", "default", "-f", "-"); err != nil {
+			t.Fatalf("create %s: %v: %s", tc.kind, err, stderr)
+		}
+		t.Cleanup(func() { _, _, _ = kubectl(t, nil, "delete", "-n", "default", tc.kind, "columns", "--wait=false") })
+		out, stderr, err := kubectl(t, nil, "get", tc.kind, "columns", "-n", "default")
+		if err != nil {
+			t.Fatalf("kubectl get %s: %v: %s", tc.kind, err, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 2 || !strings.HasPrefix(lines[1], "columns ") {
+			t.Fatalf("kubectl get %s columns printed:\n%s", tc.kind, out)
+		}
+		if header := strings.Fields(lines[0]); strings.Join(header, " ") != strings.Join(tc.headers, " ") {
+			t.Errorf("kubectl get %s header = %v, want %v", tc.kind, header, tc.headers)
+		}
+	}
+}

@@ -1,0 +1,161 @@
+// Package envtest starts one real control plane (etcd and kube-apiserver built from upstream by
+// `make tools`) per test package, with qvirt's CRDs installed, and tears it down when the package's
+// tests end. Use it from TestMain:
+//
+//	var cp *envtest.ControlPlane
+//
+//	func TestMain(m *testing.M) { envtest.Main(m, &cp) }
+//
+// The binaries come from KUBEBUILDER_ASSETS when set (make test sets it), otherwise from
+// hack/build-tools.sh, which builds them once into the cache and prints where.
+package envtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+
+	qv1 "github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// ControlPlane is a running etcd + kube-apiserver with the qvirt CRDs installed.
+type ControlPlane struct {
+	Env    *crenvtest.Environment
+	Config *rest.Config
+	Client client.Client
+	Scheme *k8sruntime.Scheme
+	// Kubeconfig is a kubeconfig file for the control plane's admin user, for kubectl.
+	Kubeconfig string
+	// Kubectl is the path of the kubectl built with the control plane.
+	Kubectl string
+}
+
+// RepoRoot is the root of the qvirt repository, found from this source file.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Assets returns the directory holding etcd, kube-apiserver and kubectl, building them if needed.
+func Assets() (string, error) {
+	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+		return dir, nil
+	}
+	cmd := exec.Command(filepath.Join(RepoRoot(), "hack", "build-tools.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("build control-plane binaries with hack/build-tools.sh: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Start starts a control plane with the CRDs from config/crd/bases installed.
+func Start() (*ControlPlane, error) {
+	assets, err := Assets()
+	if err != nil {
+		return nil, err
+	}
+	scheme := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register client-go scheme: %w", err)
+	}
+	if err := qv1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register qvirt.io/v1alpha1: %w", err)
+	}
+	env := &crenvtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+		Scheme:                scheme,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start envtest control plane from %s: %w", assets, err)
+	}
+	cp := &ControlPlane{Env: env, Config: cfg, Scheme: scheme, Kubectl: filepath.Join(assets, "kubectl")}
+	if err := cp.init(); err != nil {
+		_ = env.Stop()
+		return nil, err
+	}
+	return cp, nil
+}
+
+func (cp *ControlPlane) init() error {
+	c, err := client.New(cp.Config, client.Options{Scheme: cp.Scheme})
+	if err != nil {
+		return fmt.Errorf("client for envtest: %w", err)
+	}
+	cp.Client = c
+	user, err := cp.Env.ControlPlane.AddUser(crenvtest.User{Name: "qvirt-test-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("add envtest admin user: %w", err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig for envtest admin: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "qvirt-envtest-")
+	if err != nil {
+		return fmt.Errorf("kubeconfig dir: %w", err)
+	}
+	cp.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	return os.WriteFile(cp.Kubeconfig, kubeconfig, 0o600)
+}
+
+// Stop stops the control plane and removes what Start created.
+func (cp *ControlPlane) Stop() error {
+	if cp.Kubeconfig != "" {
+		_ = os.RemoveAll(filepath.Dir(cp.Kubeconfig))
+	}
+	return cp.Env.Stop()
+}
+
+// KubectlCmd runs kubectl against the control plane with stdin, returning stdout and stderr.
+func (cp *ControlPlane) KubectlCmd(ctx context.Context, stdin []byte, args ...string) (string, string, error) {
+	cmd := exec.CommandContext(ctx, cp.Kubectl, append([]string{"--kubeconfig", cp.Kubeconfig}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdin = bytes.NewReader(stdin)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err
+}
+
+// Codecs decodes manifests into the control plane's scheme.
+func (cp *ControlPlane) Codecs() serializer.CodecFactory {
+	return serializer.NewCodecFactory(cp.Scheme)
+}
+
+// Main starts a control plane, stores it in *cp, runs the package's tests and stops it. It exits the
+// process with the tests' status, so call it as the whole of TestMain.
+func Main(m *testing.M, cp **ControlPlane) {
+	started, err := Start()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "envtest: %v\n", err)
+		os.Exit(1)
+	}
+	*cp = started
+	fmt.Fprintf(os.Stderr, "envtest: kube-apiserver at %s (binaries in %s)\n", started.Config.Host, started.Env.BinaryAssetsDirectory)
+	code := m.Run()
+	if err := started.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "envtest: stop: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
