@@ -67,7 +67,7 @@ func TestCRDsInstalled(t *testing.T) {
 func TestExplain(t *testing.T) {
 	cases := map[string][]string{
 		"vmi.spec.domain.devices.disks":                           {"bootOrder", "cdrom", "attaches the volume of the same name"},
-		"vm.spec.template.spec.domain.devices.disks":              {"bootOrder", "Bus is virtio"},
+		"vm.spec.template.spec.domain.devices.disks.disk.bus":     {"Bus is virtio (the default), sata or scsi"},
 		"vm.spec.runStrategy":                                     {"RerunOnFailure", "Halted"},
 		"vmim.spec.vmiName":                                       {"VirtualMachineInstance to migrate"},
 		"vmi.spec.domain.devices.interfaces.macAddress":           {"stable across restarts"},
@@ -151,15 +151,19 @@ func (o obj) at(t *testing.T, path string) any {
 func (o obj) set(t *testing.T, path string, v any) {
 	t.Helper()
 	i := strings.LastIndex(path, ".")
-	parent, key := o.at(t, path[:i]).(map[string]any), path[i+1:]
-	if parent == nil {
-		t.Fatalf("path %s has no parent map", path)
+	key := path[i+1:]
+	switch parent := o.at(t, path[:i]).(type) {
+	case map[string]any:
+		if v == nil {
+			delete(parent, key)
+			return
+		}
+		parent[key] = v
+	case []any:
+		parent[int(key[0]-'0')] = v
+	default:
+		t.Fatalf("path %s has no parent map or list", path)
 	}
-	if v == nil {
-		delete(parent, key)
-		return
-	}
-	parent[key] = v
 }
 
 func (o obj) appendTo(t *testing.T, path string, v any) {

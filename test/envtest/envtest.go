@@ -21,6 +21,7 @@ import (
 	"strings"
 	"testing"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -73,6 +74,9 @@ func Start() (*ControlPlane, error) {
 	scheme := k8sruntime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("register client-go scheme: %w", err)
+	}
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register apiextensions.k8s.io/v1: %w", err)
 	}
 	if err := qv1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("register qvirt.io/v1alpha1: %w", err)
