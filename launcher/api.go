@@ -1,0 +1,158 @@
+package launcher
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// The command protocol between the node agent and a launcher: HTTP/1.1 with JSON bodies over the
+// unix socket <socket-dir>/<vmi-uid>/launcher.sock. HTTP was chosen over gRPC because it needs no
+// code generation, keeps the launcher's binary and memory small, and can be poked with curl
+// (`curl --unix-socket launcher.sock http://launcher/v1/status`).
+//
+//	POST   /v1/sync                 SyncRequest      start the VM (idempotent for the same VMI UID)
+//	GET    /v1/status               -> Status        ?watch=true streams one Status per line on change
+//	POST   /v1/pause | /v1/resume | /v1/reset | /v1/kill
+//	POST   /v1/shutdown             ShutdownRequest  ACPI power button, quit after the grace period
+//	POST   /v1/disks                DiskHotplug      attach a disk to the running guest
+//	DELETE /v1/disks/{name}                          detach it (waits for the guest to let go)
+//	POST   /v1/nics                 NICHotplug       attach a NIC
+//	DELETE /v1/nics/{name}                           detach it
+//	POST   /v1/migration/target     MigrationTarget  make this (incoming) QEMU listen for the guest
+//	POST   /v1/migration/source     MigrationSource  send the guest to a target
+//	DELETE /v1/migration                             cancel an outgoing migration
+//
+// Errors are an ErrorResponse with a 4xx status for bad requests (naming the offending field) or a
+// state conflict, and 5xx when QEMU fails the command.
+
+// SyncRequest is the desired VM.
+type SyncRequest struct {
+	Name      string                              `json:"name"`
+	Namespace string                              `json:"namespace"`
+	UID       types.UID                           `json:"uid"`
+	Spec      v1alpha1.VirtualMachineInstanceSpec `json:"spec"`
+	// Emulation allows TCG; without it QEMU runs with KVM or not at all.
+	Emulation bool `json:"emulation,omitempty"`
+	// Incoming starts QEMU waiting for a live migration instead of booting the guest.
+	Incoming bool `json:"incoming,omitempty"`
+	// Hotplugged are disks attached to the source while it ran; a migration target must start
+	// with exactly the source's device set.
+	Hotplugged []DiskHotplug `json:"hotplugged,omitempty"`
+}
+
+// Phase is the launcher's view of the VM.
+type Phase string
+
+// Launcher phases; the node agent maps them to VMI phases.
+const (
+	PhaseWaiting   Phase = "Waiting"   // no Sync yet
+	PhaseStarting  Phase = "Starting"  // QEMU starting
+	PhaseRunning   Phase = "Running"   // guest running or paused
+	PhaseIncoming  Phase = "Incoming"  // waiting for an incoming migration
+	PhaseSucceeded Phase = "Succeeded" // QEMU ended cleanly
+	PhaseFailed    Phase = "Failed"    // QEMU failed or was killed
+)
+
+// Status is what the launcher knows about its VM.
+type Status struct {
+	Phase       Phase          `json:"phase"`
+	UID         types.UID      `json:"uid,omitempty"`
+	RunState    string         `json:"runState,omitempty"`
+	Paused      bool           `json:"paused"`
+	QEMUVersion string         `json:"qemuVersion,omitempty"`
+	PID         int            `json:"pid,omitempty"`
+	Exit        *Exit          `json:"exit,omitempty"`
+	StartError  string         `json:"startError,omitempty"`
+	Disks       []DiskStatus   `json:"disks,omitempty"`
+	NICs        []NICStatus    `json:"nics,omitempty"`
+	Migration   *MigrationInfo `json:"migration,omitempty"`
+	// Hotplugged repeats the hotplugged disks in the form a migration target's SyncRequest takes.
+	Hotplugged []DiskHotplug `json:"hotplugged,omitempty"`
+}
+
+// DiskStatus is one attached disk.
+type DiskStatus struct {
+	Name       string `json:"name"`
+	Hotplugged bool   `json:"hotplugged,omitempty"`
+}
+
+// NICStatus is one attached NIC.
+type NICStatus struct {
+	Name       string `json:"name"`
+	MAC        string `json:"mac"`
+	Hotplugged bool   `json:"hotplugged,omitempty"`
+}
+
+// ShutdownRequest asks for a graceful stop.
+type ShutdownRequest struct {
+	// GracePeriodSeconds is how long the guest may take to power off; the spec's
+	// terminationGracePeriodSeconds when nil.
+	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
+}
+
+// DiskHotplug attaches an image to the running guest as a virtio disk.
+type DiskHotplug struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	Format   string `json:"format"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+	Serial   string `json:"serial,omitempty"`
+	// Port is the pcie-root-port the disk sits on; chosen by the launcher, reported back so a
+	// migration target can recreate the same layout.
+	Port string `json:"port,omitempty"`
+}
+
+// NICHotplug attaches a tap (created by the node agent) to the running guest.
+type NICHotplug struct {
+	Name  string `json:"name"`
+	Tap   string `json:"tap"`
+	MAC   string `json:"mac"`
+	Model string `json:"model,omitempty"`
+}
+
+// MigrationTarget tells an incoming QEMU where to listen.
+type MigrationTarget struct {
+	// Listen is a host:port the source can reach; port 0 picks a free port, reported in the reply.
+	Listen string `json:"listen"`
+}
+
+// MigrationTargetReply is where the target listens.
+type MigrationTargetReply struct {
+	URI string `json:"uri"`
+}
+
+// MigrationSource starts an outgoing migration.
+type MigrationSource struct {
+	// URI is the target's tcp:host:port.
+	URI string `json:"uri"`
+	// BandwidthBytesPerSecond caps the transfer; QEMU's default (32 MiB/s in 7.2) when zero,
+	// unlimited when negative.
+	BandwidthBytesPerSecond int64 `json:"bandwidthBytesPerSecond,omitempty"`
+	// DowntimeLimit is the longest pause at switch-over that QEMU plans for.
+	DowntimeLimit time.Duration `json:"downtimeLimit,omitempty"`
+	AutoConverge  bool          `json:"autoConverge,omitempty"`
+	PostCopy      bool          `json:"postCopy,omitempty"`
+}
+
+// MigrationInfo is the progress of the current or last migration.
+type MigrationInfo struct {
+	Role             string  `json:"role"` // source or target
+	Status           string  `json:"status"`
+	TotalBytes       int64   `json:"totalBytes,omitempty"`
+	TransferredBytes int64   `json:"transferredBytes,omitempty"`
+	RemainingBytes   int64   `json:"remainingBytes,omitempty"`
+	ThroughputMbps   float64 `json:"throughputMbps,omitempty"`
+	DowntimeMs       int64   `json:"downtimeMs,omitempty"`
+	TotalTimeMs      int64   `json:"totalTimeMs,omitempty"`
+	Error            string  `json:"error,omitempty"`
+}
+
+// ErrorResponse is the body of every failed request.
+type ErrorResponse struct {
+	Error string `json:"error"`
+	// Field names the request field at fault, for 400 replies.
+	Field string `json:"field,omitempty"`
+}

@@ -1,0 +1,692 @@
+package launcher
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+var update = flag.Bool("update", false, "rewrite launcher/testdata/*.golden from BuildArgv's output")
+
+const goldenRoot = "/srv/qvirt"
+
+type argvCase struct {
+	name string
+	m    *Machine
+}
+
+// argvCases are the representative machines of the golden files; root is where their images,
+// kernel and run directory live (fixed for the goldens, a temp dir for the QEMU test).
+func argvCases(root, runDir string) []argvCase {
+	img := func(name string) string { return filepath.Join(root, "images", name) }
+	kernel := func(s *v1alpha1.VirtualMachineInstanceSpec) {
+		s.Domain.Firmware = &v1alpha1.Firmware{KernelBoot: &v1alpha1.KernelBoot{
+			KernelArgs: "console=ttyS0 quiet panic=-1",
+			Container: &v1alpha1.KernelBootContainer{Image: "example.com/guest:1",
+				KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"},
+		}}
+	}
+	base := func(emulation bool, mutate func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine)) *Machine {
+		s := &v1alpha1.VirtualMachineInstanceSpec{Domain: v1alpha1.DomainSpec{
+			Memory: &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("128Mi"))},
+		}}
+		m := &Machine{Name: "vm1", Namespace: "default", UID: "0f8fad5b-d9cb-469f-a165-70867728950e",
+			Spec: s, Emulation: emulation, RunDir: runDir,
+			Disks: map[string]DiskImage{}, Taps: map[string]string{}, MACs: map[string]string{}}
+		mutate(s, m)
+		return m
+	}
+	withKernel := func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+		kernel(s)
+		m.Kernel, m.Initrd = filepath.Join(root, "boot", "vmlinuz"), filepath.Join(root, "boot", "initrd.img")
+	}
+	return []argvCase{
+		{"minimal-kernel-boot", base(true, withKernel)},
+		{"full", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+			withKernel(s, m)
+			s.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 2, Threads: 1}
+			s.Domain.Memory.Guest = ptr.To(resource.MustParse("256Mi"))
+			s.Domain.Firmware.UUID = "6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"
+			s.Domain.Firmware.Serial = "qvirt-0001"
+			s.Domain.Devices.Disks = []v1alpha1.Disk{
+				{Name: "root", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}, BootOrder: ptr.To[uint32](1), Serial: "root-0001"},
+				{Name: "data", Disk: &v1alpha1.DiskTarget{}, Cache: v1alpha1.CacheWriteBack},
+				{Name: "cidata", CDRom: &v1alpha1.CDRomTarget{Bus: v1alpha1.DiskBusSATA}},
+			}
+			s.Volumes = []v1alpha1.Volume{
+				{Name: "root", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.com/disk:1"}}},
+				{Name: "data", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
+				{Name: "cidata", VolumeSource: v1alpha1.VolumeSource{CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config\n"}}},
+			}
+			s.Domain.Devices.Interfaces = []v1alpha1.Interface{
+				{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}},
+				{Name: "storage", Bridge: &v1alpha1.InterfaceBridge{}, MacAddress: "02-00-00-AA-BB-02"},
+			}
+			s.Networks = []v1alpha1.Network{
+				{Name: "default", Pod: &v1alpha1.PodNetwork{}},
+				{Name: "storage", Multus: &v1alpha1.MultusNetwork{NetworkName: "default/storage"}},
+			}
+			m.Disks["root"] = DiskImage{Path: img("root.qcow2"), Format: "qcow2"}
+			m.Disks["data"] = DiskImage{Path: img("data.raw"), Format: "raw"}
+			m.Disks["cidata"] = DiskImage{Path: img("cidata.iso"), Format: "raw", ReadOnly: true}
+			m.Taps["default"], m.Taps["storage"] = "tap0", "tap1"
+			m.MACs["default"] = "02:00:00:aa:bb:01"
+			m.SpareRootPorts = 4
+		})},
+		{"scsi", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+			withKernel(s, m)
+			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
+			s.Domain.Devices.Disks = []v1alpha1.Disk{
+				{Name: "root", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Cache: v1alpha1.CacheNone, IO: v1alpha1.IONative, BootOrder: ptr.To[uint32](2)},
+				{Name: "logs", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Cache: v1alpha1.CacheWriteThrough},
+				{Name: "shared", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Serial: "shared-1"},
+				{Name: "install", CDRom: &v1alpha1.CDRomTarget{Bus: v1alpha1.DiskBusSCSI}, BootOrder: ptr.To[uint32](1)},
+				{Name: "scratch", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}},
+			}
+			s.Volumes = []v1alpha1.Volume{
+				{Name: "root", VolumeSource: v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "root"}}},
+				{Name: "logs", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
+				{Name: "shared", VolumeSource: v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "shared", ReadOnly: true}}},
+				{Name: "install", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.com/iso:1"}}},
+				{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
+			}
+			m.Disks["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
+			m.Disks["logs"] = DiskImage{Path: img("logs.qcow2"), Format: "qcow2"}
+			m.Disks["shared"] = DiskImage{Path: img("shared.raw"), Format: "raw"}
+			m.Disks["install"] = DiskImage{Path: img("install.iso"), Format: "raw"}
+			m.Disks["scratch"] = DiskImage{Path: img("scratch.qcow2"), Format: "qcow2"}
+		})},
+		{"kvm", base(false, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+			s.Domain.CPU = &v1alpha1.CPU{Sockets: 2, Cores: 2, Threads: 2, Model: "host-passthrough"}
+			s.Domain.Memory = nil
+			s.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}
+			s.Domain.Machine = &v1alpha1.Machine{Type: "pc-q35-7.2"}
+			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)}}
+			s.Volumes = []v1alpha1.Volume{{Name: "root", VolumeSource: v1alpha1.VolumeSource{
+				HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.raw", Type: v1alpha1.HostDiskExists}}}}
+			m.Disks["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
+			m.SpareRootPorts = 2
+		})},
+		{"incoming", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+			withKernel(s, m)
+			s.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
+			s.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+			m.Taps["default"], m.MACs["default"] = "tap0", "02:00:00:aa:bb:01"
+			m.SpareRootPorts = 4
+			m.Incoming = true
+			// The source had a disk hotplugged on its second spare port.
+			m.Hotplugged = []DiskHotplug{{Name: "hot", Path: img("hot.qcow2"), Format: "qcow2", Serial: "hot-1", Port: "hotplug1"}}
+		})},
+		{"acpi-off", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+			withKernel(s, m)
+			s.Domain.Features = &v1alpha1.Features{ACPI: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}
+			s.Domain.Devices.AutoattachSerialConsole = ptr.To(false)
+			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
+		})},
+		{"backing-chain-and-legacy-nics", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+			withKernel(s, m)
+			s.Domain.CPU = &v1alpha1.CPU{Model: "max", Cores: 4}
+			long := "a-very-long-disk-name-that-exceeds-qemu-node-names"
+			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)}, {Name: long}}
+			s.Volumes = []v1alpha1.Volume{
+				{Name: "root", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.com/disk:1"}}},
+				{Name: long, VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
+			}
+			// A copy-on-write overlay over the container disk, given explicitly: QEMU never reads the
+			// backing file name from the overlay.
+			m.Disks["root"] = DiskImage{Path: img("root-overlay.qcow2"), Format: "qcow2",
+				Backing: &DiskImage{Path: img("root-base.qcow2"), Format: "qcow2", ReadOnly: true,
+					Backing: &DiskImage{Path: img("root-base.raw"), Format: "raw", ReadOnly: true}}}
+			m.Disks[long] = DiskImage{Path: img("odd, name=with,commas.raw"), Format: "raw"}
+			models := []string{"e1000", "rtl8139", "e1000e", "virtio"}
+			for i, model := range models {
+				name := "net" + model
+				s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, v1alpha1.Interface{Name: name, Model: model, Bridge: &v1alpha1.InterfaceBridge{}})
+				s.Networks = append(s.Networks, v1alpha1.Network{Name: name, Multus: &v1alpha1.MultusNetwork{NetworkName: name}})
+				m.Taps[name], m.MACs[name] = fmt.Sprintf("tap%d", i), fmt.Sprintf("02:00:00:00:01:%02x", i)
+			}
+			m.SpareRootPorts = 9 // with the two PCIe NICs and the virtio disks: two slots of root ports
+		})},
+	}
+}
+
+func TestBuildArgvGolden(t *testing.T) {
+	for _, c := range argvCases(goldenRoot, goldenRoot+"/run/default_vm1") {
+		t.Run(c.name, func(t *testing.T) {
+			argv, err := BuildArgv(c.m)
+			if err != nil {
+				t.Fatalf("BuildArgv: %v", err)
+			}
+			got := strings.Join(argv, "\n") + "\n"
+			path := filepath.Join("testdata", c.name+".golden")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./launcher -run TestBuildArgvGolden -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("argv differs from %s (rerun with -update after checking):\n%s", path, lineDiff(string(want), got))
+			}
+			again, _ := BuildArgv(c.m)
+			if !slices.Equal(argv, again) {
+				t.Errorf("BuildArgv is not deterministic")
+			}
+		})
+	}
+}
+
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := range max(len(w), len(g)) {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			fmt.Fprintf(&b, "line %d:\n  want %s\n  got  %s\n", i+1, wl, gl)
+		}
+	}
+	return b.String()
+}
+
+// fullMachine is the valid machine each error case changes one thing in.
+func fullMachine(t *testing.T) *Machine {
+	for _, c := range argvCases(goldenRoot, goldenRoot+"/run") {
+		if c.name == "full" {
+			if _, err := BuildArgv(c.m); err != nil {
+				t.Fatalf("the base machine must be valid: %v", err)
+			}
+			return c.m
+		}
+	}
+	panic("no full case")
+}
+
+func TestBuildArgvErrors(t *testing.T) {
+	disks := "spec.domain.devices.disks"
+	cases := []struct {
+		name   string
+		mutate func(m *Machine, s *v1alpha1.VirtualMachineInstanceSpec)
+		path   string
+	}{
+		{"unknown bus", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].Disk.Bus = "ide" }, disks + "[1].disk.bus"},
+		{"missing disk image", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { delete(m.Disks, "data") }, disks + "[1]"},
+		{"image nobody attaches", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Disks["spare"] = DiskImage{Path: "/x.raw", Format: "raw"}
+		}, "machine.disks[spare]"},
+		{"unsupported format", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Disks["data"] = DiskImage{Path: "/x.vmdk", Format: "vmdk"}
+		}, disks + "[1]"},
+		{"format left to probing", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Disks["data"] = DiskImage{Path: "/x.img"}
+		}, disks + "[1]"},
+		{"unsupported backing format", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Disks["root"] = DiskImage{Path: "/o.qcow2", Format: "qcow2", Backing: &DiskImage{Path: "/b", Format: "vpc"}}
+		}, disks + "[0]"},
+		{"raw with backing", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Disks["root"] = DiskImage{Path: "/o.raw", Format: "raw", Backing: &DiskImage{Path: "/b", Format: "raw"}}
+		}, disks + "[0]"},
+		{"relative image path", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Disks["data"] = DiskImage{Path: "images/data.raw", Format: "raw"}
+		}, "machine.disks[data]"},
+		{"NUL in image path", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Disks["data"] = DiskImage{Path: "/data\x00.raw", Format: "raw"}
+		}, "machine.disks[data]"},
+		{"seven sata devices", func(m *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			for i := range 6 {
+				n := fmt.Sprintf("extra%d", i)
+				s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, v1alpha1.Disk{Name: n, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}})
+				s.Volumes = append(s.Volumes, v1alpha1.Volume{Name: n, VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("1Mi")}}})
+				m.Disks[n] = DiskImage{Path: "/" + n, Format: "raw"}
+			}
+		}, disks + "[8].disk.bus"},
+		{"read-only sata disk", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks[1].Disk = &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA, ReadOnly: true}
+		}, disks + "[1].disk.readonly"},
+		{"missing tap", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { delete(m.Taps, "storage") }, "spec.domain.devices.interfaces[1]"},
+		{"bad tap name", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Taps["storage"] = "tap,vhost=on" }, "machine.taps[storage]"},
+		{"tap nobody uses", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Taps["other"] = "tap9" }, "machine.taps[other]"},
+		{"bad MAC in spec", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[1].MacAddress = "02:00:00:00:00"
+		}, "spec.domain.devices.interfaces[1].macAddress"},
+		{"bad derived MAC", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.MACs["default"] = "zz:00:00:00:00:01" }, "machine.macs[default]"},
+		{"multicast derived MAC", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.MACs["default"] = "01:00:5e:00:00:01" }, "machine.macs[default]"},
+		{"derived MAC clashes", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.MACs["default"] = "02:00:00:aa:bb:02" }, "spec.domain.devices.interfaces[1].macAddress"},
+		{"no MAC at all", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { delete(m.MACs, "default") }, "spec.domain.devices.interfaces[0].macAddress"},
+		{"host-passthrough under emulation", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.CPU.Model = "host-passthrough"
+		}, "spec.domain.cpu.model"},
+		{"host-model", func(m *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Emulation = false
+			s.Domain.CPU.Model = "host-model"
+		}, "spec.domain.cpu.model"},
+		{"fractional MiB", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.Memory.Guest = ptr.To(resource.MustParse("1000M"))
+		}, "spec.domain.memory.guest"},
+		{"fractional MiB from requests", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.Memory = nil
+			s.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256.5Mi")}
+		}, "spec.domain.resources.requests.memory"},
+		{"kernelBoot without a kernel", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Kernel = "" }, "spec.domain.firmware.kernelBoot.container.kernelPath"},
+		{"kernelBoot without the initrd", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Initrd = "" }, "spec.domain.firmware.kernelBoot.container.initrdPath"},
+		{"kernel without kernelBoot", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.Firmware.KernelBoot = nil }, "machine.kernel"},
+		{"NUL in kernelArgs", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.Firmware.KernelBoot.KernelArgs = "console=ttyS0\x00rm"
+		}, "spec.domain.firmware.kernelBoot.kernelArgs"},
+		{"bad firmware uuid", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.Firmware.UUID = "not-a-uuid" }, "spec.domain.firmware.uuid"},
+		{"bad UID", func(m *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.Firmware.UUID = ""
+			m.UID = "1234"
+		}, "metadata.uid"},
+		{"bad name", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Name = "vm,1" }, "metadata.name"},
+		{"no namespace", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Namespace = "" }, "metadata.namespace"},
+		{"relative run dir", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.RunDir = "run" }, "machine.runDir"},
+		{"run dir too long for sockets", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.RunDir = "/" + strings.Repeat("r", 100)
+		}, "machine.runDir"},
+		{"negative spare ports", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.SpareRootPorts = -1 }, "machine.spareRootPorts"},
+		{"too many root ports", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.SpareRootPorts = MaxRootPorts - 2 }, "machine.spareRootPorts"},
+		{"hotplugged disk on a port that is not a spare", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Hotplugged = []DiskHotplug{{Name: "hot", Path: "/hot.raw", Format: "raw", Port: "hotplug4"}}
+		}, "machine.hotplugged[0].port"},
+		{"two hotplugged disks on one port", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Hotplugged = []DiskHotplug{{Name: "hot", Path: "/hot.raw", Format: "raw", Port: "hotplug0"}, {Name: "hot2", Path: "/hot2.raw", Format: "raw", Port: "hotplug0"}}
+		}, "machine.hotplugged[1].port"},
+		{"hotplugged disk named like a disk", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Hotplugged = []DiskHotplug{{Name: "root", Path: "/hot.raw", Format: "raw", Port: "hotplug0"}}
+		}, "machine.hotplugged[0].name"},
+		{"hotplugged disk of unknown format", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
+			m.Hotplugged = []DiskHotplug{{Name: "hot", Path: "/hot.img", Port: "hotplug0"}}
+		}, "machine.hotplugged[0].format"},
+		{"validation runs first", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) { s.Volumes[0].Name = "other" }, "spec.domain.devices.disks[0].name"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := fullMachine(t)
+			c.mutate(m, m.Spec)
+			argv, err := BuildArgv(m)
+			if err == nil {
+				t.Fatalf("BuildArgv accepted it: %q", argv)
+			}
+			var ime *InvalidMachineError
+			if !errors.As(err, &ime) {
+				t.Fatalf("error %T is not an *InvalidMachineError: %v", err, err)
+			}
+			var fe *field.Error
+			if !errors.As(err, &fe) {
+				t.Fatalf("errors.As finds no *field.Error in %v", err)
+			}
+			var paths []string
+			for _, e := range ime.Errs {
+				paths = append(paths, e.Field)
+			}
+			if !slices.Contains(paths, c.path) {
+				t.Errorf("want an error at %s, got %v", c.path, err)
+			}
+		})
+	}
+}
+
+func TestBuildArgvAllProblemsAtOnce(t *testing.T) {
+	m := fullMachine(t)
+	delete(m.Disks, "data")
+	delete(m.Taps, "storage")
+	m.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse("1000M"))
+	_, err := BuildArgv(m)
+	var ime *InvalidMachineError
+	if !errors.As(err, &ime) || len(ime.Errs) != 3 {
+		t.Fatalf("want three errors, got %v", err)
+	}
+}
+
+func TestNodeNames(t *testing.T) {
+	long := strings.Repeat("a", 63)
+	names := map[string]bool{}
+	for _, disk := range []string{"root", "a-disk-name-of-25-chars-x", long, long[:62] + "b", long + ".b1", long + ".b2"} {
+		for _, n := range []string{FileNode(disk), DriveNode(disk)} {
+			if len(n) > maxNodeName {
+				t.Errorf("%q is longer than %d bytes", n, maxNodeName)
+			}
+			if names[n] {
+				t.Errorf("node name %q given twice", n)
+			}
+			names[n] = true
+		}
+	}
+	if got := DriveNode("root"); got != "drive-root" {
+		t.Errorf("DriveNode(root) = %q", got)
+	}
+	if got := FileNode("a-disk-name-of-25-chars-x"); got != "file-a-disk-name-of-25-chars-x" {
+		t.Errorf("a name that fits is shortened: %q", got)
+	}
+}
+
+// TestQEMUAcceptsArgv starts the real qemu-system-x86_64 (paused, -S) with every TCG case's argv
+// over real files, and checks that it comes up: QMP answers, every -device exists, the consoles'
+// sockets appear. The run directory's name holds a comma to prove the QemuOpts escaping. Each QEMU
+// runs in a fresh network namespace, where it creates its taps itself (we are root) and which
+// disappears with it. The kvm case is left out: KVM cannot run guests on these machines.
+func TestQEMUAcceptsArgv(t *testing.T) {
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatalf("qemu-system-x86_64 is required (apt-get install -y qemu-system-x86 qemu-utils): %v", err)
+	}
+	for _, c := range argvCases("/ROOT", "/RUN") {
+		if !c.m.Emulation {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			runDir := filepath.Join(root, "run,dir")
+			m := machineAt(c.name, root, runDir)
+			if err := os.MkdirAll(runDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			makeFiles(t, m)
+			argv, err := BuildArgv(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(qemu, argv...)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			// stop kills the QEMU this test started, by its pid, and returns its stderr (safe to
+			// read only once Wait has returned).
+			var once sync.Once
+			stop := func() string {
+				once.Do(func() {
+					_ = syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
+					<-exited
+				})
+				return stderr.String()
+			}
+			t.Cleanup(func() { stop() })
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				if _, err := os.Stat(m.QMPSocket()); err == nil {
+					break
+				}
+				select {
+				case err := <-exited:
+					exited <- err
+					t.Fatalf("QEMU exited (%v): %s\nargv: %q", err, stop(), argv)
+				case <-time.After(20 * time.Millisecond):
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no QMP socket after 15 s; stderr: %s", stop())
+				}
+			}
+			mon := dialQMP(t, m.QMPSocket(), func() string { return "; QEMU stderr: " + stop() })
+			status := mon.run(t, `{"execute":"query-status"}`)
+			want := "prelaunch"
+			if m.Incoming {
+				want = "inmigrate"
+			}
+			if got := status["status"]; got != want {
+				t.Errorf("status %v, want %s", got, want)
+			}
+			var devs []any
+			_ = json.Unmarshal(mon.runRaw(t, `{"execute":"qom-list","arguments":{"path":"/machine/peripheral"}}`), &devs)
+			have := map[string]bool{}
+			for _, d := range devs {
+				have[d.(map[string]any)["name"].(string)] = true
+			}
+			for i, a := range argv {
+				if a != "-device" {
+					continue
+				}
+				for _, kv := range strings.Split(argv[i+1], ",") {
+					if id, ok := strings.CutPrefix(kv, "id="); ok && !have[id] {
+						t.Errorf("device %s is missing in /machine/peripheral %v", id, have)
+					}
+				}
+			}
+			socks := []string{m.ShellQMPSocket()}
+			if d := m.Spec.Domain.Devices; d.AutoattachSerialConsole == nil || *d.AutoattachSerialConsole {
+				socks = append(socks, m.SerialSocket())
+			}
+			if d := m.Spec.Domain.Devices; d.AutoattachGraphicsDevice == nil || *d.AutoattachGraphicsDevice {
+				socks = append(socks, m.VNCSocket())
+			}
+			for _, s := range socks {
+				if fi, err := os.Stat(s); err != nil || fi.Mode()&os.ModeSocket == 0 {
+					t.Errorf("socket %s: %v", s, err)
+				}
+			}
+			if pid, err := os.ReadFile(m.PIDFile()); err != nil || strings.TrimSpace(string(pid)) != fmt.Sprint(cmd.Process.Pid) {
+				t.Errorf("pid file: %q, %v; want %d", pid, err, cmd.Process.Pid)
+			}
+			select {
+			case err := <-exited:
+				exited <- err
+				t.Fatalf("QEMU exited (%v): %s", err, stop())
+			default:
+			}
+			// QEMU says nothing about an argv it fully accepts: no deprecation or other warnings.
+			if out := stop(); out != "" {
+				t.Errorf("QEMU wrote to stderr: %s", out)
+			}
+		})
+	}
+}
+
+// machineAt is case name's machine with its files under root.
+func machineAt(name, root, runDir string) *Machine {
+	for _, c := range argvCases(root, runDir) {
+		if c.name == name {
+			return c.m
+		}
+	}
+	panic(name)
+}
+
+// makeFiles creates the kernel, initrd and images m refers to: qcow2 with qemu-img, raw sparse.
+func makeFiles(t *testing.T, m *Machine) {
+	t.Helper()
+	write := func(path string, data []byte) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m.Kernel != "" {
+		write(m.Kernel, fakeBzImage())
+	}
+	if m.Initrd != "" {
+		write(m.Initrd, make([]byte, 4096))
+	}
+	var mk func(img *DiskImage)
+	mk = func(img *DiskImage) {
+		if img.Backing != nil {
+			mk(img.Backing)
+		}
+		switch img.Format {
+		case "raw":
+			write(img.Path, nil)
+			if err := os.Truncate(img.Path, 16<<20); err != nil {
+				t.Fatal(err)
+			}
+		case "qcow2":
+			if err := os.MkdirAll(filepath.Dir(img.Path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"create", "-q", "-f", "qcow2"}
+			if img.Backing != nil {
+				args = append(args, "-b", img.Backing.Path, "-F", img.Backing.Format)
+			}
+			args = append(args, img.Path, "16M")
+			if out, err := exec.Command("qemu-img", args...).CombinedOutput(); err != nil {
+				t.Fatalf("qemu-img %q: %v: %s", args, err, out)
+			}
+		}
+	}
+	for _, name := range sortedKeys(m.Disks) {
+		img := m.Disks[name]
+		mk(&img)
+	}
+	for _, h := range m.Hotplugged {
+		mk(&DiskImage{Path: h.Path, Format: h.Format})
+	}
+}
+
+// fakeBzImage is the smallest file QEMU 7.2 loads as a Linux bzImage (boot protocol 2.15, loaded
+// high). It never runs: the tests keep the guest paused.
+func fakeBzImage() []byte {
+	b := make([]byte, 5*512+4096)
+	b[0x1f1] = 4 // setup sectors
+	b[0x1fe], b[0x1ff] = 0x55, 0xaa
+	copy(b[0x202:], "HdrS")
+	binary.LittleEndian.PutUint16(b[0x206:], 0x020f)
+	b[0x211] = 0x01 // LOADED_HIGH
+	binary.LittleEndian.PutUint32(b[0x22c:], 0x37ffffff)
+	binary.LittleEndian.PutUint32(b[0x238:], 2048)
+	return b
+}
+
+// testQMP is a minimal QMP client for the acceptance test (the qmp package is tested on its own).
+type testQMP struct {
+	conn net.Conn
+	r    *bufio.Reader
+	diag func() string // more context for a failure, such as QEMU's stderr
+}
+
+func dialQMP(t *testing.T, path string, diag func() string) *testQMP {
+	t.Helper()
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("%v%s", err, diag())
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	q := &testQMP{conn: conn, r: bufio.NewReader(conn), diag: diag}
+	if _, err := q.r.ReadBytes('\n'); err != nil { // greeting
+		t.Fatalf("QMP greeting: %v%s", err, diag())
+	}
+	q.runRaw(t, `{"execute":"qmp_capabilities"}`)
+	return q
+}
+
+func (q *testQMP) runRaw(t *testing.T, cmd string) json.RawMessage {
+	t.Helper()
+	if _, err := q.conn.Write([]byte(cmd + "\n")); err != nil {
+		t.Fatalf("%v%s", err, q.diag())
+	}
+	for {
+		line, err := q.r.ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("%s: %v%s", cmd, err, q.diag())
+		}
+		var reply struct {
+			Return json.RawMessage `json:"return"`
+			Error  *struct {
+				Desc string `json:"desc"`
+			} `json:"error"`
+			Event string `json:"event"`
+		}
+		if err := json.Unmarshal(line, &reply); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		switch {
+		case reply.Event != "":
+			continue
+		case reply.Error != nil:
+			t.Fatalf("%s: %s%s", cmd, reply.Error.Desc, q.diag())
+		}
+		return reply.Return
+	}
+}
+
+func (q *testQMP) run(t *testing.T, cmd string) map[string]any {
+	t.Helper()
+	var out map[string]any
+	if err := json.Unmarshal(q.runRaw(t, cmd), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// FuzzBuildArgv feeds arbitrary specs, with every disk, interface and kernel resolved, to
+// BuildArgv: it must not panic, must fail only with an *InvalidMachineError, and no argument may
+// hold a NUL byte.
+func FuzzBuildArgv(f *testing.F) {
+	for _, c := range argvCases(goldenRoot, goldenRoot+"/run") {
+		js, err := json.Marshal(c.m.Spec)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(js, c.m.Emulation, uint8(c.m.SpareRootPorts))
+	}
+	f.Fuzz(func(t *testing.T, js []byte, emulation bool, spares uint8) {
+		var spec v1alpha1.VirtualMachineInstanceSpec
+		if err := json.Unmarshal(js, &spec); err != nil {
+			return
+		}
+		m := &Machine{Name: "vm1", Namespace: "default", UID: "0f8fad5b-d9cb-469f-a165-70867728950e",
+			Spec: &spec, Emulation: emulation, RunDir: "/run/qvirt/vm1", SpareRootPorts: int(spares),
+			Disks: map[string]DiskImage{}, Taps: map[string]string{}, MACs: map[string]string{}}
+		if fw := spec.Domain.Firmware; fw != nil && fw.KernelBoot != nil {
+			m.Kernel, m.Initrd = "/boot/vmlinuz", "/boot/initrd.img"
+		}
+		for i, d := range spec.Domain.Devices.Disks {
+			format := []string{"raw", "qcow2"}[i%2]
+			m.Disks[d.Name] = DiskImage{Path: "/images/" + d.Name, Format: format, ReadOnly: i%3 == 0}
+		}
+		for i, in := range spec.Domain.Devices.Interfaces {
+			m.Taps[in.Name] = fmt.Sprintf("tap%d", i)
+			m.MACs[in.Name] = fmt.Sprintf("02:00:00:00:%02x:%02x", i/256%256, i%256)
+		}
+		argv, err := BuildArgv(m)
+		if err != nil {
+			var ime *InvalidMachineError
+			if !errors.As(err, &ime) || len(ime.Errs) == 0 {
+				t.Fatalf("error %T without field errors: %v", err, err)
+			}
+			return
+		}
+		if len(argv) == 0 {
+			t.Fatal("empty argv without an error")
+		}
+		for _, a := range argv {
+			if strings.IndexByte(a, 0) >= 0 {
+				t.Fatalf("argument with a NUL byte: %q", a)
+			}
+		}
+	})
+}

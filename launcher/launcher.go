@@ -1,0 +1,258 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/qmp"
+)
+
+// Resolver turns a SyncRequest into a Machine: it finds the kernel, initrd and disk images on this
+// host and the taps the node agent created. Run mode resolves host paths; a launcher pod resolves
+// the volumes mounted into it.
+type Resolver interface {
+	Resolve(req *SyncRequest, runDir string) (*Machine, error)
+}
+
+// Launcher owns one VM: it starts QEMU on Sync and serves the node agent's commands. Safe for
+// concurrent use.
+type Launcher struct {
+	runDir   string
+	resolver Resolver
+	opts     Options
+
+	mu        sync.Mutex
+	req       *SyncRequest
+	proc      *Process
+	phase     Phase
+	startErr  string
+	migration *MigrationInfo
+	hotplug   map[string]DiskHotplug
+	nics      map[string]hotNIC
+	changed   chan struct{}
+}
+
+// New returns a launcher that keeps QEMU's sockets in runDir.
+func New(runDir string, resolver Resolver, opts Options) *Launcher {
+	return &Launcher{runDir: runDir, resolver: resolver, opts: opts, phase: PhaseWaiting,
+		hotplug: map[string]DiskHotplug{}, nics: map[string]hotNIC{}, changed: make(chan struct{})}
+}
+
+// ConflictError is returned for a request that does not fit the launcher's state.
+type ConflictError struct{ Msg string }
+
+func (e *ConflictError) Error() string { return e.Msg }
+
+// Sync starts the VM described by req. A second Sync for the same UID is a no-op; one for another
+// UID is a conflict, since a launcher runs exactly one VM in its life.
+func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
+	l.mu.Lock()
+	if l.req != nil {
+		same := l.req.UID == req.UID
+		l.mu.Unlock()
+		if same {
+			return nil
+		}
+		return &ConflictError{Msg: fmt.Sprintf("launcher already runs VMI %s", l.req.UID)}
+	}
+	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&req.Spec, field.NewPath("spec")); len(errs) > 0 {
+		l.mu.Unlock()
+		return errs.ToAggregate()
+	}
+	m, err := l.resolver.Resolve(req, l.runDir)
+	if err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	l.req = req
+	l.phase = PhaseStarting
+	for _, d := range req.Hotplugged {
+		l.hotplug[d.Name] = d
+	}
+	l.notifyLocked()
+	l.mu.Unlock()
+
+	proc, err := Start(ctx, m, l.opts)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	defer l.notifyLocked()
+	if err != nil {
+		l.phase, l.startErr = PhaseFailed, err.Error()
+		return err
+	}
+	l.proc = proc
+	l.phase = PhaseRunning
+	if req.Incoming {
+		l.phase = PhaseIncoming
+	}
+	go l.follow(proc)
+	return nil
+}
+
+// follow forwards the process's state changes to watchers until QEMU exits.
+func (l *Launcher) follow(p *Process) {
+	for {
+		state, exit, changed := p.State()
+		l.mu.Lock()
+		if exit != nil {
+			l.phase = PhaseFailed
+			if exit.Reason.Clean() {
+				l.phase = PhaseSucceeded
+			}
+		} else if l.phase == PhaseIncoming && state == qmp.StateRunning {
+			l.phase = PhaseRunning
+		}
+		l.notifyLocked()
+		l.mu.Unlock()
+		if exit != nil {
+			return
+		}
+		<-changed
+	}
+}
+
+func (l *Launcher) notifyLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// Status reports the VM's state and a channel closed at the next change.
+func (l *Launcher) Status(ctx context.Context) (Status, <-chan struct{}) {
+	l.mu.Lock()
+	st := Status{Phase: l.phase, StartError: l.startErr, Migration: l.migration}
+	if l.req != nil {
+		st.UID = l.req.UID
+	}
+	proc, changed := l.proc, l.changed
+	for _, d := range l.hotplug {
+		st.Hotplugged = append(st.Hotplugged, d)
+	}
+	l.mu.Unlock()
+	if proc == nil {
+		return st, changed
+	}
+	state, exit, _ := proc.State()
+	st.RunState = string(state)
+	st.Paused = state == qmp.StatePaused
+	st.QEMUVersion = proc.QEMUVersion()
+	st.PID = proc.Pid()
+	st.Exit = exit
+	st.Disks, st.NICs = l.devices(proc)
+	return st, changed
+}
+
+func (l *Launcher) devices(p *Process) ([]DiskStatus, []NICStatus) {
+	m := p.Machine()
+	var disks []DiskStatus
+	for _, d := range m.Spec.Domain.Devices.Disks {
+		disks = append(disks, DiskStatus{Name: d.Name})
+	}
+	l.mu.Lock()
+	for name := range l.hotplug {
+		disks = append(disks, DiskStatus{Name: name, Hotplugged: true})
+	}
+	l.mu.Unlock()
+	var nics []NICStatus
+	for _, in := range m.Spec.Domain.Devices.Interfaces {
+		nics = append(nics, NICStatus{Name: in.Name, MAC: m.MAC(in.Name)})
+	}
+	return disks, nics
+}
+
+// ErrNotRunning is returned for commands that need a running QEMU.
+var ErrNotRunning = errors.New("no QEMU is running")
+
+func (l *Launcher) process() (*Process, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.proc == nil {
+		return nil, &ConflictError{Msg: ErrNotRunning.Error()}
+	}
+	select {
+	case <-l.proc.Done():
+		return nil, &ConflictError{Msg: "QEMU has exited"}
+	default:
+	}
+	return l.proc, nil
+}
+
+// Pause stops the guest's vCPUs.
+func (l *Launcher) Pause(ctx context.Context) error {
+	p, err := l.process()
+	if err != nil {
+		return err
+	}
+	return p.Pause(ctx)
+}
+
+// Resume restarts the guest's vCPUs.
+func (l *Launcher) Resume(ctx context.Context) error {
+	p, err := l.process()
+	if err != nil {
+		return err
+	}
+	return p.Resume(ctx)
+}
+
+// Reset resets the guest.
+func (l *Launcher) Reset(ctx context.Context) error {
+	p, err := l.process()
+	if err != nil {
+		return err
+	}
+	return p.Reset(ctx)
+}
+
+// Kill ends QEMU at once.
+func (l *Launcher) Kill(context.Context) error {
+	p, err := l.process()
+	if err != nil {
+		return err
+	}
+	return p.Kill()
+}
+
+// Shutdown stops the guest gracefully; grace nil means the spec's terminationGracePeriodSeconds
+// (180 s when unset, as in KubeVirt). It returns once QEMU is gone.
+func (l *Launcher) Shutdown(ctx context.Context, grace *int64) (Exit, error) {
+	p, err := l.process()
+	if err != nil {
+		return Exit{}, err
+	}
+	return p.Shutdown(ctx, GracePeriod(p.Machine(), grace))
+}
+
+// GracePeriod is the shutdown grace period: the override, else the spec's, else 180 s.
+func GracePeriod(m *Machine, override *int64) time.Duration {
+	switch {
+	case override != nil:
+		return time.Duration(*override) * time.Second
+	case m.Spec.TerminationGracePeriodSeconds != nil:
+		return time.Duration(*m.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	return 180 * time.Second
+}
+
+// Wait blocks until QEMU has exited (after a successful Sync) or ctx ends.
+func (l *Launcher) Wait(ctx context.Context) (Exit, error) {
+	p, err := l.anyProcess()
+	if err != nil {
+		return Exit{}, err
+	}
+	return p.Wait(ctx)
+}
+
+func (l *Launcher) anyProcess() (*Process, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.proc == nil {
+		return nil, ErrNotRunning
+	}
+	return l.proc, nil
+}

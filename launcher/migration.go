@@ -1,0 +1,234 @@
+package launcher
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	gqmp "github.com/digitalocean/go-qemu/qmp"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/qvirt/qvirt/qmp"
+)
+
+// Live migration: the target launcher is synced with Incoming (QEMU waits under -incoming defer with
+// the source's device set), then told where to listen; the source launcher sets capabilities and
+// parameters and runs migrate. Progress comes from MIGRATION events plus query-migrate. On success
+// the target resumes the guest and the source QEMU quits, ending with ExitMigrated.
+
+// progressInterval is how often query-migrate refreshes progress while a migration is active.
+const progressInterval = 250 * time.Millisecond
+
+// PrepareMigrationTarget makes an incoming QEMU listen on listen (host:port; port 0 picks a free
+// one) and returns the URI the source must use.
+func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil || net.ParseIP(host) == nil {
+		return "", field.Invalid(field.NewPath("listen"), listen, "must be IP:PORT")
+	}
+	p, err := l.process()
+	if err != nil {
+		return "", err
+	}
+	if !p.Machine().Incoming {
+		return "", &ConflictError{Msg: "this launcher was not started for an incoming migration"}
+	}
+	if port == "0" {
+		if port, err = freePort(host); err != nil {
+			return "", err
+		}
+	}
+	uri := "tcp:" + net.JoinHostPort(host, port)
+	mon := p.Monitor()
+	if err := mon.MigrateSetCapabilities(ctx, []qmp.MigrationCapabilityStatus{{Capability: qmp.CapEvents, State: true}}); err != nil {
+		return "", fmt.Errorf("prepare migration target: %w", err)
+	}
+	done := mon.NewWaiter(qmp.EventMigration, migrationFinished)
+	if err := mon.MigrateIncoming(ctx, uri); err != nil {
+		done.Cancel()
+		return "", fmt.Errorf("prepare migration target: %w", err)
+	}
+	l.setMigration(&MigrationInfo{Role: "target", Status: string(qmp.MigrationSetup)})
+	go l.finishIncoming(p, done)
+	return uri, nil
+}
+
+// freePort asks the kernel for a free TCP port on host. QEMU binds it moments later; the window
+// for another process to take it is small and the migration then fails loudly.
+func freePort(host string) (string, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", fmt.Errorf("find a free port on %s: %w", host, err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), nil
+}
+
+func migrationFinished(ev gqmp.Event) bool {
+	s, _ := ev.Data["status"].(string)
+	return s == string(qmp.MigrationCompleted) || s == string(qmp.MigrationFailed) || s == string(qmp.MigrationCancelled)
+}
+
+// finishIncoming resumes the guest once the incoming migration completes: QEMU started with -S
+// leaves it paused.
+func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
+	ev, err := done.Wait(context.Background())
+	if err != nil {
+		return // QEMU went away; the process's exit says why
+	}
+	status, _ := ev.Data["status"].(string)
+	info := &MigrationInfo{Role: "target", Status: status}
+	if status == string(qmp.MigrationCompleted) {
+		if err := p.Resume(context.Background()); err != nil {
+			info.Error = err.Error()
+		}
+	}
+	l.setMigration(info)
+}
+
+// MigrateSource starts sending the guest to req.URI and returns once QEMU accepted the command;
+// Status reports progress.
+func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) error {
+	if err := validateMigrationSource(req); err != nil {
+		return err
+	}
+	p, err := l.process()
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	active := l.migration != nil && l.migration.Role == "source" && !migrationDone(l.migration.Status)
+	l.mu.Unlock()
+	if active {
+		return &ConflictError{Msg: "a migration is already running"}
+	}
+	mon := p.Monitor()
+	caps := []qmp.MigrationCapabilityStatus{
+		{Capability: qmp.CapEvents, State: true},
+		{Capability: qmp.CapAutoConverge, State: req.AutoConverge},
+		{Capability: qmp.CapPostcopyRAM, State: req.PostCopy},
+	}
+	if err := mon.MigrateSetCapabilities(ctx, caps); err != nil {
+		return fmt.Errorf("migrate: set capabilities: %w", err)
+	}
+	if params, ok := migrationParameters(req); ok {
+		if err := mon.MigrateSetParameters(ctx, params); err != nil {
+			return fmt.Errorf("migrate: set parameters: %w", err)
+		}
+	}
+	done := mon.NewWaiter(qmp.EventMigration, migrationFinished)
+	if err := mon.Migrate(ctx, qmp.MigrateOptions{URI: req.URI}); err != nil {
+		done.Cancel()
+		return fmt.Errorf("migrate to %s: %w", req.URI, err)
+	}
+	l.setMigration(&MigrationInfo{Role: "source", Status: string(qmp.MigrationSetup)})
+	go l.followOutgoing(p, done)
+	return nil
+}
+
+func validateMigrationSource(req *MigrationSource) error {
+	addr, isTCP := strings.CutPrefix(req.URI, "tcp:")
+	host, port, err := net.SplitHostPort(addr)
+	if !isTCP || err != nil || net.ParseIP(host) == nil || port == "" || port == "0" {
+		return field.Invalid(field.NewPath("uri"), req.URI, "must be tcp:IP:PORT")
+	}
+	if req.DowntimeLimit < 0 {
+		return field.Invalid(field.NewPath("downtimeLimit"), req.DowntimeLimit, "must be 0 or more")
+	}
+	return nil
+}
+
+// migrationParameters maps the request to migrate-set-parameters; a negative bandwidth lifts
+// QEMU's default cap.
+func migrationParameters(req *MigrationSource) (qmp.MigrateParameters, bool) {
+	var p qmp.MigrateParameters
+	set := false
+	switch {
+	case req.BandwidthBytesPerSecond > 0:
+		p.MaxBandwidth, set = ptrTo(req.BandwidthBytesPerSecond), true
+	case req.BandwidthBytesPerSecond < 0:
+		p.MaxBandwidth, set = ptrTo(int64(1)<<62), true
+	}
+	if req.DowntimeLimit > 0 {
+		p.DowntimeLimit, set = ptrTo(req.DowntimeLimit.Milliseconds()), true
+	}
+	return p, set
+}
+
+// followOutgoing refreshes progress until the migration ends, then quits the source QEMU after a
+// success: the guest now runs on the target.
+func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter) {
+	mon := p.Monitor()
+	finished := make(chan gqmp.Event, 1)
+	go func() {
+		if ev, err := done.Wait(context.Background()); err == nil {
+			finished <- ev
+		}
+		close(finished)
+	}()
+	tick := time.NewTicker(progressInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			l.refreshMigration(mon)
+		case _, ok := <-finished:
+			info := l.refreshMigration(mon)
+			if ok && info != nil && info.Status == string(qmp.MigrationCompleted) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = mon.Quit(ctx)
+				cancel()
+			}
+			return
+		case <-p.Done():
+			return
+		}
+	}
+}
+
+func (l *Launcher) refreshMigration(mon *qmp.Monitor) *MigrationInfo {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	mi, err := mon.QueryMigrate(ctx)
+	if err != nil {
+		return nil
+	}
+	info := &MigrationInfo{Role: "source", Status: string(mi.Status), DowntimeMs: mi.Downtime,
+		TotalTimeMs: mi.TotalTime, Error: mi.ErrorDesc}
+	if mi.RAM != nil {
+		info.TotalBytes, info.TransferredBytes, info.RemainingBytes = mi.RAM.Total, mi.RAM.Transferred, mi.RAM.Remaining
+		info.ThroughputMbps = mi.RAM.Mbps
+	}
+	l.setMigration(info)
+	return info
+}
+
+func migrationDone(status string) bool {
+	switch qmp.MigrationStatus(status) {
+	case qmp.MigrationCompleted, qmp.MigrationFailed, qmp.MigrationCancelled, qmp.MigrationNone:
+		return true
+	}
+	return false
+}
+
+// CancelMigration cancels an outgoing migration; the guest keeps running here.
+func (l *Launcher) CancelMigration(ctx context.Context) error {
+	p, err := l.process()
+	if err != nil {
+		return err
+	}
+	if err := p.Monitor().MigrateCancel(ctx); err != nil {
+		return fmt.Errorf("cancel migration: %w", err)
+	}
+	return nil
+}
+
+func (l *Launcher) setMigration(info *MigrationInfo) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.migration = info
+	l.notifyLocked()
+}

@@ -1,0 +1,502 @@
+package launcher
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	gqmp "github.com/digitalocean/go-qemu/qmp"
+	"github.com/go-logr/logr"
+
+	"github.com/qvirt/qvirt/qmp"
+)
+
+// ExitReason says why QEMU ended.
+type ExitReason string
+
+// Exit reasons, as reported in Status and by `qvirt-launcher run`.
+const (
+	// ExitGuestShutdown: the guest powered itself off (on its own or after the ACPI power button).
+	ExitGuestShutdown ExitReason = "guest shutdown"
+	// ExitGuestPanicked: the guest kernel panicked.
+	ExitGuestPanicked ExitReason = "guest panicked"
+	// ExitQuit: QEMU was told to quit (a stop whose grace period ran out, or an operator).
+	ExitQuit ExitReason = "quit"
+	// ExitMigrated: the guest now runs on the migration target; this QEMU is done.
+	ExitMigrated ExitReason = "migrated"
+	// ExitKilled: QEMU died from a signal.
+	ExitKilled ExitReason = "killed"
+	// ExitCrashed: QEMU exited with an error of its own.
+	ExitCrashed ExitReason = "crashed"
+	// ExitFailedToStart: QEMU exited before its monitor answered; Detail holds its stderr.
+	ExitFailedToStart ExitReason = "failed to start"
+)
+
+// Clean reports whether the guest ended in a way that loses no data and needs no restart under
+// RerunOnFailure.
+func (r ExitReason) Clean() bool {
+	return r == ExitGuestShutdown || r == ExitQuit || r == ExitMigrated
+}
+
+// Exit describes how QEMU ended.
+type Exit struct {
+	Reason ExitReason `json:"reason"`
+	// Detail is QEMU's exit code or signal and, for failures, the tail of its stderr.
+	Detail string    `json:"detail,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// StartError is returned by Start when QEMU cannot be started or exits before it runs the guest.
+type StartError struct {
+	Step   string
+	Stderr string
+	Err    error
+}
+
+func (e *StartError) Error() string {
+	msg := fmt.Sprintf("start qemu: %s: %v", e.Step, e.Err)
+	if e.Stderr != "" {
+		msg += ": " + e.Stderr
+	}
+	return msg
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+// Options tune a Process.
+type Options struct {
+	// QEMU is the emulator binary; qemu-system-x86_64 from PATH when empty.
+	QEMU string
+	// Log receives QEMU's stderr lines and lifecycle messages.
+	Log logr.Logger
+	// StartTimeout bounds how long QEMU may take to open its monitor; 10s when zero.
+	StartTimeout time.Duration
+}
+
+// Process supervises one QEMU: it starts it paused, connects QMP, resumes the guest and tracks the
+// run state from QMP events until QEMU exits. All methods are safe for concurrent use. Start once;
+// Wait and Done may be used by any number of callers.
+type Process struct {
+	machine *Machine
+	log     logr.Logger
+	cmd     *exec.Cmd
+	mon     *qmp.Monitor
+	stderr  *tailBuffer
+
+	exited chan struct{} // closed when QEMU's process has been reaped
+	done   chan struct{} // closed when the exit is classified
+
+	mu        sync.Mutex
+	state     qmp.RunState
+	shutdown  string // reason of the last SHUTDOWN event
+	panicked  bool
+	migrated  bool
+	exit      *Exit
+	version   string
+	changed   chan struct{} // closed and replaced on every state change
+	closeOnce sync.Once
+}
+
+// Start starts QEMU for m and returns once the guest runs (or, for a migration target, once QEMU
+// waits for the incoming migration). A QEMU that exits early is reported with its own error.
+func Start(ctx context.Context, m *Machine, opts Options) (*Process, error) {
+	argv, err := BuildArgv(m)
+	if err != nil {
+		return nil, err
+	}
+	if opts.QEMU == "" {
+		opts.QEMU = "qemu-system-x86_64"
+	}
+	if opts.StartTimeout == 0 {
+		opts.StartTimeout = 10 * time.Second
+	}
+	p := &Process{
+		machine: m, log: opts.Log, stderr: newTailBuffer(4096),
+		exited: make(chan struct{}), done: make(chan struct{}), changed: make(chan struct{}),
+		state: qmp.StatePrelaunch,
+	}
+	steps := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"prepare run directory", p.prepareRunDir},
+		{"exec " + opts.QEMU, func(context.Context) error { return p.exec(opts.QEMU, argv) }},
+		{"connect QMP", func(ctx context.Context) error { return p.connect(ctx, opts.StartTimeout) }},
+		{"resume guest", p.resume},
+	}
+	for _, s := range steps {
+		if err := s.run(ctx); err != nil {
+			p.abort()
+			return nil, p.startError(s.name, err)
+		}
+	}
+	return p, nil
+}
+
+func (p *Process) prepareRunDir(context.Context) error {
+	if err := os.MkdirAll(p.machine.RunDir, 0o700); err != nil {
+		return err
+	}
+	// Sockets from an earlier QEMU would make the wait for the new ones succeed too early.
+	for _, s := range []string{p.machine.QMPSocket(), p.machine.ShellQMPSocket(), p.machine.SerialSocket(), p.machine.VNCSocket(), p.machine.PIDFile()} {
+		if err := os.Remove(s); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Process) exec(qemu string, argv []string) error {
+	cmd := exec.Command(qemu, argv...)
+	cmd.Stdin = nil
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	// QEMU outlives the request that started it but dies with the launcher.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	p.cmd = cmd
+	p.log.Info("qemu started", "pid", cmd.Process.Pid)
+	copied := make(chan struct{})
+	go p.copyStderr(stderr, copied)
+	go func() {
+		<-copied // Wait closes the pipe; read all of stderr first
+		err := cmd.Wait()
+		p.onExit(err)
+	}()
+	return nil
+}
+
+func (p *Process) copyStderr(r io.Reader, done chan<- struct{}) {
+	defer close(done)
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		p.stderr.Write([]byte(line + "\n"))
+		p.log.Info("qemu", "stderr", line)
+	}
+}
+
+func (p *Process) connect(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(p.machine.QMPSocket()); err == nil {
+			break
+		}
+		select {
+		case <-p.exited:
+			return errors.New("qemu exited before opening its monitor")
+		case <-ctx.Done():
+			return fmt.Errorf("monitor socket %s did not appear: %w", p.machine.QMPSocket(), ctx.Err())
+		case <-tick.C:
+		}
+	}
+	mon, err := qmp.Dial(ctx, p.machine.QMPSocket())
+	if err != nil {
+		return err
+	}
+	p.mon = mon
+	v := mon.Version()
+	p.version = fmt.Sprintf("%d.%d.%d", v.QEMU.Major, v.QEMU.Minor, v.QEMU.Micro)
+	sub := mon.Subscribe(256)
+	go p.watchEvents(sub)
+	st, err := mon.QueryStatus(ctx)
+	if err != nil {
+		return err
+	}
+	p.setState(st.Status)
+	return nil
+}
+
+func (p *Process) resume(ctx context.Context) error {
+	if p.machine.Incoming {
+		return nil
+	}
+	return p.mon.Cont(ctx)
+}
+
+// startError turns a failed step into a StartError carrying QEMU's stderr once QEMU is gone.
+func (p *Process) startError(step string, err error) error {
+	var se *StartError
+	if errors.As(err, &se) {
+		return err
+	}
+	if p.cmd != nil {
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return &StartError{Step: step, Stderr: strings.TrimSpace(p.stderr.String()), Err: err}
+}
+
+// abort kills a QEMU whose start failed and releases what Start set up.
+func (p *Process) abort() {
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	p.close()
+}
+
+func (p *Process) close() {
+	p.closeOnce.Do(func() {
+		if p.mon != nil {
+			_ = p.mon.Close()
+		}
+	})
+}
+
+func (p *Process) watchEvents(sub *qmp.Subscription) {
+	defer sub.Close()
+	for ev := range sub.Events() {
+		p.onEvent(ev)
+	}
+}
+
+func (p *Process) onEvent(ev gqmp.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch ev.Event {
+	case qmp.EventResume:
+		p.state = qmp.StateRunning
+	case qmp.EventStop:
+		if p.state == qmp.StateRunning {
+			p.state = qmp.StatePaused
+		}
+	case qmp.EventShutdown:
+		p.shutdown, _ = ev.Data["reason"].(string)
+		p.state = qmp.StateShutdown
+	case qmp.EventGuestPanicked:
+		p.panicked = true
+		p.state = qmp.StateGuestPanicked
+	case qmp.EventMigration:
+		if s, _ := ev.Data["status"].(string); s == string(qmp.MigrationCompleted) && !p.machine.Incoming {
+			p.migrated = true
+			p.state = qmp.StatePostMigrate
+		}
+	default:
+		return
+	}
+	p.notifyLocked()
+}
+
+func (p *Process) setState(s qmp.RunState) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.state = s
+	p.notifyLocked()
+}
+
+func (p *Process) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *Process) onExit(waitErr error) {
+	close(p.exited)
+	exit := p.classify(waitErr)
+	p.mu.Lock()
+	p.exit = &exit
+	p.state = qmp.StateShutdown
+	p.notifyLocked()
+	p.mu.Unlock()
+	p.log.Info("qemu exited", "reason", exit.Reason, "detail", exit.Detail)
+	p.close()
+	close(p.done)
+}
+
+// classify says why QEMU ended from its wait status and the events it sent before.
+func (p *Process) classify(waitErr error) Exit {
+	p.mu.Lock()
+	shutdown, panicked, migrated, connected := p.shutdown, p.panicked, p.migrated, p.mon != nil
+	p.mu.Unlock()
+	e := Exit{At: time.Now()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(waitErr, &ee) && ee.ProcessState != nil:
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			e.Reason, e.Detail = ExitKilled, "signal "+ws.Signal().String()
+			return e
+		}
+		e.Detail = fmt.Sprintf("exit code %d: %s", ee.ExitCode(), strings.TrimSpace(p.stderr.String()))
+		e.Reason = ExitCrashed
+		if !connected {
+			e.Reason = ExitFailedToStart
+		}
+		return e
+	case waitErr != nil:
+		e.Reason, e.Detail = ExitCrashed, waitErr.Error()
+		return e
+	}
+	switch {
+	case panicked:
+		e.Reason = ExitGuestPanicked
+	case migrated:
+		e.Reason = ExitMigrated
+	case shutdown == "guest-shutdown":
+		e.Reason = ExitGuestShutdown
+	case shutdown != "":
+		e.Reason, e.Detail = ExitQuit, shutdown
+	case !connected:
+		e.Reason, e.Detail = ExitFailedToStart, strings.TrimSpace(p.stderr.String())
+	default:
+		e.Reason, e.Detail = ExitQuit, "exit code 0"
+	}
+	return e
+}
+
+// Monitor is the launcher's QMP connection to this QEMU.
+func (p *Process) Monitor() *qmp.Monitor { return p.mon }
+
+// Machine is the machine this process runs.
+func (p *Process) Machine() *Machine { return p.machine }
+
+// Pid is QEMU's process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// QEMUVersion is the version QEMU announced in its QMP greeting.
+func (p *Process) QEMUVersion() string { return p.version }
+
+// Done is closed once QEMU has exited and Exit is known.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Wait blocks until QEMU exits or ctx ends, and returns how it ended.
+func (p *Process) Wait(ctx context.Context) (Exit, error) {
+	select {
+	case <-p.done:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return *p.exit, nil
+	case <-ctx.Done():
+		return Exit{}, ctx.Err()
+	}
+}
+
+// State is the current run state and a channel closed at the next change.
+func (p *Process) State() (qmp.RunState, *Exit, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var exit *Exit
+	if p.exit != nil {
+		e := *p.exit
+		exit = &e
+	}
+	return p.state, exit, p.changed
+}
+
+// Pause stops the guest's vCPUs. The run state is read back before returning, so a Status taken
+// right after reflects it without waiting for the STOP event.
+func (p *Process) Pause(ctx context.Context) error {
+	if err := p.mon.Stop(ctx); err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	return p.refreshState(ctx)
+}
+
+// Resume restarts the guest's vCPUs.
+func (p *Process) Resume(ctx context.Context) error {
+	if err := p.mon.Cont(ctx); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	return p.refreshState(ctx)
+}
+
+func (p *Process) refreshState(ctx context.Context) error {
+	st, err := p.mon.QueryStatus(ctx)
+	if err != nil {
+		return fmt.Errorf("query status: %w", err)
+	}
+	p.setState(st.Status)
+	return nil
+}
+
+// Reset resets the guest like its reset button.
+func (p *Process) Reset(ctx context.Context) error {
+	if err := p.mon.SystemReset(ctx); err != nil {
+		return fmt.Errorf("reset: %w", err)
+	}
+	return nil
+}
+
+// Kill ends QEMU at once with SIGKILL.
+func (p *Process) Kill() error {
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kill qemu: %w", err)
+	}
+	return nil
+}
+
+// Shutdown presses the ACPI power button and waits up to grace for the guest to power off; then it
+// tells QEMU to quit, and kills it if that does not work either. It returns once QEMU is gone.
+func (p *Process) Shutdown(ctx context.Context, grace time.Duration) (Exit, error) {
+	select {
+	case <-p.done:
+		return p.Wait(ctx)
+	default:
+	}
+	if err := p.mon.SystemPowerdown(ctx); err != nil && !errors.Is(err, qmp.ErrDisconnected) {
+		p.log.Error(err, "ACPI powerdown failed; quitting")
+		grace = 0
+	}
+	select {
+	case <-p.done:
+		return p.Wait(ctx)
+	case <-time.After(grace):
+	case <-ctx.Done():
+		return Exit{}, ctx.Err()
+	}
+	p.log.Info("guest did not power off within the grace period; quitting", "grace", grace)
+	quitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := p.mon.Quit(quitCtx); err == nil {
+		select {
+		case <-p.done:
+			return p.Wait(ctx)
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if err := p.Kill(); err != nil {
+		return Exit{}, err
+	}
+	return p.Wait(ctx)
+}
+
+// tailBuffer keeps the last n bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	n   int
+	buf []byte
+}
+
+func newTailBuffer(n int) *tailBuffer { return &tailBuffer{n: n} }
+
+func (t *tailBuffer) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, b...)
+	if len(t.buf) > t.n {
+		t.buf = t.buf[len(t.buf)-t.n:]
+	}
+	return len(b), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}

@@ -1,0 +1,204 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// HostResolver resolves a spec against this host's filesystem, for `qvirt-launcher run`: host disks
+// and kernels are allowed here and only here. A container image reference of the form file://DIR
+// names an image already unpacked at DIR (a leading ~ is the user's home), so a spec that boots from
+// a kernelBoot or containerDisk image can be tried without a container runtime.
+type HostResolver struct {
+	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
+	SpareRootPorts int
+}
+
+// Resolve implements Resolver.
+func (h HostResolver) Resolve(req *SyncRequest, runDir string) (*Machine, error) {
+	spec := &req.Spec
+	m := &Machine{
+		Name: req.Name, Namespace: req.Namespace, UID: string(req.UID), Spec: spec,
+		Emulation: req.Emulation, RunDir: runDir, Incoming: req.Incoming,
+		Disks: map[string]DiskImage{}, SpareRootPorts: h.SpareRootPorts, Hotplugged: req.Hotplugged,
+	}
+	var errs field.ErrorList
+	if kb := spec.Domain.Firmware; kb != nil && kb.KernelBoot != nil && kb.KernelBoot.Container != nil {
+		p := field.NewPath("spec", "domain", "firmware", "kernelBoot", "container")
+		c := kb.KernelBoot.Container
+		root, err := imageRoot(c.Image)
+		if err != nil {
+			return nil, field.Invalid(p.Child("image"), c.Image, err.Error())
+		}
+		if m.Kernel, err = existingFile(root, c.KernelPath); err != nil {
+			errs = append(errs, field.Invalid(p.Child("kernelPath"), c.KernelPath, err.Error()))
+		}
+		if m.Initrd, err = existingFile(root, c.InitrdPath); err != nil {
+			errs = append(errs, field.Invalid(p.Child("initrdPath"), c.InitrdPath, err.Error()))
+		}
+	}
+	for i := range spec.Volumes {
+		v := &spec.Volumes[i]
+		img, err := h.volume(v, runDir, field.NewPath("spec", "volumes").Index(i))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.Disks[v.Name] = img
+	}
+	for i := range spec.Domain.Devices.Interfaces {
+		errs = append(errs, field.Forbidden(field.NewPath("spec", "domain", "devices", "interfaces").Index(i),
+			"qvirt-launcher run has no pod network; interfaces need the node agent"))
+	}
+	if len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	return m, nil
+}
+
+func (h HostResolver) volume(v *v1alpha1.Volume, runDir string, p *field.Path) (DiskImage, *field.Error) {
+	switch {
+	case v.HostDisk != nil:
+		return hostDisk(v.HostDisk, p.Child("hostDisk"))
+	case v.ContainerDisk != nil:
+		return containerDisk(v.ContainerDisk, p.Child("containerDisk"))
+	case v.EmptyDisk != nil:
+		path := filepath.Join(runDir, "empty-"+v.Name+".img")
+		if err := createSparse(path, v.EmptyDisk.Capacity.Value()); err != nil {
+			return DiskImage{}, field.InternalError(p.Child("emptyDisk"), err)
+		}
+		return DiskImage{Path: path, Format: "raw"}, nil
+	}
+	return DiskImage{}, field.Forbidden(p, "qvirt-launcher run supports hostDisk, containerDisk (file://) and emptyDisk volumes")
+}
+
+// hostDisk is KubeVirt's hostDisk: a raw image file, created sparse for DiskOrCreate.
+func hostDisk(hd *v1alpha1.HostDisk, p *field.Path) (DiskImage, *field.Error) {
+	_, err := os.Stat(hd.Path)
+	switch {
+	case err == nil:
+	case errors.Is(err, os.ErrNotExist) && hd.Type == v1alpha1.HostDiskExistsOrCreate && hd.Capacity != nil:
+		if err := createSparse(hd.Path, hd.Capacity.Value()); err != nil {
+			return DiskImage{}, field.Invalid(p.Child("path"), hd.Path, err.Error())
+		}
+	default:
+		return DiskImage{}, field.Invalid(p.Child("path"), hd.Path, err.Error())
+	}
+	return DiskImage{Path: hd.Path, Format: "raw"}, nil
+}
+
+func containerDisk(cd *v1alpha1.ContainerDiskSource, p *field.Path) (DiskImage, *field.Error) {
+	root, err := imageRoot(cd.Image)
+	if err != nil {
+		return DiskImage{}, field.Invalid(p.Child("image"), cd.Image, err.Error())
+	}
+	path := cd.Path
+	if path == "" {
+		if path, err = singleDiskFile(root); err != nil {
+			return DiskImage{}, field.Invalid(p.Child("path"), cd.Path, err.Error())
+		}
+	}
+	file, err := existingFile(root, path)
+	if err != nil {
+		return DiskImage{}, field.Invalid(p.Child("path"), path, err.Error())
+	}
+	format, err := FormatFromName(file)
+	if err != nil {
+		return DiskImage{}, field.Invalid(p.Child("path"), path, err.Error())
+	}
+	// A container disk is shared by every VM using the image: never write to it.
+	return DiskImage{Path: file, Format: format, ReadOnly: true}, nil
+}
+
+// FormatFromName is a container disk's format from its file name (.qcow2, or .img/.raw/.iso for
+// raw). The format is never probed from the content: a raw image holding a qcow2 header would
+// otherwise let a guest read host files through a backing file.
+func FormatFromName(path string) (string, error) {
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".qcow2":
+		return "qcow2", nil
+	case ".img", ".raw", ".iso":
+		return "raw", nil
+	}
+	return "", fmt.Errorf("cannot tell the image format of %s: name it .qcow2, .img, .raw or .iso", filepath.Base(path))
+}
+
+// singleDiskFile is the one file under the image's /disk directory, KubeVirt's convention.
+func singleDiskFile(root string) (string, error) {
+	entries, err := os.ReadDir(filepath.Join(root, "disk"))
+	if err != nil {
+		return "", fmt.Errorf("no path given and no /disk directory in the image: %w", err)
+	}
+	if len(entries) != 1 || entries[0].IsDir() {
+		return "", fmt.Errorf("no path given and /disk holds %d entries, want exactly one file", len(entries))
+	}
+	return "/disk/" + entries[0].Name(), nil
+}
+
+// imageRoot is the directory of a file:// image reference.
+func imageRoot(image string) (string, error) {
+	dir, ok := strings.CutPrefix(image, "file://")
+	if !ok {
+		return "", errors.New("qvirt-launcher run cannot pull images; use file://DIR for an unpacked image")
+	}
+	if rest, ok := strings.CutPrefix(dir, "~/"); ok {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(home, rest)
+	}
+	if !filepath.IsAbs(dir) {
+		return "", errors.New("file:// image needs an absolute directory")
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return "", err
+	}
+	if !st.IsDir() {
+		return "", fmt.Errorf("%s is not a directory", dir)
+	}
+	return dir, nil
+}
+
+// existingFile joins an in-image path to the image root, refusing paths that leave it.
+func existingFile(root, inImage string) (string, error) {
+	if inImage == "" {
+		return "", nil
+	}
+	path := filepath.Join(root, filepath.Clean("/"+inImage))
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	if !st.Mode().IsRegular() {
+		return "", fmt.Errorf("%s is not a regular file", path)
+	}
+	return path, nil
+}
+
+// createSparse creates a sparse raw image of size bytes unless one exists already.
+func createSparse(path string, size int64) error {
+	if size <= 0 {
+		return fmt.Errorf("create %s: size must be positive", path)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}

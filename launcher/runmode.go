@@ -1,0 +1,146 @@
+package launcher
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/yaml"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// RunOptions configure `qvirt-launcher run`: one VM in the foreground, outside Kubernetes.
+type RunOptions struct {
+	// File is a VirtualMachineInstance (or VirtualMachine, whose template is used) manifest.
+	File      string
+	Emulation bool
+	// RunDir holds the sockets (launcher.sock, qmp.sock, serial.sock, ...); a new temporary
+	// directory, removed at the end, when empty.
+	RunDir         string
+	QEMU           string
+	SpareRootPorts int
+	// Console, when set, is connected to the guest's serial console.
+	Console io.ReadWriter
+	Log     logr.Logger
+}
+
+// Run boots the VM of opts.File and returns when QEMU exits. Cancelling ctx stops the guest
+// gracefully (ACPI power button, quit after the grace period). The error is non-nil when the spec
+// is refused or QEMU cannot start; otherwise Exit says how the guest ended.
+func Run(ctx context.Context, opts RunOptions) (Exit, error) {
+	req, err := LoadSpec(opts.File)
+	if err != nil {
+		return Exit{}, err
+	}
+	req.Emulation = opts.Emulation
+	runDir := opts.RunDir
+	if runDir == "" {
+		if runDir, err = os.MkdirTemp("", "qvirt-launcher-"); err != nil {
+			return Exit{}, err
+		}
+		defer os.RemoveAll(runDir)
+	}
+	l := New(runDir, HostResolver{SpareRootPorts: opts.SpareRootPorts}, Options{QEMU: opts.QEMU, Log: opts.Log})
+	serveCtx, stopServing := context.WithCancel(context.Background())
+	defer stopServing()
+	go func() {
+		if err := Serve(serveCtx, filepath.Join(runDir, SocketName), l, opts.Log); err != nil {
+			opts.Log.Error(err, "command server stopped")
+		}
+	}()
+	if err := l.Sync(ctx, req); err != nil {
+		return Exit{}, err
+	}
+	opts.Log.Info("guest started", "runDir", runDir, "commandSocket", filepath.Join(runDir, SocketName))
+	if opts.Console != nil {
+		go attachConsole(l, opts.Console, opts.Log)
+	}
+	return waitOrStop(ctx, l)
+}
+
+func waitOrStop(ctx context.Context, l *Launcher) (Exit, error) {
+	exit, err := l.Wait(ctx)
+	if err == nil {
+		return exit, nil
+	}
+	// Interrupted: stop the guest gracefully, whatever the caller's context says now.
+	return l.Shutdown(context.Background(), nil)
+}
+
+// attachConsole copies between the guest's serial socket and rw until QEMU exits.
+func attachConsole(l *Launcher, rw io.ReadWriter, log logr.Logger) {
+	p, err := l.anyProcess()
+	if err != nil {
+		return
+	}
+	conn, err := net.Dial("unix", p.Machine().SerialSocket())
+	if err != nil {
+		log.Error(err, "attach serial console")
+		return
+	}
+	defer conn.Close()
+	go func() { _, _ = io.Copy(conn, rw) }()
+	go func() { <-p.Done(); _ = conn.Close() }()
+	_, _ = io.Copy(rw, conn)
+}
+
+// LoadSpec reads a VirtualMachineInstance or VirtualMachine manifest strictly (unknown fields are
+// errors, as with kubectl) and validates it as the API server would.
+func LoadSpec(file string) (*SyncRequest, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var meta struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(data, &meta); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	if meta.APIVersion != v1alpha1.GroupVersion.String() {
+		return nil, fmt.Errorf("%s: apiVersion %q: want %s", file, meta.APIVersion, v1alpha1.GroupVersion)
+	}
+	var req SyncRequest
+	switch meta.Kind {
+	case "VirtualMachineInstance":
+		var vmi v1alpha1.VirtualMachineInstance
+		if err := yaml.UnmarshalStrict(data, &vmi); err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		req = SyncRequest{Name: vmi.Name, Namespace: vmi.Namespace, UID: vmi.UID, Spec: vmi.Spec}
+	case "VirtualMachine":
+		var vm v1alpha1.VirtualMachine
+		if err := yaml.UnmarshalStrict(data, &vm); err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		req = SyncRequest{Name: vm.Name, Namespace: vm.Namespace, UID: vm.UID, Spec: vm.Spec.Template.Spec}
+	default:
+		return nil, fmt.Errorf("%s: kind %q: want VirtualMachineInstance or VirtualMachine", file, meta.Kind)
+	}
+	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&req.Spec, field.NewPath("spec")); len(errs) > 0 {
+		return nil, fmt.Errorf("%s: %w", file, errs.ToAggregate())
+	}
+	if req.Namespace == "" {
+		req.Namespace = "default"
+	}
+	if req.UID == "" {
+		req.UID = uuid.NewUUID()
+	}
+	return &req, nil
+}
+
+// ExitCode is the process exit status for an Exit: 0 for a guest that powered off cleanly.
+func ExitCode(e Exit) int {
+	if e.Reason == ExitGuestShutdown {
+		return 0
+	}
+	return 1
+}

@@ -1,0 +1,251 @@
+package launcher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// SocketName is the command socket's file name inside the per-VMI directory.
+const SocketName = "launcher.sock"
+
+// maxBody bounds request bodies; a VMI spec is far smaller.
+const maxBody = 4 << 20
+
+// Handler serves the command protocol described in api.go for l.
+func Handler(l *Launcher, log logr.Logger) http.Handler {
+	s := &server{l: l, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/sync", s.sync)
+	mux.HandleFunc("GET /v1/status", s.status)
+	mux.HandleFunc("POST /v1/pause", s.simple(l.Pause))
+	mux.HandleFunc("POST /v1/resume", s.simple(l.Resume))
+	mux.HandleFunc("POST /v1/reset", s.simple(l.Reset))
+	mux.HandleFunc("POST /v1/kill", s.simple(l.Kill))
+	mux.HandleFunc("POST /v1/shutdown", s.shutdown)
+	mux.HandleFunc("POST /v1/disks", s.hotplugDisk)
+	mux.HandleFunc("DELETE /v1/disks/{name}", s.unplugDisk)
+	mux.HandleFunc("POST /v1/nics", s.hotplugNIC)
+	mux.HandleFunc("DELETE /v1/nics/{name}", s.unplugNIC)
+	mux.HandleFunc("POST /v1/migration/target", s.migrationTarget)
+	mux.HandleFunc("POST /v1/migration/source", s.migrationSource)
+	mux.HandleFunc("DELETE /v1/migration", s.simple(l.CancelMigration))
+	return mux
+}
+
+// Serve listens on socket (mode 0600) and serves l until ctx ends.
+func Serve(ctx context.Context, socket string, l *Launcher, log logr.Logger) error {
+	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket %s: %w", socket, err)
+	}
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", socket, err)
+	}
+	if err := os.Chmod(socket, 0o600); err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("chmod %s: %w", socket, err)
+	}
+	srv := &http.Server{Handler: Handler(l, log), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutCtx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+type server struct {
+	l   *Launcher
+	log logr.Logger
+}
+
+func (s *server) sync(w http.ResponseWriter, r *http.Request) {
+	var req SyncRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.UID == "" {
+		writeError(w, field.Required(field.NewPath("uid"), "the VMI's UID"))
+		return
+	}
+	// QEMU must outlive this request: start it with a context that only bounds start-up.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
+	defer cancel()
+	if err := s.l.Sync(ctx, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	st, _ := s.l.Status(r.Context())
+	writeJSON(w, http.StatusOK, st)
+}
+
+// status replies with the current Status, or with ?watch=true streams one JSON Status per line
+// each time it changes until the client goes away.
+func (s *server) status(w http.ResponseWriter, r *http.Request) {
+	st, changed := s.l.Status(r.Context())
+	if r.URL.Query().Get("watch") != "true" {
+		writeJSON(w, http.StatusOK, st)
+		return
+	}
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	for {
+		if err := enc.Encode(st); err != nil {
+			return
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		select {
+		case <-changed:
+		case <-r.Context().Done():
+			return
+		}
+		st, changed = s.l.Status(r.Context())
+	}
+}
+
+func (s *server) simple(fn func(context.Context) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := fn(r.Context()); err != nil {
+			writeError(w, err)
+			return
+		}
+		st, _ := s.l.Status(r.Context())
+		writeJSON(w, http.StatusOK, st)
+	}
+}
+
+func (s *server) shutdown(w http.ResponseWriter, r *http.Request) {
+	var req ShutdownRequest
+	if r.ContentLength != 0 && !decode(w, r, &req) {
+		return
+	}
+	if req.GracePeriodSeconds != nil && *req.GracePeriodSeconds < 0 {
+		writeError(w, field.Invalid(field.NewPath("gracePeriodSeconds"), *req.GracePeriodSeconds, "must be 0 or more"))
+		return
+	}
+	exit, err := s.l.Shutdown(r.Context(), req.GracePeriodSeconds)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, exit)
+}
+
+func (s *server) hotplugDisk(w http.ResponseWriter, r *http.Request) {
+	var req DiskHotplug
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := s.l.HotplugDisk(r.Context(), &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, req)
+}
+
+func (s *server) unplugDisk(w http.ResponseWriter, r *http.Request) {
+	if err := s.l.UnplugDisk(r.Context(), r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) hotplugNIC(w http.ResponseWriter, r *http.Request) {
+	var req NICHotplug
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := s.l.HotplugNIC(r.Context(), &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, req)
+}
+
+func (s *server) unplugNIC(w http.ResponseWriter, r *http.Request) {
+	if err := s.l.UnplugNIC(r.Context(), r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) migrationTarget(w http.ResponseWriter, r *http.Request) {
+	var req MigrationTarget
+	if !decode(w, r, &req) {
+		return
+	}
+	uri, err := s.l.PrepareMigrationTarget(r.Context(), req.Listen)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, MigrationTargetReply{URI: uri})
+}
+
+func (s *server) migrationSource(w http.ResponseWriter, r *http.Request) {
+	var req MigrationSource
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := s.l.MigrateSource(r.Context(), &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	st, _ := s.l.Status(r.Context())
+	writeJSON(w, http.StatusAccepted, st)
+}
+
+// decode reads a JSON body strictly: unknown fields are a 400 naming them.
+func decode(w http.ResponseWriter, r *http.Request, into any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "decode request body: " + err.Error()})
+		return false
+	}
+	return true
+}
+
+// writeError maps an error to its HTTP status: validation errors are 400 with the field named,
+// state conflicts 409, anything else (QEMU refusing a command) 500.
+func writeError(w http.ResponseWriter, err error) {
+	var (
+		fe       *field.Error
+		agg      interface{ Errors() []error }
+		conflict *ConflictError
+	)
+	switch {
+	case errors.As(err, &fe):
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: fe.Error(), Field: fe.Field})
+	case errors.As(err, &agg) && len(agg.Errors()) > 0 && errors.As(agg.Errors()[0], &fe):
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error(), Field: fe.Field})
+	case errors.As(err, &conflict):
+		writeJSON(w, http.StatusConflict, ErrorResponse{Error: err.Error()})
+	default:
+		writeJSON(w, http.StatusInternalServerError, ErrorResponse{Error: err.Error()})
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,491 @@
+package launcher_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+)
+
+// These tests boot the real test guest (test/guest/build.sh) under TCG with the real QEMU and talk
+// to the launcher through its real command socket. They need qemu-system-x86_64 and fail, not
+// skip, without it: `make test` installs it.
+
+var guestDir string
+
+func TestMain(m *testing.M) {
+	out, err := exec.Command("../test/guest/build.sh").Output()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build the test guest with test/guest/build.sh: %v\n", err)
+		os.Exit(1)
+	}
+	guestDir = strings.TrimSpace(string(out))
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		fmt.Fprintln(os.Stderr, "qemu-system-x86_64 not found: install qemu-system-x86 (make deps)")
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// guestSpec is the test guest with one scratch virtio disk (so a hotplugged disk is /dev/vdb).
+func guestSpec(t *testing.T) *launcher.SyncRequest {
+	t.Helper()
+	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
+	req.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "scratch", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}}}
+	req.Spec.Volumes = []v1alpha1.Volume{{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{
+		EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("16Mi")}}}}
+	req.Emulation = true
+	return req
+}
+
+// vm is one launcher serving its socket in a private run directory.
+type vm struct {
+	runDir string
+	client *launcher.Client
+}
+
+func newLauncher(t *testing.T) *vm {
+	t.Helper()
+	// Unix socket paths are limited to 107 bytes; t.TempDir() can be longer.
+	runDir, err := os.MkdirTemp("", "qvt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := launcher.New(runDir, launcher.HostResolver{SpareRootPorts: 2}, launcher.Options{Log: testr.New(t)})
+	ctx, cancel := context.WithCancel(context.Background())
+	sock := filepath.Join(runDir, launcher.SocketName)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = launcher.Serve(ctx, sock, l, testr.New(t))
+	}()
+	t.Cleanup(func() {
+		if st, err := launcher.NewClient(sock).Status(context.Background()); err == nil && st.PID > 0 && st.Exit == nil {
+			_ = syscall.Kill(st.PID, syscall.SIGKILL)
+			waitFor(t, 10*time.Second, "QEMU to exit", func() bool { s, _ := l.Status(context.Background()); return s.Exit != nil })
+		}
+		cancel()
+		<-served
+		_ = os.RemoveAll(runDir)
+	})
+	waitFor(t, 5*time.Second, "the command socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	return &vm{runDir: runDir, client: launcher.NewClient(sock)}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// console is a reader of the guest's serial socket that keeps everything it read.
+type console struct {
+	conn net.Conn
+	mu   sync.Mutex
+	buf  bytes.Buffer
+}
+
+func attach(t *testing.T, runDir string) *console {
+	t.Helper()
+	conn, err := net.Dial("unix", filepath.Join(runDir, "serial.sock"))
+	if err != nil {
+		t.Fatalf("attach serial console: %v", err)
+	}
+	c := &console{conn: conn}
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := conn.Read(b)
+			c.mu.Lock()
+			c.buf.Write(b[:n])
+			c.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = conn.Close() })
+	return c
+}
+
+func (c *console) text() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
+
+func (c *console) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
+		t.Fatalf("write to console: %v", err)
+	}
+}
+
+// expect waits until the console shows want after offset from; it returns the end of the match.
+func (c *console) expect(t *testing.T, from int, want string, d time.Duration) int {
+	t.Helper()
+	var end int
+	waitFor(t, d, fmt.Sprintf("%q on the console (have %q)", want, tail(c.text(), 300)), func() bool {
+		text := c.text()
+		if from > len(text) {
+			return false
+		}
+		i := strings.Index(text[from:], want)
+		end = from + i + len(want)
+		return i >= 0
+	})
+	return end
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// A counter line; the echo of the command that started it ("tick 100000 &") does not match.
+var tickRE = regexp.MustCompile(`tick (\d+)\r\n`)
+
+// lastTick is the highest counter the guest printed.
+func (c *console) lastTick() int {
+	last := 0
+	for _, m := range tickRE.FindAllStringSubmatch(c.text(), -1) {
+		if n, _ := strconv.Atoi(m[1]); n > last {
+			last = n
+		}
+	}
+	return last
+}
+
+const bootTimeout = 3 * time.Minute
+
+func boot(t *testing.T) (*vm, *console) {
+	t.Helper()
+	v := newLauncher(t)
+	ctx := context.Background()
+	st, err := v.client.Sync(ctx, guestSpec(t))
+	if err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if st.Phase != launcher.PhaseRunning || !strings.HasPrefix(st.QEMUVersion, "7.") && !strings.HasPrefix(st.QEMUVersion, "8.") && !strings.HasPrefix(st.QEMUVersion, "9.") {
+		t.Fatalf("after sync: phase %s qemu %q, want Running on QEMU 7+", st.Phase, st.QEMUVersion)
+	}
+	c := attach(t, v.runDir)
+	c.expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	return v, c
+}
+
+func TestGuestLifecycle(t *testing.T) {
+	v, c := boot(t)
+	ctx := context.Background()
+
+	t.Run("pause and resume stop and restart the guest", func(t *testing.T) {
+		c.send(t, "tick 100000 &")
+		c.expect(t, 0, "tick 3", time.Minute)
+		if err := v.client.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := v.client.Status(ctx)
+		if !st.Paused || st.RunState != "paused" {
+			t.Fatalf("after pause: paused=%v runState=%s", st.Paused, st.RunState)
+		}
+		time.Sleep(300 * time.Millisecond) // a line already in flight may still arrive
+		before := c.lastTick()
+		time.Sleep(3 * time.Second)
+		if after := c.lastTick(); after != before {
+			t.Fatalf("the guest kept counting while paused: tick %d then %d", before, after)
+		}
+		if err := v.client.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := v.client.Status(ctx); st.Paused || st.RunState != "running" {
+			t.Fatalf("after resume: paused=%v runState=%s", st.Paused, st.RunState)
+		}
+		waitFor(t, time.Minute, "the counter to go on after resume", func() bool { return c.lastTick() > before })
+		c.send(t, "kill $!")
+	})
+
+	t.Run("a hotplugged disk appears as /dev/vdb and goes away on unplug", func(t *testing.T) {
+		img := filepath.Join(v.runDir, "hot.qcow2")
+		if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", img, "32M").CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img: %v: %s", err, out)
+		}
+		got, err := v.client.HotplugDisk(ctx, launcher.DiskHotplug{Name: "hot", Path: img, Format: "qcow2"})
+		if err != nil {
+			t.Fatalf("hotplug: %v", err)
+		}
+		if got.Port == "" {
+			t.Fatalf("hotplug reply names no root port: %+v", got)
+		}
+		from := len(c.text())
+		c.send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "PLUGGED-$(cat /sys/block/vdb/size 2>/dev/null)"`)
+		c.expect(t, from, "PLUGGED-65536", time.Minute) // 32 MiB in 512-byte sectors
+		if err := v.client.UnplugDisk(ctx, "hot"); err != nil {
+			t.Fatalf("unplug: %v", err)
+		}
+		from = len(c.text())
+		c.send(t, `echo "UNPLUGGED-$(ls /dev/vdb 2>/dev/null || echo gone)"`)
+		c.expect(t, from, "UNPLUGGED-gone", time.Minute)
+		if st, _ := v.client.Status(ctx); len(st.Hotplugged) != 0 {
+			t.Fatalf("status still lists hotplugged disks: %+v", st.Hotplugged)
+		}
+	})
+
+	t.Run("ACPI shutdown powers the guest off within the grace period", func(t *testing.T) {
+		exit, err := v.client.Shutdown(ctx, ptr(int64(120)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if exit.Reason != launcher.ExitGuestShutdown {
+			t.Fatalf("exit reason %q (%s), want %q", exit.Reason, exit.Detail, launcher.ExitGuestShutdown)
+		}
+		if st, _ := v.client.Status(ctx); st.Phase != launcher.PhaseSucceeded {
+			t.Fatalf("phase after shutdown %s, want Succeeded", st.Phase)
+		}
+	})
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestKilledQEMUIsReportedAtOnce(t *testing.T) {
+	v := newLauncher(t)
+	ctx := context.Background()
+	st, err := v.client.Sync(ctx, guestSpec(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	seen := make(chan launcher.Status, 1)
+	go func() {
+		_ = v.client.Watch(watchCtx, func(s launcher.Status) bool {
+			if s.Exit != nil {
+				seen <- s
+				return false
+			}
+			return true
+		})
+	}()
+	time.Sleep(200 * time.Millisecond) // let the watch start
+	killed := time.Now()
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-seen:
+		t.Logf("reported %s after %s", s.Exit.Reason, time.Since(killed))
+		if s.Phase != launcher.PhaseFailed || s.Exit.Reason != launcher.ExitKilled {
+			t.Fatalf("phase %s reason %q, want Failed/killed", s.Phase, s.Exit.Reason)
+		}
+	case <-watchCtx.Done():
+		t.Fatal("the watch never reported the kill")
+	}
+}
+
+func TestMigrationKeepsTheGuestRunning(t *testing.T) {
+	src, srcConsole := boot(t)
+	ctx := context.Background()
+	// A disk hotplugged on the source must be on the target too: QEMU refuses a migration between
+	// different device sets.
+	img := filepath.Join(src.runDir, "hot.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", img, "32M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v: %s", err, out)
+	}
+	if _, err := src.client.HotplugDisk(ctx, launcher.DiskHotplug{Name: "hot", Path: img, Format: "qcow2"}); err != nil {
+		t.Fatal(err)
+	}
+	srcConsole.send(t, "tick 100000 &")
+	srcConsole.expect(t, 0, "tick 3", time.Minute)
+	srcStatus, err := src.client.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dst := newLauncher(t)
+	req := guestSpec(t)
+	req.UID = srcStatus.UID
+	req.Incoming = true
+	req.Hotplugged = srcStatus.Hotplugged
+	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != launcher.PhaseIncoming {
+		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
+	}
+	dstConsole := attach(t, dst.runDir)
+	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	beforeSwitch := srcConsole.lastTick()
+	if err := src.client.MigrateSource(ctx, launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the source to exit as migrated", func() bool {
+		st, err := src.client.Status(ctx)
+		return err == nil && st.Exit != nil
+	})
+	st, _ := src.client.Status(ctx)
+	if st.Exit.Reason != launcher.ExitMigrated || st.Migration == nil || st.Migration.Status != "completed" {
+		t.Fatalf("source ended %+v, migration %+v; want migrated/completed", st.Exit, st.Migration)
+	}
+	waitFor(t, 30*time.Second, "the target to run", func() bool {
+		st, err := dst.client.Status(ctx)
+		return err == nil && st.Phase == launcher.PhaseRunning && st.RunState == "running"
+	})
+	// The counter goes on from where it was: same guest, no reboot.
+	dstConsole.expect(t, 0, "tick ", time.Minute)
+	waitFor(t, time.Minute, "the counter to go on past the switch", func() bool { return dstConsole.lastTick() > beforeSwitch+1 })
+	from := len(dstConsole.text())
+	dstConsole.send(t, `echo "STILL-$(cat /sys/block/vdb/size)"`)
+	dstConsole.expect(t, from, "STILL-65536", time.Minute)
+	if strings.Contains(dstConsole.text(), "QVIRT-GUEST-READY") {
+		t.Fatalf("the guest rebooted on the target:\n%s", dstConsole.text())
+	}
+	t.Logf("tick %d before the switch, %d on the target; downtime %d ms", beforeSwitch, dstConsole.lastTick(), st.Migration.DowntimeMs)
+}
+
+func TestBadSpecsFailBeforeQEMUStarts(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(r *launcher.SyncRequest)
+		field  string
+	}{
+		{"missing kernel", func(r *launcher.SyncRequest) { r.Spec.Domain.Firmware.KernelBoot.Container.KernelPath = "/no-such-kernel" },
+			"spec.domain.firmware.kernelBoot.container.kernelPath"},
+		{"missing host disk", func(r *launcher.SyncRequest) {
+			r.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/no/such/disk.img", Type: v1alpha1.HostDiskExists}}
+		}, "spec.volumes[0].hostDisk.path"},
+		{"unknown bus", func(r *launcher.SyncRequest) { r.Spec.Domain.Devices.Disks[0].Disk.Bus = "ide" }, "spec.domain.devices.disks[0].disk.bus"},
+		{"duplicate disk names", func(r *launcher.SyncRequest) {
+			r.Spec.Domain.Devices.Disks = append(r.Spec.Domain.Devices.Disks, r.Spec.Domain.Devices.Disks[0])
+		}, "spec.domain.devices.disks[1].name"},
+		{"bad MAC", func(r *launcher.SyncRequest) {
+			r.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", MacAddress: "02:00:00:00:00", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
+			r.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+		}, "spec.domain.devices.interfaces[0].macAddress"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := newLauncher(t)
+			req := guestSpec(t)
+			tc.mutate(req)
+			_, err := v.client.Sync(context.Background(), req)
+			var apiErr *launcher.APIError
+			if !errors.As(err, &apiErr) || apiErr.Status != 400 || !strings.Contains(apiErr.Msg, tc.field) {
+				t.Fatalf("want a 400 naming %s, got %v", tc.field, err)
+			}
+			if _, err := os.Stat(filepath.Join(v.runDir, "qmp.sock")); err == nil {
+				t.Fatal("QEMU was started for a refused spec")
+			}
+		})
+	}
+}
+
+func TestEarlyQEMUExitReportsItsError(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "vmlinuz"), []byte("not a kernel"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	req := guestSpec(t)
+	req.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + dir
+	req.Spec.Domain.Firmware.KernelBoot.Container.InitrdPath = ""
+	m, err := launcher.HostResolver{}.Resolve(req, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = launcher.Start(context.Background(), m, launcher.Options{Log: testr.New(t), StartTimeout: 30 * time.Second})
+	elapsed := time.Since(start)
+	var se *launcher.StartError
+	if !errors.As(err, &se) || se.Stderr == "" {
+		t.Fatalf("want a StartError with QEMU's stderr, got %v", err)
+	}
+	if elapsed > 15*time.Second {
+		t.Fatalf("the failure took %s: it waited for the start timeout instead of noticing the exit", elapsed)
+	}
+	t.Logf("reported after %s: %v", elapsed, err)
+}
+
+func TestRunCommandBootsAndPowersOff(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "qvirt-launcher")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	spec, err := os.ReadFile("../test/guest/vmi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmi := filepath.Join(t.TempDir(), "vmi.yaml")
+	spec = bytes.ReplaceAll(spec, []byte("file://~/.cache/qvirt/guest"), []byte("file://"+guestDir))
+	if err := os.WriteFile(vmi, spec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "run", "--emulation", "-f", vmi)
+	stdin, _ := cmd.StdinPipe()
+	var stdout, stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitFor(t, bootTimeout, "QVIRT-GUEST-READY on stdout", func() bool { return strings.Contains(stdout.String(), "QVIRT-GUEST-READY") })
+	// The console is a shell: power off from inside the guest.
+	time.Sleep(500 * time.Millisecond)
+	_, _ = stdin.Write([]byte("poweroff\n"))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("qvirt-launcher run exited with %v; stderr:\n%s", err, stderr.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the guest did not power off; stdout tail:\n%s", tail(stdout.String(), 500))
+	}
+	if !strings.Contains(stderr.String(), "guest ended: guest shutdown") {
+		t.Fatalf("stderr does not report the clean shutdown:\n%s", stderr.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
