@@ -226,7 +226,7 @@ func (p *Process) resume(ctx context.Context) error {
 	if p.machine.Incoming {
 		return nil
 	}
-	return p.mon.Cont(ctx)
+	return p.Resume(ctx)
 }
 
 // startError turns a failed step into a StartError carrying QEMU's stderr once QEMU is gone.

@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 }
 
 // guestSpec is the test guest with one scratch virtio disk (so a hotplugged disk is /dev/vdb).
-func guestSpec(t *testing.T) *launcher.SyncRequest {
+func guestSpec(t testing.TB) *launcher.SyncRequest {
 	t.Helper()
 	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
 	if err != nil {
@@ -375,7 +375,9 @@ func TestBadSpecsFailBeforeQEMUStarts(t *testing.T) {
 		mutate func(r *launcher.SyncRequest)
 		field  string
 	}{
-		{"missing kernel", func(r *launcher.SyncRequest) { r.Spec.Domain.Firmware.KernelBoot.Container.KernelPath = "/no-such-kernel" },
+		{"missing kernel", func(r *launcher.SyncRequest) {
+			r.Spec.Domain.Firmware.KernelBoot.Container.KernelPath = "/no-such-kernel"
+		},
 			"spec.domain.firmware.kernelBoot.container.kernelPath"},
 		{"missing host disk", func(r *launcher.SyncRequest) {
 			r.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/no/such/disk.img", Type: v1alpha1.HostDiskExists}}
@@ -488,4 +490,3 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
-

@@ -1,0 +1,293 @@
+package launcher_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/qmp"
+)
+
+// BenchmarkStartToRunning measures exec → guest vCPUs running through the launcher (validate,
+// resolve, build argv, exec QEMU, connect QMP, cont) against bare QEMU started with the same argv
+// and resumed over QMP by the same client, side by side in one run.
+func BenchmarkStartToRunning(b *testing.B) {
+	var viaLauncher, bare time.Duration
+	for i := 0; i < b.N; i++ {
+		viaLauncher += startViaLauncher(b)
+		bare += startBare(b)
+	}
+	b.ReportMetric(float64(viaLauncher.Milliseconds())/float64(b.N), "launcher-ms")
+	b.ReportMetric(float64(bare.Milliseconds())/float64(b.N), "bare-qemu-ms")
+	b.ReportMetric(float64(viaLauncher)/float64(bare), "ratio-vs-bare-qemu")
+}
+
+func benchMachine(b *testing.B) *launcher.Machine {
+	b.Helper()
+	dir, err := os.MkdirTemp("", "qvb-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = os.RemoveAll(dir) })
+	req := guestSpec(b)
+	m, err := launcher.HostResolver{SpareRootPorts: 2}.Resolve(req, dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+func startViaLauncher(b *testing.B) time.Duration {
+	dir, err := os.MkdirTemp("", "qvb-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	l := launcher.New(dir, launcher.HostResolver{SpareRootPorts: 2}, launcher.Options{Log: logr.Discard()})
+	req := guestSpec(b)
+	start := time.Now()
+	if err := l.Sync(context.Background(), req); err != nil {
+		b.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	st, _ := l.Status(context.Background())
+	if st.RunState != string(qmp.StateRunning) {
+		b.Fatalf("run state %s after Sync", st.RunState)
+	}
+	_ = l.Kill(context.Background())
+	_, _ = l.Wait(context.Background())
+	return elapsed
+}
+
+func startBare(b *testing.B) time.Duration {
+	m := benchMachine(b)
+	argv, err := launcher.BuildArgv(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	cmd := exec.Command("qemu-system-x86_64", argv...)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	for {
+		if _, err := os.Stat(m.QMPSocket()); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mon, err := qmp.Dial(context.Background(), m.QMPSocket())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mon.Close()
+	if err := mon.Cont(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// BenchmarkLauncherRSS runs `qvirt-launcher run` with the test guest and reports the launcher's own
+// resident memory (QEMU not counted) once the guest runs.
+func BenchmarkLauncherRSS(b *testing.B) {
+	bin := filepath.Join(b.TempDir(), "qvirt-launcher")
+	if out, err := exec.Command("go", "build", "-trimpath", "-o", bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v: %s", err, out)
+	}
+	spec, err := os.ReadFile("../test/guest/vmi.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	vmi := filepath.Join(b.TempDir(), "vmi.yaml")
+	spec = []byte(strings.ReplaceAll(string(spec), "file://~/.cache/qvirt/guest", "file://"+guestDir))
+	if err := os.WriteFile(vmi, spec, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for i := 0; i < b.N; i++ {
+		runDir, err := os.MkdirTemp("", "qvb-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		cmd := exec.Command(bin, "run", "--emulation", "--no-console", "--run-dir", runDir, "-f", vmi)
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		client := launcher.NewClient(filepath.Join(runDir, launcher.SocketName))
+		deadline := time.Now().Add(time.Minute)
+		for {
+			st, err := client.Status(context.Background())
+			if err == nil && st.RunState == string(qmp.StateRunning) {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the guest did not start")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(2 * time.Second) // steady state: the guest boots, the launcher serves
+		total += rssMiB(b, cmd.Process.Pid)
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = client.Kill(context.Background())
+		_ = cmd.Wait()
+		_ = os.RemoveAll(runDir)
+	}
+	b.ReportMetric(total/float64(b.N), "launcher-rss-MiB")
+}
+
+func rssMiB(b *testing.B, pid int) float64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.Atoi(f[1])
+			return float64(kb) / 1024
+		}
+	}
+	b.Fatal("no VmRSS")
+	return 0
+}
+
+// BenchmarkMigration migrates an idle 256 MiB guest over loopback through two launchers and the
+// same with bare QEMU and QMP, side by side, uncapped bandwidth.
+func BenchmarkMigration(b *testing.B) {
+	var viaLauncher, bare time.Duration
+	var downtime int64
+	for i := 0; i < b.N; i++ {
+		d, dt := migrateViaLaunchers(b)
+		viaLauncher += d
+		downtime += dt
+		bare += migrateBare(b)
+	}
+	b.ReportMetric(float64(viaLauncher.Milliseconds())/float64(b.N), "launcher-ms")
+	b.ReportMetric(float64(bare.Milliseconds())/float64(b.N), "bare-qemu-ms")
+	b.ReportMetric(float64(viaLauncher)/float64(bare), "migration-ratio-vs-bare-qemu")
+	b.ReportMetric(float64(downtime)/float64(b.N), "downtime-ms")
+}
+
+func migrateViaLaunchers(b *testing.B) (time.Duration, int64) {
+	ctx := context.Background()
+	mk := func(incoming bool) *launcher.Launcher {
+		dir, err := os.MkdirTemp("", "qvb-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = os.RemoveAll(dir) })
+		l := launcher.New(dir, launcher.HostResolver{SpareRootPorts: 2}, launcher.Options{Log: logr.Discard()})
+		req := guestSpec(b)
+		req.UID = "5b1ee53c-79b2-4d1c-a1c9-8d0d7d1e6b01"
+		req.Incoming = incoming
+		if err := l.Sync(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = l.Kill(ctx) })
+		return l
+	}
+	src, dst := mk(false), mk(true)
+	time.Sleep(500 * time.Millisecond)
+	uri, err := dst.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := src.MigrateSource(ctx, &launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+		b.Fatal(err)
+	}
+	exit, err := src.Wait(ctx)
+	elapsed := time.Since(start)
+	if err != nil || exit.Reason != launcher.ExitMigrated {
+		b.Fatalf("source ended %v %v", exit, err)
+	}
+	st, _ := src.Status(ctx)
+	var downtime int64
+	if st.Migration != nil {
+		downtime = st.Migration.DowntimeMs
+	}
+	_ = dst.Kill(ctx)
+	return elapsed, downtime
+}
+
+func migrateBare(b *testing.B) time.Duration {
+	ctx := context.Background()
+	start := func(incoming bool) (*exec.Cmd, *qmp.Monitor) {
+		m := benchMachine(b)
+		m.Incoming = incoming
+		argv, err := launcher.BuildArgv(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cmd := exec.Command("qemu-system-x86_64", argv...)
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		for {
+			if _, err := os.Stat(m.QMPSocket()); err == nil {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		mon, err := qmp.Dial(ctx, m.QMPSocket())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = mon.Close() })
+		return cmd, mon
+	}
+	srcCmd, src := start(false)
+	_, dst := start(true)
+	if err := src.Cont(ctx); err != nil {
+		b.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	port := freeLoopbackPort(b)
+	if err := dst.MigrateIncoming(ctx, "tcp:127.0.0.1:"+port); err != nil {
+		b.Fatal(err)
+	}
+	huge := int64(1) << 62
+	if err := src.MigrateSetParameters(ctx, qmp.MigrateParameters{MaxBandwidth: &huge}); err != nil {
+		b.Fatal(err)
+	}
+	begin := time.Now()
+	if err := src.Migrate(ctx, qmp.MigrateOptions{URI: "tcp:127.0.0.1:" + port}); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		mi, err := src.QueryMigrate(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if mi.Status == qmp.MigrationCompleted {
+			break
+		}
+		if mi.Status == qmp.MigrationFailed {
+			b.Fatalf("bare migration failed: %s", mi.ErrorDesc)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = src.Quit(ctx)
+	_ = srcCmd.Wait()
+	return time.Since(begin)
+}
+
+func freeLoopbackPort(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
