@@ -43,7 +43,7 @@ vet:
 
 lint: vet ## gofmt, go vet and staticcheck.
 	@out=$$(gofmt -s -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@2026.1 ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 tools: ## Build the control-plane binaries (etcd, kube-apiserver, ...) into the cache; prints where.
 	@hack/build-tools.sh

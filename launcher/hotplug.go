@@ -66,7 +66,7 @@ func hotplugBlockdev(req *DiskHotplug) qmp.BlockdevOptions {
 }
 
 func hotplugDiskDevice(req *DiskHotplug) qmp.Device {
-	props := map[string]any{"drive": DriveNode(req.Name), "addr": "0x0", "write-cache": "on"}
+	props := map[string]any{"drive": DriveNode(req.Name), "write-cache": "on"}
 	if req.Serial != "" {
 		props["serial"] = req.Serial
 	}
@@ -108,26 +108,33 @@ func (l *Launcher) freePortLocked(m *Machine) (string, error) {
 
 // UnplugDisk detaches a hotplugged disk once the guest has let it go.
 func (l *Launcher) UnplugDisk(ctx context.Context, name string) error {
+	return l.unplug(ctx, "disk", name, DiskDeviceID(name), func(mon *qmp.Monitor) error {
+		// The file node was created inline under the format node and goes with it.
+		return mon.BlockdevDel(ctx, DriveNode(name))
+	}, func() bool { _, ok := l.hotplug[name]; return ok }, func() { delete(l.hotplug, name) })
+}
+
+// unplug removes device id, waiting for the guest to release it, then its backend, and forgets it.
+// has and forget run under l.mu.
+func (l *Launcher) unplug(ctx context.Context, kind, name, id string, backend func(*qmp.Monitor) error, has func() bool, forget func()) error {
 	p, err := l.process()
 	if err != nil {
 		return err
 	}
 	l.mu.Lock()
-	_, ok := l.hotplug[name]
+	ok := has()
 	l.mu.Unlock()
 	if !ok {
 		return field.NotFound(field.NewPath("name"), name)
 	}
-	mon := p.Monitor()
-	if err := mon.DeviceDelAndWait(ctx, DiskDeviceID(name)); err != nil {
-		return fmt.Errorf("detach disk %q: %w", name, err)
+	if err := p.Monitor().DeviceDelAndWait(ctx, id); err != nil {
+		return fmt.Errorf("detach %s %q: %w", kind, name, err)
 	}
-	// The file node was created inline under the format node and goes with it.
-	if err := mon.BlockdevDel(ctx, DriveNode(name)); err != nil {
-		return fmt.Errorf("detach disk %q: remove block node: %w", name, err)
+	if err := backend(p.Monitor()); err != nil {
+		return fmt.Errorf("detach %s %q: remove backend: %w", kind, name, err)
 	}
 	l.mu.Lock()
-	delete(l.hotplug, name)
+	forget()
 	l.notifyLocked()
 	l.mu.Unlock()
 	return nil
@@ -193,28 +200,9 @@ func validateNICHotplug(req *NICHotplug) error {
 
 // UnplugNIC detaches a hotplugged NIC once the guest has let it go.
 func (l *Launcher) UnplugNIC(ctx context.Context, name string) error {
-	p, err := l.process()
-	if err != nil {
-		return err
-	}
-	l.mu.Lock()
-	_, ok := l.nics[name]
-	l.mu.Unlock()
-	if !ok {
-		return field.NotFound(field.NewPath("name"), name)
-	}
-	mon := p.Monitor()
-	if err := mon.DeviceDelAndWait(ctx, NICDeviceID(name)); err != nil {
-		return fmt.Errorf("detach nic %q: %w", name, err)
-	}
-	if err := mon.NetdevDel(ctx, NetdevID(name)); err != nil {
-		return fmt.Errorf("detach nic %q: remove netdev: %w", name, err)
-	}
-	l.mu.Lock()
-	delete(l.nics, name)
-	l.notifyLocked()
-	l.mu.Unlock()
-	return nil
+	return l.unplug(ctx, "nic", name, NICDeviceID(name), func(mon *qmp.Monitor) error {
+		return mon.NetdevDel(ctx, NetdevID(name))
+	}, func() bool { _, ok := l.nics[name]; return ok }, func() { delete(l.nics, name) })
 }
 
 // nicDrivers are the NIC models that can be hotplugged: PCIe devices that sit on a root port.

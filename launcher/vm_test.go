@@ -258,6 +258,28 @@ func TestGuestLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("a hotplugged NIC appears with its MAC and goes away on unplug", func(t *testing.T) {
+		// A tap of our own on the host, removed by name at the end.
+		tap := fmt.Sprintf("qvt%d", os.Getpid()%100000)
+		if out, err := exec.Command("ip", "tuntap", "add", "dev", tap, "mode", "tap").CombinedOutput(); err != nil {
+			t.Fatalf("create tap %s: %v: %s", tap, err, out)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tap).Run() })
+		const mac = "02:00:00:aa:bb:cc"
+		if err := v.client.HotplugNIC(ctx, launcher.NICHotplug{Name: "extra", Tap: tap, MAC: mac}); err != nil {
+			t.Fatalf("hotplug nic: %v", err)
+		}
+		from := len(c.text())
+		c.send(t, `for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; echo "NIC-$(cat /sys/class/net/eth0/address)"`)
+		c.expect(t, from, "NIC-"+mac, time.Minute)
+		if err := v.client.UnplugNIC(ctx, "extra"); err != nil {
+			t.Fatalf("unplug nic: %v", err)
+		}
+		from = len(c.text())
+		c.send(t, `echo "NICGONE-$(ls /sys/class/net | grep -c eth)"`)
+		c.expect(t, from, "NICGONE-0", time.Minute)
+	})
+
 	t.Run("ACPI shutdown powers the guest off within the grace period", func(t *testing.T) {
 		exit, err := v.client.Shutdown(ctx, ptr(int64(120)))
 		if err != nil {

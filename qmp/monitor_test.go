@@ -63,10 +63,6 @@ func serve(t *testing.T, c *qmptest.Conn, h qmptest.Handler) {
 }
 
 // replyEmpty answers every request with {}.
-func replyEmpty(c *qmptest.Conn, req qmptest.Request) error {
-	return c.Reply(req, struct{}{})
-}
-
 // async runs f on a goroutine and returns its result on a channel.
 func async[T any](f func() T) <-chan T {
 	ch := make(chan T, 1)

@@ -3,13 +3,17 @@
 // the concept exists, so a KubeVirt manifest runs after changing its apiVersion; fields qvirt does not
 // support are absent from the schema and refused by the API server (kubectl validates strictly).
 //
+// The package depends only on the standard library and k8s.io/api and apimachinery, so the launcher
+// can import it without the controller's dependencies.
+//
 // +kubebuilder:object:generate=true
 // +groupName=qvirt.io
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
@@ -17,8 +21,17 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "qvirt.io", Version: "v1alpha1"}
 
 	// SchemeBuilder registers the kinds of this package with a runtime.Scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
 	// AddToScheme adds the kinds of this package to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&VirtualMachine{}, &VirtualMachineList{},
+		&VirtualMachineInstance{}, &VirtualMachineInstanceList{},
+		&VirtualMachineInstanceMigration{}, &VirtualMachineInstanceMigrationList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

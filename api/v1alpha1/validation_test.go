@@ -50,7 +50,9 @@ func TestValidateVirtualMachine(t *testing.T) {
 		path   string
 	}{
 		{"running and runStrategy", func(vm *VirtualMachine, _ *VirtualMachineInstanceSpec) { vm.Spec.Running = ptr.To(true) }, "spec.running"},
-		{"runStrategy typo", func(vm *VirtualMachine, _ *VirtualMachineInstanceSpec) { vm.Spec.RunStrategy = ptr.To(RunStrategy("Allways")) }, "spec.runStrategy"},
+		{"runStrategy typo", func(vm *VirtualMachine, _ *VirtualMachineInstanceSpec) {
+			vm.Spec.RunStrategy = ptr.To(RunStrategy("Allways"))
+		}, "spec.runStrategy"},
 		{"disk without volume", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: "orphan"})
 		}, "spec.template.spec.domain.devices.disks[2].name"},
@@ -60,30 +62,52 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"duplicate disk", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].Name = "root" }, "spec.template.spec.domain.devices.disks[1].name"},
 		{"duplicate volume", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Volumes[1].Name = "root" }, "spec.template.spec.volumes[1].name"},
 		{"bad disk name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[0].Name = "Root_Disk" }, "spec.template.spec.domain.devices.disks[0].name"},
-		{"zero memory", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Memory.Guest = ptr.To(resource.MustParse("0")) }, "spec.template.spec.domain.memory.guest"},
+		{"zero memory", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Memory.Guest = ptr.To(resource.MustParse("0"))
+		}, "spec.template.spec.domain.memory.guest"},
 		{"no memory at all", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Memory = nil }, "spec.template.spec.domain.memory.guest"},
 		{"limit below guest memory", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Resources.Limits = corev1.ResourceList{"memory": resource.MustParse("128Mi")}
 		}, "spec.template.spec.domain.resources.limits.memory"},
-		{"too many vCPUs", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.CPU = &CPU{Sockets: 16, Cores: 16, Threads: 2} }, "spec.template.spec.domain.cpu"},
+		{"too many vCPUs", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 16, Cores: 16, Threads: 2}
+		}, "spec.template.spec.domain.cpu"},
 		{"unknown bus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[0].Disk.Bus = "ide" }, "spec.template.spec.domain.devices.disks[0].disk.bus"},
-		{"cdrom on virtio", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].CDRom.Bus = DiskBusVirtio }, "spec.template.spec.domain.devices.disks[1].cdrom.bus"},
+		{"cdrom on virtio", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks[1].CDRom.Bus = DiskBusVirtio
+		}, "spec.template.spec.domain.devices.disks[1].cdrom.bus"},
 		{"disk and cdrom", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].Disk = &DiskTarget{} }, "spec.template.spec.domain.devices.disks[1].cdrom"},
-		{"duplicate bootOrder", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].BootOrder = ptr.To[uint32](1) }, "spec.template.spec.domain.devices.disks[1].bootOrder"},
+		{"duplicate bootOrder", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks[1].BootOrder = ptr.To[uint32](1)
+		}, "spec.template.spec.domain.devices.disks[1].bootOrder"},
 		{"native io with writeback", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks[0].IO, s.Domain.Devices.Disks[0].Cache = IONative, CacheWriteBack
 		}, "spec.template.spec.domain.devices.disks[0].io"},
-		{"bad MAC", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Interfaces[0].MacAddress = "02:00:00:00:00" }, "spec.template.spec.domain.devices.interfaces[0].macAddress"},
-		{"multicast MAC", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Interfaces[0].MacAddress = "01:00:5e:00:00:01" }, "spec.template.spec.domain.devices.interfaces[0].macAddress"},
-		{"two bindings", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Interfaces[0].Bridge = &InterfaceBridge{} }, "spec.template.spec.domain.devices.interfaces[0].bridge"},
-		{"port out of range", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Interfaces[0].Ports[0].Port = 70000 }, "spec.template.spec.domain.devices.interfaces[0].ports[0].port"},
+		{"bad MAC", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].MacAddress = "02:00:00:00:00"
+		}, "spec.template.spec.domain.devices.interfaces[0].macAddress"},
+		{"multicast MAC", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].MacAddress = "01:00:5e:00:00:01"
+		}, "spec.template.spec.domain.devices.interfaces[0].macAddress"},
+		{"two bindings", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].Bridge = &InterfaceBridge{}
+		}, "spec.template.spec.domain.devices.interfaces[0].bridge"},
+		{"port out of range", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].Ports[0].Port = 70000
+		}, "spec.template.spec.domain.devices.interfaces[0].ports[0].port"},
 		{"interface without network", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Networks[0].Name = "other" }, "spec.template.spec.domain.devices.interfaces[0].name"},
 		{"masquerade on multus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Networks[0] = Network{Name: "default", Multus: &MultusNetwork{NetworkName: "ns/net"}}
 		}, "spec.template.spec.domain.devices.interfaces[0].masquerade"},
-		{"pod and multus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Networks[0].Multus = &MultusNetwork{NetworkName: "x"} }, "spec.template.spec.networks[0]"},
-		{"bad vm CIDR", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Networks[0].Pod.VMNetworkCIDR = "10.0.2.0/31" }, "spec.template.spec.networks[0].pod.vmNetworkCIDR"},
-		{"two sources", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Volumes[0].EmptyDisk = &EmptyDiskSource{Capacity: resource.MustParse("1Gi")} }, "spec.template.spec.volumes[0]"},
+		{"pod and multus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Networks[0].Multus = &MultusNetwork{NetworkName: "x"}
+		}, "spec.template.spec.networks[0]"},
+		{"bad vm CIDR", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Networks[0].Pod.VMNetworkCIDR = "10.0.2.0/31"
+		}, "spec.template.spec.networks[0].pod.vmNetworkCIDR"},
+		{"two sources", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[0].EmptyDisk = &EmptyDiskSource{Capacity: resource.MustParse("1Gi")}
+		}, "spec.template.spec.volumes[0]"},
 		{"bad base64", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Volumes[1].CloudInitNoCloud = &CloudInitNoCloudSource{UserDataBase64: "not base64!"}
 		}, "spec.template.spec.volumes[1].cloudInitNoCloud.userDataBase64"},
@@ -100,8 +124,12 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"kernel boot without paths", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware = &Firmware{KernelBoot: &KernelBoot{Container: &KernelBootContainer{Image: "k:1"}}}
 		}, "spec.template.spec.domain.firmware.kernelBoot.container"},
-		{"machine type", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Machine = &Machine{Type: "pc-i440fx-7.2"} }, "spec.template.spec.domain.machine.type"},
-		{"negative grace period", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.TerminationGracePeriodSeconds = ptr.To[int64](-1) }, "spec.template.spec.terminationGracePeriodSeconds"},
+		{"machine type", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Machine = &Machine{Type: "pc-i440fx-7.2"}
+		}, "spec.template.spec.domain.machine.type"},
+		{"negative grace period", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.TerminationGracePeriodSeconds = ptr.To[int64](-1)
+		}, "spec.template.spec.terminationGracePeriodSeconds"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -187,9 +187,3 @@ type VirtualMachineStartFailure struct {
 	// +optional
 	RetryAfterTimestamp *metav1.Time `json:"retryAfterTimestamp,omitempty"`
 }
-
-func init() {
-	SchemeBuilder.Register(&VirtualMachine{}, &VirtualMachineList{})
-	SchemeBuilder.Register(&VirtualMachineInstance{}, &VirtualMachineInstanceList{})
-	SchemeBuilder.Register(&VirtualMachineInstanceMigration{}, &VirtualMachineInstanceMigrationList{})
-}

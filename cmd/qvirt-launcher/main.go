@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr/funcr"
+	"golang.org/x/term"
 
 	"github.com/qvirt/qvirt/launcher"
 )
@@ -21,7 +22,8 @@ const usage = `usage: qvirt-launcher run [flags] -f VMI.yaml
 
 Runs one VM in the foreground with its serial console on stdin/stdout until the guest powers off.
 Exit status 0 when the guest powered off cleanly, 1 with the reason otherwise, 2 for a refused spec.
-SIGINT/SIGTERM press the ACPI power button and quit QEMU after terminationGracePeriodSeconds.
+SIGINT/SIGTERM, or Ctrl-] on a terminal, press the ACPI power button and quit QEMU after
+terminationGracePeriodSeconds.
 `
 
 func main() {
@@ -51,14 +53,16 @@ func run(args []string) int {
 		return 2
 	}
 	opts.Log = funcr.NewJSON(func(obj string) { fmt.Fprintln(os.Stderr, obj) }, funcr.Options{Verbosity: *verbose})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	if !*noConsole {
+		stdin, restore := terminal(stop)
+		defer restore()
 		opts.Console = struct {
 			io.Reader
 			io.Writer
-		}{os.Stdin, os.Stdout}
+		}{stdin, os.Stdout}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	exit, err := launcher.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "qvirt-launcher: %v\n", err)
@@ -66,4 +70,36 @@ func run(args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "qvirt-launcher: guest ended: %s %s\n", exit.Reason, exit.Detail)
 	return launcher.ExitCode(exit)
+}
+
+// terminal puts a terminal stdin into raw mode, so keys reach the guest, and turns Ctrl-] into a
+// graceful stop. A non-terminal stdin is passed through as it is.
+func terminal(stop func()) (io.Reader, func()) {
+	fd := int(os.Stdin.Fd())
+	if !term.IsTerminal(fd) {
+		return os.Stdin, func() {}
+	}
+	old, err := term.MakeRaw(fd)
+	if err != nil {
+		return os.Stdin, func() {}
+	}
+	fmt.Fprint(os.Stderr, "qvirt-launcher: console attached; Ctrl-] stops the VM\r\n")
+	return escapeReader{r: os.Stdin, stop: stop}, func() { _ = term.Restore(fd, old) }
+}
+
+// escapeReader stops at Ctrl-] (0x1d) instead of passing it to the guest.
+type escapeReader struct {
+	r    io.Reader
+	stop func()
+}
+
+func (e escapeReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	for i := 0; i < n; i++ {
+		if p[i] == 0x1d {
+			e.stop()
+			return i, io.EOF
+		}
+	}
+	return n, err
 }
