@@ -1,0 +1,30 @@
+package v1alpha1
+
+// Labels, annotations and finalizers shared by the controller, the node agent and the launcher pod.
+const (
+	// AppLabel marks qvirt's pods; launcher pods carry AppLabel=LauncherApp.
+	AppLabel    = "qvirt.io/app"
+	LauncherApp = "qvirt-launcher"
+
+	// VMINameLabel and VMIUIDLabel link a launcher pod to its VMI.
+	VMINameLabel = "qvirt.io/vmi"
+	VMIUIDLabel  = "qvirt.io/vmi-uid"
+	// VMNameLabel links a VMI and its launcher pod to the owning VM.
+	VMNameLabel = "qvirt.io/vm"
+	// MigrationUIDLabel marks a migration's target launcher pod.
+	MigrationUIDLabel = "qvirt.io/migration-uid"
+
+	// GracefulShutdownFinalizer holds a VMI until the node agent has shut its guest down.
+	GracefulShutdownFinalizer = "qvirt.io/graceful-shutdown"
+	// MigrationFinalizer lets a migration cancel and clean up before it goes.
+	MigrationFinalizer = "qvirt.io/migration"
+
+	// SocketDir is the host directory holding one subdirectory per VMI UID with launcher.sock and
+	// QEMU's sockets, shared by the launcher pod (hostPath) and the node agent.
+	SocketDir = "/var/run/qvirt/sockets"
+
+	// KVMResource and TunResource are the device-plugin resources a launcher pod asks for unless
+	// emulation is configured.
+	KVMResource = "devices.qvirt.io/kvm"
+	TunResource = "devices.qvirt.io/tun"
+)

@@ -1,0 +1,252 @@
+// Package config is qvirt's cluster configuration: the ConfigMap qvirt-config in the install
+// namespace, parsed strictly and applied without a restart. Readers call Store.Get on every use; the
+// ConfigMap reconciler swaps the whole Config atomically when the ConfigMap changes.
+package config
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+)
+
+// ConfigMapName is the name of the configuration ConfigMap in the install namespace.
+const ConfigMapName = "qvirt-config"
+
+// Config is qvirt's cluster configuration. The zero value is not valid: start from Default.
+type Config struct {
+	// UseEmulation runs guests under TCG and drops the /dev/kvm request; for clusters without
+	// working KVM. Key: useEmulation ("true"/"false").
+	UseEmulation bool
+	// LauncherImage is the image of launcher pods. Key: launcherImage.
+	LauncherImage string
+	// Migrations are the live migration limits.
+	Migrations MigrationConfig
+	// MemoryOverhead is the launcher pod's memory on top of the guest's. Keys:
+	// memoryOverheadBase (a quantity), memoryOverheadPerVCPU (a quantity), memoryOverheadGuestRatio
+	// (guest memory divided by this, e.g. 512 adds 1 MiB per 512 MiB; 0 adds nothing).
+	MemoryOverhead MemoryOverhead
+	// AllowedHostPaths are the directories hostDisk volumes may use; none when empty.
+	// Key: allowedHostPaths (comma-separated absolute paths).
+	AllowedHostPaths []string
+}
+
+// MigrationConfig limits live migrations.
+type MigrationConfig struct {
+	// ParallelPerCluster is how many migrations run at once in the cluster. Key:
+	// parallelMigrationsPerCluster.
+	ParallelPerCluster int
+	// ParallelOutboundPerNode is how many migrations leave one node at once. Key:
+	// parallelOutboundMigrationsPerNode.
+	ParallelOutboundPerNode int
+	// BandwidthPerMigration caps each migration's bandwidth in bytes per second; 0 is QEMU's
+	// default. Key: bandwidthPerMigration (a quantity such as 64Mi).
+	BandwidthPerMigration resource.Quantity
+	// CompletionTimeoutPerGiB is how many seconds a migration may take per GiB of guest memory
+	// before it is cancelled. Key: completionTimeoutPerGiB.
+	CompletionTimeoutPerGiB int64
+}
+
+// MemoryOverhead is the formula for a launcher pod's memory beyond the guest:
+// Base + PerVCPU*vCPUs + guest/GuestRatio.
+type MemoryOverhead struct {
+	Base       resource.Quantity
+	PerVCPU    resource.Quantity
+	GuestRatio int64
+}
+
+// Default is the configuration used when the ConfigMap is absent; KubeVirt's migration defaults.
+// The overhead is measured, not copied: a running launcher holds about 12 MiB RSS and QEMU under
+// TCG about 60 MiB beyond guest RAM, so 96 MiB leaves room; KubeVirt's 240 MiB base carries
+// libvirt, virtlogd and virt-launcher's monitor, which qvirt does not have.
+func Default() Config {
+	return Config{
+		LauncherImage: "localhost:5000/qvirt/qvirt-launcher:latest",
+		Migrations: MigrationConfig{
+			ParallelPerCluster: 5, ParallelOutboundPerNode: 2,
+			BandwidthPerMigration: resource.MustParse("0"), CompletionTimeoutPerGiB: 150,
+		},
+		MemoryOverhead: MemoryOverhead{
+			Base: resource.MustParse("96Mi"), PerVCPU: resource.MustParse("4Mi"), GuestRatio: 512,
+		},
+	}
+}
+
+// Parse reads a ConfigMap's data over the defaults. Unknown keys and bad values are errors naming
+// the key: a typo must not silently fall back to a default.
+func Parse(data map[string]string) (Config, error) {
+	c := Default()
+	p := field.NewPath("data")
+	var errs field.ErrorList
+	for key, val := range data {
+		if err := c.set(key, strings.TrimSpace(val)); err != nil {
+			errs = append(errs, field.Invalid(p.Key(key), val, err.Error()))
+		}
+	}
+	if len(errs) > 0 {
+		return Config{}, fmt.Errorf("configmap %s: %w", ConfigMapName, errs.ToAggregate())
+	}
+	return c, nil
+}
+
+func (c *Config) set(key, val string) error {
+	var err error
+	switch key {
+	case "useEmulation":
+		c.UseEmulation, err = strconv.ParseBool(val)
+	case "launcherImage":
+		if val == "" {
+			return fmt.Errorf("must name an image")
+		}
+		c.LauncherImage = val
+	case "parallelMigrationsPerCluster":
+		c.Migrations.ParallelPerCluster, err = positiveInt(val)
+	case "parallelOutboundMigrationsPerNode":
+		c.Migrations.ParallelOutboundPerNode, err = positiveInt(val)
+	case "bandwidthPerMigration":
+		c.Migrations.BandwidthPerMigration, err = nonNegativeQuantity(val)
+	case "completionTimeoutPerGiB":
+		var n int
+		n, err = positiveInt(val)
+		c.Migrations.CompletionTimeoutPerGiB = int64(n)
+	case "memoryOverheadBase":
+		c.MemoryOverhead.Base, err = nonNegativeQuantity(val)
+	case "memoryOverheadPerVCPU":
+		c.MemoryOverhead.PerVCPU, err = nonNegativeQuantity(val)
+	case "memoryOverheadGuestRatio":
+		c.MemoryOverhead.GuestRatio, err = strconv.ParseInt(val, 10, 64)
+		if err == nil && c.MemoryOverhead.GuestRatio < 0 {
+			err = fmt.Errorf("must be 0 or more")
+		}
+	case "allowedHostPaths":
+		c.AllowedHostPaths, err = hostPaths(val)
+	default:
+		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
+			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, memoryOverheadBase, " +
+			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths")
+	}
+	return err
+}
+
+func positiveInt(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("must be a whole number of 1 or more")
+	}
+	return n, nil
+}
+
+func nonNegativeQuantity(s string) (resource.Quantity, error) {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return q, err
+	}
+	if q.Sign() < 0 {
+		return q, fmt.Errorf("must not be negative")
+	}
+	return q, nil
+}
+
+func hostPaths(s string) ([]string, error) {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			return nil, fmt.Errorf("%q must be a clean absolute path", p)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// HostPathAllowed reports whether path lies under one of the allowed host paths.
+func (c Config) HostPathAllowed(path string) bool {
+	clean := filepath.Clean(path)
+	for _, dir := range c.AllowedHostPaths {
+		if clean == dir || strings.HasPrefix(clean, dir+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// Store holds the configuration in force. Safe for concurrent use.
+type Store struct {
+	v atomic.Pointer[Config]
+}
+
+// NewStore returns a store holding c.
+func NewStore(c Config) *Store {
+	s := &Store{}
+	s.Set(c)
+	return s
+}
+
+// Get returns the configuration in force.
+func (s *Store) Get() Config { return *s.v.Load() }
+
+// Set replaces the configuration.
+func (s *Store) Set(c Config) { s.v.Store(&c) }
+
+// Reconciler keeps a Store in step with the ConfigMap. A ConfigMap that does not parse keeps the
+// previous configuration and produces a Warning event naming the bad key.
+type Reconciler struct {
+	Client    client.Client
+	Namespace string
+	Store     *Store
+	Recorder  interface {
+		Eventf(obj client.Object, eventtype, reason, messageFmt string, args ...any)
+	}
+}
+
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Reconcile applies the ConfigMap's current content.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	var cm corev1.ConfigMap
+	err := r.Client.Get(ctx, req.NamespacedName, &cm)
+	if apierrors.IsNotFound(err) {
+		r.Store.Set(Default())
+		log.Info("configuration ConfigMap absent; using defaults")
+		return ctrl.Result{}, nil
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	c, err := Parse(cm.Data)
+	if err != nil {
+		log.Error(err, "configuration refused; keeping the previous one")
+		if r.Recorder != nil {
+			r.Recorder.Eventf(&cm, corev1.EventTypeWarning, "InvalidConfiguration", "%v", err)
+		}
+		return ctrl.Result{}, nil
+	}
+	r.Store.Set(c)
+	log.Info("configuration applied", "useEmulation", c.UseEmulation, "launcherImage", c.LauncherImage)
+	return ctrl.Result{}, nil
+}
+
+// SetupWithManager watches only the qvirt-config ConfigMap of the install namespace.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	only := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetName() == ConfigMapName && o.GetNamespace() == r.Namespace
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("config").
+		For(&corev1.ConfigMap{}, builder.WithPredicates(only)).Complete(r)
+}
