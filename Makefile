@@ -29,6 +29,7 @@ generate: ## Generate deepcopy functions.
 manifests: ## Generate CRDs and RBAC into config/.
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=qvirt-controller paths=./controllers/... output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) webhook paths=./controllers/... output:webhook:artifacts:config=config/webhook
 
 verify-generated: generate manifests ## Fail when generated files differ from what is checked in.
 	@if [ -n "$$(git status --porcelain -- api config)" ]; then \

@@ -81,16 +81,7 @@ func startBare(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	for {
-		if _, err := os.Stat(m.QMPSocket()); err == nil {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	mon, err := qmp.Dial(context.Background(), m.QMPSocket())
-	if err != nil {
-		b.Fatal(err)
-	}
+	mon := dialWhenListening(b, m.QMPSocket())
 	defer mon.Close()
 	if err := mon.Cont(context.Background()); err != nil {
 		b.Fatal(err)
@@ -234,16 +225,7 @@ func migrateBare(b *testing.B) time.Duration {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		for {
-			if _, err := os.Stat(m.QMPSocket()); err == nil {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		mon, err := qmp.Dial(ctx, m.QMPSocket())
-		if err != nil {
-			b.Fatal(err)
-		}
+		mon := dialWhenListening(b, m.QMPSocket())
 		b.Cleanup(func() { _ = mon.Close() })
 		return cmd, mon
 	}
@@ -290,4 +272,19 @@ func freeLoopbackPort(b *testing.B) string {
 	}
 	defer ln.Close()
 	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// dialWhenListening connects to a QMP socket as soon as QEMU listens on it, as the launcher does.
+func dialWhenListening(b *testing.B, path string) *qmp.Monitor {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mon, err := qmp.Dial(context.Background(), path)
+		if err == nil {
+			return mon
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("QMP at %s: %v", path, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -191,21 +191,7 @@ func (p *Process) copyStderr(r io.Reader, done chan<- struct{}) {
 func (p *Process) connect(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if _, err := os.Stat(p.machine.QMPSocket()); err == nil {
-			break
-		}
-		select {
-		case <-p.exited:
-			return errors.New("qemu exited before opening its monitor")
-		case <-ctx.Done():
-			return fmt.Errorf("monitor socket %s did not appear: %w", p.machine.QMPSocket(), ctx.Err())
-		case <-tick.C:
-		}
-	}
-	mon, err := qmp.Dial(ctx, p.machine.QMPSocket())
+	mon, err := p.dialWhenReady(ctx)
 	if err != nil {
 		return err
 	}
@@ -220,6 +206,31 @@ func (p *Process) connect(ctx context.Context, timeout time.Duration) error {
 	}
 	p.setState(st.Status)
 	return nil
+}
+
+// dialWhenReady connects to QEMU's monitor as soon as it listens. The socket file appears at bind,
+// a moment before listen, so a refused connection is retried; QEMU exiting ends the wait at once.
+func (p *Process) dialWhenReady(ctx context.Context) (*qmp.Monitor, error) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(p.machine.QMPSocket()); err == nil {
+			mon, err := qmp.Dial(ctx, p.machine.QMPSocket())
+			if err == nil {
+				return mon, nil
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				return nil, err
+			}
+		}
+		select {
+		case <-p.exited:
+			return nil, errors.New("qemu exited before opening its monitor")
+		case <-ctx.Done():
+			return nil, fmt.Errorf("monitor socket %s did not answer: %w", p.machine.QMPSocket(), ctx.Err())
+		case <-tick.C:
+		}
+	}
 }
 
 func (p *Process) resume(ctx context.Context) error {

@@ -65,8 +65,18 @@ func Assets() (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// Options adjust the control plane.
+type Options struct {
+	// Webhooks installs config/webhook's webhook configurations, pointed at a local serving
+	// address and certificate that Env.WebhookInstallOptions holds for the test's webhook server.
+	Webhooks bool
+}
+
 // Start starts a control plane with the CRDs from config/crd/bases installed.
-func Start() (*ControlPlane, error) {
+func Start() (*ControlPlane, error) { return StartWith(Options{}) }
+
+// StartWith starts a control plane with the CRDs installed and what opts asks for.
+func StartWith(opts Options) (*ControlPlane, error) {
 	assets, err := Assets()
 	if err != nil {
 		return nil, err
@@ -86,6 +96,9 @@ func Start() (*ControlPlane, error) {
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme,
+	}
+	if opts.Webhooks {
+		env.WebhookInstallOptions.Paths = []string{filepath.Join(RepoRoot(), "config", "webhook")}
 	}
 	cfg, err := env.Start()
 	if err != nil {
@@ -146,8 +159,11 @@ func (cp *ControlPlane) Codecs() serializer.CodecFactory {
 
 // Main starts a control plane, stores it in *cp, runs the package's tests and stops it. It exits the
 // process with the tests' status, so call it as the whole of TestMain.
-func Main(m *testing.M, cp **ControlPlane) {
-	started, err := Start()
+func Main(m *testing.M, cp **ControlPlane) { MainWith(m, cp, Options{}) }
+
+// MainWith is Main with options.
+func MainWith(m *testing.M, cp **ControlPlane, opts Options) {
+	started, err := StartWith(opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "envtest: %v\n", err)
 		os.Exit(1)

@@ -1,0 +1,112 @@
+// Package admission is qvirt's validating webhook: the checks the CRD schema and its CEL rules
+// cannot express (the cluster's allowed host paths, base64 payloads, quantity rules the CEL cost
+// budget refuses, cross-field rules). Everything it refuses names the field.
+package admission
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/config"
+)
+
+// Setup registers the VirtualMachine and VirtualMachineInstance validators with mgr's webhook server.
+func Setup(mgr ctrl.Manager, store *config.Store) error {
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachine{}).WithValidator(&VMValidator{Config: store}).Complete(); err != nil {
+		return fmt.Errorf("register VirtualMachine webhook: %w", err)
+	}
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachineInstance{}).WithValidator(&VMIValidator{Config: store}).Complete(); err != nil {
+		return fmt.Errorf("register VirtualMachineInstance webhook: %w", err)
+	}
+	return nil
+}
+
+// +kubebuilder:webhook:path=/validate-qvirt-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvm.qvirt.io,admissionReviewVersions=v1
+// +kubebuilder:webhook:path=/validate-qvirt-io-v1alpha1-virtualmachineinstance,mutating=false,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachineinstances,verbs=create,versions=v1alpha1,name=vvmi.qvirt.io,admissionReviewVersions=v1
+
+// VMValidator validates VirtualMachines.
+type VMValidator struct{ Config *config.Store }
+
+// ValidateCreate implements admission.Validator.
+func (v *VMValidator) ValidateCreate(_ context.Context, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	return v.validate(vm)
+}
+
+// ValidateUpdate implements admission.Validator. Status-only updates go through the status
+// subresource and do not reach this webhook.
+func (v *VMValidator) ValidateUpdate(_ context.Context, _, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	return v.validate(vm)
+}
+
+// ValidateDelete implements admission.Validator.
+func (v *VMValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	return nil, nil
+}
+
+func (v *VMValidator) validate(vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	errs := v1alpha1.ValidateVirtualMachine(vm)
+	errs = append(errs, validateHostPaths(v.Config.Get(), &vm.Spec.Template.Spec, field.NewPath("spec", "template", "spec"))...)
+	return warnings(&vm.Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
+}
+
+// VMIValidator validates VirtualMachineInstances. Their spec is immutable (a CEL rule), so only
+// creation is checked.
+type VMIValidator struct{ Config *config.Store }
+
+// ValidateCreate implements admission.Validator.
+func (v *VMIValidator) ValidateCreate(_ context.Context, vmi *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
+	p := field.NewPath("spec")
+	errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)
+	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, p)...)
+	return warnings(&vmi.Spec), invalid("VirtualMachineInstance", vmi.Name, errs)
+}
+
+// ValidateUpdate implements admission.Validator.
+func (v *VMIValidator) ValidateUpdate(context.Context, *v1alpha1.VirtualMachineInstance, *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
+	return nil, nil
+}
+
+// ValidateDelete implements admission.Validator.
+func (v *VMIValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
+	return nil, nil
+}
+
+// validateHostPaths refuses host disks outside the cluster's allowed host paths.
+func validateHostPaths(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, v := range spec.Volumes {
+		if v.HostDisk == nil || cfg.HostPathAllowed(v.HostDisk.Path) {
+			continue
+		}
+		allowed := "none are allowed"
+		if len(cfg.AllowedHostPaths) > 0 {
+			allowed = "allowed: " + strings.Join(cfg.AllowedHostPaths, ", ")
+		}
+		errs = append(errs, field.Forbidden(p.Child("volumes").Index(i).Child("hostDisk", "path"),
+			fmt.Sprintf("%s is not under an allowed host path (%s; set allowedHostPaths in ConfigMap %s)", v.HostDisk.Path, allowed, config.ConfigMapName)))
+	}
+	return errs
+}
+
+// warnings tell users about accepted specs that will not behave as they may expect.
+func warnings(spec *v1alpha1.VirtualMachineInstanceSpec) admission.Warnings {
+	if ok, _, msg := v1alpha1.LiveMigratable(spec); !ok {
+		return admission.Warnings{"this VM cannot be live-migrated: " + msg}
+	}
+	return nil
+}
+
+func invalid(kind, name string, errs field.ErrorList) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return apierrors.NewInvalid(schema.GroupKind{Group: v1alpha1.GroupVersion.Group, Kind: kind}, name, errs)
+}

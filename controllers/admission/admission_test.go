@@ -1,0 +1,154 @@
+package admission_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/yaml"
+
+	"github.com/qvirt/qvirt/controllers/admission"
+	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/test/envtest"
+)
+
+var cp *envtest.ControlPlane
+
+// TestMain starts the control plane with the webhook configurations installed, and the webhook
+// server of a manager, as qvirt-controller runs it.
+func TestMain(m *testing.M) {
+	envtest.MainWith(m, &cp, envtest.Options{Webhooks: true})
+}
+
+var store = config.NewStore(config.Default())
+
+func startWebhook(t *testing.T) {
+	t.Helper()
+	wo := cp.Env.WebhookInstallOptions
+	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
+		Scheme:                 cp.Scheme,
+		Metrics:                server.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admission.Setup(mgr, store); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// Wait until the API server reaches the webhook: a dry-run create of a valid VM succeeds.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, stderr, err := apply(t, sample(t, "vm_testguest.yaml"), "webhook-probe"); err == nil {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("webhook never answered: %s", stderr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func sample(t *testing.T, name string) map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(envtest.RepoRoot() + "/config/samples/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o map[string]any
+	if err := yaml.Unmarshal(data, &o); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func apply(t *testing.T, o map[string]any, name string) (string, string, error) {
+	t.Helper()
+	o["metadata"].(map[string]any)["name"] = name
+	data, _ := json.Marshal(o)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return cp.KubectlCmd(ctx, data, "create", "--dry-run=server", "-n", "default", "-f", "-")
+}
+
+func TestWebhookRefusesWithFieldPaths(t *testing.T) {
+	startWebhook(t)
+	hostDisk := func(path string) map[string]any {
+		return map[string]any{"name": "scratch", "hostDisk": map[string]any{"path": path, "type": "Disk"}}
+	}
+	cases := []struct {
+		name, sample string
+		allowed      string
+		mutate       func(spec map[string]any)
+		field, msg   string
+	}{
+		{"host disk with no allowed paths", "vm_testguest.yaml", "", func(s map[string]any) {
+			s["volumes"] = []any{hostDisk("/var/lib/images/disk.img")}
+		}, "spec.template.spec.volumes[0].hostDisk.path", "none are allowed"},
+		{"host disk outside the allowed paths", "vm_testguest.yaml", "/var/lib/qvirt", func(s map[string]any) {
+			s["volumes"] = []any{hostDisk("/etc/shadow")}
+		}, "spec.template.spec.volumes[0].hostDisk.path", "allowed: /var/lib/qvirt"},
+		{"empty disk of zero capacity", "vm_testguest.yaml", "", func(s map[string]any) {
+			s["volumes"] = []any{map[string]any{"name": "scratch", "emptyDisk": map[string]any{"capacity": "0"}}}
+		}, "spec.template.spec.volumes[0].emptyDisk.capacity", "must be a positive quantity"},
+		{"user data that is not base64", "vm_testguest.yaml", "", func(s map[string]any) {
+			s["volumes"] = []any{map[string]any{"name": "scratch", "cloudInitNoCloud": map[string]any{"userDataBase64": "***"}}}
+		}, "spec.template.spec.volumes[0].cloudInitNoCloud.userDataBase64", "not valid base64"},
+		{"memory limit below guest memory", "vm_testguest.yaml", "", func(s map[string]any) {
+			d := s["domain"].(map[string]any)
+			d["resources"] = map[string]any{"limits": map[string]any{"memory": "64Mi"}}
+		}, "spec.template.spec.domain.resources.limits.memory", "must be at least memory.guest"},
+		{"masquerade on a multus network", "vmi_testguest.yaml", "", func(s map[string]any) {
+			s["domain"].(map[string]any)["devices"].(map[string]any)["interfaces"] = []any{map[string]any{"name": "default", "masquerade": map[string]any{}}}
+			s["networks"] = []any{map[string]any{"name": "default", "multus": map[string]any{"networkName": "net1"}}}
+		}, "spec.domain.devices.interfaces[0].masquerade", "needs the pod network"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			if tc.allowed != "" {
+				cfg.AllowedHostPaths = []string{tc.allowed}
+			}
+			store.Set(cfg)
+			t.Cleanup(func() { store.Set(config.Default()) })
+			o := sample(t, tc.sample)
+			spec := o["spec"].(map[string]any)
+			if tmpl, ok := spec["template"]; ok {
+				spec = tmpl.(map[string]any)["spec"].(map[string]any)
+			}
+			tc.mutate(spec)
+			_, stderr, err := apply(t, o, fmt.Sprintf("case-%d", i))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			// The messages are the webhook's own (the CRD schema has no such rules).
+			if !strings.Contains(stderr, tc.field) || !strings.Contains(stderr, tc.msg) {
+				t.Fatalf("want the webhook to refuse %s with %q, got:\n%s", tc.field, tc.msg, stderr)
+			}
+		})
+	}
+	t.Run("a host disk under an allowed path is accepted", func(t *testing.T) {
+		cfg := config.Default()
+		cfg.AllowedHostPaths = []string{"/var/lib/qvirt"}
+		store.Set(cfg)
+		t.Cleanup(func() { store.Set(config.Default()) })
+		o := sample(t, "vm_testguest.yaml")
+		o["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["volumes"] = []any{hostDisk("/var/lib/qvirt/disk.img")}
+		if _, stderr, err := apply(t, o, "allowed"); err != nil {
+			t.Fatalf("refused: %s", stderr)
+		}
+	})
+}
