@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -208,9 +209,7 @@ type Reconciler struct {
 	Client    client.Client
 	Namespace string
 	Store     *Store
-	Recorder  interface {
-		Eventf(obj client.Object, eventtype, reason, messageFmt string, args ...any)
-	}
+	Recorder  record.EventRecorder
 }
 
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
