@@ -13,12 +13,15 @@ package envtest
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -163,12 +166,26 @@ func Main(m *testing.M, cp **ControlPlane) { MainWith(m, cp, Options{}) }
 
 // MainWith is Main with options.
 func MainWith(m *testing.M, cp **ControlPlane, opts Options) {
+	flag.Parse()
+	if fuzzing() {
+		// Fuzz targets never use the control plane, and every fuzz worker process runs TestMain.
+		os.Exit(m.Run())
+	}
 	started, err := StartWith(opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "envtest: %v\n", err)
 		os.Exit(1)
 	}
 	*cp = started
+	// A test binary stopped by a signal (go test's timeout, Ctrl-C) must not leave etcd and
+	// kube-apiserver behind.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		_ = started.Stop()
+		os.Exit(1)
+	}()
 	fmt.Fprintf(os.Stderr, "envtest: kube-apiserver at %s (binaries in %s)\n", started.Config.Host, started.Env.BinaryAssetsDirectory)
 	code := m.Run()
 	if err := started.Stop(); err != nil {
@@ -178,4 +195,10 @@ func MainWith(m *testing.M, cp **ControlPlane, opts Options) {
 		}
 	}
 	os.Exit(code)
+}
+
+// fuzzing reports whether this test binary runs a fuzz target (as coordinator or worker).
+func fuzzing() bool {
+	f, w := flag.Lookup("test.fuzz"), flag.Lookup("test.fuzzworker")
+	return (f != nil && f.Value.String() != "") || (w != nil && w.Value.String() == "true")
 }
