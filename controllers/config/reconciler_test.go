@@ -43,6 +43,7 @@ func TestConfigMapIsAppliedWithoutRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := config.NewStore(config.Default())
+	//lint:ignore SA1019 the reconcilers take a core/v1 events recorder (see controllers/setup.go)
 	r := &config.Reconciler{Client: mgr.GetClient(), Namespace: ns, Store: store, Recorder: mgr.GetEventRecorderFor("qvirt-config")}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)

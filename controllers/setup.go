@@ -1,0 +1,124 @@
+// Package controllers wires qvirt-controller: the configuration, VM, VMI and migration reconcilers
+// and the validating webhook, on one controller-runtime manager. The reconcilers live in the
+// sub-packages named after what they reconcile.
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/admission"
+	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/controllers/migration"
+	"github.com/qvirt/qvirt/controllers/vm"
+	"github.com/qvirt/qvirt/controllers/vmi"
+)
+
+// Scheme holds the kinds qvirt-controller reads and writes.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// CacheOptions keep the manager's cache to what qvirt owns: launcher pods only (not every pod of
+// the cluster) and the configuration ConfigMap's namespace only. This is most of the controller's
+// memory per VMI.
+func CacheOptions(namespace string) cache.Options {
+	return cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:       {Label: labels.SelectorFromSet(labels.Set{v1alpha1.AppLabel: v1alpha1.LauncherApp})},
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},
+		},
+		// managedFields are never read here and are about a fifth of a cached VMI.
+		DefaultTransform: cache.TransformStripManagedFields(),
+	}
+}
+
+// Options configure Setup.
+type Options struct {
+	// Namespace is the install namespace holding the qvirt-config ConfigMap.
+	Namespace string
+	// Webhooks registers the validating webhook on the manager's webhook server.
+	Webhooks bool
+}
+
+// Setup loads the configuration and registers every reconciler (and the webhook) with mgr.
+func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, error) {
+	store, err := initialConfig(ctx, mgr.GetAPIReader(), opts.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	c, s := mgr.GetClient(), mgr.GetScheme()
+	steps := []struct {
+		name  string
+		setup func() error
+	}{
+		{"config", func() error {
+			return (&config.Reconciler{Client: c, Namespace: opts.Namespace, Store: store, Recorder: recorder(mgr, "qvirt-config")}).SetupWithManager(mgr)
+		}},
+		{"vm", func() error {
+			return (&vm.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vm"), Config: store, APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
+		}},
+		{"vmi", func() error {
+			return (&vmi.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vmi"), Config: store}).SetupWithManager(mgr)
+		}},
+		{"migration", func() error {
+			return (&migration.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-migration"), Config: store}).SetupWithManager(mgr)
+		}},
+	}
+	if opts.Webhooks {
+		steps = append(steps, struct {
+			name  string
+			setup func() error
+		}{"webhook", func() error { return admission.Setup(mgr, store) }})
+	}
+	for _, step := range steps {
+		if err := step.setup(); err != nil {
+			return nil, fmt.Errorf("set up %s: %w", step.name, err)
+		}
+	}
+	return store, nil
+}
+
+// initialConfig reads the ConfigMap once before the cache starts, so the first reconciles already
+// use it; a ConfigMap that does not parse stops the controller with the key named.
+func initialConfig(ctx context.Context, r client.Reader, namespace string) (*config.Store, error) {
+	var cm corev1.ConfigMap
+	err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: config.ConfigMapName}, &cm)
+	if apierrors.IsNotFound(err) {
+		return config.NewStore(config.Default()), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read configmap %s/%s: %w", namespace, config.ConfigMapName, err)
+	}
+	c, err := config.Parse(cm.Data)
+	if err != nil {
+		return nil, err
+	}
+	return config.NewStore(c), nil
+}
+
+// recorder is the events recorder the reconcilers take. They record with the core/v1 Events API,
+// which kubectl describe shows; the events.k8s.io recorder that replaces it takes a different
+// interface, a move for all reconcilers at once.
+func recorder(mgr ctrl.Manager, name string) record.EventRecorder {
+	//lint:ignore SA1019 see above
+	return mgr.GetEventRecorderFor(name)
+}

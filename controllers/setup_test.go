@@ -1,0 +1,210 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/envtest"
+)
+
+// These tests run the real qvirt-controller binary against a real API server, the way a cluster
+// runs it. No node agent exists yet: the test plays it by binding the launcher pod, marking it
+// Running and writing the VMI's Running phase, and says so where it does.
+
+var cp *envtest.ControlPlane
+
+func TestMain(m *testing.M) { envtest.Main(m, &cp) }
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func eventually(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startController builds and starts qvirt-controller with leader election, returning its metrics
+// and health addresses.
+func startController(t *testing.T, namespace string) (metrics, health string) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "qvirt-controller")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/qvirt-controller").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	metrics = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	health = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cmd := exec.Command(bin, "--kubeconfig", cp.Kubeconfig, "--namespace", namespace, "--leader-elect",
+		"--webhooks=false", "--metrics-bind-address", metrics, "--health-probe-bind-address", health)
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("qvirt-controller logs:\n%s", logs.String())
+		}
+	})
+	return metrics, health
+}
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func TestControllerBinaryRunsAVMAndDeletesItInOrder(t *testing.T) {
+	ctx := context.Background()
+	c := cp.Client
+	for _, ns := range []string{"qvirt-system", "demo"} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "qvirt-config", Namespace: "qvirt-system"},
+		Data: map[string]string{"useEmulation": "true", "launcherImage": "example.test/launcher:v1"}}); err != nil {
+		t.Fatal(err)
+	}
+	metrics, health := startController(t, "qvirt-system")
+
+	eventually(t, 30*time.Second, "/readyz", func() bool { code, _ := get("http://" + health + "/readyz"); return code == 200 })
+	if code, _ := get("http://" + health + "/healthz"); code != 200 {
+		t.Fatalf("/healthz answered %d", code)
+	}
+
+	rs := v1alpha1.RunStrategyAlways
+	vm := &v1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "demo"},
+		Spec: v1alpha1.VirtualMachineSpec{RunStrategy: &rs, Template: v1alpha1.VirtualMachineInstanceTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
+			Spec: v1alpha1.VirtualMachineInstanceSpec{Domain: v1alpha1.DomainSpec{
+				Memory: &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("128Mi"))},
+			}},
+		}},
+	}
+	if err := c.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+
+	var pod corev1.Pod
+	eventually(t, 30*time.Second, "the launcher pod", func() bool {
+		var pods corev1.PodList
+		_ = c.List(ctx, &pods, client.InNamespace("demo"), client.MatchingLabels{v1alpha1.VMINameLabel: "web"})
+		if len(pods.Items) != 1 {
+			return false
+		}
+		pod = pods.Items[0]
+		return true
+	})
+	if img := pod.Spec.Containers[0].Image; img != "example.test/launcher:v1" {
+		t.Fatalf("launcher image %q: the ConfigMap's launcherImage was not applied", img)
+	}
+	if pod.Labels["app"] != "web" || pod.Labels[v1alpha1.VMNameLabel] != "web" {
+		t.Fatalf("pod labels %v lack the VM's labels", pod.Labels)
+	}
+	if _, kvm := pod.Spec.Containers[0].Resources.Limits[v1alpha1.KVMResource]; kvm {
+		t.Fatal("useEmulation is on, yet the pod asks for /dev/kvm")
+	}
+
+	// Playing the scheduler and kubelet: bind the pod and mark it running.
+	if err := c.SubResource("binding").Create(ctx, &pod, &corev1.Binding{Target: corev1.ObjectReference{Kind: "Node", Name: "node-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the pod to be marked Running", func() bool {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(&pod), &pod); err != nil {
+			return false
+		}
+		pod.Status.Phase = corev1.PodRunning
+		return c.Status().Update(ctx, &pod) == nil
+	})
+	vmiKey := client.ObjectKey{Namespace: "demo", Name: "web"}
+	eventually(t, 30*time.Second, "the VMI to be Scheduled on node-1", func() bool {
+		var vmi v1alpha1.VirtualMachineInstance
+		return c.Get(ctx, vmiKey, &vmi) == nil && vmi.Status.Phase == v1alpha1.Scheduled && vmi.Status.NodeName == "node-1"
+	})
+	// Playing the node agent: the guest runs.
+	eventually(t, 10*time.Second, "the node agent's Running status to stick", func() bool {
+		var vmi v1alpha1.VirtualMachineInstance
+		if err := c.Get(ctx, vmiKey, &vmi); err != nil {
+			return false
+		}
+		vmi.Status.Phase = v1alpha1.Running
+		meta.SetStatusCondition(&vmi.Status.Conditions, metav1.Condition{Type: v1alpha1.VirtualMachineInstanceReady, Status: metav1.ConditionTrue, Reason: "GuestRunning"})
+		return c.Status().Update(ctx, &vmi) == nil
+	})
+	eventually(t, 30*time.Second, "the VM to show Running and ready", func() bool {
+		var got v1alpha1.VirtualMachine
+		return c.Get(ctx, client.ObjectKeyFromObject(vm), &got) == nil &&
+			got.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && got.Status.Ready && got.Status.Created
+	})
+
+	code, body := get("http://" + metrics + "/metrics")
+	if code != 200 || !strings.Contains(body, `controller_runtime_reconcile_total{controller="virtualmachine"`) &&
+		!strings.Contains(body, "controller_runtime_reconcile_total") {
+		t.Fatalf("/metrics answered %d without reconcile metrics", code)
+	}
+
+	// Deleting the VM removes the pod first, then the VMI, then the VM.
+	if err := c.Delete(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	var podGone, vmiGone, vmGone time.Time
+	eventually(t, 60*time.Second, "the VM, its VMI and its pod to go", func() bool {
+		now := time.Now()
+		// Playing the kubelet: once the launcher pod is terminating, its process has exited.
+		var p corev1.Pod
+		if c.Get(ctx, client.ObjectKeyFromObject(&pod), &p) == nil && p.DeletionTimestamp != nil {
+			_ = c.Delete(ctx, &p, client.GracePeriodSeconds(0))
+		}
+		if podGone.IsZero() && apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(&pod), &corev1.Pod{})) {
+			podGone = now
+		}
+		if vmiGone.IsZero() && apierrors.IsNotFound(c.Get(ctx, vmiKey, &v1alpha1.VirtualMachineInstance{})) {
+			vmiGone = now
+		}
+		if vmGone.IsZero() && apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(vm), &v1alpha1.VirtualMachine{})) {
+			vmGone = now
+		}
+		return !podGone.IsZero() && !vmiGone.IsZero() && !vmGone.IsZero()
+	})
+	if vmiGone.Before(podGone) || vmGone.Before(vmiGone) {
+		t.Fatalf("deletion out of order: pod %s, VMI %s, VM %s", podGone.Format(time.StampMilli), vmiGone.Format(time.StampMilli), vmGone.Format(time.StampMilli))
+	}
+}

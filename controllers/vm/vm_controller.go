@@ -1,0 +1,310 @@
+// Package vm is the VirtualMachine reconciler: it keeps a VirtualMachine's instance
+// (VirtualMachineInstance) in the state the run strategy and the start/stop requests ask for, and
+// reports the VM's status.
+//
+// Who owns what: this reconciler creates and deletes the VMI named like the VM and writes the VM's
+// status, except status.stateChangeRequests, which the API (qvirtctl start/stop/restart) appends to
+// and this reconciler consumes. The VMI's status belongs to the VMI reconciler and the node agent.
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/config"
+)
+
+// Finalizer holds a VirtualMachine until its instance is gone, so that deletion runs VM, then VMI,
+// then launcher pod, with no reliance on the garbage collector.
+const Finalizer = "qvirt.io/vm-cleanup"
+
+// Event reasons (decision reasons are in vm_runstrategy.go).
+const (
+	EventSuccessfulCreate = "SuccessfulCreate"
+	EventSuccessfulDelete = "SuccessfulDelete"
+	EventFailedCreate     = "FailedCreate"
+	EventFailedDelete     = "FailedDelete"
+)
+
+// deletionRecheck is how often a VM being deleted looks again at its VMI, on top of the watch.
+const deletionRecheck = 5 * time.Second
+
+// foreignRecheck is how often a VM blocked by a VMI of its name that it does not control looks again.
+const foreignRecheck = 5 * time.Second
+
+// Reconciler reconciles VirtualMachines. Safe for concurrent reconciles of different VMs.
+type Reconciler struct {
+	Client   client.Client
+	Scheme   *runtime.Scheme
+	Recorder record.EventRecorder
+	Config   *config.Store
+	// APIReader (mgr.GetAPIReader()), when set, is used to read the VM and its VMI at the start of
+	// every pass instead of the cache. Deciding on the API server's current state costs two GETs
+	// per pass and rules out acting on a stale view (consuming a Stop for a VMI the cache has not
+	// seen yet, restarting a Once VM whose entry the cache does not show yet, removing the
+	// finalizer while a VMI still exists); the optimistic lock on the status patch covers the
+	// window between the read and the write. Without it the cache is used.
+	APIReader client.Reader
+	// BackoffBase and BackoffMax shape the crash-loop back-off: BackoffBase * 2^(n-1) after the n-th
+	// failed start in a row, at most BackoffMax. Zero means DefaultBackoffBase and
+	// DefaultBackoffMax; tests shorten them.
+	BackoffBase, BackoffMax time.Duration
+}
+
+// SetupWithManager watches VirtualMachines and the instances they control.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("virtualmachine").
+		For(&v1alpha1.VirtualMachine{}).
+		Owns(&v1alpha1.VirtualMachineInstance{}).
+		Complete(r)
+}
+
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachines/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachines/finalizers,verbs=update
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile brings one VirtualMachine's instance in line with its run strategy and requests.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
+	reader := r.reader()
+	vm := &v1alpha1.VirtualMachine{}
+	if err := reader.Get(ctx, req.NamespacedName, vm); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+
+	if vm.DeletionTimestamp == nil && !controllerutil.ContainsFinalizer(vm, Finalizer) {
+		base := vm.DeepCopy()
+		controllerutil.AddFinalizer(vm, Finalizer)
+		if err := r.Client.Patch(ctx, vm, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer %s: %w", Finalizer, err)
+		}
+	}
+
+	vmi, foreign, err := r.getVMI(ctx, reader, vm)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	before := vm.DeepCopy()
+	gone := false
+	defer func() {
+		if gone || equality.Semantic.DeepEqual(before.Status, vm.Status) {
+			return
+		}
+		// The optimistic lock makes a request appended by the API since our read win: the patch
+		// fails, and the next pass sees it. Every decision is idempotent, so redoing it is safe.
+		err := r.Client.Status().Patch(ctx, vm, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		switch {
+		case apierrors.IsConflict(err):
+			if retErr == nil && res.RequeueAfter == 0 {
+				res.RequeueAfter = 100 * time.Millisecond
+			}
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			retErr = errors.Join(retErr, fmt.Errorf("patch status: %w", err))
+		}
+	}()
+
+	if vm.DeletionTimestamp != nil {
+		res, gone, err = r.reconcileDelete(ctx, vm, vmi)
+		return res, err
+	}
+	return r.reconcileNormal(ctx, vm, vmi, foreign)
+}
+
+// getVMI returns the VM's instance, or nil; foreign is set when an instance of that name exists but
+// another owner controls it (it is left alone and reported).
+func (r *Reconciler) getVMI(ctx context.Context, c client.Reader, vm *v1alpha1.VirtualMachine) (vmi *v1alpha1.VirtualMachineInstance, foreign bool, err error) {
+	vmi = &v1alpha1.VirtualMachineInstance{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(vm), vmi); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("get VMI %s: %w", vm.Name, err)
+	}
+	if !controlledBy(vmi, vm) {
+		return nil, true, nil
+	}
+	return vmi, false, nil
+}
+
+func (r *Reconciler) reader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
+
+func (r *Reconciler) backoff() backoff {
+	b := backoff{Base: r.BackoffBase, Max: r.BackoffMax}
+	if b.Base <= 0 {
+		b.Base = DefaultBackoffBase
+	}
+	if b.Max <= 0 {
+		b.Max = DefaultBackoffMax
+	}
+	return b
+}
+
+// reconcileNormal decides what the run strategy and the requests ask for, does it and computes the
+// status.
+func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInstance, foreign bool) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	now := time.Now()
+
+	sf, counted, recheck := nextStartFailure(vm.Status.StartFailure, vmi, now, r.backoff())
+	if counted {
+		r.Recorder.Eventf(vm, corev1.EventTypeWarning, ReasonCrashLoopBackOff,
+			"VMI %s failed to start (%d in a row; reason %q); next start not before %s",
+			vmi.Name, sf.ConsecutiveFailCount, vmi.Status.Reason, sf.RetryAfterTimestamp.UTC().Format(time.RFC3339))
+	}
+
+	if counted {
+		// Record the failed start before acting on it: once the failed VMI is deleted nothing else
+		// remembers it, and a status patch that loses a conflict after the delete would drop the
+		// failure from the crash-loop count. The status change brings the VM back at once.
+		vm.Status.StartFailure = sf
+		return ctrl.Result{}, nil
+	}
+
+	in := decisionInput{
+		Strategy: runStrategy(vm), Entered: vm.Status.RunStrategy, Held: held(vm),
+		Requests: vm.Status.StateChangeRequests, VMI: vmi, StartFailure: sf, Now: now,
+	}
+	d := decide(in)
+	if d.Action != ActionNone || d.BackingOff {
+		log.V(1).Info("run strategy decision", "strategy", in.Strategy, "action", d.Action, "reason", d.Reason, "message", d.Message)
+	}
+
+	var failure *Failure
+	var actionErr error
+	after := vmi
+	retry := false
+	switch d.Action {
+	case ActionCreate:
+		if foreign {
+			failure = &Failure{Reason: ReasonVMIConflict,
+				Message: fmt.Sprintf("a VMI named %s exists and is not controlled by this VM; delete it to start the VM", vm.Name)}
+			retry = true
+			break
+		}
+		created := newVMI(vm)
+		err := r.Client.Create(ctx, created)
+		switch {
+		case apierrors.IsAlreadyExists(err):
+			// The cache has not caught up with an instance created or deleted a moment ago: look
+			// again shortly rather than assume which one it is.
+			retry = true
+		case err != nil:
+			actionErr = fmt.Errorf("create VMI %s: %w", created.Name, err)
+			failure = &Failure{Reason: ReasonFailedCreate, Message: actionErr.Error()}
+			r.Recorder.Eventf(vm, corev1.EventTypeWarning, EventFailedCreate, "%v", actionErr)
+		default:
+			after = created
+			r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventSuccessfulCreate, "created VMI %s (%s): %s", created.Name, created.UID, d.Message)
+		}
+	case ActionDelete:
+		uid := vmi.UID
+		err := r.Client.Delete(ctx, vmi, client.Preconditions{UID: &uid})
+		switch {
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err): // gone, or replaced meanwhile
+			after = nil
+		case err != nil:
+			actionErr = fmt.Errorf("delete VMI %s: %w", vmi.Name, err)
+			failure = &Failure{Reason: ReasonFailedDelete, Message: actionErr.Error()}
+			r.Recorder.Eventf(vm, corev1.EventTypeWarning, EventFailedDelete, "%v", actionErr)
+		default:
+			after = vmi.DeepCopy()
+			if after.DeletionTimestamp == nil {
+				after.DeletionTimestamp = &metav1.Time{Time: now}
+			}
+			r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventSuccessfulDelete, "deleted VMI %s (%s): %s", vmi.Name, uid, d.Message)
+		}
+	}
+	if actionErr != nil || retry {
+		// The decision assumed the action succeeded: keep the requests, the hold and the entered
+		// strategy as they were so that the next pass decides again.
+		d.Requests, d.Held, d.RunStrategy = vm.Status.StateChangeRequests, in.Held, vm.Status.RunStrategy
+	} else {
+		for _, n := range d.Notes {
+			r.Recorder.Event(vm, n.Type, n.Reason, n.Message)
+		}
+	}
+	if failure == nil && foreign {
+		failure = &Failure{Reason: ReasonVMIConflict,
+			Message: fmt.Sprintf("a VMI named %s exists and is not controlled by this VM", vm.Name)}
+	}
+
+	vm.Status = computeStatus(statusInput{VM: vm, VMI: after, Decision: d, StartFailure: sf, Failure: failure, Now: now})
+
+	var res ctrl.Result
+	switch {
+	case retry && foreign:
+		// A foreign VMI has no owner reference to this VM, so its deletion does not bring the VM
+		// back through the watch.
+		res.RequeueAfter = foreignRecheck
+	case retry:
+		res.RequeueAfter = time.Second
+	case d.RequeueAfter > 0:
+		res.RequeueAfter = d.RequeueAfter
+	}
+	if recheck > 0 && (res.RequeueAfter == 0 || recheck < res.RequeueAfter) {
+		res.RequeueAfter = recheck
+	}
+	return res, actionErr
+}
+
+// reconcileDelete deletes the VM's instance and removes the finalizer once the instance is gone
+// (the VMI's own finalizer holds it until its launcher pod is gone). gone reports that the
+// finalizer was removed, after which the VM may no longer exist.
+func (r *Reconciler) reconcileDelete(ctx context.Context, vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInstance) (res ctrl.Result, gone bool, err error) {
+	if !controllerutil.ContainsFinalizer(vm, Finalizer) {
+		return ctrl.Result{}, true, nil
+	}
+	now := time.Now()
+	d := Decision{Action: ActionNone, Requests: vm.Status.StateChangeRequests, Held: held(vm), RunStrategy: vm.Status.RunStrategy}
+	if vmi == nil {
+		base := vm.DeepCopy()
+		controllerutil.RemoveFinalizer(vm, Finalizer)
+		if err := r.Client.Patch(ctx, vm, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, false, client.IgnoreNotFound(fmt.Errorf("remove finalizer %s: %w", Finalizer, err))
+		}
+		return ctrl.Result{}, true, nil
+	}
+	var failure *Failure
+	if vmi.DeletionTimestamp == nil {
+		uid := vmi.UID
+		err = r.Client.Delete(ctx, vmi, client.Preconditions{UID: &uid})
+		switch {
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			err = nil
+		case err != nil:
+			err = fmt.Errorf("delete VMI %s: %w", vmi.Name, err)
+			failure = &Failure{Reason: ReasonFailedDelete, Message: err.Error()}
+			r.Recorder.Eventf(vm, corev1.EventTypeWarning, EventFailedDelete, "%v", err)
+		default:
+			vmi = vmi.DeepCopy()
+			vmi.DeletionTimestamp = &metav1.Time{Time: now}
+			r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventSuccessfulDelete, "deleted VMI %s (%s): the VM is being deleted", vmi.Name, uid)
+		}
+	}
+	vm.Status = computeStatus(statusInput{VM: vm, VMI: vmi, Decision: d, StartFailure: vm.Status.StartFailure, Failure: failure, Now: now})
+	// The Owns watch brings the VM back when the VMI goes; the recheck covers a missed event.
+	return ctrl.Result{RequeueAfter: deletionRecheck}, false, err
+}

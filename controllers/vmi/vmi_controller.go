@@ -1,0 +1,250 @@
+// Package vmi is the VirtualMachineInstance reconciler: it gives each instance one launcher pod,
+// follows that pod through scheduling, ends the instance when the pod fails or vanishes, and on
+// deletion removes the pod (the launcher shuts the guest down gracefully on SIGTERM) before letting
+// the instance go.
+package vmi
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/config"
+)
+
+// PodVMIUIDIndex indexes cached pods by their VMI UID label, so finding an instance's pods does not
+// scan every pod of the namespace.
+const PodVMIUIDIndex = "vmi.qvirt.io/pod-vmi-uid"
+
+// Reconciler reconciles VirtualMachineInstances and their launcher pods.
+type Reconciler struct {
+	Client   client.Client
+	Scheme   *runtime.Scheme
+	Recorder record.EventRecorder
+	Config   *config.Store
+	// Expectations track launcher pod creations not yet seen by the cache; SetupWithManager
+	// creates them when nil.
+	Expectations *Expectations
+	// Now is the clock for phase transition timestamps; time.Now when nil.
+	Now func() time.Time
+	// MaxConcurrentReconciles is how many instances are reconciled at once; DefaultWorkers when 0.
+	// Safe because the work queue never hands one instance to two workers.
+	MaxConcurrentReconciles int
+}
+
+// DefaultWorkers is the default number of concurrent reconciles, as KubeVirt's VMI controller.
+const DefaultWorkers = 10
+
+// LauncherPodSelector selects launcher pods (target pods included). A manager running this
+// reconciler can limit its pod cache to it (cache.Options.ByObject) to hold no other pods.
+func LauncherPodSelector() labels.Selector {
+	return labels.SelectorFromSet(labels.Set{v1alpha1.AppLabel: v1alpha1.LauncherApp})
+}
+
+// SetupWithManager registers the reconciler: it watches instances and the pods they own.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Expectations == nil {
+		r.Expectations = NewExpectations(DefaultExpectationTTL)
+	}
+	err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, PodVMIUIDIndex, func(o client.Object) []string {
+		if uid := o.GetLabels()[v1alpha1.VMIUIDLabel]; uid != "" {
+			return []string{uid}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("index pods by %s: %w", v1alpha1.VMIUIDLabel, err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).Named("vmi").
+		For(&v1alpha1.VirtualMachineInstance{}).
+		Owns(&corev1.Pod{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(r.MaxConcurrentReconciles, DefaultWorkers)}).
+		Complete(r)
+}
+
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Reconcile brings one instance's launcher pod and status in line.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+	vmi := &v1alpha1.VirtualMachineInstance{}
+	if err := r.Client.Get(ctx, req.NamespacedName, vmi); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if vmi.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(vmi, v1alpha1.GracefulShutdownFinalizer) {
+		base := vmi.DeepCopy()
+		controllerutil.AddFinalizer(vmi, v1alpha1.GracefulShutdownFinalizer)
+		if err := r.Client.Patch(ctx, vmi, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, ignoreConflict(ctx, fmt.Errorf("add finalizer %s: %w", v1alpha1.GracefulShutdownFinalizer, err))
+		}
+	}
+
+	before := vmi.DeepCopy()
+	var change outcome
+	defer func() {
+		if equality.Semantic.DeepEqual(before.Status, vmi.Status) {
+			return
+		}
+		// The optimistic lock keeps a stale cache from overwriting what others wrote since: the
+		// node agent's phases, or a migration's new node (whose source pod is then gone from a
+		// fresher pod cache, which must not read as "pod deleted").
+		err := r.Client.Status().Patch(ctx, vmi, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		if err != nil {
+			if !apierrors.IsNotFound(err) {
+				retErr = kerrors.NewAggregate([]error{retErr, ignoreConflict(ctx, fmt.Errorf("patch status: %w", err))})
+			}
+			return
+		}
+		// Phase changes are told only once they are recorded, so a stale read tells no story.
+		if change.EventReason != "" {
+			r.Recorder.Event(vmi, change.EventType, change.EventReason, change.EventMessage)
+			ctrl.LoggerFrom(ctx).Info("instance phase changed", "phase", change.Phase, "reason", change.EventReason, "message", change.EventMessage)
+		}
+	}()
+
+	if !vmi.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, vmi)
+	}
+	res, o, err := r.reconcileNormal(ctx, vmi)
+	change = o
+	return res, err
+}
+
+// reconcileNormal follows the launcher pod, creating it when the instance has none yet. It returns
+// the phase change it made, for the Event.
+func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (ctrl.Result, outcome, error) {
+	setLiveMigratable(vmi)
+
+	pods, err := r.pods(ctx, vmi)
+	if err != nil {
+		return ctrl.Result{}, outcome{}, err
+	}
+	if len(pods) > 0 {
+		r.Expectations.Observed(vmi.UID)
+	} else if ok, wait := r.Expectations.Satisfied(vmi.UID); !ok {
+		// A pod was created and the cache has not shown it yet: "no pod" would be a lie.
+		return ctrl.Result{RequeueAfter: wait}, outcome{}, nil
+	}
+
+	o := podOutcome(vmi.Status.Phase, launcherPod(vmi, pods))
+	applyOutcome(&vmi.Status, o, r.now())
+	if vmi.Status.Phase != v1alpha1.Pending || len(pods) > 0 {
+		return ctrl.Result{}, o, nil
+	}
+	return ctrl.Result{}, o, r.createPod(ctx, vmi)
+}
+
+// createPod creates the instance's launcher pod and moves it to Scheduling.
+func (r *Reconciler) createPod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) error {
+	pod, err := RenderLauncherPod(vmi, r.Config.Get())
+	if err != nil {
+		r.Recorder.Eventf(vmi, corev1.EventTypeWarning, EventFailedCreate, "Cannot render launcher pod: %v", err)
+		// No retry: the spec is immutable, so the same spec would fail the same way. The instance
+		// stays Pending with this Warning telling why.
+		ctrl.LoggerFrom(ctx).Error(err, "render launcher pod")
+		return nil
+	}
+	if err := controllerutil.SetControllerReference(vmi, pod, r.Scheme); err != nil {
+		return fmt.Errorf("owner reference on launcher pod: %w", err)
+	}
+	r.Expectations.ExpectCreate(vmi.UID)
+	if err := r.Client.Create(ctx, pod); err != nil {
+		r.Expectations.Observed(vmi.UID)
+		r.Recorder.Eventf(vmi, corev1.EventTypeWarning, EventFailedCreate, "Error creating launcher pod: %v", err)
+		return fmt.Errorf("create launcher pod: %w", err)
+	}
+	r.Recorder.Eventf(vmi, corev1.EventTypeNormal, EventSuccessfulCreate, "Created launcher pod %s", pod.Name)
+	ctrl.LoggerFrom(ctx).Info("created launcher pod", "pod", pod.Name)
+	setPhase(&vmi.Status, v1alpha1.Scheduling, r.now())
+	return nil
+}
+
+// reconcileDelete deletes every pod of the instance (deleting the launcher pod is the graceful
+// shutdown: the launcher powers the guest off via ACPI within the pod's grace period) and releases
+// the instance once none is left.
+func (r *Reconciler) reconcileDelete(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(vmi, v1alpha1.GracefulShutdownFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	pods, err := r.pods(ctx, vmi)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(pods) > 0 {
+		r.Expectations.Observed(vmi.UID)
+	} else if ok, wait := r.Expectations.Satisfied(vmi.UID); !ok {
+		// A pod being created now would outlive the instance.
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	var errs []error
+	for i := range pods {
+		pod := &pods[i]
+		if !pod.DeletionTimestamp.IsZero() {
+			continue
+		}
+		err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &pod.UID})
+		switch {
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		case err != nil:
+			r.Recorder.Eventf(vmi, corev1.EventTypeWarning, EventFailedDelete, "Error deleting launcher pod %s: %v", pod.Name, err)
+			errs = append(errs, fmt.Errorf("delete launcher pod %s: %w", pod.Name, err))
+		default:
+			r.Recorder.Eventf(vmi, corev1.EventTypeNormal, EventSuccessfulDelete, "Deleted launcher pod %s", pod.Name)
+		}
+	}
+	if len(errs) > 0 || len(pods) > 0 {
+		// The pod watch brings the instance back once the pods are gone.
+		return ctrl.Result{}, kerrors.NewAggregate(errs)
+	}
+	base := vmi.DeepCopy()
+	controllerutil.RemoveFinalizer(vmi, v1alpha1.GracefulShutdownFinalizer)
+	if err := r.Client.Patch(ctx, vmi, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return ctrl.Result{}, ignoreConflict(ctx, client.IgnoreNotFound(fmt.Errorf("remove finalizer %s: %w", v1alpha1.GracefulShutdownFinalizer, err)))
+	}
+	r.Expectations.Observed(vmi.UID)
+	return ctrl.Result{}, nil
+}
+
+// pods lists the cached pods carrying the instance's UID label, migration targets included.
+func (r *Reconciler) pods(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Pod, error) {
+	var list corev1.PodList
+	if err := r.Client.List(ctx, &list, client.InNamespace(vmi.Namespace), client.MatchingFields{PodVMIUIDIndex: string(vmi.UID)}); err != nil {
+		return nil, fmt.Errorf("list launcher pods: %w", err)
+	}
+	return list.Items, nil
+}
+
+// ignoreConflict drops a conflict: the cache was stale, and the newer version's watch event queues
+// the instance again (the work queue re-adds a key that changes while it is being reconciled).
+func ignoreConflict(ctx context.Context, err error) error {
+	if apierrors.IsConflict(err) {
+		ctrl.LoggerFrom(ctx).V(1).Info("stale instance; retrying on the newer version", "error", err.Error())
+		return nil
+	}
+	return err
+}
+
+func (r *Reconciler) now() metav1.Time {
+	if r.Now != nil {
+		return metav1.NewTime(r.Now())
+	}
+	return metav1.Now()
+}

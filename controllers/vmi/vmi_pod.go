@@ -1,0 +1,239 @@
+package vmi
+
+import (
+	"fmt"
+	"maps"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/config"
+)
+
+// Launcher pod layout shared with the node agent and the launcher.
+const (
+	// ComputeContainer is the launcher pod's only container; it runs qvirt-launcher, which runs QEMU.
+	ComputeContainer = "compute"
+	// LauncherBinary is the launcher's path inside the launcher image.
+	LauncherBinary = "/usr/bin/qvirt-launcher"
+	// PrivateDir is a writable emptyDir for the launcher's own files (the root filesystem is
+	// read-only).
+	PrivateDir = "/var/run/qvirt/private"
+	// LauncherUID is the unprivileged user (and group) the launcher and QEMU run as, as in KubeVirt.
+	LauncherUID = 107
+	// SchedulableNodeLabel marks nodes whose node agent is ready to run instances.
+	SchedulableNodeLabel = "qvirt.io/schedulable"
+
+	// DefaultTerminationGracePeriodSeconds is the guest's shutdown time when the instance sets none.
+	DefaultTerminationGracePeriodSeconds int64 = 180
+	// GracePeriodMarginSeconds is added to the guest's grace period on the pod so the launcher has
+	// time to quit QEMU and clean up after the ACPI shutdown window ends, before the kubelet kills it.
+	GracePeriodMarginSeconds int64 = 15
+
+	socketsVolume = "sockets"
+	privateVolume = "private"
+)
+
+// RenderLauncherPod renders the launcher pod of an instance: everything but the owner reference,
+// which the caller sets (controllerutil.SetControllerReference) because it needs a scheme. It is pure
+// and strict: what it cannot render is an error naming the field, never a silently different pod.
+// The migration reconciler renders its target pod with it too, then adds its label and affinity.
+func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) (*corev1.Pod, error) {
+	if vmi.UID == "" {
+		return nil, fmt.Errorf("metadata.uid: the instance has no UID yet")
+	}
+	if errs := validation.IsValidLabelValue(vmi.Name); len(errs) > 0 {
+		return nil, fmt.Errorf("metadata.name: %q cannot be a label value: %s", vmi.Name, strings.Join(errs, "; "))
+	}
+	if cfg.LauncherImage == "" {
+		return nil, fmt.Errorf("configuration launcherImage: no launcher image configured")
+	}
+	spec := &vmi.Spec
+	res, err := launcherResources(&spec.Domain, cfg)
+	if err != nil {
+		return nil, err
+	}
+
+	args := []string{LauncherBinary, "serve", "--socket-dir", v1alpha1.SocketDir, "--vmi-uid", string(vmi.UID)}
+	if cfg.UseEmulation {
+		args = append(args, "--emulation")
+	}
+	grace := DefaultTerminationGracePeriodSeconds
+	if spec.TerminationGracePeriodSeconds != nil {
+		grace = *spec.TerminationGracePeriodSeconds
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = sanitizeHostname(vmi.Name)
+	}
+	nodeSelector := maps.Clone(spec.NodeSelector)
+	if nodeSelector == nil {
+		nodeSelector = map[string]string{}
+	}
+	nodeSelector[SchedulableNodeLabel] = "true"
+
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: "qvirt-launcher-" + vmi.Name + "-",
+			Namespace:    vmi.Namespace,
+			Labels:       LauncherPodLabels(vmi),
+		},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name:      ComputeContainer,
+				Image:     cfg.LauncherImage,
+				Command:   args,
+				Resources: res,
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: socketsVolume, MountPath: v1alpha1.SocketDir},
+					{Name: privateVolume, MountPath: PrivateDir},
+				},
+				SecurityContext: &corev1.SecurityContext{
+					RunAsNonRoot:             ptr.To(true),
+					RunAsUser:                ptr.To[int64](LauncherUID),
+					RunAsGroup:               ptr.To[int64](LauncherUID),
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+			}},
+			Volumes: []corev1.Volume{
+				{Name: socketsVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+					Path: v1alpha1.SocketDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate),
+				}}},
+				{Name: privateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			},
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			AutomountServiceAccountToken:  ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To(grace + GracePeriodMarginSeconds),
+			NodeSelector:                  nodeSelector,
+			Affinity:                      spec.Affinity.DeepCopy(),
+			PriorityClassName:             spec.PriorityClassName,
+			SchedulerName:                 spec.SchedulerName,
+			Hostname:                      hostname,
+			Subdomain:                     spec.Subdomain,
+		},
+	}
+	for i := range spec.Tolerations {
+		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *spec.Tolerations[i].DeepCopy())
+	}
+	return pod, nil
+}
+
+// LauncherPodLabels are the labels of an instance's launcher pod: the instance's own labels (so a
+// Service selecting the VM's labels reaches the launcher) under qvirt's, which cannot be overridden.
+// The migration label is never inherited: it marks target pods, which only the migration reconciler
+// creates.
+func LauncherPodLabels(vmi *v1alpha1.VirtualMachineInstance) map[string]string {
+	labels := make(map[string]string, len(vmi.Labels)+4)
+	for k, v := range vmi.Labels {
+		if k != v1alpha1.MigrationUIDLabel {
+			labels[k] = v
+		}
+	}
+	labels[v1alpha1.AppLabel] = v1alpha1.LauncherApp
+	labels[v1alpha1.VMINameLabel] = vmi.Name
+	labels[v1alpha1.VMIUIDLabel] = string(vmi.UID)
+	if vm := owningVM(vmi); vm != "" {
+		labels[v1alpha1.VMNameLabel] = vm
+	}
+	return labels
+}
+
+// owningVM is the name of the VirtualMachine controlling the instance, or "".
+func owningVM(vmi *v1alpha1.VirtualMachineInstance) string {
+	ref := metav1.GetControllerOfNoCopy(vmi)
+	if ref == nil || ref.Kind != "VirtualMachine" || !strings.HasPrefix(ref.APIVersion, v1alpha1.GroupVersion.Group+"/") {
+		return ""
+	}
+	return ref.Name
+}
+
+// MemoryOverhead is the launcher pod's memory beyond the guest's:
+//
+//	overhead = Base + PerVCPU * vCPUs + guest / GuestRatio   (the last term only when GuestRatio > 0)
+//
+// rounded up to a whole MiB. What it covers, measured here: the launcher process holds about
+// 12 MiB RSS, and QEMU under TCG about 60 MiB beyond guest RAM (translation cache, device models,
+// per-vCPU threads' stacks); page tables and the like grow with guest memory. The defaults
+// (96Mi + 4Mi per vCPU + 1/512 of guest memory) leave room above those figures.
+func MemoryOverhead(d *v1alpha1.DomainSpec, cfg config.Config) (*resource.Quantity, error) {
+	guest := v1alpha1.GuestMemory(d)
+	if guest == nil || guest.Sign() <= 0 {
+		return nil, fmt.Errorf("spec.domain.memory.guest: set memory.guest or resources.requests.memory to a positive quantity")
+	}
+	o := cfg.MemoryOverhead
+	bytes := o.Base.Value() + o.PerVCPU.Value()*int64(v1alpha1.VCPUs(d.CPU))
+	if o.GuestRatio > 0 {
+		bytes += guest.Value() / o.GuestRatio
+	}
+	const mib = 1 << 20
+	bytes = (bytes + mib - 1) / mib * mib
+	return resource.NewQuantity(bytes, resource.BinarySI), nil
+}
+
+// launcherResources are the compute container's requests and limits; see MemoryOverhead.
+func launcherResources(d *v1alpha1.DomainSpec, cfg config.Config) (corev1.ResourceRequirements, error) {
+	guest := v1alpha1.GuestMemory(d)
+	overhead, err := MemoryOverhead(d, cfg)
+	if err != nil {
+		return corev1.ResourceRequirements{}, err
+	}
+	req := corev1.ResourceList{}
+	lim := corev1.ResourceList{}
+	// Every resource but memory is the pod's as the instance asks: cpu, ephemeral-storage, ...
+	for name, q := range d.Resources.Requests {
+		if name != corev1.ResourceMemory {
+			req[name] = q.DeepCopy()
+		}
+	}
+	for name, q := range d.Resources.Limits {
+		if name != corev1.ResourceMemory {
+			lim[name] = q.DeepCopy()
+		}
+	}
+
+	mem := guest.DeepCopy()
+	if !d.Resources.OvercommitGuestOverhead {
+		mem.Add(*overhead)
+	}
+	req[corev1.ResourceMemory] = canonicalMemory(mem)
+	if l, ok := d.Resources.Limits[corev1.ResourceMemory]; ok {
+		if l.Cmp(*guest) < 0 {
+			return corev1.ResourceRequirements{}, fmt.Errorf("spec.domain.resources.limits.memory: %s is below the guest memory %s", l.String(), guest.String())
+		}
+		l = l.DeepCopy()
+		l.Add(*overhead)
+		lim[corev1.ResourceMemory] = canonicalMemory(l)
+	}
+
+	// Device-plugin resources: extended resources must have requests equal to limits.
+	one := resource.MustParse("1")
+	req[v1alpha1.TunResource], lim[v1alpha1.TunResource] = one.DeepCopy(), one.DeepCopy()
+	if !cfg.UseEmulation {
+		req[v1alpha1.KVMResource], lim[v1alpha1.KVMResource] = one.DeepCopy(), one.DeepCopy()
+	}
+	return corev1.ResourceRequirements{Requests: req, Limits: lim}, nil
+}
+
+// canonicalMemory re-expresses a memory sum in binary units (512Mi + 98Mi prints 610Mi, not a byte
+// count mixing formats).
+func canonicalMemory(q resource.Quantity) resource.Quantity {
+	return *resource.NewQuantity(q.Value(), resource.BinarySI)
+}
+
+// sanitizeHostname turns an instance name into a valid hostname (a DNS label): dots become dashes
+// and it is cut to 63 characters.
+func sanitizeHostname(name string) string {
+	h := strings.ReplaceAll(name, ".", "-")
+	if len(h) > validation.DNS1123LabelMaxLength {
+		h = h[:validation.DNS1123LabelMaxLength]
+	}
+	return strings.TrimRight(h, "-")
+}

@@ -1,0 +1,233 @@
+package vmi
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/yaml"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/config"
+)
+
+var update = flag.Bool("update", false, "rewrite controllers/vmi/testdata/*.yaml from RenderLauncherPod's output")
+
+// baseVMI is the smallest instance the renderer accepts: 512Mi of guest memory via requests.
+func baseVMI() *v1alpha1.VirtualMachineInstance {
+	return &v1alpha1.VirtualMachineInstance{
+		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "VirtualMachineInstance"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "demo", Namespace: "default", UID: "11111111-2222-3333-4444-555555555555",
+			Labels: map[string]string{"app": "web"},
+		},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{Domain: v1alpha1.DomainSpec{
+			Resources: v1alpha1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")}},
+		}},
+	}
+}
+
+func goldenCases() []struct {
+	name string
+	vmi  *v1alpha1.VirtualMachineInstance
+	cfg  config.Config
+} {
+	minimal := baseVMI()
+
+	emulation := baseVMI()
+	emulation.Spec.Domain.CPU = &v1alpha1.CPU{Cores: 2, Sockets: 1, Threads: 1}
+	emulation.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("1Gi"))}
+	emulation.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}
+	emuCfg := config.Default()
+	emuCfg.UseEmulation = true
+
+	limits := baseVMI()
+	limits.Spec.Domain.Resources = v1alpha1.ResourceRequirements{
+		Requests:                corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceCPU: resource.MustParse("1")},
+		Limits:                  corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi"), corev1.ResourceCPU: resource.MustParse("2")},
+		OvercommitGuestOverhead: true,
+	}
+
+	sched := baseVMI()
+	sched.Spec.NodeSelector = map[string]string{"topology.kubernetes.io/zone": "a"}
+	sched.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
+			Weight: 50,
+			PodAffinityTerm: corev1.PodAffinityTerm{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+				TopologyKey:   "kubernetes.io/hostname",
+			},
+		}},
+	}}
+	sched.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "vms", Effect: corev1.TaintEffectNoSchedule}}
+	sched.Spec.PriorityClassName = "vm-high"
+	sched.Spec.SchedulerName = "vm-scheduler"
+	sched.Spec.Hostname = "web-0"
+	sched.Spec.Subdomain = "web"
+	sched.Spec.TerminationGracePeriodSeconds = ptr.To[int64](30)
+
+	owned := baseVMI()
+	owned.Name = "db"
+	owned.Labels = map[string]string{"app": "db", v1alpha1.VMNameLabel: "db", v1alpha1.MigrationUIDLabel: "must-not-be-inherited"}
+	owned.OwnerReferences = []metav1.OwnerReference{{
+		APIVersion: v1alpha1.GroupVersion.String(), Kind: "VirtualMachine", Name: "db",
+		UID: "99999999-8888-7777-6666-555555555555", Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+	}}
+
+	return []struct {
+		name string
+		vmi  *v1alpha1.VirtualMachineInstance
+		cfg  config.Config
+	}{
+		{"minimal", minimal, config.Default()},
+		{"emulation", emulation, emuCfg},
+		{"limits-overcommit", limits, config.Default()},
+		{"selectors-affinity-tolerations", sched, config.Default()},
+		{"vm-owned", owned, emuCfg},
+	}
+}
+
+func TestRenderLauncherPodGolden(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range goldenCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			pod, err := RenderLauncherPod(tc.vmi, tc.cfg)
+			if err != nil {
+				t.Fatalf("RenderLauncherPod: %v", err)
+			}
+			// The reconciler adds the owner reference; the golden files show the pod as created.
+			if err := controllerutil.SetControllerReference(tc.vmi, pod, scheme); err != nil {
+				t.Fatal(err)
+			}
+			got, err := yaml.Marshal(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("testdata", tc.name+".yaml")
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./controllers/vmi -run Golden -update to create it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("pod differs from %s (rerun with -update if intended):\n--- got\n%s\n--- want\n%s", path, got, want)
+			}
+		})
+	}
+}
+
+func TestRenderLauncherPodResources(t *testing.T) {
+	mem := func(pod *corev1.Pod, l corev1.ResourceList) string {
+		q := l[corev1.ResourceMemory]
+		return q.String()
+	}
+	// 512Mi guest, 1 vCPU, defaults: overhead = 96Mi + 4Mi*1 + 512Mi/512 = 101Mi.
+	pod, err := RenderLauncherPod(baseVMI(), config.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := pod.Spec.Containers[0].Resources
+	if got := mem(pod, res.Requests); got != "613Mi" {
+		t.Errorf("requests.memory = %s, want 613Mi (512Mi guest + 101Mi overhead)", got)
+	}
+	if _, ok := res.Limits[corev1.ResourceMemory]; ok {
+		t.Errorf("limits.memory set although the instance sets no memory limit")
+	}
+	for _, r := range []corev1.ResourceName{v1alpha1.KVMResource, v1alpha1.TunResource} {
+		if q := res.Requests[r]; q.Value() != 1 {
+			t.Errorf("requests[%s] = %s, want 1", r, q.String())
+		}
+		if q := res.Limits[r]; q.Value() != 1 {
+			t.Errorf("limits[%s] = %s, want 1", r, q.String())
+		}
+	}
+
+	// 4 vCPUs, 2Gi guest, limit 3Gi, overcommit: request is the bare guest, limit keeps the overhead
+	// (96 + 16 + 4 = 116Mi).
+	v := baseVMI()
+	v.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 2, Cores: 2}
+	v.Spec.Domain.Resources = v1alpha1.ResourceRequirements{
+		Requests:                corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")},
+		Limits:                  corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("3Gi")},
+		OvercommitGuestOverhead: true,
+	}
+	cfg := config.Default()
+	cfg.UseEmulation = true
+	pod, err = RenderLauncherPod(v, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res = pod.Spec.Containers[0].Resources
+	if got := mem(pod, res.Requests); got != "2Gi" {
+		t.Errorf("overcommit requests.memory = %s, want 2Gi", got)
+	}
+	if got := mem(pod, res.Limits); got != "3188Mi" {
+		t.Errorf("limits.memory = %s, want 3188Mi (3Gi + 116Mi)", got)
+	}
+	if _, ok := res.Requests[v1alpha1.KVMResource]; ok {
+		t.Errorf("emulation still requests %s", v1alpha1.KVMResource)
+	}
+	if !strings.Contains(strings.Join(pod.Spec.Containers[0].Command, " "), "--emulation") {
+		t.Errorf("emulation not passed to the launcher: %v", pod.Spec.Containers[0].Command)
+	}
+}
+
+func TestRenderLauncherPodRefuses(t *testing.T) {
+	cases := []struct {
+		name   string
+		change func(*v1alpha1.VirtualMachineInstance, *config.Config)
+		field  string
+	}{
+		{"no guest memory", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Spec.Domain.Resources.Requests = nil
+		}, "spec.domain.memory.guest"},
+		{"limit below guest", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Spec.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")}
+		}, "spec.domain.resources.limits.memory"},
+		{"no uid", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) { v.UID = "" }, "metadata.uid"},
+		{"name too long for a label", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Name = strings.Repeat("a", 64)
+		}, "metadata.name"},
+		{"no image", func(_ *v1alpha1.VirtualMachineInstance, c *config.Config) { c.LauncherImage = "" }, "launcherImage"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v, cfg := baseVMI(), config.Default()
+			tc.change(v, &cfg)
+			_, err := RenderLauncherPod(v, cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("err = %v, want an error naming %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestSanitizeHostname(t *testing.T) {
+	for in, want := range map[string]string{
+		"demo":                         "demo",
+		"web.prod":                     "web-prod",
+		strings.Repeat("a", 70):        strings.Repeat("a", 63),
+		strings.Repeat("a", 62) + ".b": strings.Repeat("a", 62),
+	} {
+		if got := sanitizeHostname(in); got != want {
+			t.Errorf("sanitizeHostname(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
