@@ -22,6 +22,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // These tests boot the real test guest (test/guest/build.sh) under TCG with the real QEMU and talk
@@ -471,7 +472,7 @@ func TestRunCommandBootsAndPowersOff(t *testing.T) {
 	}
 	cmd := exec.Command(bin, "run", "--emulation", "-f", vmi)
 	stdin, _ := cmd.StdinPipe()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -494,21 +495,4 @@ func TestRunCommandBootsAndPowersOff(t *testing.T) {
 	if !strings.Contains(stderr.String(), "guest ended: guest shutdown") {
 		t.Fatalf("stderr does not report the clean shutdown:\n%s", stderr.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	gqmp "github.com/digitalocean/go-qemu/qmp"
 
 	"github.com/qvirt/qvirt/qmp"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 const qemuBinary = "qemu-system-x86_64"
@@ -30,26 +30,9 @@ const qemuBinary = "qemu-system-x86_64"
 type qemuProc struct {
 	cmd    *exec.Cmd
 	dir    string
-	stderr *syncBuffer
+	stderr *testutil.SyncBuffer
 	exited chan struct{} // closed when Wait returned
 	err    error         // Wait's result, readable after exited
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type qemuConfig struct {
@@ -71,7 +54,7 @@ func startQEMU(t *testing.T, cfg qemuConfig) (*qmp.Monitor, *qemuProc) {
 		"-machine", "q35,accel=tcg", "-nodefaults", "-no-user-config", "-display", "none", "-S",
 		"-qmp", "unix:" + sock + ",server=on,wait=off", "-m", "64",
 	}
-	p := &qemuProc{cmd: exec.Command(bin, append(args, cfg.args...)...), dir: dir, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p := &qemuProc{cmd: exec.Command(bin, append(args, cfg.args...)...), dir: dir, stderr: &testutil.SyncBuffer{}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.stderr
 	p.cmd.Stdout = p.stderr
 	if cfg.netns {

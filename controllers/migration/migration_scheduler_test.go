@@ -1,11 +1,9 @@
 package migration
 
 import (
-	"bytes"
 	"context"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,25 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe to write from the scheduler's output copier and read in the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // startScheduler runs the real kube-scheduler built with the control plane against it until the
 // test ends.
@@ -41,7 +22,7 @@ func startScheduler(t *testing.T) {
 	bin := filepath.Join(cp.Env.BinaryAssetsDirectory, "kube-scheduler")
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, "--kubeconfig", cp.Kubeconfig, "--leader-elect=false", "--secure-port=0", "-v=1")
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		cancel()
