@@ -591,10 +591,15 @@ func TestMigrationTimesOut(t *testing.T) {
 		ms := e.getVMI(vmi).Status.MigrationState
 		return ms != nil && ms.AbortRequested, fmt.Sprintf("%+v", ms)
 	})
-	got, _ := e.getMigration(m)
-	if c := condition(got, ConditionAbortRequested); c == nil || c.Reason != ReasonCompletionTimeout {
-		t.Errorf("AbortRequested condition = %+v", c)
-	}
+	// The VMI's abortRequested and the migration's condition are written by separate patches.
+	e.eventually("AbortRequested condition with the timeout reason", func() (bool, string) {
+		got, err := e.getMigration(m)
+		if err != nil {
+			return false, err.Error()
+		}
+		c := condition(got, ConditionAbortRequested)
+		return c != nil && c.Reason == ReasonCompletionTimeout, fmt.Sprintf("%+v", c)
+	})
 	e.agent(vmi, func(ms *v1alpha1.VirtualMachineInstanceMigrationState) {
 		ms.Failed, ms.FailureReason = true, "aborted on request"
 	})
