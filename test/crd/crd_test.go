@@ -74,7 +74,7 @@ func TestExplain(t *testing.T) {
 		"virtualmachineinstance.status.phaseTransitionTimestamps": {"when each phase was entered"},
 	}
 	for path, wants := range cases {
-		out, stderr, err := kubectl(t, nil, "explain", path)
+		out, stderr, err := explain(t, path)
 		if err != nil {
 			t.Errorf("kubectl explain %s: %v: %s", path, err, stderr)
 			continue
@@ -84,6 +84,20 @@ func TestExplain(t *testing.T) {
 				t.Errorf("kubectl explain %s lacks %q:\n%s", path, w, out)
 			}
 		}
+	}
+}
+
+// explain runs kubectl explain, retrying for a while: the API server publishes a new CRD's OpenAPI
+// schema a moment after the CRD is established, later still on a loaded machine.
+func explain(t *testing.T, path string) (out, stderr string, err error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, stderr, err = kubectl(t, nil, "explain", path)
+		if err == nil || time.Now().After(deadline) {
+			return out, stderr, err
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 
