@@ -176,6 +176,7 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter) {
 		case <-tick.C:
 			l.refreshMigration(mon)
 		case _, ok := <-finished:
+			waitMigrationSettled(mon)
 			info := l.refreshMigration(mon)
 			if ok && info != nil && info.Status == string(qmp.MigrationCompleted) {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -186,6 +187,20 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter) {
 		case <-p.Done():
 			return
 		}
+	}
+}
+
+// waitMigrationSettled waits (briefly) for QEMU to leave finish-migrate: QEMU 7.2 sends the
+// completed event before it records the migration's total time and downtime.
+func waitMigrationSettled(mon *qmp.Monitor) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		st, err := mon.QueryStatus(ctx)
+		if err != nil || st.Status != qmp.StateFinishMigrate {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

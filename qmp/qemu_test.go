@@ -408,6 +408,9 @@ func TestQEMUMigrationLoopback(t *testing.T) {
 		info, _ := src.QueryMigrate(ctx)
 		t.Fatalf("migration ended %v: %s", ev.Data["status"], info.ErrorDesc)
 	}
+	// QEMU 7.2 sends the completed event while still in finish-migrate, before it fills in
+	// total-time: the final figures are there once the source is in postmigrate.
+	waitStatus(ctx, t, src, qmp.StatePostMigrate)
 	info, err := src.QueryMigrate(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -421,5 +424,24 @@ func TestQEMUMigrationLoopback(t *testing.T) {
 	assertStatus(ctx, t, dst, false, qmp.StatePaused)
 	if err := src.MigrateCancel(ctx); err != nil {
 		t.Errorf("migrate_cancel with no migration running: %v", err)
+	}
+}
+
+// waitStatus polls query-status until the run state is want.
+func waitStatus(ctx context.Context, t *testing.T, m *qmp.Monitor, want qmp.RunState) {
+	t.Helper()
+	for {
+		st, err := m.QueryStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Status == want {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("run state %s, want %s: %v", st.Status, want, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
