@@ -19,9 +19,9 @@ import (
 // parameters and runs migrate. Progress comes from MIGRATION events plus query-migrate. On success
 // the target resumes the guest and the source QEMU quits, ending with ExitMigrated.
 
-// progressInterval is how often query-migrate refreshes progress while a migration is active. It
-// also ends the wait: QEMU 7.2 reports "completed" in query-migrate well before the MIGRATION
-// event that says so (about 200 ms on this machine), and the guest is paused until the source quits.
+// progressInterval is how often query-migrate refreshes progress while a migration is active. A
+// terminal status seen there ends the wait as the MIGRATION event does, whichever comes first:
+// the guest stays paused until the source has finished.
 const progressInterval = 20 * time.Millisecond
 
 // PrepareMigrationTarget makes an incoming QEMU listen on listen (host:port; port 0 picks a free
