@@ -1,0 +1,327 @@
+package netsetup_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/vishvananda/netns"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/netsetup"
+)
+
+// nsResolver is the node agent's part for this test: HostResolver refuses interfaces (run mode has
+// no pod network), so it resolves the spec without them and adds back the interface with the tap
+// netsetup made and the derived MAC.
+type nsResolver struct{ tap, mac string }
+
+func (r nsResolver) Resolve(req *launcher.SyncRequest, runDir string) (*launcher.Machine, error) {
+	bare := *req
+	bare.Spec = *req.Spec.DeepCopy()
+	bare.Spec.Domain.Devices.Interfaces = nil
+	bare.Spec.Networks = nil
+	m, err := launcher.HostResolver{SpareRootPorts: 1}.Resolve(&bare, runDir)
+	if err != nil {
+		return nil, err
+	}
+	m.Spec = &req.Spec
+	m.Taps = map[string]string{"default": r.tap}
+	m.MACs = map[string]string{"default": r.mac}
+	return m, nil
+}
+
+// serial collects what the guest writes on its serial console.
+type serial struct {
+	conn net.Conn
+	mu   sync.Mutex
+	buf  strings.Builder
+}
+
+func attachSerial(t *testing.T, path string) *serial {
+	t.Helper()
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("attach serial console: %v", err)
+	}
+	s := &serial{conn: conn}
+	t.Cleanup(func() { _ = conn.Close() })
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := conn.Read(b)
+			s.mu.Lock()
+			s.buf.WriteString(strings.ReplaceAll(string(b[:n]), "\r", ""))
+			s.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return s
+}
+
+func (s *serial) text() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+func (s *serial) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := io.WriteString(s.conn, line+"\n"); err != nil {
+		t.Fatalf("write to the console: %v", err)
+	}
+}
+
+// expect waits for want on the console after byte offset from and returns the end of the match.
+func (s *serial) expect(t *testing.T, from int, want string, d time.Duration) int {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		text := s.text()
+		if i := strings.Index(text[min(from, len(text)):], want); i >= 0 {
+			return from + i + len(want)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q on the console after %v; console tail:\n%s", want, d, text[max(0, len(text)-1500):])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestMasqueradeGuest boots the test guest with a real launcher inside a pod-like network namespace
+// wired by SetupMasquerade, with the launcher's DHCP server: the guest gets 10.0.2.2 over DHCP,
+// reaches a server outside the namespace through the masquerade (seen there as the pod's address),
+// and an HTTP request to the pod's address on port 80 reaches the guest's httpd. Teardown leaves
+// only the namespace's own links and no nftables table.
+// guestVM is the test guest booted by a real launcher whose QEMU runs inside a pod namespace,
+// with the launcher's DHCP server serving it there.
+type guestVM struct {
+	l        *launcher.Launcher
+	con      *serial
+	dhcpDone <-chan error
+	stopDHCP context.CancelFunc
+	stopped  bool
+}
+
+// bootGuest starts the guest with one interface (binding set by the caller in iface) on tap and
+// waits for its DHCP lease of want.
+func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lease launcher.DHCPLease, dhcpIface string) *guestVM {
+	t.Helper()
+	out, err := exec.Command("../test/guest/build.sh").Output()
+	if err != nil {
+		t.Fatalf("build the test guest with test/guest/build.sh: %v", err)
+	}
+	guestDir := strings.TrimSpace(string(out))
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatal("qemu-system-x86_64 not found: install qemu-system-x86 (make deps)")
+	}
+	ipCmd, err := exec.LookPath("ip")
+	if err != nil {
+		t.Fatal("ip (iproute2) not found: the test runs QEMU through `ip netns exec`")
+	}
+	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
+	iface.Name = "default"
+	req.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{iface}
+	req.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	req.Emulation = true
+
+	// The launcher's DHCP server, on a thread inside the namespace, as in a launcher pod.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dhcpDone := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		nsh, err := netns.GetFromPath(p.path)
+		if err != nil {
+			dhcpDone <- err
+			return
+		}
+		defer nsh.Close()
+		if err := netns.Set(nsh); err != nil {
+			dhcpDone <- err
+			return
+		}
+		dhcpDone <- launcher.ServeDHCP(ctx, dhcpIface, lease)
+	}()
+
+	// QEMU runs inside the namespace so that it can open the tap by name.
+	wrapper := filepath.Join(t.TempDir(), "qemu-in-netns")
+	script := fmt.Sprintf("#!/bin/sh\nexec %s netns exec %s %s \"$@\"\n", ipCmd, p.name, qemu)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runDir, err := os.MkdirTemp("", "qvn-") // unix socket paths must stay under 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(runDir) })
+	l := launcher.New(runDir, nsResolver{tap: tap, mac: lease.MAC.String()}, launcher.Options{QEMU: wrapper, Log: testr.New(t)})
+	if err := l.Sync(context.Background(), req); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	g := &guestVM{l: l, dhcpDone: dhcpDone, stopDHCP: cancel}
+	t.Cleanup(func() {
+		if !g.stopped {
+			_ = l.Kill(context.Background())
+			_, _ = l.Wait(context.Background())
+		}
+	})
+	g.con = attachSerial(t, filepath.Join(runDir, "serial.sock"))
+	booted := time.Now()
+	g.con.expect(t, 0, "QVIRT-IP eth0 "+lease.IP.Addr().String()+"\n", 3*time.Minute)
+	t.Logf("guest leased %s %.1fs after start", lease.IP.Addr(), time.Since(booted).Seconds())
+	return g
+}
+
+// shutdown powers the guest off and stops the DHCP server.
+func (g *guestVM) shutdown(t *testing.T) {
+	t.Helper()
+	grace := int64(30)
+	exit, err := g.l.Shutdown(context.Background(), &grace)
+	g.stopped = true
+	if err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if exit.Reason != launcher.ExitGuestShutdown {
+		t.Errorf("exit = %+v, want a guest shutdown", exit)
+	}
+	g.stopDHCP()
+	select {
+	case err := <-g.dhcpDone:
+		if err != nil {
+			t.Errorf("ServeDHCP: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("ServeDHCP did not return after its context ended")
+	}
+}
+
+// outsideServer is an HTTP server on the host end of the pod network answering HELLO-FROM-OUTSIDE;
+// it reports each request's remote address.
+func outsideServer(t *testing.T, p *podNS) (net.Addr, <-chan string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(p.hostIP.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := make(chan string, 10)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		remote <- r.RemoteAddr
+		fmt.Fprintln(w, "HELLO-FROM-OUTSIDE")
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr(), remote
+}
+
+// checkOutbound has the guest fetch from the outside server, which must see it as from.
+func checkOutbound(t *testing.T, g *guestVM, p *podNS, from netip.Addr) {
+	t.Helper()
+	addr, remote := outsideServer(t, p)
+	at := len(g.con.text())
+	g.con.send(t, fmt.Sprintf("wget -q -O - http://%s/", addr))
+	g.con.expect(t, at, "HELLO-FROM-OUTSIDE", time.Minute)
+	select {
+	case a := <-remote:
+		host, _, _ := net.SplitHostPort(a)
+		if host != from.String() {
+			t.Errorf("outside server saw the guest as %s, want %s", host, from)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("outside server got no request")
+	}
+}
+
+// checkInbound fetches http://addr:80/ from the root namespace: the guest's httpd must answer.
+func checkInbound(t *testing.T, addr netip.Addr) {
+	t.Helper()
+	client := &http.Client{Timeout: 5 * time.Second}
+	var body string
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := client.Get("http://" + net.JoinHostPort(addr.String(), "80") + "/")
+		if err == nil {
+			b, rerr := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if rerr == nil && resp.StatusCode == http.StatusOK {
+				body = string(b)
+				break
+			}
+			err = fmt.Errorf("status %s, read error %v", resp.Status, rerr)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s port 80: %v", addr, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if strings.TrimSpace(body) != "testguest" {
+		t.Errorf("%s port 80 served %q, want the guest's hostname testguest", addr, body)
+	}
+}
+
+// TestMasqueradeGuest boots the test guest with a real launcher inside a pod-like network namespace
+// wired by SetupMasquerade, with the launcher's DHCP server: the guest gets 10.0.2.2 over DHCP,
+// reaches a server outside the namespace through the masquerade (seen there as the pod's address),
+// and an HTTP request to the pod's address on port 80 reaches the guest's httpd. Teardown leaves
+// only the namespace's own links and no nftables table.
+func TestMasqueradeGuest(t *testing.T) {
+	start := time.Now()
+	p := newPodNS(t)
+	linksBefore, tablesBefore := p.links(t), p.tables(t)
+	id := randHex(t, 3)
+	m := netsetup.Masquerade{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 0}
+	res, err := netsetup.SetupMasquerade(p.path, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tornDown := false
+	t.Cleanup(func() {
+		if !tornDown {
+			_ = netsetup.TeardownMasquerade(p.path, m)
+		}
+	})
+	hw, err := net.ParseMAC(netsetup.StableMAC(randHex(t, 8), "default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := bootGuest(t, p, v1alpha1.Interface{Masquerade: &v1alpha1.InterfaceMasquerade{}}, res.TapName,
+		launcher.DHCPLease{MAC: hw, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: []netip.Addr{p.hostIP},
+			Hostname: "testguest", MTU: res.MTU}, res.BridgeName)
+
+	checkOutbound(t, g, p, p.podIP) // masqueraded to the pod's address
+	checkInbound(t, p.podIP)        // DNAT from the pod's address
+	g.shutdown(t)
+
+	if err := netsetup.TeardownMasquerade(p.path, m); err != nil {
+		t.Fatalf("teardown: %v", err)
+	}
+	tornDown = true
+	if got := p.links(t); !slices.Equal(got, linksBefore) {
+		t.Errorf("links after teardown = %v, want %v as before setup", got, linksBefore)
+	}
+	if got := p.tables(t); !slices.Equal(got, tablesBefore) {
+		t.Errorf("nftables tables after teardown = %v, want %v as before setup", got, tablesBefore)
+	}
+	t.Logf("whole test %.1fs", time.Since(start).Seconds())
+}
