@@ -303,8 +303,9 @@ func ensureTap(name string, owner uint32, mtu int, br netlink.Link, created *[]n
 	return nil
 }
 
-// inExistingNS runs fn inside the namespace at nsPath; a namespace that no longer exists is not an
-// error (there is nothing left to tear down in it).
+// inExistingNS runs fn inside the namespace at nsPath, passing it that namespace (ns.NetNS.Do
+// passes the caller's); a namespace that no longer exists is not an error (there is nothing left
+// to tear down in it).
 func inExistingNS(nsPath, what string, fn func(ns.NetNS) error) error {
 	netNS, err := ns.GetNS(nsPath)
 	if err != nil {
@@ -315,7 +316,7 @@ func inExistingNS(nsPath, what string, fn func(ns.NetNS) error) error {
 		return fmt.Errorf("%s: open network namespace: %w", what, err)
 	}
 	defer netNS.Close()
-	return netNS.Do(fn)
+	return netNS.Do(func(ns.NetNS) error { return fn(netNS) })
 }
 
 func isNotFound(err error) bool {
