@@ -10,7 +10,6 @@ import (
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/yaml"
 
@@ -32,14 +31,11 @@ var store = config.NewStore(config.Default())
 func startWebhook(t *testing.T) {
 	t.Helper()
 	wo := cp.Env.WebhookInstallOptions
-	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
-		Scheme:                 cp.Scheme,
-		Metrics:                server.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		WebhookServer: webhook.NewServer(webhook.Options{
-			Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
-		}),
+	opts := cp.ManagerOptions()
+	opts.WebhookServer = webhook.NewServer(webhook.Options{
+		Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
 	})
+	mgr, err := ctrl.NewManager(cp.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/test/envtest"
@@ -38,7 +37,7 @@ func TestConfigMapIsAppliedWithoutRestart(t *testing.T) {
 	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{Scheme: cp.Scheme, Metrics: server.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
+	mgr, err := ctrl.NewManager(cp.Config, cp.ManagerOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

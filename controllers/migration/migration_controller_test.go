@@ -20,8 +20,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/config"
@@ -78,13 +76,9 @@ func setup(t *testing.T, mutate func(c *config.Config)) *testEnv {
 func (e *testEnv) startManager(r *Reconciler) {
 	t := e.t
 	t.Helper()
-	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
-		Scheme:                 cp.Scheme,
-		Metrics:                server.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             crconfig.Controller{SkipNameValidation: ptr.To(true)},
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}},
-	})
+	opts := cp.ManagerOptions()
+	opts.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}}
+	mgr, err := ctrl.NewManager(cp.Config, opts)
 	if err != nil {
 		t.Fatalf("new manager: %v", err)
 	}

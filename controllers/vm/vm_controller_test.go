@@ -22,8 +22,6 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/config"
@@ -47,12 +45,9 @@ func TestReconciler(t *testing.T) {
 	} else {
 		ctrl.SetLogger(logr.Discard())
 	}
-	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
-		Scheme:                 cp.Scheme,
-		Metrics:                server.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             crconfig.Controller{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 8},
-	})
+	opts := cp.ManagerOptions()
+	opts.Controller.MaxConcurrentReconciles = 8
+	mgr, err := ctrl.NewManager(cp.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

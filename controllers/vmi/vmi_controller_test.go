@@ -20,9 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/config"
@@ -79,17 +77,13 @@ func newNamespace(t testing.TB) string {
 // managerOptions are the options the tests and the benchmark run the reconciler's manager with: the
 // cache limited to the namespace and to launcher pods, managed fields stripped.
 func managerOptions(ns string) ctrl.Options {
-	return ctrl.Options{
-		Scheme:                 cp.Scheme,
-		Metrics:                server.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             crconfig.Controller{SkipNameValidation: ptr.To(true)},
-		Cache: cache.Options{
-			DefaultNamespaces: map[string]cache.Config{ns: {}},
-			DefaultTransform:  cache.TransformStripManagedFields(),
-			ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: LauncherPodSelector()}},
-		},
+	opts := cp.ManagerOptions()
+	opts.Cache = cache.Options{
+		DefaultNamespaces: map[string]cache.Config{ns: {}},
+		DefaultTransform:  cache.TransformStripManagedFields(),
+		ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: LauncherPodSelector()}},
 	}
+	return opts
 }
 
 // startManager runs a manager with the VMI reconciler until the returned stop is called (or the

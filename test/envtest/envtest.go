@@ -28,8 +28,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 
@@ -153,6 +156,19 @@ func (cp *ControlPlane) KubectlCmd(ctx context.Context, stdin []byte, args ...st
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	return stdout.String(), stderr.String(), err
+}
+
+// ManagerOptions are the base options of a controller-runtime manager in a test: this control
+// plane's scheme, no metrics or probe listeners, and no controller-name uniqueness check (tests
+// start several managers in one process). Tests add what they need on top.
+func (cp *ControlPlane) ManagerOptions() ctrl.Options {
+	skip := true
+	return ctrl.Options{
+		Scheme:                 cp.Scheme,
+		Metrics:                server.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             crconfig.Controller{SkipNameValidation: &skip},
+	}
 }
 
 // Codecs decodes manifests into the control plane's scheme.
