@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"maps"
 	"net"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -89,22 +88,22 @@ type DiskImage struct {
 	Backing *DiskImage
 }
 
-// Socket and pid file paths inside RunDir; the supervisor and tests use these too.
+// Socket and pid file paths inside RunDir (see Dir); the supervisor and tests use these too.
 
 // QMPSocket is the launcher's own QMP control socket.
-func (m *Machine) QMPSocket() string { return filepath.Join(m.RunDir, "qmp.sock") }
+func (m *Machine) QMPSocket() string { return Dir(m.RunDir).QMP() }
 
-// ShellQMPSocket is the QMP socket for the operator shell, which the launcher proxies.
-func (m *Machine) ShellQMPSocket() string { return filepath.Join(m.RunDir, "qmp-shell.sock") }
+// ShellQMPSocket is the QMP socket for the operator shell.
+func (m *Machine) ShellQMPSocket() string { return Dir(m.RunDir).ShellQMP() }
 
 // SerialSocket is the guest's serial console (ttyS0).
-func (m *Machine) SerialSocket() string { return filepath.Join(m.RunDir, "serial.sock") }
+func (m *Machine) SerialSocket() string { return Dir(m.RunDir).Serial() }
 
 // VNCSocket is the VNC display, when a graphics device is attached.
-func (m *Machine) VNCSocket() string { return filepath.Join(m.RunDir, "vnc.sock") }
+func (m *Machine) VNCSocket() string { return Dir(m.RunDir).VNC() }
 
 // PIDFile is where QEMU writes its pid.
-func (m *Machine) PIDFile() string { return filepath.Join(m.RunDir, "qemu.pid") }
+func (m *Machine) PIDFile() string { return Dir(m.RunDir).PIDFile() }
 
 // Device, block node and bus names BuildArgv gives, for the supervisor's QMP commands.
 const (

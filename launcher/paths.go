@@ -1,0 +1,35 @@
+package launcher
+
+import (
+	"path/filepath"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Dir is one VMI's socket directory, <socket-dir>/<vmi-uid>: the launcher creates it and its
+// sockets; the node agent finds them here. The launcher pod mounts the node's socket directory
+// (v1alpha1.SocketDir) from the host, so both see the same files.
+type Dir string
+
+// VMIDir is the directory of the VMI with uid under socketDir.
+func VMIDir(socketDir string, uid types.UID) Dir {
+	return Dir(filepath.Join(socketDir, string(uid)))
+}
+
+// Command is the launcher's command socket (the protocol in api.go).
+func (d Dir) Command() string { return filepath.Join(string(d), SocketName) }
+
+// QMP is the launcher's own QMP control socket; only the launcher uses it.
+func (d Dir) QMP() string { return filepath.Join(string(d), "qmp.sock") }
+
+// ShellQMP is the second QMP monitor, for the operator shell; its users must filter commands.
+func (d Dir) ShellQMP() string { return filepath.Join(string(d), "qmp-shell.sock") }
+
+// Serial is the guest's serial console (ttyS0).
+func (d Dir) Serial() string { return filepath.Join(string(d), "serial.sock") }
+
+// VNC is the VNC display, when a graphics device is attached.
+func (d Dir) VNC() string { return filepath.Join(string(d), "vnc.sock") }
+
+// PIDFile is where QEMU writes its pid.
+func (d Dir) PIDFile() string { return filepath.Join(string(d), "qemu.pid") }
