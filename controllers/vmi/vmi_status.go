@@ -132,7 +132,7 @@ func podFailureDetail(pod *corev1.Pod) string {
 // applyOutcome writes an outcome into the status, appending a phase transition timestamp when the
 // phase changes.
 func applyOutcome(st *v1alpha1.VirtualMachineInstanceStatus, o outcome, now metav1.Time) {
-	setPhase(st, o.Phase, now)
+	SetPhase(st, o.Phase, now)
 	if o.Reason != "" {
 		st.Reason = o.Reason
 	}
@@ -145,8 +145,8 @@ func applyOutcome(st *v1alpha1.VirtualMachineInstanceStatus, o outcome, now meta
 	}
 }
 
-// setPhase moves the instance to phase, recording when.
-func setPhase(st *v1alpha1.VirtualMachineInstanceStatus, phase v1alpha1.VirtualMachineInstancePhase, now metav1.Time) {
+// SetPhase moves the instance to phase, recording when.
+func SetPhase(st *v1alpha1.VirtualMachineInstanceStatus, phase v1alpha1.VirtualMachineInstancePhase, now metav1.Time) {
 	if st.Phase == phase || phase == "" {
 		return
 	}
