@@ -27,4 +27,18 @@ const (
 	// emulation is configured.
 	KVMResource = "devices.qvirt.io/kvm"
 	TunResource = "devices.qvirt.io/tun"
+
+	// NodeSchedulableLabel is "true" on nodes whose node agent runs and beats; launcher pods
+	// select it. The node agent sets it on every heartbeat and "false" when it stops cleanly; the
+	// controller sets "false" on a node whose heartbeat went stale, and never sets "true".
+	NodeSchedulableLabel = "qvirt.io/schedulable"
+	// NodeKVMLabel is "true" when a check guest ran under KVM on the node, "false" otherwise;
+	// NodeKVMReasonAnnotation then says why.
+	NodeKVMLabel            = "qvirt.io/kvm"
+	NodeKVMReasonAnnotation = "qvirt.io/kvm-reason"
+	// NodeQEMUVersionLabel is the node's QEMU version, major.minor.micro as QMP reports it (the
+	// same form as a VMI's status.qemuVersion).
+	NodeQEMUVersionLabel = "qvirt.io/qemu-version"
+	// NodeHeartbeatAnnotation is when the node agent last beat, RFC 3339.
+	NodeHeartbeatAnnotation = "qvirt.io/heartbeat"
 )

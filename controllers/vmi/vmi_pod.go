@@ -26,8 +26,6 @@ const (
 	PrivateDir = "/var/run/qvirt/private"
 	// LauncherUID is the unprivileged user (and group) the launcher and QEMU run as, as in KubeVirt.
 	LauncherUID = 107
-	// SchedulableNodeLabel marks nodes whose node agent is ready to run instances.
-	SchedulableNodeLabel = "qvirt.io/schedulable"
 
 	// DefaultTerminationGracePeriodSeconds is the guest's shutdown time when the instance sets none.
 	DefaultTerminationGracePeriodSeconds int64 = 180
@@ -75,7 +73,7 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 	if nodeSelector == nil {
 		nodeSelector = map[string]string{}
 	}
-	nodeSelector[SchedulableNodeLabel] = "true"
+	nodeSelector[v1alpha1.NodeSchedulableLabel] = "true"
 
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
