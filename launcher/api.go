@@ -15,6 +15,7 @@ import (
 //
 //	POST   /v1/sync                 SyncRequest      start the VM (idempotent for the same VMI UID)
 //	GET    /v1/status               -> Status        ?watch=true streams one Status per line on change
+//	GET    /v1/stats                -> Stats         cumulative CPU, memory, disk and NIC counters
 //	POST   /v1/pause | /v1/resume | /v1/reset | /v1/kill
 //	POST   /v1/shutdown             ShutdownRequest  ACPI power button, quit after the grace period
 //	POST   /v1/disks                DiskHotplug      attach a disk to the running guest

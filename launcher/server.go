@@ -26,6 +26,7 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/sync", s.sync)
 	mux.HandleFunc("GET /v1/status", s.status)
+	mux.HandleFunc("GET /v1/stats", s.stats)
 	mux.HandleFunc("POST /v1/pause", s.simple(l.Pause))
 	mux.HandleFunc("POST /v1/resume", s.simple(l.Resume))
 	mux.HandleFunc("POST /v1/reset", s.simple(l.Reset))

@@ -1,0 +1,402 @@
+package launcher
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/qvirt/qvirt/qmp"
+)
+
+// This file gathers the VM's resource counters for GET /v1/stats, which the node agent turns into
+// qvirt_vmi_* metrics. Everything here is cheap enough for every scrape: two QMP queries that do
+// not stop the vCPUs (query-cpus-fast, query-blockstats) and a few small /proc files. It uses
+// only the standard library and golang.org/x/sys, which the launcher links already, so the
+// launcher's memory stays where it was.
+
+// Stats is a snapshot of one VM's cumulative counters. Counters only grow while the same QEMU runs;
+// they start again from zero in a new QEMU (after a restart or on a migration target).
+type Stats struct {
+	// Time is when the snapshot was taken.
+	Time time.Time `json:"time"`
+	// PID is QEMU's process id, so a consumer sees when the counters restarted.
+	PID int `json:"pid"`
+	// CPU is the whole QEMU process's CPU time: vCPUs plus emulator, I/O and exited threads.
+	CPU CPUTime `json:"cpu"`
+	// VCPUs is each vCPU thread's CPU time, by vCPU index.
+	VCPUs []VCPUStats `json:"vcpus"`
+	// MemoryResidentBytes is QEMU's resident set size (VmRSS): guest RAM touched so far plus
+	// QEMU's own memory.
+	MemoryResidentBytes int64 `json:"memoryResidentBytes"`
+	// Disks are the block I/O counters of each spec and hotplugged disk, by disk name.
+	Disks []DiskStats `json:"disks"`
+	// Interfaces are each NIC's traffic as the guest sees it, by interface name.
+	Interfaces []InterfaceStats `json:"interfaces"`
+}
+
+// CPUTime is CPU time split by mode, in nanoseconds in JSON. The kernel accounts it in clock ticks
+// (USER_HZ, 100 per second on every Linux Go runs on), so the resolution is 10 ms.
+type CPUTime struct {
+	User   time.Duration `json:"userNs"`
+	System time.Duration `json:"systemNs"`
+}
+
+// Total is user plus system time.
+func (c CPUTime) Total() time.Duration { return c.User + c.System }
+
+// VCPUStats is one vCPU's host thread's CPU time. The time a vCPU spent halted (the guest idle)
+// is not counted: the thread sleeps then. Under single-threaded TCG all vCPUs share one thread,
+// and each reports that thread's time.
+type VCPUStats struct {
+	ID       int     `json:"id"`
+	ThreadID int     `json:"threadID"`
+	Time     CPUTime `json:"time"`
+}
+
+// DiskStats are one disk's I/O counters from QEMU (query-blockstats): requests the guest made to
+// the virtual device, whatever the host cache did with them. Times are the summed latencies of
+// completed requests.
+type DiskStats struct {
+	Name       string        `json:"name"`
+	Hotplugged bool          `json:"hotplugged,omitempty"`
+	ReadBytes  int64         `json:"readBytes"`
+	WriteBytes int64         `json:"writeBytes"`
+	ReadOps    int64         `json:"readOps"`
+	WriteOps   int64         `json:"writeOps"`
+	FlushOps   int64         `json:"flushOps"`
+	ReadTime   time.Duration `json:"readTimeNs"`
+	WriteTime  time.Duration `json:"writeTimeNs"`
+	FlushTime  time.Duration `json:"flushTimeNs"`
+}
+
+// InterfaceStats is one NIC's traffic from the guest's point of view. It is read from the host
+// side of the NIC, its tap, whose directions are the guest's swapped: what the tap transmits the
+// guest receives.
+type InterfaceStats struct {
+	Name       string `json:"name"`
+	Tap        string `json:"tap"`
+	Hotplugged bool   `json:"hotplugged,omitempty"`
+	RxBytes    uint64 `json:"rxBytes"`
+	RxPackets  uint64 `json:"rxPackets"`
+	RxErrors   uint64 `json:"rxErrors"`
+	RxDropped  uint64 `json:"rxDropped"`
+	TxBytes    uint64 `json:"txBytes"`
+	TxPackets  uint64 `json:"txPackets"`
+	TxErrors   uint64 `json:"txErrors"`
+	TxDropped  uint64 `json:"txDropped"`
+}
+
+// Stats gathers the VM's counters. It fails with a ConflictError when no QEMU runs.
+func (l *Launcher) Stats(ctx context.Context) (Stats, error) {
+	p, err := l.process()
+	if err != nil {
+		return Stats{}, err
+	}
+	l.mu.Lock()
+	hotDisks := make([]string, 0, len(l.hotplug))
+	for name := range l.hotplug {
+		hotDisks = append(hotDisks, name)
+	}
+	hotTaps := make(map[string]string, len(l.nics))
+	for name, n := range l.nics {
+		hotTaps[name] = n.Tap
+	}
+	l.mu.Unlock()
+
+	pid := p.Pid()
+	st := Stats{Time: time.Now(), PID: pid}
+	mon := p.Monitor()
+	if st.CPU, err = readProcessCPU(procPath(pid, "stat")); err != nil {
+		return Stats{}, err
+	}
+	if st.VCPUs, err = vcpuStats(ctx, mon, pid); err != nil {
+		return Stats{}, err
+	}
+	if st.MemoryResidentBytes, err = readResident(procPath(pid, "status")); err != nil {
+		return Stats{}, err
+	}
+	if st.Disks, err = diskStats(ctx, mon, p.Machine(), hotDisks); err != nil {
+		return Stats{}, err
+	}
+	if st.Interfaces, err = interfaceStats(p.Machine().Taps, hotTaps); err != nil {
+		return Stats{}, err
+	}
+	return st, nil
+}
+
+func procPath(pid int, parts ...string) string {
+	return "/proc/" + strconv.Itoa(pid) + "/" + strings.Join(parts, "/")
+}
+
+func vcpuStats(ctx context.Context, mon *qmp.Monitor, pid int) ([]VCPUStats, error) {
+	cpus, err := mon.QueryCPUsFast(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("query-cpus-fast: %w", err)
+	}
+	out := make([]VCPUStats, 0, len(cpus))
+	for _, c := range cpus {
+		t, err := readProcessCPU(procPath(pid, "task", strconv.Itoa(c.ThreadID), "stat"))
+		if err != nil {
+			return nil, fmt.Errorf("vCPU %d: %w", c.CPUIndex, err)
+		}
+		out = append(out, VCPUStats{ID: c.CPUIndex, ThreadID: c.ThreadID, Time: t})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+func diskStats(ctx context.Context, mon *qmp.Monitor, m *Machine, hotplugged []string) ([]DiskStats, error) {
+	raw, err := mon.QueryBlockstats(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("query-blockstats: %w", err)
+	}
+	byNode := map[string]qmp.BlockStats{}
+	byDevice := map[string]qmp.BlockStats{}
+	for _, s := range raw {
+		if s.NodeName != "" {
+			byNode[s.NodeName] = s
+		}
+		if id := qdevID(s.QDev); id != "" {
+			byDevice[id] = s
+		}
+	}
+	var out []DiskStats
+	add := func(name string, hot bool) {
+		s, ok := byNode[DriveNode(name)]
+		if !ok {
+			// An empty drive (a cdrom without media) has no node; its device still counts.
+			if s, ok = byDevice[DiskDeviceID(name)]; !ok {
+				return
+			}
+		}
+		out = append(out, diskFromQMP(name, hot, s.Stats))
+	}
+	for _, d := range m.Spec.Domain.Devices.Disks {
+		add(d.Name, false)
+	}
+	for _, h := range m.Hotplugged {
+		add(h.Name, true)
+	}
+	sort.Strings(hotplugged)
+	for _, name := range hotplugged {
+		if !m.hasDisk(name) {
+			add(name, true)
+		}
+	}
+	return out, nil
+}
+
+// qdevID is the device id in query-blockstats's qdev: the id itself, or the id in a QOM path
+// below /machine/peripheral/ (virtio-blk-pci attaches its drive to a child object).
+func qdevID(qdev string) string {
+	rest, ok := strings.CutPrefix(qdev, "/machine/peripheral/")
+	if !ok {
+		if strings.HasPrefix(qdev, "/") {
+			return ""
+		}
+		return qdev
+	}
+	id, _, _ := strings.Cut(rest, "/")
+	return id
+}
+
+func diskFromQMP(name string, hot bool, s qmp.BlockDeviceStats) DiskStats {
+	return DiskStats{
+		Name: name, Hotplugged: hot,
+		ReadBytes: s.RdBytes, WriteBytes: s.WrBytes,
+		ReadOps: s.RdOperations, WriteOps: s.WrOperations, FlushOps: s.FlushOperations,
+		ReadTime: time.Duration(s.RdTotalTimeNs), WriteTime: time.Duration(s.WrTotalTimeNs),
+		FlushTime: time.Duration(s.FlushTotalTimeNs),
+	}
+}
+
+// interfaceStats reads each tap's counters in the launcher's network namespace, which is the
+// pod's: the node agent created the taps there. /proc/self/net/dev is read rather than
+// /sys/class/net, whose view is the namespace of whoever mounted sysfs, not the reader's.
+func interfaceStats(taps, hotTaps map[string]string) ([]InterfaceStats, error) {
+	if len(taps)+len(hotTaps) == 0 {
+		return nil, nil
+	}
+	data, err := os.ReadFile("/proc/self/net/dev")
+	if err != nil {
+		return nil, err
+	}
+	counters, err := parseNetDev(data)
+	if err != nil {
+		return nil, fmt.Errorf("/proc/self/net/dev: %w", err)
+	}
+	var out []InterfaceStats
+	add := func(all map[string]string, hot bool) {
+		for _, name := range sortedKeys(all) {
+			c, ok := counters[all[name]]
+			if !ok {
+				continue // the tap is gone: the node agent is tearing the NIC down
+			}
+			out = append(out, InterfaceStats{
+				Name: name, Tap: all[name], Hotplugged: hot,
+				RxBytes: c.TxBytes, RxPackets: c.TxPackets, RxErrors: c.TxErrors, RxDropped: c.TxDropped,
+				TxBytes: c.RxBytes, TxPackets: c.RxPackets, TxErrors: c.RxErrors, TxDropped: c.RxDropped,
+			})
+		}
+	}
+	add(taps, false)
+	add(hotTaps, true)
+	return out, nil
+}
+
+// linkCounters are a network device's counters as the host sees them (a row of /proc/net/dev).
+type linkCounters struct {
+	RxBytes, RxPackets, RxErrors, RxDropped uint64
+	TxBytes, TxPackets, TxErrors, TxDropped uint64
+}
+
+// parseNetDev parses /proc/net/dev: two header lines, then one line per device,
+// "name: rx_bytes rx_packets rx_errs rx_drop fifo frame compressed multicast tx_bytes tx_packets
+// tx_errs tx_drop fifo colls carrier compressed".
+func parseNetDev(data []byte) (map[string]linkCounters, error) {
+	out := map[string]linkCounters{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for line := 1; sc.Scan(); line++ {
+		if line <= 2 {
+			continue
+		}
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			return nil, fmt.Errorf("line %d: no device name", line)
+		}
+		f := strings.Fields(rest)
+		if len(f) < 16 {
+			return nil, fmt.Errorf("line %d: %d counters, want 16", line, len(f))
+		}
+		var v [16]uint64
+		for i := range v {
+			n, err := strconv.ParseUint(f[i], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: counter %d: %w", line, i+1, err)
+			}
+			v[i] = n
+		}
+		out[strings.TrimSpace(name)] = linkCounters{
+			RxBytes: v[0], RxPackets: v[1], RxErrors: v[2], RxDropped: v[3],
+			TxBytes: v[8], TxPackets: v[9], TxErrors: v[10], TxDropped: v[11],
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func readProcessCPU(path string) (CPUTime, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return CPUTime{}, err
+	}
+	utime, stime, err := parseStatTimes(data)
+	if err != nil {
+		return CPUTime{}, fmt.Errorf("%s: %w", path, err)
+	}
+	tick := clockTick()
+	return CPUTime{User: time.Duration(utime) * tick, System: time.Duration(stime) * tick}, nil
+}
+
+// parseStatTimes returns utime and stime, in clock ticks, from a /proc/<pid>/stat or
+// /proc/<pid>/task/<tid>/stat line: fields 14 and 15 (proc(5)). The command name in field 2 is in
+// parentheses and may itself hold spaces and parentheses, so fields are counted after the last ')'.
+func parseStatTimes(data []byte) (utime, stime uint64, err error) {
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 {
+		return 0, 0, errors.New("no command name")
+	}
+	f := strings.Fields(string(data[end+1:]))
+	// f[0] is field 3 (state), so field n is f[n-3].
+	if len(f) < 13 {
+		return 0, 0, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
+	}
+	if utime, err = strconv.ParseUint(f[11], 10, 64); err != nil {
+		return 0, 0, fmt.Errorf("utime: %w", err)
+	}
+	if stime, err = strconv.ParseUint(f[12], 10, 64); err != nil {
+		return 0, 0, fmt.Errorf("stime: %w", err)
+	}
+	return utime, stime, nil
+}
+
+func readResident(path string) (int64, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	rss, err := parseVmRSS(data)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return rss, nil
+}
+
+// parseVmRSS returns the VmRSS line of /proc/<pid>/status in bytes ("VmRSS:   12345 kB").
+func parseVmRSS(data []byte) (int64, error) {
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("VmRSS %q: want a number of kB", strings.TrimSpace(rest))
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kb < 0 || kb > 1<<43 {
+			return 0, fmt.Errorf("VmRSS %q: want a number of kB", f[0])
+		}
+		return kb << 10, nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("no VmRSS line (a kernel thread or a zombie)")
+}
+
+// atClkTck is AT_CLKTCK from linux/auxvec.h: the auxiliary vector entry giving USER_HZ.
+const atClkTck = 17
+
+var clockTick = sync.OnceValue(func() time.Duration {
+	// The kernel tells every process its USER_HZ in the auxiliary vector (what sysconf(_SC_CLK_TCK)
+	// reads in C); 100 is the fixed value on all architectures Go supports, should it be missing.
+	if auxv, err := unix.Auxv(); err == nil {
+		for _, kv := range auxv {
+			if kv[0] == atClkTck && kv[1] > 0 {
+				return time.Second / time.Duration(kv[1])
+			}
+		}
+	}
+	return time.Second / 100
+})
+
+// stats serves GET /v1/stats.
+func (s *server) stats(w http.ResponseWriter, r *http.Request) {
+	st, err := s.l.Stats(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// Stats returns the VM's counters; an APIError with status 409 when no QEMU runs.
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	return st, c.do(ctx, http.MethodGet, "/v1/stats", nil, &st)
+}
