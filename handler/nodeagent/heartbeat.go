@@ -1,0 +1,119 @@
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// DefaultHeartbeatInterval is how often the node agent beats, as KubeVirt's virt-handler.
+const DefaultHeartbeatInterval = 30 * time.Second
+
+// finalPatchTimeout bounds the "schedulable=false" patch on a clean stop, made after the manager's
+// context is already cancelled.
+const finalPatchTimeout = 10 * time.Second
+
+// Heartbeat keeps the node agent's word on its Node: NodeSchedulableLabel=true, NodeKVMLabel,
+// NodeQEMUVersionLabel (and NodeKVMReasonAnnotation when KVM does not work) and a fresh
+// NodeHeartbeatAnnotation, written every Interval with one merge patch and no read (so the agent
+// never caches Nodes). On a clean stop it sets NodeSchedulableLabel=false, so no launcher pod is
+// placed here while the agent is away.
+//
+// Each beat sets schedulable=true again: that is how a node the controller marked unresponsive
+// comes back, and the controller itself never sets "true" (see controllers/nodehealth).
+//
+// It is a manager.Runnable without leader election: every node's agent beats for its own node.
+type Heartbeat struct {
+	client   client.Client
+	node     string
+	caps     Capabilities
+	interval time.Duration
+	now      func() time.Time
+}
+
+// NewHeartbeat returns the heartbeat of node nodeName with the probed capabilities. interval <= 0
+// means DefaultHeartbeatInterval. c only needs to patch Nodes; a manager's client does so without
+// starting a Node informer.
+func NewHeartbeat(c client.Client, nodeName string, caps Capabilities, interval time.Duration) *Heartbeat {
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	return &Heartbeat{client: c, node: nodeName, caps: caps, interval: interval, now: time.Now}
+}
+
+// NeedLeaderElection is false: the agent of each node runs its own heartbeat.
+func (h *Heartbeat) NeedLeaderElection() bool { return false }
+
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;patch
+
+// Start beats at once, then every interval until ctx ends, then marks the node unschedulable. A
+// failed beat is logged and retried at the next tick: a missed beat or two is what the controller's
+// timeout allows for. It returns the final patch's error, if any.
+func (h *Heartbeat) Start(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithValues("node", h.node)
+	t := time.NewTicker(h.interval)
+	defer t.Stop()
+	for {
+		if err := h.Beat(ctx); err != nil && ctx.Err() == nil {
+			log.Error(err, "heartbeat")
+		}
+		select {
+		case <-ctx.Done():
+			return h.stop(context.WithoutCancel(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// Beat writes the labels and a fresh heartbeat once.
+func (h *Heartbeat) Beat(ctx context.Context) error {
+	reason := &h.caps.KVMReason // null removes the annotation once KVM works
+	if h.caps.KVM {
+		reason = nil
+	}
+	return h.patch(ctx, map[string]any{
+		"labels": map[string]string{
+			v1alpha1.NodeSchedulableLabel: "true",
+			v1alpha1.NodeKVMLabel:         fmt.Sprint(h.caps.KVM),
+			v1alpha1.NodeQEMUVersionLabel: h.caps.QEMUVersion,
+		},
+		"annotations": map[string]any{
+			v1alpha1.NodeHeartbeatAnnotation: h.now().UTC().Format(time.RFC3339),
+			v1alpha1.NodeKVMReasonAnnotation: reason,
+		},
+	})
+}
+
+func (h *Heartbeat) stop(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, finalPatchTimeout)
+	defer cancel()
+	err := h.patch(ctx, map[string]any{"labels": map[string]string{v1alpha1.NodeSchedulableLabel: "false"}})
+	if err != nil {
+		return fmt.Errorf("mark node %s unschedulable on stop: %w", h.node, err)
+	}
+	logf.FromContext(ctx).Info("node marked unschedulable: node agent stopping", "node", h.node)
+	return nil
+}
+
+// patch merge-patches the Node's metadata. The merge patch carries no resourceVersion: the agent
+// owns these keys, so a concurrent change elsewhere on the Node is no conflict.
+func (h *Heartbeat) patch(ctx context.Context, metadata map[string]any) error {
+	body, err := json.Marshal(map[string]any{"metadata": metadata})
+	if err != nil {
+		return fmt.Errorf("node %s patch: %w", h.node, err)
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.node}}
+	if err := h.client.Patch(ctx, node, client.RawPatch(types.MergePatchType, body)); err != nil {
+		return fmt.Errorf("patch node %s: %w", h.node, err)
+	}
+	return nil
+}
