@@ -1,0 +1,182 @@
+// Package metrics exposes the VMIs of one node on the node agent's /metrics: per VMI its phase,
+// CPU and vCPU time, QEMU's resident memory, block I/O per drive and network traffic per
+// interface. The figures come from each launcher's GET /v1/stats (QMP and /proc inside the launcher
+// pod), gathered when Prometheus scrapes, so nothing polls between scrapes and a VMI that goes
+// away leaves no stale series behind.
+//
+// Metric and label names follow KubeVirt's kubevirt_vmi_* with the prefix qvirt_ (labels node,
+// namespace, name; drive for disks, interface for NICs; id and state for vCPUs), so KubeVirt
+// dashboards and recording rules port by renaming the prefix.
+package metrics
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+)
+
+const (
+	// listTimeout bounds reading the VMIs from the cache.
+	listTimeout = 5 * time.Second
+	// launcherTimeout bounds one launcher's answer: a stuck launcher costs a scrape this much at
+	// most, since launchers are asked concurrently.
+	launcherTimeout = 2 * time.Second
+	// maxConcurrent launchers are asked at once.
+	maxConcurrent = 16
+)
+
+// Collector is a prometheus.Collector for the VMIs of one node. Safe for concurrent scrapes.
+type Collector struct {
+	reader    client.Reader
+	node      string
+	socketDir string
+	log       logr.Logger
+	// scrapeErrors counts VMIs skipped because their launcher did not answer, and failed lists.
+	scrapeErrors atomic.Uint64
+}
+
+// NewCollector returns the collector for node nodeName. reader lists VMIs (the node agent's cache,
+// which holds only this node's; VMIs whose status.nodeName is another node are ignored anyway);
+// socketDir is where the per-VMI launcher sockets are (v1alpha1.SocketDir on a node). log gets one
+// line per launcher that failed to answer, at V(1) since the counter already tells.
+func NewCollector(reader client.Reader, nodeName, socketDir string, log logr.Logger) prometheus.Collector {
+	return &Collector{reader: reader, node: nodeName, socketDir: socketDir, log: log}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs() {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: it lists this node's VMIs, asks the launcher of each
+// running one for its stats, and emits what it got. A launcher that does not answer in time is
+// skipped and counted in qvirt_handler_scrape_errors_total; it never fails the scrape.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	defer func() {
+		ch <- prometheus.MustNewConstMetric(scrapeErrorsDesc, prometheus.CounterValue, float64(c.scrapeErrors.Load()))
+	}()
+	vmis, err := c.listVMIs()
+	if err != nil {
+		c.scrapeErrors.Add(1)
+		c.log.Error(err, "list VMIs for metrics")
+		return
+	}
+	c.collectPhases(ch, vmis)
+	for r := range c.gather(vmis) {
+		if r.err != nil {
+			c.scrapeErrors.Add(1)
+			c.log.V(1).Info("launcher did not answer for metrics", "vmi", r.vmi.Namespace+"/"+r.vmi.Name, "uid", r.vmi.UID, "error", r.err.Error())
+			continue
+		}
+		emitVMI(ch, c.labels(r.vmi), &r.stats)
+	}
+}
+
+func (c *Collector) listVMIs() ([]*v1alpha1.VirtualMachineInstance, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), listTimeout)
+	defer cancel()
+	var list v1alpha1.VirtualMachineInstanceList
+	if err := c.reader.List(ctx, &list); err != nil {
+		return nil, err
+	}
+	var out []*v1alpha1.VirtualMachineInstance
+	for i := range list.Items {
+		if list.Items[i].Status.NodeName == c.node {
+			out = append(out, &list.Items[i])
+		}
+	}
+	return out, nil
+}
+
+// collectPhases emits qvirt_vmi_phase_count for the phases present on this node. KubeVirt's
+// recording rules select phase="running": phases are lower case.
+func (c *Collector) collectPhases(ch chan<- prometheus.Metric, vmis []*v1alpha1.VirtualMachineInstance) {
+	counts := map[string]int{}
+	for _, vmi := range vmis {
+		counts[strings.ToLower(string(vmi.Status.Phase))]++
+	}
+	for phase, n := range counts {
+		ch <- prometheus.MustNewConstMetric(phaseCountDesc, prometheus.GaugeValue, float64(n), c.node, phase)
+	}
+}
+
+type result struct {
+	vmi   *v1alpha1.VirtualMachineInstance
+	stats launcher.Stats
+	err   error
+}
+
+// gather asks the launcher of each running VMI for its stats, at most maxConcurrent at once, and
+// delivers the results on the returned channel, which is closed when all have answered.
+func (c *Collector) gather(vmis []*v1alpha1.VirtualMachineInstance) <-chan result {
+	out := make(chan result)
+	sem := make(chan struct{}, maxConcurrent)
+	var wg sync.WaitGroup
+	for _, vmi := range vmis {
+		if vmi.Status.Phase != v1alpha1.Running {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			st, err := c.stats(vmi)
+			out <- result{vmi: vmi, stats: st, err: err}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(out)
+	}()
+	return out
+}
+
+func (c *Collector) stats(vmi *v1alpha1.VirtualMachineInstance) (launcher.Stats, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), launcherTimeout)
+	defer cancel()
+	cl := launcher.NewClient(launcher.VMIDir(c.socketDir, vmi.UID).Command())
+	defer cl.Close()
+	return cl.Stats(ctx)
+}
+
+func (c *Collector) labels(vmi *v1alpha1.VirtualMachineInstance) []string {
+	return []string{c.node, vmi.Namespace, vmi.Name}
+}
+
+// emitVMI sends one VMI's series; base is its node, namespace and name label values.
+func emitVMI(ch chan<- prometheus.Metric, base []string, st *launcher.Stats) {
+	counter := func(d *prometheus.Desc, v float64, extra ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, append(base[:len(base):len(base)], extra...)...)
+	}
+	counter(cpuUsageDesc, st.CPU.Total().Seconds())
+	counter(cpuUserDesc, st.CPU.User.Seconds())
+	counter(cpuSystemDesc, st.CPU.System.Seconds())
+	for _, v := range st.VCPUs {
+		// KubeVirt reports libvirt's vCPU state; a vCPU QEMU lists is online, i.e. "running" there.
+		counter(vcpuSecondsDesc, v.Time.Total().Seconds(), strconv.Itoa(v.ID), "running")
+	}
+	ch <- prometheus.MustNewConstMetric(memoryResidentDesc, prometheus.GaugeValue, float64(st.MemoryResidentBytes), base...)
+	for i := range st.Disks {
+		for _, m := range diskMetrics {
+			counter(m.desc, m.value(&st.Disks[i]), st.Disks[i].Name)
+		}
+	}
+	for i := range st.Interfaces {
+		for _, m := range nicMetrics {
+			counter(m.desc, m.value(&st.Interfaces[i]), st.Interfaces[i].Name)
+		}
+	}
+}
