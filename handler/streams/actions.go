@@ -1,0 +1,72 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/qvirt/qvirt/launcher"
+)
+
+// actionTimeout bounds one call to the launcher; pausing or resuming vCPUs takes milliseconds.
+const actionTimeout = 30 * time.Second
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	s.action(w, r, "pause", (*launcher.Client).Pause)
+}
+
+func (s *Server) unpause(w http.ResponseWriter, r *http.Request) {
+	s.action(w, r, "unpause", (*launcher.Client).Resume)
+}
+
+// action runs one launcher call for the request's VMI. The VMI status (Paused condition) follows
+// from the launcher's status stream, which the handler's reconciler watches; this only acts.
+func (s *Server) action(w http.ResponseWriter, r *http.Request, name string, call func(*launcher.Client, context.Context) error) {
+	caller, err := callerFrom(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	t, err := s.lookup(r.Context(), r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	log := s.opts.Log.WithValues("vmi", t.key(), "user", caller.User, "groups", caller.Groups, "action", name)
+	if _, err := os.Stat(t.dir.Command()); err != nil {
+		fail(w, apierrors.NewServiceUnavailable(fmt.Sprintf("the launcher socket %s of VMI %s is missing: the launcher is not running", t.dir.Command(), t.key())))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
+	defer cancel()
+	c := launcher.NewClient(t.dir.Command())
+	defer c.Close()
+	if err := call(c, ctx); err != nil {
+		log.Info("action failed", "error", err.Error())
+		fail(w, launcherError(t, name, err))
+		return
+	}
+	log.Info("action done")
+	writeStatus(w, metav1.Status{Status: metav1.StatusSuccess, Code: http.StatusOK,
+		Message: fmt.Sprintf("VMI %s: %s done", t.key(), name)})
+}
+
+// launcherError maps a launcher failure: its refusals (4xx) are state conflicts, its own failures
+// are 500, no answer at all is 503.
+func launcherError(t target, action string, err error) error {
+	var ae *launcher.APIError
+	if !errors.As(err, &ae) {
+		return apierrors.NewServiceUnavailable(fmt.Sprintf("%s VMI %s: the launcher does not answer: %v", action, t.key(), err))
+	}
+	msg := fmt.Errorf("%s refused by its launcher: %s", action, ae.Msg)
+	if ae.Status >= 400 && ae.Status < 500 {
+		return apierrors.NewConflict(vmiResource, t.vmi.Name, msg)
+	}
+	return apierrors.NewInternalError(fmt.Errorf("%s VMI %s: launcher failed: %s", action, t.key(), ae.Msg))
+}

@@ -1,0 +1,403 @@
+package streams_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/go-logr/logr/testr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/streams"
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// These tests run the stream server against a real kube-apiserver (envtest) holding the VMIs and
+// a real launcher booting the test guest under TCG, and talk to it with real websocket clients
+// over mutual TLS.
+
+var (
+	cp       *envtest.ControlPlane
+	guestDir string
+)
+
+const nodeName = "node-a"
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if !fuzzing() {
+		out, err := exec.Command("../../test/guest/build.sh").Output()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "build the test guest with test/guest/build.sh: %v\n", err)
+			os.Exit(1)
+		}
+		guestDir = strings.TrimSpace(string(out))
+		if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+			fmt.Fprintln(os.Stderr, "qemu-system-x86_64 not found: install qemu-system-x86 (make deps)")
+			os.Exit(1)
+		}
+	}
+	envtest.Main(m, &cp)
+}
+
+func fuzzing() bool {
+	f := flag.Lookup("test.fuzz")
+	return f != nil && f.Value.String() != ""
+}
+
+// server is a running stream server and what a client needs to reach it.
+type server struct {
+	*streams.Server
+	pki       *pki
+	socketDir string
+	base      string // https://127.0.0.1:port
+	stop      context.CancelFunc
+	stopped   chan error
+}
+
+func startServer(t *testing.T, socketDir string, p *pki, edit func(*streams.Options)) *server {
+	t.Helper()
+	opts := streams.Options{
+		Reader: cp.Client, NodeName: nodeName, SocketDir: socketDir,
+		CertFile: p.certFile, KeyFile: p.keyFile, ClientCAFile: p.caFile,
+		Addr: "127.0.0.1:0", Log: testr.New(t),
+	}
+	if edit != nil {
+		edit(&opts)
+	}
+	s, err := streams.New(opts)
+	if err != nil {
+		t.Fatalf("streams.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := &server{Server: s, pki: p, socketDir: socketDir, stop: cancel, stopped: make(chan error, 1)}
+	go func() { srv.stopped <- s.Start(ctx) }()
+	t.Cleanup(func() { srv.shutdown(t) })
+	waitFor(t, 5*time.Second, "the server to listen", func() bool { return s.Addr() != nil })
+	srv.base = "https://" + s.Addr().String()
+	return srv
+}
+
+// shutdown stops the server and checks it returned cleanly; safe to call twice.
+func (s *server) shutdown(t *testing.T) {
+	t.Helper()
+	s.stop()
+	select {
+	case err, ok := <-s.stopped:
+		if ok && err != nil {
+			t.Errorf("Start returned %v", err)
+		}
+		close(s.stopped)
+	case <-time.After(10 * time.Second):
+		t.Errorf("the server did not stop within 10s")
+	}
+}
+
+// caller is who qvirt-api says the end user is.
+type caller struct {
+	user  string
+	write bool
+}
+
+func (c caller) header() http.Header {
+	h := http.Header{}
+	if c.user != "" {
+		h.Set(streams.HeaderUser, c.user)
+		h.Add(streams.HeaderGroups, "devs")
+		h.Add(streams.HeaderGroups, "system:authenticated")
+	}
+	if c.write {
+		h.Set(streams.HeaderQMPWrite, "true")
+	}
+	return h
+}
+
+var alice = caller{user: "alice"}
+
+// dial opens a websocket to one of a VMI's streams as qvirt-api would.
+func (s *server) dial(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, endpoint string, who caller, protocol string) (*websocket.Conn, *http.Response, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	url := "wss" + strings.TrimPrefix(s.base, "https") + streams.Path(vmi.Namespace, vmi.Name, endpoint)
+	opts := &websocket.DialOptions{HTTPClient: s.pki.httpClient(&s.pki.client.tls), HTTPHeader: who.header()}
+	if protocol != "" {
+		opts.Subprotocols = []string{protocol}
+	}
+	c, resp, err := websocket.Dial(ctx, url, opts)
+	if err == nil {
+		c.SetReadLimit(8 << 20)
+		t.Cleanup(func() { _ = c.CloseNow() })
+	}
+	return c, resp, err
+}
+
+// mustDial is dial that fails the test unless the upgrade succeeds with the protocol.
+func (s *server) mustDial(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, endpoint string, who caller, protocol string) *websocket.Conn {
+	t.Helper()
+	c, resp, err := s.dial(t, vmi, endpoint, who, protocol)
+	if err != nil {
+		t.Fatalf("dial %s: %v (%s)", endpoint, err, body(resp))
+	}
+	if c.Subprotocol() != protocol {
+		t.Fatalf("dial %s: subprotocol %q, want %q", endpoint, c.Subprotocol(), protocol)
+	}
+	return c
+}
+
+// do sends a plain request with cert; it returns the status and the metav1.Status body.
+func (s *server) do(t *testing.T, method, path string, who caller, cert *tls.Certificate) (int, metav1.Status, error) {
+	t.Helper()
+	req, err := http.NewRequest(method, s.base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = who.header()
+	resp, err := s.pki.httpClient(cert).Do(req)
+	if err != nil {
+		return 0, metav1.Status{}, err
+	}
+	defer resp.Body.Close()
+	var st metav1.Status
+	data, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(data, &st); err != nil {
+		t.Fatalf("%s %s: %d with a body that is not a Status: %q", method, path, resp.StatusCode, data)
+	}
+	return resp.StatusCode, st, nil
+}
+
+func body(resp *http.Response) string {
+	if resp == nil || resp.Body == nil {
+		return "no response"
+	}
+	data, _ := io.ReadAll(resp.Body)
+	return fmt.Sprintf("HTTP %d: %s", resp.StatusCode, data)
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// newSocketDir is a node's socket directory; short, since unix socket paths are limited to 107 bytes.
+func newSocketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qvs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// createVMI creates a VMI like the test guest and sets its status as the handler would.
+func createVMI(t *testing.T, name string, edit func(*v1alpha1.VirtualMachineInstance)) *v1alpha1.VirtualMachineInstance {
+	t.Helper()
+	req, err := launcher.LoadSpec("../../test/guest/vmi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
+	req.Spec.Domain.Devices.AutoattachGraphicsDevice = ptr.To(true)
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: req.Spec}
+	vmi.Status.NodeName, vmi.Status.Phase = nodeName, v1alpha1.Running
+	if edit != nil {
+		edit(vmi)
+	}
+	status := vmi.Status
+	ctx := context.Background()
+	if err := cp.Client.Create(ctx, vmi); err != nil {
+		t.Fatalf("create VMI %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), vmi) })
+	vmi.Status = status
+	if err := cp.Client.Status().Update(ctx, vmi); err != nil {
+		t.Fatalf("update status of VMI %s: %v", name, err)
+	}
+	return vmi
+}
+
+// guest is the test guest booted by a real launcher serving in the VMI's socket directory.
+type guest struct {
+	vmi    *v1alpha1.VirtualMachineInstance
+	client *launcher.Client
+}
+
+// bootGuest starts a launcher for vmi under socketDir and syncs it; the guest is still booting
+// when it returns (QVIRT-GUEST-READY comes some seconds later).
+func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInstance) *guest {
+	t.Helper()
+	dir := launcher.VMIDir(socketDir, vmi.UID)
+	if err := os.MkdirAll(string(dir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	l := launcher.New(string(dir), launcher.HostResolver{SpareRootPorts: 1}, launcher.Options{Log: testr.New(t)})
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = launcher.Serve(ctx, dir.Command(), l, testr.New(t))
+	}()
+	g := &guest{vmi: vmi, client: launcher.NewClient(dir.Command())}
+	t.Cleanup(func() {
+		if st, err := g.client.Status(context.Background()); err == nil && st.PID > 0 && st.Exit == nil {
+			_ = syscall.Kill(st.PID, syscall.SIGKILL)
+			waitFor(t, 10*time.Second, "QEMU to exit", func() bool { s, _ := l.Status(context.Background()); return s.Exit != nil })
+		}
+		cancel()
+		<-served
+	})
+	waitFor(t, 5*time.Second, "the launcher's socket", func() bool { _, err := os.Stat(dir.Command()); return err == nil })
+	req := &launcher.SyncRequest{Name: vmi.Name, Namespace: vmi.Namespace, UID: vmi.UID, Spec: vmi.Spec, Emulation: true}
+	st, err := g.client.Sync(context.Background(), req)
+	if err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if st.Phase != launcher.PhaseRunning {
+		t.Fatalf("after sync: phase %s (%s)", st.Phase, st.StartError)
+	}
+	return g
+}
+
+// stream reads every message of a websocket in the background.
+type stream struct {
+	conn   *websocket.Conn
+	bytes  testutil.SyncBuffer
+	mu     sync.Mutex
+	types  map[websocket.MessageType]int
+	msgs   [][]byte
+	closed chan struct{}
+	err    error // why reading stopped; read after closed
+}
+
+func read(c *websocket.Conn) *stream {
+	s := &stream{conn: c, types: map[websocket.MessageType]int{}, closed: make(chan struct{})}
+	go func() {
+		defer close(s.closed)
+		for {
+			typ, data, err := c.Read(context.Background())
+			if err != nil {
+				s.err = err
+				return
+			}
+			s.mu.Lock()
+			s.types[typ]++
+			s.msgs = append(s.msgs, data)
+			s.mu.Unlock()
+			_, _ = s.bytes.Write(data)
+		}
+	}()
+	return s
+}
+
+// expect waits until the stream's bytes after from contain want; it returns the end of the match.
+func (s *stream) expect(t *testing.T, from int, want string, d time.Duration) int {
+	t.Helper()
+	end := -1
+	waitFor(t, d, fmt.Sprintf("%q on the stream (have %q)", want, tail(s.bytes.String(), 300)), func() bool {
+		text := s.bytes.String()
+		if i := strings.Index(text[min(from, len(text)):], want); i >= 0 {
+			end = from + i + len(want)
+			return true
+		}
+		return false
+	})
+	return end
+}
+
+func (s *stream) send(t *testing.T, typ websocket.MessageType, data string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.conn.Write(ctx, typ, []byte(data)); err != nil {
+		t.Fatalf("write to websocket: %v", err)
+	}
+}
+
+// closedWith waits for the stream to end and returns the close status and reason it got.
+func (s *stream) closedWith(t *testing.T, d time.Duration) (websocket.StatusCode, string) {
+	t.Helper()
+	select {
+	case <-s.closed:
+	case <-time.After(d):
+		t.Fatalf("the websocket stayed open for %s", d)
+	}
+	var ce websocket.CloseError
+	if !errors.As(s.err, &ce) {
+		t.Fatalf("the websocket ended without a close frame: %v", s.err)
+	}
+	return ce.Code, ce.Reason
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func pathOf(vmi *v1alpha1.VirtualMachineInstance, endpoint string) string {
+	return streams.Path(vmi.Namespace, vmi.Name, endpoint)
+}
+
+func shortName(t *testing.T) string {
+	return strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(filepath.Base(t.Name())))
+}
+
+// find waits for a message after index from that match accepts; it returns it and its index.
+func (s *stream) find(t *testing.T, from int, what string, d time.Duration, match func(map[string]any) bool) (map[string]any, int) {
+	t.Helper()
+	var found map[string]any
+	at := -1
+	waitFor(t, d, what, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for i := from; i < len(s.msgs); i++ {
+			var m map[string]any
+			if json.Unmarshal(s.msgs[i], &m) == nil && match(m) {
+				found, at = m, i
+				return true
+			}
+		}
+		return false
+	})
+	return found, at
+}
+
+// reply waits for the QMP reply carrying id.
+func (s *stream) reply(t *testing.T, id string) map[string]any {
+	t.Helper()
+	m, _ := s.find(t, 0, "the QMP reply with id "+id, 30*time.Second, func(m map[string]any) bool { return m["id"] == id })
+	return m
+}
+
+// event waits for the QMP event name.
+func (s *stream) event(t *testing.T, name string) map[string]any {
+	t.Helper()
+	m, _ := s.find(t, 0, "the QMP event "+name, 30*time.Second, func(m map[string]any) bool { return m["event"] == name })
+	return m
+}
