@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"net/netip"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -42,6 +43,33 @@ type SyncRequest struct {
 	// Hotplugged are disks attached to the source while it ran; a migration target must start
 	// with exactly the source's device set.
 	Hotplugged []DiskHotplug `json:"hotplugged,omitempty"`
+	// Interfaces are the guest NICs' host sides, which the node agent set up in the pod's network
+	// namespace before the Sync: one per spec interface.
+	Interfaces []InterfaceSetup `json:"interfaces,omitempty"`
+}
+
+// InterfaceSetup is what the node agent made for one spec interface.
+type InterfaceSetup struct {
+	// Name is the interface's name in spec.domain.devices.interfaces.
+	Name string `json:"name"`
+	// Tap is the tap device QEMU opens by name.
+	Tap string `json:"tap"`
+	// MAC is the guest NIC's address (the spec's, else a stable one derived from the VMI).
+	MAC string `json:"mac"`
+	// DHCP, when set, makes the launcher hand the guest its address.
+	DHCP *DHCPConfig `json:"dhcp,omitempty"`
+}
+
+// DHCPConfig is the one lease the launcher's DHCP server gives the guest NIC (see DHCPLease).
+type DHCPConfig struct {
+	// Interface is where the server listens: the bridge holding the guest's tap.
+	Interface string       `json:"interface"`
+	IP        netip.Prefix `json:"ip"`
+	Gateway   netip.Addr   `json:"gateway"`
+	ServerID  netip.Addr   `json:"serverID,omitzero"`
+	DNS       []netip.Addr `json:"dns,omitempty"`
+	Hostname  string       `json:"hostname,omitempty"`
+	MTU       int          `json:"mtu,omitempty"`
 }
 
 // Phase is the launcher's view of the VM.

@@ -37,6 +37,16 @@ type DHCPLease struct {
 	MTU int
 }
 
+// lease is the DHCPLease for the guest NIC with mac.
+func (c *DHCPConfig) lease(mac string) (DHCPLease, error) {
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		return DHCPLease{}, fmt.Errorf("interface mac %q: %w", mac, err)
+	}
+	return DHCPLease{MAC: hw, IP: c.IP, Gateway: c.Gateway, ServerID: c.ServerID, DNS: c.DNS,
+		Hostname: c.Hostname, MTU: c.MTU}, nil
+}
+
 func (l *DHCPLease) validate() error {
 	switch {
 	case len(l.MAC) != 6:

@@ -92,7 +92,33 @@ func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
 		l.phase = PhaseIncoming
 	}
 	go l.follow(proc)
+	l.serveDHCP(proc, req.Interfaces)
 	return nil
+}
+
+// serveDHCP runs a DHCP server for each interface that wants one, for as long as QEMU runs. A
+// server that cannot start is logged: the guest then keeps asking, and its NIC has no address.
+func (l *Launcher) serveDHCP(p *Process, ifaces []InterfaceSetup) {
+	for _, in := range ifaces {
+		if in.DHCP == nil {
+			continue
+		}
+		lease, err := in.DHCP.lease(in.MAC)
+		if err != nil {
+			l.opts.Log.Error(err, "no DHCP for interface", "interface", in.Name)
+			continue
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			<-p.Done()
+			cancel()
+		}()
+		go func() {
+			if err := ServeDHCP(ctx, in.DHCP.Interface, lease); err != nil {
+				l.opts.Log.Error(err, "DHCP server stopped", "interface", in.Name)
+			}
+		}()
+	}
 }
 
 // follow forwards the process's state changes to watchers until QEMU exits.

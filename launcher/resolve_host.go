@@ -12,13 +12,17 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 )
 
-// HostResolver resolves a spec against this host's filesystem, for `qvirt-launcher run`: host disks
-// and kernels are allowed here and only here. A container image reference of the form file://DIR
-// names an image already unpacked at DIR (a leading ~ is the user's home), so a spec that boots from
-// a kernelBoot or containerDisk image can be tried without a container runtime.
+// HostResolver resolves a spec against the filesystem the launcher sees: for `qvirt-launcher run`
+// the host's, for `qvirt-launcher serve` the launcher pod's (whose hostDisk volumes are hostPath
+// mounts). A container image reference of the form file://DIR names an image already unpacked at DIR
+// (a leading ~ is the user's home), so a spec that boots from a kernelBoot or containerDisk image
+// runs without a container runtime, as in local mode. Interfaces take the taps and MACs the node
+// agent put in the request; without a node agent (run mode) a spec with interfaces is refused.
 type HostResolver struct {
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
+	// ScratchDir holds emptyDisk images; the run directory when empty.
+	ScratchDir string
 }
 
 // Resolve implements Resolver.
@@ -44,23 +48,54 @@ func (h HostResolver) Resolve(req *SyncRequest, runDir string) (*Machine, error)
 			errs = append(errs, field.Invalid(p.Child("initrdPath"), c.InitrdPath, err.Error()))
 		}
 	}
+	scratch := h.ScratchDir
+	if scratch == "" {
+		scratch = runDir
+	}
 	for i := range spec.Volumes {
 		v := &spec.Volumes[i]
-		img, err := h.volume(v, runDir, field.NewPath("spec", "volumes").Index(i))
+		img, err := h.volume(v, scratch, field.NewPath("spec", "volumes").Index(i))
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		m.Disks[v.Name] = img
 	}
-	for i := range spec.Domain.Devices.Interfaces {
-		errs = append(errs, field.Forbidden(field.NewPath("spec", "domain", "devices", "interfaces").Index(i),
-			"qvirt-launcher run has no pod network; interfaces need the node agent"))
-	}
+	errs = append(errs, resolveInterfaces(m, req)...)
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
 	return m, nil
+}
+
+// resolveInterfaces takes each spec interface's tap and MAC from the node agent's setup.
+func resolveInterfaces(m *Machine, req *SyncRequest) field.ErrorList {
+	ifaces := req.Spec.Domain.Devices.Interfaces
+	if len(ifaces) == 0 {
+		return nil
+	}
+	m.Taps, m.MACs = map[string]string{}, map[string]string{}
+	var errs field.ErrorList
+	for i := range ifaces {
+		p := field.NewPath("spec", "domain", "devices", "interfaces").Index(i)
+		setup := findInterface(req.Interfaces, ifaces[i].Name)
+		if setup == nil {
+			errs = append(errs, field.Forbidden(p, "no tap was set up for this interface: pod networking needs the node agent (qvirt-handler)"))
+			continue
+		}
+		m.Taps[setup.Name] = setup.Tap
+		m.MACs[setup.Name] = setup.MAC
+	}
+	return errs
+}
+
+func findInterface(setups []InterfaceSetup, name string) *InterfaceSetup {
+	for i := range setups {
+		if setups[i].Name == name {
+			return &setups[i]
+		}
+	}
+	return nil
 }
 
 func (h HostResolver) volume(v *v1alpha1.Volume, runDir string, p *field.Path) (DiskImage, *field.Error) {

@@ -52,13 +52,13 @@ func TestBridgeSetupTeardown(t *testing.T) {
 	before := p.eth0(t)
 	id := randHex(t, 3)
 	b := netsetup.Bridge{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 4242}
-	res, err := netsetup.SetupBridge(p.path, b)
+	res, err := netsetup.SetupBridge(p.Path, b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.GuestIP != netip.PrefixFrom(p.podIP, 24) || res.Gateway != p.hostIP || res.MAC.String() != before.mac ||
+	if res.GuestIP != netip.PrefixFrom(p.PodIP, 24) || res.Gateway != p.HostIP || res.MAC.String() != before.mac ||
 		res.ServerIP != netsetup.BridgeServerIP || res.PodInterface != "eth0" || res.MTU != 1500 {
-		t.Errorf("result = %+v; want the pod's %v/24, gateway %v, MAC %s", *res, p.podIP, p.hostIP, before.mac)
+		t.Errorf("result = %+v; want the pod's %v/24, gateway %v, MAC %s", *res, p.PodIP, p.HostIP, before.mac)
 	}
 	h := p.handle(t)
 	br, err := h.LinkByName(b.BridgeName)
@@ -84,7 +84,7 @@ func TestBridgeSetupTeardown(t *testing.T) {
 		t.Errorf("tap = %+v, want a port of the bridge owned by 4242", link)
 	}
 
-	again, err := netsetup.SetupBridge(p.path, b)
+	again, err := netsetup.SetupBridge(p.Path, b)
 	if err != nil {
 		t.Fatalf("second setup: %v", err)
 	}
@@ -93,7 +93,7 @@ func TestBridgeSetupTeardown(t *testing.T) {
 	}
 
 	for i := range 2 {
-		if err := netsetup.TeardownBridge(p.path, b); err != nil {
+		if err := netsetup.TeardownBridge(p.Path, b); err != nil {
 			t.Fatalf("teardown %d: %v", i, err)
 		}
 	}
@@ -112,24 +112,24 @@ func TestBridgeGuest(t *testing.T) {
 	before, linksBefore := p.eth0(t), p.links(t)
 	id := randHex(t, 3)
 	b := netsetup.Bridge{TapName: "qvtap" + id, BridgeName: "qvbr" + id}
-	res, err := netsetup.SetupBridge(p.path, b)
+	res, err := netsetup.SetupBridge(p.Path, b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tornDown := false
 	t.Cleanup(func() {
 		if !tornDown {
-			_ = netsetup.TeardownBridge(p.path, b)
+			_ = netsetup.TeardownBridge(p.Path, b)
 		}
 	})
 	g := bootGuest(t, p, v1alpha1.Interface{Bridge: &v1alpha1.InterfaceBridge{}}, res.TapName,
 		launcher.DHCPLease{MAC: res.MAC, IP: res.GuestIP, Gateway: res.Gateway, ServerID: res.ServerIP,
 			Hostname: "testguest", MTU: res.MTU}, res.BridgeName)
-	checkOutbound(t, g, p, p.podIP) // the guest has the pod's address itself
-	checkInbound(t, p.podIP)
+	checkOutbound(t, g, p, p.PodIP) // the guest has the pod's address itself
+	checkInbound(t, p.PodIP)
 	g.shutdown(t)
 
-	if err := netsetup.TeardownBridge(p.path, b); err != nil {
+	if err := netsetup.TeardownBridge(p.Path, b); err != nil {
 		t.Fatalf("teardown: %v", err)
 	}
 	tornDown = true

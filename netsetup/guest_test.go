@@ -152,7 +152,7 @@ func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lea
 	dhcpDone := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		nsh, err := netns.GetFromPath(p.path)
+		nsh, err := netns.GetFromPath(p.Path)
 		if err != nil {
 			dhcpDone <- err
 			return
@@ -167,7 +167,7 @@ func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lea
 
 	// QEMU runs inside the namespace so that it can open the tap by name.
 	wrapper := filepath.Join(t.TempDir(), "qemu-in-netns")
-	script := fmt.Sprintf("#!/bin/sh\nexec %s netns exec %s %s \"$@\"\n", ipCmd, p.name, qemu)
+	script := fmt.Sprintf("#!/bin/sh\nexec %s netns exec %s %s \"$@\"\n", ipCmd, p.Name, qemu)
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func (g *guestVM) shutdown(t *testing.T) {
 // it reports each request's remote address.
 func outsideServer(t *testing.T, p *podNS) (net.Addr, <-chan string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(p.hostIP.String(), "0"))
+	ln, err := net.Listen("tcp", net.JoinHostPort(p.HostIP.String(), "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,14 +291,14 @@ func TestMasqueradeGuest(t *testing.T) {
 	linksBefore, tablesBefore := p.links(t), p.tables(t)
 	id := randHex(t, 3)
 	m := netsetup.Masquerade{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 0}
-	res, err := netsetup.SetupMasquerade(p.path, m)
+	res, err := netsetup.SetupMasquerade(p.Path, m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tornDown := false
 	t.Cleanup(func() {
 		if !tornDown {
-			_ = netsetup.TeardownMasquerade(p.path, m)
+			_ = netsetup.TeardownMasquerade(p.Path, m)
 		}
 	})
 	hw, err := net.ParseMAC(netsetup.StableMAC(randHex(t, 8), "default"))
@@ -306,14 +306,14 @@ func TestMasqueradeGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := bootGuest(t, p, v1alpha1.Interface{Masquerade: &v1alpha1.InterfaceMasquerade{}}, res.TapName,
-		launcher.DHCPLease{MAC: hw, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: []netip.Addr{p.hostIP},
+		launcher.DHCPLease{MAC: hw, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: []netip.Addr{p.HostIP},
 			Hostname: "testguest", MTU: res.MTU}, res.BridgeName)
 
-	checkOutbound(t, g, p, p.podIP) // masqueraded to the pod's address
-	checkInbound(t, p.podIP)        // DNAT from the pod's address
+	checkOutbound(t, g, p, p.PodIP) // masqueraded to the pod's address
+	checkInbound(t, p.PodIP)        // DNAT from the pod's address
 	g.shutdown(t)
 
-	if err := netsetup.TeardownMasquerade(p.path, m); err != nil {
+	if err := netsetup.TeardownMasquerade(p.Path, m); err != nil {
 		t.Fatalf("teardown: %v", err)
 	}
 	tornDown = true

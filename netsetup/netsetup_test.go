@@ -1,8 +1,6 @@
 package netsetup_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -20,127 +18,18 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/qvirt/qvirt/netsetup"
+	"github.com/qvirt/qvirt/test/podnet"
 )
 
 // These tests need root: they make real network namespaces, named qvt-<random>, with a veth pair
 // standing in for the pod network, and remove exactly those again.
 
-// podNS is a network namespace set up like a pod's: eth0 with hostIP's subnet and a default route
-// through the host end of a veth pair in the root namespace.
-type podNS struct {
-	name     string // under /var/run/netns
-	path     string
-	hostVeth string
-	hostIP   netip.Addr // 10.99.R.1, in the root namespace
-	podIP    netip.Addr // 10.99.R.2 on eth0 in the namespace
-}
+// podNS is a pod-like network namespace (test/podnet).
+type podNS struct{ *podnet.NS }
 
-func randHex(t *testing.T, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
+func newPodNS(t *testing.T) *podNS { return &podNS{podnet.New(t)} }
 
-// newPodNS makes the namespace and veth pair and registers their removal.
-func newPodNS(t *testing.T) *podNS {
-	t.Helper()
-	id := randHex(t, 4)
-	p := &podNS{name: "qvt-" + id, hostVeth: "qvh" + id}
-	p.path = filepath.Join("/var/run/netns", p.name)
-	// A /24 of 10.99.0.0/16 no root-namespace address uses.
-	used, err := netlink.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		r := randHex(t, 1)
-		var n byte
-		fmt.Sscanf(r, "%x", &n)
-		subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 99, n, 0}), 24)
-		if !slices.ContainsFunc(used, func(a netlink.Addr) bool {
-			ip, _ := netip.AddrFromSlice(a.IP.To4())
-			return subnet.Contains(ip)
-		}) {
-			p.hostIP = netip.AddrFrom4([4]byte{10, 99, n, 1})
-			p.podIP = netip.AddrFrom4([4]byte{10, 99, n, 2})
-			break
-		}
-	}
-
-	// netns.NewNamed switches the calling thread into the new namespace: do it on a thread that
-	// is thrown away afterwards.
-	created := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		h, err := netns.NewNamed(p.name)
-		if err == nil {
-			_ = h.Close()
-		}
-		created <- err
-	}()
-	if err := <-created; err != nil {
-		t.Fatalf("create netns %s: %v", p.name, err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(p.hostVeth); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-		if err := netns.DeleteNamed(p.name); err != nil {
-			t.Errorf("delete netns %s: %v", p.name, err)
-		}
-		if _, err := os.Stat(p.path); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("netns %s left behind: %v", p.name, err)
-		}
-		if _, err := netlink.LinkByName(p.hostVeth); err == nil {
-			t.Errorf("veth %s left behind", p.hostVeth)
-		}
-	})
-
-	nsh, err := netns.GetFromName(p.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsh.Close()
-	peer := "qvp" + id
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.hostVeth}, PeerName: peer,
-		PeerNamespace: netlink.NsFd(int(nsh))}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatalf("create veth %s: %v", p.hostVeth, err)
-	}
-	host, err := netlink.LinkByName(p.hostVeth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	must(t, netlink.AddrAdd(host, addr(p.hostIP, 24)))
-	must(t, netlink.LinkSetUp(host))
-
-	h, err := netlink.NewHandleAt(nsh)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth0, err := h.LinkByName(peer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	must(t, h.LinkSetName(eth0, "eth0"))
-	must(t, h.AddrAdd(eth0, addr(p.podIP, 24)))
-	must(t, h.LinkSetUp(eth0))
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	must(t, h.LinkSetUp(lo))
-	must(t, h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: p.hostIP.AsSlice()}))
-	return p
-}
-
-func addr(ip netip.Addr, bits int) *netlink.Addr {
-	return &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(bits, 32)}}
-}
+func randHex(t *testing.T, n int) string { return podnet.RandHex(t, n) }
 
 func must(t *testing.T, err error) {
 	t.Helper()
@@ -149,10 +38,9 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// handle is a netlink handle for the namespace.
 func (p *podNS) handle(t *testing.T) *netlink.Handle {
 	t.Helper()
-	nsh, err := netns.GetFromPath(p.path)
+	nsh, err := netns.GetFromPath(p.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +71,7 @@ func (p *podNS) links(t *testing.T) []string {
 // tables are the namespace's nftables tables, as "family name".
 func (p *podNS) tables(t *testing.T) []string {
 	t.Helper()
-	nsh, err := netns.GetFromPath(p.path)
+	nsh, err := netns.GetFromPath(p.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +94,7 @@ func (p *podNS) tables(t *testing.T) []string {
 // rules counts the rules per chain of the qvirt table.
 func (p *podNS) rules(t *testing.T) map[string]int {
 	t.Helper()
-	nsh, err := netns.GetFromPath(p.path)
+	nsh, err := netns.GetFromPath(p.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +131,7 @@ func (p *podNS) sysctl(t *testing.T, name string) string {
 	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		nsh, err := netns.GetFromPath(p.path)
+		nsh, err := netns.GetFromPath(p.Path)
 		if err != nil {
 			ch <- result{err: err}
 			return
@@ -272,12 +160,12 @@ func TestMasqueradeSetupTeardown(t *testing.T) {
 	id := randHex(t, 3)
 	m := netsetup.Masquerade{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 4242,
 		Ports: []netsetup.Port{{Port: 80}, {Protocol: "UDP", Port: 53}}}
-	res, err := netsetup.SetupMasquerade(p.path, m)
+	res, err := netsetup.SetupMasquerade(p.Path, m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := netsetup.Result{GuestIP: netip.MustParsePrefix("10.0.2.2/24"), GatewayIP: netip.MustParseAddr("10.0.2.1"),
-		PodIP: p.podIP, PodInterface: "eth0", BridgeName: m.BridgeName, TapName: m.TapName, MTU: 1500}
+		PodIP: p.PodIP, PodInterface: "eth0", BridgeName: m.BridgeName, TapName: m.TapName, MTU: 1500}
 	if *res != want {
 		t.Errorf("result = %+v, want %+v", *res, want)
 	}
@@ -325,7 +213,7 @@ func TestMasqueradeSetupTeardown(t *testing.T) {
 	// Setup again (a restarted node agent) reuses the links and replaces the table.
 	m.Ports = nil
 	m.PodPorts = []netsetup.Port{{Port: 49152}}
-	if _, err := netsetup.SetupMasquerade(p.path, m); err != nil {
+	if _, err := netsetup.SetupMasquerade(p.Path, m); err != nil {
 		t.Fatalf("second setup: %v", err)
 	}
 	if got, want := p.rules(t), map[string]int{"prerouting": 3, "output": 0, "postrouting": 1}; fmt.Sprint(got) != fmt.Sprint(want) {
@@ -335,7 +223,7 @@ func TestMasqueradeSetupTeardown(t *testing.T) {
 	// binding alone.
 	other := m
 	other.TapOwner = 1
-	if _, err := netsetup.SetupMasquerade(p.path, other); err == nil {
+	if _, err := netsetup.SetupMasquerade(p.Path, other); err == nil {
 		t.Error("setup with another tap owner succeeded")
 	}
 	if _, err := p.handle(t).LinkByName(m.TapName); err != nil {
@@ -343,7 +231,7 @@ func TestMasqueradeSetupTeardown(t *testing.T) {
 	}
 
 	for i := range 2 { // idempotent
-		if err := netsetup.TeardownMasquerade(p.path, m); err != nil {
+		if err := netsetup.TeardownMasquerade(p.Path, m); err != nil {
 			t.Fatalf("teardown %d: %v", i, err)
 		}
 	}
@@ -372,7 +260,7 @@ func TestMasqueradeErrors(t *testing.T) {
 		"same names":     {TapName: "x", BridgeName: "x"},
 		"bridge is eth0": {BridgeName: "eth0", TapName: "qvtap" + randHex(t, 3)},
 	} {
-		if _, err := netsetup.SetupMasquerade(p.path, m); err == nil {
+		if _, err := netsetup.SetupMasquerade(p.Path, m); err == nil {
 			t.Errorf("%s: setup succeeded", name)
 		}
 	}
@@ -399,7 +287,7 @@ func TestMasqueradeNoDefaultRoute(t *testing.T) {
 			must(t, h.RouteDel(&r))
 		}
 	}
-	_, err = netsetup.SetupMasquerade(p.path, netsetup.Masquerade{BridgeName: "qvbr" + randHex(t, 3), TapName: "qvtap" + randHex(t, 3)})
+	_, err = netsetup.SetupMasquerade(p.Path, netsetup.Masquerade{BridgeName: "qvbr" + randHex(t, 3), TapName: "qvtap" + randHex(t, 3)})
 	if err == nil || !strings.Contains(err.Error(), "default route") {
 		t.Errorf("setup without a default route: err = %v", err)
 	}

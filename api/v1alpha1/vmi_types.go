@@ -26,6 +26,10 @@ const (
 // +kubebuilder:printcolumn:name="NodeName",type=string,JSONPath=".status.nodeName"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=".status.conditions[?(@.type=='Ready')].status"
 // +kubebuilder:printcolumn:name="Live-Migratable",type=string,JSONPath=".status.conditions[?(@.type=='LiveMigratable')].status",priority=1
+// The node agent's cache holds only its node's instances (and those migrating to it): it lists and
+// watches with a field selector on these.
+// +kubebuilder:selectablefield:JSONPath=".status.nodeName"
+// +kubebuilder:selectablefield:JSONPath=".status.migrationState.targetNode"
 type VirtualMachineInstance struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -1,6 +1,7 @@
 // Command qvirt-launcher runs one virtual machine: it execs qemu-system-x86_64 and drives it over
-// QMP. `qvirt-launcher run -f vmi.yaml` runs a VM in the foreground outside Kubernetes, with the
-// serial console on the terminal, until the guest powers off.
+// QMP. `qvirt-launcher serve` is the launcher pod's process, driven by the node agent over
+// <socket-dir>/<vmi-uid>/launcher.sock. `qvirt-launcher run -f vmi.yaml` runs a VM in the
+// foreground outside Kubernetes, with the serial console on the terminal, until the guest powers off.
 package main
 
 import (
@@ -11,14 +12,23 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 	"golang.org/x/term"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/qvirt/qvirt/launcher"
 )
 
-const usage = `usage: qvirt-launcher run [flags] -f VMI.yaml
+const usage = `usage: qvirt-launcher serve --vmi-uid UID [flags]
+       qvirt-launcher run [flags] -f VMI.yaml
+
+serve: the launcher pod's process. Waits for the node agent's Sync on
+<socket-dir>/<vmi-uid>/launcher.sock, runs that VM, exits when the guest has ended (0 when it
+powered off cleanly). SIGTERM powers the guest off gracefully within its grace period.
+
+run:
 
 Runs one VM in the foreground with its serial console on stdin/stdout until the guest powers off.
 Exit status 0 when the guest powered off cleanly, 1 with the reason otherwise, 2 for a refused spec.
@@ -27,11 +37,56 @@ terminationGracePeriodSeconds.
 `
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != "run" {
+	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
-	os.Exit(run(os.Args[2:]))
+	switch os.Args[1] {
+	case "run":
+		os.Exit(run(os.Args[2:]))
+	case "serve":
+		os.Exit(serve(os.Args[2:]))
+	}
+	fmt.Fprint(os.Stderr, usage)
+	os.Exit(2)
+}
+
+func serve(args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	opts := launcher.ServeOptions{}
+	var uid string
+	fs.StringVar(&opts.SocketDir, "socket-dir", "/var/run/qvirt/sockets", "node socket directory (a hostPath mount)")
+	fs.StringVar(&uid, "vmi-uid", "", "UID of the VirtualMachineInstance this pod runs (required)")
+	fs.BoolVar(&opts.Emulation, "emulation", false, "allow software emulation (TCG) instead of KVM")
+	fs.StringVar(&opts.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary")
+	fs.IntVar(&opts.SpareRootPorts, "hotplug-ports", 4, "empty PCIe root ports for hotplug")
+	fs.StringVar(&opts.ScratchDir, "scratch-dir", "/var/run/qvirt/private", "directory for emptyDisk images")
+	fs.DurationVar(&opts.Linger, "linger", 10*time.Second, "keep answering the node agent this long after the guest ended")
+	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")
+	verbose := fs.Int("v", 0, "log verbosity")
+	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if uid == "" {
+		fmt.Fprintln(os.Stderr, "qvirt-launcher serve: flag --vmi-uid is required")
+		return 2
+	}
+	opts.VMIUID = types.UID(uid)
+	opts.Log = funcr.NewJSON(func(obj string) { fmt.Fprintln(os.Stderr, obj) }, funcr.Options{Verbosity: *verbose})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	exit, err := launcher.ServeVM(ctx, opts)
+	switch {
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "qvirt-launcher: %v\n", err)
+		return 1
+	case exit == nil:
+		fmt.Fprintln(os.Stderr, "qvirt-launcher: stopped before the node agent started a VM")
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "qvirt-launcher: guest ended: %s %s\n", exit.Reason, exit.Detail)
+	return launcher.ExitCode(*exit)
 }
 
 func run(args []string) int {

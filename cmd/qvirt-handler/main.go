@@ -1,0 +1,65 @@
+// Command qvirt-handler is the node agent: it runs on every node (a DaemonSet), sets up the guests'
+// networks in their launcher pods, drives the launchers over their sockets and keeps the status of
+// the instances on its node true.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/handler"
+)
+
+func main() {
+	opts := handler.Options{}
+	flag.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	flag.StringVar(&opts.SocketDir, "socket-dir", v1alpha1.SocketDir, "directory of the launchers' per-instance sockets")
+	metricsAddr := flag.String("metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint (0 disables it)")
+	probeAddr := flag.String("health-probe-bind-address", ":8444", "address of /healthz and /readyz")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	if err := run(opts, *metricsAddr, *probeAddr); err != nil {
+		ctrl.Log.Error(err, "qvirt-handler failed")
+		os.Exit(1)
+	}
+}
+
+func run(opts handler.Options, metricsAddr, probeAddr string) error {
+	scheme, err := controllers.Scheme()
+	if err != nil {
+		return err
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Cache:                  handler.CacheOptions(opts.NodeName),
+		Metrics:                server.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: probeAddr,
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+	if err := handler.Setup(mgr, opts); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	return mgr.Start(ctrl.SetupSignalHandler())
+}

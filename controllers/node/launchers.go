@@ -1,0 +1,148 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+)
+
+// launchers holds one status stream per instance on this node: each status the launcher pushes is
+// kept as the latest and queues the instance for reconciling, so the reconciler reacts to QEMU's
+// events instead of polling. Safe for concurrent use.
+type launchers struct {
+	socketDir string
+	events    chan event.TypedGenericEvent[client.Object]
+	log       logr.Logger
+
+	mu      sync.Mutex
+	streams map[types.UID]*stream
+}
+
+// stream is one instance's status stream.
+type stream struct {
+	cancel context.CancelFunc
+	// latest is the last status received; nil before the first.
+	latest *launcher.Status
+	// ended is set when the stream is over (the launcher went away or the handler stops).
+	ended bool
+	// shuttingDown is set once a graceful shutdown was asked for.
+	shuttingDown bool
+}
+
+func newLaunchers(socketDir string, log logr.Logger) *launchers {
+	return &launchers{socketDir: socketDir, log: log, streams: map[types.UID]*stream{},
+		events: make(chan event.TypedGenericEvent[client.Object], 1024)}
+}
+
+// client is the launcher client of an instance.
+func (ls *launchers) client(uid types.UID) *launcher.Client {
+	return launcher.NewClient(launcher.VMIDir(ls.socketDir, uid).Command())
+}
+
+// latest is the instance's last streamed status; ok is false when no stream is live (none
+// started, or it ended before the guest did), so the caller asks the launcher directly and calls
+// follow. A stream that ended after the guest's end keeps reporting it: the launcher may be gone.
+func (ls *launchers) latest(uid types.UID) (st launcher.Status, ok bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	s := ls.streams[uid]
+	if s == nil || s.latest == nil {
+		return launcher.Status{}, false
+	}
+	if s.ended && s.latest.Exit == nil && s.latest.Phase != launcher.PhaseFailed {
+		return launcher.Status{}, false
+	}
+	return *s.latest, true
+}
+
+// follow starts streaming the instance's status unless a live stream exists.
+func (ls *launchers) follow(vmi *v1alpha1.VirtualMachineInstance) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if s := ls.streams[vmi.UID]; s != nil && !s.ended {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &stream{cancel: cancel}
+	ls.streams[vmi.UID] = s
+	key := &v1alpha1.VirtualMachineInstance{}
+	key.Namespace, key.Name, key.UID = vmi.Namespace, vmi.Name, vmi.UID
+	go ls.run(ctx, s, key)
+}
+
+func (ls *launchers) run(ctx context.Context, s *stream, key *v1alpha1.VirtualMachineInstance) {
+	c := ls.client(key.UID)
+	defer c.Close()
+	err := c.Watch(ctx, func(st launcher.Status) bool {
+		ls.mu.Lock()
+		s.latest = &st
+		ls.mu.Unlock()
+		ls.notify(ctx, key)
+		return true
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		ls.log.V(1).Info("launcher status stream ended", "vmi", client.ObjectKeyFromObject(key), "error", err.Error())
+	}
+	ls.mu.Lock()
+	s.ended = true
+	ls.mu.Unlock()
+	ls.notify(ctx, key)
+}
+
+// notify queues the instance for reconciling, unless its stream was stopped.
+func (ls *launchers) notify(ctx context.Context, key client.Object) {
+	select {
+	case ls.events <- event.TypedGenericEvent[client.Object]{Object: key}:
+	case <-ctx.Done():
+	}
+}
+
+// forget stops the instance's stream, if any.
+func (ls *launchers) forget(uid types.UID) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if s := ls.streams[uid]; s != nil {
+		s.cancel()
+		delete(ls.streams, uid)
+	}
+}
+
+// shutdown asks the launcher, once per instance, to power the guest off within grace (the spec's
+// when nil), and reports whether this call asked. It runs in the background since it lasts until
+// QEMU is gone; the status stream reports the end.
+func (ls *launchers) shutdown(uid types.UID, grace *int64) bool {
+	ls.mu.Lock()
+	s := ls.streams[uid]
+	if s == nil || s.shuttingDown {
+		ls.mu.Unlock()
+		return false
+	}
+	s.shuttingDown = true
+	ls.mu.Unlock()
+	go func() {
+		c := ls.client(uid)
+		defer c.Close()
+		if _, err := c.Shutdown(context.Background(), grace); err != nil {
+			ls.log.Info("graceful shutdown ended with an error", "vmiUID", uid, "error", err.Error())
+		}
+	}()
+	return true
+}
+
+// stopAll ends every stream (the handler is stopping; the launchers keep running).
+func (ls *launchers) stopAll() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for uid, s := range ls.streams {
+		s.cancel()
+		delete(ls.streams, uid)
+	}
+}

@@ -1,0 +1,96 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/netsetup"
+)
+
+// setupNetwork makes the host side of every guest interface inside the launcher pod's network
+// namespace (reached through the launcher process, peer) and returns what the launcher needs to
+// attach them and serve their DHCP leases. It is idempotent: after a handler restart it returns
+// the same setup. A pod has one pod network, so at most one interface may use it.
+func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer launcher.Peer) ([]launcher.InterfaceSetup, error) {
+	ifaces := v.Spec.Domain.Devices.Interfaces
+	if len(ifaces) == 0 {
+		return nil, nil
+	}
+	base := field.NewPath("spec", "domain", "devices", "interfaces")
+	if len(ifaces) > 1 {
+		return nil, field.TooMany(base, len(ifaces), 1)
+	}
+	in := &ifaces[0]
+	if !isPodNetwork(v, in.Name) {
+		return nil, field.NotSupported(field.NewPath("spec", "networks").Key(in.Name), "multus", []string{"pod"})
+	}
+	dns, err := podDNS(peer)
+	if err != nil {
+		return nil, err
+	}
+	hostname := pod.Spec.Hostname
+	if in.Bridge != nil {
+		return bridgeSetup(in, peer, dns, hostname)
+	}
+	return masqueradeSetup(v, in, peer, dns, hostname, base.Index(0))
+}
+
+func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, p *field.Path) ([]launcher.InterfaceSetup, error) {
+	m := netsetup.Masquerade{TapOwner: peer.UID}
+	for i, port := range in.Ports {
+		if port.Port < 1 || port.Port > 65535 {
+			return nil, field.Invalid(p.Child("ports").Index(i).Child("port"), port.Port, "must be 1-65535")
+		}
+		m.Ports = append(m.Ports, netsetup.Port{Protocol: port.Protocol, Port: port.Port})
+	}
+	res, err := netsetup.SetupMasquerade(peer.NetNSPath(), m)
+	if err != nil {
+		return nil, fmt.Errorf("masquerade binding of interface %q: %w", in.Name, err)
+	}
+	mac := in.MacAddress
+	if mac == "" {
+		mac = netsetup.StableMAC(string(v.UID), in.Name)
+	}
+	return []launcher.InterfaceSetup{{Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &launcher.DHCPConfig{
+		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: dns, Hostname: hostname, MTU: res.MTU,
+	}}}, nil
+}
+
+func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string) ([]launcher.InterfaceSetup, error) {
+	res, err := netsetup.SetupBridge(peer.NetNSPath(), netsetup.Bridge{TapOwner: peer.UID})
+	if err != nil {
+		return nil, fmt.Errorf("bridge binding of interface %q: %w", in.Name, err)
+	}
+	// The pod network knows the pod's address at the pod interface's original MAC.
+	mac := in.MacAddress
+	if mac == "" {
+		mac = res.MAC.String()
+	}
+	return []launcher.InterfaceSetup{{Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &launcher.DHCPConfig{
+		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.Gateway, ServerID: res.ServerIP,
+		DNS: dns, Hostname: hostname, MTU: res.MTU,
+	}}}, nil
+}
+
+// podDNS are the nameservers of the launcher pod's resolv.conf, read through the launcher's root
+// (/proc/PID/root); none when the pod has no resolv.conf.
+func podDNS(peer launcher.Peer) ([]netip.Addr, error) {
+	path := filepath.Join("/proc", strconv.Itoa(peer.PID), "root", "etc", "resolv.conf")
+	dns, err := netsetup.ResolvConfDNS(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the pod's resolv.conf: %w", err)
+	}
+	return dns, nil
+}

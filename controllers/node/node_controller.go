@@ -1,0 +1,250 @@
+// Package node is the node agent's (qvirt-handler's) reconciler: for each instance on its node it
+// sets up the guest's network in the launcher pod, starts the VM through the launcher's command
+// socket, reflects the launcher's status in the instance's status and shuts the guest down when the
+// instance is deleted. It reacts to the launchers' pushed status streams, not by polling.
+//
+// Who owns what in an instance's status: the cluster controller owns Pending, Scheduling and
+// Scheduled and ends an instance whose pod failed or vanished; this reconciler owns Running,
+// Succeeded and Failed from the guest, the Ready, Paused and Synchronized conditions, interfaces,
+// volumeStatus and the QEMU and launcher versions.
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+)
+
+// Event reasons on instances.
+const (
+	EventStarted             = "Started"
+	EventGuestEnded          = "GuestEnded"
+	EventShuttingDown        = "ShuttingDown"
+	EventLauncherUnreachable = "LauncherUnreachable"
+	EventSyncFailed          = "SyncFailed"
+	EventNetworkSetupFailed  = "NetworkSetupFailed"
+)
+
+// Reconciler drives the launchers of the instances on one node.
+type Reconciler struct {
+	Client   client.Client
+	Recorder record.EventRecorder
+	// NodeName is this node; instances elsewhere are ignored.
+	NodeName string
+	// SocketDir holds the per-instance launcher directories (v1alpha1.SocketDir on a node).
+	SocketDir string
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+
+	launchers *launchers
+}
+
+// SetupWithManager registers the reconciler. The manager's cache must hold only this node's
+// instances and launcher pods (see CacheOptions).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.launchers = newLaunchers(r.SocketDir, mgr.GetLogger().WithName("launchers"))
+	if err := mgr.Add(stopStreams{r.launchers}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).Named("node-vmi").
+		For(&v1alpha1.VirtualMachineInstance{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToVMI)).
+		WatchesRawSource(source.Channel(r.launchers.events, &handler.EnqueueRequestForObject{})).
+		Complete(r)
+}
+
+// podToVMI maps a launcher pod to its instance (same namespace, name in the label).
+func podToVMI(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[v1alpha1.VMINameLabel]
+	if name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
+}
+
+// stopStreams ends the status streams when the manager stops; the launchers keep their VMs.
+type stopStreams struct{ ls *launchers }
+
+func (s stopStreams) Start(ctx context.Context) error {
+	<-ctx.Done()
+	s.ls.stopAll()
+	return nil
+}
+
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances,verbs=get;list;watch
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Reconcile brings one instance's launcher in line with the instance and the instance's status in
+// line with the launcher.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var v v1alpha1.VirtualMachineInstance
+	if err := r.Client.Get(ctx, req.NamespacedName, &v); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if v.Status.NodeName != r.NodeName {
+		return ctrl.Result{}, nil
+	}
+	if isFinal(v.Status.Phase) {
+		r.launchers.forget(v.UID)
+		return ctrl.Result{}, nil
+	}
+	pod, err := r.launcherPod(ctx, &v)
+	if err != nil || pod == nil || pod.Status.Phase != corev1.PodRunning {
+		// The pod watch brings the instance back when its pod runs.
+		return ctrl.Result{}, err
+	}
+	log := logr.FromContextOrDiscard(ctx).WithValues("pod", pod.Name)
+	ctx = logr.NewContext(ctx, log)
+
+	before := v.DeepCopy()
+	st, syncErr := r.syncLauncher(ctx, &v, pod)
+	now := r.now()
+	if st != nil {
+		if ended := applyLauncherStatus(&v, pod, st, now); ended != "" {
+			eventType := corev1.EventTypeNormal
+			if v.Status.Phase == v1alpha1.Failed {
+				eventType = corev1.EventTypeWarning
+			}
+			r.Recorder.Event(&v, eventType, EventGuestEnded, ended)
+		}
+	}
+	if err := r.patchStatus(ctx, before, &v); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, syncErr
+}
+
+// syncLauncher makes sure the launcher runs the instance (network first), follows its status
+// stream and, for a deleted instance, asks for the graceful shutdown. It returns the launcher's
+// status, nil when the launcher cannot be reached; its error is recorded in the Synchronized
+// condition and an Event, and retried with backoff.
+func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) (*launcher.Status, error) {
+	st, streaming := r.launchers.latest(v.UID)
+	if !streaming {
+		c := r.launchers.client(v.UID)
+		defer c.Close()
+		var err error
+		if st, err = c.Status(ctx); err != nil {
+			return nil, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable,
+				fmt.Errorf("launcher of pod %s at %s: %w", pod.Name, launcher.VMIDir(r.SocketDir, v.UID).Command(), err))
+		}
+		if st.Phase == launcher.PhaseWaiting && v.DeletionTimestamp.IsZero() {
+			if st, err = r.start(ctx, v, pod, c); err != nil {
+				return nil, err
+			}
+		}
+		r.launchers.follow(v)
+	}
+	if st.UID != "" && st.UID != v.UID {
+		return nil, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed,
+			fmt.Errorf("the launcher in pod %s runs VMI %s, not this one", pod.Name, st.UID))
+	}
+	setSynchronized(&v.Status, nil, "", r.now())
+	if !v.DeletionTimestamp.IsZero() && (st.Phase == launcher.PhaseRunning || st.Phase == launcher.PhaseStarting) {
+		if r.launchers.shutdown(v.UID, nil) {
+			r.Recorder.Event(v, corev1.EventTypeNormal, EventShuttingDown, "The instance is being deleted: powering the guest off")
+		}
+	}
+	return &st, nil
+}
+
+// start sets up the guest's network and sends the launcher the instance to run.
+func (r *Reconciler) start(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, c *launcher.Client) (launcher.Status, error) {
+	peer, err := launcher.PeerOf(ctx, launcher.VMIDir(r.SocketDir, v.UID).Command())
+	if err != nil {
+		return launcher.Status{}, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("find the launcher process: %w", err))
+	}
+	ifaces, err := setupNetwork(v, pod, peer)
+	if err != nil {
+		return launcher.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
+	}
+	st, err := c.Sync(ctx, &launcher.SyncRequest{Name: v.Name, Namespace: v.Namespace, UID: v.UID, Spec: v.Spec, Interfaces: ifaces})
+	if err != nil {
+		return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the VM: %w", err))
+	}
+	r.Recorder.Eventf(v, corev1.EventTypeNormal, EventStarted, "QEMU started in pod %s", pod.Name)
+	return st, nil
+}
+
+// syncFailed records err on the instance (condition and Event) and returns it for a retry.
+func (r *Reconciler) syncFailed(v *v1alpha1.VirtualMachineInstance, reason, eventReason string, err error) error {
+	prev := findCondition(v, ConditionSynchronized)
+	setSynchronized(&v.Status, err, reason, r.now())
+	if prev == nil || prev.Reason != reason || prev.Message != err.Error() {
+		r.Recorder.Event(v, corev1.EventTypeWarning, eventReason, err.Error())
+	}
+	return err
+}
+
+func findCondition(v *v1alpha1.VirtualMachineInstance, t string) *metav1.Condition {
+	for i := range v.Status.Conditions {
+		if v.Status.Conditions[i].Type == t {
+			return &v.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// launcherPod is the instance's running launcher pod on this node (not a migration target's).
+func (r *Reconciler) launcherPod(ctx context.Context, v *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(v.Namespace), client.MatchingLabels{v1alpha1.VMIUIDLabel: string(v.UID)}); err != nil {
+		return nil, fmt.Errorf("list launcher pods: %w", err)
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Spec.NodeName != r.NodeName {
+			continue
+		}
+		if _, active := v.Status.ActivePods[p.UID]; active {
+			return p, nil
+		}
+	}
+	return nil, nil
+}
+
+// patchStatus writes the status when it changed; a conflict means a newer version is queued.
+func (r *Reconciler) patchStatus(ctx context.Context, before, v *v1alpha1.VirtualMachineInstance) error {
+	if equality.Semantic.DeepEqual(before.Status, v.Status) {
+		return nil
+	}
+	err := r.Client.Status().Patch(ctx, v, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("patch status: %w", err)
+	}
+	return nil
+}
+
+func isFinal(p v1alpha1.VirtualMachineInstancePhase) bool {
+	return p == v1alpha1.Succeeded || p == v1alpha1.Failed
+}
+
+func (r *Reconciler) now() metav1.Time {
+	if r.Now != nil {
+		return metav1.NewTime(r.Now().Truncate(time.Second))
+	}
+	return metav1.NewTime(time.Now().Truncate(time.Second))
+}

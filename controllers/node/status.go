@@ -1,0 +1,196 @@
+package node
+
+import (
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/vmi"
+	"github.com/qvirt/qvirt/launcher"
+)
+
+// Condition types and reasons the node agent sets on an instance. Ready and Paused are KubeVirt's;
+// Synchronized says whether the node agent could bring the launcher to the spec.
+const (
+	ConditionSynchronized = "Synchronized"
+
+	ReasonGuestRunning        = "GuestRunning"
+	ReasonGuestNotRunning     = "GuestNotRunning"
+	ReasonGuestPaused         = "GuestPaused"
+	ReasonPausedByUser        = "PausedByUser"
+	ReasonPausedIOError       = "PausedIOError"
+	ReasonSynchronized        = "Synchronized"
+	ReasonLauncherUnreachable = "LauncherUnreachable"
+	ReasonSyncFailed          = "SyncFailed"
+	ReasonNetworkSetupFailed  = "NetworkSetupFailed"
+)
+
+// Reasons on a final instance: how the guest ended, from the launcher's exit reason.
+var exitReasons = map[launcher.ExitReason]string{
+	launcher.ExitGuestShutdown: "GuestShutdown",
+	launcher.ExitGuestPanicked: "GuestPanicked",
+	launcher.ExitQuit:          "Stopped",
+	launcher.ExitMigrated:      "Migrated",
+	launcher.ExitKilled:        "Killed",
+	launcher.ExitCrashed:       "QEMUCrashed",
+	launcher.ExitFailedToStart: "FailedToStart",
+}
+
+// exitReason is the instance's status.reason for an exit.
+func exitReason(e *launcher.Exit) string {
+	if r, ok := exitReasons[e.Reason]; ok {
+		return r
+	}
+	return "GuestEnded"
+}
+
+// guestOutcome is the phase the launcher's status puts the instance in ("" when it leaves the
+// phase alone: QEMU is still starting) and, for a final phase, the reason and the Event message.
+func guestOutcome(st *launcher.Status) (phase v1alpha1.VirtualMachineInstancePhase, reason, message string) {
+	switch st.Phase {
+	case launcher.PhaseRunning:
+		return v1alpha1.Running, "", ""
+	case launcher.PhaseSucceeded, launcher.PhaseFailed:
+		phase = v1alpha1.Failed
+		if st.Phase == launcher.PhaseSucceeded {
+			phase = v1alpha1.Succeeded
+		}
+		exit := st.Exit
+		if exit == nil {
+			exit = &launcher.Exit{Reason: launcher.ExitFailedToStart, Detail: st.StartError}
+		}
+		message = "The guest ended: " + string(exit.Reason)
+		if exit.Detail != "" {
+			message += ": " + exit.Detail
+		}
+		return phase, exitReason(exit), message
+	}
+	return "", "", ""
+}
+
+// applyLauncherStatus writes what the launcher reports into the instance's status: phase, QEMU and
+// launcher versions, Ready and Paused conditions, interfaces (reached at the pod's addresses, the
+// masquerade binding's and, for the bridge binding, the guest's own) and volumes. It returns the
+// Event message when the guest ended ("" otherwise). It is pure: now is the transition time.
+func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status, now metav1.Time) (ended string) {
+	status := &v.Status
+	phase, reason, msg := guestOutcome(st)
+	if phase != "" && status.Phase != phase {
+		vmi.SetPhase(status, phase, now)
+		if reason != "" {
+			status.Reason = reason
+			ended = msg
+		}
+	}
+	if st.QEMUVersion != "" {
+		status.QEMUVersion = st.QEMUVersion
+	}
+	if c := computeContainer(pod); c != nil {
+		status.LauncherContainerImageVersion = c.Image
+	}
+	setGuestConditions(status, st, now)
+	status.Interfaces = interfaces(v, pod, st)
+	status.VolumeStatus = volumes(st)
+	return ended
+}
+
+func computeContainer(pod *corev1.Pod) *corev1.Container {
+	if pod == nil {
+		return nil
+	}
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == vmi.ComputeContainer {
+			return &pod.Spec.Containers[i]
+		}
+	}
+	return nil
+}
+
+// setGuestConditions sets Ready (the guest runs and is not paused) and Paused (present only while
+// paused, as in KubeVirt).
+func setGuestConditions(status *v1alpha1.VirtualMachineInstanceStatus, st *launcher.Status, now metav1.Time) {
+	running := st.Phase == launcher.PhaseRunning
+	ready := metav1.Condition{Type: v1alpha1.VirtualMachineInstanceReady, Status: metav1.ConditionFalse,
+		Reason: ReasonGuestNotRunning, Message: fmt.Sprintf("The launcher reports %s", st.Phase), LastTransitionTime: now}
+	switch {
+	case running && !st.Paused:
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, ReasonGuestRunning, ""
+	case running:
+		ready.Reason, ready.Message = ReasonGuestPaused, "The guest's vCPUs are paused"
+	}
+	meta.SetStatusCondition(&status.Conditions, ready)
+	if !running || !st.Paused {
+		meta.RemoveStatusCondition(&status.Conditions, v1alpha1.VirtualMachineInstancePaused)
+		return
+	}
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+		Type: v1alpha1.VirtualMachineInstancePaused, Status: metav1.ConditionTrue,
+		Reason: pausedReason(st.RunState), Message: "QEMU run state: " + st.RunState, LastTransitionTime: now})
+}
+
+// pausedReason tells a pause asked for (QEMU's "paused" run state) from one QEMU imposed.
+func pausedReason(runState string) string {
+	switch runState {
+	case "paused":
+		return ReasonPausedByUser
+	case "io-error":
+		return ReasonPausedIOError
+	}
+	return "Paused" + camel(runState)
+}
+
+// camel turns QEMU's "postmigrate" or "guest-panicked" into "Postmigrate", "GuestPanicked".
+func camel(s string) string {
+	var b strings.Builder
+	for _, part := range strings.FieldsFunc(s, func(r rune) bool { return r == '-' || r == '_' }) {
+		b.WriteString(strings.ToUpper(part[:1]) + part[1:])
+	}
+	return b.String()
+}
+
+// interfaces are the guest NICs with the addresses they are reached at: the pod's.
+func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status) []v1alpha1.VirtualMachineInstanceNetworkInterface {
+	var out []v1alpha1.VirtualMachineInstanceNetworkInterface
+	for _, nic := range st.NICs {
+		in := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: nic.Name, MAC: nic.MAC}
+		if pod != nil && isPodNetwork(v, nic.Name) {
+			in.IP = pod.Status.PodIP
+			for _, ip := range pod.Status.PodIPs {
+				in.IPs = append(in.IPs, ip.IP)
+			}
+		}
+		out = append(out, in)
+	}
+	return out
+}
+
+func isPodNetwork(v *v1alpha1.VirtualMachineInstance, name string) bool {
+	for _, n := range v.Spec.Networks {
+		if n.Name == name {
+			return n.Pod != nil
+		}
+	}
+	return false
+}
+
+// volumes are the attached disks, all Ready: the launcher reports a disk once QEMU has it.
+func volumes(st *launcher.Status) []v1alpha1.VolumeStatus {
+	var out []v1alpha1.VolumeStatus
+	for _, d := range st.Disks {
+		out = append(out, v1alpha1.VolumeStatus{Name: d.Name, Phase: v1alpha1.VolumeReady, Hotplugged: d.Hotplugged})
+	}
+	return out
+}
+
+// setSynchronized records whether the node agent could bring the launcher to the spec.
+func setSynchronized(status *v1alpha1.VirtualMachineInstanceStatus, err error, reason string, now metav1.Time) {
+	c := metav1.Condition{Type: ConditionSynchronized, Status: metav1.ConditionTrue, Reason: ReasonSynchronized, LastTransitionTime: now}
+	if err != nil {
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, reason, err.Error()
+	}
+	meta.SetStatusCondition(&status.Conditions, c)
+}

@@ -1,0 +1,472 @@
+package handler_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/controllers/node"
+	"github.com/qvirt/qvirt/handler"
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/podnet"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// These tests run the node agent's manager against a real kube-apiserver, with qvirt-controller's
+// reconcilers creating the launcher pods and real `qvirt-launcher serve` processes booting the test
+// guest under TCG. No kubelet can run here, so the test plays its part (kubelet below): it binds
+// each launcher pod to the node, runs its process in a pod-like network namespace, reports the
+// pod Running with the namespace's address, sends SIGTERM when the pod is deleted and removes the
+// pod once the process is gone.
+
+var (
+	cp          *envtest.ControlPlane
+	guestDir    string
+	launcherBin string
+)
+
+const (
+	nodeName    = "node-a"
+	namespace   = "default"
+	bootTimeout = 3 * time.Minute
+)
+
+func TestMain(m *testing.M) {
+	out, err := exec.Command("../test/guest/build.sh").Output()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build the test guest with test/guest/build.sh: %v\n", err)
+		os.Exit(1)
+	}
+	guestDir = strings.TrimSpace(string(out))
+	// bin/ is the build output directory (ignored by git); the test's launcher is rebuilt each run.
+	launcherBin, err = filepath.Abs("../bin/test/qvirt-launcher")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if out, err := exec.Command("go", "build", "-o", launcherBin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build qvirt-launcher: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	ctrl.SetLogger(logr.Discard())
+	envtest.Main(m, &cp)
+}
+
+// env is one test's world: its namespace and node, qvirt-controller's reconcilers, the node agent
+// (restartable) and the kubelet stand-in.
+type env struct {
+	t         *testing.T
+	c         client.Client
+	ns, node  string
+	socketDir string
+	kubelet   *kubelet
+
+	stopHandler context.CancelFunc
+	handlerDone chan error
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx := context.Background()
+	id := rand.String(5)
+	socketDir, err := os.MkdirTemp("", "qvh-") // unix socket paths must stay under 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(socketDir) })
+	e := &env{t: t, c: cp.Client, ns: "h-" + id, node: "node-" + id, socketDir: socketDir}
+	e.kubelet = &kubelet{t: t, c: cp.Client, node: e.node, socketDir: socketDir}
+	for _, ns := range []string{e.ns, "qvirt-system"} {
+		if err := client.IgnoreAlreadyExists(e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "qvirt-config", Namespace: "qvirt-system"},
+		Data: map[string]string{"useEmulation": "true", "launcherImage": "qvirt-launcher:test"}}
+	if err := client.IgnoreAlreadyExists(e.c.Create(ctx, cm)); err != nil {
+		t.Fatal(err)
+	}
+	e.startController()
+	e.startHandler()
+	return e
+}
+
+// startController runs qvirt-controller's reconcilers until the test ends.
+func (e *env) startController() {
+	t := e.t
+	opts := cp.ManagerOptions()
+	opts.Cache = controllers.CacheOptions("qvirt-system")
+	mgr, err := ctrl.NewManager(cp.Config, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: "qvirt-system"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("controller manager: %v", err)
+		}
+	})
+}
+
+// startHandler starts the node agent; stopHandler stops it (the launchers keep running).
+func (e *env) startHandler() {
+	t := e.t
+	opts := cp.ManagerOptions()
+	opts.Cache = handler.CacheOptions(e.node)
+	opts.Logger = testr.NewWithOptions(t, testr.Options{Verbosity: 0})
+	mgr, err := ctrl.NewManager(cp.Config, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := handler.Setup(mgr, handler.Options{NodeName: e.node, SocketDir: e.socketDir}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.stopHandler, e.handlerDone = cancel, make(chan error, 1)
+	go func() { e.handlerDone <- mgr.Start(ctx) }()
+	t.Cleanup(e.killHandler)
+}
+
+func (e *env) killHandler() {
+	if e.stopHandler == nil {
+		return
+	}
+	e.stopHandler()
+	if err := <-e.handlerDone; err != nil {
+		e.t.Errorf("handler manager: %v", err)
+	}
+	e.stopHandler = nil
+}
+
+// guestVMI is the test guest with a masquerade interface on the pod network, counting ticks from
+// boot so a reboot would show.
+func (e *env) guestVMI(name string) *v1alpha1.VirtualMachineInstance {
+	e.t.Helper()
+	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	spec := req.Spec
+	kb := spec.Domain.Firmware.KernelBoot
+	kb.Container.Image = "file://" + guestDir
+	kb.KernelArgs = strings.Replace(kb.KernelArgs, "qvirt.hostname=testguest", "qvirt.hostname="+name, 1) + " qvirt.tick=0"
+	spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
+	spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	return &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}, Spec: spec}
+}
+
+func (e *env) create(v *v1alpha1.VirtualMachineInstance) {
+	e.t.Helper()
+	if err := e.c.Create(context.Background(), v); err != nil {
+		e.t.Fatalf("create VMI %s: %v", v.Name, err)
+	}
+}
+
+func (e *env) get(name string) *v1alpha1.VirtualMachineInstance {
+	e.t.Helper()
+	var v v1alpha1.VirtualMachineInstance
+	if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: name}, &v); err != nil {
+		e.t.Fatalf("get VMI %s: %v", name, err)
+	}
+	return &v
+}
+
+// waitVMI waits until ok holds for the VMI and returns it.
+func (e *env) waitVMI(name string, d time.Duration, what string, ok func(*v1alpha1.VirtualMachineInstance) bool) *v1alpha1.VirtualMachineInstance {
+	e.t.Helper()
+	var v *v1alpha1.VirtualMachineInstance
+	testutil.Eventually(e.t, d, "VMI "+name+" "+what, func() bool {
+		v = e.get(name)
+		return ok(v)
+	}, func() string { return fmt.Sprintf("status: %+v", v.Status) })
+	return v
+}
+
+func condition(v *v1alpha1.VirtualMachineInstance, t string) *metav1.Condition {
+	return meta.FindStatusCondition(v.Status.Conditions, t)
+}
+
+func isTrue(v *v1alpha1.VirtualMachineInstance, t string) bool {
+	c := condition(v, t)
+	return c != nil && c.Status == metav1.ConditionTrue
+}
+
+// events are the messages of the VMI's Events with reason.
+func (e *env) events(name, reason string) []string {
+	e.t.Helper()
+	var list corev1.EventList
+	if err := e.c.List(context.Background(), &list, client.InNamespace(e.ns)); err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.Kind == "VirtualMachineInstance" && ev.InvolvedObject.Name == name && ev.Reason == reason {
+			out = append(out, ev.Message)
+		}
+	}
+	return out
+}
+
+func (e *env) waitEvent(name, reason, contains string, d time.Duration) {
+	e.t.Helper()
+	testutil.Eventually(e.t, d, fmt.Sprintf("Event %s on VMI %s containing %q", reason, name, contains), func() bool {
+		for _, m := range e.events(name, reason) {
+			if strings.Contains(m, contains) {
+				return true
+			}
+		}
+		return false
+	}, func() string { return fmt.Sprintf("have %q", e.events(name, reason)) })
+}
+
+// kubelet stands in for the node's kubelet: see the comment at the top.
+type kubelet struct {
+	t         *testing.T
+	c         client.Client
+	node      string
+	socketDir string
+}
+
+// pod is one launcher pod's process.
+type pod struct {
+	name, ns string
+	net      *podnet.NS
+	cmd      *exec.Cmd
+	out      testutil.SyncBuffer
+	exited   chan struct{}
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// launcherPod waits for the VMI's launcher pod, binds it to the node and runs it.
+func (k *kubelet) run(v *v1alpha1.VirtualMachineInstance, withProcess bool) *pod {
+	t := k.t
+	t.Helper()
+	ctx := context.Background()
+	var po corev1.Pod
+	testutil.Eventually(t, 30*time.Second, "launcher pod of "+v.Name, func() bool {
+		var list corev1.PodList
+		_ = k.c.List(ctx, &list, client.InNamespace(v.Namespace), client.MatchingLabels{v1alpha1.VMINameLabel: v.Name})
+		if len(list.Items) == 0 {
+			return false
+		}
+		po = list.Items[0]
+		return true
+	})
+	binding := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: po.Name, Namespace: po.Namespace},
+		Target: corev1.ObjectReference{Kind: "Node", Name: k.node}}
+	if err := k.c.SubResource("binding").Create(ctx, &po, binding); err != nil {
+		t.Fatalf("bind pod %s: %v", po.Name, err)
+	}
+	p := &pod{name: po.Name, ns: po.Namespace, net: podnet.New(t), exited: make(chan struct{}), stop: make(chan struct{})}
+	if withProcess {
+		k.start(p, string(v.UID))
+	}
+	if err := k.c.Get(ctx, client.ObjectKeyFromObject(&po), &po); err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	po.Status.Phase = corev1.PodRunning
+	po.Status.PodIP = p.net.PodIP.String()
+	po.Status.PodIPs = []corev1.PodIP{{IP: p.net.PodIP.String()}}
+	po.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "compute", Ready: true, Image: po.Spec.Containers[0].Image,
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}
+	if err := k.c.Status().Update(ctx, &po); err != nil {
+		t.Fatalf("report pod %s running: %v", po.Name, err)
+	}
+	return p
+}
+
+// start runs `qvirt-launcher serve` inside the pod's network namespace and follows the pod.
+func (k *kubelet) start(p *pod, uid string) {
+	t := k.t
+	termLog := filepath.Join(t.TempDir(), "termination-log")
+	p.cmd = exec.Command("ip", "netns", "exec", p.net.Name, launcherBin, "serve",
+		"--socket-dir", k.socketDir, "--vmi-uid", uid, "--emulation", "--scratch-dir", t.TempDir(),
+		"--termination-log", termLog, "--linger", "2s")
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start the launcher: %v", err)
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		close(p.exited)
+	}()
+	p.wg.Add(1)
+	go k.follow(p)
+	t.Cleanup(func() {
+		close(p.stop)
+		p.wg.Wait()
+		select {
+		case <-p.exited:
+		default:
+			// The launcher's QEMU dies with it (its parent-death signal).
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("launcher output of pod %s:\n%s", p.name, testutil.Tail(p.out.String(), 4000))
+		}
+	})
+}
+
+// follow acts as the kubelet on the pod: SIGTERM when it is deleted, and when the process is gone
+// the final phase, or the pod's removal if it was being deleted. It runs in its own goroutine and
+// never fails the test itself.
+func (k *kubelet) follow(p *pod) {
+	defer p.wg.Done()
+	ctx := context.Background()
+	key := client.ObjectKey{Namespace: p.ns, Name: p.name}
+	termSent := false
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.exited:
+			var po corev1.Pod
+			if err := k.c.Get(ctx, key, &po); err != nil {
+				return
+			}
+			if !po.DeletionTimestamp.IsZero() {
+				_ = k.c.Delete(ctx, &po, client.GracePeriodSeconds(0))
+				return
+			}
+			po.Status.Phase = corev1.PodSucceeded
+			if p.cmd.ProcessState.ExitCode() != 0 {
+				po.Status.Phase = corev1.PodFailed
+			}
+			_ = k.c.Status().Update(ctx, &po)
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		var po corev1.Pod
+		if err := k.c.Get(ctx, key, &po); err == nil && !po.DeletionTimestamp.IsZero() && !termSent {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			termSent = true
+		}
+	}
+}
+
+func (e *env) console(v *v1alpha1.VirtualMachineInstance) *testutil.Console {
+	return testutil.AttachConsole(e.t, launcher.VMIDir(e.socketDir, v.UID).Serial())
+}
+
+func (e *env) launcherClient(v *v1alpha1.VirtualMachineInstance) *launcher.Client {
+	c := launcher.NewClient(launcher.VMIDir(e.socketDir, v.UID).Command())
+	e.t.Cleanup(c.Close)
+	return c
+}
+
+// TestInstanceLifecycle: the VMI goes Running with the pod's address as the guest's, the guest got
+// its address over DHCP and serves HTTP at the pod's address, pause shows Paused, and deleting the
+// VMI powers the guest off gracefully.
+func TestInstanceLifecycle(t *testing.T) {
+	e := newEnv(t)
+	v := e.guestVMI("vm1")
+	e.create(v)
+	p := e.kubelet.run(v, true)
+	con := e.console(v)
+
+	v = e.waitVMI("vm1", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+	})
+	if len(v.Status.Interfaces) != 1 || v.Status.Interfaces[0].IP != p.net.PodIP.String() || v.Status.Interfaces[0].Name != "default" {
+		t.Errorf("interfaces %+v, want default at the pod's address %s", v.Status.Interfaces, p.net.PodIP)
+	}
+	if !strings.HasPrefix(v.Status.QEMUVersion, "7.") || v.Status.LauncherContainerImageVersion != "qvirt-launcher:test" {
+		t.Errorf("qemuVersion %q launcherContainerImageVersion %q", v.Status.QEMUVersion, v.Status.LauncherContainerImageVersion)
+	}
+	if !isTrue(v, node.ConditionSynchronized) {
+		t.Errorf("Synchronized condition: %+v", condition(v, node.ConditionSynchronized))
+	}
+	con.Expect(t, 0, "QVIRT-IP eth0 10.0.2.2", bootTimeout)
+
+	t.Run("the guest serves HTTP at the pod's address", func(t *testing.T) {
+		hc := http.Client{Timeout: 5 * time.Second}
+		var body string
+		testutil.Eventually(t, 30*time.Second, "GET http://"+p.net.PodIP.String()+"/", func() bool {
+			resp, err := hc.Get("http://" + p.net.PodIP.String() + "/")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b := make([]byte, 256)
+			n, _ := resp.Body.Read(b)
+			body = string(b[:n])
+			return resp.StatusCode == http.StatusOK
+		})
+		if strings.TrimSpace(body) != "vm1" {
+			t.Errorf("the guest's httpd answered %q, want its hostname vm1", body)
+		}
+	})
+
+	t.Run("pause shows Paused, unpause clears it", func(t *testing.T) {
+		lc := e.launcherClient(v)
+		if err := lc.Pause(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		v := e.waitVMI("vm1", 5*time.Second, "Paused", func(v *v1alpha1.VirtualMachineInstance) bool {
+			return isTrue(v, v1alpha1.VirtualMachineInstancePaused)
+		})
+		if c := condition(v, v1alpha1.VirtualMachineInstancePaused); c.Reason != node.ReasonPausedByUser {
+			t.Errorf("Paused reason %q, want %q", c.Reason, node.ReasonPausedByUser)
+		}
+		if isTrue(v, v1alpha1.VirtualMachineInstanceReady) {
+			t.Error("a paused instance is Ready")
+		}
+		if err := lc.Resume(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		e.waitVMI("vm1", 5*time.Second, "Ready and not Paused", func(v *v1alpha1.VirtualMachineInstance) bool {
+			return condition(v, v1alpha1.VirtualMachineInstancePaused) == nil && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+		})
+	})
+
+	t.Run("deleting the VMI powers the guest off gracefully", func(t *testing.T) {
+		from := len(con.Text())
+		if err := e.c.Delete(context.Background(), v); err != nil {
+			t.Fatal(err)
+		}
+		con.Expect(t, from, "QVIRT-POWERDOWN", 30*time.Second)
+		select {
+		case <-p.exited:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the launcher did not exit after the guest powered off")
+		}
+		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("launcher exit code %d, want 0 (guest shut down cleanly)", code)
+		}
+		e.waitEvent("vm1", node.EventGuestEnded, "guest shutdown", 10*time.Second)
+		testutil.Eventually(t, 30*time.Second, "VMI vm1 gone", func() bool {
+			var v v1alpha1.VirtualMachineInstance
+			err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: "vm1"}, &v)
+			return client.IgnoreNotFound(err) == nil && err != nil
+		})
+	})
+}

@@ -1,0 +1,132 @@
+package launcher
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// ServeOptions configure `qvirt-launcher serve`, the launcher pod's process: it waits for the node
+// agent's Sync on <SocketDir>/<VMIUID>/launcher.sock, runs that one VM, and returns when QEMU is gone.
+type ServeOptions struct {
+	SocketDir string
+	VMIUID    types.UID
+	// Emulation is the pod's say (the controller renders it from its configuration); the Sync
+	// request's Emulation is ignored.
+	Emulation      bool
+	QEMU           string
+	SpareRootPorts int
+	// ScratchDir holds emptyDisk images (the pod's private emptyDir).
+	ScratchDir string
+	// Linger is how long the command socket keeps answering after the guest ended on its own, so
+	// the node agent reads the final status; it is cut short by ctx.
+	Linger time.Duration
+	// TerminationLog, when set, receives how the guest ended (the pod's terminationMessagePath), so
+	// the reason reaches the pod status even when no node agent is listening.
+	TerminationLog string
+	Log            logr.Logger
+}
+
+// ServeVM runs the launcher pod's VM. Cancelling ctx (SIGTERM: the pod is being deleted) stops the
+// guest gracefully within its terminationGracePeriodSeconds. Without a Sync, ctx's end just returns.
+func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
+	if opts.VMIUID == "" {
+		return nil, fmt.Errorf("--vmi-uid is required")
+	}
+	dir := VMIDir(opts.SocketDir, opts.VMIUID)
+	if err := os.MkdirAll(string(dir), 0o750); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir},
+		uid: opts.VMIUID, emulation: opts.Emulation}
+	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
+	serveCtx, stopServing := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- Serve(serveCtx, dir.Command(), l, opts.Log) }()
+	defer func() {
+		stopServing()
+		<-served
+	}()
+	opts.Log.Info("waiting for the node agent", "socket", dir.Command())
+
+	exit, err := waitForEnd(ctx, l, served)
+	if err != nil || exit == nil {
+		return exit, err
+	}
+	writeTerminationLog(opts.TerminationLog, *exit, opts.Log)
+	if ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(opts.Linger):
+		}
+	}
+	return exit, nil
+}
+
+// waitForEnd returns how the guest ended, nil when ctx ended before any Sync.
+func waitForEnd(ctx context.Context, l *Launcher, served <-chan error) (*Exit, error) {
+	for {
+		st, changed := l.Status(ctx)
+		if st.Exit != nil {
+			return st.Exit, nil
+		}
+		if st.Phase == PhaseFailed {
+			return &Exit{Reason: ExitFailedToStart, Detail: st.StartError, At: time.Now()}, nil
+		}
+		select {
+		case <-changed:
+		case err := <-served:
+			return nil, fmt.Errorf("command server: %w", err)
+		case <-ctx.Done():
+			if st.Phase == PhaseWaiting {
+				return nil, nil
+			}
+			exit, err := l.Shutdown(context.Background(), nil)
+			if err != nil {
+				// QEMU ended by itself meanwhile: report that.
+				if st, _ := l.Status(context.Background()); st.Exit != nil {
+					return st.Exit, nil
+				}
+				return nil, fmt.Errorf("graceful shutdown: %w", err)
+			}
+			return &exit, nil
+		}
+	}
+}
+
+func writeTerminationLog(path string, exit Exit, log logr.Logger) {
+	if path == "" {
+		return
+	}
+	msg := string(exit.Reason)
+	if exit.Detail != "" {
+		msg += ": " + exit.Detail
+	}
+	if err := os.WriteFile(path, []byte(msg), 0o644); err != nil {
+		log.Error(err, "write termination message", "path", path)
+	}
+}
+
+// podResolver is HostResolver for the one VMI this pod was made for.
+type podResolver struct {
+	host      HostResolver
+	uid       types.UID
+	emulation bool
+}
+
+func (p podResolver) Resolve(req *SyncRequest, runDir string) (*Machine, error) {
+	if req.UID != p.uid {
+		return nil, field.Invalid(field.NewPath("uid"), req.UID, fmt.Sprintf("this launcher pod runs VMI %s", p.uid))
+	}
+	m, err := p.host.Resolve(req, runDir)
+	if err != nil {
+		return nil, err
+	}
+	m.Emulation = p.emulation
+	return m, nil
+}

@@ -1,0 +1,118 @@
+package testutil
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Console reads a guest's serial socket (the test guest's protocol is in test/guest/README.md)
+// and keeps everything it read.
+type Console struct {
+	conn net.Conn
+	mu   sync.Mutex
+	buf  bytes.Buffer
+}
+
+// AttachConsole connects to the serial socket at path, waiting up to 30 s for it to appear, and
+// closes it when the test ends.
+func AttachConsole(t testing.TB, path string) *Console {
+	t.Helper()
+	var conn net.Conn
+	Eventually(t, 30*time.Second, "serial socket "+path, func() bool {
+		var err error
+		conn, err = net.Dial("unix", path)
+		return err == nil
+	})
+	c := &Console{conn: conn}
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := conn.Read(b)
+			c.mu.Lock()
+			c.buf.Write(b[:n])
+			c.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = conn.Close() })
+	return c
+}
+
+// Text is everything the guest printed since the console was attached.
+func (c *Console) Text() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
+
+// Send types a line.
+func (c *Console) Send(t testing.TB, line string) {
+	t.Helper()
+	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
+		t.Fatalf("write to console: %v", err)
+	}
+}
+
+// Expect waits until the console shows want after offset from; it returns the end of the match.
+func (c *Console) Expect(t testing.TB, from int, want string, d time.Duration) int {
+	t.Helper()
+	var end int
+	Eventually(t, d, fmt.Sprintf("%q on the console", want), func() bool {
+		text := c.Text()
+		if from > len(text) {
+			return false
+		}
+		i := strings.Index(text[from:], want)
+		end = from + i + len(want)
+		return i >= 0
+	}, func() string { return "console ends with " + strconv.Quote(Tail(c.Text(), 300)) })
+	return end
+}
+
+// A counter line of the guest's tick; the echo of a typed "tick 100 &" does not match.
+var tickRE = regexp.MustCompile(`tick (\d+)\r\n`)
+
+// LastTick is the highest counter the guest's tick printed.
+func (c *Console) LastTick() int {
+	last := 0
+	for _, m := range tickRE.FindAllStringSubmatch(c.Text(), -1) {
+		if n, _ := strconv.Atoi(m[1]); n > last {
+			last = n
+		}
+	}
+	return last
+}
+
+// Tail is the last n bytes of s.
+func Tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// Eventually polls ok every 50 ms until it holds or d passes, then fails the test naming what it
+// waited for, with the details when given.
+func Eventually(t testing.TB, d time.Duration, what string, ok func() bool, details ...func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			msg := fmt.Sprintf("timed out after %s waiting for %s", d, what)
+			for _, f := range details {
+				msg += "\n" + f()
+			}
+			t.Fatal(msg)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
