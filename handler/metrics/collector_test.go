@@ -27,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -170,13 +171,14 @@ func TestScrapeSurvivesAListError(t *testing.T) {
 	}
 }
 
-// BenchmarkScrape measures one /metrics request over HTTP with one running VMI.
+// BenchmarkScrape measures one /metrics request over HTTP with one running VMI, the VMIs read from
+// an informer cache as in the node agent; BenchmarkLauncherStats is the launcher's share of it.
 func BenchmarkScrape(b *testing.B) {
 	ns := namespace(b)
 	dir := socketDir(b)
 	vm := createVMI(b, ns, "bench", node, v1alpha1.Running)
 	startLauncher(b, dir, vm)
-	srv := serve(b, metrics.NewCollector(cp.Client, node, dir, logr.Discard()))
+	srv := serve(b, metrics.NewCollector(informerCache(b), node, dir, logr.Discard()))
 	b.ResetTimer()
 	for b.Loop() {
 		resp, err := http.Get(srv.URL)
@@ -189,6 +191,36 @@ func BenchmarkScrape(b *testing.B) {
 			b.Fatalf("status %d, %d bytes", resp.StatusCode, n)
 		}
 	}
+}
+
+func BenchmarkLauncherStats(b *testing.B) {
+	vm := createVMI(b, namespace(b), "bench", node, v1alpha1.Running)
+	l := startLauncher(b, socketDir(b), vm)
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := l.client.Stats(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// informerCache is a started controller-runtime cache of the control plane, as the node agent's.
+func informerCache(b *testing.B) cache.Cache {
+	c, err := cache.New(cp.Config, cache.Options{Scheme: cp.Scheme})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		b.Fatal("cache did not start")
+	}
+	// The VMI informer starts on first use; this list waits for its sync.
+	if err := c.List(ctx, &v1alpha1.VirtualMachineInstanceList{}); err != nil {
+		b.Fatal(err)
+	}
+	return c
 }
 
 // --- fixtures ---
