@@ -470,3 +470,127 @@ func TestInstanceLifecycle(t *testing.T) {
 		})
 	})
 }
+
+// TestHandlerRestartKeepsGuests kills the node agent while two VMs run and starts a new one: neither
+// guest reboots (their tick counters go on, QEMU keeps its PID), and a change made while no agent
+// ran (a pause) is in the status again within 5 s.
+func TestHandlerRestartKeepsGuests(t *testing.T) {
+	e := newEnv(t)
+	names := []string{"vm-a", "vm-b"}
+	vmis := map[string]*v1alpha1.VirtualMachineInstance{}
+	cons := map[string]*testutil.Console{}
+	for _, name := range names {
+		v := e.guestVMI(name)
+		e.create(v)
+		e.kubelet.run(v, true)
+		cons[name] = e.console(v)
+		vmis[name] = v
+	}
+	pids := map[string]int{}
+	for _, name := range names {
+		e.waitVMI(name, bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
+			return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+		})
+		cons[name].Expect(t, 0, "tick 2\r\n", bootTimeout)
+		st, err := e.launcherClient(vmis[name]).Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids[name] = st.PID
+	}
+
+	e.killHandler()
+	ticks := map[string]int{}
+	for _, name := range names {
+		ticks[name] = cons[name].LastTick()
+	}
+	// While no agent runs, vm-a is paused (as an operator's QMP stop would).
+	if err := e.launcherClient(vmis["vm-a"]).Pause(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := e.launcherClient(vmis["vm-a"]).Resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.launcherClient(vmis["vm-a"]).Pause(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	restarted := time.Now()
+	e.startHandler()
+	e.waitVMI("vm-a", 5*time.Second, "Paused after the agent's restart", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return isTrue(v, v1alpha1.VirtualMachineInstancePaused)
+	})
+	t.Logf("status correct %.2fs after the agent restarted", time.Since(restarted).Seconds())
+	if err := e.launcherClient(vmis["vm-a"]).Resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		e.waitVMI(name, 5*time.Second, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+			return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+		})
+		// The counter goes on from where it was: no reboot.
+		want := ticks[name] + 3
+		cons[name].Expect(t, 0, fmt.Sprintf("tick %d\r\n", want), 30*time.Second)
+		if n := strings.Count(cons[name].Text(), "QVIRT-GUEST-READY"); n > 1 {
+			t.Errorf("%s booted %d times", name, n)
+		}
+		st, err := e.launcherClient(vmis[name]).Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.PID != pids[name] {
+			t.Errorf("%s: QEMU PID %d, was %d: the VM was restarted", name, st.PID, pids[name])
+		}
+	}
+}
+
+// TestBadLaunchers: an instance whose launcher never listens, and one whose launcher refuses the
+// spec (a missing image), each get a clear condition and Event, while a good instance on the same
+// node runs undisturbed.
+func TestBadLaunchers(t *testing.T) {
+	e := newEnv(t)
+	good := e.guestVMI("good")
+	e.create(good)
+	e.kubelet.run(good, true)
+
+	silent := e.guestVMI("silent")
+	e.create(silent)
+	e.kubelet.run(silent, false)
+
+	badImage := e.guestVMI("bad-image")
+	badImage.Spec.Domain.Firmware.KernelBoot.Container.Image = "file:///nonexistent/qvirt-image"
+	e.create(badImage)
+	e.kubelet.run(badImage, true)
+
+	v := e.waitVMI("bad-image", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+		c := condition(v, node.ConditionSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	c := condition(v, node.ConditionSynchronized)
+	if c.Reason != node.ReasonSyncFailed || !strings.Contains(c.Message, "spec.domain.firmware.kernelBoot.container.image") {
+		t.Errorf("Synchronized condition %+v: want reason %s naming the image field", c, node.ReasonSyncFailed)
+	}
+	e.waitEvent("bad-image", node.EventSyncFailed, "/nonexistent/qvirt-image", 10*time.Second)
+
+	// The silent pod's container started just now: the agent waits launcherStartGrace (10 s)
+	// before it calls the launcher unreachable.
+	v = e.waitVMI("silent", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+		c := condition(v, node.ConditionSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	if c := condition(v, node.ConditionSynchronized); c.Reason != node.ReasonLauncherUnreachable || !strings.Contains(c.Message, "launcher.sock") {
+		t.Errorf("Synchronized condition %+v: want reason %s naming the socket", c, node.ReasonLauncherUnreachable)
+	}
+	e.waitEvent("silent", node.EventLauncherUnreachable, "launcher.sock", 10*time.Second)
+
+	for _, name := range []string{"silent", "bad-image"} {
+		if v := e.get(name); v.Status.Phase != v1alpha1.Scheduled {
+			t.Errorf("%s: phase %s, want it left Scheduled while the agent retries", name, v.Status.Phase)
+		}
+	}
+	e.waitVMI("good", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady) &&
+			isTrue(v, node.ConditionSynchronized)
+	})
+}

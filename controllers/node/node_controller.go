@@ -11,7 +11,9 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/launcher"
 )
 
@@ -118,6 +121,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	before := v.DeepCopy()
 	st, syncErr := r.syncLauncher(ctx, &v, pod)
+	if errors.Is(syncErr, errLauncherStarting) {
+		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
+	}
 	now := r.now()
 	if st != nil {
 		if ended := applyLauncherStatus(&v, pod, st, now); ended != "" {
@@ -145,6 +151,9 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 		defer c.Close()
 		var err error
 		if st, err = c.Status(ctx); err != nil {
+			if notListening(err) && r.startedRecently(pod) {
+				return nil, errLauncherStarting
+			}
 			return nil, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable,
 				fmt.Errorf("launcher of pod %s at %s: %w", pod.Name, launcher.VMIDir(r.SocketDir, v.UID).Command(), err))
 		}
@@ -166,6 +175,31 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 		}
 	}
 	return &st, nil
+}
+
+// A launcher pod's container is reported running a moment before the launcher listens. For this
+// long after the container started, a missing socket is waited for quietly (polled every
+// launcherStartPoll) rather than reported on the instance.
+const (
+	launcherStartGrace = 10 * time.Second
+	launcherStartPoll  = 200 * time.Millisecond
+)
+
+var errLauncherStarting = errors.New("the launcher is starting")
+
+// notListening reports whether err says nobody listens on the socket (yet, or any more).
+func notListening(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// startedRecently reports whether the pod's compute container started within launcherStartGrace.
+func (r *Reconciler) startedRecently(pod *corev1.Pod) bool {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == vmi.ComputeContainer && cs.State.Running != nil {
+			return r.now().Sub(cs.State.Running.StartedAt.Time) < launcherStartGrace
+		}
+	}
+	return false
 }
 
 // start sets up the guest's network and sends the launcher the instance to run.
