@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -71,6 +70,7 @@ type server struct {
 	base      string // https://127.0.0.1:port
 	stop      context.CancelFunc
 	stopped   chan error
+	once      sync.Once
 }
 
 func startServer(t *testing.T, socketDir string, p *pki, edit func(*streams.Options)) *server {
@@ -99,16 +99,17 @@ func startServer(t *testing.T, socketDir string, p *pki, edit func(*streams.Opti
 // shutdown stops the server and checks it returned cleanly; safe to call twice.
 func (s *server) shutdown(t *testing.T) {
 	t.Helper()
-	s.stop()
-	select {
-	case err, ok := <-s.stopped:
-		if ok && err != nil {
-			t.Errorf("Start returned %v", err)
+	s.once.Do(func() {
+		s.stop()
+		select {
+		case err := <-s.stopped:
+			if err != nil {
+				t.Errorf("Start returned %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("the server did not stop within 10s")
 		}
-		close(s.stopped)
-	case <-time.After(10 * time.Second):
-		t.Errorf("the server did not stop within 10s")
-	}
+	})
 }
 
 // caller is who qvirt-api says the end user is.
@@ -364,9 +365,6 @@ func pathOf(vmi *v1alpha1.VirtualMachineInstance, endpoint string) string {
 	return streams.Path(vmi.Namespace, vmi.Name, endpoint)
 }
 
-func shortName(t *testing.T) string {
-	return strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(filepath.Base(t.Name())))
-}
 
 // find waits for a message after index from that match accepts; it returns it and its index.
 func (s *stream) find(t *testing.T, from int, what string, d time.Duration, match func(map[string]any) bool) (map[string]any, int) {

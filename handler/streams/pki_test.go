@@ -110,9 +110,9 @@ func serial(t *testing.T) *big.Int {
 // pki is the test's certificates: the CA signing the server's and qvirt-api's certificates, the
 // files the server reads, and a second CA nobody trusts.
 type pki struct {
-	ca, otherCA                *authority
+	ca, otherCA                 *authority
 	server, client, otherClient issued
-	certFile, keyFile, caFile  string
+	certFile, keyFile, caFile   string
 }
 
 func newPKI(t *testing.T) *pki {

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"log"
 	"net"
-	"strings"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
