@@ -365,7 +365,6 @@ func pathOf(vmi *v1alpha1.VirtualMachineInstance, endpoint string) string {
 	return streams.Path(vmi.Namespace, vmi.Name, endpoint)
 }
 
-
 // find waits for a message after index from that match accepts; it returns it and its index.
 func (s *stream) find(t *testing.T, from int, what string, d time.Duration, match func(map[string]any) bool) (map[string]any, int) {
 	t.Helper()
