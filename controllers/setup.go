@@ -1,11 +1,12 @@
-// Package controllers wires qvirt-controller: the configuration, VM, VMI and migration reconcilers
-// and the validating webhook, on one controller-runtime manager. The reconcilers live in the
-// sub-packages named after what they reconcile.
+// Package controllers wires qvirt-controller: the configuration, VM, VMI, migration and node health
+// reconcilers and the validating webhook, on one controller-runtime manager. The reconcilers live
+// in the sub-packages named after what they reconcile.
 package controllers
 
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,6 +22,7 @@ import (
 	"github.com/qvirt/qvirt/controllers/admission"
 	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/migration"
+	"github.com/qvirt/qvirt/controllers/nodehealth"
 	"github.com/qvirt/qvirt/controllers/vm"
 	"github.com/qvirt/qvirt/controllers/vmi"
 )
@@ -45,6 +47,9 @@ func CacheOptions(namespace string) cache.Options {
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:       {Label: labels.SelectorFromSet(labels.Set{v1alpha1.AppLabel: v1alpha1.LauncherApp})},
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},
+			// Nodes are cached as metadata only (nodehealth reads labels and annotations), and only
+			// the nodes a qvirt node agent labelled.
+			&corev1.Node{}: {Label: nodehealth.NodeSelector()},
 		},
 		// managedFields are never read here and are about a fifth of a cached VMI.
 		DefaultTransform: cache.TransformStripManagedFields(),
@@ -57,6 +62,9 @@ type Options struct {
 	Namespace string
 	// Webhooks registers the validating webhook on the manager's webhook server.
 	Webhooks bool
+	// NodeHeartbeatTimeout is how long a node agent may go without beating before its node is
+	// marked unschedulable and its instances failed; nodehealth.DefaultTimeout when zero.
+	NodeHeartbeatTimeout time.Duration
 }
 
 // Setup loads the configuration and registers every reconciler (and the webhook) with mgr.
@@ -81,6 +89,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, 
 		}},
 		{"migration", func() error {
 			return (&migration.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-migration"), Config: store}).SetupWithManager(mgr)
+		}},
+		{"nodehealth", func() error {
+			return (&nodehealth.Reconciler{Client: c, Recorder: recorder(mgr, "qvirt-nodehealth"), Timeout: opts.NodeHeartbeatTimeout}).SetupWithManager(mgr)
 		}},
 	}
 	if opts.Webhooks {

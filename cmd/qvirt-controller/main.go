@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/controllers/nodehealth"
 )
 
 func main() {
@@ -26,18 +28,19 @@ func main() {
 		webhooks    = flag.Bool("webhooks", true, "serve the validating webhook")
 		webhookPort = flag.Int("webhook-port", 9443, "port of the webhook server")
 		certDir     = flag.String("webhook-cert-dir", "", "directory with tls.crt and tls.key for the webhook server")
+		nodeTimeout = flag.Duration("node-heartbeat-timeout", nodehealth.DefaultTimeout, "how long a node agent may go without a heartbeat before its instances are failed")
 	)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(*metricsAddr, *probeAddr, *leaderElect, *namespace, *webhooks, *webhookPort, *certDir); err != nil {
+	if err := run(*metricsAddr, *probeAddr, *leaderElect, *namespace, *webhooks, *webhookPort, *certDir, *nodeTimeout); err != nil {
 		ctrl.Log.Error(err, "qvirt-controller failed")
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, probeAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certDir string) error {
+func run(metricsAddr, probeAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certDir string, nodeTimeout time.Duration) error {
 	scheme, err := controllers.Scheme()
 	if err != nil {
 		return err
@@ -56,7 +59,7 @@ func run(metricsAddr, probeAddr string, leaderElect bool, namespace string, webh
 		return fmt.Errorf("create manager: %w", err)
 	}
 	ctx := ctrl.SetupSignalHandler()
-	if _, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: namespace, Webhooks: webhooks}); err != nil {
+	if _, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: namespace, Webhooks: webhooks, NodeHeartbeatTimeout: nodeTimeout}); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
