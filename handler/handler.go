@@ -12,8 +12,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/node"
 )
 
@@ -23,12 +26,14 @@ type Options struct {
 	NodeName string
 	// SocketDir is where launchers make their per-instance directories (v1alpha1.SocketDir).
 	SocketDir string
+	// Namespace is the install namespace holding the qvirt-config ConfigMap.
+	Namespace string
 }
 
 // CacheOptions restrict the cache to one node: instances whose status.nodeName is the node (a CRD
-// selectable field, so the API server filters) and launcher pods scheduled there. Nothing
-// cluster-wide is listed or watched.
-func CacheOptions(nodeName string) cache.Options {
+// selectable field, so the API server filters), launcher pods scheduled there and the
+// configuration ConfigMap's namespace. Nothing cluster-wide is listed or watched.
+func CacheOptions(nodeName, namespace string) cache.Options {
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.VirtualMachineInstance{}: {Field: fields.OneTermEqualSelector("status.nodeName", nodeName)},
@@ -36,12 +41,26 @@ func CacheOptions(nodeName string) cache.Options {
 				Field: fields.OneTermEqualSelector("spec.nodeName", nodeName),
 				Label: labels.SelectorFromSet(labels.Set{v1alpha1.AppLabel: v1alpha1.LauncherApp}),
 			},
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},
 		},
 		DefaultTransform: cache.TransformStripManagedFields(),
 	}
 }
 
-// Setup registers the node agent's parts with mgr, whose cache must be CacheOptions(opts.NodeName).
+// targetCacheOptions select the instances migrating to the node: a second cache, since one
+// informer takes one field selector.
+func targetCacheOptions(mgr ctrl.Manager, nodeName string) cache.Options {
+	return cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{
+			&v1alpha1.VirtualMachineInstance{}: {Field: fields.OneTermEqualSelector("status.migrationState.targetNode", nodeName)},
+		},
+		DefaultTransform: cache.TransformStripManagedFields(),
+	}
+}
+
+// Setup registers the node agent's parts with mgr, whose cache must be
+// CacheOptions(opts.NodeName, opts.Namespace).
 func Setup(mgr ctrl.Manager, opts Options) error {
 	if opts.NodeName == "" {
 		return fmt.Errorf("node name: required (flag --node-name or env NODE_NAME)")
@@ -51,7 +70,28 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	//lint:ignore SA1019 the reconcilers record with the core/v1 Events API, as qvirt-controller's
 	rec := mgr.GetEventRecorderFor("qvirt-handler")
-	r := &node.Reconciler{Client: mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, SocketDir: opts.SocketDir}
+	// The configuration starts at the defaults and follows the ConfigMap once the cache has it;
+	// the node agent only reads the migration bandwidth from it.
+	store := config.NewStore(config.Default())
+	if err := (&config.Reconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, Store: store, Recorder: rec}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the configuration reconciler: %w", err)
+	}
+	targets, err := cache.New(mgr.GetConfig(), targetCacheOptions(mgr, opts.NodeName))
+	if err != nil {
+		return fmt.Errorf("migration target cache: %w", err)
+	}
+	if err := mgr.Add(targets); err != nil {
+		return err
+	}
+	r := &node.Reconciler{
+		Client: mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, SocketDir: opts.SocketDir,
+		Targets:      targets,
+		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &handler.EnqueueRequestForObject{}),
+		MigrationBandwidth: func() int64 {
+			bw := store.Get().Migrations.BandwidthPerMigration
+			return bw.Value()
+		},
+	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the instance reconciler: %w", err)
 	}

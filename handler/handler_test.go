@@ -72,12 +72,20 @@ func TestMain(m *testing.M) {
 	envtest.Main(m, &cp)
 }
 
-// env is one test's world: its namespace and node, qvirt-controller's reconcilers, the node agent
-// (restartable) and the kubelet stand-in.
+// env is one test's world: its namespace, a pod network, qvirt-controller's reconcilers and one
+// node (more with addNode), each with its node agent (restartable) and kubelet stand-in.
 type env struct {
+	t   *testing.T
+	c   client.Client
+	ns  string
+	net *podnet.Network
+	*nodeAgent
+}
+
+// nodeAgent is a node: its socket directory, its qvirt-handler and its kubelet stand-in.
+type nodeAgent struct {
 	t         *testing.T
-	c         client.Client
-	ns, node  string
+	node      string
 	socketDir string
 	kubelet   *kubelet
 
@@ -88,14 +96,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	ctx := context.Background()
-	id := rand.String(5)
-	socketDir, err := os.MkdirTemp("", "qvh-") // unix socket paths must stay under 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(socketDir) })
-	e := &env{t: t, c: cp.Client, ns: "h-" + id, node: "node-" + id, socketDir: socketDir}
-	e.kubelet = &kubelet{t: t, c: cp.Client, node: e.node, socketDir: socketDir}
+	e := &env{t: t, c: cp.Client, ns: "h-" + rand.String(5), net: podnet.NewNetwork(t)}
 	for _, ns := range []string{e.ns, "qvirt-system"} {
 		if err := client.IgnoreAlreadyExists(e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})); err != nil {
 			t.Fatal(err)
@@ -107,8 +108,22 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	e.startController()
-	e.startHandler()
+	e.nodeAgent = e.addNode()
 	return e
+}
+
+// addNode starts another node's agent and kubelet stand-in.
+func (e *env) addNode() *nodeAgent {
+	t := e.t
+	socketDir, err := os.MkdirTemp("", "qvh-") // unix socket paths must stay under 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(socketDir) })
+	n := &nodeAgent{t: t, node: "node-" + rand.String(5), socketDir: socketDir}
+	n.kubelet = &kubelet{t: t, c: e.c, node: n.node, socketDir: socketDir, net: e.net}
+	n.startHandler()
+	return n
 }
 
 // startController runs qvirt-controller's reconcilers until the test ends.
@@ -134,34 +149,34 @@ func (e *env) startController() {
 	})
 }
 
-// startHandler starts the node agent; stopHandler stops it (the launchers keep running).
-func (e *env) startHandler() {
-	t := e.t
+// startHandler starts the node agent; killHandler stops it (the launchers keep running).
+func (n *nodeAgent) startHandler() {
+	t := n.t
 	opts := cp.ManagerOptions()
-	opts.Cache = handler.CacheOptions(e.node)
-	opts.Logger = testr.NewWithOptions(t, testr.Options{Verbosity: 0})
+	opts.Cache = handler.CacheOptions(n.node, "qvirt-system")
+	opts.Logger = testr.NewWithOptions(t, testr.Options{Verbosity: 0}).WithName(n.node)
 	mgr, err := ctrl.NewManager(cp.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := handler.Setup(mgr, handler.Options{NodeName: e.node, SocketDir: e.socketDir}); err != nil {
+	if err := handler.Setup(mgr, handler.Options{NodeName: n.node, SocketDir: n.socketDir, Namespace: "qvirt-system"}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e.stopHandler, e.handlerDone = cancel, make(chan error, 1)
-	go func() { e.handlerDone <- mgr.Start(ctx) }()
-	t.Cleanup(e.killHandler)
+	n.stopHandler, n.handlerDone = cancel, make(chan error, 1)
+	go func() { n.handlerDone <- mgr.Start(ctx) }()
+	t.Cleanup(n.killHandler)
 }
 
-func (e *env) killHandler() {
-	if e.stopHandler == nil {
+func (n *nodeAgent) killHandler() {
+	if n.stopHandler == nil {
 		return
 	}
-	e.stopHandler()
-	if err := <-e.handlerDone; err != nil {
-		e.t.Errorf("handler manager: %v", err)
+	n.stopHandler()
+	if err := <-n.handlerDone; err != nil {
+		n.t.Errorf("handler manager of %s: %v", n.node, err)
 	}
-	e.stopHandler = nil
+	n.stopHandler = nil
 }
 
 // guestVMI is the test guest with a masquerade interface on the pod network, counting ticks from
@@ -251,6 +266,7 @@ type kubelet struct {
 	c         client.Client
 	node      string
 	socketDir string
+	net       *podnet.Network
 }
 
 // pod is one launcher pod's process.
@@ -264,8 +280,20 @@ type pod struct {
 	wg       sync.WaitGroup
 }
 
-// launcherPod waits for the VMI's launcher pod, binds it to the node and runs it.
+// run waits for the VMI's launcher pod, binds it to the node and runs it (its process too when
+// withProcess).
 func (k *kubelet) run(v *v1alpha1.VirtualMachineInstance, withProcess bool) *pod {
+	k.t.Helper()
+	return k.runPod(v, "", withProcess)
+}
+
+// runTarget is run for the target pod of migration migrationUID.
+func (k *kubelet) runTarget(v *v1alpha1.VirtualMachineInstance, migrationUID string) *pod {
+	k.t.Helper()
+	return k.runPod(v, migrationUID, true)
+}
+
+func (k *kubelet) runPod(v *v1alpha1.VirtualMachineInstance, migrationUID string, withProcess bool) *pod {
 	t := k.t
 	t.Helper()
 	ctx := context.Background()
@@ -273,18 +301,20 @@ func (k *kubelet) run(v *v1alpha1.VirtualMachineInstance, withProcess bool) *pod
 	testutil.Eventually(t, 30*time.Second, "launcher pod of "+v.Name, func() bool {
 		var list corev1.PodList
 		_ = k.c.List(ctx, &list, client.InNamespace(v.Namespace), client.MatchingLabels{v1alpha1.VMINameLabel: v.Name})
-		if len(list.Items) == 0 {
-			return false
+		for _, p := range list.Items {
+			if p.Labels[v1alpha1.MigrationUIDLabel] == migrationUID && p.Spec.NodeName == "" {
+				po = p
+				return true
+			}
 		}
-		po = list.Items[0]
-		return true
+		return false
 	})
 	binding := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: po.Name, Namespace: po.Namespace},
 		Target: corev1.ObjectReference{Kind: "Node", Name: k.node}}
 	if err := k.c.SubResource("binding").Create(ctx, &po, binding); err != nil {
 		t.Fatalf("bind pod %s: %v", po.Name, err)
 	}
-	p := &pod{name: po.Name, ns: po.Namespace, net: podnet.New(t), exited: make(chan struct{}), stop: make(chan struct{})}
+	p := &pod{name: po.Name, ns: po.Namespace, net: k.net.NewNS(t), exited: make(chan struct{}), stop: make(chan struct{})}
 	if withProcess {
 		k.start(p, string(v.UID))
 	}
@@ -373,13 +403,13 @@ func (k *kubelet) follow(p *pod) {
 	}
 }
 
-func (e *env) console(v *v1alpha1.VirtualMachineInstance) *testutil.Console {
-	return testutil.AttachConsole(e.t, launcher.VMIDir(e.socketDir, v.UID).Serial())
+func (n *nodeAgent) console(v *v1alpha1.VirtualMachineInstance) *testutil.Console {
+	return testutil.AttachConsole(n.t, launcher.VMIDir(n.socketDir, v.UID).Serial())
 }
 
-func (e *env) launcherClient(v *v1alpha1.VirtualMachineInstance) *launcher.Client {
-	c := launcher.NewClient(launcher.VMIDir(e.socketDir, v.UID).Command())
-	e.t.Cleanup(c.Close)
+func (n *nodeAgent) launcherClient(v *v1alpha1.VirtualMachineInstance) *launcher.Client {
+	c := launcher.NewClient(launcher.VMIDir(n.socketDir, v.UID).Command())
+	n.t.Cleanup(c.Close)
 	return c
 }
 
@@ -592,5 +622,61 @@ func TestBadLaunchers(t *testing.T) {
 	e.waitVMI("good", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady) &&
 			isTrue(v, node.ConditionSynchronized)
+	})
+}
+
+// TestLiveMigration moves a running guest from one node to another through a
+// VirtualMachineInstanceMigration: the target node's agent prepares the incoming QEMU, the source
+// node's agent migrates to it, and the guest keeps counting on the target, reached at the target
+// pod's address.
+func TestLiveMigration(t *testing.T) {
+	e := newEnv(t)
+	nodeB := e.addNode()
+	v := e.guestVMI("mig")
+	e.create(v)
+	e.kubelet.run(v, true)
+	srcCon := e.console(v)
+	e.waitVMI("mig", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+	})
+	srcCon.Expect(t, 0, "QVIRT-IP eth0 10.0.2.2", bootTimeout)
+	srcCon.Expect(t, 0, "tick 2\r\n", bootTimeout)
+
+	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "mig-1", Namespace: e.ns},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "mig"}}
+	if err := e.c.Create(context.Background(), vmim); err != nil {
+		t.Fatal(err)
+	}
+	target := nodeB.kubelet.runTarget(v, string(vmim.UID))
+	dstCon := nodeB.console(v)
+	started := time.Now()
+	testutil.Eventually(t, 2*time.Minute, "migration mig-1 Succeeded", func() bool {
+		_ = e.c.Get(context.Background(), client.ObjectKeyFromObject(vmim), vmim)
+		return vmim.Status.Phase == v1alpha1.MigrationSucceeded
+	}, func() string { return fmt.Sprintf("migration status %+v\nVMI status %+v", vmim.Status, e.get("mig").Status) })
+	t.Logf("migration succeeded %.2fs after the target pod ran", time.Since(started).Seconds())
+
+	got := e.waitVMI("mig", 10*time.Second, "Running and Ready on "+nodeB.node, func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName == nodeB.node && v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady) &&
+			len(v.Status.Interfaces) == 1 && v.Status.Interfaces[0].IP == target.net.PodIP.String()
+	})
+	ms := got.Status.MigrationState
+	if ms == nil || !ms.Completed || ms.Failed || ms.StartTimestamp == nil || ms.EndTimestamp == nil || ms.DataTotalBytes == nil {
+		t.Errorf("migrationState %+v: want completed with timestamps and data counters", ms)
+	}
+	// The guest goes on counting on the target: the same guest, not a reboot.
+	last := srcCon.LastTick()
+	dstCon.Expect(t, 0, fmt.Sprintf("tick %d\r\n", last+2), 30*time.Second)
+	if strings.Contains(dstCon.Text(), "QVIRT-GUEST-READY") {
+		t.Error("the guest booted again on the target")
+	}
+	hc := http.Client{Timeout: 5 * time.Second}
+	testutil.Eventually(t, 30*time.Second, "the guest's httpd at the target pod's address", func() bool {
+		resp, err := hc.Get("http://" + target.net.PodIP.String() + "/")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
 	})
 }

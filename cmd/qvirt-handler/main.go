@@ -22,6 +22,7 @@ func main() {
 	opts := handler.Options{}
 	flag.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&opts.SocketDir, "socket-dir", v1alpha1.SocketDir, "directory of the launchers' per-instance sockets")
+	flag.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMap qvirt-config")
 	metricsAddr := flag.String("metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint (0 disables it)")
 	probeAddr := flag.String("health-probe-bind-address", ":8444", "address of /healthz and /readyz")
 	zapOpts := zap.Options{}
@@ -45,7 +46,7 @@ func run(opts handler.Options, metricsAddr, probeAddr string) error {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
-		Cache:                  handler.CacheOptions(opts.NodeName),
+		Cache:                  handler.CacheOptions(opts.NodeName, opts.Namespace),
 		Metrics:                server.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: probeAddr,
 	})
@@ -62,4 +63,11 @@ func run(opts handler.Options, metricsAddr, probeAddr string) error {
 		return err
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
 }

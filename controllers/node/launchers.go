@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,12 +23,14 @@ type launchers struct {
 	events    chan event.TypedGenericEvent[client.Object]
 	log       logr.Logger
 
-	mu      sync.Mutex
-	streams map[types.UID]*stream
+	mu       sync.Mutex
+	streams  map[types.UID]*stream
+	progress map[types.UID]time.Time
 }
 
 // stream is one instance's status stream.
 type stream struct {
+	key    client.ObjectKey
 	cancel context.CancelFunc
 	// latest is the last status received; nil before the first.
 	latest *launcher.Status
@@ -38,7 +41,7 @@ type stream struct {
 }
 
 func newLaunchers(socketDir string, log logr.Logger) *launchers {
-	return &launchers{socketDir: socketDir, log: log, streams: map[types.UID]*stream{},
+	return &launchers{socketDir: socketDir, log: log, streams: map[types.UID]*stream{}, progress: map[types.UID]time.Time{},
 		events: make(chan event.TypedGenericEvent[client.Object], 1024)}
 }
 
@@ -71,7 +74,7 @@ func (ls *launchers) follow(vmi *v1alpha1.VirtualMachineInstance) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &stream{cancel: cancel}
+	s := &stream{key: client.ObjectKeyFromObject(vmi), cancel: cancel}
 	ls.streams[vmi.UID] = s
 	key := &v1alpha1.VirtualMachineInstance{}
 	key.Namespace, key.Name, key.UID = vmi.Namespace, vmi.Name, vmi.UID
@@ -105,10 +108,23 @@ func (ls *launchers) notify(ctx context.Context, key client.Object) {
 	}
 }
 
+// progressDue reports whether the instance's migration progress was last written more than every
+// ago, and if so counts this as a write.
+func (ls *launchers) progressDue(uid types.UID, every time.Duration) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if time.Since(ls.progress[uid]) < every {
+		return false
+	}
+	ls.progress[uid] = time.Now()
+	return true
+}
+
 // forget stops the instance's stream, if any.
 func (ls *launchers) forget(uid types.UID) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	delete(ls.progress, uid)
 	if s := ls.streams[uid]; s != nil {
 		s.cancel()
 		delete(ls.streams, uid)
@@ -135,6 +151,19 @@ func (ls *launchers) shutdown(uid types.UID, grace *int64) bool {
 		}
 	}()
 	return true
+}
+
+// forgetKey stops the stream of the instance named key, which is gone from this node's cache.
+func (ls *launchers) forgetKey(key client.ObjectKey) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for uid, s := range ls.streams {
+		if s.key == key {
+			s.cancel()
+			delete(ls.streams, uid)
+			delete(ls.progress, uid)
+		}
+	}
 }
 
 // stopAll ends every stream (the handler is stopping; the launchers keep running).

@@ -45,7 +45,8 @@ func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer laun
 }
 
 func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, p *field.Path) ([]launcher.InterfaceSetup, error) {
-	m := netsetup.Masquerade{TapOwner: peer.UID}
+	// A migration target's QEMU listens in the pod: that port is not the guest's.
+	m := netsetup.Masquerade{TapOwner: peer.UID, PodPorts: []netsetup.Port{{Protocol: "TCP", Port: MigrationPort}}}
 	for i, port := range in.Ports {
 		if port.Port < 1 || port.Port > 65535 {
 			return nil, field.Invalid(p.Child("ports").Index(i).Child("port"), port.Port, "must be 1-65535")

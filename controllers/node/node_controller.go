@@ -51,6 +51,14 @@ type Reconciler struct {
 	NodeName string
 	// SocketDir holds the per-instance launcher directories (v1alpha1.SocketDir on a node).
 	SocketDir string
+	// Targets reads the instances migrating to this node (see TargetCacheOptions); their
+	// status.nodeName is still the source's.
+	Targets client.Reader
+	// TargetSource is the watch of Targets' instances.
+	TargetSource source.Source
+	// MigrationBandwidth is the configured bandwidth per migration in bytes per second (0:
+	// unlimited); unlimited when nil.
+	MigrationBandwidth func() int64
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 
@@ -64,11 +72,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(stopStreams{r.launchers}); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).Named("node-vmi").
+	b := ctrl.NewControllerManagedBy(mgr).Named("node-vmi").
 		For(&v1alpha1.VirtualMachineInstance{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToVMI)).
-		WatchesRawSource(source.Channel(r.launchers.events, &handler.EnqueueRequestForObject{})).
-		Complete(r)
+		WatchesRawSource(source.Channel(r.launchers.events, &handler.EnqueueRequestForObject{}))
+	if r.TargetSource != nil {
+		b = b.WatchesRawSource(r.TargetSource)
+	}
+	return b.Complete(r)
 }
 
 // podToVMI maps a launcher pod to its instance (same namespace, name in the label).
@@ -98,14 +109,18 @@ func (s stopStreams) Start(ctx context.Context) error {
 // line with the launcher.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var v v1alpha1.VirtualMachineInstance
-	if err := r.Client.Get(ctx, req.NamespacedName, &v); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil
-		}
+	err := r.Client.Get(ctx, req.NamespacedName, &v)
+	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
-	if v.Status.NodeName != r.NodeName {
-		return ctrl.Result{}, nil
+	if err != nil || v.Status.NodeName != r.NodeName {
+		// Not (or no longer) running here: gone, migrated away, or coming here by migration.
+		if err == nil {
+			r.launchers.forget(v.UID)
+		} else {
+			r.launchers.forgetKey(req.NamespacedName)
+		}
+		return r.reconcileIncoming(ctx, req)
 	}
 	if isFinal(v.Status.Phase) {
 		r.launchers.forget(v.UID)
@@ -125,7 +140,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
 	}
 	now := r.now()
-	if st != nil {
+	if st != nil && syncErr == nil {
+		syncErr = r.syncSourceMigration(ctx, &v, st)
+	}
+	if st != nil && !migratedAway(&v, st) {
 		if ended := applyLauncherStatus(&v, pod, st, now); ended != "" {
 			eventType := corev1.EventTypeNormal
 			if v.Status.Phase == v1alpha1.Failed {
@@ -154,11 +172,16 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 			if notListening(err) && r.startedRecently(pod) {
 				return nil, errLauncherStarting
 			}
+			if !pod.DeletionTimestamp.IsZero() {
+				// The pod is going away (deleted, or the source of a finished migration): its
+				// launcher may already be gone, and nothing is left to do.
+				return nil, nil
+			}
 			return nil, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable,
 				fmt.Errorf("launcher of pod %s at %s: %w", pod.Name, launcher.VMIDir(r.SocketDir, v.UID).Command(), err))
 		}
 		if st.Phase == launcher.PhaseWaiting && v.DeletionTimestamp.IsZero() {
-			if st, err = r.start(ctx, v, pod, c); err != nil {
+			if st, err = r.startLauncher(ctx, v, pod, c, false); err != nil {
 				return nil, err
 			}
 		}
@@ -202,8 +225,39 @@ func (r *Reconciler) startedRecently(pod *corev1.Pod) bool {
 	return false
 }
 
-// start sets up the guest's network and sends the launcher the instance to run.
-func (r *Reconciler) start(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, c *launcher.Client) (launcher.Status, error) {
+// reconcileIncoming handles an instance that is not running on this node: one migrating here is
+// prepared as a migration target.
+func (r *Reconciler) reconcileIncoming(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if r.Targets == nil {
+		return ctrl.Result{}, nil
+	}
+	var v v1alpha1.VirtualMachineInstance
+	if err := r.Targets.Get(ctx, req.NamespacedName, &v); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	err := r.reconcileTarget(ctx, &v)
+	if errors.Is(err, errLauncherStarting) {
+		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
+	}
+	return ctrl.Result{}, err
+}
+
+// migratedAway reports whether the guest left for a migration target: from then on the target's
+// agent reports the guest, and the source's paused, quitting QEMU must not.
+func migratedAway(v *v1alpha1.VirtualMachineInstance, st *launcher.Status) bool {
+	if st.Exit != nil && st.Exit.Reason == launcher.ExitMigrated {
+		return true
+	}
+	if st.Migration != nil && st.Migration.Role == "source" && st.Migration.Status == "completed" {
+		return true
+	}
+	ms := v.Status.MigrationState
+	return ms != nil && ms.Completed && ms.SourceNode == v.Status.NodeName
+}
+
+// startLauncher sets up the guest's network and sends the launcher the instance to run, or, for
+// a migration target (incoming), to wait for.
+func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, c *launcher.Client, incoming bool) (launcher.Status, error) {
 	peer, err := launcher.PeerOf(ctx, launcher.VMIDir(r.SocketDir, v.UID).Command())
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("find the launcher process: %w", err))
@@ -212,11 +266,14 @@ func (r *Reconciler) start(ctx context.Context, v *v1alpha1.VirtualMachineInstan
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
 	}
-	st, err := c.Sync(ctx, &launcher.SyncRequest{Name: v.Name, Namespace: v.Namespace, UID: v.UID, Spec: v.Spec, Interfaces: ifaces})
+	st, err := c.Sync(ctx, &launcher.SyncRequest{Name: v.Name, Namespace: v.Namespace, UID: v.UID, Spec: v.Spec,
+		Interfaces: ifaces, Incoming: incoming})
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the VM: %w", err))
 	}
-	r.Recorder.Eventf(v, corev1.EventTypeNormal, EventStarted, "QEMU started in pod %s", pod.Name)
+	if !incoming {
+		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventStarted, "QEMU started in pod %s", pod.Name)
+	}
 	return st, nil
 }
 

@@ -20,8 +20,9 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// NS is a network namespace set up like a pod's: eth0 with hostIP's subnet and a default route
-// through the host end of a veth pair in the root namespace.
+// NS is a network namespace set up like a pod's: eth0 with PodIP in HostIP's /24 and a default
+// route through HostIP, the host end of a veth pair in the root namespace (New) or the bridge the
+// host end is attached to (Network.NewNS).
 type NS struct {
 	Name     string // under /var/run/netns
 	Path     string
@@ -40,31 +41,96 @@ func RandHex(t testing.TB, n int) string {
 	return hex.EncodeToString(b)
 }
 
-// New makes the namespace and veth pair and registers their removal with t.Cleanup.
+// New makes the namespace and veth pair, the host end holding HostIP, and registers their removal
+// with t.Cleanup.
 func New(t testing.TB) *NS {
 	t.Helper()
-	id := RandHex(t, 4)
-	p := &NS{Name: "qvt-" + id, HostVeth: "qvh" + id}
-	p.Path = filepath.Join("/var/run/netns", p.Name)
-	// A /24 of 10.99.0.0/16 no root-namespace address uses.
+	subnet := freeSubnet(t)
+	hostIP := subnet.Addr().Next()
+	p := newNS(t, hostIP, hostIP.Next())
+	host, err := netlink.LinkByName(p.HostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, netlink.AddrAdd(host, addr(p.HostIP, 24)))
+	must(t, netlink.LinkSetUp(host))
+	return p
+}
+
+// Network is a bridge in the root namespace holding the gateway address, with pod namespaces
+// attached by veth pairs, as the CNI bridge plugin makes them: pods reach each other over the
+// bridge without the host forwarding.
+type Network struct {
+	Bridge  string
+	Gateway netip.Addr // 10.99.R.1 on the bridge
+	next    netip.Addr
+}
+
+// NewNetwork makes the bridge and registers its removal with t.Cleanup.
+func NewNetwork(t testing.TB) *Network {
+	t.Helper()
+	subnet := freeSubnet(t)
+	n := &Network{Bridge: "qvn" + RandHex(t, 4), Gateway: subnet.Addr().Next()}
+	n.next = n.Gateway.Next()
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge}}
+	if err := netlink.LinkAdd(br); err != nil {
+		t.Fatalf("create bridge %s: %v", n.Bridge, err)
+	}
+	t.Cleanup(func() {
+		if err := netlink.LinkDel(br); err != nil {
+			t.Errorf("delete bridge %s: %v", n.Bridge, err)
+		}
+	})
+	must(t, netlink.AddrAdd(br, addr(n.Gateway, 24)))
+	must(t, netlink.LinkSetUp(br))
+	return n
+}
+
+// NewNS makes a pod namespace on the network with the next free address.
+func (n *Network) NewNS(t testing.TB) *NS {
+	t.Helper()
+	p := newNS(t, n.Gateway, n.next)
+	n.next = n.next.Next()
+	host, err := netlink.LinkByName(p.HostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := netlink.LinkByName(n.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, netlink.LinkSetMaster(host, br))
+	must(t, netlink.LinkSetUp(host))
+	return p
+}
+
+// freeSubnet is a /24 of 10.99.0.0/16 no root-namespace address uses.
+func freeSubnet(t testing.TB) netip.Prefix {
+	t.Helper()
 	used, err := netlink.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for {
-		r := RandHex(t, 1)
 		var n byte
-		fmt.Sscanf(r, "%x", &n)
+		fmt.Sscanf(RandHex(t, 1), "%x", &n)
 		subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 99, n, 0}), 24)
 		if !slices.ContainsFunc(used, func(a netlink.Addr) bool {
 			ip, _ := netip.AddrFromSlice(a.IP.To4())
 			return subnet.Contains(ip)
 		}) {
-			p.HostIP = netip.AddrFrom4([4]byte{10, 99, n, 1})
-			p.PodIP = netip.AddrFrom4([4]byte{10, 99, n, 2})
-			break
+			return subnet
 		}
 	}
+}
+
+// newNS makes the namespace with eth0 at podIP/24 routing through gateway, and the veth pair whose
+// host end (down, no address) the caller sets up.
+func newNS(t testing.TB, gateway, podIP netip.Addr) *NS {
+	t.Helper()
+	id := RandHex(t, 4)
+	p := &NS{Name: "qvt-" + id, HostVeth: "qvh" + id, HostIP: gateway, PodIP: podIP}
+	p.Path = filepath.Join("/var/run/netns", p.Name)
 
 	// netns.NewNamed switches the calling thread into the new namespace: do it on a thread that
 	// is thrown away afterwards.
@@ -106,13 +172,6 @@ func New(t testing.TB) *NS {
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatalf("create veth %s: %v", p.HostVeth, err)
 	}
-	host, err := netlink.LinkByName(p.HostVeth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	must(t, netlink.AddrAdd(host, addr(p.HostIP, 24)))
-	must(t, netlink.LinkSetUp(host))
-
 	h, err := netlink.NewHandleAt(nsh)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,208 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/qmp"
+)
+
+// Live migration, the node agents' half of the contract in controllers/migration: the controller
+// writes migrationState's identity (migrationUid, source and target node and pod) and
+// abortRequested. The target node's agent starts the target launcher waiting for the guest and
+// sets targetReady and targetNodeAddress; the source node's agent then starts the outgoing
+// migration (startTimestamp), reports its progress, and ends it with completed or failed
+// (endTimestamp, failureReason). The controller then moves the instance to the target.
+
+// MigrationPort is where a target launcher listens for the guest, inside its pod's network
+// namespace. The masquerade binding keeps it in the pod (it is not forwarded to the guest).
+const MigrationPort = 49152
+
+// progressInterval bounds how often a running migration's progress is written to the instance.
+const progressInterval = time.Second
+
+// Event reasons of migrations on instances.
+const (
+	EventMigrationTargetReady = "MigrationTargetReady"
+	EventMigrationStarted     = "MigrationStarted"
+	EventMigrationFailed      = "MigrationFailed"
+	EventMigrationCompleted   = "MigrationCompleted"
+)
+
+// openMigration is the instance's migration state while it is under way (not completed or failed).
+func openMigration(v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstanceMigrationState {
+	ms := v.Status.MigrationState
+	if ms == nil || ms.MigrationUID == "" || ms.Completed || ms.Failed {
+		return nil
+	}
+	return ms
+}
+
+// reconcileTarget prepares this node's target launcher for an incoming migration: network, an
+// incoming QEMU with the source's device set, a listener on MigrationPort, then targetReady.
+func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMachineInstance) error {
+	ms := openMigration(v)
+	if ms == nil || ms.TargetNode != r.NodeName || ms.TargetReady {
+		return nil
+	}
+	pod, err := r.targetPod(ctx, v, ms)
+	if err != nil || pod == nil || pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" {
+		return err
+	}
+	dir := launcher.VMIDir(r.SocketDir, v.UID)
+	c := launcher.NewClient(dir.Command())
+	defer c.Close()
+	before := v.DeepCopy()
+	st, err := c.Status(ctx)
+	if err != nil {
+		if notListening(err) && r.startedRecently(pod) {
+			return errLauncherStarting
+		}
+		return r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("target launcher of pod %s: %w", pod.Name, err))
+	}
+	if st.Phase == launcher.PhaseWaiting {
+		if _, err := r.startLauncher(ctx, v, pod, c, true); err != nil {
+			return err
+		}
+	}
+	listen := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(MigrationPort))
+	if st.Migration == nil || st.Migration.Role != "target" {
+		if _, err := c.PrepareMigrationTarget(ctx, listen); err != nil {
+			return r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
+		}
+	}
+	v.Status.MigrationState.TargetReady = true
+	v.Status.MigrationState.TargetNodeAddress = listen
+	r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationTargetReady, "Target pod %s on node %s waits for the guest at %s", pod.Name, r.NodeName, listen)
+	return r.patchStatus(ctx, before, v)
+}
+
+// targetPod is the migration's target launcher pod on this node.
+func (r *Reconciler) targetPod(ctx context.Context, v *v1alpha1.VirtualMachineInstance, ms *v1alpha1.VirtualMachineInstanceMigrationState) (*corev1.Pod, error) {
+	var pod corev1.Pod
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: v.Namespace, Name: ms.TargetPod}, &pod)
+	if err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if pod.Spec.NodeName != r.NodeName || pod.Labels[v1alpha1.MigrationUIDLabel] != string(ms.MigrationUID) {
+		return nil, nil
+	}
+	return &pod, nil
+}
+
+// syncSourceMigration drives the source side from the launcher's status st: start the outgoing
+// migration once the target is ready, cancel it when an abort is requested, and record progress
+// and the outcome in migrationState.
+func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *launcher.Status) error {
+	ms := openMigration(v)
+	if ms == nil || ms.SourceNode != r.NodeName {
+		return nil
+	}
+	info := st.Migration
+	ours := info != nil && info.Role == "source" && ms.StartTimestamp != nil
+	switch {
+	case ours && migrationEnded(info.Status):
+		r.finishSourceMigration(v, info)
+		return nil
+	case ms.AbortRequested && ms.StartTimestamp == nil:
+		r.failSourceMigration(v, "aborted before it started")
+		return nil
+	case ms.AbortRequested:
+		c := r.launchers.client(v.UID)
+		defer c.Close()
+		if err := c.CancelMigration(ctx); err != nil {
+			return fmt.Errorf("cancel the migration: %w", err)
+		}
+		return nil
+	case ours:
+		r.recordProgress(v, info)
+		return nil
+	case !ms.TargetReady || ms.TargetNodeAddress == "" || st.Phase != launcher.PhaseRunning:
+		return nil
+	}
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	req := launcher.MigrationSource{URI: "tcp:" + ms.TargetNodeAddress, BandwidthBytesPerSecond: r.migrationBandwidth()}
+	if err := c.MigrateSource(ctx, req); err != nil {
+		r.failSourceMigration(v, fmt.Sprintf("start: %v", err))
+		return nil
+	}
+	ms.StartTimestamp = ptr.To(metav1.NewTime(r.now().Time))
+	r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationStarted, "Migrating to node %s at %s", ms.TargetNode, ms.TargetNodeAddress)
+	return nil
+}
+
+// migrationBandwidth is the configured cap for the launcher: unlimited when the configuration says
+// 0, as KubeVirt's bandwidthPerMigration.
+func (r *Reconciler) migrationBandwidth() int64 {
+	if r.MigrationBandwidth == nil {
+		return -1
+	}
+	if b := r.MigrationBandwidth(); b > 0 {
+		return b
+	}
+	return -1
+}
+
+func migrationEnded(status string) bool {
+	switch qmp.MigrationStatus(status) {
+	case qmp.MigrationCompleted, qmp.MigrationFailed, qmp.MigrationCancelled:
+		return true
+	}
+	return false
+}
+
+func (r *Reconciler) finishSourceMigration(v *v1alpha1.VirtualMachineInstance, info *launcher.MigrationInfo) {
+	ms := v.Status.MigrationState
+	setProgress(ms, info)
+	ms.EndTimestamp = ptr.To(metav1.NewTime(r.now().Time))
+	if info.Status == string(qmp.MigrationCompleted) {
+		ms.Completed = true
+		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationCompleted, "The guest moved to node %s in %d ms (downtime %d ms)",
+			ms.TargetNode, info.TotalTimeMs, info.DowntimeMs)
+		return
+	}
+	reason := info.Status
+	if info.Error != "" {
+		reason += ": " + info.Error
+	}
+	r.failSourceMigration(v, reason)
+}
+
+func (r *Reconciler) failSourceMigration(v *v1alpha1.VirtualMachineInstance, reason string) {
+	ms := v.Status.MigrationState
+	ms.Failed, ms.FailureReason = true, reason
+	if ms.EndTimestamp == nil {
+		ms.EndTimestamp = ptr.To(metav1.NewTime(r.now().Time))
+	}
+	r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationFailed, "Migration to node %s failed: %s; the guest keeps running here", ms.TargetNode, reason)
+}
+
+// recordProgress writes the transfer counters, at most once per progressInterval per instance.
+func (r *Reconciler) recordProgress(v *v1alpha1.VirtualMachineInstance, info *launcher.MigrationInfo) {
+	if !r.launchers.progressDue(v.UID, progressInterval) {
+		return
+	}
+	setProgress(v.Status.MigrationState, info)
+}
+
+func setProgress(ms *v1alpha1.VirtualMachineInstanceMigrationState, info *launcher.MigrationInfo) {
+	if info.TotalBytes > 0 {
+		ms.DataTotalBytes = ptr.To(info.TotalBytes)
+		ms.DataProcessedBytes = ptr.To(info.TransferredBytes)
+		ms.DataRemainingBytes = ptr.To(info.RemainingBytes)
+	}
+	if info.DowntimeMs > 0 {
+		ms.DowntimeMilliseconds = ptr.To(info.DowntimeMs)
+	}
+}
