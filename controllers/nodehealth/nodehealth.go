@@ -61,7 +61,9 @@ type Reconciler struct {
 }
 
 // NodeSelector selects the nodes a node agent ever labelled. A manager running this reconciler
-// limits its Node cache to it (cache.Options.ByObject), so nodes without qvirt cost nothing.
+// limits its Node cache to it (cache.Options.ByObject), so nodes without qvirt cost nothing. The
+// agent sets the label on its first beat and nothing removes it; a node whose label an operator
+// removes by hand drops out of this watch.
 func NodeSelector() labels.Selector {
 	req, err := labels.NewRequirement(v1alpha1.NodeSchedulableLabel, selection.Exists, nil)
 	if err != nil {
