@@ -120,8 +120,6 @@ func (s *Server) serveBytes(w http.ResponseWriter, r *http.Request, sess *sessio
 		return // Accept has answered the request
 	}
 	sess.ws = ws
-	s.streams.Add(1)
-	defer s.streams.Done()
 	log := s.opts.Log.WithValues("vmi", t.key(), "user", caller.User, "stream", what)
 	log.V(1).Info("stream opened")
 

@@ -22,6 +22,9 @@ const (
 	negotiateTimeout = 10 * time.Second
 	// qmpReadLimit bounds one client message; commands are small.
 	qmpReadLimit = 1 << 20
+	// maxInFlight bounds the replies a session may owe its client; a client that sends more
+	// without reading is dropped rather than buffered without end.
+	maxInFlight = 1024
 )
 
 func (s *Server) qmp(w http.ResponseWriter, r *http.Request) {
@@ -54,8 +57,6 @@ func (s *Server) qmp(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(qmpReadLimit)
 	sess.ws = ws
-	s.streams.Add(1)
-	defer s.streams.Done()
 
 	p := &qmpProxy{sess: sess, conn: conn, dec: dec, caller: caller,
 		log: s.opts.Log.WithValues("vmi", t.key(), "user", caller.User, "groups", caller.Groups, "client", caller.Client, "qmpWrite", caller.QMPWrite)}
@@ -205,6 +206,11 @@ func (p *qmpProxy) handle(v verdict) {
 func (p *qmpProxy) forward(v verdict) {
 	p.log.Info("QMP command", "command", v.cmd, "id", string(v.id))
 	p.mu.Lock()
+	if len(p.queue) >= maxInFlight {
+		p.mu.Unlock()
+		p.sess.cancel(&closeCause{code: websocket.StatusPolicyViolation, reason: fmt.Sprintf("more than %d QMP replies outstanding", maxInFlight)})
+		return
+	}
 	p.queue = append(p.queue, pending{cmd: v.cmd, id: v.id, sent: time.Now()})
 	p.mu.Unlock()
 	if _, err := p.conn.Write(append(v.wire, '\n')); err != nil {
@@ -216,6 +222,10 @@ func (p *qmpProxy) forward(v verdict) {
 func (p *qmpProxy) answer(v verdict, msg []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(p.queue) >= maxInFlight {
+		p.sess.cancel(&closeCause{code: websocket.StatusPolicyViolation, reason: fmt.Sprintf("more than %d QMP replies outstanding", maxInFlight)})
+		return
+	}
 	if len(p.queue) > 0 {
 		p.queue = append(p.queue, pending{cmd: v.cmd, id: v.id, reply: msg})
 		return

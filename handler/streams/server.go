@@ -149,12 +149,22 @@ const vmiPath = "/v1/namespaces/{namespace}/virtualmachineinstances/{name}/"
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+vmiPath+"console", s.console)
-	mux.HandleFunc("GET "+vmiPath+"vnc", s.vnc)
-	mux.HandleFunc("GET "+vmiPath+"qmp", s.qmp)
+	mux.HandleFunc("GET "+vmiPath+"console", s.tracked(s.console))
+	mux.HandleFunc("GET "+vmiPath+"vnc", s.tracked(s.vnc))
+	mux.HandleFunc("GET "+vmiPath+"qmp", s.tracked(s.qmp))
 	mux.HandleFunc("PUT "+vmiPath+"pause", s.pause)
 	mux.HandleFunc("PUT "+vmiPath+"unpause", s.unpause)
 	return mux
+}
+
+// tracked counts a stream handler in s.streams from its start: http.Server.Shutdown waits for it
+// until it hijacks the connection, so the count is up before Start waits for it to drop.
+func (s *Server) tracked(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.streams.Add(1)
+		defer s.streams.Done()
+		h(w, r)
+	}
 }
 
 // Path is the URL path of one of a VMI's endpoints (Console, VNC, QMP, Pause, Unpause), for
