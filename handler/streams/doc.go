@@ -63,12 +63,14 @@
 // the first frame is QEMU's greeting (with an empty capability list), the client sends
 // qmp_capabilities, which the handler answers itself, and commands sent before that get QEMU's
 // CommandNotFound error. Replies keep QEMU's order, including the handler's own; events from QEMU
-// are passed through as they come. Replies can be large (query-qmp-schema is about 200 KiB): clients
-// should raise their websocket read limit.
+// are passed through as they come. Replies can exceed coder/websocket's default 32 KiB read limit
+// (query-qmp-schema does): clients should raise it (Conn.SetReadLimit).
 //
 // The shell is read-only unless X-Qvirt-QMP-Write is true: read-only callers may run query-*
 // commands, qom-list, qom-get, qom-list-types and human-monitor-command with "info ITEM" for a
-// fixed list of harmless items (see readOnlyHMPInfo). Any other command is refused with a QMP
+// fixed list of items that show configuration and state but not guest memory or registers
+// (status, version, cpus, block, blockstats, chardev, network, pci, qtree, migrate, ...; the list is
+// readOnlyHMPInfo in qmpfilter.go). Any other command is refused with a QMP
 // error reply (class GenericError, desc naming the command and why); the session stays up.
 // Every message is re-encoded before it is forwarded: what QEMU receives is exactly what was
 // checked. Every forwarded and refused command is logged with the user, groups and VMI, and every
