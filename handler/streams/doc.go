@@ -52,8 +52,9 @@
 // (StatusTakenOver) and a reason naming the new session's user.
 //
 // Close codes the handler sends: 1000 when QEMU closed the socket (the VM stopped), 1001 when the
-// handler shuts down, 4001 when taken over. The handler pings every PingInterval and drops a peer
-// that does not answer within PingTimeout.
+// handler shuts down, 4001 when taken over; 1008 for a QMP client that lets more than 1024 replies
+// pile up unread. The handler pings every PingInterval and drops a peer that does not answer
+// within PingTimeout.
 //
 // # QMP shell
 //
