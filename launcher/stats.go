@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +21,8 @@ import (
 
 // This file gathers the VM's resource counters for GET /v1/stats, which the node agent turns into
 // qvirt_vmi_* metrics. Everything here is cheap enough for every scrape: two QMP queries that do
-// not stop the vCPUs (query-cpus-fast, query-blockstats) and a few small /proc files. It uses
+// not stop the vCPUs (query-blockstats each time, query-cpus-fast once per QEMU) and a few small
+// /proc files. It uses
 // only the standard library and golang.org/x/sys, which the launcher links already, so the
 // launcher's memory stays where it was.
 
@@ -103,30 +104,19 @@ func (l *Launcher) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	l.mu.Lock()
-	hotDisks := make([]string, 0, len(l.hotplug))
-	for name := range l.hotplug {
-		hotDisks = append(hotDisks, name)
-	}
-	hotTaps := make(map[string]string, len(l.nics))
-	for name, n := range l.nics {
-		hotTaps[name] = n.Tap
-	}
-	l.mu.Unlock()
-
+	hotDisks, hotTaps := l.hotplugged()
 	pid := p.Pid()
 	st := Stats{Time: time.Now(), PID: pid}
-	mon := p.Monitor()
 	if st.CPU, err = readProcessCPU(procPath(pid, "stat")); err != nil {
 		return Stats{}, err
 	}
-	if st.VCPUs, err = vcpuStats(ctx, mon, pid); err != nil {
+	if st.VCPUs, err = vcpuStats(ctx, p); err != nil {
 		return Stats{}, err
 	}
 	if st.MemoryResidentBytes, err = readResident(procPath(pid, "status")); err != nil {
 		return Stats{}, err
 	}
-	if st.Disks, err = diskStats(ctx, mon, p.Machine(), hotDisks); err != nil {
+	if st.Disks, err = diskStats(ctx, p.Monitor(), p.Machine(), hotDisks); err != nil {
 		return Stats{}, err
 	}
 	if st.Interfaces, err = interfaceStats(p.Machine().Taps, hotTaps); err != nil {
@@ -135,15 +125,53 @@ func (l *Launcher) Stats(ctx context.Context) (Stats, error) {
 	return st, nil
 }
 
+// hotplugged are the names of the hotplugged disks and the taps of the hotplugged NICs by name.
+func (l *Launcher) hotplugged() (disks []string, taps map[string]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name := range l.hotplug {
+		disks = append(disks, name)
+	}
+	taps = make(map[string]string, len(l.nics))
+	for name, n := range l.nics {
+		taps[name] = n.Tap
+	}
+	return disks, taps
+}
+
 func procPath(pid int, parts ...string) string {
 	return "/proc/" + strconv.Itoa(pid) + "/" + strings.Join(parts, "/")
 }
 
-func vcpuStats(ctx context.Context, mon *qmp.Monitor, pid int) ([]VCPUStats, error) {
-	cpus, err := mon.QueryCPUsFast(ctx)
+// vcpuThreads caches each QEMU's vCPU list (*Process → []qmp.CPUInfoFast): the vCPU threads live
+// as long as QEMU does, since qvirt does not hot-plug vCPUs, and every QMP command waits for QEMU's
+// main loop (1-10 ms measured here under TCG), so each scrape saves one. An entry goes when its
+// QEMU exits.
+var vcpuThreads sync.Map
+
+func vcpuList(ctx context.Context, p *Process) ([]qmp.CPUInfoFast, error) {
+	if v, ok := vcpuThreads.Load(p); ok {
+		return v.([]qmp.CPUInfoFast), nil
+	}
+	cpus, err := p.Monitor().QueryCPUsFast(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("query-cpus-fast: %w", err)
 	}
+	if _, loaded := vcpuThreads.LoadOrStore(p, cpus); !loaded {
+		go func() {
+			<-p.Done()
+			vcpuThreads.Delete(p)
+		}()
+	}
+	return cpus, nil
+}
+
+func vcpuStats(ctx context.Context, p *Process) ([]VCPUStats, error) {
+	cpus, err := vcpuList(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	pid := p.Pid()
 	out := make([]VCPUStats, 0, len(cpus))
 	for _, c := range cpus {
 		t, err := readProcessCPU(procPath(pid, "task", strconv.Itoa(c.ThreadID), "stat"))
@@ -152,7 +180,7 @@ func vcpuStats(ctx context.Context, mon *qmp.Monitor, pid int) ([]VCPUStats, err
 		}
 		out = append(out, VCPUStats{ID: c.CPUIndex, ThreadID: c.ThreadID, Time: t})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	slices.SortFunc(out, func(a, b VCPUStats) int { return a.ID - b.ID })
 	return out, nil
 }
 
@@ -188,7 +216,7 @@ func diskStats(ctx context.Context, mon *qmp.Monitor, m *Machine, hotplugged []s
 	for _, h := range m.Hotplugged {
 		add(h.Name, true)
 	}
-	sort.Strings(hotplugged)
+	slices.Sort(hotplugged)
 	for _, name := range hotplugged {
 		if !m.hasDisk(name) {
 			add(name, true)

@@ -39,8 +39,9 @@ func TestStatsFollowTheGuest(t *testing.T) {
 		after := stats(t, v)
 		grew := after.VCPUs[0].Time.Total() - before.VCPUs[0].Time.Total()
 		t.Logf("vCPU 0: %s then %s (+%s in 3 s of busy loop)", before.VCPUs[0].Time.Total(), after.VCPUs[0].Time.Total(), grew)
-		if grew < time.Second {
-			t.Fatalf("vCPU time grew %s during a 3 s busy loop, want at least 1 s", grew)
+		// Not 3 s: the vCPU thread shares two host cores with whatever else runs here.
+		if grew < 300*time.Millisecond {
+			t.Fatalf("vCPU time grew %s during a 3 s busy loop, want at least 300 ms", grew)
 		}
 		if after.PID != before.PID || after.CPU.Total() <= before.CPU.Total() {
 			t.Fatalf("process CPU %s then %s (pid %d then %d)", before.CPU.Total(), after.CPU.Total(), before.PID, after.PID)
@@ -77,8 +78,8 @@ func TestStatsFollowTheGuest(t *testing.T) {
 		run(t, "ip", "link", "set", tap, "up")
 		from := len(c.text())
 		c.send(t, `for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; ip addr add `+guest+`/30 dev eth0; ping -c 3 -W 5 `+host+` >/dev/null && echo "PING-OK" || echo "PING-FAILED"`)
-		c.expect(t, from, "PING-", time.Minute)
-		c.expect(t, from, "PING-OK", 5*time.Second)
+		// "\r\n" right after the marker: the echo of the command line has a quote there.
+		c.expect(t, from, "PING-OK\r\n", time.Minute)
 		// Traffic one way only: datagrams to a closed port in the guest, which answers at most a
 		// few rate-limited ICMP errors of at most 576 bytes each.
 		conn, err := net.Dial("udp", guest+":9")
