@@ -157,30 +157,35 @@ func validateDisks(disks []Disk, p *field.Path) field.ErrorList {
 	names := map[string]bool{}
 	boot := map[uint32]string{}
 	for i := range disks {
-		d := &disks[i]
-		dp := p.Index(i)
-		errs = append(errs, validateName(dp.Child("name"), d.Name, names)...)
-		errs = append(errs, validateDiskTarget(d, dp)...)
-		if d.BootOrder != nil {
-			if *d.BootOrder < 1 {
-				errs = append(errs, field.Invalid(dp.Child("bootOrder"), *d.BootOrder, "must be 1 or more"))
-			} else if other, dup := boot[*d.BootOrder]; dup {
-				errs = append(errs, field.Duplicate(dp.Child("bootOrder"), fmt.Sprintf("%d (also disk %q)", *d.BootOrder, other)))
-			}
-			boot[*d.BootOrder] = d.Name
+		errs = append(errs, validateDisk(&disks[i], p.Index(i), names, boot)...)
+	}
+	return errs
+}
+
+// validateDisk checks one disk at dp; names and boot hold the names and boot orders seen so far.
+func validateDisk(d *Disk, dp *field.Path, names map[string]bool, boot map[uint32]string) field.ErrorList {
+	var errs field.ErrorList
+	errs = append(errs, validateName(dp.Child("name"), d.Name, names)...)
+	errs = append(errs, validateDiskTarget(d, dp)...)
+	if d.BootOrder != nil {
+		if *d.BootOrder < 1 {
+			errs = append(errs, field.Invalid(dp.Child("bootOrder"), *d.BootOrder, "must be 1 or more"))
+		} else if other, dup := boot[*d.BootOrder]; dup {
+			errs = append(errs, field.Duplicate(dp.Child("bootOrder"), fmt.Sprintf("%d (also disk %q)", *d.BootOrder, other)))
 		}
-		if d.Serial != "" && (len(d.Serial) > 20 || !serialRE.MatchString(d.Serial)) {
-			errs = append(errs, field.Invalid(dp.Child("serial"), d.Serial, "must be at most 20 letters, digits or _.+-"))
-		}
-		if d.Cache != "" {
-			errs = append(errs, validateEnum(dp.Child("cache"), string(d.Cache), string(CacheNone), string(CacheWriteThrough), string(CacheWriteBack))...)
-		}
-		if d.IO != "" {
-			errs = append(errs, validateEnum(dp.Child("io"), string(d.IO), string(IONative), string(IOThreads))...)
-		}
-		if d.IO == IONative && d.Cache != "" && d.Cache != CacheNone {
-			errs = append(errs, field.Invalid(dp.Child("io"), d.IO, "io native needs cache none"))
-		}
+		boot[*d.BootOrder] = d.Name
+	}
+	if d.Serial != "" && (len(d.Serial) > 20 || !serialRE.MatchString(d.Serial)) {
+		errs = append(errs, field.Invalid(dp.Child("serial"), d.Serial, "must be at most 20 letters, digits or _.+-"))
+	}
+	if d.Cache != "" {
+		errs = append(errs, validateEnum(dp.Child("cache"), string(d.Cache), string(CacheNone), string(CacheWriteThrough), string(CacheWriteBack))...)
+	}
+	if d.IO != "" {
+		errs = append(errs, validateEnum(dp.Child("io"), string(d.IO), string(IONative), string(IOThreads))...)
+	}
+	if d.IO == IONative && d.Cache != "" && d.Cache != CacheNone {
+		errs = append(errs, field.Invalid(dp.Child("io"), d.IO, "io native needs cache none"))
 	}
 	return errs
 }

@@ -15,7 +15,8 @@ const (
 )
 
 // VirtualMachineInstance is one running virtual machine: a QEMU process in a launcher pod. It is usually
-// created and owned by a VirtualMachine; its spec cannot change after creation.
+// created and owned by a VirtualMachine; its spec cannot change after creation, except for the
+// disks and volumes, which can be hot-plugged.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
@@ -34,9 +35,31 @@ type VirtualMachineInstance struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	// Spec is the desired virtual machine. It is immutable once the instance exists: change the
-	// owning VirtualMachine's template and restart instead.
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec is immutable after creation; change the VirtualMachine template and restart instead"
+	// Spec is the desired virtual machine. Only spec.volumes and spec.domain.devices.disks can change
+	// once the instance exists (disk hotplug, as `qvirtctl addvolume` does); for anything else change
+	// the owning VirtualMachine's template and restart. The rules below freeze every other field, one
+	// rule per field of spec, spec.domain and spec.domain.devices (HotplugImmutableFields; a test
+	// keeps the two lists equal). Optional fields compare presence too: a transition rule placed on
+	// an optional field itself would be skipped when the field is absent on either side.
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.resources) == has(oldSelf.domain.resources) && (!has(self.domain.resources) || self.domain.resources == oldSelf.domain.resources)",message="spec.domain.resources is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.resources"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.cpu) == has(oldSelf.domain.cpu) && (!has(self.domain.cpu) || self.domain.cpu == oldSelf.domain.cpu)",message="spec.domain.cpu is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.cpu"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.memory) == has(oldSelf.domain.memory) && (!has(self.domain.memory) || self.domain.memory == oldSelf.domain.memory)",message="spec.domain.memory is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.memory"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.machine) == has(oldSelf.domain.machine) && (!has(self.domain.machine) || self.domain.machine == oldSelf.domain.machine)",message="spec.domain.machine is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.machine"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.firmware) == has(oldSelf.domain.firmware) && (!has(self.domain.firmware) || self.domain.firmware == oldSelf.domain.firmware)",message="spec.domain.firmware is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.firmware"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.features) == has(oldSelf.domain.features) && (!has(self.domain.features) || self.domain.features == oldSelf.domain.features)",message="spec.domain.features is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.features"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.interfaces) == has(oldSelf.domain.devices.interfaces) && (!has(self.domain.devices.interfaces) || self.domain.devices.interfaces == oldSelf.domain.devices.interfaces)",message="spec.domain.devices.interfaces is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.devices.interfaces"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachSerialConsole) == has(oldSelf.domain.devices.autoattachSerialConsole) && (!has(self.domain.devices.autoattachSerialConsole) || self.domain.devices.autoattachSerialConsole == oldSelf.domain.devices.autoattachSerialConsole)",message="spec.domain.devices.autoattachSerialConsole is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.devices.autoattachSerialConsole"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachGraphicsDevice) == has(oldSelf.domain.devices.autoattachGraphicsDevice) && (!has(self.domain.devices.autoattachGraphicsDevice) || self.domain.devices.autoattachGraphicsDevice == oldSelf.domain.devices.autoattachGraphicsDevice)",message="spec.domain.devices.autoattachGraphicsDevice is immutable; only volumes and disks can be hot-plugged",fieldPath=".domain.devices.autoattachGraphicsDevice"
+	// +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector) && (!has(self.nodeSelector) || self.nodeSelector == oldSelf.nodeSelector)",message="spec.nodeSelector is immutable; only volumes and disks can be hot-plugged",fieldPath=".nodeSelector"
+	// +kubebuilder:validation:XValidation:rule="has(self.affinity) == has(oldSelf.affinity) && (!has(self.affinity) || self.affinity == oldSelf.affinity)",message="spec.affinity is immutable; only volumes and disks can be hot-plugged",fieldPath=".affinity"
+	// +kubebuilder:validation:XValidation:rule="has(self.tolerations) == has(oldSelf.tolerations) && (!has(self.tolerations) || self.tolerations == oldSelf.tolerations)",message="spec.tolerations is immutable; only volumes and disks can be hot-plugged",fieldPath=".tolerations"
+	// +kubebuilder:validation:XValidation:rule="has(self.priorityClassName) == has(oldSelf.priorityClassName) && (!has(self.priorityClassName) || self.priorityClassName == oldSelf.priorityClassName)",message="spec.priorityClassName is immutable; only volumes and disks can be hot-plugged",fieldPath=".priorityClassName"
+	// +kubebuilder:validation:XValidation:rule="has(self.schedulerName) == has(oldSelf.schedulerName) && (!has(self.schedulerName) || self.schedulerName == oldSelf.schedulerName)",message="spec.schedulerName is immutable; only volumes and disks can be hot-plugged",fieldPath=".schedulerName"
+	// +kubebuilder:validation:XValidation:rule="has(self.evictionStrategy) == has(oldSelf.evictionStrategy) && (!has(self.evictionStrategy) || self.evictionStrategy == oldSelf.evictionStrategy)",message="spec.evictionStrategy is immutable; only volumes and disks can be hot-plugged",fieldPath=".evictionStrategy"
+	// +kubebuilder:validation:XValidation:rule="has(self.terminationGracePeriodSeconds) == has(oldSelf.terminationGracePeriodSeconds) && (!has(self.terminationGracePeriodSeconds) || self.terminationGracePeriodSeconds == oldSelf.terminationGracePeriodSeconds)",message="spec.terminationGracePeriodSeconds is immutable; only volumes and disks can be hot-plugged",fieldPath=".terminationGracePeriodSeconds"
+	// +kubebuilder:validation:XValidation:rule="has(self.hostname) == has(oldSelf.hostname) && (!has(self.hostname) || self.hostname == oldSelf.hostname)",message="spec.hostname is immutable; only volumes and disks can be hot-plugged",fieldPath=".hostname"
+	// +kubebuilder:validation:XValidation:rule="has(self.subdomain) == has(oldSelf.subdomain) && (!has(self.subdomain) || self.subdomain == oldSelf.subdomain)",message="spec.subdomain is immutable; only volumes and disks can be hot-plugged",fieldPath=".subdomain"
+	// +kubebuilder:validation:XValidation:rule="has(self.networks) == has(oldSelf.networks) && (!has(self.networks) || self.networks == oldSelf.networks)",message="spec.networks is immutable; only volumes and disks can be hot-plugged",fieldPath=".networks"
 	Spec VirtualMachineInstanceSpec `json:"spec"`
 
 	// Status is what the controller and the node agent observe.

@@ -30,7 +30,7 @@ func Setup(mgr ctrl.Manager, store *config.Store) error {
 }
 
 // +kubebuilder:webhook:path=/validate-qvirt-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvm.qvirt.io,admissionReviewVersions=v1
-// +kubebuilder:webhook:path=/validate-qvirt-io-v1alpha1-virtualmachineinstance,mutating=false,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachineinstances,verbs=create,versions=v1alpha1,name=vvmi.qvirt.io,admissionReviewVersions=v1
+// +kubebuilder:webhook:path=/validate-qvirt-io-v1alpha1-virtualmachineinstance,mutating=false,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachineinstances,verbs=create;update,versions=v1alpha1,name=vvmi.qvirt.io,admissionReviewVersions=v1
 
 // VMValidator validates VirtualMachines.
 type VMValidator struct{ Config *config.Store }
@@ -53,25 +53,34 @@ func (v *VMValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachine) 
 
 func (v *VMValidator) validate(vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
 	errs := v1alpha1.ValidateVirtualMachine(vm)
-	errs = append(errs, validateHostPaths(v.Config.Get(), &vm.Spec.Template.Spec, field.NewPath("spec", "template", "spec"))...)
+	errs = append(errs, validateHostPaths(v.Config.Get(), &vm.Spec.Template.Spec, field.NewPath("spec", "template", "spec"), allVolumes(&vm.Spec.Template.Spec))...)
 	return warnings(&vm.Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
 }
 
-// VMIValidator validates VirtualMachineInstances. Their spec is immutable (a CEL rule), so only
-// creation is checked.
+// VMIValidator validates VirtualMachineInstances: the whole spec at creation; on update the disk
+// hotplug rules (v1alpha1.ValidateVirtualMachineInstanceUpdate; the CRD's CEL rules already froze
+// every other field) and the allowed host paths of added hostDisk volumes.
 type VMIValidator struct{ Config *config.Store }
 
 // ValidateCreate implements admission.Validator.
 func (v *VMIValidator) ValidateCreate(_ context.Context, vmi *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
 	p := field.NewPath("spec")
 	errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)
-	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, p)...)
+	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, p, allVolumes(&vmi.Spec))...)
 	return warnings(&vmi.Spec), invalid("VirtualMachineInstance", vmi.Name, errs)
 }
 
-// ValidateUpdate implements admission.Validator.
-func (v *VMIValidator) ValidateUpdate(context.Context, *v1alpha1.VirtualMachineInstance, *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
-	return nil, nil
+// ValidateUpdate implements admission.Validator. Host paths are checked only for added volumes:
+// a volume attached under an earlier allowedHostPaths stays, and metadata updates (finalizers)
+// never fail on it. Status updates go through the status subresource and do not reach this webhook.
+func (v *VMIValidator) ValidateUpdate(_ context.Context, old, vmi *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
+	errs := v1alpha1.ValidateVirtualMachineInstanceUpdate(old, vmi)
+	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, field.NewPath("spec"), v1alpha1.AddedVolumes(old, vmi))...)
+	var warn admission.Warnings
+	if was, _, _ := v1alpha1.LiveMigratable(&old.Spec); was {
+		warn = warnings(&vmi.Spec) // the added disk ends live migration
+	}
+	return warn, invalid("VirtualMachineInstance", vmi.Name, errs)
 }
 
 // ValidateDelete implements admission.Validator.
@@ -79,10 +88,21 @@ func (v *VMIValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachineI
 	return nil, nil
 }
 
-// validateHostPaths refuses host disks outside the cluster's allowed host paths.
-func validateHostPaths(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+// allVolumes are the indexes of every volume of spec.
+func allVolumes(spec *v1alpha1.VirtualMachineInstanceSpec) []int {
+	out := make([]int, len(spec.Volumes))
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// validateHostPaths refuses host disks outside the cluster's allowed host paths among the volumes
+// at the indexes given.
+func validateHostPaths(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path, volumes []int) field.ErrorList {
 	var errs field.ErrorList
-	for i, v := range spec.Volumes {
+	for _, i := range volumes {
+		v := spec.Volumes[i]
 		if v.HostDisk == nil || cfg.HostPathAllowed(v.HostDisk.Path) {
 			continue
 		}

@@ -148,3 +148,85 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 		}
 	})
 }
+
+// TestWebhookHotplugUpdates drives VMI spec updates through the API server and the webhook as
+// qvirtctl addvolume/removevolume will: added disks must be virtio disks on hostDisk (under the
+// allowed paths) or emptyDisk volumes; disks the guest booted with cannot go; hot-plugged ones can.
+func TestWebhookHotplugUpdates(t *testing.T) {
+	startWebhook(t)
+	cfg := config.Default()
+	cfg.AllowedHostPaths = []string{"/var/lib/qvirt"}
+	store.Set(cfg)
+	t.Cleanup(func() { store.Set(config.Default()) })
+
+	o := sample(t, "vmi_testguest.yaml")
+	spec := o["spec"].(map[string]any)
+	spec["domain"].(map[string]any)["devices"].(map[string]any)["disks"] = []any{
+		map[string]any{"name": "boot", "disk": map[string]any{"bus": "virtio"}}}
+	spec["volumes"] = []any{map[string]any{"name": "boot", "emptyDisk": map[string]any{"capacity": "16Mi"}}}
+	o["metadata"].(map[string]any)["name"] = "hotplug"
+	data, _ := json.Marshal(o)
+	kubectl := func(stdin []byte, args ...string) (string, string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return cp.KubectlCmd(ctx, stdin, append([]string{"-n", "default"}, args...)...)
+	}
+	if _, stderr, err := kubectl(data, "create", "-f", "-"); err != nil {
+		t.Fatalf("create: %v: %s", err, stderr)
+	}
+	t.Cleanup(func() { _, _, _ = kubectl(nil, "delete", "vmi", "hotplug", "--wait=false") })
+
+	addDisk := func(disk, volume string) string {
+		return `[{"op":"add","path":"/spec/domain/devices/disks/-","value":` + disk + `},` +
+			`{"op":"add","path":"/spec/volumes/-","value":` + volume + `}]`
+	}
+	const virtio = `{"name":"data","disk":{"bus":"virtio"}}`
+	refused := []struct{ name, patch, field, msg string }{
+		{"host disk outside the allowed paths", addDisk(virtio, `{"name":"data","hostDisk":{"path":"/etc/shadow","type":"Disk"}}`),
+			"spec.volumes[1].hostDisk.path", "not under an allowed host path"},
+		{"cdrom", addDisk(`{"name":"data","cdrom":{"bus":"sata"}}`, `{"name":"data","emptyDisk":{"capacity":"1Mi"}}`),
+			"spec.domain.devices.disks[1].cdrom", "only hard disks can be hot-plugged"},
+		{"sata disk", addDisk(`{"name":"data","disk":{"bus":"sata"}}`, `{"name":"data","emptyDisk":{"capacity":"1Mi"}}`),
+			"spec.domain.devices.disks[1].disk.bus", `Unsupported value: "sata"`},
+		{"container disk", addDisk(virtio, `{"name":"data","containerDisk":{"image":"x:1"}}`),
+			"spec.volumes[1].containerDisk", "only hostDisk and emptyDisk volumes"},
+		{"boot disk changed", `[{"op":"add","path":"/spec/domain/devices/disks/0/serial","value":"X1"}]`,
+			"spec.domain.devices.disks[0].serial", `disk "boot" is attached`},
+		{"boot disk removed", `[{"op":"remove","path":"/spec/domain/devices/disks/0"},{"op":"remove","path":"/spec/volumes/0"}]`,
+			"spec.domain.devices.disks[boot]", "was attached at start and cannot be removed"},
+	}
+	for _, tc := range refused {
+		t.Run("refused: "+tc.name, func(t *testing.T) {
+			_, stderr, err := kubectl(nil, "patch", "--dry-run=server", "vmi", "hotplug", "--type=json", "-p", tc.patch)
+			if err == nil || !strings.Contains(stderr, tc.field) || !strings.Contains(stderr, tc.msg) {
+				t.Fatalf("want a refusal naming %s with %q, got %v: %s", tc.field, tc.msg, err, stderr)
+			}
+		})
+	}
+
+	t.Run("a host disk under an allowed path is added, and removed once hot-plugged", func(t *testing.T) {
+		patch := addDisk(virtio, `{"name":"data","hostDisk":{"path":"/var/lib/qvirt/data.img","type":"Disk"}}`)
+		if _, stderr, err := kubectl(nil, "patch", "vmi", "hotplug", "--type=json", "-p", patch); err != nil {
+			t.Fatalf("refused: %v: %s", err, stderr)
+		}
+		remove := `[{"op":"remove","path":"/spec/domain/devices/disks/1"},{"op":"remove","path":"/spec/volumes/1"}]`
+		// Before the node agent reports it hot-plugged, the disk counts as one the guest booted with.
+		if _, stderr, err := kubectl(nil, "patch", "--dry-run=server", "vmi", "hotplug", "--type=json", "-p", remove); err == nil ||
+			!strings.Contains(stderr, "spec.domain.devices.disks[data]") {
+			t.Fatalf("removal without a hotplugged volume status: want a refusal, got %v: %s", err, stderr)
+		}
+		status := `{"status":{"volumeStatus":[{"name":"boot","phase":"Ready"},{"name":"data","phase":"Ready","hotplugged":true}]}}`
+		if _, stderr, err := kubectl(nil, "patch", "vmi", "hotplug", "--subresource=status", "--type=merge", "-p", status); err != nil {
+			t.Fatalf("status patch: %v: %s", err, stderr)
+		}
+		if _, stderr, err := kubectl(nil, "patch", "vmi", "hotplug", "--type=json", "-p", remove); err != nil {
+			t.Fatalf("removing a hot-plugged disk refused: %v: %s", err, stderr)
+		}
+	})
+
+	t.Run("metadata updates pass even when the allowed paths shrank", func(t *testing.T) {
+		if _, stderr, err := kubectl(nil, "label", "vmi", "hotplug", "team=a"); err != nil {
+			t.Fatalf("label refused: %v: %s", err, stderr)
+		}
+	})
+}

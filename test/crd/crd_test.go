@@ -286,7 +286,10 @@ func TestInvalidManifestsRejected(t *testing.T) {
 	}
 }
 
-func TestVMISpecImmutable(t *testing.T) {
+// TestVMISpecImmutableButDisks checks the CRD's own rules (no webhook here): every spec field but
+// the disks and volumes is frozen once the instance exists, with a message naming the field;
+// adding and removing a disk with its volume is accepted (the webhook adds the per-disk rules).
+func TestVMISpecImmutableButDisks(t *testing.T) {
 	o := load(t, "vmi_testguest.yaml")
 	o.set(t, "metadata.name", "immutable")
 	manifest, _ := json.Marshal(o)
@@ -295,11 +298,52 @@ func TestVMISpecImmutable(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _, _ = kubectl(t, nil, "delete", "-n", "default", "vmi", "immutable", "--wait=false") })
 
-	_, stderr, err := kubectl(t, nil, "patch", "-n", "default", "vmi", "immutable", "--type=merge",
-		"-p", `{"spec":{"domain":{"memory":{"guest":"512Mi"}}}}`)
-	if err == nil || !strings.Contains(stderr, "spec: Invalid value") || !strings.Contains(stderr, "spec is immutable") {
-		t.Fatalf("spec change accepted or refused without naming spec: %v: %s", err, stderr)
+	refused := []struct {
+		name, patchType, patch, field string
+	}{
+		{"memory", "merge", `{"spec":{"domain":{"memory":{"guest":"512Mi"}}}}`, "spec.domain.memory"},
+		{"cpu added", "merge", `{"spec":{"domain":{"cpu":{"cores":2}}}}`, "spec.domain.cpu"},
+		{"kernel args", "merge", `{"spec":{"domain":{"firmware":{"kernelBoot":{"kernelArgs":"quiet"}}}}}`, "spec.domain.firmware"},
+		{"graphics device removed", "merge", `{"spec":{"domain":{"devices":{"autoattachGraphicsDevice":null}}}}`, "spec.domain.devices.autoattachGraphicsDevice"},
+		{"interface MAC", "json", `[{"op":"replace","path":"/spec/domain/devices/interfaces/0/macAddress","value":"02:00:00:00:00:02"}]`, "spec.domain.devices.interfaces"},
+		{"node selector added", "merge", `{"spec":{"nodeSelector":{"disk":"ssd"}}}`, "spec.nodeSelector"},
+		{"hostname added", "merge", `{"spec":{"hostname":"other"}}`, "spec.hostname"},
+		{"grace period added", "merge", `{"spec":{"terminationGracePeriodSeconds":5}}`, "spec.terminationGracePeriodSeconds"},
+		{"tolerations added", "merge", `{"spec":{"tolerations":[{"operator":"Exists"}]}}`, "spec.tolerations"},
+		{"network changed", "json", `[{"op":"add","path":"/spec/networks/0/pod/vmNetworkCIDR","value":"10.1.0.0/24"}]`, "spec.networks"},
 	}
+	for _, tc := range refused {
+		t.Run("refused: "+tc.name, func(t *testing.T) {
+			_, stderr, err := kubectl(t, nil, "patch", "--dry-run=server", "-n", "default", "vmi", "immutable", "--type="+tc.patchType, "-p", tc.patch)
+			want := tc.field + " is immutable; only volumes and disks can be hot-plugged"
+			if err == nil || !strings.Contains(stderr, tc.field+": Invalid value") || !strings.Contains(stderr, want) {
+				t.Fatalf("want a refusal naming %s with %q, got %v: %s", tc.field, want, err, stderr)
+			}
+		})
+	}
+
+	t.Run("a disk and its volume can be added and removed", func(t *testing.T) {
+		add := `[{"op":"add","path":"/spec/domain/devices/disks","value":[{"name":"data","disk":{"bus":"virtio"},"serial":"DATA1"}]},` +
+			`{"op":"add","path":"/spec/volumes","value":[{"name":"data","emptyDisk":{"capacity":"64Mi"}}]}]`
+		if _, stderr, err := kubectl(t, nil, "patch", "-n", "default", "vmi", "immutable", "--type=json", "-p", add); err != nil {
+			t.Fatalf("adding a disk refused: %v: %s", err, stderr)
+		}
+		out, stderr, err := kubectl(t, nil, "get", "-n", "default", "vmi", "immutable", "-o", "jsonpath={.spec.volumes[0].name}/{.spec.domain.devices.disks[0].serial}")
+		if err != nil || out != "data/DATA1" {
+			t.Fatalf("after adding: %q %v %s", out, err, stderr)
+		}
+		// A disk alone (without its volume) is still refused by the pairing rule.
+		_, stderr, err = kubectl(t, nil, "patch", "--dry-run=server", "-n", "default", "vmi", "immutable", "--type=json",
+			"-p", `[{"op":"add","path":"/spec/domain/devices/disks/-","value":{"name":"orphan"}}]`)
+		if err == nil || !strings.Contains(stderr, "must name a volume") {
+			t.Fatalf("a disk without a volume: want a refusal, got %v: %s", err, stderr)
+		}
+		remove := `[{"op":"remove","path":"/spec/domain/devices/disks"},{"op":"remove","path":"/spec/volumes"}]`
+		if _, stderr, err := kubectl(t, nil, "patch", "-n", "default", "vmi", "immutable", "--type=json", "-p", remove); err != nil {
+			t.Fatalf("removing the disk refused: %v: %s", err, stderr)
+		}
+	})
+
 	// Labels and status are not frozen: the controller and node agent update them.
 	if _, stderr, err := kubectl(t, nil, "label", "-n", "default", "vmi", "immutable", "team=a"); err != nil {
 		t.Fatalf("label change refused: %v: %s", err, stderr)
