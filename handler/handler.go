@@ -4,7 +4,9 @@
 package handler
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -15,9 +17,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/node"
+	"github.com/qvirt/qvirt/handler/deviceplugin"
+	"github.com/qvirt/qvirt/handler/metrics"
+	"github.com/qvirt/qvirt/handler/nodeagent"
+	"github.com/qvirt/qvirt/handler/streams"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // Options configure the node agent.
@@ -28,6 +36,27 @@ type Options struct {
 	SocketDir string
 	// Namespace is the install namespace holding the qvirt-config ConfigMap.
 	Namespace string
+	// QEMU is the emulator the capability probe runs (the launchers' is in their image); from PATH
+	// when empty.
+	QEMU string
+	// HeartbeatInterval is how often the Node's heartbeat is renewed; 30 s when zero.
+	HeartbeatInterval time.Duration
+	// Registry receives the per-instance metrics collector; controller-runtime's registry, served
+	// on the manager's /metrics, when nil.
+	Registry prometheus.Registerer
+	// Streams configures the mTLS server of consoles, VNC, the QMP shell and pause/unpause for
+	// qvirt-api; off when Streams.Addr is "" or "0".
+	Streams StreamsOptions
+	// DevicePlugin serves the kubelet device plugin for devices.qvirt.io/kvm and /tun: on real
+	// nodes only (local mode has no kubelet).
+	DevicePlugin bool
+}
+
+// StreamsOptions are the stream server's listener and certificates (see handler/streams).
+type StreamsOptions struct {
+	Addr                            string
+	CertFile, KeyFile, ClientCAFile string
+	AllowedClientNames              []string
 }
 
 // CacheOptions restrict the cache to one node: instances whose status.nodeName is the node (a CRD
@@ -59,9 +88,11 @@ func targetCacheOptions(mgr ctrl.Manager, nodeName string) cache.Options {
 	}
 }
 
-// Setup registers the node agent's parts with mgr, whose cache must be
-// CacheOptions(opts.NodeName, opts.Namespace).
-func Setup(mgr ctrl.Manager, opts Options) error {
+// Setup probes the node's capabilities and registers the node agent's parts with mgr, whose cache
+// must be CacheOptions(opts.NodeName, opts.Namespace): the instance reconciler, the Node's
+// heartbeat and labels, the metrics collector on the manager's /metrics and, when asked, the
+// device plugin.
+func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if opts.NodeName == "" {
 		return fmt.Errorf("node name: required (flag --node-name or env NODE_NAME)")
 	}
@@ -95,5 +126,51 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the instance reconciler: %w", err)
 	}
+	return setupNode(ctx, mgr, opts)
+}
+
+// setupNode adds what the agent does for its node rather than for one instance.
+func setupNode(ctx context.Context, mgr ctrl.Manager, opts Options) error {
+	caps, err := nodeagent.Probe(ctx, nodeagent.ProbeOptions{QEMU: opts.QEMU})
+	if err != nil {
+		return fmt.Errorf("probe the node's capabilities: %w", err)
+	}
+	mgr.GetLogger().Info("node capabilities", "qemuVersion", caps.QEMUVersion, "kvm", caps.KVM, "kvmReason", caps.KVMReason)
+	if err := mgr.Add(nodeagent.NewHeartbeat(mgr.GetClient(), opts.NodeName, caps, opts.HeartbeatInterval)); err != nil {
+		return err
+	}
+	collector := metrics.NewCollector(mgr.GetClient(), opts.NodeName, opts.SocketDir, mgr.GetLogger().WithName("metrics"))
+	reg := opts.Registry
+	if reg == nil {
+		reg = crmetrics.Registry
+	}
+	if err := reg.Register(collector); err != nil {
+		return fmt.Errorf("register the metrics collector: %w", err)
+	}
+	if err := setupStreams(mgr, opts); err != nil {
+		return err
+	}
+	if opts.DevicePlugin {
+		if err := mgr.Add(deviceplugin.New(deviceplugin.Options{KVM: caps.KVM})); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// setupStreams adds the stream server qvirt-api connects to.
+func setupStreams(mgr ctrl.Manager, opts Options) error {
+	so := opts.Streams
+	if so.Addr == "" || so.Addr == "0" {
+		return nil
+	}
+	srv, err := streams.New(streams.Options{
+		Reader: mgr.GetClient(), NodeName: opts.NodeName, SocketDir: opts.SocketDir,
+		CertFile: so.CertFile, KeyFile: so.KeyFile, ClientCAFile: so.ClientCAFile,
+		AllowedClientNames: so.AllowedClientNames, Addr: so.Addr, Log: mgr.GetLogger().WithName("streams"),
+	})
+	if err != nil {
+		return fmt.Errorf("stream server: %w", err)
+	}
+	return mgr.Add(srv)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,6 +90,9 @@ type nodeAgent struct {
 	socketDir string
 	kubelet   *kubelet
 
+	// registry holds the node agent's per-instance metrics.
+	registry *prometheus.Registry
+
 	stopHandler context.CancelFunc
 	handlerDone chan error
 }
@@ -159,7 +163,9 @@ func (n *nodeAgent) startHandler() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := handler.Setup(mgr, handler.Options{NodeName: n.node, SocketDir: n.socketDir, Namespace: "qvirt-system"}); err != nil {
+	n.registry = prometheus.NewRegistry()
+	opts2 := handler.Options{NodeName: n.node, SocketDir: n.socketDir, Namespace: "qvirt-system", Registry: n.registry}
+	if err := handler.Setup(context.Background(), mgr, opts2); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -456,6 +462,29 @@ func TestInstanceLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("the node agent's metrics cover the guest", func(t *testing.T) {
+		families, err := e.registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rss float64
+		for _, f := range families {
+			if f.GetName() != "qvirt_vmi_memory_resident_bytes" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "name" && l.GetValue() == "vm1" {
+						rss = m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		if rss < 16<<20 {
+			t.Errorf("qvirt_vmi_memory_resident_bytes{name=vm1} = %.0f, want QEMU's RSS (tens of MiB)", rss)
+		}
+	})
+
 	t.Run("pause shows Paused, unpause clears it", func(t *testing.T) {
 		lc := e.launcherClient(v)
 		if err := lc.Pause(context.Background()); err != nil {
@@ -582,7 +611,7 @@ func TestBadLaunchers(t *testing.T) {
 	e := newEnv(t)
 	good := e.guestVMI("good")
 	e.create(good)
-	e.kubelet.run(good, true)
+	goodPod := e.kubelet.run(good, true)
 
 	silent := e.guestVMI("silent")
 	e.create(silent)
@@ -619,9 +648,25 @@ func TestBadLaunchers(t *testing.T) {
 			t.Errorf("%s: phase %s, want it left Scheduled while the agent retries", name, v.Status.Phase)
 		}
 	}
-	e.waitVMI("good", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+	v = e.waitVMI("good", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady) &&
 			isTrue(v, node.ConditionSynchronized)
+	})
+
+	t.Run("a guest still running for a Failed instance is killed", func(t *testing.T) {
+		// As qvirt-controller does when the node stopped beating: the instance is Failed, and a
+		// node agent that comes back must not let its guest run on.
+		base := v.DeepCopy()
+		v.Status.Phase, v.Status.Reason = v1alpha1.Failed, "NodeUnresponsive"
+		if err := e.c.Status().Patch(context.Background(), v, client.MergeFrom(base)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-goodPod.exited:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the guest of the Failed instance still runs")
+		}
+		e.waitEvent("good", node.EventKilledLeftover, "Failed", 10*time.Second)
 	})
 }
 

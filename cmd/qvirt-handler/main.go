@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -23,11 +24,20 @@ func main() {
 	flag.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&opts.SocketDir, "socket-dir", v1alpha1.SocketDir, "directory of the launchers' per-instance sockets")
 	flag.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMap qvirt-config")
+	flag.BoolVar(&opts.DevicePlugin, "device-plugin", true, "serve the kubelet device plugin for devices.qvirt.io/kvm and /tun (off in local mode)")
+	flag.StringVar(&opts.Streams.Addr, "streams-bind-address", ":8186", "address of the mTLS stream server for qvirt-api (0 disables it)")
+	flag.StringVar(&opts.Streams.CertFile, "streams-tls-cert-file", "/etc/qvirt/handler-tls/tls.crt", "stream server certificate")
+	flag.StringVar(&opts.Streams.KeyFile, "streams-tls-key-file", "/etc/qvirt/handler-tls/tls.key", "stream server key")
+	flag.StringVar(&opts.Streams.ClientCAFile, "streams-client-ca-file", "/etc/qvirt/handler-tls/ca.crt", "CA of the clients (qvirt-api) the stream server accepts")
+	allowed := flag.String("streams-allowed-client-names", "qvirt-api", "comma-separated client certificate names accepted (empty: any the CA signed)")
 	metricsAddr := flag.String("metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint (0 disables it)")
 	probeAddr := flag.String("health-probe-bind-address", ":8444", "address of /healthz and /readyz")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if *allowed != "" {
+		opts.Streams.AllowedClientNames = strings.Split(*allowed, ",")
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	if err := run(opts, *metricsAddr, *probeAddr); err != nil {
 		ctrl.Log.Error(err, "qvirt-handler failed")
@@ -53,7 +63,8 @@ func run(opts handler.Options, metricsAddr, probeAddr string) error {
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	if err := handler.Setup(mgr, opts); err != nil {
+	ctx := ctrl.SetupSignalHandler()
+	if err := handler.Setup(ctx, mgr, opts); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -62,7 +73,7 @@ func run(opts handler.Options, metricsAddr, probeAddr string) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return mgr.Start(ctx)
 }
 
 func envOr(key, def string) string {

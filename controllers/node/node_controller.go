@@ -41,6 +41,7 @@ const (
 	EventLauncherUnreachable = "LauncherUnreachable"
 	EventSyncFailed          = "SyncFailed"
 	EventNetworkSetupFailed  = "NetworkSetupFailed"
+	EventKilledLeftover      = "KilledLeftoverGuest"
 )
 
 // Reconciler drives the launchers of the instances on one node.
@@ -124,7 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if isFinal(v.Status.Phase) {
 		r.launchers.forget(v.UID)
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.stopLeftover(ctx, &v)
 	}
 	pod, err := r.launcherPod(ctx, &v)
 	if err != nil || pod == nil || pod.Status.Phase != corev1.PodRunning {
@@ -223,6 +224,26 @@ func (r *Reconciler) startedRecently(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// stopLeftover kills a guest still running for a finished instance: one the controller failed
+// while this node was unresponsive, say. The instance's outcome is decided; a second copy of the
+// guest must not run on.
+func (r *Reconciler) stopLeftover(ctx context.Context, v *v1alpha1.VirtualMachineInstance) error {
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	st, err := c.Status(ctx)
+	if err != nil || st.UID != v.UID || st.Exit != nil {
+		return nil // no launcher, or its guest already ended
+	}
+	if st.Phase != launcher.PhaseRunning && st.Phase != launcher.PhaseStarting && st.Phase != launcher.PhaseIncoming {
+		return nil
+	}
+	if err := c.Kill(ctx); err != nil {
+		return fmt.Errorf("kill the guest of a %s instance: %w", v.Status.Phase, err)
+	}
+	r.Recorder.Eventf(v, corev1.EventTypeWarning, EventKilledLeftover, "Killed the guest still running for this %s instance", v.Status.Phase)
+	return nil
 }
 
 // reconcileIncoming handles an instance that is not running on this node: one migrating here is
