@@ -602,6 +602,17 @@ func TestHandlerRestartKeepsGuests(t *testing.T) {
 			t.Errorf("%s: QEMU PID %d, was %d: the VM was restarted", name, st.PID, pids[name])
 		}
 	}
+
+	t.Run("a guest powered off from inside ends its instance Succeeded", func(t *testing.T) {
+		cons["vm-b"].Send(t, "poweroff -f")
+		v := e.waitVMI("vm-b", 30*time.Second, "Succeeded", func(v *v1alpha1.VirtualMachineInstance) bool {
+			return v.Status.Phase == v1alpha1.Succeeded
+		})
+		if v.Status.Reason != "GuestShutdown" || isTrue(v, v1alpha1.VirtualMachineInstanceReady) {
+			t.Errorf("reason %q, Ready %+v: want GuestShutdown and not Ready", v.Status.Reason, condition(v, v1alpha1.VirtualMachineInstanceReady))
+		}
+		e.waitEvent("vm-b", node.EventGuestEnded, "guest shutdown", 10*time.Second)
+	})
 }
 
 // TestBadLaunchers: an instance whose launcher never listens, and one whose launcher refuses the
