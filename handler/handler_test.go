@@ -736,3 +736,76 @@ func TestLiveMigration(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	})
 }
+
+// TestMigrationCancel deletes a migration while it runs (slowed to 1 MiB/s by the configuration):
+// the source's agent cancels it, the migration state says so, and the guest runs on at the source.
+func TestMigrationCancel(t *testing.T) {
+	e := newEnv(t)
+	e.setConfig("bandwidthPerMigration", "1Mi")
+	nodeB := e.addNode()
+	v := e.guestVMI("slow")
+	e.create(v)
+	e.kubelet.run(v, true)
+	con := e.console(v)
+	e.waitVMI("slow", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+	})
+	con.Expect(t, 0, "tick 2\r\n", bootTimeout)
+
+	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "slow-1", Namespace: e.ns},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "slow"}}
+	if err := e.c.Create(context.Background(), vmim); err != nil {
+		t.Fatal(err)
+	}
+	nodeB.kubelet.runTarget(v, string(vmim.UID))
+	e.waitVMI("slow", time.Minute, "migrating", func(v *v1alpha1.VirtualMachineInstance) bool {
+		ms := v.Status.MigrationState
+		return ms != nil && ms.StartTimestamp != nil
+	})
+	if err := e.c.Delete(context.Background(), vmim); err != nil {
+		t.Fatal(err)
+	}
+	got := e.waitVMI("slow", time.Minute, "migration failed", func(v *v1alpha1.VirtualMachineInstance) bool {
+		ms := v.Status.MigrationState
+		return ms != nil && ms.Failed
+	})
+	if ms := got.Status.MigrationState; !strings.Contains(ms.FailureReason, "cancel") || ms.Completed {
+		t.Errorf("migrationState %+v: want failed by cancellation", ms)
+	}
+	if got.Status.NodeName != e.node || got.Status.Phase != v1alpha1.Running {
+		t.Errorf("after the cancelled migration: node %s phase %s, want Running on %s", got.Status.NodeName, got.Status.Phase, e.node)
+	}
+	last := con.LastTick()
+	con.Expect(t, 0, fmt.Sprintf("tick %d\r\n", last+2), 30*time.Second)
+	e.waitVMI("slow", 10*time.Second, "Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return isTrue(v, v1alpha1.VirtualMachineInstanceReady) && condition(v, v1alpha1.VirtualMachineInstancePaused) == nil
+	})
+}
+
+// setConfig sets one key of qvirt-config until the test ends.
+func (e *env) setConfig(key, value string) {
+	e.t.Helper()
+	ctx := context.Background()
+	var cm corev1.ConfigMap
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: "qvirt-system", Name: "qvirt-config"}, &cm); err != nil {
+		e.t.Fatal(err)
+	}
+	old, had := cm.Data[key]
+	cm.Data[key] = value
+	if err := e.c.Update(ctx, &cm); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: "qvirt-system", Name: "qvirt-config"}, &cm); err != nil {
+			e.t.Error(err)
+			return
+		}
+		delete(cm.Data, key)
+		if had {
+			cm.Data[key] = old
+		}
+		if err := e.c.Update(ctx, &cm); err != nil {
+			e.t.Error(err)
+		}
+	})
+}
