@@ -108,7 +108,11 @@ func setupBridge(b Bridge) (*BridgeResult, error) {
 		}
 	}
 	var created []netlink.Link
-	if err := ensureTap(b.TapName, b.TapOwner, res.MTU, br, &created); err != nil {
+	err = ensureTap(b.TapName, b.TapOwner, res.MTU, br, &created)
+	if err == nil {
+		err = allowDHCPServer()
+	}
+	if err != nil {
 		if moved {
 			err = errors.Join(err, teardownBridge(b))
 		}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -173,6 +174,9 @@ func setupMasquerade(netNS ns.NetNS, m Masquerade) (res *Result, err error) {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("enable ip_forward in the pod's namespace: %w", err)
 	}
+	if err := allowDHCPServer(); err != nil {
+		return nil, err
+	}
 	if err := replaceTable(netNS, natRules(m, podLink.Attrs().Name, podIP)); err != nil {
 		return nil, err
 	}
@@ -186,6 +190,27 @@ func setupMasquerade(netNS ns.NetNS, m Masquerade) (res *Result, err error) {
 		MTU:          mtu,
 	}, nil
 }
+
+// allowDHCPServer lets the unprivileged launcher (no capabilities) bind the DHCP server port in
+// the pod's namespace: ports from 67 up stop being privileged there, and only there. The
+// namespace holds nothing but the launcher, QEMU and the guest's links.
+func allowDHCPServer() error {
+	const path = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+	cur, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read ip_unprivileged_port_start in the pod's namespace: %w", err)
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(string(cur))); err == nil && n <= DHCPServerPort {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(DHCPServerPort)), 0o644); err != nil {
+		return fmt.Errorf("let the launcher bind port %d in the pod's namespace: %w", DHCPServerPort, err)
+	}
+	return nil
+}
+
+// DHCPServerPort is the port the launcher's DHCP server binds.
+const DHCPServerPort = 67
 
 // podAddress is the link of the namespace's IPv4 default route and its first global address.
 func podAddress() (netlink.Link, netip.Addr, error) {

@@ -202,6 +202,10 @@ func TestMasqueradeSetupTeardown(t *testing.T) {
 	if v := p.sysctl(t, "net/ipv4/ip_forward"); v != "1" {
 		t.Errorf("ip_forward in the namespace = %s, want 1", v)
 	}
+	// The unprivileged launcher binds the DHCP server port there.
+	if v := p.sysctl(t, "net/ipv4/ip_unprivileged_port_start"); v != "67" {
+		t.Errorf("ip_unprivileged_port_start in the namespace = %s, want 67", v)
+	}
 	if got := p.tables(t); !slices.Equal(got, []string{fmt.Sprintf("%d %s", nftables.TableFamilyIPv4, netsetup.TableName)}) {
 		t.Errorf("nftables tables = %v, want only ip qvirt", got)
 	}
