@@ -19,7 +19,9 @@ import (
 //	GET    /v1/stats                -> Stats         cumulative CPU, memory, disk and NIC counters
 //	POST   /v1/pause | /v1/resume | /v1/reset | /v1/kill
 //	POST   /v1/shutdown             ShutdownRequest  ACPI power button, quit after the grace period
-//	POST   /v1/disks                DiskHotplug      attach a disk to the running guest
+//	POST   /v1/volumes              VolumeHotplug    attach a spec disk and its volume -> DiskHotplug
+//	DELETE /v1/volumes/{name}                        detach it (waits for the guest to let go)
+//	POST   /v1/disks                DiskHotplug      attach an image file by path (migration, tests)
 //	DELETE /v1/disks/{name}                          detach it (waits for the guest to let go)
 //	POST   /v1/nics                 NICHotplug       attach a NIC
 //	DELETE /v1/nics/{name}                           detach it
@@ -122,6 +124,18 @@ type ShutdownRequest struct {
 	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
 }
 
+// VolumeHotplug attaches a disk of the VMI spec (spec.domain.devices.disks) with its volume
+// (spec.volumes) to the running guest. The launcher resolves the volume with its own resolver, as
+// at start (a hostDisk's file must exist, or is created for DiskOrCreate; an emptyDisk is created in
+// its scratch directory), so the node agent sends the spec's objects, never a host path. Only
+// what v1alpha1.ValidateHotplugDisk and ValidateHotplugVolume accept can be hot-plugged: a virtio
+// disk on a hostDisk or emptyDisk volume. A 400 reply names the field at fault, relative to this
+// request: "disk.disk.bus", "volume.hostDisk.path", "volume.name", ...
+type VolumeHotplug struct {
+	Disk   v1alpha1.Disk   `json:"disk"`
+	Volume v1alpha1.Volume `json:"volume"`
+}
+
 // DiskHotplug attaches an image to the running guest as a virtio disk.
 type DiskHotplug struct {
 	Name     string `json:"name"`
@@ -132,6 +146,9 @@ type DiskHotplug struct {
 	// Port is the pcie-root-port the disk sits on; chosen by the launcher, reported back so a
 	// migration target can recreate the same layout.
 	Port string `json:"port,omitempty"`
+	// Ephemeral marks an image the launcher created for a hot-plugged emptyDisk volume: it is
+	// deleted when the disk is unplugged, so adding the volume again gives a blank disk.
+	Ephemeral bool `json:"ephemeral,omitempty"`
 }
 
 // NICHotplug attaches a tap (created by the node agent) to the running guest.

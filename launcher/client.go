@@ -141,6 +141,20 @@ func (c *Client) Shutdown(ctx context.Context, gracePeriodSeconds *int64) (Exit,
 	return exit, c.do(ctx, http.MethodPost, "/v1/shutdown", ShutdownRequest{GracePeriodSeconds: gracePeriodSeconds}, &exit)
 }
 
+// HotplugVolume attaches a spec disk with its volume, resolved by the launcher as at start; the
+// reply is the disk as attached (image, format, root port). A refusal is an *APIError whose Field
+// names the request field at fault (e.g. "volume.hostDisk.path" for a missing image, status 400).
+func (c *Client) HotplugVolume(ctx context.Context, req VolumeHotplug) (DiskHotplug, error) {
+	var out DiskHotplug
+	return out, c.do(ctx, http.MethodPost, "/v1/volumes", req, &out)
+}
+
+// UnplugVolume detaches a disk attached by HotplugVolume (or HotplugDisk) once the guest has let it
+// go, deleting an emptyDisk's image. A name that is not hot-plugged is a 400 with Field "name".
+func (c *Client) UnplugVolume(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/volumes/"+url.PathEscape(name), nil, nil)
+}
+
 // HotplugDisk attaches a disk; the reply names the root port it took.
 func (c *Client) HotplugDisk(ctx context.Context, d DiskHotplug) (DiskHotplug, error) {
 	var out DiskHotplug

@@ -36,6 +36,10 @@ type Launcher struct {
 	hotplug   map[string]DiskHotplug
 	nics      map[string]hotNIC
 	changed   chan struct{}
+
+	// volumes serialises HotplugVolume and UnplugVolume (hotplug_volume.go), which resolve and
+	// clean up images outside mu.
+	volumes sync.Mutex
 }
 
 // New returns a launcher that keeps QEMU's sockets in runDir.

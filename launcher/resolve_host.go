@@ -105,7 +105,7 @@ func (h HostResolver) volume(v *v1alpha1.Volume, runDir string, p *field.Path) (
 	case v.ContainerDisk != nil:
 		return containerDisk(v.ContainerDisk, p.Child("containerDisk"))
 	case v.EmptyDisk != nil:
-		path := filepath.Join(runDir, "empty-"+v.Name+".img")
+		path := filepath.Join(runDir, emptyDiskFile(v.Name))
 		if err := createSparse(path, v.EmptyDisk.Capacity.Value()); err != nil {
 			return DiskImage{}, field.InternalError(p.Child("emptyDisk"), err)
 		}
@@ -113,6 +113,9 @@ func (h HostResolver) volume(v *v1alpha1.Volume, runDir string, p *field.Path) (
 	}
 	return DiskImage{}, field.Forbidden(p, "qvirt-launcher run supports hostDisk, containerDisk (file://) and emptyDisk volumes")
 }
+
+// emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.
+func emptyDiskFile(volume string) string { return "empty-" + volume + ".img" }
 
 // hostDisk is KubeVirt's hostDisk: a raw image file, created sparse for DiskOrCreate.
 func hostDisk(hd *v1alpha1.HostDisk, p *field.Path) (DiskImage, *field.Error) {

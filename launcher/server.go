@@ -32,6 +32,8 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/reset", s.simple(l.Reset))
 	mux.HandleFunc("POST /v1/kill", s.simple(l.Kill))
 	mux.HandleFunc("POST /v1/shutdown", s.shutdown)
+	mux.HandleFunc("POST /v1/volumes", s.hotplugVolume)
+	mux.HandleFunc("DELETE /v1/volumes/{name}", s.unplugVolume)
 	mux.HandleFunc("POST /v1/disks", s.hotplugDisk)
 	mux.HandleFunc("DELETE /v1/disks/{name}", s.unplugDisk)
 	mux.HandleFunc("POST /v1/nics", s.hotplugNIC)
@@ -148,11 +150,34 @@ func (s *server) shutdown(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, exit)
 }
 
+func (s *server) hotplugVolume(w http.ResponseWriter, r *http.Request) {
+	var req VolumeHotplug
+	if !decode(w, r, &req) {
+		return
+	}
+	d, err := s.l.HotplugVolume(r.Context(), &req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (s *server) unplugVolume(w http.ResponseWriter, r *http.Request) {
+	if err := s.l.UnplugVolume(r.Context(), r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 func (s *server) hotplugDisk(w http.ResponseWriter, r *http.Request) {
 	var req DiskHotplug
 	if !decode(w, r, &req) {
 		return
 	}
+	// Only the launcher marks images it created (and may delete): never a caller's path.
+	req.Ephemeral = false
 	if err := s.l.HotplugDisk(r.Context(), &req); err != nil {
 		writeError(w, err)
 		return

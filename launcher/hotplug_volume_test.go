@@ -1,0 +1,175 @@
+package launcher_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+)
+
+// TestVolumeHotplug attaches spec volumes (an emptyDisk and a hostDisk) to the running test guest
+// through POST /v1/volumes, sees them in the guest by serial, and detaches them again; bad requests
+// are refused with the field named and leave the guest alone.
+func TestVolumeHotplug(t *testing.T) {
+	v, c := boot(t)
+	ctx := context.Background()
+
+	virtio := func(name, serial string) v1alpha1.Disk {
+		return v1alpha1.Disk{Name: name, Serial: serial, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}}
+	}
+	emptyDisk := func(name, size string) v1alpha1.Volume {
+		return v1alpha1.Volume{Name: name, VolumeSource: v1alpha1.VolumeSource{
+			EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse(size)}}}
+	}
+	hostDisk := func(name, path string) v1alpha1.Volume {
+		return v1alpha1.Volume{Name: name, VolumeSource: v1alpha1.VolumeSource{
+			HostDisk: &v1alpha1.HostDisk{Path: path, Type: v1alpha1.HostDiskExists}}}
+	}
+
+	t.Run("bad requests are refused naming the field, the guest runs on", func(t *testing.T) {
+		missing := filepath.Join(v.runDir, "no-such-image.img")
+		cases := []struct {
+			name  string
+			req   launcher.VolumeHotplug
+			field string
+			msg   string
+		}{
+			{"missing host disk image", launcher.VolumeHotplug{Disk: virtio("data", ""), Volume: hostDisk("data", missing)},
+				"volume.hostDisk.path", "no such file or directory"},
+			{"cdrom", launcher.VolumeHotplug{Disk: v1alpha1.Disk{Name: "data", CDRom: &v1alpha1.CDRomTarget{}}, Volume: emptyDisk("data", "1Mi")},
+				"disk.cdrom", "only hard disks"},
+			{"sata bus", launcher.VolumeHotplug{Disk: v1alpha1.Disk{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}}, Volume: emptyDisk("data", "1Mi")},
+				"disk.disk.bus", `"sata"`},
+			{"container disk", launcher.VolumeHotplug{Disk: virtio("data", ""), Volume: v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{
+				ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "file:///nowhere"}}}},
+				"volume.containerDisk", "only hostDisk and emptyDisk"},
+			{"names differ", launcher.VolumeHotplug{Disk: virtio("data", ""), Volume: emptyDisk("other", "1Mi")},
+				"volume.name", "must be the disk's name"},
+			{"name of a disk the guest booted with", launcher.VolumeHotplug{Disk: virtio("scratch", ""), Volume: emptyDisk("scratch", "1Mi")},
+				"disk.name", "Duplicate value"},
+		}
+		for _, tc := range cases {
+			_, err := v.client.HotplugVolume(ctx, tc.req)
+			var apiErr *launcher.APIError
+			if !errors.As(err, &apiErr) || apiErr.Status != 400 || apiErr.Field != tc.field || !strings.Contains(apiErr.Msg, tc.msg) {
+				t.Errorf("%s: want a 400 naming %s with %q, got %v (%+v)", tc.name, tc.field, tc.msg, err, apiErr)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(v.runDir, "empty-scratch.img")); err != nil {
+			t.Errorf("the refused request touched the booted disk's image: %v", err)
+		}
+		st, err := v.client.Status(ctx)
+		if err != nil || st.Phase != launcher.PhaseRunning || st.RunState != "running" || len(st.Hotplugged) != 0 {
+			t.Fatalf("after the refusals: %v, phase %s, run state %s, hotplugged %v", err, st.Phase, st.RunState, st.Hotplugged)
+		}
+		from := len(c.text())
+		c.send(t, "echo ALIVE-$((6*7))")
+		c.expect(t, from, "ALIVE-42", time.Minute)
+	})
+
+	// A raw host image with a marker the guest reads back.
+	img := filepath.Join(v.runDir, "host.img")
+	const marker = "QVIRT-HOSTDISK-MARK"
+	if err := os.WriteFile(img, append([]byte(marker), make([]byte, 4<<20-len(marker))...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("an emptyDisk and a hostDisk appear in the guest and go on unplug", func(t *testing.T) {
+		empty, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("empty", "EMPTY1"), Volume: emptyDisk("empty", "8Mi")})
+		if err != nil {
+			t.Fatalf("hotplug emptyDisk: %v", err)
+		}
+		if !empty.Ephemeral || empty.Port == "" || empty.Format != "raw" || !strings.HasPrefix(empty.Path, v.runDir) {
+			t.Fatalf("emptyDisk attached as %+v; want an ephemeral raw image in the run directory on a root port", empty)
+		}
+		host, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("host", "HOST1"), Volume: hostDisk("host", img)})
+		if err != nil {
+			t.Fatalf("hotplug hostDisk: %v", err)
+		}
+		if host.Path != img || host.Ephemeral || host.Port == empty.Port {
+			t.Fatalf("hostDisk attached as %+v (emptyDisk on %s)", host, empty.Port)
+		}
+
+		from := len(c.text())
+		c.send(t, `for i in $(seq 30); do [ -b /dev/vdc ] && break; sleep 1; done; ls /dev/vd*; for d in /sys/block/vd*; do echo "DEV-${d##*/}-$(cat $d/serial)-$(cat $d/size)"; done`)
+		c.expect(t, from, "DEV-vda-", time.Minute)
+		c.expect(t, from, "-EMPTY1-16384", time.Minute) // 8 MiB in 512-byte sectors
+		end := c.expect(t, from, "-HOST1-8192", time.Minute)
+		text := c.text()[from:end]
+		dev := text[strings.LastIndex(text, "DEV-")+len("DEV-"):]
+		dev = dev[:strings.Index(dev, "-")]
+		from = len(c.text())
+		c.send(t, "head -c 19 /dev/"+dev+"; echo")
+		c.expect(t, from, marker, time.Minute)
+
+		st, err := v.client.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hot := map[string]bool{}
+		for _, d := range st.Disks {
+			hot[d.Name] = d.Hotplugged
+		}
+		if !hot["empty"] || !hot["host"] || hot["scratch"] || len(st.Hotplugged) != 2 {
+			t.Fatalf("status disks %+v, hotplugged %+v", st.Disks, st.Hotplugged)
+		}
+
+		for _, name := range []string{"empty", "host"} {
+			if err := v.client.UnplugVolume(ctx, name); err != nil {
+				t.Fatalf("unplug %s: %v", name, err)
+			}
+		}
+		from = len(c.text())
+		c.send(t, `echo "LEFT-$(ls /sys/block | grep -c vd)"`)
+		c.expect(t, from, "LEFT-1", time.Minute)
+		if _, err := os.Stat(empty.Path); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the emptyDisk image outlived its unplug: %v", err)
+		}
+		if _, err := os.Stat(img); err != nil {
+			t.Errorf("unplug removed the host disk image: %v", err)
+		}
+		if st, _ := v.client.Status(ctx); len(st.Hotplugged) != 0 || len(st.Disks) != 1 {
+			t.Fatalf("after unplug: disks %+v, hotplugged %+v", st.Disks, st.Hotplugged)
+		}
+	})
+
+	t.Run("unplugging what is not hot-plugged names the field", func(t *testing.T) {
+		for _, name := range []string{"empty", "scratch"} {
+			err := v.client.UnplugVolume(ctx, name)
+			var apiErr *launcher.APIError
+			if !errors.As(err, &apiErr) || apiErr.Status != 400 || apiErr.Field != "name" {
+				t.Errorf("unplug %s: want a 400 naming name, got %v", name, err)
+			}
+		}
+	})
+
+	t.Run("an emptyDisk added again is blank", func(t *testing.T) {
+		from := len(c.text())
+		d, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("empty", "EMPTY2"), Volume: emptyDisk("empty", "8Mi")})
+		if err != nil {
+			t.Fatalf("hotplug: %v", err)
+		}
+		c.send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "WROTE-$(echo dirty > /dev/vdb && sync && echo ok)"`)
+		c.expect(t, from, "WROTE-ok", time.Minute)
+		if data, err := os.ReadFile(d.Path); err != nil || !strings.HasPrefix(string(data), "dirty") {
+			t.Fatalf("the guest's write did not reach %s: %v", d.Path, err)
+		}
+		if err := v.client.UnplugVolume(ctx, "empty"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("empty", "EMPTY3"), Volume: emptyDisk("empty", "8Mi")}); err != nil {
+			t.Fatalf("hotplug again: %v", err)
+		}
+		from = len(c.text())
+		c.send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "BLANK-$(head -c 5 /dev/vdb | grep -c dirty)"`)
+		c.expect(t, from, "BLANK-0", time.Minute)
+	})
+}
