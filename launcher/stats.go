@@ -1,11 +1,12 @@
 package launcher
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"net/http"
 	"os"
 	"slices"
@@ -256,13 +257,13 @@ func interfaceStats(taps, hotTaps map[string]string) ([]InterfaceStats, error) {
 	if len(taps)+len(hotTaps) == 0 {
 		return nil, nil
 	}
-	data, err := os.ReadFile("/proc/self/net/dev")
+	var counters map[string]linkCounters
+	err := readProc("/proc/self/net/dev", func(data []byte) (err error) {
+		counters, err = parseNetDev(data)
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	counters, err := parseNetDev(data)
-	if err != nil {
-		return nil, fmt.Errorf("/proc/self/net/dev: %w", err)
 	}
 	var out []InterfaceStats
 	add := func(all map[string]string, hot bool) {
@@ -289,51 +290,51 @@ type linkCounters struct {
 	TxBytes, TxPackets, TxErrors, TxDropped uint64
 }
 
+// The /proc parsers below allocate nothing per line or field: the launcher answers a scrape every
+// few seconds for its whole life, and its garbage is resident memory until the next GC.
+
 // parseNetDev parses /proc/net/dev: two header lines, then one line per device,
 // "name: rx_bytes rx_packets rx_errs rx_drop fifo frame compressed multicast tx_bytes tx_packets
 // tx_errs tx_drop fifo colls carrier compressed".
 func parseNetDev(data []byte) (map[string]linkCounters, error) {
 	out := map[string]linkCounters{}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for line := 1; sc.Scan(); line++ {
-		if line <= 2 {
+	line := 0
+	for l := range bytes.Lines(data) {
+		if line++; line <= 2 {
 			continue
 		}
-		name, rest, ok := strings.Cut(sc.Text(), ":")
+		name, rest, ok := bytes.Cut(l, []byte(":"))
 		if !ok {
 			return nil, fmt.Errorf("line %d: no device name", line)
 		}
-		f := strings.Fields(rest)
-		if len(f) < 16 {
-			return nil, fmt.Errorf("line %d: %d counters, want 16", line, len(f))
-		}
 		var v [16]uint64
 		for i := range v {
-			n, err := strconv.ParseUint(f[i], 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("line %d: counter %d: %w", line, i+1, err)
+			var f []byte
+			if f, rest = nextField(rest); f == nil {
+				return nil, fmt.Errorf("line %d: %d counters, want 16", line, i)
+			}
+			n, ok := parseUint(f)
+			if !ok {
+				return nil, fmt.Errorf("line %d: counter %d: %q is not a number", line, i+1, f)
 			}
 			v[i] = n
 		}
-		out[strings.TrimSpace(name)] = linkCounters{
+		out[string(bytes.TrimSpace(name))] = linkCounters{
 			RxBytes: v[0], RxPackets: v[1], RxErrors: v[2], RxDropped: v[3],
 			TxBytes: v[8], TxPackets: v[9], TxErrors: v[10], TxDropped: v[11],
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
 	}
 	return out, nil
 }
 
 func readProcessCPU(path string) (CPUTime, error) {
-	data, err := os.ReadFile(path)
+	var utime, stime uint64
+	err := readProc(path, func(data []byte) (err error) {
+		utime, stime, err = parseStatTimes(data)
+		return err
+	})
 	if err != nil {
 		return CPUTime{}, err
-	}
-	utime, stime, err := parseStatTimes(data)
-	if err != nil {
-		return CPUTime{}, fmt.Errorf("%s: %w", path, err)
 	}
 	tick := clockTick()
 	return CPUTime{User: time.Duration(utime) * tick, System: time.Duration(stime) * tick}, nil
@@ -347,54 +348,127 @@ func parseStatTimes(data []byte) (utime, stime uint64, err error) {
 	if end < 0 {
 		return 0, 0, errors.New("no command name")
 	}
-	f := strings.Fields(string(data[end+1:]))
-	// f[0] is field 3 (state), so field n is f[n-3].
-	if len(f) < 13 {
-		return 0, 0, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
-	}
-	if utime, err = strconv.ParseUint(f[11], 10, 64); err != nil {
-		return 0, 0, fmt.Errorf("utime: %w", err)
-	}
-	if stime, err = strconv.ParseUint(f[12], 10, 64); err != nil {
-		return 0, 0, fmt.Errorf("stime: %w", err)
+	rest := data[end+1:]
+	var f []byte
+	for n := 3; n <= 15; n++ {
+		if f, rest = nextField(rest); f == nil {
+			return 0, 0, fmt.Errorf("%d fields, want at least 15", n-1)
+		}
+		var ok bool
+		switch n {
+		case 14:
+			utime, ok = parseUint(f)
+		case 15:
+			stime, ok = parseUint(f)
+		default:
+			continue
+		}
+		if !ok {
+			return 0, 0, fmt.Errorf("field %d: %q is not a number", n, f)
+		}
 	}
 	return utime, stime, nil
 }
 
 func readResident(path string) (int64, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	rss, err := parseVmRSS(data)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	return rss, nil
+	var rss int64
+	err := readProc(path, func(data []byte) (err error) {
+		rss, err = parseVmRSS(data)
+		return err
+	})
+	return rss, err
 }
 
 // parseVmRSS returns the VmRSS line of /proc/<pid>/status in bytes ("VmRSS:   12345 kB").
 func parseVmRSS(data []byte) (int64, error) {
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
+	for l := range bytes.Lines(data) {
+		rest, ok := bytes.CutPrefix(l, []byte("VmRSS:"))
 		if !ok {
 			continue
 		}
-		f := strings.Fields(rest)
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("VmRSS %q: want a number of kB", strings.TrimSpace(rest))
+		num, rest := nextField(rest)
+		unit, rest := nextField(rest)
+		extra, _ := nextField(rest)
+		kb, ok := parseUint(num)
+		if !ok || string(unit) != "kB" || extra != nil || kb > 1<<43 {
+			return 0, fmt.Errorf("VmRSS %q: want a number of kB", bytes.TrimSpace(l))
 		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil || kb < 0 || kb > 1<<43 {
-			return 0, fmt.Errorf("VmRSS %q: want a number of kB", f[0])
-		}
-		return kb << 10, nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
+		return int64(kb) << 10, nil
 	}
 	return 0, errors.New("no VmRSS line (a kernel thread or a zombie)")
+}
+
+// nextField returns the first run of non-blank bytes in b and what follows it; field is nil when
+// b holds none.
+func nextField(b []byte) (field, rest []byte) {
+	i := 0
+	for i < len(b) && isBlank(b[i]) {
+		i++
+	}
+	j := i
+	for j < len(b) && !isBlank(b[j]) {
+		j++
+	}
+	if i == j {
+		return nil, nil
+	}
+	return b[i:j], b[j:]
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// parseUint parses decimal digits; it fails on anything else, on nothing and on overflow.
+func parseUint(b []byte) (uint64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if n > (math.MaxUint64-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	return n, true
+}
+
+// procBufs recycles the buffers /proc files are read into: they report size 0, so os.ReadFile
+// would grow a fresh buffer for each.
+var procBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// readProc reads the small file path into a pooled buffer and hands it to parse, which must not
+// keep it.
+func readProc(path string, parse func([]byte) error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	bp := procBufs.Get().(*[]byte)
+	defer procBufs.Put(bp)
+	buf := (*bp)[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, cap(buf))
+		}
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", path, err)
+		}
+	}
+	*bp = buf[:0]
+	if err := parse(buf); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }
 
 // atClkTck is AT_CLKTCK from linux/auxvec.h: the auxiliary vector entry giving USER_HZ.
