@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -808,4 +809,81 @@ func (e *env) setConfig(key, value string) {
 			e.t.Error(err)
 		}
 	})
+}
+
+// TestDiskHotplug adds volumes to a running instance's spec, as `qvirtctl addvolume` does: the
+// guest sees the new disk, one whose image is missing fails with a clear status and Event while
+// everything else runs on, and removing them from the spec detaches them.
+func TestDiskHotplug(t *testing.T) {
+	e := newEnv(t)
+	v := e.guestVMI("hp")
+	e.create(v)
+	e.kubelet.run(v, true)
+	con := e.console(v)
+	v = e.waitVMI("hp", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+	})
+	con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+
+	addDisk := func(name string, src v1alpha1.VolumeSource) {
+		t.Helper()
+		cur := e.get("hp")
+		base := cur.DeepCopy()
+		cur.Spec.Volumes = append(cur.Spec.Volumes, v1alpha1.Volume{Name: name, VolumeSource: src})
+		cur.Spec.Domain.Devices.Disks = append(cur.Spec.Domain.Devices.Disks,
+			v1alpha1.Disk{Name: name, Serial: name, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
+		if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
+			t.Fatalf("add volume %s: %v", name, err)
+		}
+	}
+	volume := func(v *v1alpha1.VirtualMachineInstance, name string) *v1alpha1.VolumeStatus {
+		for i := range v.Status.VolumeStatus {
+			if v.Status.VolumeStatus[i].Name == name {
+				return &v.Status.VolumeStatus[i]
+			}
+		}
+		return nil
+	}
+
+	addDisk("scratch", v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}})
+	e.waitVMI("hp", 30*time.Second, "volume scratch Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+		vs := volume(v, "scratch")
+		return vs != nil && vs.Phase == v1alpha1.VolumeReady && vs.Hotplugged && strings.HasPrefix(vs.Target, "hotplug")
+	})
+	e.waitEvent("hp", node.EventVolumeAttached, "scratch", 10*time.Second)
+	from := len(con.Text())
+	con.Send(t, "cat /sys/block/vda/serial; echo; echo DISKS-$((1+1))")
+	con.Expect(t, from, "scratch", 20*time.Second)
+
+	addDisk("missing", v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/nonexistent/qvirt/disk.img", Type: v1alpha1.HostDiskExists}})
+	got := e.waitVMI("hp", 30*time.Second, "volume missing Failed", func(v *v1alpha1.VirtualMachineInstance) bool {
+		vs := volume(v, "missing")
+		return vs != nil && vs.Phase == v1alpha1.VolumeFailed
+	})
+	if vs := volume(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != node.ReasonHotplugFailed {
+		t.Errorf("volume status %+v: want reason %s naming the missing image", vs, node.ReasonHotplugFailed)
+	}
+	e.waitEvent("hp", node.EventHotplugFailed, "volume.hostDisk.path", 10*time.Second)
+	if vs := volume(got, "scratch"); vs == nil || vs.Phase != v1alpha1.VolumeReady || got.Status.Phase != v1alpha1.Running ||
+		!isTrue(got, v1alpha1.VirtualMachineInstanceReady) {
+		t.Errorf("the failed hotplug disturbed the rest: phase %s, scratch %+v", got.Status.Phase, vs)
+	}
+
+	// Both go again: scratch is detached from the guest, missing's failure is dropped.
+	cur := e.get("hp")
+	base := cur.DeepCopy()
+	cur.Spec.Volumes, cur.Spec.Domain.Devices.Disks = nil, nil
+	if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
+		t.Fatalf("remove the volumes: %v", err)
+	}
+	e.waitVMI("hp", time.Minute, "no volumes", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return len(v.Status.VolumeStatus) == 0
+	})
+	e.waitEvent("hp", node.EventVolumeDetached, "scratch", 10*time.Second)
+	from = len(con.Text())
+	con.Send(t, "ls /sys/block/; echo LISTED-$((2+3))")
+	end := con.Expect(t, from, "LISTED-5", 20*time.Second)
+	if strings.Contains(con.Text()[from:end], "vda") {
+		t.Errorf("the guest still has vda after the unplug: %q", con.Text()[from:end])
+	}
 }

@@ -141,11 +141,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
 	}
 	now := r.now()
+	var failures hotplugFailures
 	if st != nil && syncErr == nil {
 		syncErr = r.syncSourceMigration(ctx, &v, st)
 	}
+	if st != nil && syncErr == nil {
+		failures, syncErr = r.syncDisks(ctx, &v, st)
+	}
 	if st != nil && !migratedAway(&v, st) {
-		if ended := applyLauncherStatus(&v, pod, st, now); ended != "" {
+		if ended := applyLauncherStatus(&v, pod, st, failures, now); ended != "" {
 			eventType := corev1.EventTypeNormal
 			if v.Status.Phase == v1alpha1.Failed {
 				eventType = corev1.EventTypeWarning

@@ -76,7 +76,7 @@ func guestOutcome(st *launcher.Status) (phase v1alpha1.VirtualMachineInstancePha
 // launcher versions, Ready and Paused conditions, interfaces (reached at the pod's addresses, the
 // masquerade binding's and, for the bridge binding, the guest's own) and volumes. It returns the
 // Event message when the guest ended ("" otherwise). It is pure: now is the transition time.
-func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status, now metav1.Time) (ended string) {
+func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status, failures hotplugFailures, now metav1.Time) (ended string) {
 	status := &v.Status
 	phase, reason, msg := guestOutcome(st)
 	if phase != "" && status.Phase != phase {
@@ -94,7 +94,7 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 	}
 	setGuestConditions(status, st, now)
 	status.Interfaces = interfaces(v, pod, st)
-	status.VolumeStatus = volumes(st)
+	status.VolumeStatus = volumes(v, st, failures)
 	return ended
 }
 
@@ -177,13 +177,49 @@ func isPodNetwork(v *v1alpha1.VirtualMachineInstance, name string) bool {
 	return false
 }
 
-// volumes are the attached disks, all Ready: the launcher reports a disk once QEMU has it.
-func volumes(st *launcher.Status) []v1alpha1.VolumeStatus {
-	var out []v1alpha1.VolumeStatus
+// volumes are the spec's disks and the attached ones: Ready once the launcher reports a disk (QEMU
+// has it), Failed with the reason when hotplug failed, Pending while a spec disk waits to be
+// attached, Detaching while a hot-plugged disk no longer in the spec is still attached. Hot-plugged
+// disks carry the pcie-root-port they sit on as their target, which a migration target recreates.
+func volumes(v *v1alpha1.VirtualMachineInstance, st *launcher.Status, failures hotplugFailures) []v1alpha1.VolumeStatus {
+	attached := map[string]launcher.DiskStatus{}
 	for _, d := range st.Disks {
-		out = append(out, v1alpha1.VolumeStatus{Name: d.Name, Phase: v1alpha1.VolumeReady, Hotplugged: d.Hotplugged})
+		attached[d.Name] = d
+	}
+	var out []v1alpha1.VolumeStatus
+	for _, d := range v.Spec.Domain.Devices.Disks {
+		// A disk the running guest lacks can only be a hotplug: cold disks come with QEMU.
+		vs := v1alpha1.VolumeStatus{Name: d.Name, Phase: v1alpha1.VolumePending, Hotplugged: st.Phase == launcher.PhaseRunning}
+		if a, ok := attached[d.Name]; ok {
+			vs.Phase, vs.Hotplugged = v1alpha1.VolumeReady, a.Hotplugged
+			vs.Target = hotplugPort(st, d.Name)
+		}
+		if msg, ok := failures[d.Name]; ok {
+			vs.Phase, vs.Reason, vs.Message, vs.Hotplugged = v1alpha1.VolumeFailed, ReasonHotplugFailed, msg, true
+		}
+		out = append(out, vs)
+	}
+	for _, d := range st.Disks {
+		if hasDisk(v, d.Name) {
+			continue
+		}
+		vs := v1alpha1.VolumeStatus{Name: d.Name, Phase: v1alpha1.VolumeDetached, Hotplugged: d.Hotplugged}
+		if msg, ok := failures[d.Name]; ok {
+			vs.Phase, vs.Reason, vs.Message = v1alpha1.VolumeFailed, ReasonHotplugFailed, msg
+		}
+		out = append(out, vs)
 	}
 	return out
+}
+
+// hotplugPort is the root port of a hot-plugged disk, "" for others.
+func hotplugPort(st *launcher.Status, name string) string {
+	for _, h := range st.Hotplugged {
+		if h.Name == name {
+			return h.Port
+		}
+	}
+	return ""
 }
 
 // setSynchronized records whether the node agent could bring the launcher to the spec.

@@ -92,7 +92,7 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.VirtualMachineFailure)
 	}
 
-	if vmiActive(vmi) && !equality.Semantic.DeepEqual(desiredVMISpec(vm), vmi.Spec) {
+	if vmiActive(vmi) && !equality.Semantic.DeepEqual(coldSpec(desiredVMISpec(vm)), coldSpec(vmi.Spec)) {
 		set(metav1.Condition{Type: v1alpha1.VirtualMachineRestartRequired, Status: metav1.ConditionTrue,
 			Reason:  ReasonTemplateChange,
 			Message: "the VM template changed since VMI " + vmi.Name + " was created; restart the VM to apply it"})
@@ -110,6 +110,14 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 		st.Conditions = nil
 	}
 	return st
+}
+
+// coldSpec is a spec without its disks and volumes: those can be hot-plugged into a running
+// instance, so a difference there needs no restart.
+func coldSpec(spec v1alpha1.VirtualMachineInstanceSpec) v1alpha1.VirtualMachineInstanceSpec {
+	c := *spec.DeepCopy()
+	c.Volumes, c.Domain.Devices.Disks = nil, nil
+	return c
 }
 
 // held reads the StoppedByRequest hold from the status.
