@@ -698,6 +698,12 @@ func TestLiveMigration(t *testing.T) {
 	})
 	srcCon.Expect(t, 0, "QVIRT-IP eth0 10.0.2.2", bootTimeout)
 	srcCon.Expect(t, 0, "tick 2\r\n", bootTimeout)
+	// A hot-plugged disk goes along, on the same root port.
+	e.addDisk("mig", "scratch", v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}})
+	e.waitVMI("mig", 30*time.Second, "volume scratch Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+		vs := volumeStatus(v, "scratch")
+		return vs != nil && vs.Phase == v1alpha1.VolumeReady
+	})
 
 	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "mig-1", Namespace: e.ns},
 		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "mig"}}
@@ -726,6 +732,15 @@ func TestLiveMigration(t *testing.T) {
 	dstCon.Expect(t, 0, fmt.Sprintf("tick %d\r\n", last+2), 30*time.Second)
 	if strings.Contains(dstCon.Text(), "QVIRT-GUEST-READY") {
 		t.Error("the guest booted again on the target")
+	}
+	if vs := volumeStatus(got, "scratch"); vs == nil || vs.Phase != v1alpha1.VolumeReady || !vs.Hotplugged {
+		t.Errorf("volume scratch after the migration: %+v", vs)
+	}
+	from := len(dstCon.Text())
+	dstCon.Send(t, "cat /sys/block/vda/serial; echo; echo SERIAL-$((3+4))")
+	end := dstCon.Expect(t, from, "SERIAL-7", 20*time.Second)
+	if !strings.Contains(dstCon.Text()[from:end], "scratch") {
+		t.Errorf("the hot-plugged disk is not the guest's vda on the target: %q", dstCon.Text()[from:end])
 	}
 	hc := http.Client{Timeout: 5 * time.Second}
 	testutil.Eventually(t, 30*time.Second, "the guest's httpd at the target pod's address", func() bool {
@@ -825,29 +840,9 @@ func TestDiskHotplug(t *testing.T) {
 	})
 	con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 
-	addDisk := func(name string, src v1alpha1.VolumeSource) {
-		t.Helper()
-		cur := e.get("hp")
-		base := cur.DeepCopy()
-		cur.Spec.Volumes = append(cur.Spec.Volumes, v1alpha1.Volume{Name: name, VolumeSource: src})
-		cur.Spec.Domain.Devices.Disks = append(cur.Spec.Domain.Devices.Disks,
-			v1alpha1.Disk{Name: name, Serial: name, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
-		if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
-			t.Fatalf("add volume %s: %v", name, err)
-		}
-	}
-	volume := func(v *v1alpha1.VirtualMachineInstance, name string) *v1alpha1.VolumeStatus {
-		for i := range v.Status.VolumeStatus {
-			if v.Status.VolumeStatus[i].Name == name {
-				return &v.Status.VolumeStatus[i]
-			}
-		}
-		return nil
-	}
-
-	addDisk("scratch", v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}})
+	e.addDisk("hp", "scratch", v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}})
 	e.waitVMI("hp", 30*time.Second, "volume scratch Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
-		vs := volume(v, "scratch")
+		vs := volumeStatus(v, "scratch")
 		return vs != nil && vs.Phase == v1alpha1.VolumeReady && vs.Hotplugged && strings.HasPrefix(vs.Target, "hotplug")
 	})
 	e.waitEvent("hp", node.EventVolumeAttached, "scratch", 10*time.Second)
@@ -855,16 +850,16 @@ func TestDiskHotplug(t *testing.T) {
 	con.Send(t, "cat /sys/block/vda/serial; echo; echo DISKS-$((1+1))")
 	con.Expect(t, from, "scratch", 20*time.Second)
 
-	addDisk("missing", v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/nonexistent/qvirt/disk.img", Type: v1alpha1.HostDiskExists}})
+	e.addDisk("hp", "missing", v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/nonexistent/qvirt/disk.img", Type: v1alpha1.HostDiskExists}})
 	got := e.waitVMI("hp", 30*time.Second, "volume missing Failed", func(v *v1alpha1.VirtualMachineInstance) bool {
-		vs := volume(v, "missing")
+		vs := volumeStatus(v, "missing")
 		return vs != nil && vs.Phase == v1alpha1.VolumeFailed
 	})
-	if vs := volume(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != node.ReasonHotplugFailed {
+	if vs := volumeStatus(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != node.ReasonHotplugFailed {
 		t.Errorf("volume status %+v: want reason %s naming the missing image", vs, node.ReasonHotplugFailed)
 	}
 	e.waitEvent("hp", node.EventHotplugFailed, "volume.hostDisk.path", 10*time.Second)
-	if vs := volume(got, "scratch"); vs == nil || vs.Phase != v1alpha1.VolumeReady || got.Status.Phase != v1alpha1.Running ||
+	if vs := volumeStatus(got, "scratch"); vs == nil || vs.Phase != v1alpha1.VolumeReady || got.Status.Phase != v1alpha1.Running ||
 		!isTrue(got, v1alpha1.VirtualMachineInstanceReady) {
 		t.Errorf("the failed hotplug disturbed the rest: phase %s, scratch %+v", got.Status.Phase, vs)
 	}
@@ -886,4 +881,26 @@ func TestDiskHotplug(t *testing.T) {
 	if strings.Contains(con.Text()[from:end], "vda") {
 		t.Errorf("the guest still has vda after the unplug: %q", con.Text()[from:end])
 	}
+}
+
+// addDisk adds a virtio disk with its volume to the VMI's spec, as `qvirtctl addvolume` does.
+func (e *env) addDisk(vmi, name string, src v1alpha1.VolumeSource) {
+	e.t.Helper()
+	cur := e.get(vmi)
+	base := cur.DeepCopy()
+	cur.Spec.Volumes = append(cur.Spec.Volumes, v1alpha1.Volume{Name: name, VolumeSource: src})
+	cur.Spec.Domain.Devices.Disks = append(cur.Spec.Domain.Devices.Disks,
+		v1alpha1.Disk{Name: name, Serial: name, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
+	if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
+		e.t.Fatalf("add volume %s to %s: %v", name, vmi, err)
+	}
+}
+
+func volumeStatus(v *v1alpha1.VirtualMachineInstance, name string) *v1alpha1.VolumeStatus {
+	for i := range v.Status.VolumeStatus {
+		if v.Status.VolumeStatus[i].Name == name {
+			return &v.Status.VolumeStatus[i]
+		}
+	}
+	return nil
 }

@@ -45,9 +45,20 @@ type SyncRequest struct {
 	// Hotplugged are disks attached to the source while it ran; a migration target must start
 	// with exactly the source's device set.
 	Hotplugged []DiskHotplug `json:"hotplugged,omitempty"`
+	// HotplugVolumes are hot-plugged spec disks a migration target must start with, each resolved
+	// here as by POST /v1/volumes and placed on the root port it has on the source. The node agent
+	// sends these, since it knows the spec and the ports (the source's volume status) but not the
+	// target pod's paths. They must not be in Spec as well.
+	HotplugVolumes []PlacedVolume `json:"hotplugVolumes,omitempty"`
 	// Interfaces are the guest NICs' host sides, which the node agent set up in the pod's network
 	// namespace before the Sync: one per spec interface.
 	Interfaces []InterfaceSetup `json:"interfaces,omitempty"`
+}
+
+// PlacedVolume is a hot-plugged spec disk and the pcie-root-port it sits on.
+type PlacedVolume struct {
+	VolumeHotplug
+	Port string `json:"port"`
 }
 
 // InterfaceSetup is what the node agent made for one spec interface.

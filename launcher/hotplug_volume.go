@@ -49,8 +49,7 @@ func (l *Launcher) HotplugVolume(ctx context.Context, req *VolumeHotplug) (DiskH
 	if err != nil {
 		return DiskHotplug{}, err
 	}
-	d := DiskHotplug{Name: req.Disk.Name, Path: img.Path, Format: img.Format, Serial: req.Disk.Serial,
-		ReadOnly: img.ReadOnly || (req.Disk.Disk != nil && req.Disk.Disk.ReadOnly), Ephemeral: req.Volume.EmptyDisk != nil}
+	d := diskHotplug(req, img, "")
 	if err := l.HotplugDisk(ctx, &d); err != nil {
 		removeEphemeral(d)
 		return DiskHotplug{}, err
@@ -140,4 +139,32 @@ func requestPaths(err error) error {
 		return rename(fe)
 	}
 	return err
+}
+
+// placeVolumes resolves a migration target's hot-plugged spec disks (req.HotplugVolumes) into
+// req.Hotplugged, on the root ports they have on the source.
+func (l *Launcher) placeVolumes(req *SyncRequest) error {
+	for i := range req.HotplugVolumes {
+		pv := &req.HotplugVolumes[i]
+		p := field.NewPath("hotplugVolumes").Index(i)
+		if errs := validateVolumeHotplug(&pv.VolumeHotplug); len(errs) > 0 {
+			return fmt.Errorf("%s: %w", p, errs.ToAggregate())
+		}
+		if pv.Port == "" {
+			return field.Required(p.Child("port"), "the root port the disk has on the source")
+		}
+		img, err := l.resolveVolume(req, &pv.VolumeHotplug)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		req.Hotplugged = append(req.Hotplugged, diskHotplug(&pv.VolumeHotplug, img, pv.Port))
+	}
+	return nil
+}
+
+// diskHotplug is the attachment of a resolved spec disk, on port ("" for the first free one).
+func diskHotplug(req *VolumeHotplug, img DiskImage, port string) DiskHotplug {
+	return DiskHotplug{Name: req.Disk.Name, Path: img.Path, Format: img.Format, Serial: req.Disk.Serial,
+		ReadOnly: img.ReadOnly || (req.Disk.Disk != nil && req.Disk.Disk.ReadOnly),
+		Ephemeral: req.Volume.EmptyDisk != nil, Port: port}
 }

@@ -69,6 +69,10 @@ func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
 		l.mu.Unlock()
 		return errs.ToAggregate()
 	}
+	if err := l.placeVolumes(req); err != nil {
+		l.mu.Unlock()
+		return err
+	}
 	m, err := l.resolver.Resolve(req, l.runDir)
 	if err != nil {
 		l.mu.Unlock()

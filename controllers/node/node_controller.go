@@ -291,8 +291,12 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
 	}
-	st, err := c.Sync(ctx, &launcher.SyncRequest{Name: v.Name, Namespace: v.Namespace, UID: v.UID, Spec: v.Spec,
-		Interfaces: ifaces, Incoming: incoming})
+	req := &launcher.SyncRequest{Name: v.Name, Namespace: v.Namespace, UID: v.UID, Spec: v.Spec,
+		Interfaces: ifaces, Incoming: incoming}
+	if incoming {
+		req.Spec, req.HotplugVolumes = splitHotplugged(v)
+	}
+	st, err := c.Sync(ctx, req)
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the VM: %w", err))
 	}
