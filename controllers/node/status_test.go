@@ -1,0 +1,128 @@
+package node
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+)
+
+func TestApplyLauncherStatus(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 11, 30, 1, 0, 0, 0, time.UTC))
+	pod := &corev1.Pod{
+		Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "compute", Image: "qvirt-launcher:v1"}}},
+		Status: corev1.PodStatus{PodIP: "10.0.0.7", PodIPs: []corev1.PodIP{{IP: "10.0.0.7"}}},
+	}
+	running := launcher.Status{Phase: launcher.PhaseRunning, RunState: "running", QEMUVersion: "7.2.15",
+		NICs:  []launcher.NICStatus{{Name: "default", MAC: "02:00:00:00:00:01"}},
+		Disks: []launcher.DiskStatus{{Name: "root"}}}
+	paused := running
+	paused.Paused, paused.RunState = true, "paused"
+	ioError := paused
+	ioError.RunState = "io-error"
+	shutdown := launcher.Status{Phase: launcher.PhaseSucceeded, Exit: &launcher.Exit{Reason: launcher.ExitGuestShutdown}}
+	crashed := launcher.Status{Phase: launcher.PhaseFailed, Exit: &launcher.Exit{Reason: launcher.ExitCrashed, Detail: "signal 11"}}
+	starting := launcher.Status{Phase: launcher.PhaseStarting}
+
+	cases := map[string]struct {
+		st                     launcher.Status
+		phase                  v1alpha1.VirtualMachineInstancePhase
+		reason                 string
+		ready                  metav1.ConditionStatus
+		pausedReason, endEvent string
+	}{
+		"running is Ready":         {st: running, phase: v1alpha1.Running, ready: metav1.ConditionTrue},
+		"paused is not Ready":      {st: paused, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedByUser},
+		"an I/O error pauses":      {st: ioError, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedIOError},
+		"starting keeps the phase": {st: starting, phase: v1alpha1.Scheduled, ready: metav1.ConditionFalse},
+		"a clean poweroff":         {st: shutdown, phase: v1alpha1.Succeeded, reason: "GuestShutdown", ready: metav1.ConditionFalse, endEvent: "The guest ended: guest shutdown"},
+		"a crash":                  {st: crashed, phase: v1alpha1.Failed, reason: "QEMUCrashed", ready: metav1.ConditionFalse, endEvent: "The guest ended: crashed: signal 11"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			v := &v1alpha1.VirtualMachineInstance{}
+			v.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+			v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}}
+			v.Status.Phase = v1alpha1.Scheduled
+			ended := applyLauncherStatus(v, pod, &tc.st, nil, now)
+			if v.Status.Phase != tc.phase || v.Status.Reason != tc.reason || ended != tc.endEvent {
+				t.Errorf("phase %s reason %q event %q, want %s %q %q", v.Status.Phase, v.Status.Reason, ended, tc.phase, tc.reason, tc.endEvent)
+			}
+			if c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceReady); c == nil || c.Status != tc.ready {
+				t.Errorf("Ready %+v, want %s", c, tc.ready)
+			}
+			c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstancePaused)
+			if got := ""; c != nil {
+				got = c.Reason
+				if got != tc.pausedReason {
+					t.Errorf("Paused reason %q, want %q", got, tc.pausedReason)
+				}
+			} else if tc.pausedReason != "" {
+				t.Errorf("no Paused condition, want reason %q", tc.pausedReason)
+			}
+			if tc.st.Phase == launcher.PhaseRunning {
+				want := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: "default", MAC: "02:00:00:00:00:01", IP: "10.0.0.7", IPs: []string{"10.0.0.7"}}
+				if len(v.Status.Interfaces) != 1 || v.Status.Interfaces[0].IP != want.IP || v.Status.Interfaces[0].MAC != want.MAC {
+					t.Errorf("interfaces %+v, want %+v", v.Status.Interfaces, want)
+				}
+				if v.Status.QEMUVersion != "7.2.15" || v.Status.LauncherContainerImageVersion != "qvirt-launcher:v1" {
+					t.Errorf("versions %q %q", v.Status.QEMUVersion, v.Status.LauncherContainerImageVersion)
+				}
+			}
+		})
+	}
+}
+
+func TestVolumes(t *testing.T) {
+	v := &v1alpha1.VirtualMachineInstance{}
+	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}, {Name: "hot"}, {Name: "new"}, {Name: "bad"}}
+	st := &launcher.Status{Phase: launcher.PhaseRunning,
+		Disks:      []launcher.DiskStatus{{Name: "root"}, {Name: "hot", Hotplugged: true}, {Name: "gone", Hotplugged: true}},
+		Hotplugged: []launcher.DiskHotplug{{Name: "hot", Port: "hotplug1"}, {Name: "gone", Port: "hotplug0"}}}
+	got := volumes(v, st, hotplugFailures{"bad": "attach volume \"bad\": no such file"})
+	want := []v1alpha1.VolumeStatus{
+		{Name: "root", Phase: v1alpha1.VolumeReady},
+		{Name: "hot", Phase: v1alpha1.VolumeReady, Hotplugged: true, Target: "hotplug1"},
+		{Name: "new", Phase: v1alpha1.VolumePending, Hotplugged: true},
+		{Name: "bad", Phase: v1alpha1.VolumeFailed, Hotplugged: true, Reason: ReasonHotplugFailed, Message: "attach volume \"bad\": no such file"},
+		{Name: "gone", Phase: v1alpha1.VolumeDetached, Hotplugged: true},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("volumes %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("volume %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestSplitHotplugged(t *testing.T) {
+	v := &v1alpha1.VirtualMachineInstance{}
+	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}, {Name: "hot"}, {Name: "pending"}}
+	v.Spec.Volumes = []v1alpha1.Volume{{Name: "root"}, {Name: "hot"}, {Name: "pending"}}
+	v.Status.VolumeStatus = []v1alpha1.VolumeStatus{
+		{Name: "root", Phase: v1alpha1.VolumeReady},
+		{Name: "hot", Phase: v1alpha1.VolumeReady, Hotplugged: true, Target: "hotplug2"},
+		{Name: "pending", Phase: v1alpha1.VolumePending, Hotplugged: true},
+	}
+	spec, placed := splitHotplugged(v)
+	if len(placed) != 1 || placed[0].Disk.Name != "hot" || placed[0].Volume.Name != "hot" || placed[0].Port != "hotplug2" {
+		t.Errorf("placed %+v, want hot on hotplug2", placed)
+	}
+	var names []string
+	for _, d := range spec.Domain.Devices.Disks {
+		names = append(names, d.Name)
+	}
+	if len(names) != 2 || names[0] != "root" || names[1] != "pending" || len(spec.Volumes) != 2 {
+		t.Errorf("target spec disks %v volumes %d, want root and pending", names, len(spec.Volumes))
+	}
+	if len(v.Spec.Domain.Devices.Disks) != 3 {
+		t.Error("splitHotplugged changed the instance's own spec")
+	}
+}
