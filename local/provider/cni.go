@@ -1,0 +1,296 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+)
+
+// CNIPluginsVersion is the containernetworking/plugins release BuildCNIPlugins builds.
+const CNIPluginsVersion = "v1.10.0"
+
+// Names inside a node's state directory.
+const (
+	netnsDir     = "netns"     // one bind-mounted network namespace per pod, named by pod UID
+	podsDir      = "pods"      // per pod UID: emptyDir volumes, termination-message files, pid files
+	logsDir      = "logs"      // per pod: <namespace>_<name>_<uid>/<container>.log; kept by Cleanup
+	ipamDir      = "ipam"      // host-local's reservations
+	cniCacheDir  = "cni-cache" // libcni's cached results, which DEL needs
+	bridgeFile   = "bridge"    // the bridge's name, so Cleanup can remove it after a crash
+	ipForwardOld = "ip_forward.orig"
+	podIfName    = "eth0"
+)
+
+var cniPlugins = []string{"plugins/main/bridge", "plugins/ipam/host-local", "plugins/main/loopback"}
+
+// BuildCNIPlugins builds the bridge, host-local and loopback plugins of containernetworking/plugins
+// CNIPluginsVersion with the go command into cacheRoot/<version> (for example
+// ~/.cache/qvirt/cni), unless they are there already, and returns that directory for
+// Options.CNIBinDir. It builds in a throwaway module so that the plugins' own dependencies resolve
+// as upstream pinned them; the Go module proxy is the only thing it reaches.
+func BuildCNIPlugins(ctx context.Context, cacheRoot string) (string, error) {
+	dir := filepath.Join(cacheRoot, CNIPluginsVersion)
+	if pluginsPresent(dir) {
+		return dir, nil
+	}
+	work, err := os.MkdirTemp("", "qvirt-cni-build-")
+	if err != nil {
+		return "", fmt.Errorf("cni plugins build dir: %w", err)
+	}
+	defer os.RemoveAll(work)
+	gomod := fmt.Sprintf("module qvirt.local/cni-plugins\n\ngo %s\n\nrequire github.com/containernetworking/plugins %s\n",
+		strings.TrimPrefix(runtime.Version(), "go"), CNIPluginsVersion)
+	if err := os.WriteFile(filepath.Join(work, "go.mod"), []byte(gomod), 0o644); err != nil {
+		return "", fmt.Errorf("cni plugins build module: %w", err)
+	}
+	args := []string{"build", "-trimpath", "-o", dir + "/"}
+	for _, p := range cniPlugins {
+		args = append(args, "github.com/containernetworking/plugins/"+p)
+	}
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = work
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build the CNI plugins %s: %w: %s", CNIPluginsVersion, err, out)
+	}
+	return dir, nil
+}
+
+func pluginsPresent(dir string) bool {
+	for _, p := range cniPlugins {
+		if _, err := os.Stat(filepath.Join(dir, filepath.Base(p))); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// network runs one node's CNI configuration: a bridge with host-local IPAM over the node's
+// PodCIDR, and loopback. Safe for concurrent use (libcni and the plugins lock their own state).
+type network struct {
+	cni      *libcni.CNIConfig
+	pod      *libcni.NetworkConfigList
+	lo       *libcni.NetworkConfigList
+	gateway  netip.Prefix
+	bridge   string
+	netnsDir string
+}
+
+func newNetwork(opts Options) (*network, error) {
+	gw, err := gatewayOf(opts.PodCIDR)
+	if err != nil {
+		return nil, err
+	}
+	if !pluginsPresent(opts.CNIBinDir) {
+		return nil, fmt.Errorf("CNIBinDir %s: bridge, host-local or loopback missing (see BuildCNIPlugins)", opts.CNIBinDir)
+	}
+	podConf, err := json.Marshal(map[string]any{
+		"cniVersion": "1.0.0",
+		"name":       "qvirt-" + opts.NodeName,
+		"plugins": []any{map[string]any{
+			"type":        "bridge",
+			"bridge":      opts.Bridge,
+			"isGateway":   true,
+			"ipMasq":      false,
+			"hairpinMode": true,
+			"ipam": map[string]any{
+				"type":    "host-local",
+				"dataDir": filepath.Join(opts.StateDir, ipamDir),
+				"ranges":  [][]map[string]string{{{"subnet": gw.Masked().String(), "gateway": gw.Addr().String()}}},
+				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
+			},
+		}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pod network config: %w", err)
+	}
+	pod, err := libcni.ConfListFromBytes(podConf)
+	if err != nil {
+		return nil, fmt.Errorf("pod network config: %w", err)
+	}
+	lo, err := libcni.ConfListFromBytes([]byte(`{"cniVersion":"1.0.0","name":"qvirt-lo","plugins":[{"type":"loopback"}]}`))
+	if err != nil {
+		return nil, fmt.Errorf("loopback network config: %w", err)
+	}
+	return &network{
+		cni:      libcni.NewCNIConfigWithCacheDir([]string{opts.CNIBinDir}, filepath.Join(opts.StateDir, cniCacheDir), nil),
+		pod:      pod,
+		lo:       lo,
+		gateway:  gw,
+		bridge:   opts.Bridge,
+		netnsDir: filepath.Join(opts.StateDir, netnsDir),
+	}, nil
+}
+
+// ensureBridge makes the bridge with its gateway address now, rather than at the first pod, so the
+// node's InternalIP answers from the start.
+func (n *network) ensureBridge(_ context.Context) error {
+	br, err := netlink.LinkByName(n.bridge)
+	if err != nil {
+		if !errors.As(err, new(netlink.LinkNotFoundError)) {
+			return fmt.Errorf("bridge %s: %w", n.bridge, err)
+		}
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = n.bridge
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil {
+			return fmt.Errorf("add bridge %s: %w", n.bridge, err)
+		}
+		if br, err = netlink.LinkByName(n.bridge); err != nil {
+			return fmt.Errorf("bridge %s: %w", n.bridge, err)
+		}
+	}
+	addr, err := netlink.ParseAddr(n.gateway.String())
+	if err != nil {
+		return fmt.Errorf("bridge address %s: %w", n.gateway, err)
+	}
+	if err := netlink.AddrReplace(br, addr); err != nil {
+		return fmt.Errorf("address %s on bridge %s: %w", n.gateway, n.bridge, err)
+	}
+	if err := netlink.LinkSetUp(br); err != nil {
+		return fmt.Errorf("bring up bridge %s: %w", n.bridge, err)
+	}
+	return nil
+}
+
+// add creates the pod's network namespace and attaches it, returning the pod's IPv4 address.
+func (n *network) add(ctx context.Context, uid string) (nsPath string, ip netip.Addr, err error) {
+	nsPath = filepath.Join(n.netnsDir, uid)
+	if err := newNetNS(nsPath); err != nil {
+		return "", netip.Addr{}, err
+	}
+	defer func() {
+		if err != nil {
+			_ = n.del(context.WithoutCancel(ctx), uid)
+		}
+	}()
+	rt := &libcni.RuntimeConf{ContainerID: uid, NetNS: nsPath, IfName: "lo"}
+	if _, err := n.cni.AddNetworkList(ctx, n.lo, rt); err != nil {
+		return "", netip.Addr{}, fmt.Errorf("cni add loopback: %w", err)
+	}
+	rt.IfName = podIfName
+	res, err := n.cni.AddNetworkList(ctx, n.pod, rt)
+	if err != nil {
+		return "", netip.Addr{}, fmt.Errorf("cni add %s: %w", n.pod.Name, err)
+	}
+	ip, err = podIPOf(res)
+	return nsPath, ip, err
+}
+
+// podIPOf is the IPv4 address the bridge plugin's result gives eth0.
+func podIPOf(res types.Result) (netip.Addr, error) {
+	r, err := current.NewResultFromResult(res)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("cni result: %w", err)
+	}
+	for _, ipc := range r.IPs {
+		if a, ok := netip.AddrFromSlice(ipc.Address.IP.To4()); ok && ipc.Address.IP.To4() != nil {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("cni result has no IPv4 address: %v", r.IPs)
+}
+
+// del detaches the pod (removing its veth and IP reservation) and removes its namespace. It is
+// idempotent: what is already gone is not an error.
+func (n *network) del(ctx context.Context, uid string) error {
+	nsPath := filepath.Join(n.netnsDir, uid)
+	netnsArg := nsPath
+	if _, err := os.Stat(nsPath); err != nil {
+		// Without the namespace, DEL still releases the IP; the veth went with the namespace.
+		netnsArg = ""
+	}
+	rt := &libcni.RuntimeConf{ContainerID: uid, NetNS: netnsArg, IfName: podIfName}
+	var errs []error
+	if err := n.cni.DelNetworkList(ctx, n.pod, rt); err != nil {
+		errs = append(errs, fmt.Errorf("cni del %s: %w", n.pod.Name, err))
+	}
+	rt.IfName = "lo"
+	if err := n.cni.DelNetworkList(ctx, n.lo, rt); err != nil {
+		errs = append(errs, fmt.Errorf("cni del loopback: %w", err))
+	}
+	if err := removeNetNS(nsPath); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// ip_forward is host-wide and the bridge plugin turns it on: the first node of this process
+// records the original value (in its state dir, so Cleanup restores it after a crash) and the last
+// one restores it.
+var ipForward struct {
+	sync.Mutex
+	users int
+	orig  []byte
+	file  string
+}
+
+const ipForwardPath = "/proc/sys/net/ipv4/ip_forward"
+
+func acquireIPForward(stateDir string) error {
+	ipForward.Lock()
+	defer ipForward.Unlock()
+	if ipForward.users > 0 {
+		ipForward.users++
+		return nil
+	}
+	orig, err := os.ReadFile(ipForwardPath)
+	if err != nil {
+		return fmt.Errorf("read ip_forward: %w", err)
+	}
+	file := filepath.Join(stateDir, ipForwardOld)
+	if err := os.WriteFile(file, orig, 0o644); err != nil {
+		return fmt.Errorf("record ip_forward: %w", err)
+	}
+	if err := os.WriteFile(ipForwardPath, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("enable ip_forward: %w", err)
+	}
+	ipForward.users, ipForward.orig, ipForward.file = 1, orig, file
+	return nil
+}
+
+func releaseIPForward() {
+	ipForward.Lock()
+	defer ipForward.Unlock()
+	ipForward.users--
+	if ipForward.users > 0 {
+		return
+	}
+	if err := os.WriteFile(ipForwardPath, ipForward.orig, 0o644); err == nil {
+		_ = os.Remove(ipForward.file)
+	}
+}
+
+// restoreIPForward restores the value a crashed run recorded in stateDir, unless a node of this
+// process holds ip_forward now.
+func restoreIPForward(stateDir string) error {
+	file := filepath.Join(stateDir, ipForwardOld)
+	orig, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read recorded ip_forward: %w", err)
+	}
+	ipForward.Lock()
+	defer ipForward.Unlock()
+	if ipForward.users > 0 {
+		return nil
+	}
+	if err := os.WriteFile(ipForwardPath, orig, 0o644); err != nil {
+		return fmt.Errorf("restore ip_forward: %w", err)
+	}
+	return os.Remove(file)
+}

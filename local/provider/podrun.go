@@ -1,0 +1,579 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Container state reasons, as the kubelet writes them.
+const (
+	reasonCreating    = "ContainerCreating"
+	reasonBackOff     = "CrashLoopBackOff"
+	reasonImage       = "ErrImagePull"
+	reasonCompleted   = "Completed"
+	reasonError       = "Error"
+	reasonStartError  = "StartError"
+	reasonSandboxFail = "SandboxSetupFailed"
+
+	// maxTerminationMessage is the kubelet's cap on a termination message.
+	maxTerminationMessage = 4096
+	// backoffReset is how long a container must run for its restart back-off to start over.
+	backoffReset = 10 * time.Minute
+)
+
+// podRun supervises one pod: its sandbox (network namespace, volumes) and one goroutine per
+// container. mu guards everything below it; notifications go out without it held.
+type podRun struct {
+	p   *pods
+	key string
+	dir string // podsDir/<uid>: volumes, termination files, pid files
+	log string // logsDir/<ns>_<name>_<uid>
+
+	stopCh chan struct{} // closed by the first stop
+	done   chan struct{} // closed when processes and sandbox are gone
+
+	mu           sync.Mutex
+	pod          *corev1.Pod
+	procs        []*os.Process // by container index; nil when not running
+	netns        string
+	sandboxReady bool
+	stopping     bool
+	deleteObject bool
+	finished     bool // processes and sandbox gone; run has read deleteObject
+}
+
+func newPodRun(p *pods, pod *corev1.Pod) *podRun {
+	pod = pod.DeepCopy()
+	uid := string(pod.UID)
+	now := v1.Now()
+	pod.Status.StartTime = &now
+	pod.Status.HostIP = p.net.gateway.Addr().String()
+	pod.Status.HostIPs = []corev1.HostIP{{IP: pod.Status.HostIP}}
+	pod.Status.ContainerStatuses = make([]corev1.ContainerStatus, len(pod.Spec.Containers))
+	for i, c := range pod.Spec.Containers {
+		pod.Status.ContainerStatuses[i] = corev1.ContainerStatus{
+			Name: c.Name, Image: c.Image,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonCreating}},
+		}
+	}
+	return &podRun{
+		p:      p,
+		key:    podKey(pod.Namespace, pod.Name),
+		dir:    filepath.Join(p.opts.StateDir, podsDir, uid),
+		log:    filepath.Join(p.opts.StateDir, logsDir, pod.Namespace+"_"+pod.Name+"_"+uid),
+		stopCh: make(chan struct{}),
+		done:   make(chan struct{}),
+		pod:    pod,
+		procs:  make([]*os.Process, len(pod.Spec.Containers)),
+	}
+}
+
+func (r *podRun) uid() types.UID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pod.UID
+}
+
+func (r *podRun) snapshot() *corev1.Pod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pod.DeepCopy()
+}
+
+func (r *podRun) updateMeta(pod *corev1.Pod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pod.Labels = pod.Labels
+	r.pod.Annotations = pod.Annotations
+}
+
+// update changes the status under the lock, recomputes phase and conditions, and notifies.
+func (r *podRun) update(change func(st *corev1.PodStatus)) {
+	r.mu.Lock()
+	st := &r.pod.Status
+	change(st)
+	if st.Phase != corev1.PodFailed || st.Reason != reasonSandboxFail {
+		st.Phase = podPhase(st.ContainerStatuses, r.pod.Spec.RestartPolicy, r.stopping)
+	}
+	st.Conditions = podConditions(st.Conditions, st.Phase, r.sandboxReady, st.ContainerStatuses, v1.Now())
+	pod := r.pod.DeepCopy()
+	r.mu.Unlock()
+	r.p.notifyStatus(pod)
+}
+
+// run is the pod's life: sandbox, containers until none will run again, teardown.
+func (r *podRun) run() {
+	defer close(r.done)
+	ctx := context.Background()
+	uid := string(r.pod.UID)
+	log := r.p.log.WithValues("pod", r.key, "uid", uid)
+	mounts, err := r.prepareVolumes()
+	if err == nil {
+		err = r.setupNetwork(ctx, uid)
+	}
+	if err != nil {
+		log.Error(err, "pod sandbox")
+		r.update(func(st *corev1.PodStatus) {
+			st.Phase, st.Reason, st.Message = corev1.PodFailed, reasonSandboxFail, err.Error()
+			for i := range st.ContainerStatuses {
+				st.ContainerStatuses[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+					ExitCode: 128, Reason: reasonSandboxFail, Message: err.Error(), FinishedAt: v1.Now()}}
+			}
+		})
+	} else {
+		var wg sync.WaitGroup
+		for i := range r.pod.Spec.Containers {
+			wg.Go(func() { r.superviseContainer(i, mounts) })
+		}
+		wg.Wait()
+	}
+	if err := r.p.net.del(ctx, uid); err != nil {
+		log.Error(err, "pod network teardown")
+	}
+	_ = os.RemoveAll(r.dir)
+	r.mu.Lock()
+	r.sandboxReady = false
+	r.finished = true
+	deleting := r.deleteObject
+	r.mu.Unlock()
+	r.update(func(*corev1.PodStatus) {})
+	log.Info("pod processes gone", "deleting", deleting)
+	if deleting {
+		r.finishDelete(ctx)
+	}
+}
+
+func (r *podRun) setupNetwork(ctx context.Context, uid string) error {
+	nsPath, ip, err := r.p.net.add(ctx, uid)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.netns = nsPath
+	r.sandboxReady = true
+	r.mu.Unlock()
+	r.update(func(st *corev1.PodStatus) {
+		st.PodIP = ip.String()
+		st.PodIPs = []corev1.PodIP{{IP: ip.String()}}
+	})
+	return nil
+}
+
+// finishDelete deletes the pod object with grace 0 (its processes are gone, so nothing is left to
+// wait for) and forgets the pod.
+func (r *podRun) finishDelete(ctx context.Context) {
+	pod := r.snapshot()
+	zero := int64(0)
+	err := r.p.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, v1.DeleteOptions{
+		GracePeriodSeconds: &zero,
+		Preconditions:      &v1.Preconditions{UID: &pod.UID},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		r.p.log.Error(err, "delete pod object", "pod", r.key)
+	}
+	r.p.forget(r)
+}
+
+// stop ends the pod: no more restarts, SIGTERM to every process now, SIGKILL to their process
+// groups after grace. deleteObject asks for the pod object's deletion once all is gone. Safe to
+// call many times; the first grace period wins.
+func (r *podRun) stop(grace time.Duration, deleteObject bool) {
+	r.mu.Lock()
+	r.deleteObject = r.deleteObject || deleteObject
+	first := !r.stopping
+	r.stopping = true
+	finished := r.finished
+	procs := append([]*os.Process(nil), r.procs...)
+	r.mu.Unlock()
+	if finished {
+		// Terminated on its own before: only the object (if asked) remains.
+		if deleteObject {
+			r.finishDelete(context.Background())
+		}
+		return
+	}
+	if !first {
+		return
+	}
+	close(r.stopCh)
+	for _, pr := range procs {
+		if pr != nil {
+			_ = pr.Signal(syscall.SIGTERM)
+		}
+	}
+	go func() {
+		select {
+		case <-r.done:
+		case <-time.After(grace):
+			r.mu.Lock()
+			procs := append([]*os.Process(nil), r.procs...)
+			r.mu.Unlock()
+			for _, pr := range procs {
+				if pr != nil {
+					_ = syscall.Kill(-pr.Pid, syscall.SIGKILL)
+				}
+			}
+		}
+	}()
+}
+
+func (r *podRun) isStopping() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopping
+}
+
+// superviseContainer runs container i until it ends for good under the restart policy or the pod
+// stops, restarting it with exponential back-off.
+func (r *podRun) superviseContainer(i int, vols map[string]volume) {
+	backoff := r.p.opts.RestartBackoff
+	for {
+		if r.isStopping() {
+			r.endWaiting(i)
+			return
+		}
+		started := time.Now()
+		term, err := r.runOnce(i, vols)
+		if errors.Is(err, errNoBinary) {
+			r.update(func(st *corev1.PodStatus) {
+				st.ContainerStatuses[i].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+					Reason: reasonImage, Message: err.Error()}}
+			})
+			return
+		}
+		restart := !r.isStopping() && shouldRestart(r.pod.Spec.RestartPolicy, term.ExitCode)
+		r.update(func(st *corev1.PodStatus) {
+			cs := &st.ContainerStatuses[i]
+			cs.Ready, cs.Started = false, new(false)
+			if restart {
+				cs.LastTerminationState = corev1.ContainerState{Terminated: term}
+				cs.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+					Reason: reasonBackOff, Message: fmt.Sprintf("back-off %s restarting failed container", backoff)}}
+				return
+			}
+			cs.State = corev1.ContainerState{Terminated: term}
+		})
+		if !restart {
+			return
+		}
+		if time.Since(started) > backoffReset {
+			backoff = r.p.opts.RestartBackoff
+		}
+		select {
+		case <-r.stopCh:
+			r.endWaiting(i)
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, MaxRestartBackoff)
+		r.update(func(st *corev1.PodStatus) { st.ContainerStatuses[i].RestartCount++ })
+	}
+}
+
+// endWaiting turns a container waiting for a restart that will not come into its last
+// termination.
+func (r *podRun) endWaiting(i int) {
+	r.update(func(st *corev1.PodStatus) {
+		cs := &st.ContainerStatuses[i]
+		if cs.State.Waiting == nil {
+			return
+		}
+		if t := cs.LastTerminationState.Terminated; t != nil {
+			cs.State = corev1.ContainerState{Terminated: t.DeepCopy()}
+			return
+		}
+		cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: 0, Reason: reasonCompleted, Message: "pod stopped before the container started", FinishedAt: v1.Now()}}
+	})
+}
+
+// runOnce starts container i, reports it Running, and waits for it. It returns how the container
+// terminated; a start failure is a termination with exit code 128, as runtimes report it.
+func (r *podRun) runOnce(i int, vols map[string]volume) (*corev1.ContainerStateTerminated, error) {
+	c := &r.pod.Spec.Containers[i]
+	started := v1.Now()
+	cmd, termFile, err := r.command(i, vols)
+	if errors.Is(err, errNoBinary) {
+		return nil, err
+	}
+	if err == nil {
+		r.mu.Lock()
+		sb := sandbox{netns: r.netns, hostname: podHostname(r.pod)}
+		r.mu.Unlock()
+		sb.mounts = append(containerMounts(c, vols), bindMount{source: termFile, target: terminationPath(c), file: true})
+		err = r.startProcess(i, cmd, sb)
+	}
+	if err != nil {
+		return &corev1.ContainerStateTerminated{ExitCode: 128, Reason: reasonStartError, Message: err.Error(),
+			StartedAt: started, FinishedAt: v1.Now()}, nil
+	}
+	_ = cmd.Wait()
+	// The container is gone when its main process is: leftovers of its process group go too.
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	r.mu.Lock()
+	r.procs[i] = nil
+	r.mu.Unlock()
+	_ = os.Remove(filepath.Join(r.dir, c.Name+".pid"))
+	if f, ok := cmd.Stdout.(*os.File); ok {
+		_ = f.Close()
+	}
+	code := exitCode(cmd.ProcessState)
+	term := &corev1.ContainerStateTerminated{ExitCode: code, Reason: reasonCompleted, StartedAt: started, FinishedAt: v1.Now(),
+		ContainerID: containerID(cmd.Process.Pid)}
+	if code != 0 {
+		term.Reason = reasonError
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		term.Signal = int32(ws.Signal())
+	}
+	term.Message = r.terminationMessage(c, termFile, code)
+	return term, nil
+}
+
+func (r *podRun) startProcess(i int, cmd *exec.Cmd, sb sandbox) error {
+	r.mu.Lock()
+	if r.stopping {
+		r.mu.Unlock()
+		return errors.New("pod is stopping")
+	}
+	// Start under the lock so stop sees the process and signals it.
+	err := sb.start(cmd)
+	if err == nil {
+		r.procs[i] = cmd.Process
+	}
+	r.mu.Unlock()
+	if err != nil {
+		if f, ok := cmd.Stdout.(*os.File); ok {
+			_ = f.Close()
+		}
+		return fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	c := &r.pod.Spec.Containers[i]
+	if err := writePidFile(filepath.Join(r.dir, c.Name+".pid"), cmd.Process.Pid); err != nil {
+		r.p.log.Error(err, "pid file", "pod", r.key, "container", c.Name)
+	}
+	now := v1.Now()
+	r.update(func(st *corev1.PodStatus) {
+		cs := &st.ContainerStatuses[i]
+		cs.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
+		cs.Ready, cs.Started = true, new(true)
+		cs.ContainerID = containerID(cmd.Process.Pid)
+	})
+	return nil
+}
+
+func containerID(pid int) string { return fmt.Sprintf("process://%d", pid) }
+
+// command builds container i's process: binary and argv from the image map with $(VAR) expanded,
+// the resolved env, the log file as stdout and stderr, its own process group, and the pod's or
+// container's runAsUser/runAsGroup. termFile is the fresh termination-message file.
+func (r *podRun) command(i int, vols map[string]volume) (*exec.Cmd, string, error) {
+	r.mu.Lock()
+	pod := r.pod.DeepCopy()
+	r.mu.Unlock()
+	c := &pod.Spec.Containers[i]
+	env, err := resolveEnv(pod, c, envSources{configMaps: r.p.configMaps, secrets: r.p.secrets, nodeAllocatable: defaultCapacity()})
+	if err != nil {
+		return nil, "", err
+	}
+	lookup := envLookup(env)
+	expand := func(ss []string) []string {
+		out := make([]string, len(ss))
+		for j, s := range ss {
+			out[j] = expandVars(s, lookup)
+		}
+		return out
+	}
+	bin, args, err := argv(r.p.opts.Images, c.Image, expand(c.Command), expand(c.Args))
+	if err != nil {
+		return nil, "", err
+	}
+	termFile := filepath.Join(r.dir, c.Name+".termination-log")
+	if err := os.WriteFile(termFile, nil, 0o666); err != nil {
+		return nil, "", fmt.Errorf("termination-message file: %w", err)
+	}
+	_ = os.Chmod(termFile, 0o666)
+	if err := os.MkdirAll(r.log, 0o755); err != nil {
+		return nil, "", fmt.Errorf("log dir: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(r.log, c.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, "", fmt.Errorf("container log: %w", err)
+	}
+	cmd := &exec.Cmd{Path: bin, Args: args, Env: env, Dir: c.WorkingDir, Stdout: logf, Stderr: logf}
+	if cmd.Dir == "" {
+		cmd.Dir = "/"
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: credential(pod, c)}
+	return cmd, termFile, nil
+}
+
+// credential is the container's runAsUser/runAsGroup, falling back to the pod's; nil runs as the
+// provider's user.
+func credential(pod *corev1.Pod, c *corev1.Container) *syscall.Credential {
+	var uid, gid *int64
+	if psc := pod.Spec.SecurityContext; psc != nil {
+		uid, gid = psc.RunAsUser, psc.RunAsGroup
+	}
+	if sc := c.SecurityContext; sc != nil {
+		if sc.RunAsUser != nil {
+			uid = sc.RunAsUser
+		}
+		if sc.RunAsGroup != nil {
+			gid = sc.RunAsGroup
+		}
+	}
+	if uid == nil && gid == nil {
+		return nil
+	}
+	cred := &syscall.Credential{}
+	if uid != nil {
+		cred.Uid = uint32(*uid)
+	}
+	if gid != nil {
+		cred.Gid = uint32(*gid)
+	} else if uid != nil {
+		cred.Gid = uint32(*uid)
+	}
+	return cred
+}
+
+func exitCode(ps *os.ProcessState) int32 {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int32(ws.Signal())
+	}
+	return int32(ps.ExitCode())
+}
+
+func terminationPath(c *corev1.Container) string {
+	if c.TerminationMessagePath != "" {
+		return c.TerminationMessagePath
+	}
+	return corev1.TerminationMessagePathDefault
+}
+
+// terminationMessage is what the container wrote to its termination-message file, or with
+// FallbackToLogsOnError and a failure, the tail of its log.
+func (r *podRun) terminationMessage(c *corev1.Container, termFile string, code int32) string {
+	msg := readTail(termFile, maxTerminationMessage, false)
+	if msg == "" && code != 0 && c.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError {
+		msg = readTail(filepath.Join(r.log, c.Name+".log"), 2048, true)
+	}
+	return msg
+}
+
+// readTail reads at most n bytes of a file: its head, or its tail when tail is set.
+func readTail(path string, n int64, tail bool) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if tail {
+		if fi, err := f.Stat(); err == nil && fi.Size() > n {
+			_, _ = f.Seek(fi.Size()-n, io.SeekStart)
+		}
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, n))
+	return string(b)
+}
+
+// volume is a pod volume's host path.
+type volume struct {
+	path string
+	file bool
+}
+
+// prepareVolumes makes the pod's directories and resolves its volumes: hostPath is the host path
+// itself (created for the *OrCreate types), emptyDir a directory under the pod's state dir. Other
+// volume sources are refused.
+func (r *podRun) prepareVolumes() (map[string]volume, error) {
+	if len(r.pod.Spec.InitContainers) > 0 {
+		return nil, errors.New("spec.initContainers: not supported by the local node provider")
+	}
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("pod dir: %w", err)
+	}
+	vols := map[string]volume{}
+	for i, v := range r.pod.Spec.Volumes {
+		switch {
+		case v.HostPath != nil:
+			vol, err := hostPathVolume(v.HostPath)
+			if err != nil {
+				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
+			}
+			vols[v.Name] = vol
+		case v.EmptyDir != nil:
+			dir := filepath.Join(r.dir, "volumes", v.Name)
+			if err := os.MkdirAll(dir, 0o777); err != nil {
+				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
+			}
+			// World-writable like the kubelet's, whatever runAsUser the containers have.
+			_ = os.Chmod(dir, 0o777)
+			vols[v.Name] = volume{path: dir}
+		default:
+			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath and emptyDir are supported by the local node provider", i, v.Name)
+		}
+	}
+	return vols, nil
+}
+
+func hostPathVolume(hp *corev1.HostPathVolumeSource) (volume, error) {
+	t := corev1.HostPathUnset
+	if hp.Type != nil {
+		t = *hp.Type
+	}
+	switch t {
+	case corev1.HostPathDirectoryOrCreate:
+		if err := os.MkdirAll(hp.Path, 0o755); err != nil {
+			return volume{}, fmt.Errorf("hostPath %s: %w", hp.Path, err)
+		}
+	case corev1.HostPathFileOrCreate:
+		f, err := os.OpenFile(hp.Path, os.O_CREATE|os.O_RDONLY, 0o644)
+		if err != nil {
+			return volume{}, fmt.Errorf("hostPath %s: %w", hp.Path, err)
+		}
+		_ = f.Close()
+	}
+	fi, err := os.Stat(hp.Path)
+	if err != nil {
+		return volume{}, fmt.Errorf("hostPath %s: %w", hp.Path, err)
+	}
+	return volume{path: hp.Path, file: !fi.IsDir()}, nil
+}
+
+// containerMounts are the container's volumeMounts as binds; a hostPath mounted at its own path
+// read-write needs none.
+func containerMounts(c *corev1.Container, vols map[string]volume) []bindMount {
+	var out []bindMount
+	for _, m := range c.VolumeMounts {
+		v, ok := vols[m.Name]
+		if !ok {
+			continue
+		}
+		src := v.path
+		if m.SubPath != "" {
+			src = filepath.Join(src, m.SubPath)
+		}
+		if src == filepath.Clean(m.MountPath) && !m.ReadOnly {
+			continue
+		}
+		fi, err := os.Stat(src)
+		file := err == nil && !fi.IsDir()
+		out = append(out, bindMount{source: src, target: m.MountPath, readOnly: m.ReadOnly, file: file})
+	}
+	return out
+}

@@ -1,0 +1,248 @@
+// Package provider runs a virtual node of a local qvirt cluster: a virtual-kubelet node whose pods
+// are host processes. No kubelet can run on the machines local mode targets (cgroup v1, no container
+// runtime), so this provider stands in for one:
+//
+//   - Each pod gets its own network namespace, wired by the standard CNI plugins (bridge, host-local,
+//     loopback from containernetworking/plugins, run through libcni): every pod has an IP in the node's
+//     PodCIDR, routable from the host and from the pods of the other nodes (the host forwards between
+//     the nodes' bridges).
+//   - Each container is a host process started in the pod's network namespace and in a mount
+//     namespace of its own where the container's volumes are bind-mounted at their mountPath (emptyDir
+//     from the pod's state directory, hostPath from the host) and its termination-message file at
+//     terminationMessagePath. The thread that starts it enters those namespaces first (see exec.go);
+//     no helper binary or re-exec is involved.
+//   - There is no image: Options.Images maps an image name to the host binary that runs for it. A
+//     container's command[0] becomes that binary's argv[0] (so busybox-style multi-call binaries work).
+//   - The provider does what virtual-kubelet leaves to providers and a kubelet would do: env
+//     resolution (downward API, ConfigMap/Secret refs, $(VAR) expansion), restarts with back-off per
+//     restartPolicy, restartCount/lastState, the pod phase, termination messages, SIGTERM then SIGKILL
+//     after the grace period on deletion, and deleting the pod object with grace 0 once its processes
+//     are gone.
+//
+// Run registers the node and serves until its context ends; then it stops every pod's processes and
+// removes the namespaces, veths, IPAM reservations and the bridge it made, and restores ip_forward.
+// Cleanup does the same for the leftovers of a run that crashed. Root only.
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
+	vkslog "github.com/virtual-kubelet/virtual-kubelet/log/slog"
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+)
+
+// Options configure one virtual node.
+type Options struct {
+	// NodeName is the Node object's name and its kubernetes.io/hostname label.
+	NodeName string
+	// Config reaches the cluster's kube-apiserver with rights over nodes, leases, pods, pod status,
+	// events, and reads of ConfigMaps, Secrets and Services.
+	Config *rest.Config
+	// StateDir holds this node's network namespaces, IPAM and CNI state, pod volumes and logs. One
+	// per node; Cleanup(StateDir) removes what a crashed run left in it.
+	StateDir string
+	// Images maps an image reference, exactly as pods name it, to the host binary that runs for it.
+	Images map[string]string
+	// PodCIDR is this node's pod subnet (an IPv4 prefix such as 10.244.1.0/24). Its first address
+	// goes to the bridge and is the node's InternalIP.
+	PodCIDR string
+	// Bridge is the name of this node's Linux bridge (at most 15 bytes). Nodes need distinct bridges
+	// and distinct PodCIDRs.
+	Bridge string
+	// CNIBinDir holds the bridge, host-local and loopback plugin binaries (see BuildCNIPlugins).
+	CNIBinDir string
+	// Log receives the provider's and virtual-kubelet's logs.
+	Log logr.Logger
+
+	// Capacity overrides or extends the node's capacity (default: the host's CPUs and memory, 110
+	// pods, and DefaultDeviceCapacity of each qvirt device resource).
+	Capacity corev1.ResourceList
+	// Labels are added to the node's labels.
+	Labels map[string]string
+	// RestartBackoff is the first delay before a container is restarted; it doubles up to
+	// MaxRestartBackoff and resets after a container ran for 10 minutes. Default 1 s.
+	RestartBackoff time.Duration
+	// ShutdownGrace caps each pod's termination grace period when Run ends. Default 10 s.
+	ShutdownGrace time.Duration
+}
+
+// Device resources every node offers, so launcher pods that request them schedule.
+const (
+	ResourceKVM = corev1.ResourceName("devices.qvirt.io/kvm")
+	ResourceTun = corev1.ResourceName("devices.qvirt.io/tun")
+	// DefaultDeviceCapacity is how many of each device resource a node offers.
+	DefaultDeviceCapacity = 1000
+	// MaxRestartBackoff caps the delay between restarts of a crashing container.
+	MaxRestartBackoff = 5 * time.Minute
+	// syncWorkers is how many pods virtual-kubelet syncs concurrently.
+	syncWorkers = 4
+)
+
+func (o *Options) validate() error {
+	switch {
+	case o.NodeName == "":
+		return errors.New("provider options: NodeName is empty")
+	case o.Config == nil:
+		return errors.New("provider options: Config is nil")
+	case o.StateDir == "" || !filepath.IsAbs(o.StateDir):
+		return fmt.Errorf("provider options: StateDir %q is not an absolute path", o.StateDir)
+	case o.Bridge == "" || len(o.Bridge) > 15:
+		return fmt.Errorf("provider options: Bridge %q must be 1 to 15 bytes", o.Bridge)
+	case o.CNIBinDir == "":
+		return errors.New("provider options: CNIBinDir is empty")
+	}
+	if _, err := gatewayOf(o.PodCIDR); err != nil {
+		return fmt.Errorf("provider options: PodCIDR: %w", err)
+	}
+	if o.RestartBackoff <= 0 {
+		o.RestartBackoff = time.Second
+	}
+	if o.ShutdownGrace <= 0 {
+		o.ShutdownGrace = 10 * time.Second
+	}
+	return nil
+}
+
+// gatewayOf is the bridge's address in an IPv4 pod subnet: its first host address.
+func gatewayOf(cidr string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("parse %q: %w", cidr, err)
+	}
+	if !p.Addr().Is4() || p.Bits() > 29 {
+		return netip.Prefix{}, fmt.Errorf("%q: want an IPv4 prefix of at most /29", cidr)
+	}
+	p = p.Masked()
+	return netip.PrefixFrom(p.Addr().Next(), p.Bits()), nil
+}
+
+// Run registers the node and runs its pods until ctx ends. It then stops the pods' processes
+// (SIGTERM, SIGKILL after min(grace, ShutdownGrace)), removes their namespaces, veths and IPAM
+// reservations and the bridge, and restores ip_forward. Pod and Node objects stay in the API (the
+// control plane usually goes away with the node). It returns the first error that stopped it.
+func Run(ctx context.Context, opts Options) (retErr error) {
+	if err := opts.validate(); err != nil {
+		return err
+	}
+	log := opts.Log.WithValues("node", opts.NodeName)
+	if err := Cleanup(opts.StateDir); err != nil {
+		return fmt.Errorf("clean up the last run's leftovers: %w", err)
+	}
+	for _, d := range []string{netnsDir, podsDir, logsDir, ipamDir, cniCacheDir} {
+		if err := os.MkdirAll(filepath.Join(opts.StateDir, d), 0o755); err != nil {
+			return fmt.Errorf("state dir: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(opts.StateDir, bridgeFile), []byte(opts.Bridge), 0o644); err != nil {
+		return fmt.Errorf("record bridge name: %w", err)
+	}
+	if err := acquireIPForward(opts.StateDir); err != nil {
+		return err
+	}
+	net, err := newNetwork(opts)
+	if err != nil {
+		releaseIPForward()
+		return err
+	}
+	// Teardown runs on every exit from here on, after the controllers stopped.
+	p := newPods(opts, net, log)
+	defer func() {
+		p.shutdown(context.WithoutCancel(ctx))
+		if err := teardownState(opts.StateDir); err != nil && retErr == nil {
+			retErr = err
+		}
+		releaseIPForward()
+	}()
+	if err := net.ensureBridge(ctx); err != nil {
+		return err
+	}
+	return serve(ctx, opts, p, net, log)
+}
+
+// serve runs virtual-kubelet's node and pod controllers until ctx ends or one of them fails.
+func serve(ctx context.Context, opts Options, p *pods, net *network, log logr.Logger) error {
+	ctx = vklog.WithLogger(ctx, vkslog.FromSlog(slog.New(logr.ToSlogHandler(log))))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	client, err := kubernetes.NewForConfig(opts.Config)
+	if err != nil {
+		return fmt.Errorf("client for %s: %w", opts.Config.Host, err)
+	}
+	p.client = client
+	podFactory := informers.NewSharedInformerFactoryWithOptions(client, time.Minute,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
+		}))
+	// virtual-kubelet's pod controller insists on these informers; the provider's env resolution
+	// reads ConfigMaps and Secrets through them too.
+	otherFactory := informers.NewSharedInformerFactory(client, time.Minute)
+	podInformer := podFactory.Core().V1().Pods()
+	p.configMaps = otherFactory.Core().V1().ConfigMaps().Lister()
+	p.secrets = otherFactory.Core().V1().Secrets().Lister()
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	defer broadcaster.Shutdown()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "qvirt-local-node", Host: opts.NodeName})
+
+	pc, err := node.NewPodController(node.PodControllerConfig{
+		PodClient:                 client.CoreV1(),
+		PodInformer:               podInformer,
+		EventRecorder:             recorder,
+		Provider:                  p,
+		ConfigMapInformer:         otherFactory.Core().V1().ConfigMaps(),
+		SecretInformer:            otherFactory.Core().V1().Secrets(),
+		ServiceInformer:           otherFactory.Core().V1().Services(),
+		SkipDownwardAPIResolution: true,
+	})
+	if err != nil {
+		return fmt.Errorf("pod controller: %w", err)
+	}
+	nc, err := node.NewNodeController(nodeProvider{}, nodeObject(opts, net.gateway.Addr()), client.CoreV1().Nodes(),
+		node.WithNodeEnableLeaseV1(client.CoordinationV1().Leases(corev1.NamespaceNodeLease), 0))
+	if err != nil {
+		return fmt.Errorf("node controller: %w", err)
+	}
+	podFactory.Start(ctx.Done())
+	otherFactory.Start(ctx.Done())
+	defer podFactory.Shutdown()
+	defer otherFactory.Shutdown()
+	otherFactory.WaitForCacheSync(ctx.Done())
+
+	go func() { _ = nc.Run(ctx) }()
+	go func() { _ = pc.Run(ctx, syncWorkers) }()
+	log.Info("virtual node serving", "podCIDR", opts.PodCIDR, "bridge", opts.Bridge)
+	select {
+	case <-ctx.Done():
+	case <-nc.Done():
+		cancel()
+		<-pc.Done()
+		return fmt.Errorf("node controller stopped: %w", nc.Err())
+	case <-pc.Done():
+		cancel()
+		<-nc.Done()
+		return fmt.Errorf("pod controller stopped: %w", pc.Err())
+	}
+	<-pc.Done()
+	<-nc.Done()
+	return nil
+}

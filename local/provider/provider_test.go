@@ -1,0 +1,450 @@
+package provider_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/qvirt/qvirt/local/provider"
+	"github.com/qvirt/qvirt/test/envtest"
+)
+
+var cp *envtest.ControlPlane
+
+func TestMain(m *testing.M) { envtest.Main(m, &cp) }
+
+const (
+	busyboxImage = "qvirt.test/busybox:1"
+	// wwwDir is where the server pod mounts its emptyDir; the provider creates the mount point on
+	// the host, the test removes it.
+	wwwDir = "/run/qvirt-provider-test/www"
+)
+
+// node is one running virtual node.
+type node struct {
+	name, stateDir, bridge, cidr string
+	cancel                       context.CancelFunc
+	done                         chan error
+}
+
+// hostState is what the provider may change on the host.
+type hostState struct {
+	links     []string
+	ipForward string
+}
+
+func readHostState(t *testing.T) hostState {
+	t.Helper()
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range links {
+		names = append(names, l.Attrs().Name+"/"+l.Type())
+	}
+	slices.Sort(names)
+	fwd, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hostState{links: names, ipForward: strings.TrimSpace(string(fwd))}
+}
+
+func startNode(t *testing.T, ctx context.Context, name, cidr, bridge, binDir string, log logr.Logger) *node {
+	t.Helper()
+	n := &node{name: name, stateDir: filepath.Join(t.TempDir(), name), bridge: bridge, cidr: cidr, done: make(chan error, 1)}
+	ctx, n.cancel = context.WithCancel(ctx)
+	opts := provider.Options{
+		NodeName:  name,
+		Config:    cp.Config,
+		StateDir:  n.stateDir,
+		Images:    map[string]string{busyboxImage: "/bin/busybox"},
+		PodCIDR:   cidr,
+		Bridge:    bridge,
+		CNIBinDir: binDir,
+		Log:       log,
+	}
+	go func() { n.done <- provider.Run(ctx, opts) }()
+	return n
+}
+
+func (n *node) stop(t *testing.T) {
+	t.Helper()
+	n.cancel()
+	select {
+	case err := <-n.done:
+		if err != nil {
+			t.Errorf("node %s: Run: %v", n.name, err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Errorf("node %s: Run did not return 60 s after its context ended", n.name)
+	}
+}
+
+func fileLogger(t *testing.T) (logr.Logger, func()) {
+	path := filepath.Join(t.TempDir(), "provider.log")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintln(f, prefix, args)
+	}, funcr.Options{Verbosity: 1})
+	return log, func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(path)
+			t.Logf("provider log:\n%s", tail(b, 20000))
+		}
+	}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+func TestVirtualNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	binDir, err := provider.BuildCNIPlugins(ctx, filepath.Join(cacheHome(t), "qvirt", "cni"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(wwwDir)) })
+	client := kubernetes.NewForConfigOrDie(cp.Config)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "vnode-"}}
+	if ns, err = client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	before := readHostState(t)
+	log, dumpLog := fileLogger(t)
+	defer dumpLog()
+	n1 := startNode(t, ctx, "vnode-1", "10.231.1.0/24", "qvt-test-n1", binDir, log)
+	n2 := startNode(t, ctx, "vnode-2", "10.231.2.0/24", "qvt-test-n2", binDir, log)
+	stopped := false
+	defer func() {
+		if !stopped {
+			n1.stop(t)
+			n2.stop(t)
+		}
+	}()
+	tc := &testCluster{t: t, ctx: ctx, client: client, ns: ns.Name}
+
+	t.Run("nodes register Ready with an InternalIP and qvirt's device resources", func(t *testing.T) {
+		for _, n := range []*node{n1, n2} {
+			tc.t = t
+			no := tc.waitNode(n.name)
+			want := strings.TrimSuffix(n.cidr, "0/24") + "1"
+			if len(no.Status.Addresses) != 1 || no.Status.Addresses[0].Type != corev1.NodeInternalIP || no.Status.Addresses[0].Address != want {
+				t.Errorf("node %s addresses = %v, want one InternalIP %s", n.name, no.Status.Addresses, want)
+			}
+			if q := no.Status.Allocatable[provider.ResourceKVM]; q.Value() < 1 {
+				t.Errorf("node %s allocatable %s = %s", n.name, provider.ResourceKVM, q.String())
+			}
+			if no.Labels[corev1.LabelHostname] != n.name {
+				t.Errorf("node %s hostname label = %q", n.name, no.Labels[corev1.LabelHostname])
+			}
+		}
+	})
+
+	var serverIP string
+	var pids []int
+	t.Run("a pod on each node runs with its IP; the node 1 pod reaches the node 2 pod over the bridges", func(t *testing.T) {
+		tc.t = t
+		server := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "server"},
+			Spec: corev1.PodSpec{
+				NodeName: n2.name,
+				Containers: []corev1.Container{{
+					Name: "httpd", Image: busyboxImage,
+					Command: []string{"sh", "-c", `printf '%s %s %s' "$MY_IP" "$NODE" "$ME" > ` + wwwDir + `/index.html && exec httpd -f -p 8080 -h ` + wwwDir},
+					Env: []corev1.EnvVar{
+						{Name: "MY_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+						{Name: "NODE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+						{Name: "ME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+					},
+					VolumeMounts: []corev1.VolumeMount{{Name: "www", MountPath: wwwDir}},
+				}},
+				Volumes: []corev1.Volume{{Name: "www", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			},
+		})
+		created := time.Now()
+		server = tc.waitPhase(server.Name, corev1.PodRunning)
+		t.Logf("server pod: create → Running in %s", time.Since(created).Round(time.Millisecond))
+		serverIP = server.Status.PodIP
+		if !strings.HasPrefix(serverIP, "10.231.2.") {
+			t.Fatalf("server pod IP = %q, want one in node 2's 10.231.2.0/24", serverIP)
+		}
+		pids = append(pids, pidOf(t, server))
+
+		want := serverIP + " " + n2.name + " server"
+		// From the host.
+		body := tc.httpGet("http://" + serverIP + ":8080/")
+		if body != want {
+			t.Errorf("host GET server pod = %q, want %q (env from status.podIP, spec.nodeName, metadata.name)", body, want)
+		}
+		// From a pod on node 1, through both bridges; the client writes the page as its
+		// termination message.
+		client := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "client"},
+			Spec: corev1.PodSpec{
+				NodeName:      n1.name,
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{
+					Name: "wget", Image: busyboxImage,
+					Command: []string{"sh", "-c", "for i in $(seq 50); do wget -q -O /dev/termination-log http://$(PEER):8080/ && exit 0; sleep 0.2; done; exit 1"},
+					Env:     []corev1.EnvVar{{Name: "PEER", Value: serverIP}},
+				}},
+			},
+		})
+		client = tc.waitPhase(client.Name, corev1.PodSucceeded)
+		if !strings.HasPrefix(client.Status.PodIP, "10.231.1.") {
+			t.Errorf("client pod IP = %q, want one in node 1's 10.231.1.0/24", client.Status.PodIP)
+		}
+		term := client.Status.ContainerStatuses[0].State.Terminated
+		if term == nil || term.ExitCode != 0 || term.Message != want {
+			t.Errorf("client container state = %+v, want exit 0 with message %q", client.Status.ContainerStatuses[0].State, want)
+		}
+	})
+
+	t.Run("deleting a running pod terminates its process and removes the pod", func(t *testing.T) {
+		tc.t = t
+		sleeper := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "sleeper"},
+			Spec: corev1.PodSpec{NodeName: n1.name, Containers: []corev1.Container{{
+				Name: "sleep", Image: busyboxImage, Command: []string{"sleep", "3600"}}}},
+		})
+		created := time.Now()
+		sleeper = tc.waitPhase(sleeper.Name, corev1.PodRunning)
+		t.Logf("sleeper pod: create → Running in %s", time.Since(created).Round(time.Millisecond))
+		pid := pidOf(t, sleeper)
+		pids = append(pids, pid)
+		deleted := time.Now()
+		if err := client.CoreV1().Pods(tc.ns).Delete(ctx, sleeper.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tc.waitGone(sleeper.Name)
+		t.Logf("sleeper pod: delete (grace 30 s) → gone in %s", time.Since(deleted).Round(time.Millisecond))
+		if processAlive(pid) {
+			t.Errorf("process %d of the deleted pod still runs", pid)
+		}
+	})
+
+	t.Run("a process exiting 3 makes a Never pod Failed with exit code 3 and its termination message", func(t *testing.T) {
+		tc.t = t
+		pod := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "exit3"},
+			Spec: corev1.PodSpec{NodeName: n2.name, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+				Name: "main", Image: busyboxImage, Command: []string{"sh", "-c", "echo bye > /dev/termination-log; exit 3"}}}},
+		})
+		pod = tc.waitPhase(pod.Name, corev1.PodFailed)
+		term := pod.Status.ContainerStatuses[0].State.Terminated
+		if term == nil || term.ExitCode != 3 || term.Message != "bye\n" || term.Reason != "Error" {
+			t.Errorf("container state = %+v, want terminated with exit code 3, reason Error, message \"bye\\n\"", pod.Status.ContainerStatuses[0].State)
+		}
+	})
+
+	t.Run("restartPolicy Always restarts a failing container and counts restarts", func(t *testing.T) {
+		tc.t = t
+		pod := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "crasher"},
+			Spec: corev1.PodSpec{NodeName: n1.name, Containers: []corev1.Container{{
+				Name: "main", Image: busyboxImage, Command: []string{"sh", "-c", "sleep 0.3; exit 7"}}}},
+		})
+		pod = tc.waitFor(pod.Name, "restartCount ≥ 2", func(p *corev1.Pod) bool {
+			return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 2
+		})
+		cs := pod.Status.ContainerStatuses[0]
+		if pod.Status.Phase != corev1.PodRunning {
+			t.Errorf("phase = %s, want Running while restarting", pod.Status.Phase)
+		}
+		if last := cs.LastTerminationState.Terminated; last == nil || last.ExitCode != 7 {
+			t.Errorf("lastState = %+v, want terminated with exit code 7", cs.LastTerminationState)
+		}
+	})
+
+	t.Run("stopping the providers leaves no process, namespace, veth, bridge or IPAM state", func(t *testing.T) {
+		tc.t = t
+		n1.stop(t)
+		n2.stop(t)
+		stopped = true
+		for _, pid := range pids {
+			if processAlive(pid) {
+				t.Errorf("process %d still runs after the providers stopped", pid)
+			}
+		}
+		after := readHostState(t)
+		// Other tests on this machine may add and remove links meanwhile: only new ones count.
+		for _, l := range after.links {
+			if !slices.Contains(before.links, l) {
+				t.Errorf("link %s is left after the providers stopped (before: %v)", l, before.links)
+			}
+		}
+		if before.ipForward != after.ipForward {
+			t.Errorf("ip_forward before %s, after %s", before.ipForward, after.ipForward)
+		}
+		for _, n := range []*node{n1, n2} {
+			for _, d := range []string{"netns", "ipam", "cni-cache", "pods"} {
+				if _, err := os.Stat(filepath.Join(n.stateDir, d)); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("node %s: %s left in the state dir (stat: %v)", n.name, d, err)
+				}
+			}
+		}
+	})
+}
+
+type testCluster struct {
+	t      *testing.T
+	ctx    context.Context
+	client kubernetes.Interface
+	ns     string
+}
+
+func (tc *testCluster) create(pod *corev1.Pod) *corev1.Pod {
+	tc.t.Helper()
+	pod.Namespace = tc.ns
+	out, err := tc.client.CoreV1().Pods(tc.ns).Create(tc.ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	return out
+}
+
+func (tc *testCluster) waitFor(name, what string, ok func(*corev1.Pod) bool) *corev1.Pod {
+	tc.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var last *corev1.Pod
+	for time.Now().Before(deadline) {
+		p, err := tc.client.CoreV1().Pods(tc.ns).Get(tc.ctx, name, metav1.GetOptions{})
+		if err == nil {
+			last = p
+			if ok(p) {
+				return p
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if last != nil {
+		tc.t.Fatalf("pod %s: not %s within 60 s; status %+v", name, what, last.Status)
+	}
+	tc.t.Fatalf("pod %s: not %s within 60 s", name, what)
+	return nil
+}
+
+func (tc *testCluster) waitPhase(name string, phase corev1.PodPhase) *corev1.Pod {
+	tc.t.Helper()
+	return tc.waitFor(name, string(phase), func(p *corev1.Pod) bool {
+		if phase == corev1.PodRunning {
+			return p.Status.Phase == phase && p.Status.PodIP != ""
+		}
+		return p.Status.Phase == phase
+	})
+}
+
+func (tc *testCluster) waitGone(name string) {
+	tc.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		_, err := tc.client.CoreV1().Pods(tc.ns).Get(tc.ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tc.t.Fatalf("pod %s still exists 60 s after its deletion", name)
+}
+
+func (tc *testCluster) waitNode(name string) *corev1.Node {
+	tc.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		no, err := tc.client.CoreV1().Nodes().Get(tc.ctx, name, metav1.GetOptions{})
+		if err == nil {
+			for _, c := range no.Status.Conditions {
+				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+					return no
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tc.t.Fatalf("node %s not Ready within 60 s", name)
+	return nil
+}
+
+func (tc *testCluster) httpGet(url string) string {
+	tc.t.Helper()
+	c := &http.Client{Timeout: 2 * time.Second}
+	var lastErr error
+	for range 50 {
+		resp, err := c.Get(url)
+		if err == nil {
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode == http.StatusOK {
+				return string(b)
+			}
+			lastErr = fmt.Errorf("status %s, body %q, read %v", resp.Status, b, err)
+		} else {
+			lastErr = err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	tc.t.Fatalf("GET %s: %v", url, lastErr)
+	return ""
+}
+
+// pidOf reads the process id from a running container's ID (process://PID).
+func pidOf(t *testing.T, pod *corev1.Pod) int {
+	t.Helper()
+	id := pod.Status.ContainerStatuses[0].ContainerID
+	pid, err := strconv.Atoi(strings.TrimPrefix(id, "process://"))
+	if err != nil {
+		t.Fatalf("container ID %q: %v", id, err)
+	}
+	return pid
+}
+
+// processAlive says whether pid runs (a zombie counts as gone).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
+func cacheHome(t *testing.T) string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
