@@ -11,15 +11,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// A VirtualMachineInstance's spec is fixed at creation except for its disks: as in KubeVirt, a user
-// (qvirtctl addvolume/removevolume) edits spec.volumes and spec.domain.devices.disks and the node
+// A VirtualMachineInstance's spec is fixed at creation except for its disks and NICs: as in
+// KubeVirt, a user (qvirtctl addvolume/removevolume) edits spec.volumes and spec.domain.devices.disks,
+// or spec.domain.devices.interfaces and spec.networks (addinterface/removeinterface), and the node
 // agent hot(un)plugs the difference. The CRD's CEL rules freeze every other field (one rule per
 // field in HotplugImmutableFields, on the VMI's spec); ValidateVirtualMachineInstanceUpdate repeats
 // that for Go callers and adds the per-disk rules CEL cannot afford within the API server's cost
 // budget.
 
 // hotplugMessage ends every refusal of a spec change.
-const hotplugMessage = "only volumes and disks can be hot-plugged"
+const hotplugMessage = "only volumes, disks, interfaces and networks can be hot-plugged"
 
 // ImmutableMessage is the refusal of a change to the spec field at path (e.g. spec.domain.memory),
 // the same text the CRD's CEL rules give.
@@ -41,7 +42,7 @@ func HotplugImmutableFields() []string {
 			case "domain", "domain.devices":
 				walk(f.typ, path+".")
 				continue
-			case "volumes", "domain.devices.disks":
+			case "volumes", "domain.devices.disks", "networks", "domain.devices.interfaces":
 				continue
 			}
 			out = append(out, path)
@@ -52,9 +53,13 @@ func HotplugImmutableFields() []string {
 }
 
 // ValidateVirtualMachineInstanceUpdate checks a change of an instance: every spec field but the
-// disks and volumes is immutable; disks and volumes present at creation cannot change or go; a
-// disk can be removed only when old's status says it was hot-plugged; an added disk must be a
-// virtio disk backed by a hostDisk or emptyDisk volume (ValidateHotplugDisk, ValidateHotplugVolume).
+// disks, volumes, interfaces and networks is immutable; disks, volumes, interfaces and networks
+// present at creation cannot change or go; a disk (an interface) can be removed only when old's
+// status says it was hot-plugged (status.volumeStatus[].hotplugged, status.interfaces[].hotplugged);
+// an added disk must be a virtio disk backed by a hostDisk or emptyDisk volume
+// (ValidateHotplugDisk, ValidateHotplugVolume); an added interface must be a virtio NIC with the
+// masquerade or bridge binding on the pod network, into an instance that has no interface on the
+// pod network yet (ValidateHotplugInterface, ValidateHotplugNetwork).
 // The cluster's allowed host paths are the caller's to check for added hostDisk volumes
 // (AddedVolumes). An update that leaves the spec alone is always accepted, so metadata (finalizers)
 // can change even for an instance created under older rules.
@@ -69,7 +74,9 @@ func ValidateVirtualMachineInstanceUpdate(old, vmi *VirtualMachineInstance) fiel
 	}
 	errs = append(errs, ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)...)
 	errs = append(errs, validateDiskUpdate(old, vmi, p.Child("domain", "devices", "disks"))...)
-	return append(errs, validateVolumeUpdate(old, vmi, p.Child("volumes"))...)
+	errs = append(errs, validateVolumeUpdate(old, vmi, p.Child("volumes"))...)
+	errs = append(errs, validateInterfaceUpdate(old, vmi, p.Child("domain", "devices", "interfaces"))...)
+	return append(errs, validateNetworkUpdate(old, vmi, p.Child("networks"))...)
 }
 
 // AddedVolumes are the indexes in vmi.Spec.Volumes of the volumes old does not have.
@@ -89,7 +96,7 @@ func AddedVolumes(old, vmi *VirtualMachineInstance) []int {
 
 func isHotplugField(p *field.Path) bool {
 	s := p.String()
-	return s == "spec.volumes" || s == "spec.domain.devices.disks"
+	return s == "spec.volumes" || s == "spec.domain.devices.disks" || s == "spec.networks" || s == "spec.domain.devices.interfaces"
 }
 
 // hotplugged are the volumes old's status reports as attached while the guest ran.
@@ -121,7 +128,7 @@ func validateDiskUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.E
 			errs = append(errs, field.Forbidden(fp, fmt.Sprintf("disk %q is attached: %s cannot change; remove the disk and add it again", d.Name, fp)))
 		}
 	}
-	return append(errs, validateRemovals("disk", slices.Sorted(maps.Keys(before)), hotplugged(old), p)...)
+	return append(errs, validateRemovals("disk", slices.Sorted(maps.Keys(before)), hotplugged(old), volumeHotplugStatus, p)...)
 }
 
 func validateVolumeUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
@@ -142,16 +149,23 @@ func validateVolumeUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field
 			errs = append(errs, field.Forbidden(fp, fmt.Sprintf("volume %q is attached: %s cannot change; remove the volume and add it again", v.Name, fp)))
 		}
 	}
-	return append(errs, validateRemovals("volume", slices.Sorted(maps.Keys(before)), hotplugged(old), p)...)
+	return append(errs, validateRemovals("volume", slices.Sorted(maps.Keys(before)), hotplugged(old), volumeHotplugStatus, p)...)
 }
 
-// validateRemovals refuses removing what was not hot-plugged: the guest booted with it.
-func validateRemovals(kind string, removed []string, hot map[string]bool, p *field.Path) field.ErrorList {
+// The status fields that mark a device hot-plugged, named in refusals of a removal.
+const (
+	volumeHotplugStatus    = "status.volumeStatus[].hotplugged"
+	interfaceHotplugStatus = "status.interfaces[].hotplugged"
+)
+
+// validateRemovals refuses removing what was not hot-plugged: the guest booted with it. statusField
+// is where hot says so.
+func validateRemovals(kind string, removed []string, hot map[string]bool, statusField string, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	for _, name := range removed {
 		if !hot[name] {
 			errs = append(errs, field.Forbidden(p.Key(name), fmt.Sprintf(
-				"%s %q was attached at start and cannot be removed; only hot-plugged %ss (status.volumeStatus[].hotplugged) can be removed", kind, name, kind)))
+				"%s %q was attached at start and cannot be removed; only hot-plugged %ss (%s) can be removed", kind, name, kind, statusField)))
 		}
 	}
 	return errs

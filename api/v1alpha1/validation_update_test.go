@@ -62,11 +62,11 @@ func TestValidateVirtualMachineInstanceUpdate(t *testing.T) {
 		{"serial console", func(_, v *VirtualMachineInstance) { v.Spec.Domain.Devices.AutoattachSerialConsole = ptr.To(false) }, "spec.domain.devices.autoattachSerialConsole"},
 		{"interface MAC", func(_, v *VirtualMachineInstance) {
 			v.Spec.Domain.Devices.Interfaces[0].MacAddress = "02:00:00:00:00:09"
-		}, "spec.domain.devices.interfaces"},
+		}, "spec.domain.devices.interfaces[0].macAddress"},
 		{"node selector", func(_, v *VirtualMachineInstance) { v.Spec.NodeSelector = map[string]string{"a": "b"} }, "spec.nodeSelector"},
 		{"hostname", func(_, v *VirtualMachineInstance) { v.Spec.Hostname = "other" }, "spec.hostname"},
 		{"grace period", func(_, v *VirtualMachineInstance) { v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](5) }, "spec.terminationGracePeriodSeconds"},
-		{"networks", func(_, v *VirtualMachineInstance) { v.Spec.Networks[0].Pod.VMNetworkCIDR = "10.1.0.0/24" }, "spec.networks"},
+		{"networks", func(_, v *VirtualMachineInstance) { v.Spec.Networks[0].Pod.VMNetworkCIDR = "10.1.0.0/24" }, "spec.networks[0].pod.vmNetworkCIDR"},
 		{"boot disk removed", func(_, v *VirtualMachineInstance) {
 			v.Spec.Domain.Devices.Disks = v.Spec.Domain.Devices.Disks[1:]
 			v.Spec.Volumes = v.Spec.Volumes[1:]
@@ -131,7 +131,7 @@ func TestImmutableFieldMessages(t *testing.T) {
 	vmi := old.DeepCopy()
 	vmi.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse("1Gi"))
 	errs := ValidateVirtualMachineInstanceUpdate(old, vmi)
-	want := "spec.domain.memory.guest is immutable; only volumes and disks can be hot-plugged"
+	want := "spec.domain.memory.guest is immutable; only volumes, disks, interfaces and networks can be hot-plugged"
 	if len(errs) != 1 || errs[0].Type != field.ErrorTypeForbidden || errs[0].Detail != want {
 		t.Fatalf("want one Forbidden %q, got %v", want, errs)
 	}
@@ -214,12 +214,14 @@ func FuzzValidateVirtualMachineInstanceUpdate(f *testing.F) {
 		Old *VirtualMachineInstance `json:"old"`
 		New *VirtualMachineInstance `json:"new"`
 	}
-	old := runningVMI()
-	for _, p := range []pair{{old, hotplugUpdate(old)}, {hotplugUpdate(old), old}, {old, old}} {
+	old, nic := runningVMI(), nicVMI()
+	for _, p := range []pair{{old, hotplugUpdate(old)}, {hotplugUpdate(old), old}, {old, old},
+		{nic, nicUpdate(nic)}, {withHotNIC(), nic}, {nic, withHotNIC()}, {old, nicUpdate(old)}} {
 		data, _ := json.Marshal(p)
 		f.Add(data)
 	}
 	f.Add([]byte(`{"old":{"spec":{"volumes":[{"name":"x","emptyDisk":{"capacity":"1Gi"}}]}},"new":{"spec":{}}}`))
+	f.Add([]byte(`{"old":{"spec":{}},"new":{"spec":{"domain":{"devices":{"interfaces":[{"name":"n","model":"e1000"}]}},"networks":[{"name":"n","multus":{}}]}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var p pair
 		if json.Unmarshal(data, &p) != nil || p.Old == nil || p.New == nil {

@@ -117,6 +117,11 @@ type VirtualMachineInstanceNetworkInterface struct {
 	// InterfaceName is the interface's name inside the guest, when known.
 	// +optional
 	InterfaceName string `json:"interfaceName,omitempty"`
+	// Hotplugged is true for an interface the node agent attached while the guest ran (added to
+	// spec.domain.devices.interfaces after creation), as volumeStatus[].hotplugged is for disks.
+	// Only such interfaces can be removed from the spec; the guest booted with the others.
+	// +optional
+	Hotplugged bool `json:"hotplugged,omitempty"`
 }
 
 // VirtualMachineInstanceMigrationState is the state of a live migration as the instance sees it.

@@ -1,0 +1,136 @@
+package v1alpha1
+
+import (
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// NIC hotplug: a user adds an interface to spec.domain.devices.interfaces together with the network
+// of the same name in spec.networks, and removes both to unplug it. qvirt serves only the pod
+// network, and (as in KubeVirt) only one interface can use it, so a NIC can be hot-plugged only
+// into an instance that has no interface on the pod network; the node agent then sets up its host
+// side (tap, bridge, NAT) in the launcher pod's network namespace as at start.
+
+// hotplugNICModel is the one model a hot-plugged interface may have: the default, virtio.
+const hotplugNICModel = "virtio"
+
+// hotplugInterfaces are the interfaces old's status reports as attached while the guest ran.
+func hotplugInterfaces(old *VirtualMachineInstance) map[string]bool {
+	out := map[string]bool{}
+	for _, in := range old.Status.Interfaces {
+		if in.Hotplugged {
+			out[in.Name] = true
+		}
+	}
+	return out
+}
+
+// PodInterface is the name of spec's interface on the pod network, or "" when it has none.
+func PodInterface(spec *VirtualMachineInstanceSpec) string {
+	pod := map[string]bool{}
+	for _, n := range spec.Networks {
+		if n.Pod != nil {
+			pod[n.Name] = true
+		}
+	}
+	for _, in := range spec.Domain.Devices.Interfaces {
+		if pod[in.Name] {
+			return in.Name
+		}
+	}
+	return ""
+}
+
+// AddedInterfaces are the indexes in vmi.Spec.Domain.Devices.Interfaces of the interfaces old does
+// not have.
+func AddedInterfaces(old, vmi *VirtualMachineInstance) []int {
+	had := map[string]bool{}
+	for _, in := range old.Spec.Domain.Devices.Interfaces {
+		had[in.Name] = true
+	}
+	var out []int
+	for i, in := range vmi.Spec.Domain.Devices.Interfaces {
+		if !had[in.Name] {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func validateInterfaceUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
+	before := map[string]*Interface{}
+	for i := range old.Spec.Domain.Devices.Interfaces {
+		before[old.Spec.Domain.Devices.Interfaces[i].Name] = &old.Spec.Domain.Devices.Interfaces[i]
+	}
+	podIface := PodInterface(&old.Spec)
+	var errs field.ErrorList
+	for i := range vmi.Spec.Domain.Devices.Interfaces {
+		in := &vmi.Spec.Domain.Devices.Interfaces[i]
+		prev, ok := before[in.Name]
+		delete(before, in.Name)
+		if ok {
+			for _, fp := range specDiff(reflect.ValueOf(*prev), reflect.ValueOf(*in), p.Index(i), nil) {
+				errs = append(errs, field.Forbidden(fp, fmt.Sprintf("interface %q is attached: %s cannot change; remove the interface and add it again", in.Name, fp)))
+			}
+			continue
+		}
+		errs = append(errs, ValidateHotplugInterface(in, p.Index(i))...)
+		if podIface != "" {
+			errs = append(errs, field.Forbidden(p.Index(i), fmt.Sprintf(
+				"interface %q already uses the pod network and only one interface can; remove it before adding another", podIface)))
+		}
+	}
+	return append(errs, validateRemovals("interface", slices.Sorted(maps.Keys(before)), hotplugInterfaces(old), interfaceHotplugStatus, p)...)
+}
+
+func validateNetworkUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
+	before := map[string]*Network{}
+	for i := range old.Spec.Networks {
+		before[old.Spec.Networks[i].Name] = &old.Spec.Networks[i]
+	}
+	var errs field.ErrorList
+	for i := range vmi.Spec.Networks {
+		n := &vmi.Spec.Networks[i]
+		prev, ok := before[n.Name]
+		delete(before, n.Name)
+		if !ok {
+			errs = append(errs, ValidateHotplugNetwork(n, p.Index(i))...)
+			continue
+		}
+		for _, fp := range specDiff(reflect.ValueOf(*prev), reflect.ValueOf(*n), p.Index(i), nil) {
+			errs = append(errs, field.Forbidden(fp, fmt.Sprintf("network %q is in use: %s cannot change; remove the interface and network and add them again", n.Name, fp)))
+		}
+	}
+	// A network goes with its interface (the spec's pairing rule), so the interface's status decides.
+	return append(errs, validateRemovals("network", slices.Sorted(maps.Keys(before)), hotplugInterfaces(old), interfaceHotplugStatus, p)...)
+}
+
+// ValidateHotplugInterface checks an interface added to a running instance: a virtio NIC (the
+// model may be left empty) with the masquerade (the default) or bridge binding. p is the
+// interface's path. Its network (same name, required by the spec's pairing rule) is
+// ValidateHotplugNetwork's; whether the instance already has a pod interface is the caller's to
+// check, as is everything ValidateVirtualMachineInstanceSpec checks (MACs, ports).
+func ValidateHotplugInterface(in *Interface, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if in.Model != "" && in.Model != hotplugNICModel {
+		errs = append(errs, field.NotSupported(p.Child("model"), in.Model, []string{hotplugNICModel}))
+	}
+	if in.Masquerade != nil && in.Bridge != nil {
+		errs = append(errs, field.Forbidden(p.Child("bridge"), "an interface has one binding: masquerade or bridge, not both"))
+	}
+	return errs
+}
+
+// ValidateHotplugNetwork checks a network added to a running instance: only the pod network; a
+// multus network is refused at its multus field, since qvirt supports no secondary networks. p is
+// the network's path.
+func ValidateHotplugNetwork(n *Network, p *field.Path) field.ErrorList {
+	if n.Multus != nil {
+		return field.ErrorList{field.Forbidden(p.Child("multus"), "secondary networks are not supported: only the pod network can be hot-plugged")}
+	}
+	return nil
+}
