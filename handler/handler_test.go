@@ -54,12 +54,11 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	out, err := exec.Command("../test/guest/build.sh").Output()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build the test guest with test/guest/build.sh: %v\n", err)
+	var err error
+	if guestDir, err = testutil.GuestDir(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	guestDir = strings.TrimSpace(string(out))
 	// bin/ is the build output directory (ignored by git); the test's launcher is rebuilt each run.
 	launcherBin, err = filepath.Abs("../bin/test/qvirt-launcher")
 	if err != nil {

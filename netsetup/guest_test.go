@@ -13,7 +13,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/netsetup"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // nsResolver is the node agent's part for this test: HostResolver refuses interfaces (run mode has
@@ -45,64 +45,6 @@ func (r nsResolver) Resolve(req *launcher.SyncRequest, runDir string) (*launcher
 	return m, nil
 }
 
-// serial collects what the guest writes on its serial console.
-type serial struct {
-	conn net.Conn
-	mu   sync.Mutex
-	buf  strings.Builder
-}
-
-func attachSerial(t *testing.T, path string) *serial {
-	t.Helper()
-	conn, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatalf("attach serial console: %v", err)
-	}
-	s := &serial{conn: conn}
-	t.Cleanup(func() { _ = conn.Close() })
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			n, err := conn.Read(b)
-			s.mu.Lock()
-			s.buf.WriteString(strings.ReplaceAll(string(b[:n]), "\r", ""))
-			s.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return s
-}
-
-func (s *serial) text() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
-func (s *serial) send(t *testing.T, line string) {
-	t.Helper()
-	if _, err := io.WriteString(s.conn, line+"\n"); err != nil {
-		t.Fatalf("write to the console: %v", err)
-	}
-}
-
-// expect waits for want on the console after byte offset from and returns the end of the match.
-func (s *serial) expect(t *testing.T, from int, want string, d time.Duration) int {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		text := s.text()
-		if i := strings.Index(text[min(from, len(text)):], want); i >= 0 {
-			return from + i + len(want)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q on the console after %v; console tail:\n%s", want, d, text[max(0, len(text)-1500):])
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // TestMasqueradeGuest boots the test guest with a real launcher inside a pod-like network namespace
 // wired by SetupMasquerade, with the launcher's DHCP server: the guest gets 10.0.2.2 over DHCP,
@@ -113,7 +55,7 @@ func (s *serial) expect(t *testing.T, from int, want string, d time.Duration) in
 // with the launcher's DHCP server serving it there.
 type guestVM struct {
 	l        *launcher.Launcher
-	con      *serial
+	con      *testutil.Console
 	dhcpDone <-chan error
 	stopDHCP context.CancelFunc
 	stopped  bool
@@ -123,11 +65,10 @@ type guestVM struct {
 // waits for its DHCP lease of want.
 func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lease launcher.DHCPLease, dhcpIface string) *guestVM {
 	t.Helper()
-	out, err := exec.Command("../test/guest/build.sh").Output()
+	guestDir, err := testutil.GuestDir()
 	if err != nil {
-		t.Fatalf("build the test guest with test/guest/build.sh: %v", err)
+		t.Fatal(err)
 	}
-	guestDir := strings.TrimSpace(string(out))
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
 		t.Fatal("qemu-system-x86_64 not found: install qemu-system-x86 (make deps)")
@@ -187,9 +128,9 @@ func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lea
 			_, _ = l.Wait(context.Background())
 		}
 	})
-	g.con = attachSerial(t, filepath.Join(runDir, "serial.sock"))
+	g.con = testutil.AttachConsole(t, filepath.Join(runDir, "serial.sock"))
 	booted := time.Now()
-	g.con.expect(t, 0, "QVIRT-IP eth0 "+lease.IP.Addr().String()+"\n", 3*time.Minute)
+	g.con.Expect(t, 0, "QVIRT-IP eth0 "+lease.IP.Addr().String()+"\r\n", 3*time.Minute)
 	t.Logf("guest leased %s %.1fs after start", lease.IP.Addr(), time.Since(booted).Seconds())
 	return g
 }
@@ -239,9 +180,9 @@ func outsideServer(t *testing.T, p *podNS) (net.Addr, <-chan string) {
 func checkOutbound(t *testing.T, g *guestVM, p *podNS, from netip.Addr) {
 	t.Helper()
 	addr, remote := outsideServer(t, p)
-	at := len(g.con.text())
-	g.con.send(t, fmt.Sprintf("wget -q -O - http://%s/", addr))
-	g.con.expect(t, at, "HELLO-FROM-OUTSIDE", time.Minute)
+	at := len(g.con.Text())
+	g.con.Send(t, fmt.Sprintf("wget -q -O - http://%s/", addr))
+	g.con.Expect(t, at, "HELLO-FROM-OUTSIDE", time.Minute)
 	select {
 	case a := <-remote:
 		host, _, _ := net.SplitHostPort(a)

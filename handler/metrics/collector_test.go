@@ -6,13 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +31,7 @@ import (
 	"github.com/qvirt/qvirt/handler/metrics"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/test/envtest"
+	qvtest "github.com/qvirt/qvirt/test/testutil"
 )
 
 // These tests run the collector against a real API server (envtest) and a real launcher booting
@@ -45,14 +43,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	out, err := exec.Command("../../test/guest/build.sh").Output()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build the test guest with test/guest/build.sh: %v\n", err)
-		os.Exit(1)
-	}
-	guestDir = strings.TrimSpace(string(out))
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		fmt.Fprintln(os.Stderr, "qemu-system-x86_64 not found: install qemu-system-x86 (make deps)")
+	var err error
+	if guestDir, err = qvtest.GuestDir(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	envtest.Main(m, &cp)
@@ -68,7 +61,7 @@ func TestScrapeReportsRunningVMIs(t *testing.T) {
 	vm := createVMI(t, ns, "guest", node, v1alpha1.Running)
 	l := startLauncher(t, socketDir, vm)
 	con := l.console(t)
-	con.expect(t, "QVIRT-GUEST-READY", 3*time.Minute)
+	con.Expect(t, 0, "QVIRT-GUEST-READY", 3*time.Minute)
 	// Disk traffic on the scratch disk, and a NIC whose tap lives in this process's network
 	// namespace (the launcher's, since it runs here), brought up in the guest so it transmits.
 	tap := fmt.Sprintf("qvm%d", os.Getpid()%100000)
@@ -78,9 +71,9 @@ func TestScrapeReportsRunningVMIs(t *testing.T) {
 	if err := l.client.HotplugNIC(ctx, launcher.NICHotplug{Name: "extra", Tap: tap, MAC: "02:00:00:aa:bb:02"}); err != nil {
 		t.Fatalf("hotplug nic: %v", err)
 	}
-	con.send(t, `dd if=/dev/vda of=/dev/null bs=4096 count=256 2>/dev/null; dd if=/dev/zero of=/dev/vda bs=4096 count=16 2>/dev/null; sync; `+
+	con.Send(t, `dd if=/dev/vda of=/dev/null bs=4096 count=256 2>/dev/null; dd if=/dev/zero of=/dev/vda bs=4096 count=16 2>/dev/null; sync; `+
 		`for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; ip addr add 10.213.78.2/30 dev eth0; ping -c 2 -W 1 10.213.78.1 >/dev/null; echo "SETUP-DONE"`)
-	con.expect(t, "SETUP-DONE\r\n", time.Minute)
+	con.Expect(t, 0, "SETUP-DONE\r\n", time.Minute)
 
 	// Not scraped: no launcher for this one, so it counts as an error; one on another node; one
 	// that has ended.
@@ -139,7 +132,7 @@ func TestScrapeReportsRunningVMIs(t *testing.T) {
 	}
 
 	// Counters go on between scrapes; the missing launcher counts again.
-	con.send(t, "while :; do :; done & sleep 2; kill $!")
+	con.Send(t, "while :; do :; done & sleep 2; kill $!")
 	time.Sleep(2500 * time.Millisecond)
 	second := scrape(t, srv)
 	vcpu := with(vmi, "id", "0", "state", "running")
@@ -320,61 +313,8 @@ func startLauncher(t testing.TB, socketDir string, vmi *v1alpha1.VirtualMachineI
 	}
 }
 
-// console reads the guest's serial socket and keeps everything it read.
-type console struct {
-	conn net.Conn
-	mu   sync.Mutex
-	buf  bytes.Buffer
-}
-
-func (r *runningLauncher) console(t *testing.T) *console {
-	t.Helper()
-	conn, err := net.Dial("unix", r.dir.Serial())
-	if err != nil {
-		t.Fatalf("attach serial console: %v", err)
-	}
-	c := &console{conn: conn}
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			n, err := conn.Read(b)
-			c.mu.Lock()
-			c.buf.Write(b[:n])
-			c.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	t.Cleanup(func() { _ = conn.Close() })
-	return c
-}
-
-func (c *console) send(t *testing.T, line string) {
-	t.Helper()
-	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
-		t.Fatalf("write to console: %v", err)
-	}
-}
-
-func (c *console) expect(t *testing.T, want string, d time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		c.mu.Lock()
-		text := c.buf.String()
-		c.mu.Unlock()
-		if strings.Contains(text, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			if len(text) > 500 {
-				text = text[len(text)-500:]
-			}
-			t.Fatalf("no %q on the console within %s; tail:\n%s", want, d, text)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+func (r *runningLauncher) console(t *testing.T) *qvtest.Console {
+	return qvtest.AttachConsole(t, r.dir.Serial())
 }
 
 // logFor logs to the test; benchmarks log nothing.

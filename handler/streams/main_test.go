@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,14 +42,9 @@ const nodeName = "node-a"
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if !fuzzing() {
-		out, err := exec.Command("../../test/guest/build.sh").Output()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "build the test guest with test/guest/build.sh: %v\n", err)
-			os.Exit(1)
-		}
-		guestDir = strings.TrimSpace(string(out))
-		if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-			fmt.Fprintln(os.Stderr, "qemu-system-x86_64 not found: install qemu-system-x86 (make deps)")
+		var err error
+		if guestDir, err = testutil.GuestDir(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 	}
