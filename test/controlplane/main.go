@@ -66,8 +66,10 @@ func run(exitAfter bool) error {
 	}
 	fmt.Printf(`
 A real kube-apiserver at %s runs qvirt's API and controller: the VirtualMachine made an instance,
-and the instance a launcher pod. Nothing runs that pod yet: the node agent and the local cluster's
-virtual nodes are not built (issues 5 and 6). The launcher itself works on its own:
+and the instance a launcher pod. Nothing runs that pod yet: the node agent (qvirt-handler) exists,
+but no node can run pods on this machine until the local cluster's virtual nodes are built
+(issue 6); handler/handler_test.go shows a whole VM lifecycle with the test playing the kubelet.
+The launcher itself works on its own:
   test/guest/build.sh && make build && bin/qvirt-launcher run --emulation -f test/guest/vmi.yaml
 Try the API yourself:  kubectl --kubeconfig %s get vm
 `, cp.Config.Host, cp.Kubeconfig)
