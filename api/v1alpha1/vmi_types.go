@@ -43,6 +43,10 @@ type VirtualMachineInstance struct {
 	// (HotplugImmutableFields; a test keeps the two lists equal). Optional fields compare presence
 	// too: a transition rule placed on an optional field itself would be skipped when the field is
 	// absent on either side.
+	// Attached interfaces and their networks cannot change (the webhook adds the rest of the NIC
+	// hotplug rules, which need the status); the lists are maps keyed by name, of at most 32 items.
+	// +kubebuilder:validation:XValidation:rule="!has(oldSelf.domain.devices.interfaces) || !has(self.domain.devices.interfaces) || oldSelf.domain.devices.interfaces.all(o, self.domain.devices.interfaces.all(i, i.name != o.name || i == o))",message="an attached interface cannot change; remove it and add it again",fieldPath=".domain.devices.interfaces"
+	// +kubebuilder:validation:XValidation:rule="!has(oldSelf.networks) || !has(self.networks) || oldSelf.networks.all(o, self.networks.all(n, n.name != o.name || n == o))",message="the network of an attached interface cannot change; remove both and add them again",fieldPath=".networks"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.resources) == has(oldSelf.domain.resources) && (!has(self.domain.resources) || self.domain.resources == oldSelf.domain.resources)",message="spec.domain.resources is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.resources"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.cpu) == has(oldSelf.domain.cpu) && (!has(self.domain.cpu) || self.domain.cpu == oldSelf.domain.cpu)",message="spec.domain.cpu is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.cpu"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.memory) == has(oldSelf.domain.memory) && (!has(self.domain.memory) || self.domain.memory == oldSelf.domain.memory)",message="spec.domain.memory is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.memory"

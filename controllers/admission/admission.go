@@ -58,8 +58,8 @@ func (v *VMValidator) validate(vm *v1alpha1.VirtualMachine) (admission.Warnings,
 }
 
 // VMIValidator validates VirtualMachineInstances: the whole spec at creation; on update the disk
-// hotplug rules (v1alpha1.ValidateVirtualMachineInstanceUpdate; the CRD's CEL rules already froze
-// every other field) and the allowed host paths of added hostDisk volumes.
+// and NIC hotplug rules (v1alpha1.ValidateVirtualMachineInstanceUpdate; the CRD's CEL rules already
+// froze every other field) and the allowed host paths of added hostDisk volumes.
 type VMIValidator struct{ Config *config.Store }
 
 // ValidateCreate implements admission.Validator.
@@ -78,7 +78,7 @@ func (v *VMIValidator) ValidateUpdate(_ context.Context, old, vmi *v1alpha1.Virt
 	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, field.NewPath("spec"), v1alpha1.AddedVolumes(old, vmi))...)
 	var warn admission.Warnings
 	if was, _, _ := v1alpha1.LiveMigratable(&old.Spec); was {
-		warn = warnings(&vmi.Spec) // the added disk ends live migration
+		warn = warnings(&vmi.Spec) // an added host disk or bridge interface ends live migration
 	}
 	return warn, invalid("VirtualMachineInstance", vmi.Name, errs)
 }

@@ -287,8 +287,10 @@ func TestInvalidManifestsRejected(t *testing.T) {
 }
 
 // TestVMISpecImmutableButDisks checks the CRD's own rules (no webhook here): every spec field but
-// the disks and volumes is frozen once the instance exists, with a message naming the field;
-// adding and removing a disk with its volume is accepted (the webhook adds the per-disk rules).
+// the disks, volumes, interfaces and networks is frozen once the instance exists, with a message
+// naming the field; adding and removing a disk with its volume, or an interface with its network,
+// is accepted, and an attached interface or its network cannot change (the webhook adds the
+// per-disk and per-NIC rules).
 func TestVMISpecImmutableButDisks(t *testing.T) {
 	o := load(t, "vmi_testguest.yaml")
 	o.set(t, "metadata.name", "immutable")
@@ -305,17 +307,15 @@ func TestVMISpecImmutableButDisks(t *testing.T) {
 		{"cpu added", "merge", `{"spec":{"domain":{"cpu":{"cores":2}}}}`, "spec.domain.cpu"},
 		{"kernel args", "merge", `{"spec":{"domain":{"firmware":{"kernelBoot":{"kernelArgs":"quiet"}}}}}`, "spec.domain.firmware"},
 		{"graphics device removed", "merge", `{"spec":{"domain":{"devices":{"autoattachGraphicsDevice":null}}}}`, "spec.domain.devices.autoattachGraphicsDevice"},
-		{"interface MAC", "json", `[{"op":"replace","path":"/spec/domain/devices/interfaces/0/macAddress","value":"02:00:00:00:00:02"}]`, "spec.domain.devices.interfaces"},
 		{"node selector added", "merge", `{"spec":{"nodeSelector":{"disk":"ssd"}}}`, "spec.nodeSelector"},
 		{"hostname added", "merge", `{"spec":{"hostname":"other"}}`, "spec.hostname"},
 		{"grace period added", "merge", `{"spec":{"terminationGracePeriodSeconds":5}}`, "spec.terminationGracePeriodSeconds"},
 		{"tolerations added", "merge", `{"spec":{"tolerations":[{"operator":"Exists"}]}}`, "spec.tolerations"},
-		{"network changed", "json", `[{"op":"add","path":"/spec/networks/0/pod/vmNetworkCIDR","value":"10.1.0.0/24"}]`, "spec.networks"},
 	}
 	for _, tc := range refused {
 		t.Run("refused: "+tc.name, func(t *testing.T) {
 			_, stderr, err := kubectl(t, nil, "patch", "--dry-run=server", "-n", "default", "vmi", "immutable", "--type="+tc.patchType, "-p", tc.patch)
-			want := tc.field + " is immutable; only volumes and disks can be hot-plugged"
+			want := tc.field + " is immutable; only volumes, disks, interfaces and networks can be hot-plugged"
 			if err == nil || !strings.Contains(stderr, tc.field+": Invalid value") || !strings.Contains(stderr, want) {
 				t.Fatalf("want a refusal naming %s with %q, got %v: %s", tc.field, want, err, stderr)
 			}
@@ -341,6 +341,45 @@ func TestVMISpecImmutableButDisks(t *testing.T) {
 		remove := `[{"op":"remove","path":"/spec/domain/devices/disks"},{"op":"remove","path":"/spec/volumes"}]`
 		if _, stderr, err := kubectl(t, nil, "patch", "-n", "default", "vmi", "immutable", "--type=json", "-p", remove); err != nil {
 			t.Fatalf("removing the disk refused: %v: %s", err, stderr)
+		}
+	})
+
+	t.Run("an attached interface and its network cannot change", func(t *testing.T) {
+		for _, tc := range []struct{ patch, field, msg string }{
+			{`[{"op":"replace","path":"/spec/domain/devices/interfaces/0/macAddress","value":"02:00:00:00:00:02"}]`,
+				"spec.domain.devices.interfaces", "an attached interface cannot change"},
+			{`[{"op":"add","path":"/spec/domain/devices/interfaces/0/ports","value":[{"port":22}]}]`,
+				"spec.domain.devices.interfaces", "an attached interface cannot change"},
+			{`[{"op":"add","path":"/spec/networks/0/pod/vmNetworkCIDR","value":"10.1.0.0/24"}]`,
+				"spec.networks", "the network of an attached interface cannot change"},
+		} {
+			_, stderr, err := kubectl(t, nil, "patch", "--dry-run=server", "-n", "default", "vmi", "immutable", "--type=json", "-p", tc.patch)
+			if err == nil || !strings.Contains(stderr, tc.field+": Invalid value") || !strings.Contains(stderr, tc.msg) {
+				t.Errorf("%s: want a refusal naming %s with %q, got %v: %s", tc.patch, tc.field, tc.msg, err, stderr)
+			}
+		}
+	})
+
+	t.Run("an interface and its network can be added and removed", func(t *testing.T) {
+		add := `[{"op":"add","path":"/spec/domain/devices/interfaces/-","value":{"name":"hot","masquerade":{},"macAddress":"02:00:00:00:00:03"}},` +
+			`{"op":"add","path":"/spec/networks/-","value":{"name":"hot","pod":{}}}]`
+		if _, stderr, err := kubectl(t, nil, "patch", "-n", "default", "vmi", "immutable", "--type=json", "-p", add); err != nil {
+			t.Fatalf("adding an interface refused: %v: %s", err, stderr)
+		}
+		out, stderr, err := kubectl(t, nil, "get", "-n", "default", "vmi", "immutable", "-o",
+			"jsonpath={.spec.domain.devices.interfaces[1].macAddress}/{.spec.networks[1].name}")
+		if err != nil || out != "02:00:00:00:00:03/hot" {
+			t.Fatalf("after adding: %q %v %s", out, err, stderr)
+		}
+		// An interface alone (without its network) is still refused by the pairing rule.
+		_, stderr, err = kubectl(t, nil, "patch", "--dry-run=server", "-n", "default", "vmi", "immutable", "--type=json",
+			"-p", `[{"op":"add","path":"/spec/domain/devices/interfaces/-","value":{"name":"orphan"}}]`)
+		if err == nil || !strings.Contains(stderr, "must name a network") {
+			t.Fatalf("an interface without a network: want a refusal, got %v: %s", err, stderr)
+		}
+		remove := `[{"op":"remove","path":"/spec/domain/devices/interfaces/1"},{"op":"remove","path":"/spec/networks/1"}]`
+		if _, stderr, err := kubectl(t, nil, "patch", "-n", "default", "vmi", "immutable", "--type=json", "-p", remove); err != nil {
+			t.Fatalf("removing the interface refused: %v: %s", err, stderr)
 		}
 	})
 
