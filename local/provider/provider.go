@@ -32,6 +32,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -47,6 +48,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 )
 
 // Options configure one virtual node.
@@ -230,6 +232,16 @@ func serve(ctx context.Context, opts Options, p *pods, net *network, log logr.Lo
 
 	go func() { _ = nc.Run(ctx) }()
 	go func() { _ = pc.Run(ctx, syncWorkers) }()
+	go func() {
+		select {
+		case <-nc.Ready():
+		case <-ctx.Done():
+			return
+		}
+		if err := untaintNotReady(ctx, client.CoreV1().Nodes(), opts.NodeName); err != nil {
+			log.Error(err, "remove the not-ready taint")
+		}
+	}()
 	log.Info("virtual node serving", "podCIDR", opts.PodCIDR, "bridge", opts.Bridge)
 	select {
 	case <-ctx.Done():
@@ -245,4 +257,26 @@ func serve(ctx context.Context, opts Options, p *pods, net *network, log logr.Lo
 	<-pc.Done()
 	<-nc.Done()
 	return nil
+}
+
+// untaintNotReady removes the node.kubernetes.io/not-ready taint that kube-apiserver's admission
+// puts on every new node. kube-controller-manager's node lifecycle controller would remove it once
+// the node is Ready, but the provider also serves control planes without one (tests); with one,
+// that controller re-adds the taint if the node ever stops reporting Ready.
+func untaintNotReady(ctx context.Context, nodes typedcorev1.NodeInterface, name string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := nodes.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		taints := slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(t corev1.Taint) bool {
+			return t.Key == corev1.TaintNodeNotReady
+		})
+		if len(taints) == len(n.Spec.Taints) {
+			return nil
+		}
+		n.Spec.Taints = taints
+		_, err = nodes.Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,8 +22,10 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/test/envtest"
@@ -238,13 +241,17 @@ func TestVirtualNodes(t *testing.T) {
 		sleeper := tc.create(&corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "sleeper"},
 			Spec: corev1.PodSpec{NodeName: n1.name, Containers: []corev1.Container{{
-				Name: "sleep", Image: busyboxImage, Command: []string{"sleep", "3600"}}}},
+				Name: "sleep", Image: busyboxImage, Command: []string{"sleep", "3600"},
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](65534)}}}},
 		})
 		created := time.Now()
 		sleeper = tc.waitPhase(sleeper.Name, corev1.PodRunning)
 		t.Logf("sleeper pod: create → Running in %s", time.Since(created).Round(time.Millisecond))
 		pid := pidOf(t, sleeper)
 		pids = append(pids, pid)
+		if uid := processUID(t, pid); uid != "65534" {
+			t.Errorf("process runs as uid %s, want runAsUser 65534", uid)
+		}
 		deleted := time.Now()
 		if err := client.CoreV1().Pods(tc.ns).Delete(ctx, sleeper.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
@@ -287,6 +294,27 @@ func TestVirtualNodes(t *testing.T) {
 		if last := cs.LastTerminationState.Terminated; last == nil || last.ExitCode != 7 {
 			t.Errorf("lastState = %+v, want terminated with exit code 7", cs.LastTerminationState)
 		}
+	})
+
+	t.Run("kube-scheduler places a pod requesting qvirt's device resources on a virtual node", func(t *testing.T) {
+		tc.t = t
+		sched := startScheduler(t)
+		defer sched()
+		one := resource.MustParse("1")
+		pod := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "scheduled"},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Name: "sleep", Image: busyboxImage, Command: []string{"sleep", "3600"},
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{provider.ResourceKVM: one, provider.ResourceTun: one},
+					Limits:   corev1.ResourceList{provider.ResourceKVM: one, provider.ResourceTun: one},
+				},
+			}}},
+		})
+		created := time.Now()
+		pod = tc.waitPhase(pod.Name, corev1.PodRunning)
+		t.Logf("scheduled pod: create → Running on %s in %s", pod.Spec.NodeName, time.Since(created).Round(time.Millisecond))
+		pids = append(pids, pidOf(t, pod))
 	})
 
 	t.Run("stopping the providers leaves no process, namespace, veth, bridge or IPAM state", func(t *testing.T) {
@@ -439,6 +467,45 @@ func processAlive(pid int) bool {
 	}
 	i := bytes.LastIndexByte(b, ')')
 	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
+// processUID is the real uid of a process.
+func processUID(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+			return f[1]
+		}
+	}
+	t.Fatalf("no Uid line in /proc/%d/status", pid)
+	return ""
+}
+
+// startScheduler runs the control plane's kube-scheduler until the returned func is called.
+func startScheduler(t *testing.T) func() {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(cp.Env.BinaryAssetsDirectory, "kube-scheduler"),
+		"--kubeconfig", cp.Kubeconfig, "--leader-elect=false", "--secure-port=0")
+	logf, err := os.Create(filepath.Join(t.TempDir(), "kube-scheduler.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("kube-scheduler log:\n%s", tail(b, 5000))
+		}
+	}
 }
 
 func cacheHome(t *testing.T) string {
