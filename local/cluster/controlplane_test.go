@@ -3,9 +3,20 @@ package cluster
 import (
 	"context"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -77,6 +88,10 @@ func TestControlPlane(t *testing.T) {
 		t.Fatalf("the admin kubeconfig at %s does not work: %v", cp.Server, err)
 	}
 
+	t.Run("qvirt installs and its controller serves the webhook", func(t *testing.T) {
+		installAndRunController(ctx, t, cp, sup, pods.Gateway.AsSlice())
+	})
+
 	if err := sup.Kill("kube-scheduler"); err != nil {
 		t.Fatal(err)
 	}
@@ -105,5 +120,73 @@ func TestControlPlane(t *testing.T) {
 		if st.PID != 0 && supervise.Alive(st.PID, st.Path) {
 			t.Errorf("%s (pid %d) still runs after Stop", st.Name, st.PID)
 		}
+	}
+}
+
+// installAndRunController installs qvirt's API and configuration, runs the real qvirt-controller
+// binary under the supervisor and checks that a VM only the webhook refuses is refused, and that a
+// valid VM gets its instance.
+func installAndRunController(ctx context.Context, t *testing.T, cp *ControlPlane, sup *supervise.Supervisor, addr net.IP) {
+	bin := filepath.Join(t.TempDir(), "qvirt-controller")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/qvirt-controller").CombinedOutput(); err != nil {
+		t.Fatalf("build qvirt-controller: %v\n%s", err, out)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme, err := controllers.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	webhookPort := freePort(t)
+	err = cp.Install(ctx, c, InstallOptions{Repo: "../..", Namespace: "qvirt-system",
+		Config:         map[string]string{"useEmulation": "true", "launcherImage": "qvirt-launcher:local"},
+		WebhookAddress: addr, WebhookPort: webhookPort})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sup.Start(ctx, cp.Controller(ControllerOptions{Binary: bin, Namespace: "qvirt-system",
+		WebhookPort: webhookPort, ProbePort: freePort(t)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	vm := &v1alpha1.VirtualMachine{}
+	data, err := os.ReadFile("../../config/samples/vm_testguest.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, vm); err != nil {
+		t.Fatal(err)
+	}
+	vm.Namespace = "default"
+	bad := vm.DeepCopy()
+	bad.Name = "bad"
+	bad.Spec.Template.Spec.Volumes = append(bad.Spec.Template.Spec.Volumes, v1alpha1.Volume{Name: "scratch0",
+		VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("0")}}})
+	bad.Spec.Template.Spec.Domain.Devices.Disks = append(bad.Spec.Template.Spec.Domain.Devices.Disks,
+		v1alpha1.Disk{Name: "scratch0", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
+	err = c.Create(ctx, bad)
+	if err == nil || !strings.Contains(err.Error(), "vvm.qvirt.io") || !strings.Contains(err.Error(), "capacity") {
+		t.Fatalf("a VM with a zero-capacity emptyDisk: %v, want the webhook's refusal naming capacity", err)
+	}
+	if err := c.Create(ctx, vm); err != nil {
+		t.Fatalf("create VM %s: %v", vm.Name, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var vmi v1alpha1.VirtualMachineInstance
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: vm.Name}, &vmi); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("qvirt-controller made no instance for VM %s; its log: %s", vm.Name, sup.LogPath("qvirt-controller"))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -1,0 +1,134 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/local/pki"
+)
+
+// fieldOwner names local mode's server-side applies.
+const fieldOwner = "qvirtctl-local"
+
+// InstallOptions say what to install.
+type InstallOptions struct {
+	// Repo is the source tree holding config/.
+	Repo string
+	// Namespace is the install namespace (qvirt-system).
+	Namespace string
+	// Config is qvirt-config's data (useEmulation, launcherImage, ...).
+	Config map[string]string
+	// WebhookAddress and WebhookPort are where qvirt-controller serves its webhook on the host.
+	WebhookAddress net.IP
+	WebhookPort    int
+}
+
+// Install applies qvirt's CRDs, the install namespace, the configuration and the validating
+// webhook (pointed at the controller's host address, with a certificate from the cluster CA
+// written to Dir/webhook-certs for --webhook-cert-dir), with server-side apply.
+func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts InstallOptions) error {
+	crds, err := filepath.Glob(filepath.Join(opts.Repo, "config", "crd", "bases", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		return fmt.Errorf("no CRDs under %s/config/crd/bases (%v)", opts.Repo, err)
+	}
+	var objs []*unstructured.Unstructured
+	for _, f := range crds {
+		o, err := readObjects(f)
+		if err != nil {
+			return err
+		}
+		objs = append(objs, o...)
+	}
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace",
+		"metadata": map[string]any{"name": opts.Namespace}}}
+	cfg := map[string]any{}
+	for k, v := range opts.Config {
+		cfg[k] = v
+	}
+	cm := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": "qvirt-config", "namespace": opts.Namespace}, "data": cfg}}
+	objs = append(objs, ns, cm)
+	hooks, err := cp.webhooks(opts)
+	if err != nil {
+		return err
+	}
+	objs = append(objs, hooks...)
+	for _, o := range objs {
+		if err := c.Patch(ctx, o, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("apply %s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// WebhookCertDir holds the webhook server's tls.crt and tls.key.
+func (cp *ControlPlane) WebhookCertDir() string { return filepath.Join(cp.opts.Dir, "webhook-certs") }
+
+// webhooks are config/webhook's configurations with the service reference replaced by the
+// controller's URL on the host (no Service routes here) and the cluster CA as the caBundle.
+func (cp *ControlPlane) webhooks(opts InstallOptions) ([]*unstructured.Unstructured, error) {
+	ca, err := pki.LoadOrCreateCA(filepath.Join(cp.opts.Dir, "pki"), "ca")
+	if err != nil {
+		return nil, err
+	}
+	dir := cp.WebhookCertDir()
+	if err := ca.Issue(dir, "tls", pki.Leaf{CommonName: "qvirt-webhook", IPs: []net.IP{opts.WebhookAddress}, Server: true}); err != nil {
+		return nil, err
+	}
+	caPEM, err := os.ReadFile(cp.pki("ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	objs, err := readObjects(filepath.Join(opts.Repo, "config", "webhook", "manifests.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	base := "https://" + net.JoinHostPort(opts.WebhookAddress.String(), strconv.Itoa(opts.WebhookPort))
+	for _, o := range objs {
+		hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+		for i := range hooks {
+			h := hooks[i].(map[string]any)
+			path, _, _ := unstructured.NestedString(h, "clientConfig", "service", "path")
+			h["clientConfig"] = map[string]any{"url": base + path, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
+		}
+		if err := unstructured.SetNestedSlice(o.Object, hooks, "webhooks"); err != nil {
+			return nil, err
+		}
+		o.SetName("qvirt-" + o.GetName())
+	}
+	return objs, nil
+}
+
+// readObjects decodes every object of a multi-document YAML file.
+func readObjects(file string) ([]*unstructured.Unstructured, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		var o map[string]any
+		if err := dec.Decode(&o); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		if len(o) > 0 {
+			out = append(out, &unstructured.Unstructured{Object: o})
+		}
+	}
+}
