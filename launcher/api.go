@@ -162,12 +162,25 @@ type DiskHotplug struct {
 	Ephemeral bool `json:"ephemeral,omitempty"`
 }
 
-// NICHotplug attaches a tap (created by the node agent) to the running guest.
+// NICHotplug attaches a tap (created by the node agent) to the running guest. The node agent sets
+// up the host side (tap, bridge, NAT) in the pod's network namespace first, exactly as for a
+// start-time interface (InterfaceSetup). A 400 reply names the field at fault, relative to this
+// request: "name" (also when the name is taken), "tap", "mac", "model", "dhcp", "dhcp.interface"
+// (the DHCP port cannot be bound there); a 409 means no QEMU runs or every hotplug port is in use;
+// a 500 is QEMU refusing the device.
 type NICHotplug struct {
-	Name  string `json:"name"`
-	Tap   string `json:"tap"`
-	MAC   string `json:"mac"`
+	// Name is the interface's name in spec.domain.devices.interfaces.
+	Name string `json:"name"`
+	// Tap is the tap device QEMU opens by name.
+	Tap string `json:"tap"`
+	// MAC is the guest NIC's address.
+	MAC string `json:"mac"`
+	// Model is virtio (the default) or e1000e.
 	Model string `json:"model,omitempty"`
+	// DHCP, when set, makes the launcher serve the NIC's lease, as for a start-time interface:
+	// the server is listening on DHCP.Interface before the NIC appears in the guest and stops when
+	// the NIC is unplugged (the DELETE returns once its socket is closed) or QEMU exits.
+	DHCP *DHCPConfig `json:"dhcp,omitempty"`
 }
 
 // MigrationTarget tells an incoming QEMU where to listen.

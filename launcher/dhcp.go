@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
@@ -79,27 +80,58 @@ func (l *DHCPLease) validate() error {
 // namespace first). Binding port 67 needs CAP_NET_BIND_SERVICE (or a lowered
 // net.ipv4.ip_unprivileged_port_start in the pod) and the socket is bound to iface.
 func ServeDHCP(ctx context.Context, iface string, lease DHCPLease) error {
-	if err := lease.validate(); err != nil {
+	srv, err := startDHCP(iface, lease)
+	if err != nil {
 		return err
+	}
+	select {
+	case <-ctx.Done():
+		srv.stop()
+		return nil
+	case <-srv.served:
+		if ctx.Err() != nil {
+			return nil
+		}
+		return srv.err
+	}
+}
+
+// dhcpServer is a DHCP server serving in the background, started by startDHCP.
+type dhcpServer struct {
+	srv      *server4.Server
+	served   chan struct{} // closed once Serve returned and the socket is closed
+	err      error         // why Serve returned; set before served is closed
+	stopping atomic.Bool   // stop was called: Serve's return is expected
+}
+
+// startDHCP validates lease, binds the DHCP port on iface (in the calling thread's network
+// namespace, see ServeDHCP) and serves lease in the background until stop. Bind errors are
+// returned here, so a caller learns at once that the guest would get no address.
+func startDHCP(iface string, lease DHCPLease) (*dhcpServer, error) {
+	if err := lease.validate(); err != nil {
+		return nil, err
 	}
 	h := &dhcpHandler{lease: lease}
 	srv, err := server4.NewServer(iface, &net.UDPAddr{IP: net.IPv4zero, Port: dhcpv4.ServerPort}, h.handle)
 	if err != nil {
-		return fmt.Errorf("dhcp server on %s: %w", iface, err)
+		return nil, fmt.Errorf("dhcp server on %s: %w", iface, err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve() }()
-	select {
-	case <-ctx.Done():
+	s := &dhcpServer{srv: srv, served: make(chan struct{})}
+	go func() {
+		err := srv.Serve()
 		_ = srv.Close()
-		<-served
-		return nil
-	case err := <-served:
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("dhcp server on %s: %w", iface, err)
-	}
+		s.err = fmt.Errorf("dhcp server on %s: %w", iface, err)
+		close(s.served)
+	}()
+	return s, nil
+}
+
+// stop closes the server's socket and returns once it stopped serving. Safe to call more than once
+// and concurrently.
+func (s *dhcpServer) stop() {
+	s.stopping.Store(true)
+	_ = s.srv.Close()
+	<-s.served
 }
 
 type dhcpHandler struct{ lease DHCPLease }

@@ -143,11 +143,16 @@ func (l *Launcher) unplug(ctx context.Context, kind, name, id string, backend fu
 type hotNIC struct {
 	NICHotplug
 	port string
+	// dhcp serves req.DHCP's lease while the NIC is attached; nil without DHCP.
+	dhcp *dhcpServer
 }
 
-// HotplugNIC attaches a tap the node agent created as a NIC.
+// HotplugNIC attaches a tap the node agent created as a NIC and, when req.DHCP is set, serves the
+// NIC's lease until UnplugNIC or QEMU's exit. The DHCP server is listening before the device is
+// added, so the guest's first DISCOVER is answered.
 func (l *Launcher) HotplugNIC(ctx context.Context, req *NICHotplug) error {
-	if err := validateNICHotplug(req); err != nil {
+	lease, err := validateNICHotplug(req)
+	if err != nil {
 		return err
 	}
 	p, err := l.process()
@@ -163,6 +168,46 @@ func (l *Launcher) HotplugNIC(ctx context.Context, req *NICHotplug) error {
 	if err != nil {
 		return err
 	}
+	srv, err := l.startNICDHCP(p, req, lease)
+	if err != nil {
+		return err
+	}
+	if err := l.addNICDevice(ctx, p, req, port); err != nil {
+		if srv != nil {
+			srv.stop()
+		}
+		return err
+	}
+	l.nics[req.Name] = hotNIC{NICHotplug: *req, port: port, dhcp: srv}
+	l.notifyLocked()
+	return nil
+}
+
+// startNICDHCP starts the DHCP server of a hot-plugged NIC (nil when req wants none) and stops it
+// when QEMU exits; a server that fails later is logged, as at start (serveDHCP).
+func (l *Launcher) startNICDHCP(p *Process, req *NICHotplug, lease *DHCPLease) (*dhcpServer, error) {
+	if lease == nil {
+		return nil, nil
+	}
+	srv, err := startDHCP(req.DHCP.Interface, *lease)
+	if err != nil {
+		return nil, field.Invalid(field.NewPath("dhcp", "interface"), req.DHCP.Interface, err.Error())
+	}
+	go func() {
+		select {
+		case <-p.Done():
+			srv.stop()
+		case <-srv.served:
+			if !srv.stopping.Load() {
+				l.opts.Log.Error(srv.err, "DHCP server stopped", "interface", req.Name)
+			}
+		}
+	}()
+	return srv, nil
+}
+
+// addNICDevice adds the tap backend and the NIC on port.
+func (l *Launcher) addNICDevice(ctx context.Context, p *Process, req *NICHotplug, port string) error {
 	mon := p.Monitor()
 	if err := mon.NetdevAddTap(ctx, qmp.NetdevTap{ID: NetdevID(req.Name), Ifname: req.Tap}); err != nil {
 		return fmt.Errorf("attach nic %q: %w", req.Name, err)
@@ -177,32 +222,50 @@ func (l *Launcher) HotplugNIC(ctx context.Context, req *NICHotplug) error {
 		_ = mon.NetdevDel(ctx, NetdevID(req.Name))
 		return fmt.Errorf("attach nic %q: %w", req.Name, err)
 	}
-	l.nics[req.Name] = hotNIC{NICHotplug: *req, port: port}
-	l.notifyLocked()
 	return nil
 }
 
-func validateNICHotplug(req *NICHotplug) error {
+// validateNICHotplug checks req and returns its DHCP lease, nil when it asks for none.
+func validateNICHotplug(req *NICHotplug) (*DHCPLease, error) {
 	if msgs := validation.IsDNS1123Label(req.Name); len(msgs) > 0 {
-		return field.Invalid(field.NewPath("name"), req.Name, msgs[0])
+		return nil, field.Invalid(field.NewPath("name"), req.Name, msgs[0])
 	}
 	if req.Tap == "" || len(req.Tap) > 15 {
-		return field.Invalid(field.NewPath("tap"), req.Tap, "must be a tap device name of 1 to 15 characters")
+		return nil, field.Invalid(field.NewPath("tap"), req.Tap, "must be a tap device name of 1 to 15 characters")
 	}
 	if _, err := parseMAC(req.MAC); err != nil {
-		return field.Invalid(field.NewPath("mac"), req.MAC, err.Error())
+		return nil, field.Invalid(field.NewPath("mac"), req.MAC, err.Error())
 	}
 	if _, ok := nicDrivers[orDefault(req.Model, "virtio")]; !ok {
-		return field.NotSupported(field.NewPath("model"), req.Model, []string{"virtio", "e1000e"})
+		return nil, field.NotSupported(field.NewPath("model"), req.Model, []string{"virtio", "e1000e"})
 	}
-	return nil
+	if req.DHCP == nil {
+		return nil, nil
+	}
+	if req.DHCP.Interface == "" || len(req.DHCP.Interface) > 15 {
+		return nil, field.Invalid(field.NewPath("dhcp", "interface"), req.DHCP.Interface, "must be a network interface name of 1 to 15 characters")
+	}
+	lease, err := req.DHCP.lease(req.MAC)
+	if err == nil {
+		err = lease.validate()
+	}
+	if err != nil {
+		return nil, field.Invalid(field.NewPath("dhcp"), req.DHCP, err.Error())
+	}
+	return &lease, nil
 }
 
-// UnplugNIC detaches a hotplugged NIC once the guest has let it go.
+// UnplugNIC detaches a hotplugged NIC once the guest has let it go, then stops its DHCP server:
+// when it returns, the server's socket is closed.
 func (l *Launcher) UnplugNIC(ctx context.Context, name string) error {
 	return l.unplug(ctx, "nic", name, NICDeviceID(name), func(mon *qmp.Monitor) error {
 		return mon.NetdevDel(ctx, NetdevID(name))
-	}, func() bool { _, ok := l.nics[name]; return ok }, func() { delete(l.nics, name) })
+	}, func() bool { _, ok := l.nics[name]; return ok }, func() {
+		if srv := l.nics[name].dhcp; srv != nil {
+			srv.stop()
+		}
+		delete(l.nics, name)
+	})
 }
 
 // nicDrivers are the NIC models that can be hotplugged: PCIe devices that sit on a root port.

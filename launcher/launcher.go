@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -196,6 +198,12 @@ func (l *Launcher) devices(p *Process) ([]DiskStatus, []NICStatus) {
 	for _, in := range m.Spec.Domain.Devices.Interfaces {
 		nics = append(nics, NICStatus{Name: in.Name, MAC: m.MAC(in.Name)})
 	}
+	l.mu.Lock()
+	for name, n := range l.nics {
+		nics = append(nics, NICStatus{Name: name, MAC: n.MAC, Hotplugged: true})
+	}
+	l.mu.Unlock()
+	slices.SortFunc(nics[len(m.Spec.Domain.Devices.Interfaces):], func(a, b NICStatus) int { return strings.Compare(a.Name, b.Name) })
 	return disks, nics
 }
 
