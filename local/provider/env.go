@@ -2,7 +2,9 @@ package provider
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,10 +21,12 @@ type envSources struct {
 	secrets    corev1listers.SecretLister
 	// nodeAllocatable answers resourceFieldRef limits that the container leaves unset.
 	nodeAllocatable corev1.ResourceList
+	// extra is Options.Env.
+	extra map[string]string
 }
 
-// resolveEnv is the container's environment as a kubelet would give it: PATH and HOSTNAME, then
-// envFrom, then env in order with $(VAR) expanded against what precedes it. pod.Status carries the
+// resolveEnv is the container's environment as a kubelet would give it: PATH and HOSTNAME, the
+// node's extra variables (sorted), then envFrom, then env in order with $(VAR) expanded against what precedes it. pod.Status carries the
 // pod IP and host IP for the downward API.
 func resolveEnv(pod *corev1.Pod, c *corev1.Container, src envSources) ([]string, error) {
 	vals := map[string]string{"PATH": defaultPath, "HOSTNAME": podHostname(pod)}
@@ -32,6 +36,9 @@ func resolveEnv(pod *corev1.Pod, c *corev1.Container, src envSources) ([]string,
 			order = append(order, k)
 		}
 		vals[k] = v
+	}
+	for _, k := range slices.Sorted(maps.Keys(src.extra)) {
+		set(k, src.extra[k])
 	}
 	for i, ef := range c.EnvFrom {
 		data, err := envFromData(pod.Namespace, ef, src)

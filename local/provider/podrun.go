@@ -73,7 +73,7 @@ func newPodRun(p *pods, pod *corev1.Pod) *podRun {
 		p:      p,
 		key:    podKey(pod.Namespace, pod.Name),
 		dir:    filepath.Join(p.opts.StateDir, podsDir, uid),
-		log:    filepath.Join(p.opts.StateDir, logsDir, pod.Namespace+"_"+pod.Name+"_"+uid),
+		log:    filepath.Dir(LogPath(p.opts.StateDir, pod.Namespace, pod.Name, pod.UID, "")),
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
 		pod:    pod,
@@ -385,7 +385,8 @@ func (r *podRun) command(i int, vols map[string]volume) (*exec.Cmd, string, erro
 	pod := r.pod.DeepCopy()
 	r.mu.Unlock()
 	c := &pod.Spec.Containers[i]
-	env, err := resolveEnv(pod, c, envSources{configMaps: r.p.configMaps, secrets: r.p.secrets, nodeAllocatable: defaultCapacity()})
+	env, err := resolveEnv(pod, c, envSources{configMaps: r.p.configMaps, secrets: r.p.secrets,
+		nodeAllocatable: defaultCapacity(), extra: r.p.opts.Env})
 	if err != nil {
 		return nil, "", err
 	}

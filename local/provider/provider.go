@@ -42,6 +42,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -79,6 +80,11 @@ type Options struct {
 	Capacity corev1.ResourceList
 	// Labels are added to the node's labels.
 	Labels map[string]string
+	// Env is added to every container's environment before the container's own envFrom and env,
+	// as the kubelet adds service variables: for example KUBERNETES_SERVICE_HOST and
+	// KUBERNETES_SERVICE_PORT pointing at the apiserver's bridge address, since no kube-proxy makes
+	// the kubernetes Service's ClusterIP reachable.
+	Env map[string]string
 	// RestartBackoff is the first delay before a container is restarted; it doubles up to
 	// MaxRestartBackoff and resets after a container ran for 10 minutes. Default 1 s.
 	RestartBackoff time.Duration
@@ -279,4 +285,10 @@ func untaintNotReady(ctx context.Context, nodes typedcorev1.NodeInterface, name 
 		_, err = nodes.Update(ctx, n, metav1.UpdateOptions{})
 		return err
 	})
+}
+
+// LogPath is where a container's stdout and stderr go (appended across restarts): what `kubectl
+// logs` would show, which this provider does not serve.
+func LogPath(stateDir, namespace, pod string, uid types.UID, container string) string {
+	return filepath.Join(stateDir, logsDir, namespace+"_"+pod+"_"+string(uid), container+".log")
 }

@@ -268,9 +268,13 @@ func TestVirtualNodes(t *testing.T) {
 		pod := tc.create(&corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "exit3"},
 			Spec: corev1.PodSpec{NodeName: n2.name, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
-				Name: "main", Image: busyboxImage, Command: []string{"sh", "-c", "echo bye > /dev/termination-log; exit 3"}}}},
+				Name: "main", Image: busyboxImage, Command: []string{"sh", "-c", "echo to-stdout; echo to-stderr >&2; echo bye > /dev/termination-log; exit 3"}}}},
 		})
 		pod = tc.waitPhase(pod.Name, corev1.PodFailed)
+		logs, err := os.ReadFile(provider.LogPath(n2.stateDir, pod.Namespace, pod.Name, pod.UID, "main"))
+		if err != nil || string(logs) != "to-stdout\nto-stderr\n" {
+			t.Errorf("container log = %q (%v), want stdout and stderr", logs, err)
+		}
 		term := pod.Status.ContainerStatuses[0].State.Terminated
 		if term == nil || term.ExitCode != 3 || term.Message != "bye\n" || term.Reason != "Error" {
 			t.Errorf("container state = %+v, want terminated with exit code 3, reason Error, message \"bye\\n\"", pod.Status.ContainerStatuses[0].State)

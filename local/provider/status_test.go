@@ -146,11 +146,11 @@ func TestResolveEnvDownwardAPI(t *testing.T) {
 		{Name: "APP", ValueFrom: field("metadata.labels['app']")},
 		{Name: "URL", Value: "http://$(IP):80"},
 	}}
-	env, err := resolveEnv(pod, c, envSources{})
+	env, err := resolveEnv(pod, c, envSources{extra: map[string]string{"KUBERNETES_SERVICE_HOST": "10.1.1.1", "NODE": "overridden"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"PATH=" + defaultPath, "HOSTNAME=host", "IP=10.1.1.5", "HOST_IP=10.1.1.1", "NODE=n1", "NAME=p", "NS=ns", "APP=web", "URL=http://10.1.1.5:80"}
+	want := []string{"PATH=" + defaultPath, "HOSTNAME=host", "KUBERNETES_SERVICE_HOST=10.1.1.1", "NODE=n1", "IP=10.1.1.5", "HOST_IP=10.1.1.1", "NAME=p", "NS=ns", "APP=web", "URL=http://10.1.1.5:80"}
 	if !slices.Equal(env, want) {
 		t.Errorf("env = %q\nwant  %q", env, want)
 	}
