@@ -13,7 +13,7 @@ import (
 
 // A VirtualMachineInstance's spec is fixed at creation except for its disks and NICs: as in
 // KubeVirt, a user (qvirtctl addvolume/removevolume) edits spec.volumes and spec.domain.devices.disks,
-// or spec.domain.devices.interfaces and spec.networks (addinterface/removeinterface), and the node
+// or spec.domain.devices.interfaces and spec.networks (as virtctl addinterface does), and the node
 // agent hot(un)plugs the difference. The CRD's CEL rules freeze every other field (one rule per
 // field in HotplugImmutableFields, on the VMI's spec); ValidateVirtualMachineInstanceUpdate repeats
 // that for Go callers and adds the per-disk rules CEL cannot afford within the API server's cost

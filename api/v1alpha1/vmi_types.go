@@ -37,8 +37,8 @@ type VirtualMachineInstance struct {
 
 	// Spec is the desired virtual machine. Only spec.volumes and spec.domain.devices.disks (disk
 	// hotplug, as `qvirtctl addvolume` does) and spec.domain.devices.interfaces and spec.networks
-	// (NIC hotplug, as `qvirtctl addinterface` does) can change once the instance exists; for
-	// anything else change the owning VirtualMachine's template and restart. The rules below freeze
+	// (NIC hotplug, as KubeVirt's `virtctl addinterface` does) can change once the instance exists;
+	// for anything else change the owning VirtualMachine's template and restart. The rules below freeze
 	// every other field, one rule per field of spec, spec.domain and spec.domain.devices
 	// (HotplugImmutableFields; a test keeps the two lists equal). Optional fields compare presence
 	// too: a transition rule placed on an optional field itself would be skipped when the field is
