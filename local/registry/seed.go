@@ -1,0 +1,178 @@
+package registry
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// The demo images Seed pushes, and where their files are inside them. The kernelBoot image follows
+// KubeVirt's examples (kernel and initrd under /boot, named by kernelPath and initrdPath); the
+// containerDisk image follows KubeVirt's containerDisk convention (one disk image under /disk,
+// owned by uid/gid 107, which the launcher finds when the volume gives no path).
+const (
+	DemoGuestRepo = "qvirt/demo-guest"
+	DemoDiskRepo  = "qvirt/demo-disk"
+	KernelPath    = "/boot/vmlinuz"
+	InitrdPath    = "/boot/initrd.img"
+	DiskPath      = "/disk/demo.qcow2"
+	// DemoDiskSize is the virtual size of the demo disk (an empty qcow2).
+	DemoDiskSize = "64M"
+)
+
+// Images are the references Seed pushed.
+type Images struct {
+	// KernelBoot is <registry>/qvirt/demo-guest:latest, for spec.domain.firmware.kernelBoot.container.image.
+	KernelBoot string
+	// ContainerDisk is <registry>/qvirt/demo-disk:latest, for a containerDisk volume.
+	ContainerDisk string
+}
+
+// Seed builds the demo images from the test guest in guestDir (test/guest/build.sh's output:
+// vmlinuz, initrd.img) and an empty qcow2 made with qemu-img, and pushes them to the registry at
+// registryAddr over plain HTTP (it is meant for the local registry). The images are reproducible:
+// seeding the same guest again pushes the same digests.
+func Seed(ctx context.Context, registryAddr, guestDir string) (Images, error) {
+	imgs := Images{
+		KernelBoot:    registryAddr + "/" + DemoGuestRepo + ":latest",
+		ContainerDisk: registryAddr + "/" + DemoDiskRepo + ":latest",
+	}
+	guest, err := imageOf(
+		tarFile{name: KernelPath, src: filepath.Join(guestDir, "vmlinuz"), mode: 0o644},
+		tarFile{name: InitrdPath, src: filepath.Join(guestDir, "initrd.img"), mode: 0o644})
+	if err != nil {
+		return Images{}, fmt.Errorf("demo guest image from %s: %w", guestDir, err)
+	}
+	if err := push(ctx, imgs.KernelBoot, guest); err != nil {
+		return Images{}, err
+	}
+	diskFile, cleanup, err := emptyQcow2(ctx)
+	if err != nil {
+		return Images{}, err
+	}
+	defer cleanup()
+	disk, err := imageOf(tarFile{name: DiskPath, src: diskFile, mode: 0o440, owner: 107})
+	if err != nil {
+		return Images{}, fmt.Errorf("demo disk image: %w", err)
+	}
+	if err := push(ctx, imgs.ContainerDisk, disk); err != nil {
+		return Images{}, err
+	}
+	return imgs, nil
+}
+
+// tarFile is one file of a single-layer image.
+type tarFile struct {
+	name  string // absolute path in the image
+	src   string // file on the host
+	mode  int64
+	owner int
+}
+
+// imageOf is a linux/amd64 image with one layer holding files (and their parent directories).
+func imageOf(files ...tarFile) (v1.Image, error) {
+	layer, err := layerOf(files)
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.DeepCopy()
+	cfg.OS, cfg.Architecture = "linux", "amd64"
+	return mutate.ConfigFile(img, cfg)
+}
+
+// layerOf writes the layer tar in memory (the demo files are a few MiB) with fixed timestamps, so
+// the digest depends on the content only.
+func layerOf(files []tarFile) (v1.Layer, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	epoch := time.Unix(0, 0)
+	dirs := map[string]bool{}
+	for _, f := range files {
+		dir := filepath.Dir(f.name)[1:] + "/"
+		if !dirs[dir] {
+			dirs[dir] = true
+			hdr := &tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: 0o755, ModTime: epoch, Uid: f.owner, Gid: f.owner}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return nil, err
+			}
+		}
+		if err := addFile(tw, f, epoch); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	data := buf.Bytes()
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(data)), nil
+	})
+}
+
+func addFile(tw *tar.Writer, f tarFile, mtime time.Time) error {
+	src, err := os.Open(f.src)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	st, err := src.Stat()
+	if err != nil {
+		return err
+	}
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.name[1:], Size: st.Size(), Mode: f.mode,
+		ModTime: mtime, Uid: f.owner, Gid: f.owner}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	_, err = io.Copy(tw, src)
+	return err
+}
+
+// emptyQcow2 makes the demo disk in a temporary directory.
+func emptyQcow2(ctx context.Context) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "qvirt-seed-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	path := filepath.Join(dir, filepath.Base(DiskPath))
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", path, DemoDiskSize).CombinedOutput()
+	if err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("qemu-img create %s: %w: %s", path, err, out)
+	}
+	return path, cleanup, nil
+}
+
+// push writes img to ref over plain HTTP.
+func push(ctx context.Context, ref string, img v1.Image) error {
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	if err := remote.Write(r, img, remote.WithContext(ctx)); err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	return nil
+}
