@@ -903,3 +903,69 @@ func volumeStatus(v *v1alpha1.VirtualMachineInstance, name string) *v1alpha1.Vol
 	}
 	return nil
 }
+
+// TestNICHotplug adds the pod network's interface to a running instance that had none: the node
+// agent sets up the masquerade binding in the launcher pod, the guest gets its address over DHCP
+// and serves HTTP at the pod's address; removing the interface detaches it and leaves the pod's
+// network as it was.
+func TestNICHotplug(t *testing.T) {
+	e := newEnv(t)
+	v := e.guestVMI("nic")
+	v.Spec.Domain.Devices.Interfaces, v.Spec.Networks = nil, nil
+	e.create(v)
+	p := e.kubelet.run(v, true)
+	con := e.console(v)
+	e.waitVMI("nic", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+	})
+	con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+
+	cur := e.get("nic")
+	base := cur.DeepCopy()
+	cur.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
+	cur.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
+		t.Fatalf("add the interface: %v", err)
+	}
+	got := e.waitVMI("nic", 30*time.Second, "interface default hot-plugged", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return len(v.Status.Interfaces) == 1 && v.Status.Interfaces[0].Hotplugged
+	})
+	if in := got.Status.Interfaces[0]; in.IP != p.net.PodIP.String() {
+		t.Errorf("interface %+v, want the pod's address %s", in, p.net.PodIP)
+	}
+	e.waitEvent("nic", node.EventInterfaceAttached, "default", 10*time.Second)
+	// The guest runs udhcpc at boot only: start it on the new NIC, as a user would.
+	from := len(con.Text())
+	con.Send(t, "for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; udhcpc -f -q -n -i eth0 -s /etc/udhcpc.script -T 2 -t 15 >/dev/null 2>&1; echo DHCP-DONE-$?")
+	con.Expect(t, from, "QVIRT-IP eth0 10.0.2.2", time.Minute)
+	hc := http.Client{Timeout: 5 * time.Second}
+	testutil.Eventually(t, 30*time.Second, "the guest's httpd at the pod's address", func() bool {
+		resp, err := hc.Get("http://" + p.net.PodIP.String() + "/")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	cur = e.get("nic")
+	base = cur.DeepCopy()
+	cur.Spec.Domain.Devices.Interfaces, cur.Spec.Networks = nil, nil
+	if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
+		t.Fatalf("remove the interface: %v", err)
+	}
+	e.waitVMI("nic", time.Minute, "no interfaces", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return len(v.Status.Interfaces) == 0
+	})
+	e.waitEvent("nic", node.EventInterfaceDetached, "default", 10*time.Second)
+	// The pod's namespace holds only its own links again.
+	out, err := exec.Command("ip", "-n", p.net.Name, "-o", "link", "show").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{"qvtap0", "qvbr0"} {
+		if strings.Contains(string(out), l) {
+			t.Errorf("%s left in the pod after the unplug:\n%s", l, out)
+		}
+	}
+}

@@ -138,3 +138,95 @@ func splitHotplugged(v *v1alpha1.VirtualMachineInstance) (v1alpha1.VirtualMachin
 	spec.Domain.Devices.Disks, spec.Volumes = disks, volumes
 	return spec, placed
 }
+
+// Event reasons of NIC hotplug.
+const (
+	EventInterfaceAttached = "InterfaceAttached"
+	EventInterfaceDetached = "InterfaceDetached"
+)
+
+// syncNICs attaches a spec interface the launcher lacks (the pod network's: an instance has at
+// most one, so it can only be hot-plugged into an instance that had none) after setting up its
+// host side in the pod, and detaches a hot-plugged NIC the spec no longer has, then tears its host
+// side down so the pod network is whole again. Failures are recorded as Events and retried.
+func (r *Reconciler) syncNICs(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status) error {
+	if st.Phase != launcher.PhaseRunning || !v.DeletionTimestamp.IsZero() || openMigration(v) != nil {
+		return nil
+	}
+	attached := map[string]bool{}
+	for _, n := range st.NICs {
+		attached[n.Name] = true
+	}
+	var errs []error
+	for _, in := range v.Spec.Domain.Devices.Interfaces {
+		if attached[in.Name] {
+			continue
+		}
+		if err := r.plugNIC(ctx, v, pod, in); err != nil {
+			errs = append(errs, r.hotplugFailed(v, fmt.Errorf("attach interface %q: %w", in.Name, err)))
+			continue
+		}
+		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventInterfaceAttached, "Interface %s attached to the running guest", in.Name)
+	}
+	for _, n := range st.NICs {
+		if !n.Hotplugged || hasInterface(v, n.Name) {
+			continue
+		}
+		if err := r.unplugNIC(ctx, v, n.Name); err != nil {
+			errs = append(errs, r.hotplugFailed(v, fmt.Errorf("detach interface %q: %w", n.Name, err)))
+			continue
+		}
+		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventInterfaceDetached, "Interface %s detached from the guest", n.Name)
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Reconciler) plugNIC(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, in v1alpha1.Interface) error {
+	peer, err := launcher.PeerOf(ctx, launcher.VMIDir(r.SocketDir, v.UID).Command())
+	if err != nil {
+		return fmt.Errorf("find the launcher process: %w", err)
+	}
+	setups, err := setupNetwork(v, pod, peer)
+	if err != nil {
+		return err
+	}
+	if len(setups) != 1 || setups[0].Name != in.Name {
+		return fmt.Errorf("network setup made %d interfaces, want %s alone", len(setups), in.Name)
+	}
+	s := setups[0]
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	return c.HotplugNIC(ctx, launcher.NICHotplug{Name: s.Name, Tap: s.Tap, MAC: s.MAC, Model: in.Model, DHCP: s.DHCP})
+}
+
+func (r *Reconciler) unplugNIC(ctx context.Context, v *v1alpha1.VirtualMachineInstance, name string) error {
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	if err := c.UnplugNIC(ctx, name); err != nil {
+		return err
+	}
+	peer, err := launcher.PeerOf(ctx, launcher.VMIDir(r.SocketDir, v.UID).Command())
+	if err != nil {
+		return fmt.Errorf("find the launcher process: %w", err)
+	}
+	return teardownNetwork(peer)
+}
+
+// hotplugFailed records a NIC hotplug failure as an Event, once per distinct failure, and returns
+// it. The status is left alone: rewriting it would bring the instance straight back, bypassing the
+// retry back-off.
+func (r *Reconciler) hotplugFailed(v *v1alpha1.VirtualMachineInstance, err error) error {
+	if r.launchers.newFailure(v.UID, err.Error()) {
+		r.Recorder.Event(v, corev1.EventTypeWarning, EventHotplugFailed, err.Error())
+	}
+	return err
+}
+
+func hasInterface(v *v1alpha1.VirtualMachineInstance, name string) bool {
+	for _, in := range v.Spec.Domain.Devices.Interfaces {
+		if in.Name == name {
+			return true
+		}
+	}
+	return false
+}

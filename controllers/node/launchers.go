@@ -26,6 +26,7 @@ type launchers struct {
 	mu       sync.Mutex
 	streams  map[types.UID]*stream
 	progress map[types.UID]time.Time
+	failures map[types.UID]string
 }
 
 // stream is one instance's status stream.
@@ -41,7 +42,7 @@ type stream struct {
 }
 
 func newLaunchers(socketDir string, log logr.Logger) *launchers {
-	return &launchers{socketDir: socketDir, log: log, streams: map[types.UID]*stream{}, progress: map[types.UID]time.Time{},
+	return &launchers{socketDir: socketDir, log: log, streams: map[types.UID]*stream{}, progress: map[types.UID]time.Time{}, failures: map[types.UID]string{},
 		events: make(chan event.TypedGenericEvent[client.Object], 1024)}
 }
 
@@ -120,11 +121,23 @@ func (ls *launchers) progressDue(uid types.UID, every time.Duration) bool {
 	return true
 }
 
+// newFailure reports whether msg differs from the instance's last recorded failure, and records it.
+func (ls *launchers) newFailure(uid types.UID, msg string) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.failures[uid] == msg {
+		return false
+	}
+	ls.failures[uid] = msg
+	return true
+}
+
 // forget stops the instance's stream, if any.
 func (ls *launchers) forget(uid types.UID) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	delete(ls.progress, uid)
+	delete(ls.failures, uid)
 	if s := ls.streams[uid]; s != nil {
 		s.cancel()
 		delete(ls.streams, uid)

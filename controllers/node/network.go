@@ -95,3 +95,11 @@ func podDNS(peer launcher.Peer) ([]netip.Addr, error) {
 	}
 	return dns, nil
 }
+
+// teardownNetwork undoes setupNetwork in the launcher pod, whichever binding it made: the bridge
+// binding's teardown gives the pod its address back (and leaves a masquerade bridge alone), the
+// masquerade's removes the NAT table, bridge and tap.
+func teardownNetwork(peer launcher.Peer) error {
+	return errors.Join(netsetup.TeardownBridge(peer.NetNSPath(), netsetup.Bridge{}),
+		netsetup.TeardownMasquerade(peer.NetNSPath(), netsetup.Masquerade{}))
+}

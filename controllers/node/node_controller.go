@@ -148,6 +148,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if st != nil && syncErr == nil {
 		failures, syncErr = r.syncDisks(ctx, &v, st)
 	}
+	if st != nil && syncErr == nil {
+		syncErr = r.syncNICs(ctx, &v, pod, st)
+	}
 	if st != nil && !migratedAway(&v, st) {
 		if ended := applyLauncherStatus(&v, pod, st, failures, now); ended != "" {
 			eventType := corev1.EventTypeNormal

@@ -156,7 +156,7 @@ func camel(s string) string {
 func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status) []v1alpha1.VirtualMachineInstanceNetworkInterface {
 	var out []v1alpha1.VirtualMachineInstanceNetworkInterface
 	for _, nic := range st.NICs {
-		in := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: nic.Name, MAC: nic.MAC}
+		in := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: nic.Name, MAC: nic.MAC, Hotplugged: nic.Hotplugged}
 		if pod != nil && isPodNetwork(v, nic.Name) {
 			in.IP = pod.Status.PodIP
 			for _, ip := range pod.Status.PodIPs {

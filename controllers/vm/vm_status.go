@@ -112,11 +112,12 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 	return st
 }
 
-// coldSpec is a spec without its disks and volumes: those can be hot-plugged into a running
-// instance, so a difference there needs no restart.
+// coldSpec is a spec without its disks, volumes, interfaces and networks: those can be hot-plugged
+// into a running instance, so a difference there needs no restart.
 func coldSpec(spec v1alpha1.VirtualMachineInstanceSpec) v1alpha1.VirtualMachineInstanceSpec {
 	c := *spec.DeepCopy()
 	c.Volumes, c.Domain.Devices.Disks = nil, nil
+	c.Networks, c.Domain.Devices.Interfaces = nil, nil
 	return c
 }
 
