@@ -715,7 +715,9 @@ func TestLiveMigration(t *testing.T) {
 	testutil.Eventually(t, 2*time.Minute, "migration mig-1 Succeeded", func() bool {
 		_ = e.c.Get(context.Background(), client.ObjectKeyFromObject(vmim), vmim)
 		return vmim.Status.Phase == v1alpha1.MigrationSucceeded
-	}, func() string { return fmt.Sprintf("migration status %+v\nVMI status %+v", vmim.Status, e.get("mig").Status) })
+	}, func() string {
+		return fmt.Sprintf("migration status %+v\nVMI status %+v", vmim.Status, e.get("mig").Status)
+	})
 	t.Logf("migration succeeded %.2fs after the target pod ran", time.Since(started).Seconds())
 
 	got := e.waitVMI("mig", 10*time.Second, "Running and Ready on "+nodeB.node, func(v *v1alpha1.VirtualMachineInstance) bool {

@@ -165,6 +165,6 @@ func (l *Launcher) placeVolumes(req *SyncRequest) error {
 // diskHotplug is the attachment of a resolved spec disk, on port ("" for the first free one).
 func diskHotplug(req *VolumeHotplug, img DiskImage, port string) DiskHotplug {
 	return DiskHotplug{Name: req.Disk.Name, Path: img.Path, Format: img.Format, Serial: req.Disk.Serial,
-		ReadOnly: img.ReadOnly || (req.Disk.Disk != nil && req.Disk.Disk.ReadOnly),
+		ReadOnly:  img.ReadOnly || (req.Disk.Disk != nil && req.Disk.Disk.ReadOnly),
 		Ephemeral: req.Volume.EmptyDisk != nil, Port: port}
 }

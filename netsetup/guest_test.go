@@ -45,7 +45,6 @@ func (r nsResolver) Resolve(req *launcher.SyncRequest, runDir string) (*launcher
 	return m, nil
 }
 
-
 // TestMasqueradeGuest boots the test guest with a real launcher inside a pod-like network namespace
 // wired by SetupMasquerade, with the launcher's DHCP server: the guest gets 10.0.2.2 over DHCP,
 // reaches a server outside the namespace through the masquerade (seen there as the pod's address),
