@@ -120,7 +120,7 @@ func (l *Launcher) Stats(ctx context.Context) (Stats, error) {
 	if st.Disks, err = diskStats(ctx, p.Monitor(), p.Machine(), hotDisks); err != nil {
 		return Stats{}, err
 	}
-	if st.Interfaces, err = interfaceStats(p.Machine().Taps, hotTaps); err != nil {
+	if st.Interfaces, err = interfaceStats(p.Pid(), p.Machine().Taps, hotTaps); err != nil {
 		return Stats{}, err
 	}
 	return st, nil
@@ -250,15 +250,16 @@ func diskFromQMP(name string, hot bool, s qmp.BlockDeviceStats) DiskStats {
 	}
 }
 
-// interfaceStats reads each tap's counters in the launcher's network namespace, which is the
-// pod's: the node agent created the taps there. /proc/self/net/dev is read rather than
-// /sys/class/net, whose view is the namespace of whoever mounted sysfs, not the reader's.
-func interfaceStats(taps, hotTaps map[string]string) ([]InterfaceStats, error) {
+// interfaceStats reads each tap's counters in QEMU's network namespace (qemuPID's), which is the
+// pod's and the one QEMU opened its taps in. /proc/PID/net/dev is read rather than
+// /sys/class/net, whose view is the namespace of whoever mounted sysfs, not the reader's; and
+// QEMU's rather than /proc/self's, whose view is the launcher's main thread's.
+func interfaceStats(qemuPID int, taps, hotTaps map[string]string) ([]InterfaceStats, error) {
 	if len(taps)+len(hotTaps) == 0 {
 		return nil, nil
 	}
 	var counters map[string]linkCounters
-	err := readProc("/proc/self/net/dev", func(data []byte) (err error) {
+	err := readProc(fmt.Sprintf("/proc/%d/net/dev", qemuPID), func(data []byte) (err error) {
 		counters, err = parseNetDev(data)
 		return err
 	})
