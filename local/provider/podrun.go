@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -512,7 +513,7 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 	for i, v := range r.pod.Spec.Volumes {
 		switch {
 		case v.HostPath != nil:
-			vol, err := hostPathVolume(v.HostPath)
+			vol, err := hostPathVolume(v.HostPath, r.p.opts.HostPathRoots)
 			if err != nil {
 				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
 			}
@@ -532,7 +533,9 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 	return vols, nil
 }
 
-func hostPathVolume(hp *corev1.HostPathVolumeSource) (volume, error) {
+func hostPathVolume(hp *corev1.HostPathVolumeSource, roots map[string]string) (volume, error) {
+	hp = hp.DeepCopy()
+	hp.Path = redirect(hp.Path, roots)
 	t := corev1.HostPathUnset
 	if hp.Type != nil {
 		t = *hp.Type
@@ -554,6 +557,20 @@ func hostPathVolume(hp *corev1.HostPathVolumeSource) (volume, error) {
 		return volume{}, fmt.Errorf("hostPath %s: %w", hp.Path, err)
 	}
 	return volume{path: hp.Path, file: !fi.IsDir()}, nil
+}
+
+// redirect is path under the root its longest matching prefix in roots maps to, or path itself.
+func redirect(path string, roots map[string]string) string {
+	best := ""
+	for prefix := range roots {
+		if (path == prefix || strings.HasPrefix(path, strings.TrimSuffix(prefix, "/")+"/")) && len(prefix) > len(best) {
+			best = prefix
+		}
+	}
+	if best == "" {
+		return path
+	}
+	return filepath.Join(roots[best], strings.TrimPrefix(path, best))
 }
 
 // containerMounts are the container's volumeMounts as binds; a hostPath mounted at its own path

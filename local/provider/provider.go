@@ -85,6 +85,10 @@ type Options struct {
 	// KUBERNETES_SERVICE_PORT pointing at the apiserver's bridge address, since no kube-proxy makes
 	// the kubernetes Service's ClusterIP reachable.
 	Env map[string]string
+	// HostPathRoots redirect hostPath volumes: a hostPath under a key is taken from under its value
+	// instead, so that nodes sharing one host keep apart what real nodes keep apart (each node's
+	// /var/run/qvirt, where launchers and the node agent meet). Others are the host's own paths.
+	HostPathRoots map[string]string
 	// RestartBackoff is the first delay before a container is restarted; it doubles up to
 	// MaxRestartBackoff and resets after a container ran for 10 minutes. Default 1 s.
 	RestartBackoff time.Duration

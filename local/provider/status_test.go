@@ -174,3 +174,18 @@ func TestArgvMapsImageToHostBinary(t *testing.T) {
 		t.Error("an unmapped image ran")
 	}
 }
+
+func TestRedirect(t *testing.T) {
+	roots := map[string]string{"/var/run/qvirt": "/state/n1/run/qvirt", "/var/run/qvirt/sockets": "/state/n1/sockets"}
+	for in, want := range map[string]string{
+		"/var/run/qvirt":           "/state/n1/run/qvirt",
+		"/var/run/qvirt/private":   "/state/n1/run/qvirt/private",
+		"/var/run/qvirt/sockets/x": "/state/n1/sockets/x",
+		"/var/run/qvirtual":        "/var/run/qvirtual",
+		"/dev/kvm":                 "/dev/kvm",
+	} {
+		if got := redirect(in, roots); got != want {
+			t.Errorf("redirect(%s) = %s, want %s", in, got, want)
+		}
+	}
+}
