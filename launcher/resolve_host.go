@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -23,6 +24,13 @@ type HostResolver struct {
 	SpareRootPorts int
 	// ScratchDir holds emptyDisk images; the run directory when empty.
 	ScratchDir string
+	// ImageCache is the node's image cache directory (image.go); without it only file:// images
+	// can be used.
+	ImageCache string
+	// InsecureRegistries may be reached over plain HTTP (host:port as in image references).
+	InsecureRegistries []string
+	// Puller is the image puller binary (image.go); qvirt-pull beside the launcher when empty.
+	Puller string
 }
 
 // Resolve implements Resolver.
@@ -37,7 +45,7 @@ func (h HostResolver) Resolve(req *SyncRequest, runDir string) (*Machine, error)
 	if kb := spec.Domain.Firmware; kb != nil && kb.KernelBoot != nil && kb.KernelBoot.Container != nil {
 		p := field.NewPath("spec", "domain", "firmware", "kernelBoot", "container")
 		c := kb.KernelBoot.Container
-		root, err := imageRoot(c.Image)
+		root, err := h.imageRoot(c.Image, c.ImagePullPolicy, c.ImagePullSecret)
 		if err != nil {
 			return nil, field.Invalid(p.Child("image"), c.Image, err.Error())
 		}
@@ -103,7 +111,7 @@ func (h HostResolver) volume(v *v1alpha1.Volume, runDir string, p *field.Path) (
 	case v.HostDisk != nil:
 		return hostDisk(v.HostDisk, p.Child("hostDisk"))
 	case v.ContainerDisk != nil:
-		return containerDisk(v.ContainerDisk, p.Child("containerDisk"))
+		return h.containerDisk(v.ContainerDisk, p.Child("containerDisk"))
 	case v.EmptyDisk != nil:
 		path := filepath.Join(runDir, emptyDiskFile(v.Name))
 		if err := createSparse(path, v.EmptyDisk.Capacity.Value()); err != nil {
@@ -132,8 +140,8 @@ func hostDisk(hd *v1alpha1.HostDisk, p *field.Path) (DiskImage, *field.Error) {
 	return DiskImage{Path: hd.Path, Format: "raw"}, nil
 }
 
-func containerDisk(cd *v1alpha1.ContainerDiskSource, p *field.Path) (DiskImage, *field.Error) {
-	root, err := imageRoot(cd.Image)
+func (h HostResolver) containerDisk(cd *v1alpha1.ContainerDiskSource, p *field.Path) (DiskImage, *field.Error) {
+	root, err := h.imageRoot(cd.Image, cd.ImagePullPolicy, cd.ImagePullSecret)
 	if err != nil {
 		return DiskImage{}, field.Invalid(p.Child("image"), cd.Image, err.Error())
 	}
@@ -180,11 +188,12 @@ func singleDiskFile(root string) (string, error) {
 	return "/disk/" + entries[0].Name(), nil
 }
 
-// imageRoot is the directory of a file:// image reference.
-func imageRoot(image string) (string, error) {
+// imageRoot is the directory of an image: a file:// reference names it, any other is pulled into
+// the node's image cache (image.go).
+func (h HostResolver) imageRoot(image string, policy corev1.PullPolicy, pullSecret string) (string, error) {
 	dir, ok := strings.CutPrefix(image, "file://")
 	if !ok {
-		return "", errors.New("qvirt-launcher run cannot pull images; use file://DIR for an unpacked image")
+		return h.pullImage(image, policy, pullSecret)
 	}
 	if rest, ok := strings.CutPrefix(dir, "~/"); ok {
 		home, err := os.UserHomeDir()

@@ -26,6 +26,9 @@ type RunOptions struct {
 	RunDir         string
 	QEMU           string
 	SpareRootPorts int
+	// Images is where registry images are pulled to (HostResolver's ImageCache, InsecureRegistries
+	// and Puller; its other fields are ignored).
+	Images HostResolver
 	// Console, when set, is connected to the guest's serial console.
 	Console io.ReadWriter
 	Log     logr.Logger
@@ -47,7 +50,9 @@ func Run(ctx context.Context, opts RunOptions) (Exit, error) {
 		}
 		defer os.RemoveAll(runDir)
 	}
-	l := New(runDir, HostResolver{SpareRootPorts: opts.SpareRootPorts}, Options{QEMU: opts.QEMU, Log: opts.Log})
+	res := HostResolver{SpareRootPorts: opts.SpareRootPorts, ImageCache: opts.Images.ImageCache,
+		InsecureRegistries: opts.Images.InsecureRegistries, Puller: opts.Images.Puller}
+	l := New(runDir, res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	serveCtx, stopServing := context.WithCancel(context.Background())
 	defer stopServing()
 	go func() {

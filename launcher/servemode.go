@@ -23,6 +23,9 @@ type ServeOptions struct {
 	SpareRootPorts int
 	// ScratchDir holds emptyDisk images (the pod's private emptyDir).
 	ScratchDir string
+	// Images is where registry images are pulled to (HostResolver's ImageCache, InsecureRegistries
+	// and Puller; its other fields are ignored).
+	Images HostResolver
 	// Linger is how long the command socket keeps answering after the guest ended on its own, so
 	// the node agent reads the final status; it is cut short by ctx.
 	Linger time.Duration
@@ -42,7 +45,8 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
 	if err := os.MkdirAll(string(dir), 0o750); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
 	}
-	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir},
+	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir,
+		ImageCache: opts.Images.ImageCache, InsecureRegistries: opts.Images.InsecureRegistries, Puller: opts.Images.Puller},
 		uid: opts.VMIUID, emulation: opts.Emulation}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	serveCtx, stopServing := context.WithCancel(context.Background())

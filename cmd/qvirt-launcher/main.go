@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -63,6 +64,7 @@ func serve(args []string) int {
 	fs.StringVar(&opts.ScratchDir, "scratch-dir", "/var/run/qvirt/private", "directory for emptyDisk images")
 	fs.DurationVar(&opts.Linger, "linger", 10*time.Second, "keep answering the node agent this long after the guest ended")
 	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")
+	imageFlags(fs, &opts.Images, "/var/lib/qvirt/images")
 	verbose := fs.Int("v", 0, "log verbosity")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
@@ -97,6 +99,7 @@ func run(args []string) int {
 	fs.StringVar(&opts.RunDir, "run-dir", "", "directory for the sockets (default: a new temporary directory)")
 	fs.StringVar(&opts.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary")
 	fs.IntVar(&opts.SpareRootPorts, "hotplug-ports", 4, "empty PCIe root ports for hotplug")
+	imageFlags(fs, &opts.Images, userImageCache())
 	noConsole := fs.Bool("no-console", false, "do not attach the serial console to stdin/stdout")
 	verbose := fs.Int("v", 0, "log verbosity")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
@@ -157,4 +160,23 @@ func (e escapeReader) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// imageFlags are where images that are not file:// references are pulled to (by qvirt-pull).
+func imageFlags(fs *flag.FlagSet, h *launcher.HostResolver, cache string) {
+	fs.StringVar(&h.ImageCache, "image-cache", cache, "node-wide directory of pulled images (empty: only file:// images)")
+	fs.Func("insecure-registry", "registry HOST:PORT that may be reached over plain HTTP (repeatable)", func(s string) error {
+		h.InsecureRegistries = append(h.InsecureRegistries, s)
+		return nil
+	})
+	fs.StringVar(&h.Puller, "puller", "", "image puller binary (default: "+launcher.PullerName+" beside qvirt-launcher, else on $PATH)")
+}
+
+// userImageCache is run mode's image cache: $XDG_CACHE_HOME/qvirt/images or ~/.cache/qvirt/images.
+func userImageCache() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "qvirt", "images")
 }
