@@ -6,6 +6,7 @@ package handler
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/node"
+	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/handler/deviceplugin"
 	"github.com/qvirt/qvirt/handler/metrics"
 	"github.com/qvirt/qvirt/handler/nodeagent"
@@ -99,6 +101,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if opts.SocketDir == "" {
 		return fmt.Errorf("socket directory: required")
 	}
+	if err := prepareSocketDir(opts.SocketDir); err != nil {
+		return err
+	}
 	//lint:ignore SA1019 the reconcilers record with the core/v1 Events API, as qvirt-controller's
 	rec := mgr.GetEventRecorderFor("qvirt-handler")
 	// The configuration starts at the defaults and follows the ConfigMap once the cache has it;
@@ -173,4 +178,16 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("stream server: %w", err)
 	}
 	return mgr.Add(srv)
+}
+
+// prepareSocketDir makes the node's socket directory, where each launcher creates its instance's
+// directory: launchers run as vmi.LauncherUID, with no other privilege.
+func prepareSocketDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	if err := os.Chown(dir, vmi.LauncherUID, vmi.LauncherUID); err != nil {
+		return fmt.Errorf("socket directory %s: let launchers (uid %d) create their directories: %w", dir, vmi.LauncherUID, err)
+	}
+	return nil
 }

@@ -10,10 +10,10 @@ import (
 
 // Peer is the process serving a launcher socket, as the kernel reports it (SO_PEERCRED), in the
 // caller's PID namespace. The node agent (hostPID on a real node) reaches the launcher pod's
-// network namespace through /proc/<PID>/ns/net and makes the guest's tap owned by UID.
+// network namespace through /proc/<PID>/ns/net and makes the guest's tap owned by UID and GID.
 type Peer struct {
-	PID int
-	UID uint32
+	PID      int
+	UID, GID uint32
 }
 
 // NetNSPath is the peer's network namespace.
@@ -41,5 +41,5 @@ func PeerOf(ctx context.Context, socket string) (Peer, error) {
 	if credErr != nil {
 		return Peer{}, fmt.Errorf("peer credentials of %s: %w", socket, credErr)
 	}
-	return Peer{PID: int(cred.Pid), UID: cred.Uid}, nil
+	return Peer{PID: int(cred.Pid), UID: cred.Uid, GID: cred.Gid}, nil
 }

@@ -22,8 +22,10 @@ var BridgeServerIP = netip.MustParseAddr("169.254.75.10")
 type Bridge struct {
 	// TapName is the tap QEMU opens; DefaultTapName when empty.
 	TapName string
-	// TapOwner is the uid that may open the tap (the launcher's). The tap's group is 0.
+	// TapOwner is the uid that may open the tap (the launcher's).
 	TapOwner uint32
+	// TapGroup is the group that may open the tap with its owner (the launcher's).
+	TapGroup uint32
 	// BridgeName is the bridge; DefaultBridgeName when empty.
 	BridgeName string
 }
@@ -108,7 +110,7 @@ func setupBridge(b Bridge) (*BridgeResult, error) {
 		}
 	}
 	var created []netlink.Link
-	err = ensureTap(b.TapName, b.TapOwner, res.MTU, br, &created)
+	err = ensureTap(b.TapName, b.TapOwner, b.TapGroup, res.MTU, br, &created)
 	if err == nil {
 		err = allowDHCPServer()
 	}

@@ -51,7 +51,7 @@ func TestBridgeSetupTeardown(t *testing.T) {
 	p := newPodNS(t)
 	before := p.eth0(t)
 	id := randHex(t, 3)
-	b := netsetup.Bridge{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 4242}
+	b := netsetup.Bridge{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 4242, TapGroup: 4243}
 	res, err := netsetup.SetupBridge(p.Path, b)
 	if err != nil {
 		t.Fatal(err)
@@ -80,8 +80,8 @@ func TestBridgeSetupTeardown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tap, ok := link.(*netlink.Tuntap); !ok || tap.Owner != 4242 || tap.Attrs().MasterIndex != br.Attrs().Index {
-		t.Errorf("tap = %+v, want a port of the bridge owned by 4242", link)
+	if tap, ok := link.(*netlink.Tuntap); !ok || tap.Owner != 4242 || tap.Group != 4243 || tap.Attrs().MasterIndex != br.Attrs().Index {
+		t.Errorf("tap = %+v, want a port of the bridge owned by 4242:4243", link)
 	}
 
 	again, err := netsetup.SetupBridge(p.Path, b)

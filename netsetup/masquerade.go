@@ -42,8 +42,10 @@ type Masquerade struct {
 	PodPorts []Port
 	// TapName is the tap QEMU opens; DefaultTapName when empty.
 	TapName string
-	// TapOwner is the uid that may open the tap (the launcher's). The tap's group is 0.
+	// TapOwner is the uid that may open the tap (the launcher's).
 	TapOwner uint32
+	// TapGroup is the group that may open the tap with its owner (the launcher's).
+	TapGroup uint32
 	// BridgeName is the bridge holding the gateway address; DefaultBridgeName when empty.
 	BridgeName string
 	// MTU of the bridge and tap; the pod interface's MTU when zero.
@@ -168,7 +170,7 @@ func setupMasquerade(netNS ns.NetNS, m Masquerade) (res *Result, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureTap(m.TapName, m.TapOwner, mtu, br, &created); err != nil {
+	if err := ensureTap(m.TapName, m.TapOwner, m.TapGroup, mtu, br, &created); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
@@ -282,7 +284,7 @@ func ensureBridge(name string, mtu int, gw netip.Prefix, created *[]netlink.Link
 }
 
 // ensureTap makes or reuses the tap; a tap it makes is appended to created.
-func ensureTap(name string, owner uint32, mtu int, br netlink.Link, created *[]netlink.Link) error {
+func ensureTap(name string, owner, group uint32, mtu int, br netlink.Link, created *[]netlink.Link) error {
 	link, err := netlink.LinkByName(name)
 	switch {
 	case err == nil:
@@ -290,8 +292,8 @@ func ensureTap(name string, owner uint32, mtu int, br netlink.Link, created *[]n
 		if !ok || tap.Mode != netlink.TUNTAP_MODE_TAP {
 			return fmt.Errorf("tap %s: a %s link of that name exists", name, link.Type())
 		}
-		if tap.Owner != owner {
-			return fmt.Errorf("tap %s exists owned by uid %d, want %d", name, tap.Owner, owner)
+		if tap.Owner != owner || tap.Group != group {
+			return fmt.Errorf("tap %s exists owned by %d:%d, want %d:%d", name, tap.Owner, tap.Group, owner, group)
 		}
 	case isNotFound(err):
 		// Persistent, so that it outlives this call and QEMU opens it by name. No multi-queue:
@@ -301,6 +303,9 @@ func ensureTap(name string, owner uint32, mtu int, br netlink.Link, created *[]n
 			Mode:      netlink.TUNTAP_MODE_TAP,
 			Flags:     netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR,
 			Owner:     owner,
+			// The kernel lets a process attach only when it matches both the owner and the
+			// group (a tap always has one).
+			Group: group,
 		}
 		if err := netlink.LinkAdd(tap); err != nil {
 			return fmt.Errorf("create tap %s: %w", name, err)

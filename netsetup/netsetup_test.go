@@ -158,7 +158,7 @@ func TestMasqueradeSetupTeardown(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := randHex(t, 3)
-	m := netsetup.Masquerade{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 4242,
+	m := netsetup.Masquerade{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 4242, TapGroup: 4243,
 		Ports: []netsetup.Port{{Port: 80}, {Protocol: "UDP", Port: 53}}}
 	res, err := netsetup.SetupMasquerade(p.Path, m)
 	if err != nil {
@@ -193,8 +193,8 @@ func TestMasqueradeSetupTeardown(t *testing.T) {
 	switch {
 	case !ok:
 		t.Errorf("%s is a %s, want a tap", m.TapName, link.Type())
-	case tap.Mode != netlink.TUNTAP_MODE_TAP || tap.Owner != 4242 || tap.NonPersist || tap.Flags&netlink.TUNTAP_MULTI_QUEUE != 0:
-		t.Errorf("tap: mode %v owner %d non-persistent %v flags %#x; want a persistent single-queue tap owned by 4242",
+	case tap.Mode != netlink.TUNTAP_MODE_TAP || tap.Owner != 4242 || tap.Group != 4243 || tap.NonPersist || tap.Flags&netlink.TUNTAP_MULTI_QUEUE != 0:
+		t.Errorf("tap: mode %v owner %d non-persistent %v flags %#x; want a persistent single-queue tap owned by 4242:4243",
 			tap.Mode, tap.Owner, tap.NonPersist, tap.Flags)
 	case tap.Attrs().MasterIndex != br.Attrs().Index:
 		t.Errorf("tap master index %d, want the bridge's %d", tap.Attrs().MasterIndex, br.Attrs().Index)

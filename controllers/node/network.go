@@ -46,7 +46,7 @@ func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer laun
 
 func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, p *field.Path) ([]launcher.InterfaceSetup, error) {
 	// A migration target's QEMU listens in the pod: that port is not the guest's.
-	m := netsetup.Masquerade{TapOwner: peer.UID, PodPorts: []netsetup.Port{{Protocol: "TCP", Port: MigrationPort}}}
+	m := netsetup.Masquerade{TapOwner: peer.UID, TapGroup: peer.GID, PodPorts: []netsetup.Port{{Protocol: "TCP", Port: MigrationPort}}}
 	for i, port := range in.Ports {
 		if port.Port < 1 || port.Port > 65535 {
 			return nil, field.Invalid(p.Child("ports").Index(i).Child("port"), port.Port, "must be 1-65535")
@@ -67,7 +67,7 @@ func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface,
 }
 
 func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string) ([]launcher.InterfaceSetup, error) {
-	res, err := netsetup.SetupBridge(peer.NetNSPath(), netsetup.Bridge{TapOwner: peer.UID})
+	res, err := netsetup.SetupBridge(peer.NetNSPath(), netsetup.Bridge{TapOwner: peer.UID, TapGroup: peer.GID})
 	if err != nil {
 		return nil, fmt.Errorf("bridge binding of interface %q: %w", in.Name, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -315,7 +316,11 @@ func (r *podRun) runOnce(i int, vols map[string]volume) (*corev1.ContainerStateT
 		sb := sandbox{netns: r.netns, hostname: podHostname(r.pod)}
 		r.mu.Unlock()
 		sb.mounts = append(containerMounts(c, vols), bindMount{source: termFile, target: terminationPath(c), file: true})
-		err = r.startProcess(i, cmd, sb)
+		var devs []bindMount
+		if devs, err = r.deviceMounts(c); err == nil {
+			sb.mounts = append(sb.mounts, devs...)
+			err = r.startProcess(i, cmd, sb)
+		}
 	}
 	if err != nil {
 		return &corev1.ContainerStateTerminated{ExitCode: 128, Reason: reasonStartError, Message: err.Error(),
@@ -594,4 +599,42 @@ func containerMounts(c *corev1.Container, vols map[string]volume) []bindMount {
 		out = append(out, bindMount{source: src, target: m.MountPath, readOnly: m.ReadOnly, file: file})
 	}
 	return out
+}
+
+// devices are the device nodes behind the device resources a container may request, as the
+// kubelet's device plugins give them.
+var devices = map[corev1.ResourceName]struct {
+	path         string
+	major, minor uint32
+}{
+	ResourceTun: {"/dev/net/tun", 10, 200},
+	ResourceKVM: {"/dev/kvm", 10, 232},
+}
+
+// deviceMounts give the container the devices it requests the way a container runtime does on a
+// real node: a node of its own, openable by whatever user the container runs as (a host's device
+// node may be root's alone), bound over the host's in the container's mount namespace.
+func (r *podRun) deviceMounts(c *corev1.Container) ([]bindMount, error) {
+	var out []bindMount
+	for res, dev := range devices {
+		if _, ok := c.Resources.Limits[res]; !ok {
+			continue
+		}
+		if _, err := os.Stat(dev.path); err != nil {
+			continue // the host has none: the container sees that, as on a real node without it
+		}
+		node := filepath.Join(r.dir, "dev", c.Name, filepath.Base(dev.path))
+		if err := os.MkdirAll(filepath.Dir(node), 0o755); err != nil {
+			return nil, err
+		}
+		_ = os.Remove(node)
+		if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(unix.Mkdev(dev.major, dev.minor))); err != nil {
+			return nil, fmt.Errorf("device %s for %s: %w", dev.path, res, err)
+		}
+		if err := os.Chmod(node, 0o666); err != nil { // past the umask
+			return nil, err
+		}
+		out = append(out, bindMount{source: node, target: dev.path, file: true})
+	}
+	return out, nil
 }

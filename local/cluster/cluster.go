@@ -1,0 +1,281 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/vishvananda/netlink"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/handler/nodeagent"
+	"github.com/qvirt/qvirt/local/provider"
+	"github.com/qvirt/qvirt/local/supervise"
+)
+
+// Local mode's fixed layout. The API server, the webhook and the node agents' endpoints listen on
+// the address of a bridge of their own (pods reach the host there: nothing routes to 127.0.0.1).
+const (
+	Namespace     = "qvirt-system"
+	LauncherImage = "qvirt-launcher:local"
+	apiBridge     = "qvirt-api"
+	webhookPort   = 9443
+)
+
+var apiAddress = net.IPv4(10, 243, 0, 1)
+
+// Options configure Up.
+type Options struct {
+	// Dir is the state directory: kubeconfig, pki/, logs/, nodes/, components.json.
+	Dir string
+	// Nodes is how many virtual nodes to register (1 or more).
+	Nodes int
+	// Emulation runs guests under TCG; without it KVM must really work (the node agent's check
+	// guest decides) or Up refuses.
+	Emulation bool
+	// Repo is the source tree (its config/ is installed).
+	Repo string
+	// Tools holds the control-plane binaries; Bin qvirt-controller, qvirt-handler and
+	// qvirt-launcher; CNICache where the CNI plugins are built.
+	Tools, Bin, CNICache string
+	// Progress receives one line per step.
+	Progress io.Writer
+	// Log receives the virtual nodes' logs.
+	Log logr.Logger
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	opts       Options
+	sup        *supervise.Supervisor
+	cp         *ControlPlane
+	nodes      []string
+	stopNodes  context.CancelFunc
+	nodesDone  chan error
+	Kubeconfig string
+}
+
+// NodeName is the name of virtual node i (from 1).
+func NodeName(i int) string { return fmt.Sprintf("qvirt-node-%d", i) }
+
+// nodeRunDir stands for node i's /var/run/qvirt. It is kept short: unix socket paths under it
+// (sockets/<vmi-uid>/qmp-shell.sock) must stay under 108 bytes, so Dir must be at most 40.
+func nodeRunDir(dir string, i int) string { return filepath.Join(dir, "run", "n"+strconv.Itoa(i)) }
+
+// NodeSocketDir is where node i's launchers and node agent meet.
+func NodeSocketDir(dir string, i int) string { return filepath.Join(nodeRunDir(dir, i), "sockets") }
+
+// Up brings the whole cluster up: control plane, qvirt's API and controller, then each virtual
+// node with its node agent. What a crashed earlier run left in Dir is cleaned first.
+func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
+	if opts.Nodes < 1 {
+		return nil, fmt.Errorf("--nodes: want at least 1, got %d", opts.Nodes)
+	}
+	if len(opts.Dir) > 40 || !filepath.IsAbs(opts.Dir) {
+		return nil, fmt.Errorf("--state-dir %q: want an absolute path of at most 40 bytes (unix socket paths live under it)", opts.Dir)
+	}
+	// Launchers run unprivileged (uid 107) and must reach their node's socket directory.
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(opts.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	step := func(format string, args ...any) { fmt.Fprintf(opts.Progress, "local up: "+format+"\n", args...) }
+	if err := Cleanup(opts.Dir); err != nil {
+		return nil, fmt.Errorf("clean up an earlier run: %w", err)
+	}
+	if !opts.Emulation {
+		step("checking that KVM works (a tiny check guest)")
+		caps, err := nodeagent.Probe(ctx, nodeagent.ProbeOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if !caps.KVM {
+			return nil, fmt.Errorf("KVM does not work on this machine (%s): pass --emulation to run guests under software emulation", caps.KVMReason)
+		}
+	}
+	sup, err := supervise.New(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{opts: opts, sup: sup}
+	defer func() {
+		if retErr != nil {
+			c.Down()
+		}
+	}()
+	if err := addBridge(apiBridge, apiAddress); err != nil {
+		return nil, err
+	}
+	step("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler (logs in %s)", filepath.Join(opts.Dir, "logs"))
+	if c.cp, err = StartControlPlane(ctx, sup, ControlPlaneOptions{Dir: opts.Dir, Tools: opts.Tools, Address: apiAddress}); err != nil {
+		return nil, err
+	}
+	c.Kubeconfig = c.cp.Kubeconfig
+	step("installing qvirt's CRDs, configuration and webhook")
+	restCfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	scheme, err := controllers.Scheme()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage}
+	if err := c.cp.Install(ctx, cl, InstallOptions{Repo: opts.Repo, Namespace: Namespace, Config: cfg,
+		WebhookAddress: apiAddress, WebhookPort: webhookPort}); err != nil {
+		return nil, err
+	}
+	step("starting qvirt-controller")
+	if err := sup.Start(ctx, c.cp.Controller(ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),
+		Namespace: Namespace, WebhookPort: webhookPort, ProbePort: 9441})); err != nil {
+		return nil, err
+	}
+	step("building the CNI plugins (cached after the first time)")
+	cniBin, err := provider.BuildCNIPlugins(ctx, opts.CNICache)
+	if err != nil {
+		return nil, err
+	}
+	// Launcher pods run as an unprivileged user: their binaries must be where it can run them.
+	if err := installLauncher(opts.Bin, filepath.Join(opts.Dir, "bin")); err != nil {
+		return nil, err
+	}
+	nodeCtx, stop := context.WithCancel(context.Background())
+	c.stopNodes, c.nodesDone = stop, make(chan error, opts.Nodes)
+	for i := 1; i <= opts.Nodes; i++ {
+		name := NodeName(i)
+		step("registering virtual node %s and starting its qvirt-handler", name)
+		c.nodes = append(c.nodes, name)
+		go func() { c.nodesDone <- provider.Run(nodeCtx, c.nodeOptions(i, restCfg, cniBin)) }()
+		if err := sup.Start(ctx, c.handler(i)); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// nodeOptions are virtual node i's: its own bridge and pod subnet, and its own /var/run/qvirt.
+func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provider.Options {
+	name := NodeName(i)
+	dir := filepath.Join(c.opts.Dir, "nodes", name)
+	return provider.Options{NodeName: name, Config: rest.CopyConfig(restCfg), StateDir: dir, CNIBinDir: cniBin,
+		Log: c.opts.Log.WithName(name), PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), Bridge: fmt.Sprintf("qvirt-n%d", i),
+		Images:        map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
+		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i)},
+		Env:           map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(), "KUBERNETES_SERVICE_PORT": "6443"},
+	}
+}
+
+// handler is node i's qvirt-handler, as its DaemonSet pod would run (here a host process).
+func (c *Cluster) handler(i int) supervise.Component {
+	name := NodeName(i)
+	probe := "127.0.0.1:" + strconv.Itoa(9450+i)
+	return supervise.Component{Name: "qvirt-handler-" + name, Path: filepath.Join(c.opts.Bin, "qvirt-handler"),
+		Args: []string{"--node-name=" + name, "--socket-dir=" + NodeSocketDir(c.opts.Dir, i), "--namespace=" + Namespace,
+			"--device-plugin=false", "--streams-bind-address=0",
+			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
+		Env:   []string{"KUBECONFIG=" + c.Kubeconfig},
+		Ready: httpReady("http://"+probe+"/readyz", nil)}
+}
+
+// Down stops the nodes (their pods get SIGTERM: guests power off gracefully), then every
+// component in reverse order, and removes the API bridge. Logs and the state stay in Dir.
+func (c *Cluster) Down() {
+	if c.stopNodes != nil {
+		c.stopNodes()
+		for range c.nodes {
+			<-c.nodesDone
+		}
+	}
+	c.sup.Stop(30 * time.Second)
+	_ = delBridge(apiBridge)
+}
+
+// Cleanup removes what a crashed run left in dir: components still running (by the PID
+// recorded, checked against its binary), the nodes' namespaces and links, the API bridge.
+func Cleanup(dir string) error {
+	states, err := supervise.ReadStates(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, st := range states {
+		if st.PID != 0 && supervise.Alive(st.PID, st.Path) {
+			_ = syscall.Kill(st.PID, syscall.SIGKILL)
+		}
+	}
+	var errs []error
+	nodes, _ := filepath.Glob(filepath.Join(dir, "nodes", "*"))
+	for _, n := range nodes {
+		errs = append(errs, provider.Cleanup(n))
+	}
+	errs = append(errs, delBridge(apiBridge))
+	return errors.Join(errs...)
+}
+
+func addBridge(name string, ip net.IP) error {
+	_ = delBridge(name)
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+	if err := netlink.LinkAdd(br); err != nil {
+		return fmt.Errorf("create bridge %s: %w", name, err)
+	}
+	if err := netlink.AddrAdd(br, &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(24, 32)}}); err != nil {
+		return fmt.Errorf("address %s on %s: %w", ip, name, err)
+	}
+	return netlink.LinkSetUp(br)
+}
+
+func delBridge(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return err
+	}
+	if _, ok := l.(*netlink.Bridge); !ok {
+		return fmt.Errorf("%s is not a bridge: left alone", name)
+	}
+	return netlink.LinkDel(l)
+}
+
+// installLauncher copies qvirt-launcher (and qvirt-pull, which it runs to pull images, when built)
+// from bin into dst, readable and executable by everyone.
+func installLauncher(bin, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	for _, name := range []string{"qvirt-launcher", "qvirt-pull"} {
+		data, err := os.ReadFile(filepath.Join(bin, name))
+		if errors.Is(err, os.ErrNotExist) && name == "qvirt-pull" {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("launcher binary: %w", err)
+		}
+		tmp := filepath.Join(dst, "."+name)
+		if err := os.WriteFile(tmp, data, 0o755); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,180 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// buildBinaries builds qvirt-controller, qvirt-handler and qvirt-launcher into a directory.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	for _, c := range []string{"qvirt-controller", "qvirt-handler", "qvirt-launcher"} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, c), "../../cmd/"+c).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", c, err, out)
+		}
+	}
+	return bin
+}
+
+// guestImage copies the test guest where the unprivileged launcher can read it.
+func guestImage(t *testing.T, dir string) string {
+	t.Helper()
+	src, err := testutil.GuestDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(dir, "images", "guest")
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"vmlinuz", "initrd.img"} {
+		data, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dst
+}
+
+type progress struct{ t *testing.T }
+
+func (p progress) Write(b []byte) (int, error) { p.t.Log(strings.TrimSpace(string(b))); return len(b), nil }
+
+// TestLocalCluster brings a one-node local cluster up as `qvirtctl local up --emulation` does, runs
+// the test guest on it through the real qvirt-controller, virtual node and qvirt-handler, reaches
+// its httpd at the pod's address, and takes it all down again without leftovers.
+func TestLocalCluster(t *testing.T) {
+	tools, err := envtest.Assets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := buildBinaries(t)
+	dir, err := os.MkdirTemp("", "qvl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	image := guestImage(t, dir)
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	started := time.Now()
+	c, err := Up(ctx, Options{Dir: dir, Nodes: 1, Emulation: true, Repo: "../..", Tools: tools, Bin: bin,
+		CNICache: filepath.Join(cache, "qvirt", "cni"), Progress: progress{t}, Log: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	downed := false
+	t.Cleanup(func() {
+		if !downed {
+			c.Down()
+		}
+	})
+	t.Logf("cluster up in %.1fs", time.Since(started).Seconds())
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme, err := controllers.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := launcher.LoadSpec("../../test/guest/vmi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "demo", Namespace: "default"}, Spec: req.Spec}
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + image
+	vmi.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
+	vmi.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	created := time.Now()
+	if err := cl.Create(ctx, vmi); err != nil {
+		t.Fatal(err)
+	}
+	var got v1alpha1.VirtualMachineInstance
+	testutil.Eventually(t, 90*time.Second, "VMI demo Running with an address", func() bool {
+		_ = cl.Get(ctx, client.ObjectKeyFromObject(vmi), &got)
+		return got.Status.Phase == v1alpha1.Running && len(got.Status.Interfaces) == 1 && got.Status.Interfaces[0].IP != ""
+	}, func() string {
+		var pods corev1.PodList
+		_ = cl.List(ctx, &pods, client.InNamespace("default"))
+		msg := fmt.Sprintf("status %+v\n", got.Status)
+		for _, p := range pods.Items {
+			msg += fmt.Sprintf("pod %s node %q phase %s containers %+v\n", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.ContainerStatuses)
+		}
+		for _, f := range []string{"qvirt-handler-" + NodeName(1), "qvirt-controller"} {
+			data, _ := os.ReadFile(filepath.Join(dir, "logs", f+".log"))
+			msg += f + ":\n" + testutil.Tail(string(data), 3000) + "\n"
+		}
+		logs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", "*"))
+		for _, f := range logs {
+			data, _ := os.ReadFile(f)
+			msg += f + ":\n" + testutil.Tail(string(data), 2000) + "\n"
+		}
+		return msg
+	})
+	t.Logf("VMI created -> Running in %.2fs on %s", time.Since(created).Seconds(), got.Status.NodeName)
+	con := testutil.AttachConsole(t, launcher.VMIDir(NodeSocketDir(dir, 1), got.UID).Serial())
+	con.Send(t, "echo HELLO-$((6*7))")
+	con.Expect(t, 0, "HELLO-42", time.Minute)
+
+	hc := http.Client{Timeout: 5 * time.Second}
+	url := "http://" + got.Status.Interfaces[0].IP + "/"
+	testutil.Eventually(t, time.Minute, "GET "+url, func() bool {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "testguest"
+	})
+
+	if err := cl.Delete(ctx, vmi); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, time.Minute, "VMI demo gone", func() bool {
+		err := cl.Get(ctx, client.ObjectKeyFromObject(vmi), &got)
+		return client.IgnoreNotFound(err) == nil && err != nil
+	})
+	c.Down()
+	downed = true
+	out, _ := exec.Command("ip", "-o", "link", "show").Output()
+	for _, l := range []string{apiBridge, "qvirt-n1"} {
+		if strings.Contains(string(out), l+":") || strings.Contains(string(out), l+"@") {
+			t.Errorf("link %s left after Down", l)
+		}
+	}
+}
