@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The demo on this machine (make run). Until the local cluster exists it brings up a real control
-# plane with qvirt's CRDs, applies the samples and says what is still missing.
+# The demo on this machine (make run): a two-node local cluster in the foreground with the demo VM
+# running on it. Ctrl-C powers the guest off and takes the cluster down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KUBEBUILDER_ASSETS=$(hack/build-tools.sh) exec go run ./test/controlplane "$@"
+exec bin/qvirtctl local up --nodes 2 --emulation-if-needed --demo --tools "$(hack/build-tools.sh)" "$@"

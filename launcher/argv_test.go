@@ -589,7 +589,15 @@ type testQMP struct {
 
 func dialQMP(t *testing.T, path string, diag func() string) *testQMP {
 	t.Helper()
-	conn, err := net.Dial("unix", path)
+	// The socket file appears at bind(), a moment before QEMU listens on it.
+	var conn net.Conn
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if conn, err = net.Dial("unix", path); err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("%v%s", err, diag())
 	}

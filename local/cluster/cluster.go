@@ -30,7 +30,6 @@ const (
 	Namespace     = "qvirt-system"
 	LauncherImage = "qvirt-launcher:local"
 	apiBridge     = "qvirt-api"
-	webhookPort   = 9443
 )
 
 var apiAddress = net.IPv4(10, 243, 0, 1)
@@ -49,10 +48,18 @@ type Options struct {
 	// Tools holds the control-plane binaries; Bin qvirt-controller, qvirt-handler and
 	// qvirt-launcher; CNICache where the CNI plugins are built.
 	Tools, Bin, CNICache string
+	// Ports place the control plane (zero: its defaults) and qvirt-controller's webhook (9443
+	// when zero) and probe (9441 when zero).
+	Ports Ports
 	// Progress receives one line per step.
 	Progress io.Writer
 	// Log receives the virtual nodes' logs.
 	Log logr.Logger
+}
+
+// Ports are the TCP ports a local cluster listens on.
+type Ports struct {
+	APIServer, Etcd, ControllerManager, Scheduler, Webhook, ControllerProbe int
 }
 
 // Cluster is a running local cluster.
@@ -120,7 +127,9 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		return nil, err
 	}
 	step("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler (logs in %s)", filepath.Join(opts.Dir, "logs"))
-	if c.cp, err = StartControlPlane(ctx, sup, ControlPlaneOptions{Dir: opts.Dir, Tools: opts.Tools, Address: apiAddress}); err != nil {
+	p := opts.Ports
+	if c.cp, err = StartControlPlane(ctx, sup, ControlPlaneOptions{Dir: opts.Dir, Tools: opts.Tools, Address: apiAddress,
+		APIServerPort: p.APIServer, EtcdPort: p.Etcd, ControllerManagerPort: p.ControllerManager, SchedulerPort: p.Scheduler}); err != nil {
 		return nil, err
 	}
 	c.Kubeconfig = c.cp.Kubeconfig
@@ -138,13 +147,19 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		return nil, err
 	}
 	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage}
+	if p.Webhook == 0 {
+		p.Webhook = 9443
+	}
+	if p.ControllerProbe == 0 {
+		p.ControllerProbe = 9441
+	}
 	if err := c.cp.Install(ctx, cl, InstallOptions{Repo: opts.Repo, Namespace: Namespace, Config: cfg,
-		WebhookAddress: apiAddress, WebhookPort: webhookPort}); err != nil {
+		WebhookAddress: apiAddress, WebhookPort: p.Webhook}); err != nil {
 		return nil, err
 	}
 	step("starting qvirt-controller")
 	if err := sup.Start(ctx, c.cp.Controller(ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),
-		Namespace: Namespace, WebhookPort: webhookPort, ProbePort: 9441})); err != nil {
+		Namespace: Namespace, WebhookPort: p.Webhook, ProbePort: p.ControllerProbe})); err != nil {
 		return nil, err
 	}
 	step("building the CNI plugins (cached after the first time)")
@@ -178,7 +193,8 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 		Log: c.opts.Log.WithName(name), PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), Bridge: fmt.Sprintf("qvirt-n%d", i),
 		Images:        map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
 		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i)},
-		Env:           map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(), "KUBERNETES_SERVICE_PORT": "6443"},
+		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
+			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
 	}
 }
 

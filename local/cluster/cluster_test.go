@@ -62,12 +62,16 @@ func guestImage(t *testing.T, dir string) string {
 
 type progress struct{ t *testing.T }
 
-func (p progress) Write(b []byte) (int, error) { p.t.Log(strings.TrimSpace(string(b))); return len(b), nil }
+func (p progress) Write(b []byte) (int, error) {
+	p.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
 
 // TestLocalCluster brings a one-node local cluster up as `qvirtctl local up --emulation` does, runs
 // the test guest on it through the real qvirt-controller, virtual node and qvirt-handler, reaches
 // its httpd at the pod's address, and takes it all down again without leftovers.
 func TestLocalCluster(t *testing.T) {
+	testutil.LockHostNetwork(t)
 	tools, err := envtest.Assets()
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +91,9 @@ func TestLocalCluster(t *testing.T) {
 	defer cancel()
 	started := time.Now()
 	c, err := Up(ctx, Options{Dir: dir, Nodes: 1, Emulation: true, Repo: "../..", Tools: tools, Bin: bin,
-		CNICache: filepath.Join(cache, "qvirt", "cni"), Progress: progress{t}, Log: testr.New(t)})
+		CNICache: filepath.Join(cache, "qvirt", "cni"), Progress: progress{t}, Log: testr.New(t),
+		Ports: Ports{APIServer: freePort(t), Etcd: freePort(t), ControllerManager: freePort(t), Scheduler: freePort(t),
+			Webhook: freePort(t), ControllerProbe: freePort(t)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,8 +32,9 @@ type ControlPlaneOptions struct {
 	// Address is where pods reach the API server (the pod bridge's address); the API server also
 	// answers on 127.0.0.1.
 	Address net.IP
-	// APIServerPort and EtcdPort; 6443 and 12379 when zero.
-	APIServerPort, EtcdPort int
+	// APIServerPort, EtcdPort (and EtcdPort+1 for its peer URL), ControllerManagerPort and
+	// SchedulerPort; 6443, 12379, 10257 and 10259 when zero.
+	APIServerPort, EtcdPort, ControllerManagerPort, SchedulerPort int
 	// ServiceCIDR is the Services' range; 10.96.0.0/16 when empty.
 	ServiceCIDR string
 }
@@ -53,6 +54,12 @@ func (o *ControlPlaneOptions) defaults() {
 	}
 	if o.EtcdPort == 0 {
 		o.EtcdPort = 12379
+	}
+	if o.ControllerManagerPort == 0 {
+		o.ControllerManagerPort = 10257
+	}
+	if o.SchedulerPort == 0 {
+		o.SchedulerPort = 10259
 	}
 	if o.ServiceCIDR == "" {
 		o.ServiceCIDR = "10.96.0.0/16"
@@ -183,18 +190,18 @@ func (cp *ControlPlane) controllerManager() supervise.Component {
 	kc := filepath.Join(cp.opts.Dir, "controller-manager.kubeconfig")
 	return supervise.Component{Name: "kube-controller-manager", Path: filepath.Join(cp.opts.Tools, "kube-controller-manager"),
 		Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
-			"--bind-address=127.0.0.1", "--secure-port=10257",
+			"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(cp.opts.ControllerManagerPort),
 			"--service-account-private-key-file=" + cp.pki("sa.key"), "--root-ca-file=" + cp.pki("ca.crt"),
 			"--use-service-account-credentials=true", "--leader-elect=false"},
-		Ready: httpReady("https://127.0.0.1:10257/healthz", insecureTLS)}
+		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.ControllerManagerPort)+"/healthz", insecureTLS)}
 }
 
 func (cp *ControlPlane) scheduler() supervise.Component {
 	kc := filepath.Join(cp.opts.Dir, "scheduler.kubeconfig")
 	return supervise.Component{Name: "kube-scheduler", Path: filepath.Join(cp.opts.Tools, "kube-scheduler"),
 		Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
-			"--bind-address=127.0.0.1", "--secure-port=10259", "--leader-elect=false"},
-		Ready: httpReady("https://127.0.0.1:10259/healthz", insecureTLS)}
+			"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(cp.opts.SchedulerPort), "--leader-elect=false"},
+		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.SchedulerPort)+"/healthz", insecureTLS)}
 }
 
 // adminTLS authenticates as the cluster admin and verifies the API server.

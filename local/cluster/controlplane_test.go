@@ -70,7 +70,8 @@ func TestControlPlane(t *testing.T) {
 	defer cancel()
 	started := time.Now()
 	cp, err := StartControlPlane(ctx, sup, ControlPlaneOptions{Dir: dir, Tools: tools,
-		Address: pods.Gateway.AsSlice(), APIServerPort: freePort(t), EtcdPort: freePort(t)})
+		Address: pods.Gateway.AsSlice(), APIServerPort: freePort(t), EtcdPort: freePort(t),
+		ControllerManagerPort: freePort(t), SchedulerPort: freePort(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

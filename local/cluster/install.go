@@ -132,3 +132,17 @@ func readObjects(file string) ([]*unstructured.Unstructured, error) {
 		}
 	}
 }
+
+// Apply applies every object of a YAML file (server-side apply), as `kubectl apply -f` does.
+func Apply(ctx context.Context, c client.Client, file string) error {
+	objs, err := readObjects(file)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		if err := c.Patch(ctx, o, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("apply %s %s from %s: %w", o.GetKind(), o.GetName(), file, err)
+		}
+	}
+	return nil
+}

@@ -120,7 +120,8 @@ func removeBridge(name string) error {
 	var errs []error
 	for _, l := range links {
 		if l.Attrs().MasterIndex == br.Attrs().Index && l.Type() == "veth" {
-			if err := netlink.LinkDel(l); err != nil && !errors.As(err, new(netlink.LinkNotFoundError)) {
+			// A veth goes by itself when its peer's namespace goes: gone is fine.
+			if err := netlink.LinkDel(l); err != nil && !errors.As(err, new(netlink.LinkNotFoundError)) && !errors.Is(err, unix.ENODEV) {
 				errs = append(errs, fmt.Errorf("delete veth %s: %w", l.Attrs().Name, err))
 			}
 		}

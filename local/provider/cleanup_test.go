@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/qvirt/qvirt/test/testutil"
 	"github.com/vishvananda/netlink"
 	"k8s.io/client-go/rest"
 )
@@ -19,6 +20,7 @@ import (
 // its veth and IP reservation, its process with a pid file, the bridge, ip_forward changed) and
 // checks that Cleanup removes all of it.
 func TestCleanupAfterCrash(t *testing.T) {
+	testutil.LockHostNetwork(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cacheDir, err := os.UserCacheDir()

@@ -29,6 +29,7 @@ import (
 
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 var cp *envtest.ControlPlane
@@ -132,6 +133,7 @@ func tail(b []byte, n int) []byte {
 }
 
 func TestVirtualNodes(t *testing.T) {
+	testutil.LockHostNetwork(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	binDir, err := provider.BuildCNIPlugins(ctx, filepath.Join(cacheHome(t), "qvirt", "cni"))

@@ -85,11 +85,14 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := s.srv.Shutdown(shutdown)
-	if serveErr := <-done; !errors.Is(serveErr, http.ErrServerClosed) && err == nil {
-		err = serveErr
+	if err := s.srv.Shutdown(shutdown); err != nil {
+		// A client still mid-request after the grace period (a pull being abandoned): cut it.
+		_ = s.srv.Close()
 	}
-	return err
+	if serveErr := <-done; !errors.Is(serveErr, http.ErrServerClosed) {
+		return fmt.Errorf("registry: %w", serveErr)
+	}
+	return nil
 }
 
 // logWriter turns the registry's log.Logger lines into logr records.

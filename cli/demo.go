@@ -1,0 +1,106 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/local/cluster"
+)
+
+// demoSample is the demo VM `local up --demo` applies; its image is the test guest copied under
+// the default state directory.
+const demoSample = "config/samples/vm-demo.yaml"
+
+// runDemo puts the test guest where the demo VM's image points, applies the demo VM, waits until
+// its instance runs and says how to reach it.
+func runDemo(ctx context.Context, out io.Writer, repo string, c *cluster.Cluster, dir string) error {
+	if dir != DefaultStateDir {
+		return fmt.Errorf("--demo: the demo VM's image lives under the default --state-dir %s", DefaultStateDir)
+	}
+	fmt.Fprintln(out, "local up: building the demo guest (test/guest/build.sh; cached after the first time)")
+	build := exec.CommandContext(ctx, filepath.Join(repo, "test", "guest", "build.sh"))
+	build.Stderr = os.Stderr
+	guest, err := build.Output()
+	if err != nil {
+		return fmt.Errorf("build the demo guest: %w", err)
+	}
+	if err := copyGuest(strings.TrimSpace(string(guest)), filepath.Join(dir, "images", "guest")); err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme, err := controllers.Scheme()
+	if err != nil {
+		return err
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "local up: kubectl apply -f", demoSample)
+	if err := cluster.Apply(ctx, cl, filepath.Join(repo, demoSample)); err != nil {
+		return err
+	}
+	vmi, err := waitRunning(ctx, cl, client.ObjectKey{Namespace: "default", Name: "demo"}, 5*time.Minute)
+	if err != nil {
+		return err
+	}
+	ip := ""
+	if len(vmi.Status.Interfaces) > 0 {
+		ip = vmi.Status.Interfaces[0].IP
+	}
+	node := 0
+	fmt.Sscanf(vmi.Status.NodeName, "qvirt-node-%d", &node)
+	serial := filepath.Join(cluster.NodeSocketDir(dir, node), string(vmi.UID), "serial.sock")
+	fmt.Fprintf(out, `
+VM demo runs on %s at %s. Try:
+  curl http://%s/                      # the guest's httpd, through the masquerade binding
+  socat -,raw,echo=0 UNIX-CONNECT:%s   # its serial console (qvirtctl console comes with qvirt-api)
+`, vmi.Status.NodeName, ip, ip, serial)
+	return nil
+}
+
+func waitRunning(ctx context.Context, cl client.Client, key client.ObjectKey, d time.Duration) (*v1alpha1.VirtualMachineInstance, error) {
+	deadline := time.Now().Add(d)
+	var vmi v1alpha1.VirtualMachineInstance
+	for {
+		err := cl.Get(ctx, key, &vmi)
+		if err == nil && vmi.Status.Phase == v1alpha1.Running && len(vmi.Status.Interfaces) > 0 && vmi.Status.Interfaces[0].IP != "" {
+			return &vmi, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("VMI %s not Running after %s (phase %q): see kubectl describe vmi %s", key, d, vmi.Status.Phase, key.Name)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// copyGuest copies the guest's kernel and initramfs where the unprivileged launcher can read them.
+func copyGuest(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	for _, f := range []string{"vmlinuz", "initrd.img"} {
+		data, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			return fmt.Errorf("demo guest: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, f), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
