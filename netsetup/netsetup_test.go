@@ -19,6 +19,7 @@ import (
 
 	"github.com/qvirt/qvirt/netsetup"
 	"github.com/qvirt/qvirt/test/podnet"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // These tests need root: they make real network namespaces, named qvt-<random>, with a veth pair
@@ -152,6 +153,7 @@ func (p *podNS) sysctl(t *testing.T, name string) string {
 }
 
 func TestMasqueradeSetupTeardown(t *testing.T) {
+	testutil.LockHostNetwork(t)
 	p := newPodNS(t)
 	hostForward, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 	if err != nil {
