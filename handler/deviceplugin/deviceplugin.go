@@ -156,11 +156,22 @@ func (m *Manager) handle(ctx context.Context, ev fsnotify.Event) {
 
 // register tells the kubelet about p; a failure is logged, the kubelet's socket appearing brings
 // the next try.
+//
+// The kubelet's socket appears at bind(), a moment before the kubelet listens: while it exists,
+// a refused registration is tried again for a few seconds.
 func (m *Manager) register(ctx context.Context, p *plugin) {
 	log := logf.FromContext(ctx).WithName("deviceplugin")
-	if err := Register(ctx, m.kubeletSock, p.resource, filepath.Base(p.socket)); err != nil {
-		log.Info("device plugin not registered yet", "resource", p.resource, "reason", err.Error())
-		return
+	deadline := time.Now().Add(registerTimeout)
+	for {
+		err := Register(ctx, m.kubeletSock, p.resource, filepath.Base(p.socket))
+		if err == nil {
+			break
+		}
+		if !exists(m.kubeletSock) || time.Now().After(deadline) || ctx.Err() != nil {
+			log.Info("device plugin not registered yet", "resource", p.resource, "reason", err.Error())
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	log.Info("device plugin registered", "resource", p.resource, "devices", len(p.devices))
 }

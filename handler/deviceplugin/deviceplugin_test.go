@@ -16,7 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // No kubelet can run on these machines, so the test stands in for it the way the kubelet's device
@@ -80,7 +82,7 @@ func (k *fakeKubelet) registrations(t *testing.T, n int) map[string]*pluginapi.R
 func startManager(t *testing.T, opts Options) (stop func()) {
 	t.Helper()
 	m := New(opts)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(logf.IntoContext(context.Background(), testr.New(t)))
 	done := make(chan error, 1)
 	go func() { done <- m.Start(ctx) }()
 	var stopped bool
