@@ -70,9 +70,9 @@ func TestVolumeHotplug(t *testing.T) {
 		if err != nil || st.Phase != launcher.PhaseRunning || st.RunState != "running" || len(st.Hotplugged) != 0 {
 			t.Fatalf("after the refusals: %v, phase %s, run state %s, hotplugged %v", err, st.Phase, st.RunState, st.Hotplugged)
 		}
-		from := len(c.text())
-		c.send(t, "echo ALIVE-$((6*7))")
-		c.expect(t, from, "ALIVE-42", time.Minute)
+		from := len(c.Text())
+		c.Send(t, "echo ALIVE-$((6*7))")
+		c.Expect(t, from, "ALIVE-42", time.Minute)
 	})
 
 	// A raw host image with a marker the guest reads back.
@@ -98,17 +98,17 @@ func TestVolumeHotplug(t *testing.T) {
 			t.Fatalf("hostDisk attached as %+v (emptyDisk on %s)", host, empty.Port)
 		}
 
-		from := len(c.text())
-		c.send(t, `for i in $(seq 30); do [ -b /dev/vdc ] && break; sleep 1; done; ls /dev/vd*; for d in /sys/block/vd*; do echo "DEV-${d##*/}-$(cat $d/serial)-$(cat $d/size)"; done`)
-		c.expect(t, from, "DEV-vda-", time.Minute)
-		c.expect(t, from, "-EMPTY1-16384", time.Minute) // 8 MiB in 512-byte sectors
-		end := c.expect(t, from, "-HOST1-8192", time.Minute)
-		text := c.text()[from:end]
+		from := len(c.Text())
+		c.Send(t, `for i in $(seq 30); do [ -b /dev/vdc ] && break; sleep 1; done; ls /dev/vd*; for d in /sys/block/vd*; do echo "DEV-${d##*/}-$(cat $d/serial)-$(cat $d/size)"; done`)
+		c.Expect(t, from, "DEV-vda-", time.Minute)
+		c.Expect(t, from, "-EMPTY1-16384", time.Minute) // 8 MiB in 512-byte sectors
+		end := c.Expect(t, from, "-HOST1-8192", time.Minute)
+		text := c.Text()[from:end]
 		dev := text[strings.LastIndex(text, "DEV-")+len("DEV-"):]
 		dev = dev[:strings.Index(dev, "-")]
-		from = len(c.text())
-		c.send(t, "head -c 19 /dev/"+dev+"; echo")
-		c.expect(t, from, marker, time.Minute)
+		from = len(c.Text())
+		c.Send(t, "head -c 19 /dev/"+dev+"; echo")
+		c.Expect(t, from, marker, time.Minute)
 
 		st, err := v.client.Status(ctx)
 		if err != nil {
@@ -127,9 +127,9 @@ func TestVolumeHotplug(t *testing.T) {
 				t.Fatalf("unplug %s: %v", name, err)
 			}
 		}
-		from = len(c.text())
-		c.send(t, `echo "LEFT-$(ls /sys/block | grep -c vd)"`)
-		c.expect(t, from, "LEFT-1", time.Minute)
+		from = len(c.Text())
+		c.Send(t, `echo "LEFT-$(ls /sys/block | grep -c vd)"`)
+		c.Expect(t, from, "LEFT-1", time.Minute)
 		if _, err := os.Stat(empty.Path); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the emptyDisk image outlived its unplug: %v", err)
 		}
@@ -152,13 +152,13 @@ func TestVolumeHotplug(t *testing.T) {
 	})
 
 	t.Run("an emptyDisk added again is blank", func(t *testing.T) {
-		from := len(c.text())
+		from := len(c.Text())
 		d, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("empty", "EMPTY2"), Volume: emptyDisk("empty", "8Mi")})
 		if err != nil {
 			t.Fatalf("hotplug: %v", err)
 		}
-		c.send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "WROTE-$(echo dirty > /dev/vdb && sync && echo ok)"`)
-		c.expect(t, from, "WROTE-ok", time.Minute)
+		c.Send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "WROTE-$(echo dirty > /dev/vdb && sync && echo ok)"`)
+		c.Expect(t, from, "WROTE-ok", time.Minute)
 		if data, err := os.ReadFile(d.Path); err != nil || !strings.HasPrefix(string(data), "dirty") {
 			t.Fatalf("the guest's write did not reach %s: %v", d.Path, err)
 		}
@@ -168,8 +168,8 @@ func TestVolumeHotplug(t *testing.T) {
 		if _, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("empty", "EMPTY3"), Volume: emptyDisk("empty", "8Mi")}); err != nil {
 			t.Fatalf("hotplug again: %v", err)
 		}
-		from = len(c.text())
-		c.send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "BLANK-$(head -c 5 /dev/vdb | grep -c dirty)"`)
-		c.expect(t, from, "BLANK-0", time.Minute)
+		from = len(c.Text())
+		c.Send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "BLANK-$(head -c 5 /dev/vdb | grep -c dirty)"`)
+		c.Expect(t, from, "BLANK-0", time.Minute)
 	})
 }

@@ -161,9 +161,9 @@ func TestBootFromRegistryImagesAndCache(t *testing.T) {
 		t.Fatal("the first start fetched no blob from the registry")
 	}
 	con := attach(t, v.runDir)
-	at := con.expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
-	con.send(t, "echo VDA-$(cat /sys/block/vda/size)")
-	con.expect(t, at, "VDA-131072", 30*time.Second) // 64 MiB containerDisk, in 512-byte sectors
+	at := con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	con.Send(t, "echo VDA-$(cat /sys/block/vda/size)")
+	con.Expect(t, at, "VDA-131072", 30*time.Second) // 64 MiB containerDisk, in 512-byte sectors
 
 	reg.reset()
 	again := newLauncherWith(t, imageResolver(t, reg, cache))

@@ -54,14 +54,14 @@ func TestHotpluggedNICGetsItsLease(t *testing.T) {
 		}
 		// udhcpc runs at boot on the interfaces the guest had then; start it on the new one the
 		// same way (the same event script prints QVIRT-IP).
-		from := len(c.text())
-		c.send(t, `for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; `+
+		from := len(c.Text())
+		c.Send(t, `for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; `+
 			`udhcpc -f -q -n -i eth0 -s /etc/udhcpc.script -T 2 -t 15 >/var/log/udhcpc.hot.log 2>&1; echo "UDHCPC-DONE-$?"`)
-		c.expect(t, from, "QVIRT-IP eth0 10.213.79.2", time.Minute)
-		c.expect(t, from, "UDHCPC-DONE-0\r\n", time.Minute)
-		from = len(c.text())
-		c.send(t, `ping -c 1 -W 5 10.213.79.1 >/dev/null && echo "GW-OK" || echo "GW-FAILED"`)
-		c.expect(t, from, "GW-OK\r\n", time.Minute)
+		c.Expect(t, from, "QVIRT-IP eth0 10.213.79.2", time.Minute)
+		c.Expect(t, from, "UDHCPC-DONE-0\r\n", time.Minute)
+		from = len(c.Text())
+		c.Send(t, `ping -c 1 -W 5 10.213.79.1 >/dev/null && echo "GW-OK" || echo "GW-FAILED"`)
+		c.Expect(t, from, "GW-OK\r\n", time.Minute)
 	})
 
 	t.Run("unplug stops the DHCP server", func(t *testing.T) {

@@ -33,9 +33,9 @@ func TestStatsFollowTheGuest(t *testing.T) {
 	}
 
 	t.Run("vCPU time grows while the guest computes", func(t *testing.T) {
-		c.send(t, "while :; do :; done &")
+		c.Send(t, "while :; do :; done &")
 		time.Sleep(3 * time.Second)
-		c.send(t, "kill $!")
+		c.Send(t, "kill $!")
 		after := stats(t, v)
 		grew := after.VCPUs[0].Time.Total() - before.VCPUs[0].Time.Total()
 		t.Logf("vCPU 0: %s then %s (+%s in 3 s of busy loop)", before.VCPUs[0].Time.Total(), after.VCPUs[0].Time.Total(), grew)
@@ -50,9 +50,9 @@ func TestStatsFollowTheGuest(t *testing.T) {
 
 	t.Run("disk counters follow the guest's reads and writes", func(t *testing.T) {
 		s0 := diskNamed(t, stats(t, v), "scratch")
-		from := len(c.text())
-		c.send(t, `dd if=/dev/vda of=/dev/null bs=4096 count=512 2>/dev/null; dd if=/dev/zero of=/dev/vda bs=4096 count=64 2>/dev/null; sync; echo "DD-DONE"`)
-		c.expect(t, from, "DD-DONE\r\n", time.Minute)
+		from := len(c.Text())
+		c.Send(t, `dd if=/dev/vda of=/dev/null bs=4096 count=512 2>/dev/null; dd if=/dev/zero of=/dev/vda bs=4096 count=64 2>/dev/null; sync; echo "DD-DONE"`)
+		c.Expect(t, from, "DD-DONE\r\n", time.Minute)
 		s1 := diskNamed(t, stats(t, v), "scratch")
 		t.Logf("scratch: %+v", s1)
 		// The guest read 2 MiB from the start of the disk; its kernel may have cached the first
@@ -76,10 +76,10 @@ func TestStatsFollowTheGuest(t *testing.T) {
 		}
 		run(t, "ip", "addr", "add", host+"/30", "dev", tap)
 		run(t, "ip", "link", "set", tap, "up")
-		from := len(c.text())
-		c.send(t, `for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; ip addr add `+guest+`/30 dev eth0; ping -c 3 -W 5 `+host+` >/dev/null && echo "PING-OK" || echo "PING-FAILED"`)
+		from := len(c.Text())
+		c.Send(t, `for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; ip addr add `+guest+`/30 dev eth0; ping -c 3 -W 5 `+host+` >/dev/null && echo "PING-OK" || echo "PING-FAILED"`)
 		// "\r\n" right after the marker: the echo of the command line has a quote there.
-		c.expect(t, from, "PING-OK\r\n", time.Minute)
+		c.Expect(t, from, "PING-OK\r\n", time.Minute)
 		// Traffic one way only: datagrams to a closed port in the guest, which answers at most a
 		// few rate-limited ICMP errors of at most 576 bytes each.
 		conn, err := net.Dial("udp", guest+":9")

@@ -5,14 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -94,95 +90,18 @@ func newLauncher(t *testing.T) *vm {
 	return &vm{runDir: runDir, client: launcher.NewClient(sock)}
 }
 
+// waitFor polls ok until it holds or d passes (test/testutil).
 func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, d, what, ok)
 }
 
-// console is a reader of the guest's serial socket that keeps everything it read.
-type console struct {
-	conn net.Conn
-	mu   sync.Mutex
-	buf  bytes.Buffer
-}
+// console is the guest's serial console (test/testutil).
+type console = testutil.Console
 
 func attach(t *testing.T, runDir string) *console {
 	t.Helper()
-	conn, err := net.Dial("unix", filepath.Join(runDir, "serial.sock"))
-	if err != nil {
-		t.Fatalf("attach serial console: %v", err)
-	}
-	c := &console{conn: conn}
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			n, err := conn.Read(b)
-			c.mu.Lock()
-			c.buf.Write(b[:n])
-			c.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	t.Cleanup(func() { _ = conn.Close() })
-	return c
-}
-
-func (c *console) text() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.buf.String()
-}
-
-func (c *console) send(t *testing.T, line string) {
-	t.Helper()
-	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
-		t.Fatalf("write to console: %v", err)
-	}
-}
-
-// expect waits until the console shows want after offset from; it returns the end of the match.
-func (c *console) expect(t *testing.T, from int, want string, d time.Duration) int {
-	t.Helper()
-	var end int
-	waitFor(t, d, fmt.Sprintf("%q on the console (have %q)", want, tail(c.text(), 300)), func() bool {
-		text := c.text()
-		if from > len(text) {
-			return false
-		}
-		i := strings.Index(text[from:], want)
-		end = from + i + len(want)
-		return i >= 0
-	})
-	return end
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
-// A counter line; the echo of the command that started it ("tick 100000 &") does not match.
-var tickRE = regexp.MustCompile(`tick (\d+)\r\n`)
-
-// lastTick is the highest counter the guest printed.
-func (c *console) lastTick() int {
-	last := 0
-	for _, m := range tickRE.FindAllStringSubmatch(c.text(), -1) {
-		if n, _ := strconv.Atoi(m[1]); n > last {
-			last = n
-		}
-	}
-	return last
+	return testutil.AttachConsole(t, filepath.Join(runDir, "serial.sock"))
 }
 
 const bootTimeout = 3 * time.Minute
@@ -199,7 +118,7 @@ func boot(t *testing.T) (*vm, *console) {
 		t.Fatalf("after sync: phase %s qemu %q, want Running on QEMU 7+", st.Phase, st.QEMUVersion)
 	}
 	c := attach(t, v.runDir)
-	c.expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 	return v, c
 }
 
@@ -208,8 +127,8 @@ func TestGuestLifecycle(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("pause and resume stop and restart the guest", func(t *testing.T) {
-		c.send(t, "tick 100000 &")
-		c.expect(t, 0, "tick 3", time.Minute)
+		c.Send(t, "tick 100000 &")
+		c.Expect(t, 0, "tick 3", time.Minute)
 		if err := v.client.Pause(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -218,9 +137,9 @@ func TestGuestLifecycle(t *testing.T) {
 			t.Fatalf("after pause: paused=%v runState=%s", st.Paused, st.RunState)
 		}
 		time.Sleep(300 * time.Millisecond) // a line already in flight may still arrive
-		before := c.lastTick()
+		before := c.LastTick()
 		time.Sleep(3 * time.Second)
-		if after := c.lastTick(); after != before {
+		if after := c.LastTick(); after != before {
 			t.Fatalf("the guest kept counting while paused: tick %d then %d", before, after)
 		}
 		if err := v.client.Resume(ctx); err != nil {
@@ -229,8 +148,8 @@ func TestGuestLifecycle(t *testing.T) {
 		if st, _ := v.client.Status(ctx); st.Paused || st.RunState != "running" {
 			t.Fatalf("after resume: paused=%v runState=%s", st.Paused, st.RunState)
 		}
-		waitFor(t, time.Minute, "the counter to go on after resume", func() bool { return c.lastTick() > before })
-		c.send(t, "kill $!")
+		waitFor(t, time.Minute, "the counter to go on after resume", func() bool { return c.LastTick() > before })
+		c.Send(t, "kill $!")
 	})
 
 	t.Run("a hotplugged disk appears as /dev/vdb and goes away on unplug", func(t *testing.T) {
@@ -245,15 +164,15 @@ func TestGuestLifecycle(t *testing.T) {
 		if got.Port == "" {
 			t.Fatalf("hotplug reply names no root port: %+v", got)
 		}
-		from := len(c.text())
-		c.send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "PLUGGED-$(cat /sys/block/vdb/size 2>/dev/null)"`)
-		c.expect(t, from, "PLUGGED-65536", time.Minute) // 32 MiB in 512-byte sectors
+		from := len(c.Text())
+		c.Send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "PLUGGED-$(cat /sys/block/vdb/size 2>/dev/null)"`)
+		c.Expect(t, from, "PLUGGED-65536", time.Minute) // 32 MiB in 512-byte sectors
 		if err := v.client.UnplugDisk(ctx, "hot"); err != nil {
 			t.Fatalf("unplug: %v", err)
 		}
-		from = len(c.text())
-		c.send(t, `echo "UNPLUGGED-$(ls /dev/vdb 2>/dev/null || echo gone)"`)
-		c.expect(t, from, "UNPLUGGED-gone", time.Minute)
+		from = len(c.Text())
+		c.Send(t, `echo "UNPLUGGED-$(ls /dev/vdb 2>/dev/null || echo gone)"`)
+		c.Expect(t, from, "UNPLUGGED-gone", time.Minute)
 		if st, _ := v.client.Status(ctx); len(st.Hotplugged) != 0 {
 			t.Fatalf("status still lists hotplugged disks: %+v", st.Hotplugged)
 		}
@@ -270,15 +189,15 @@ func TestGuestLifecycle(t *testing.T) {
 		if err := v.client.HotplugNIC(ctx, launcher.NICHotplug{Name: "extra", Tap: tap, MAC: mac}); err != nil {
 			t.Fatalf("hotplug nic: %v", err)
 		}
-		from := len(c.text())
-		c.send(t, `for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; echo "NIC-$(cat /sys/class/net/eth0/address)"`)
-		c.expect(t, from, "NIC-"+mac, time.Minute)
+		from := len(c.Text())
+		c.Send(t, `for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; echo "NIC-$(cat /sys/class/net/eth0/address)"`)
+		c.Expect(t, from, "NIC-"+mac, time.Minute)
 		if err := v.client.UnplugNIC(ctx, "extra"); err != nil {
 			t.Fatalf("unplug nic: %v", err)
 		}
-		from = len(c.text())
-		c.send(t, `echo "NICGONE-$(ls /sys/class/net | grep -c eth)"`)
-		c.expect(t, from, "NICGONE-0", time.Minute)
+		from = len(c.Text())
+		c.Send(t, `echo "NICGONE-$(ls /sys/class/net | grep -c eth)"`)
+		c.Expect(t, from, "NICGONE-0", time.Minute)
 	})
 
 	t.Run("ACPI shutdown powers the guest off within the grace period", func(t *testing.T) {
@@ -344,8 +263,8 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 	if _, err := src.client.HotplugDisk(ctx, launcher.DiskHotplug{Name: "hot", Path: img, Format: "qcow2"}); err != nil {
 		t.Fatal(err)
 	}
-	srcConsole.send(t, "tick 100000 &")
-	srcConsole.expect(t, 0, "tick 3", time.Minute)
+	srcConsole.Send(t, "tick 100000 &")
+	srcConsole.Expect(t, 0, "tick 3", time.Minute)
 	srcStatus, err := src.client.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -364,7 +283,7 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	beforeSwitch := srcConsole.lastTick()
+	beforeSwitch := srcConsole.LastTick()
 	if err := src.client.MigrateSource(ctx, launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
 		t.Fatal(err)
 	}
@@ -381,15 +300,15 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 		return err == nil && st.Phase == launcher.PhaseRunning && st.RunState == "running"
 	})
 	// The counter goes on from where it was: same guest, no reboot.
-	dstConsole.expect(t, 0, "tick ", time.Minute)
-	waitFor(t, time.Minute, "the counter to go on past the switch", func() bool { return dstConsole.lastTick() > beforeSwitch+1 })
-	from := len(dstConsole.text())
-	dstConsole.send(t, `echo "STILL-$(cat /sys/block/vdb/size)"`)
-	dstConsole.expect(t, from, "STILL-65536", time.Minute)
-	if strings.Contains(dstConsole.text(), "QVIRT-GUEST-READY") {
-		t.Fatalf("the guest rebooted on the target:\n%s", dstConsole.text())
+	dstConsole.Expect(t, 0, "tick ", time.Minute)
+	waitFor(t, time.Minute, "the counter to go on past the switch", func() bool { return dstConsole.LastTick() > beforeSwitch+1 })
+	from := len(dstConsole.Text())
+	dstConsole.Send(t, `echo "STILL-$(cat /sys/block/vdb/size)"`)
+	dstConsole.Expect(t, from, "STILL-65536", time.Minute)
+	if strings.Contains(dstConsole.Text(), "QVIRT-GUEST-READY") {
+		t.Fatalf("the guest rebooted on the target:\n%s", dstConsole.Text())
 	}
-	t.Logf("tick %d before the switch, %d on the target; downtime %d ms", beforeSwitch, dstConsole.lastTick(), st.Migration.DowntimeMs)
+	t.Logf("tick %d before the switch, %d on the target; downtime %d ms", beforeSwitch, dstConsole.LastTick(), st.Migration.DowntimeMs)
 }
 
 func TestBadSpecsFailBeforeQEMUStarts(t *testing.T) {
@@ -490,7 +409,7 @@ func TestRunCommandBootsAndPowersOff(t *testing.T) {
 			t.Fatalf("qvirt-launcher run exited with %v; stderr:\n%s", err, stderr.String())
 		}
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("the guest did not power off; stdout tail:\n%s", tail(stdout.String(), 500))
+		t.Fatalf("the guest did not power off; stdout tail:\n%s", testutil.Tail(stdout.String(), 500))
 	}
 	if !strings.Contains(stderr.String(), "guest ended: guest shutdown") {
 		t.Fatalf("stderr does not report the clean shutdown:\n%s", stderr.String())
