@@ -688,13 +688,7 @@ func TestBadLaunchers(t *testing.T) {
 func TestLiveMigration(t *testing.T) {
 	e := newEnv(t)
 	nodeB := e.addNode()
-	v := e.guestVMI("mig")
-	e.create(v)
-	e.kubelet.run(v, true)
-	srcCon := e.console(v)
-	e.waitVMI("mig", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
-	})
+	v, _, srcCon := e.startGuest("mig")
 	srcCon.Expect(t, 0, "QVIRT-IP eth0 10.0.2.2", bootTimeout)
 	srcCon.Expect(t, 0, "tick 2\r\n", bootTimeout)
 	// A hot-plugged disk goes along, on the same root port.
@@ -760,13 +754,7 @@ func TestMigrationCancel(t *testing.T) {
 	e := newEnv(t)
 	e.setConfig("bandwidthPerMigration", "1Mi")
 	nodeB := e.addNode()
-	v := e.guestVMI("slow")
-	e.create(v)
-	e.kubelet.run(v, true)
-	con := e.console(v)
-	e.waitVMI("slow", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
-	})
+	v, _, con := e.startGuest("slow")
 	con.Expect(t, 0, "tick 2\r\n", bootTimeout)
 
 	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "slow-1", Namespace: e.ns},
@@ -797,6 +785,20 @@ func TestMigrationCancel(t *testing.T) {
 	e.waitVMI("slow", 10*time.Second, "Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return isTrue(v, v1alpha1.VirtualMachineInstanceReady) && condition(v, v1alpha1.VirtualMachineInstancePaused) == nil
 	})
+}
+
+// startGuest creates the test guest's VMI, runs its launcher pod and waits until it is Running and
+// Ready; the returned VMI is the Running one.
+func (e *env) startGuest(name string) (*v1alpha1.VirtualMachineInstance, *pod, *testutil.Console) {
+	e.t.Helper()
+	v := e.guestVMI(name)
+	e.create(v)
+	p := e.kubelet.run(v, true)
+	con := e.console(v)
+	v = e.waitVMI(name, bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+	})
+	return v, p, con
 }
 
 // setConfig sets one key of qvirt-config until the test ends.
@@ -832,13 +834,7 @@ func (e *env) setConfig(key, value string) {
 // everything else runs on, and removing them from the spec detaches them.
 func TestDiskHotplug(t *testing.T) {
 	e := newEnv(t)
-	v := e.guestVMI("hp")
-	e.create(v)
-	e.kubelet.run(v, true)
-	con := e.console(v)
-	v = e.waitVMI("hp", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
-	})
+	_, _, con := e.startGuest("hp")
 	con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 
 	e.addDisk("hp", "scratch", v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}})

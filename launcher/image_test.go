@@ -13,11 +13,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -102,34 +100,6 @@ func startRegistry(t *testing.T) *testRegistry {
 // imageResolver pulls into cache, trusting the test registry with plain HTTP.
 func imageResolver(t *testing.T, r *testRegistry, cache string) launcher.HostResolver {
 	return launcher.HostResolver{SpareRootPorts: 2, ImageCache: cache, InsecureRegistries: []string{r.addr}, Puller: puller(t)}
-}
-
-// newLauncherWith is newLauncher (vm_test.go) with a resolver of the test's choosing.
-func newLauncherWith(t *testing.T, res launcher.HostResolver) *vm {
-	t.Helper()
-	runDir, err := os.MkdirTemp("", "qvt-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := launcher.New(runDir, res, launcher.Options{Log: testr.New(t)})
-	ctx, cancel := context.WithCancel(context.Background())
-	sock := filepath.Join(runDir, launcher.SocketName)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = launcher.Serve(ctx, sock, l, testr.New(t))
-	}()
-	t.Cleanup(func() {
-		if st, err := launcher.NewClient(sock).Status(context.Background()); err == nil && st.PID > 0 && st.Exit == nil {
-			_ = syscall.Kill(st.PID, syscall.SIGKILL)
-			waitFor(t, 10*time.Second, "QEMU to exit", func() bool { s, _ := l.Status(context.Background()); return s.Exit != nil })
-		}
-		cancel()
-		<-served
-		_ = os.RemoveAll(runDir)
-	})
-	waitFor(t, 5*time.Second, "the command socket", func() bool { _, err := os.Stat(sock); return err == nil })
-	return &vm{runDir: runDir, client: launcher.NewClient(sock)}
 }
 
 // registrySpec boots the demo guest image with the demo containerDisk as its only disk.

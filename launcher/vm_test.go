@@ -64,12 +64,19 @@ type vm struct {
 
 func newLauncher(t *testing.T) *vm {
 	t.Helper()
-	// Unix socket paths are limited to 107 bytes; t.TempDir() can be longer.
+	return newLauncherWith(t, launcher.HostResolver{SpareRootPorts: 2})
+}
+
+// newLauncherWith starts a launcher in this process with a resolver of the test's choosing,
+// serving its command socket in a short run directory (unix socket paths are limited to 107
+// bytes; t.TempDir() can be longer), and kills its QEMU when the test ends.
+func newLauncherWith(t *testing.T, res launcher.HostResolver) *vm {
+	t.Helper()
 	runDir, err := os.MkdirTemp("", "qvt-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := launcher.New(runDir, launcher.HostResolver{SpareRootPorts: 2}, launcher.Options{Log: testr.New(t)})
+	l := launcher.New(runDir, res, launcher.Options{Log: testr.New(t)})
 	ctx, cancel := context.WithCancel(context.Background())
 	sock := filepath.Join(runDir, launcher.SocketName)
 	served := make(chan struct{})

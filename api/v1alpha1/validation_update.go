@@ -111,45 +111,58 @@ func hotplugged(old *VirtualMachineInstance) map[string]bool {
 }
 
 func validateDiskUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
-	before := map[string]*Disk{}
-	for i := range old.Spec.Domain.Devices.Disks {
-		before[old.Spec.Domain.Devices.Disks[i].Name] = &old.Spec.Domain.Devices.Disks[i]
-	}
-	var errs field.ErrorList
-	for i := range vmi.Spec.Domain.Devices.Disks {
-		d := &vmi.Spec.Domain.Devices.Disks[i]
-		prev, ok := before[d.Name]
-		delete(before, d.Name)
-		if !ok {
-			errs = append(errs, ValidateHotplugDisk(d, p.Index(i))...)
-			continue
-		}
-		for _, fp := range specDiff(reflect.ValueOf(*prev), reflect.ValueOf(*d), p.Index(i), nil) {
-			errs = append(errs, field.Forbidden(fp, fmt.Sprintf("disk %q is attached: %s cannot change; remove the disk and add it again", d.Name, fp)))
-		}
-	}
-	return append(errs, validateRemovals("disk", slices.Sorted(maps.Keys(before)), hotplugged(old), volumeHotplugStatus, p)...)
+	return validateListUpdate(old.Spec.Domain.Devices.Disks, vmi.Spec.Domain.Devices.Disks, listUpdate[Disk]{
+		kind: "disk", name: func(d *Disk) string { return d.Name }, added: ValidateHotplugDisk,
+		changed: "disk %q is attached: %s cannot change; remove the disk and add it again",
+		hot:     hotplugged(old), statusField: volumeHotplugStatus,
+	}, p)
 }
 
 func validateVolumeUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
-	before := map[string]*Volume{}
-	for i := range old.Spec.Volumes {
-		before[old.Spec.Volumes[i].Name] = &old.Spec.Volumes[i]
+	return validateListUpdate(old.Spec.Volumes, vmi.Spec.Volumes, listUpdate[Volume]{
+		kind: "volume", name: func(v *Volume) string { return v.Name }, added: ValidateHotplugVolume,
+		changed: "volume %q is attached: %s cannot change; remove the volume and add it again",
+		hot:     hotplugged(old), statusField: volumeHotplugStatus,
+	}, p)
+}
+
+// listUpdate describes one hot-pluggable list of the spec (disks, volumes, interfaces, networks)
+// for validateListUpdate.
+type listUpdate[T any] struct {
+	kind string
+	name func(*T) string
+	// added checks an item the update adds.
+	added func(*T, *field.Path) field.ErrorList
+	// changed is the refusal of a change to an existing item; it takes the name and the field.
+	changed string
+	// hot are the names the status says were hot-plugged: only those may be removed;
+	// statusField names that status in the refusal.
+	hot         map[string]bool
+	statusField string
+}
+
+// validateListUpdate checks a hot-pluggable list: items present before cannot change, added
+// items must pass u.added, removed items must have been hot-plugged.
+func validateListUpdate[T any](old, cur []T, u listUpdate[T], p *field.Path) field.ErrorList {
+	before := map[string]*T{}
+	for i := range old {
+		before[u.name(&old[i])] = &old[i]
 	}
 	var errs field.ErrorList
-	for i := range vmi.Spec.Volumes {
-		v := &vmi.Spec.Volumes[i]
-		prev, ok := before[v.Name]
-		delete(before, v.Name)
+	for i := range cur {
+		item := &cur[i]
+		name := u.name(item)
+		prev, ok := before[name]
+		delete(before, name)
 		if !ok {
-			errs = append(errs, ValidateHotplugVolume(v, p.Index(i))...)
+			errs = append(errs, u.added(item, p.Index(i))...)
 			continue
 		}
-		for _, fp := range specDiff(reflect.ValueOf(*prev), reflect.ValueOf(*v), p.Index(i), nil) {
-			errs = append(errs, field.Forbidden(fp, fmt.Sprintf("volume %q is attached: %s cannot change; remove the volume and add it again", v.Name, fp)))
+		for _, fp := range specDiff(reflect.ValueOf(*prev), reflect.ValueOf(*item), p.Index(i), nil) {
+			errs = append(errs, field.Forbidden(fp, fmt.Sprintf(u.changed, name, fp)))
 		}
 	}
-	return append(errs, validateRemovals("volume", slices.Sorted(maps.Keys(before)), hotplugged(old), volumeHotplugStatus, p)...)
+	return append(errs, validateRemovals(u.kind, slices.Sorted(maps.Keys(before)), u.hot, u.statusField, p)...)
 }
 
 // The status fields that mark a device hot-plugged, named in refusals of a removal.

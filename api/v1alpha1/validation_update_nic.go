@@ -2,9 +2,6 @@ package v1alpha1
 
 import (
 	"fmt"
-	"maps"
-	"reflect"
-	"slices"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -62,51 +59,29 @@ func AddedInterfaces(old, vmi *VirtualMachineInstance) []int {
 }
 
 func validateInterfaceUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
-	before := map[string]*Interface{}
-	for i := range old.Spec.Domain.Devices.Interfaces {
-		before[old.Spec.Domain.Devices.Interfaces[i].Name] = &old.Spec.Domain.Devices.Interfaces[i]
-	}
 	podIface := PodInterface(&old.Spec)
-	var errs field.ErrorList
-	for i := range vmi.Spec.Domain.Devices.Interfaces {
-		in := &vmi.Spec.Domain.Devices.Interfaces[i]
-		prev, ok := before[in.Name]
-		delete(before, in.Name)
-		if ok {
-			for _, fp := range specDiff(reflect.ValueOf(*prev), reflect.ValueOf(*in), p.Index(i), nil) {
-				errs = append(errs, field.Forbidden(fp, fmt.Sprintf("interface %q is attached: %s cannot change; remove the interface and add it again", in.Name, fp)))
-			}
-			continue
-		}
-		errs = append(errs, ValidateHotplugInterface(in, p.Index(i))...)
+	added := func(in *Interface, p *field.Path) field.ErrorList {
+		errs := ValidateHotplugInterface(in, p)
 		if podIface != "" {
-			errs = append(errs, field.Forbidden(p.Index(i), fmt.Sprintf(
+			errs = append(errs, field.Forbidden(p, fmt.Sprintf(
 				"interface %q already uses the pod network and only one interface can; remove it before adding another", podIface)))
 		}
+		return errs
 	}
-	return append(errs, validateRemovals("interface", slices.Sorted(maps.Keys(before)), hotplugInterfaces(old), interfaceHotplugStatus, p)...)
+	return validateListUpdate(old.Spec.Domain.Devices.Interfaces, vmi.Spec.Domain.Devices.Interfaces, listUpdate[Interface]{
+		kind: "interface", name: func(in *Interface) string { return in.Name }, added: added,
+		changed: "interface %q is attached: %s cannot change; remove the interface and add it again",
+		hot:     hotplugInterfaces(old), statusField: interfaceHotplugStatus,
+	}, p)
 }
 
 func validateNetworkUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
-	before := map[string]*Network{}
-	for i := range old.Spec.Networks {
-		before[old.Spec.Networks[i].Name] = &old.Spec.Networks[i]
-	}
-	var errs field.ErrorList
-	for i := range vmi.Spec.Networks {
-		n := &vmi.Spec.Networks[i]
-		prev, ok := before[n.Name]
-		delete(before, n.Name)
-		if !ok {
-			errs = append(errs, ValidateHotplugNetwork(n, p.Index(i))...)
-			continue
-		}
-		for _, fp := range specDiff(reflect.ValueOf(*prev), reflect.ValueOf(*n), p.Index(i), nil) {
-			errs = append(errs, field.Forbidden(fp, fmt.Sprintf("network %q is in use: %s cannot change; remove the interface and network and add them again", n.Name, fp)))
-		}
-	}
 	// A network goes with its interface (the spec's pairing rule), so the interface's status decides.
-	return append(errs, validateRemovals("network", slices.Sorted(maps.Keys(before)), hotplugInterfaces(old), interfaceHotplugStatus, p)...)
+	return validateListUpdate(old.Spec.Networks, vmi.Spec.Networks, listUpdate[Network]{
+		kind: "network", name: func(n *Network) string { return n.Name }, added: ValidateHotplugNetwork,
+		changed: "network %q is in use: %s cannot change; remove the interface and network and add them again",
+		hot:     hotplugInterfaces(old), statusField: interfaceHotplugStatus,
+	}, p)
 }
 
 // ValidateHotplugInterface checks an interface added to a running instance: a virtio NIC (the
