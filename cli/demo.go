@@ -35,7 +35,7 @@ func runDemo(ctx context.Context, out io.Writer, repo string, c *cluster.Cluster
 	if err != nil {
 		return fmt.Errorf("build the demo guest: %w", err)
 	}
-	if err := copyGuest(strings.TrimSpace(string(guest)), filepath.Join(dir, "images", "guest")); err != nil {
+	if err := cluster.CopyGuest(strings.TrimSpace(string(guest)), filepath.Join(dir, "images", "guest")); err != nil {
 		return err
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -86,21 +86,4 @@ func waitRunning(ctx context.Context, cl client.Client, key client.ObjectKey, d 
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-}
-
-// copyGuest copies the guest's kernel and initramfs where the unprivileged launcher can read them.
-func copyGuest(src, dst string) error {
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	for _, f := range []string{"vmlinuz", "initrd.img"} {
-		data, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			return fmt.Errorf("demo guest: %w", err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, f), data, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/cobra"
 
-	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/local/cluster"
 	"github.com/qvirt/qvirt/local/supervise"
 )
@@ -107,16 +106,7 @@ func localUp(ctx context.Context, out io.Writer, repo string, opts cluster.Optio
 		return err
 	}
 	defer os.Remove(pidFile(opts.Dir))
-	if extras.emulationIfNeeded && !opts.Emulation {
-		caps, err := nodeagent.Probe(ctx, nodeagent.ProbeOptions{})
-		if err != nil {
-			return err
-		}
-		if !caps.KVM {
-			fmt.Fprintf(out, "local up: KVM does not work here (%s): guests run under software emulation, about 20x slower\n", caps.KVMReason)
-			opts.Emulation = true
-		}
-	}
+	opts.EmulationIfNeeded = extras.emulationIfNeeded
 	c, err := cluster.Up(ctx, opts)
 	if err != nil {
 		return err

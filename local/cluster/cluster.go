@@ -43,6 +43,9 @@ type Options struct {
 	// Emulation runs guests under TCG; without it KVM must really work (the node agent's check
 	// guest decides) or Up refuses.
 	Emulation bool
+	// EmulationIfNeeded falls back to emulation, saying so on Progress, when the check guest
+	// finds KVM unusable, instead of refusing.
+	EmulationIfNeeded bool
 	// Repo is the source tree (its config/ is installed).
 	Repo string
 	// Tools holds the control-plane binaries; Bin qvirt-controller, qvirt-handler and
@@ -109,7 +112,12 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		if err != nil {
 			return nil, err
 		}
-		if !caps.KVM {
+		switch {
+		case caps.KVM:
+		case opts.EmulationIfNeeded:
+			step("KVM does not work here (%s): guests run under software emulation, about 20x slower", caps.KVMReason)
+			opts.Emulation = true
+		default:
 			return nil, fmt.Errorf("KVM does not work on this machine (%s): pass --emulation to run guests under software emulation", caps.KVMReason)
 		}
 	}
@@ -290,6 +298,24 @@ func installLauncher(bin, dst string) error {
 			return err
 		}
 		if err := os.Rename(tmp, filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CopyGuest copies the test guest's kernel and initramfs from src (test/guest/build.sh's output)
+// to dst, where the unprivileged launcher can read them.
+func CopyGuest(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	for _, f := range []string{"vmlinuz", "initrd.img"} {
+		data, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			return fmt.Errorf("guest image: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, f), data, 0o644); err != nil {
 			return err
 		}
 	}

@@ -45,17 +45,8 @@ func guestImage(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(dir, "images", "guest")
-	if err := os.MkdirAll(dst, 0o755); err != nil {
+	if err := CopyGuest(src, dst); err != nil {
 		t.Fatal(err)
-	}
-	for _, f := range []string{"vmlinuz", "initrd.img"} {
-		data, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, f), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return dst
 }
