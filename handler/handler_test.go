@@ -732,7 +732,7 @@ func TestLiveMigration(t *testing.T) {
 		t.Errorf("volume scratch after the migration: %+v", vs)
 	}
 	from := len(dstCon.Text())
-	dstCon.Send(t, "cat /sys/block/vda/serial; echo; echo SERIAL-$((3+4))")
+	dstCon.Send(t, "for i in $(seq 20); do [ -e /sys/block/vda/serial ] && break; sleep 1; done; cat /sys/block/vda/serial; echo; echo SERIAL-$((3+4))")
 	end := dstCon.Expect(t, from, "SERIAL-7", 20*time.Second)
 	if !strings.Contains(dstCon.Text()[from:end], "scratch") {
 		t.Errorf("the hot-plugged disk is not the guest's vda on the target: %q", dstCon.Text()[from:end])
@@ -844,8 +844,9 @@ func TestDiskHotplug(t *testing.T) {
 	})
 	e.waitEvent("hp", node.EventVolumeAttached, "scratch", 10*time.Second)
 	from := len(con.Text())
-	con.Send(t, "cat /sys/block/vda/serial; echo; echo DISKS-$((1+1))")
-	con.Expect(t, from, "scratch", 20*time.Second)
+	// device_add returns before the guest's PCIe hotplug driver has enumerated the disk.
+	con.Send(t, "for i in $(seq 20); do [ -e /sys/block/vda/serial ] && break; sleep 1; done; cat /sys/block/vda/serial; echo; echo DISKS-$((1+1))")
+	con.Expect(t, from, "scratch", 30*time.Second)
 
 	e.addDisk("hp", "missing", v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/nonexistent/qvirt/disk.img", Type: v1alpha1.HostDiskExists}})
 	got := e.waitVMI("hp", 30*time.Second, "volume missing Failed", func(v *v1alpha1.VirtualMachineInstance) bool {
