@@ -41,4 +41,7 @@ const (
 	NodeQEMUVersionLabel = "qvirt.io/qemu-version"
 	// NodeHeartbeatAnnotation is when the node agent last beat, RFC 3339.
 	NodeHeartbeatAnnotation = "qvirt.io/heartbeat"
+	// NodeStreamsAddressAnnotation is host:port of the node agent's mTLS stream server, where
+	// qvirt-api reaches the consoles, displays and QMP shells of the node's VMIs.
+	NodeStreamsAddressAnnotation = "qvirt.io/streams-address"
 )
