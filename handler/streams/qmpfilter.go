@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	subresources "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 )
 
 // The QMP shell's command filter. It is the security boundary between a read-only user and QEMU,
@@ -175,9 +177,14 @@ func readOnlyAllows(cmd string, args map[string]any) (string, bool) {
 		if len(f) == 2 && f[0] == "info" && slices.Contains(readOnlyHMPInfo, f[1]) {
 			return "", true
 		}
-		return fmt.Sprintf("human-monitor-command %q needs the qmp-write permission; without it only \"info ITEM\" runs, for ITEM in %s",
-			line, strings.Join(readOnlyHMPInfo, ", ")), false
+		return fmt.Sprintf("human-monitor-command %q is not read-only: it needs %s; without it only \"info ITEM\" runs, for ITEM in %s",
+			line, writePermission, strings.Join(readOnlyHMPInfo, ", ")), false
 	}
-	return fmt.Sprintf("command %q needs the qmp-write permission (virtualmachineinstances/qmp-write); without it the QMP shell runs only query-* commands, %s and human-monitor-command \"info ITEM\"",
-		cmd, strings.Join(readOnlyCommands, ", ")), false
+	return fmt.Sprintf("%q is not read-only: it needs %s; without it the QMP shell runs only query-* commands, %s and human-monitor-command \"info ITEM\"",
+		cmd, writePermission, strings.Join(readOnlyCommands, ", ")), false
 }
+
+// writePermission is the RBAC permission qvirt-api checks before it sets X-Qvirt-QMP-Write, in
+// the words of a Role rule, so a refused user knows what to ask their administrator for.
+var writePermission = fmt.Sprintf("update on %s/%s (%s)",
+	subresources.VirtualMachineInstances, subresources.QMPWrite, subresources.GroupVersion.Group)

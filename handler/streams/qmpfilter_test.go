@@ -20,7 +20,7 @@ func TestFilterQMP(t *testing.T) {
 	}{
 		{"query read-only", `{"execute":"query-status","id":1}`, false, forward, "query-status", `{"execute":"query-status","id":1}`, ""},
 		{"qom-get read-only", `{"execute":"qom-get","arguments":{"path":"/machine","property":"type"}}`, false, forward, "qom-get", `{"execute":"qom-get","arguments":{"path":"/machine","property":"type"}}`, ""},
-		{"stop read-only", `{"execute":"stop","id":"x"}`, false, refuse, "stop", "", `"stop" needs the qmp-write permission`},
+		{"stop read-only", `{"execute":"stop","id":"x"}`, false, refuse, "stop", "", `"stop" is not read-only: it needs update on virtualmachineinstances/qmp-write (subresources.qvirt.io)`},
 		{"stop with write", `{"execute":"stop","id":"x"}`, true, forward, "stop", `{"execute":"stop","id":"x"}`, ""},
 		{"capabilities", `{"execute":"qmp_capabilities"}`, false, capabilities, "qmp_capabilities", "", ""},
 		{"duplicate execute: the last one is what is checked and sent", `{"execute":"query-status","execute":"stop"}`, false, refuse, "stop", "", "stop"},
@@ -38,7 +38,8 @@ func TestFilterQMP(t *testing.T) {
 			`{"execute":"human-monitor-command","arguments":{"command-line":"  info   status "}}`, ""},
 		{"hmp info registers", `{"execute":"human-monitor-command","arguments":{"command-line":"info registers"}}`, false, refuse, "human-monitor-command", "", "info registers"},
 		{"hmp info with a second command", `{"execute":"human-monitor-command","arguments":{"command-line":"info status\nstop"}}`, false, refuse, "human-monitor-command", "", "qmp-write"},
-		{"hmp other", `{"execute":"human-monitor-command","arguments":{"command-line":"system_reset"}}`, false, refuse, "human-monitor-command", "", "qmp-write"},
+		{"hmp other", `{"execute":"human-monitor-command","arguments":{"command-line":"system_reset"}}`, false, refuse, "human-monitor-command", "",
+			`"system_reset" is not read-only: it needs update on virtualmachineinstances/qmp-write (subresources.qvirt.io)`},
 		{"hmp duplicate command-line", `{"execute":"human-monitor-command","arguments":{"command-line":"system_reset","command-line":"info status"}}`, false, forward, "human-monitor-command",
 			`{"execute":"human-monitor-command","arguments":{"command-line":"info status"}}`, ""},
 		{"big numbers survive", `{"execute":"query-x","arguments":{"n":18446744073709551615},"id":1e400}`, false, forward, "query-x",
