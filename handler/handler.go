@@ -6,6 +6,7 @@ package handler
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -56,7 +57,10 @@ type Options struct {
 
 // StreamsOptions are the stream server's listener and certificates (see handler/streams).
 type StreamsOptions struct {
-	Addr                            string
+	Addr string
+	// AdvertiseAddress is host:port where qvirt-api reaches the server, published on the Node
+	// (NodeStreamsAddressAnnotation); required when the server is on.
+	AdvertiseAddress                string
 	CertFile, KeyFile, ClientCAFile string
 	AllowedClientNames              []string
 }
@@ -141,7 +145,11 @@ func setupNode(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("probe the node's capabilities: %w", err)
 	}
 	mgr.GetLogger().Info("node capabilities", "qemuVersion", caps.QEMUVersion, "kvm", caps.KVM, "kvmReason", caps.KVMReason)
-	if err := mgr.Add(nodeagent.NewHeartbeat(mgr.GetClient(), opts.NodeName, caps, opts.HeartbeatInterval)); err != nil {
+	hb := nodeagent.NewHeartbeat(mgr.GetClient(), opts.NodeName, caps, opts.HeartbeatInterval)
+	if streamsOn(opts.Streams) {
+		hb.AdvertiseStreams(opts.Streams.AdvertiseAddress)
+	}
+	if err := mgr.Add(hb); err != nil {
 		return err
 	}
 	collector := metrics.NewCollector(mgr.GetClient(), opts.NodeName, opts.SocketDir, mgr.GetLogger().WithName("metrics"))
@@ -166,8 +174,11 @@ func setupNode(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 // setupStreams adds the stream server qvirt-api connects to.
 func setupStreams(mgr ctrl.Manager, opts Options) error {
 	so := opts.Streams
-	if so.Addr == "" || so.Addr == "0" {
+	if !streamsOn(so) {
 		return nil
+	}
+	if _, _, err := net.SplitHostPort(so.AdvertiseAddress); err != nil {
+		return fmt.Errorf("stream server: advertise address %q: want host:port where qvirt-api reaches this node: %w", so.AdvertiseAddress, err)
 	}
 	srv, err := streams.New(streams.Options{
 		Reader: mgr.GetClient(), NodeName: opts.NodeName, SocketDir: opts.SocketDir,
@@ -179,6 +190,8 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 	}
 	return mgr.Add(srv)
 }
+
+func streamsOn(so StreamsOptions) bool { return so.Addr != "" && so.Addr != "0" }
 
 // prepareSocketDir makes the node's socket directory, where each launcher creates its instance's
 // directory: launchers run as vmi.LauncherUID, with no other privilege.

@@ -44,4 +44,12 @@ const (
 	// NodeStreamsAddressAnnotation is host:port of the node agent's mTLS stream server, where
 	// qvirt-api reaches the consoles, displays and QMP shells of the node's VMIs.
 	NodeStreamsAddressAnnotation = "qvirt.io/streams-address"
+
+	// StopGracePeriodDataKey is the key of a Stop request's data (status.stateChangeRequests)
+	// overriding the instance's terminationGracePeriodSeconds for that stop, in decimal seconds;
+	// `qvirtctl stop --force` sends "0".
+	StopGracePeriodDataKey = "gracePeriodSeconds"
+	// StopGracePeriodAnnotation carries such an override to the instance being deleted, where the
+	// node agent honours it when it powers the guest off.
+	StopGracePeriodAnnotation = "qvirt.io/stop-grace-period-seconds"
 )

@@ -6,6 +6,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
@@ -29,12 +30,18 @@ func main() {
 	flag.StringVar(&opts.Streams.CertFile, "streams-tls-cert-file", "/etc/qvirt/handler-tls/tls.crt", "stream server certificate")
 	flag.StringVar(&opts.Streams.KeyFile, "streams-tls-key-file", "/etc/qvirt/handler-tls/tls.key", "stream server key")
 	flag.StringVar(&opts.Streams.ClientCAFile, "streams-client-ca-file", "/etc/qvirt/handler-tls/ca.crt", "CA of the clients (qvirt-api) the stream server accepts")
+	flag.StringVar(&opts.Streams.AdvertiseAddress, "streams-advertise-address", "", "host:port where qvirt-api reaches the stream server (default $POD_IP and the bind address's port)")
 	allowed := flag.String("streams-allowed-client-names", "qvirt-api", "comma-separated client certificate names accepted (empty: any the CA signed)")
 	metricsAddr := flag.String("metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint (0 disables it)")
 	probeAddr := flag.String("health-probe-bind-address", ":8444", "address of /healthz and /readyz")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if opts.Streams.AdvertiseAddress == "" && os.Getenv("POD_IP") != "" {
+		if _, port, err := net.SplitHostPort(opts.Streams.Addr); err == nil {
+			opts.Streams.AdvertiseAddress = net.JoinHostPort(os.Getenv("POD_IP"), port)
+		}
+	}
 	if *allowed != "" {
 		opts.Streams.AllowedClientNames = strings.Split(*allowed, ",")
 	}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -201,7 +202,7 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 	}
 	setSynchronized(&v.Status, nil, "", r.now())
 	if !v.DeletionTimestamp.IsZero() && (st.Phase == launcher.PhaseRunning || st.Phase == launcher.PhaseStarting) {
-		if r.launchers.shutdown(v.UID, nil) {
+		if r.launchers.shutdown(v.UID, stopGracePeriod(v)) {
 			r.Recorder.Event(v, corev1.EventTypeNormal, EventShuttingDown, "The instance is being deleted: powering the guest off")
 		}
 	}
@@ -370,4 +371,18 @@ func (r *Reconciler) now() metav1.Time {
 		return metav1.NewTime(r.Now().Truncate(time.Second))
 	}
 	return metav1.NewTime(time.Now().Truncate(time.Second))
+}
+
+// stopGracePeriod is the grace period override the VM controller recorded for a requested stop
+// (`qvirtctl stop --grace-period`), nil when there is none or it is unreadable.
+func stopGracePeriod(v *v1alpha1.VirtualMachineInstance) *int64 {
+	raw, ok := v.Annotations[v1alpha1.StopGracePeriodAnnotation]
+	if !ok {
+		return nil
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || n < 0 {
+		return nil
+	}
+	return &n
 }

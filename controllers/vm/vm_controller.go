@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -221,7 +222,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 		}
 	case ActionDelete:
 		uid := vmi.UID
-		err := r.Client.Delete(ctx, vmi, client.Preconditions{UID: &uid})
+		err := r.markStopGracePeriod(ctx, vmi, d.GracePeriodSeconds)
+		if err == nil {
+			err = r.Client.Delete(ctx, vmi, client.Preconditions{UID: &uid})
+		}
 		switch {
 		case apierrors.IsNotFound(err) || apierrors.IsConflict(err): // gone, or replaced meanwhile
 			after = nil
@@ -307,4 +311,22 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vm *v1alpha1.VirtualMa
 	vm.Status = computeStatus(statusInput{VM: vm, VMI: vmi, Decision: d, StartFailure: vm.Status.StartFailure, Failure: failure, Now: now})
 	// The Owns watch brings the VM back when the VMI goes; the recheck covers a missed event.
 	return ctrl.Result{RequeueAfter: deletionRecheck}, false, err
+}
+
+// markStopGracePeriod records a stop's grace period override on the instance before it is deleted,
+// for the node agent (custom resources have no graceful deletion of their own).
+func (r *Reconciler) markStopGracePeriod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, grace *int64) error {
+	if grace == nil {
+		return nil
+	}
+	patch := client.MergeFrom(vmi.DeepCopy())
+	marked := vmi.DeepCopy()
+	if marked.Annotations == nil {
+		marked.Annotations = map[string]string{}
+	}
+	marked.Annotations[v1alpha1.StopGracePeriodAnnotation] = strconv.FormatInt(*grace, 10)
+	if err := r.Client.Patch(ctx, marked, patch); err != nil {
+		return fmt.Errorf("mark VMI %s with the stop's grace period: %w", vmi.Name, err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package vm
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -95,6 +96,8 @@ type Decision struct {
 	RequeueAfter time.Duration
 	// Notes are events to record.
 	Notes []Note
+	// GracePeriodSeconds overrides the instance's grace period for a requested stop.
+	GracePeriodSeconds *int64
 }
 
 // runStrategy is the strategy a VirtualMachine asks for: spec.runStrategy when set, else
@@ -192,6 +195,7 @@ func decide(in decisionInput) Decision {
 				d.Held = true
 			}
 			if vmi != nil && !vmiDeleting(vmi) {
+				d.GracePeriodSeconds = stopGracePeriod(req, &d)
 				d.Action, d.Reason = ActionDelete, ReasonStopRequested
 				d.Message = fmt.Sprintf("stop requested: deleting VMI %s", vmi.Name)
 				return finish(d)
@@ -267,4 +271,21 @@ func decide(in decisionInput) Decision {
 	case v1alpha1.RunStrategyManual:
 	}
 	return finish(d)
+}
+
+// stopGracePeriod is a Stop request's grace period override, nil when it has none. One that is not
+// a whole number of seconds >= 0 is reported in a Warning and ignored (the spec's applies).
+func stopGracePeriod(req v1alpha1.VirtualMachineStateChangeRequest, d *Decision) *int64 {
+	raw, ok := req.Data[v1alpha1.StopGracePeriodDataKey]
+	if !ok {
+		return nil
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || n < 0 {
+		d.Notes = append(d.Notes, Note{corev1.EventTypeWarning, ReasonStopRequested, fmt.Sprintf(
+			"stop request data %s=%q is not a whole number of seconds >= 0: using the instance's terminationGracePeriodSeconds",
+			v1alpha1.StopGracePeriodDataKey, raw)})
+		return nil
+	}
+	return &n
 }

@@ -294,3 +294,30 @@ func TestCeilSecond(t *testing.T) {
 		t.Errorf("ceilSecond(whole) = %s", got)
 	}
 }
+
+// A Stop's grace period override (`qvirtctl stop --grace-period`/--force) reaches the deletion; a
+// malformed one is reported and the instance's own grace period applies.
+func TestDecideStopGracePeriod(t *testing.T) {
+	withData := func(v string) v1alpha1.VirtualMachineStateChangeRequest {
+		return v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StopRequest,
+			Data: map[string]string{v1alpha1.StopGracePeriodDataKey: v}}
+	}
+	in := decisionInput{Strategy: v1alpha1.RunStrategyManual, Entered: v1alpha1.RunStrategyManual, VMI: testVMI(v1alpha1.Running)}
+	for _, tc := range []struct {
+		data    string
+		want    *int64
+		warning bool
+	}{{"0", ptr.To[int64](0), false}, {"45", ptr.To[int64](45), false}, {"-1", nil, true}, {"soon", nil, true}} {
+		in.Requests = reqs(withData(tc.data))
+		d := decide(in)
+		if d.Action != ActionDelete {
+			t.Fatalf("data %q: action %s, want Delete", tc.data, d.Action)
+		}
+		if (d.GracePeriodSeconds == nil) != (tc.want == nil) || (tc.want != nil && *d.GracePeriodSeconds != *tc.want) {
+			t.Errorf("data %q: grace period %v, want %v", tc.data, d.GracePeriodSeconds, tc.want)
+		}
+		if got := len(d.Notes) > 0 && d.Notes[0].Type == "Warning"; got != tc.warning {
+			t.Errorf("data %q: warning %v, want %v (notes %+v)", tc.data, got, tc.warning, d.Notes)
+		}
+	}
+}

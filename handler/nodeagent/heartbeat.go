@@ -38,6 +38,8 @@ type Heartbeat struct {
 	caps     Capabilities
 	interval time.Duration
 	now      func() time.Time
+	// streams is advertised in NodeStreamsAddressAnnotation; "" removes the annotation.
+	streams string
 }
 
 // NewHeartbeat returns the heartbeat of node nodeName with the probed capabilities. interval <= 0
@@ -48,6 +50,13 @@ func NewHeartbeat(c client.Client, nodeName string, caps Capabilities, interval 
 		interval = DefaultHeartbeatInterval
 	}
 	return &Heartbeat{client: c, node: nodeName, caps: caps, interval: interval, now: time.Now}
+}
+
+// AdvertiseStreams makes every beat publish addr (host:port of the stream server) in
+// NodeStreamsAddressAnnotation, where qvirt-api looks for it.
+func (h *Heartbeat) AdvertiseStreams(addr string) *Heartbeat {
+	h.streams = addr
+	return h
 }
 
 // NeedLeaderElection is false: the agent of each node runs its own heartbeat.
@@ -80,6 +89,10 @@ func (h *Heartbeat) Beat(ctx context.Context) error {
 	if h.caps.KVM {
 		reason = nil
 	}
+	var streams *string
+	if h.streams != "" {
+		streams = &h.streams
+	}
 	return h.patch(ctx, map[string]any{
 		"labels": map[string]string{
 			v1alpha1.NodeSchedulableLabel: "true",
@@ -87,8 +100,9 @@ func (h *Heartbeat) Beat(ctx context.Context) error {
 			v1alpha1.NodeQEMUVersionLabel: h.caps.QEMUVersion,
 		},
 		"annotations": map[string]any{
-			v1alpha1.NodeHeartbeatAnnotation: h.now().UTC().Format(time.RFC3339),
-			v1alpha1.NodeKVMReasonAnnotation: reason,
+			v1alpha1.NodeHeartbeatAnnotation:      h.now().UTC().Format(time.RFC3339),
+			v1alpha1.NodeKVMReasonAnnotation:      reason,
+			v1alpha1.NodeStreamsAddressAnnotation: streams,
 		},
 	})
 }

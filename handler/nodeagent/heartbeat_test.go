@@ -109,11 +109,14 @@ func TestHeartbeatLabelsBeatsAndStops(t *testing.T) {
 func TestHeartbeatWithKVMDropsReason(t *testing.T) {
 	const node = "hb-kvm-node"
 	createNode(t, node, map[string]string{v1alpha1.NodeKVMReasonAnnotation: "an old reason"})
-	hb := NewHeartbeat(cp.Client, node, Capabilities{QEMUVersion: "9.0.0", KVM: true}, 0)
+	hb := NewHeartbeat(cp.Client, node, Capabilities{QEMUVersion: "9.0.0", KVM: true}, 0).AdvertiseStreams("10.0.0.7:8186")
 	if err := hb.Beat(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	n := getNode(t, node)
+	if got := n.Annotations[v1alpha1.NodeStreamsAddressAnnotation]; got != "10.0.0.7:8186" {
+		t.Errorf("streams address annotation %q, want 10.0.0.7:8186", got)
+	}
 	if n.Labels[v1alpha1.NodeKVMLabel] != "true" || n.Labels[v1alpha1.NodeSchedulableLabel] != "true" {
 		t.Fatalf("labels %v", n.Labels)
 	}
