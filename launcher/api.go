@@ -18,6 +18,8 @@ import (
 //	GET    /v1/status               -> Status        ?watch=true streams one Status per line on change
 //	GET    /v1/stats                -> Stats         cumulative CPU, memory, disk and NIC counters
 //	POST   /v1/pause | /v1/resume | /v1/reset | /v1/kill
+//	POST   /v1/softreboot                            Ctrl+Alt+Del on the guest's keyboard; 409 when paused
+//	GET    /v1/screenshot           -> image/png     the display (QMP screendump); 400 without graphics
 //	POST   /v1/shutdown             ShutdownRequest  ACPI power button, quit after the grace period
 //	POST   /v1/volumes              VolumeHotplug    attach a spec disk and its volume -> DiskHotplug
 //	DELETE /v1/volumes/{name}                        detach it (waits for the guest to let go)

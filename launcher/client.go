@@ -61,9 +61,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		var er ErrorResponse
-		_ = json.NewDecoder(resp.Body).Decode(&er)
-		return &APIError{Status: resp.StatusCode, Field: er.Field, Msg: er.Error}
+		return apiError(resp)
 	}
 	if out == nil {
 		return nil
@@ -72,6 +70,13 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("launcher %s %s: decode reply: %w", method, path, err)
 	}
 	return nil
+}
+
+// apiError reads a refusal's ErrorResponse.
+func apiError(resp *http.Response) error {
+	var er ErrorResponse
+	_ = json.NewDecoder(resp.Body).Decode(&er)
+	return &APIError{Status: resp.StatusCode, Field: er.Field, Msg: er.Error}
 }
 
 // Sync starts the VM.
@@ -128,6 +133,30 @@ func (c *Client) Resume(ctx context.Context) error {
 // Reset resets the guest.
 func (c *Client) Reset(ctx context.Context) error {
 	return c.do(ctx, http.MethodPost, "/v1/reset", nil, nil)
+}
+
+// SoftReboot presses Ctrl+Alt+Del on the guest's keyboard, for the guest to reboot itself; QEMU
+// and the launcher's phase stay as they are. A paused guest is refused with a 409 *APIError.
+func (c *Client) SoftReboot(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/softreboot", nil, nil)
+}
+
+// Screenshot returns the guest's display as a PNG stream, which the caller must close. A VM
+// without a graphics device is a 400 *APIError with Field spec.domain.devices.autoattachGraphicsDevice.
+func (c *Client) Screenshot(ctx context.Context) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://launcher/v1/screenshot", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("launcher GET /v1/screenshot: %w", err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, apiError(resp)
+	}
+	return resp.Body, nil
 }
 
 // Kill ends QEMU at once.

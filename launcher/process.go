@@ -283,6 +283,11 @@ func (p *Process) onEvent(ev gqmp.Event) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch ev.Event {
+	case qmp.EventReset:
+		// A reboot from inside the guest (or a soft reboot) is a reset, not an end: QEMU runs
+		// without -no-reboot, so the machine restarts and the run state does not change.
+		p.log.Info("guest reset", "reason", ev.Data["reason"])
+		return
 	case qmp.EventResume:
 		p.state = qmp.StateRunning
 	case qmp.EventStop:

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -30,6 +32,8 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/pause", s.simple(l.Pause))
 	mux.HandleFunc("POST /v1/resume", s.simple(l.Resume))
 	mux.HandleFunc("POST /v1/reset", s.simple(l.Reset))
+	mux.HandleFunc("POST /v1/softreboot", s.simple(l.SoftReboot))
+	mux.HandleFunc("GET /v1/screenshot", s.screenshot)
 	mux.HandleFunc("POST /v1/kill", s.simple(l.Kill))
 	mux.HandleFunc("POST /v1/shutdown", s.shutdown)
 	mux.HandleFunc("POST /v1/volumes", s.hotplugVolume)
@@ -130,6 +134,24 @@ func (s *server) simple(fn func(context.Context) error) http.HandlerFunc {
 		}
 		st, _ := s.l.Status(r.Context())
 		writeJSON(w, http.StatusOK, st)
+	}
+}
+
+// screenshot streams the PNG QEMU wrote; errors before the first byte are the usual JSON.
+func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {
+	f, err := s.l.Screenshot(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "image/png")
+	if fi, err := f.Stat(); err == nil {
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.Copy(w, f); err != nil {
+		s.log.Info("screenshot: client went away", "error", err.Error())
 	}
 }
 
