@@ -37,6 +37,9 @@ type Options struct {
 	NodeName string
 	// SocketDir is where launchers make their per-instance directories (v1alpha1.SocketDir).
 	SocketDir string
+	// ImageCacheDir is the node's image cache (v1alpha1.ImageCacheDir, a hostPath of every launcher
+	// pod), made here owned by the launchers' uid; left alone when empty.
+	ImageCacheDir string
 	// Namespace is the install namespace holding the qvirt-config ConfigMap.
 	Namespace string
 	// QEMU is the emulator the capability probe runs (the launchers' is in their image); from PATH
@@ -105,8 +108,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if opts.SocketDir == "" {
 		return fmt.Errorf("socket directory: required")
 	}
-	if err := prepareSocketDir(opts.SocketDir); err != nil {
+	if err := prepareLauncherDir(opts.SocketDir, "socket directory"); err != nil {
 		return err
+	}
+	if opts.ImageCacheDir != "" {
+		if err := prepareLauncherDir(opts.ImageCacheDir, "image cache"); err != nil {
+			return err
+		}
 	}
 	//lint:ignore SA1019 the reconcilers record with the core/v1 Events API, as qvirt-controller's
 	rec := mgr.GetEventRecorderFor("qvirt-handler")
@@ -193,14 +201,15 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 
 func streamsOn(so StreamsOptions) bool { return so.Addr != "" && so.Addr != "0" }
 
-// prepareSocketDir makes the node's socket directory, where each launcher creates its instance's
-// directory: launchers run as vmi.LauncherUID, with no other privilege.
-func prepareSocketDir(dir string) error {
+// prepareLauncherDir makes a node directory the launchers write in: the socket directory, where
+// each launcher creates its instance's directory, and the image cache. Launchers run as
+// vmi.LauncherUID, with no other privilege.
+func prepareLauncherDir(dir, what string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("socket directory: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	if err := os.Chown(dir, vmi.LauncherUID, vmi.LauncherUID); err != nil {
-		return fmt.Errorf("socket directory %s: let launchers (uid %d) create their directories: %w", dir, vmi.LauncherUID, err)
+		return fmt.Errorf("%s %s: let launchers (uid %d) write in it: %w", what, dir, vmi.LauncherUID, err)
 	}
 	return nil
 }

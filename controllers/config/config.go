@@ -6,6 +6,7 @@ package config
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,6 +42,9 @@ type Config struct {
 	// AllowedHostPaths are the directories hostDisk volumes may use; none when empty.
 	// Key: allowedHostPaths (comma-separated absolute paths).
 	AllowedHostPaths []string
+	// InsecureRegistries are registries (host:port) launchers may pull from over plain HTTP, such
+	// as local mode's. Key: insecureRegistries (comma-separated).
+	InsecureRegistries []string
 }
 
 // MigrationConfig limits live migrations.
@@ -132,10 +136,12 @@ func (c *Config) set(key, val string) error {
 		}
 	case "allowedHostPaths":
 		c.AllowedHostPaths, err = hostPaths(val)
+	case "insecureRegistries":
+		c.InsecureRegistries, err = registries(val)
 	default:
 		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
 			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, memoryOverheadBase, " +
-			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths")
+			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, insecureRegistries")
 	}
 	return err
 }
@@ -248,4 +254,21 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).Named("config").
 		For(&corev1.ConfigMap{}, builder.WithPredicates(only)).Complete(r)
+}
+
+// registries parses a comma-separated list of registry host:port addresses.
+func registries(s string) ([]string, error) {
+	var out []string
+	for _, r := range strings.Split(s, ",") {
+		r = strings.TrimSpace(r)
+		if r == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(r)
+		if err != nil || host == "" || port == "" {
+			return nil, fmt.Errorf("%q is not a registry host:port", r)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

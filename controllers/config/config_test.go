@@ -10,7 +10,7 @@ func TestParse(t *testing.T) {
 		"useEmulation": "true", "launcherImage": "reg/launcher:1", "parallelMigrationsPerCluster": "3",
 		"parallelOutboundMigrationsPerNode": "1", "bandwidthPerMigration": "64Mi", "completionTimeoutPerGiB": "300",
 		"memoryOverheadBase": "128Mi", "memoryOverheadPerVCPU": "8Mi", "memoryOverheadGuestRatio": "0",
-		"allowedHostPaths": "/var/lib/qvirt, /data/images",
+		"allowedHostPaths": "/var/lib/qvirt, /data/images", "insecureRegistries": "10.243.0.1:5000, localhost:5001",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -18,7 +18,8 @@ func TestParse(t *testing.T) {
 	if !c.UseEmulation || c.LauncherImage != "reg/launcher:1" || c.Migrations.ParallelPerCluster != 3 ||
 		c.Migrations.ParallelOutboundPerNode != 1 || c.Migrations.BandwidthPerMigration.Value() != 64<<20 ||
 		c.Migrations.CompletionTimeoutPerGiB != 300 || c.MemoryOverhead.Base.Value() != 128<<20 ||
-		c.MemoryOverhead.PerVCPU.Value() != 8<<20 || c.MemoryOverhead.GuestRatio != 0 || len(c.AllowedHostPaths) != 2 {
+		c.MemoryOverhead.PerVCPU.Value() != 8<<20 || c.MemoryOverhead.GuestRatio != 0 || len(c.AllowedHostPaths) != 2 ||
+		len(c.InsecureRegistries) != 2 || c.InsecureRegistries[1] != "localhost:5001" {
 		t.Fatalf("parsed %+v", c)
 	}
 	if empty, err := Parse(nil); err != nil || empty.Migrations.ParallelPerCluster != 5 || empty.Migrations.ParallelOutboundPerNode != 2 {
@@ -35,6 +36,7 @@ func TestParseRefusesNamingTheKey(t *testing.T) {
 		"memoryOverheadBase":                "lots",
 		"memoryOverheadGuestRatio":          "-2",
 		"allowedHostPaths":                  "relative/path",
+		"insecureRegistries":                "10.243.0.1",
 		"launcherImage":                     "",
 		"useEmulaton":                       "true", // a typo must not be ignored
 	}
@@ -64,6 +66,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("useEmulation", "true")
 	f.Add("bandwidthPerMigration", "64Mi")
 	f.Add("allowedHostPaths", "/a,/b")
+	f.Add("insecureRegistries", "10.243.0.1:5000,[::1]:5000")
 	f.Fuzz(func(t *testing.T, key, val string) {
 		_, err := Parse(map[string]string{key: val})
 		if err != nil && !strings.Contains(err.Error(), "data[") {

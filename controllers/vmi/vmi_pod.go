@@ -35,6 +35,7 @@ const (
 
 	socketsVolume = "sockets"
 	privateVolume = "private"
+	imagesVolume  = "images"
 )
 
 // RenderLauncherPod renders the launcher pod of an instance: everything but the owner reference,
@@ -60,6 +61,10 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 	args := []string{LauncherBinary, "serve", "--socket-dir", v1alpha1.SocketDir, "--vmi-uid", string(vmi.UID)}
 	if cfg.UseEmulation {
 		args = append(args, "--emulation")
+	}
+	args = append(args, "--image-cache", v1alpha1.ImageCacheDir)
+	for _, r := range cfg.InsecureRegistries {
+		args = append(args, "--insecure-registry", r)
 	}
 	grace := DefaultTerminationGracePeriodSeconds
 	if spec.TerminationGracePeriodSeconds != nil {
@@ -90,6 +95,7 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: socketsVolume, MountPath: v1alpha1.SocketDir},
 					{Name: privateVolume, MountPath: PrivateDir},
+					{Name: imagesVolume, MountPath: v1alpha1.ImageCacheDir},
 				},
 				SecurityContext: &corev1.SecurityContext{
 					RunAsNonRoot:             ptr.To(true),
@@ -106,6 +112,10 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 					Path: v1alpha1.SocketDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate),
 				}}},
 				{Name: privateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				// The node agent makes it, owned by the launchers' uid (see handler.Options.ImageCacheDir).
+				{Name: imagesVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+					Path: v1alpha1.ImageCacheDir, Type: ptr.To(corev1.HostPathDirectory),
+				}}},
 			},
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  ptr.To(false),
