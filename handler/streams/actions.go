@@ -4,17 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"time"
 
+	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/launcher"
 )
 
-// actionTimeout bounds one call to the launcher; pausing or resuming vCPUs takes milliseconds.
+// actionTimeout bounds one call to the launcher; pausing or resuming vCPUs, sending keys or
+// dumping the screen take milliseconds.
 const actionTimeout = 30 * time.Second
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
@@ -25,22 +28,17 @@ func (s *Server) unpause(w http.ResponseWriter, r *http.Request) {
 	s.action(w, r, "unpause", (*launcher.Client).Resume)
 }
 
+// softReboot presses Ctrl+Alt+Del on the guest's keyboard; the guest reboots itself and the VMI
+// stays Running (the launcher refuses it while paused, which becomes a 409).
+func (s *Server) softReboot(w http.ResponseWriter, r *http.Request) {
+	s.action(w, r, "softreboot", (*launcher.Client).SoftReboot)
+}
+
 // action runs one launcher call for the request's VMI. The VMI status (Paused condition) follows
 // from the launcher's status stream, which the handler's reconciler watches; this only acts.
 func (s *Server) action(w http.ResponseWriter, r *http.Request, name string, call func(*launcher.Client, context.Context) error) {
-	caller, err := callerFrom(r)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	t, err := s.lookup(r.Context(), r)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	log := s.opts.Log.WithValues("vmi", t.key(), "user", caller.User, "groups", caller.Groups, "action", name)
-	if _, err := os.Stat(t.dir.Command()); err != nil {
-		fail(w, apierrors.NewServiceUnavailable(fmt.Sprintf("the launcher socket %s of VMI %s is missing: the launcher is not running", t.dir.Command(), t.key())))
+	t, log, ok := s.begin(w, r, name)
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
@@ -55,6 +53,60 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request, name string, cal
 	log.Info("action done")
 	writeStatus(w, metav1.Status{Status: metav1.StatusSuccess, Code: http.StatusOK,
 		Message: fmt.Sprintf("VMI %s: %s done", t.key(), name)})
+}
+
+// screenshot answers the guest's display as image/png, streamed from the launcher (QMP
+// screendump). Failures before the first byte are a metav1.Status like every other refusal.
+func (s *Server) screenshot(w http.ResponseWriter, r *http.Request) {
+	t, log, ok := s.begin(w, r, "screenshot")
+	if !ok {
+		return
+	}
+	if d := t.vmi.Spec.Domain.Devices.AutoattachGraphicsDevice; d != nil && !*d {
+		fail(w, apierrors.NewBadRequest(fmt.Sprintf("VMI %s has no graphics device, so no screen to capture (spec.domain.devices.autoattachGraphicsDevice is false)", t.key())))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
+	defer cancel()
+	c := launcher.NewClient(t.dir.Command())
+	defer c.Close()
+	png, err := c.Screenshot(ctx)
+	if err != nil {
+		log.Info("action failed", "error", err.Error())
+		fail(w, launcherError(t, "screenshot", err))
+		return
+	}
+	defer png.Close()
+	w.Header().Set("Content-Type", "image/png")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	n, err := io.Copy(w, png)
+	if err != nil {
+		log.Info("screenshot cut short", "bytes", n, "error", err.Error())
+		return
+	}
+	log.Info("action done", "bytes", n)
+}
+
+// begin does what every action does first: it names the caller, finds the VMI on this node and
+// checks that its launcher's socket exists. When it returns false it has answered the request.
+func (s *Server) begin(w http.ResponseWriter, r *http.Request, name string) (target, logr.Logger, bool) {
+	caller, err := callerFrom(r)
+	if err != nil {
+		fail(w, err)
+		return target{}, logr.Logger{}, false
+	}
+	t, err := s.lookup(r.Context(), r)
+	if err != nil {
+		fail(w, err)
+		return target{}, logr.Logger{}, false
+	}
+	log := s.opts.Log.WithValues("vmi", t.key(), "user", caller.User, "groups", caller.Groups, "action", name)
+	if _, err := os.Stat(t.dir.Command()); err != nil {
+		fail(w, apierrors.NewServiceUnavailable(fmt.Sprintf("the launcher socket %s of VMI %s is missing: the launcher is not running", t.dir.Command(), t.key())))
+		return target{}, logr.Logger{}, false
+	}
+	return t, log, true
 }
 
 // launcherError maps a launcher failure: its refusals (4xx) are state conflicts, its own failures

@@ -1,6 +1,6 @@
 // Package streams is qvirt-handler's stream server: HTTPS with mutual TLS, serving the serial
 // console, the VNC display and the operator QMP shell of every VMI on the handler's node, plus the
-// imperative pause and unpause actions. qvirt-api is its only client: it authenticates and
+// imperative pause, unpause and soft reboot actions and screenshots. qvirt-api is its only client: it authenticates and
 // authorises the end user (kube-apiserver plus SubjectAccessReview) and proxies to the handler of
 // the VMI's node.
 //
@@ -27,6 +27,8 @@
 //	GET /v1/namespaces/{ns}/virtualmachineinstances/{name}/qmp       websocket, subprotocol qmp.qvirt.io
 //	PUT /v1/namespaces/{ns}/virtualmachineinstances/{name}/pause     stop the guest's vCPUs
 //	PUT /v1/namespaces/{ns}/virtualmachineinstances/{name}/unpause   restart them
+//	PUT /v1/namespaces/{ns}/virtualmachineinstances/{name}/softreboot  Ctrl+Alt+Del on the guest's keyboard
+//	GET /v1/namespaces/{ns}/virtualmachineinstances/{name}/screenshot  image/png of the display
 //
 // A websocket client must offer the endpoint's subprotocol or none; offering only others is
 // refused with 400. Failures before the upgrade are HTTP errors whose JSON body is a
@@ -37,11 +39,23 @@
 //	404 NotFound            no such VMI on this node (the handler's cache holds only its node's VMIs)
 //	409 Conflict            the VMI runs on another node or is not Running (the message says which
 //	                        node or phase); the QMP shell is already in use (see below); the launcher
-//	                        refuses a pause in the current state
+//	                        refuses the action in the current state (a soft reboot while paused:
+//	                        "VMI is paused; unpause it first")
 //	503 ServiceUnavailable  the VMI's socket is missing or refuses connections (QEMU not started
 //	                        yet or gone); the launcher does not answer
 //
-// Actions answer 200 with a metav1.Status of status Success.
+// Actions answer 200 with a metav1.Status of status Success; screenshot answers 200 with the PNG
+// (Content-Type image/png), or a metav1.Status when it fails before the first byte.
+//
+// # Soft reboot and screenshot
+//
+// There is no guest agent: softreboot presses Ctrl+Alt+Del (QMP send-key), which Linux hands to
+// init (busybox's ctrlaltdel action, systemd's ctrl-alt-del.target) for a clean reboot. It answers
+// once the keys are sent; the guest reboots in the same QEMU (started without -no-reboot), so the
+// VMI stays Running. A guest that ignores the keys does not reboot. A paused VMI is refused (409)
+// rather than rebooting at some later unpause. screenshot is QMP screendump in PNG, written by QEMU
+// to a temporary file in the VMI's socket directory and streamed by the launcher; a paused guest
+// gives its last picture, a VMI without a graphics device is refused with 400.
 //
 // # Console and VNC
 //

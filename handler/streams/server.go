@@ -154,6 +154,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET "+vmiPath+"qmp", s.tracked(s.qmp))
 	mux.HandleFunc("PUT "+vmiPath+"pause", s.pause)
 	mux.HandleFunc("PUT "+vmiPath+"unpause", s.unpause)
+	mux.HandleFunc("PUT "+vmiPath+"softreboot", s.softReboot)
+	mux.HandleFunc("GET "+vmiPath+"screenshot", s.screenshot)
 	return mux
 }
 
@@ -167,8 +169,8 @@ func (s *Server) tracked(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// Path is the URL path of one of a VMI's endpoints (Console, VNC, QMP, Pause, Unpause), for
-// qvirt-api.
+// Path is the URL path of one of a VMI's endpoints (Console, VNC, QMP, Pause, Unpause,
+// SoftReboot, Screenshot), for qvirt-api.
 func Path(namespace, name, endpoint string) string {
 	return "/v1/namespaces/" + namespace + "/virtualmachineinstances/" + name + "/" + endpoint
 }
@@ -180,6 +182,10 @@ const (
 	QMP     = "qmp"
 	Pause   = "pause"
 	Unpause = "unpause"
+	// SoftReboot is PUT, like Pause.
+	SoftReboot = "softreboot"
+	// Screenshot is GET and answers image/png.
+	Screenshot = "screenshot"
 )
 
 // logWriter turns net/http's error log lines into logr lines.
