@@ -18,26 +18,24 @@ import (
 	"github.com/qvirt/qvirt/local/cluster"
 )
 
-// demoSample is the demo VM `local up --demo` applies; its image is the test guest copied under
-// the default state directory.
+// demoSample is the demo VM `local up --demo` applies; its image is the demo guest in the local
+// registry (cluster.RegistryAddress), seeded from the test guest.
 const demoSample = "config/samples/vm-demo.yaml"
 
-// runDemo puts the test guest where the demo VM's image points, applies the demo VM, waits until
-// its instance runs and says how to reach it.
-func runDemo(ctx context.Context, out io.Writer, repo string, c *cluster.Cluster, dir string) error {
-	if dir != DefaultStateDir {
-		return fmt.Errorf("--demo: the demo VM's image lives under the default --state-dir %s", DefaultStateDir)
-	}
+// buildGuest builds the test guest (cached after the first time) and returns its directory.
+func buildGuest(ctx context.Context, out io.Writer, repo string) (string, error) {
 	fmt.Fprintln(out, "local up: building the demo guest (test/guest/build.sh; cached after the first time)")
 	build := exec.CommandContext(ctx, filepath.Join(repo, "test", "guest", "build.sh"))
 	build.Stderr = os.Stderr
 	guest, err := build.Output()
 	if err != nil {
-		return fmt.Errorf("build the demo guest: %w", err)
+		return "", fmt.Errorf("build the demo guest: %w", err)
 	}
-	if err := cluster.CopyGuest(strings.TrimSpace(string(guest)), filepath.Join(dir, "images", "guest")); err != nil {
-		return err
-	}
+	return strings.TrimSpace(string(guest)), nil
+}
+
+// runDemo applies the demo VM, waits until its instance runs and says how to reach it.
+func runDemo(ctx context.Context, out io.Writer, repo string, c *cluster.Cluster) error {
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
 		return err
@@ -62,14 +60,11 @@ func runDemo(ctx context.Context, out io.Writer, repo string, c *cluster.Cluster
 	if len(vmi.Status.Interfaces) > 0 {
 		ip = vmi.Status.Interfaces[0].IP
 	}
-	node := 0
-	fmt.Sscanf(vmi.Status.NodeName, "qvirt-node-%d", &node)
-	serial := filepath.Join(cluster.NodeSocketDir(dir, node), string(vmi.UID), "serial.sock")
 	fmt.Fprintf(out, `
 VM demo runs on %s at %s. Try:
-  curl http://%s/                      # the guest's httpd, through the masquerade binding
-  socat -,raw,echo=0 UNIX-CONNECT:%s   # its serial console (qvirtctl console comes with qvirt-api)
-`, vmi.Status.NodeName, ip, ip, serial)
+  curl http://%s/           # the guest's httpd, through the masquerade binding
+  qvirtctl console demo     # its serial console (Ctrl+] leaves)
+`, vmi.Status.NodeName, ip, ip)
 	return nil
 }
 

@@ -107,12 +107,17 @@ func localUp(ctx context.Context, out io.Writer, repo string, opts cluster.Optio
 	}
 	defer os.Remove(pidFile(opts.Dir))
 	opts.EmulationIfNeeded = extras.emulationIfNeeded
+	if extras.demo {
+		if opts.GuestDir, err = buildGuest(ctx, out, repo); err != nil {
+			return err
+		}
+	}
 	c, err := cluster.Up(ctx, opts)
 	if err != nil {
 		return err
 	}
 	if extras.demo {
-		if err := runDemo(ctx, out, repo, c, opts.Dir); err != nil {
+		if err := runDemo(ctx, out, repo, c); err != nil {
 			c.Down()
 			return err
 		}

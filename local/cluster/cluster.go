@@ -18,9 +18,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/local/provider"
+	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/local/supervise"
 )
 
@@ -51,6 +53,9 @@ type Options struct {
 	// Tools holds the control-plane binaries; Bin qvirt-controller, qvirt-handler and
 	// qvirt-launcher; CNICache where the CNI plugins are built.
 	Tools, Bin, CNICache string
+	// GuestDir, when set, holds the test guest (test/guest/build.sh's output), from which the local
+	// registry is seeded with the demo images.
+	GuestDir string
 	// Ports place the control plane (zero: its defaults) and qvirt-controller's webhook (9443
 	// when zero) and probe (9441 when zero).
 	Ports Ports
@@ -63,7 +68,14 @@ type Options struct {
 // Ports are the TCP ports a local cluster listens on.
 type Ports struct {
 	APIServer, Etcd, ControllerManager, Scheduler, Webhook, ControllerProbe int
+	// Registry is the local registry's (5000 when zero). Node i's stream server listens on
+	// Streams+i (8186+i when zero).
+	Registry, Streams int
 }
+
+// RegistryAddress is where launchers reach the local registry (plain HTTP) when Ports.Registry is
+// zero; the demo VM's image names it.
+const RegistryAddress = "10.243.0.1:5000"
 
 // Cluster is a running local cluster.
 type Cluster struct {
@@ -74,6 +86,12 @@ type Cluster struct {
 	stopNodes  context.CancelFunc
 	nodesDone  chan error
 	Kubeconfig string
+	// Registry is the local registry's host:port; Images what Up seeded it with (when GuestDir was
+	// set).
+	Registry string
+	Images   registry.Images
+	// registryDone reports the registry's end once stopNodes cancelled it.
+	registryDone chan error
 }
 
 // NodeName is the name of virtual node i (from 1).
@@ -82,6 +100,11 @@ func NodeName(i int) string { return fmt.Sprintf("qvirt-node-%d", i) }
 // nodeRunDir stands for node i's /var/run/qvirt. It is kept short: unix socket paths under it
 // (sockets/<vmi-uid>/qmp-shell.sock) must stay under 108 bytes, so Dir must be at most 40.
 func nodeRunDir(dir string, i int) string { return filepath.Join(dir, "run", "n"+strconv.Itoa(i)) }
+
+// nodeImageCache stands for node i's /var/lib/qvirt/images, where its launchers keep pulled images.
+func nodeImageCache(dir string, i int) string {
+	return filepath.Join(dir, "nodes", NodeName(i), "images")
+}
 
 // NodeSocketDir is where node i's launchers and node agent meet.
 func NodeSocketDir(dir string, i int) string { return filepath.Join(nodeRunDir(dir, i), "sockets") }
@@ -154,7 +177,13 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage}
+	nodeCtx, stop := context.WithCancel(context.Background())
+	c.stopNodes, c.nodesDone = stop, make(chan error, opts.Nodes)
+	if err := c.startRegistry(ctx, nodeCtx); err != nil {
+		return nil, err
+	}
+	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage,
+		"insecureRegistries": c.Registry}
 	if p.Webhook == 0 {
 		p.Webhook = 9443
 	}
@@ -179,8 +208,9 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := installLauncher(opts.Bin, filepath.Join(opts.Dir, "bin")); err != nil {
 		return nil, err
 	}
-	nodeCtx, stop := context.WithCancel(context.Background())
-	c.stopNodes, c.nodesDone = stop, make(chan error, opts.Nodes)
+	if err := c.streamCerts(); err != nil {
+		return nil, err
+	}
 	for i := 1; i <= opts.Nodes; i++ {
 		name := NodeName(i)
 		step("registering virtual node %s and starting its qvirt-handler", name)
@@ -200,7 +230,7 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 	return provider.Options{NodeName: name, Config: rest.CopyConfig(restCfg), StateDir: dir, CNIBinDir: cniBin,
 		Log: c.opts.Log.WithName(name), PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), Bridge: fmt.Sprintf("qvirt-n%d", i),
 		Images:        map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
-		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i)},
+		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), v1alpha1.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
 		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
 			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
 	}
@@ -210,9 +240,13 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 func (c *Cluster) handler(i int) supervise.Component {
 	name := NodeName(i)
 	probe := "127.0.0.1:" + strconv.Itoa(9450+i)
+	streams := net.JoinHostPort(apiAddress.String(), strconv.Itoa(c.streamsPort(i)))
 	return supervise.Component{Name: "qvirt-handler-" + name, Path: filepath.Join(c.opts.Bin, "qvirt-handler"),
 		Args: []string{"--node-name=" + name, "--socket-dir=" + NodeSocketDir(c.opts.Dir, i), "--namespace=" + Namespace,
-			"--device-plugin=false", "--streams-bind-address=0",
+			"--image-cache-dir=" + nodeImageCache(c.opts.Dir, i), "--device-plugin=false",
+			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
+			"--streams-tls-cert-file=" + c.pkiPath("qvirt-handler.crt"), "--streams-tls-key-file=" + c.pkiPath("qvirt-handler.key"),
+			"--streams-client-ca-file=" + c.pkiPath(streamsCA+".crt"),
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
 		Env:   []string{"KUBECONFIG=" + c.Kubeconfig},
 		Ready: httpReady("http://"+probe+"/readyz", nil)}
@@ -226,6 +260,9 @@ func (c *Cluster) Down() {
 		for range c.nodes {
 			<-c.nodesDone
 		}
+	}
+	if c.registryDone != nil {
+		<-c.registryDone
 	}
 	c.sup.Stop(30 * time.Second)
 	_ = delBridge(apiBridge)
@@ -279,6 +316,38 @@ func delBridge(name string) error {
 	return netlink.LinkDel(l)
 }
 
+// streamsPort is node i's stream server port, on the API bridge's address (the node bridges only
+// get their address with their first pod).
+func (c *Cluster) streamsPort(i int) int {
+	base := c.opts.Ports.Streams
+	if base == 0 {
+		base = 8186
+	}
+	return base + i
+}
+
+// startRegistry serves the local registry on the API bridge until nodeCtx ends, and seeds it with
+// the demo images when Options.GuestDir is set.
+func (c *Cluster) startRegistry(ctx, nodeCtx context.Context) error {
+	port := c.opts.Ports.Registry
+	if port == 0 {
+		port = 5000
+	}
+	srv, err := registry.Listen(registry.Options{Addr: net.JoinHostPort(apiAddress.String(), strconv.Itoa(port)),
+		StateDir: filepath.Join(c.opts.Dir, "registry"), Log: c.opts.Log.WithName("registry")})
+	if err != nil {
+		return err
+	}
+	c.Registry, c.registryDone = srv.Addr(), make(chan error, 1)
+	go func() { c.registryDone <- srv.Start(nodeCtx) }()
+	if c.opts.GuestDir == "" {
+		return nil
+	}
+	fmt.Fprintf(c.opts.Progress, "local up: seeding the local registry %s with the demo images\n", c.Registry)
+	c.Images, err = registry.Seed(ctx, c.Registry, c.opts.GuestDir)
+	return err
+}
+
 // installLauncher copies qvirt-launcher (and qvirt-pull, which it runs to pull images, when built)
 // from bin into dst, readable and executable by everyone.
 func installLauncher(bin, dst string) error {
@@ -298,24 +367,6 @@ func installLauncher(bin, dst string) error {
 			return err
 		}
 		if err := os.Rename(tmp, filepath.Join(dst, name)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// CopyGuest copies the test guest's kernel and initramfs from src (test/guest/build.sh's output)
-// to dst, where the unprivileged launcher can read them.
-func CopyGuest(src, dst string) error {
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	for _, f := range []string{"vmlinuz", "initrd.img"} {
-		data, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			return fmt.Errorf("guest image: %w", err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, f), data, 0o644); err != nil {
 			return err
 		}
 	}

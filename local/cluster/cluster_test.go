@@ -21,34 +21,21 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
-// buildBinaries builds qvirt-controller, qvirt-handler and qvirt-launcher into a directory.
+// buildBinaries builds qvirt-controller, qvirt-handler, qvirt-launcher and qvirt-pull into a directory.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 	bin := t.TempDir()
-	for _, c := range []string{"qvirt-controller", "qvirt-handler", "qvirt-launcher"} {
+	for _, c := range []string{"qvirt-controller", "qvirt-handler", "qvirt-launcher", "qvirt-pull"} {
 		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, c), "../../cmd/"+c).CombinedOutput(); err != nil {
 			t.Fatalf("build %s: %v\n%s", c, err, out)
 		}
 	}
 	return bin
-}
-
-// guestImage copies the test guest where the unprivileged launcher can read it.
-func guestImage(t *testing.T, dir string) string {
-	t.Helper()
-	src, err := testutil.GuestDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(dir, "images", "guest")
-	if err := CopyGuest(src, dst); err != nil {
-		t.Fatal(err)
-	}
-	return dst
 }
 
 type progress struct{ t *testing.T }
@@ -73,7 +60,10 @@ func TestLocalCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	image := guestImage(t, dir)
+	guest, err := testutil.GuestDir()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		t.Fatal(err)
@@ -82,9 +72,9 @@ func TestLocalCluster(t *testing.T) {
 	defer cancel()
 	started := time.Now()
 	c, err := Up(ctx, Options{Dir: dir, Nodes: 1, Emulation: true, Repo: "../..", Tools: tools, Bin: bin,
-		CNICache: filepath.Join(cache, "qvirt", "cni"), Progress: progress{t}, Log: testr.New(t),
+		CNICache: filepath.Join(cache, "qvirt", "cni"), Progress: progress{t}, Log: testr.New(t), GuestDir: guest,
 		Ports: Ports{APIServer: freePort(t), Etcd: freePort(t), ControllerManager: freePort(t), Scheduler: freePort(t),
-			Webhook: freePort(t), ControllerProbe: freePort(t)}})
+			Webhook: freePort(t), ControllerProbe: freePort(t), Registry: freePort(t), Streams: freePort(t) - 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +103,9 @@ func TestLocalCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "demo", Namespace: "default"}, Spec: req.Spec}
-	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + image
+	// The demo guest image, pulled by the launcher from the local registry.
+	kb := vmi.Spec.Domain.Firmware.KernelBoot.Container
+	kb.Image, kb.KernelPath, kb.InitrdPath = c.Images.KernelBoot, registry.KernelPath, registry.InitrdPath
 	vmi.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
 	vmi.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 	created := time.Now()
@@ -143,6 +135,9 @@ func TestLocalCluster(t *testing.T) {
 		return msg
 	})
 	t.Logf("VMI created -> Running in %.2fs on %s", time.Since(created).Seconds(), got.Status.NodeName)
+	if cached, _ := os.ReadDir(nodeImageCache(dir, 1)); len(cached) == 0 {
+		t.Errorf("node %s's image cache %s is empty: the demo image was not pulled there", NodeName(1), nodeImageCache(dir, 1))
+	}
 	con := testutil.AttachConsole(t, launcher.VMIDir(NodeSocketDir(dir, 1), got.UID).Serial())
 	con.Send(t, "echo HELLO-$((6*7))")
 	con.Expect(t, 0, "HELLO-42", time.Minute)
