@@ -11,7 +11,30 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/qvirt/qvirt/certs"
 )
+
+// +kubebuilder:rbac:groups="",namespace=qvirt-system,resources=secrets,resourceNames=qvirt-handler-certs,verbs=get;list;watch
+
+// newTLSStore is the certificate store Options ask for: files, or a certs.Provider (a Secret).
+func newTLSStore(opts Options) (*certStore, error) {
+	files := []struct{ name, v string }{{"CertFile", opts.CertFile}, {"KeyFile", opts.KeyFile}, {"ClientCAFile", opts.ClientCAFile}}
+	if opts.Certs != nil {
+		for _, f := range files {
+			if f.v != "" {
+				return nil, fmt.Errorf("Options.%s and Options.Certs are exclusive", f.name)
+			}
+		}
+		return &certStore{provider: opts.Certs, allowed: opts.AllowedClientNames, log: opts.Log}, nil
+	}
+	for _, f := range files {
+		if f.v == "" {
+			return nil, fmt.Errorf("Options.%s is required (or Options.Certs)", f.name)
+		}
+	}
+	return newCertStore(opts.CertFile, opts.KeyFile, opts.ClientCAFile, opts.AllowedClientNames, opts.Log)
+}
 
 // certStore holds the serving certificate and the client CA, read from files. Every handshake
 // checks the files' size and modification time (a stat each, cheap next to a handshake) and reloads
@@ -21,6 +44,8 @@ type certStore struct {
 	certFile, keyFile, caFile string
 	allowed                   []string
 	log                       logr.Logger
+	// provider, when set, replaces the files: certs.ServerConfig reads it at every handshake.
+	provider certs.Provider
 
 	mu    sync.Mutex
 	stamp [3]fileStamp
@@ -48,6 +73,12 @@ func newCertStore(certFile, keyFile, caFile string, allowed []string, log logr.L
 
 // baseConfig is the listener's configuration; every handshake gets the current one from the store.
 func (s *certStore) baseConfig() *tls.Config {
+	if s.provider != nil {
+		cfg := certs.ServerConfig(s.provider, s.allowed)
+		// Websockets need HTTP/1.1's Upgrade; the server never offers h2.
+		cfg.NextProtos = []string{"http/1.1"}
+		return cfg
+	}
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {

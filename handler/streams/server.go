@@ -15,10 +15,12 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/certs"
 )
 
-// Options configure the stream server. Reader, NodeName, SocketDir, the three files and Addr are
-// required.
+// Options configure the stream server. Reader, NodeName, SocketDir, Addr and either the three
+// files or Certs are required.
 type Options struct {
 	// Reader finds VMIs by namespace and name; the handler's cache, which holds its node's VMIs.
 	Reader client.Reader
@@ -30,6 +32,10 @@ type Options struct {
 	CertFile, KeyFile string
 	// ClientCAFile is the PEM bundle of CAs whose client certificates are accepted.
 	ClientCAFile string
+	// Certs, instead of the three files, yields the serving certificate and the client CA bundle
+	// at every handshake: a certs.Source watching Secret qvirt-handler-certs (run it too, for
+	// example with the manager). The files must then be empty.
+	Certs certs.Provider
 	// AllowedClientNames, when not empty, accepts only client certificates whose subject CN or
 	// one of whose DNS SANs is listed.
 	AllowedClientNames []string
@@ -62,8 +68,7 @@ type Server struct {
 // New checks opts and loads the certificates (a bad file fails here, not at the first handshake).
 func New(opts Options) (*Server, error) {
 	for _, f := range []struct{ name, v string }{
-		{"NodeName", opts.NodeName}, {"SocketDir", opts.SocketDir}, {"CertFile", opts.CertFile},
-		{"KeyFile", opts.KeyFile}, {"ClientCAFile", opts.ClientCAFile}, {"Addr", opts.Addr},
+		{"NodeName", opts.NodeName}, {"SocketDir", opts.SocketDir}, {"Addr", opts.Addr},
 	} {
 		if f.v == "" {
 			return nil, fmt.Errorf("streams: Options.%s is required", f.name)
@@ -81,11 +86,11 @@ func New(opts Options) (*Server, error) {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = 5 * time.Second
 	}
-	certs, err := newCertStore(opts.CertFile, opts.KeyFile, opts.ClientCAFile, opts.AllowedClientNames, opts.Log)
+	store, err := newTLSStore(opts)
 	if err != nil {
 		return nil, fmt.Errorf("streams: %w", err)
 	}
-	return &Server{opts: opts, certs: certs, consoles: map[types.UID]*consoleSession{}, qmpUsers: map[types.UID]string{}}, nil
+	return &Server{opts: opts, certs: store, consoles: map[types.UID]*consoleSession{}, qmpUsers: map[types.UID]string{}}, nil
 }
 
 // NeedLeaderElection is false: every handler serves its own node.
