@@ -1,5 +1,6 @@
-// Command qvirtctl drives qvirt: today `qvirtctl local up|down|status`, a whole cluster on this
-// machine.
+// Command qvirtctl drives qvirt: lifecycle actions, console, VNC, QMP shell, migration and hotplug
+// of virtual machines through qvirt-api, and `qvirtctl local up|down|status`, a whole cluster on
+// this machine. Linked as kubectl-qvirt it is also the kubectl plugin `kubectl qvirt`.
 package main
 
 import (
@@ -9,7 +10,5 @@ import (
 )
 
 func main() {
-	if err := cli.NewRoot().Execute(); err != nil {
-		os.Exit(1)
-	}
+	os.Exit(cli.Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
 }
