@@ -37,7 +37,7 @@ func (s *Server) softReboot(w http.ResponseWriter, r *http.Request) {
 // action runs one launcher call for the request's VMI. The VMI status (Paused condition) follows
 // from the launcher's status stream, which the handler's reconciler watches; this only acts.
 func (s *Server) action(w http.ResponseWriter, r *http.Request, name string, call func(*launcher.Client, context.Context) error) {
-	t, log, ok := s.begin(w, r, name)
+	t, log, ok := s.begin(w, r, name, nil)
 	if !ok {
 		return
 	}
@@ -58,12 +58,8 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request, name string, cal
 // screenshot answers the guest's display as image/png, streamed from the launcher (QMP
 // screendump). Failures before the first byte are a metav1.Status like every other refusal.
 func (s *Server) screenshot(w http.ResponseWriter, r *http.Request) {
-	t, log, ok := s.begin(w, r, "screenshot")
+	t, log, ok := s.begin(w, r, "screenshot", hasGraphics)
 	if !ok {
-		return
-	}
-	if d := t.vmi.Spec.Domain.Devices.AutoattachGraphicsDevice; d != nil && !*d {
-		fail(w, apierrors.NewBadRequest(fmt.Sprintf("VMI %s has no graphics device, so no screen to capture (spec.domain.devices.autoattachGraphicsDevice is false)", t.key())))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
@@ -88,9 +84,19 @@ func (s *Server) screenshot(w http.ResponseWriter, r *http.Request) {
 	log.Info("action done", "bytes", n)
 }
 
-// begin does what every action does first: it names the caller, finds the VMI on this node and
-// checks that its launcher's socket exists. When it returns false it has answered the request.
-func (s *Server) begin(w http.ResponseWriter, r *http.Request, name string) (target, logr.Logger, bool) {
+// hasGraphics refuses a VMI without a display, from its spec: the same answer whether or not its
+// launcher runs.
+func hasGraphics(t target) error {
+	if d := t.vmi.Spec.Domain.Devices.AutoattachGraphicsDevice; d != nil && !*d {
+		return apierrors.NewBadRequest(fmt.Sprintf("VMI %s has no graphics device, so no screen to capture (spec.domain.devices.autoattachGraphicsDevice is false)", t.key()))
+	}
+	return nil
+}
+
+// begin does what every action does first: it names the caller, finds the VMI on this node, runs
+// check (when not nil) on it and checks that its launcher's socket exists. When it returns false
+// it has answered the request.
+func (s *Server) begin(w http.ResponseWriter, r *http.Request, name string, check func(target) error) (target, logr.Logger, bool) {
 	caller, err := callerFrom(r)
 	if err != nil {
 		fail(w, err)
@@ -100,6 +106,12 @@ func (s *Server) begin(w http.ResponseWriter, r *http.Request, name string) (tar
 	if err != nil {
 		fail(w, err)
 		return target{}, logr.Logger{}, false
+	}
+	if check != nil {
+		if err := check(t); err != nil {
+			fail(w, err)
+			return target{}, logr.Logger{}, false
+		}
 	}
 	log := s.opts.Log.WithValues("vmi", t.key(), "user", caller.User, "groups", caller.Groups, "action", name)
 	if _, err := os.Stat(t.dir.Command()); err != nil {

@@ -69,6 +69,10 @@ func TestRefusals(t *testing.T) {
 		{"console socket missing", http.MethodGet, pathOf(here, streams.Console), alice, 503, metav1.StatusReasonServiceUnavailable, []string{"serial console socket", "missing"}},
 		{"QMP socket missing", http.MethodGet, pathOf(here, streams.QMP), alice, 503, metav1.StatusReasonServiceUnavailable, []string{"QMP shell socket", "missing"}},
 		{"launcher missing", http.MethodPut, pathOf(here, streams.Unpause), alice, 503, metav1.StatusReasonServiceUnavailable, []string{"launcher socket", "missing"}},
+		{"launcher missing for a soft reboot", http.MethodPut, pathOf(here, streams.SoftReboot), alice, 503, metav1.StatusReasonServiceUnavailable, []string{"launcher socket", "missing"}},
+		{"launcher missing for a screenshot", http.MethodGet, pathOf(here, streams.Screenshot), alice, 503, metav1.StatusReasonServiceUnavailable, []string{"launcher socket", "missing"}},
+		{"screenshot without graphics", http.MethodGet, pathOf(headless, streams.Screenshot), alice, 400, metav1.StatusReasonBadRequest,
+			[]string{"no graphics device", "spec.domain.devices.autoattachGraphicsDevice"}},
 		{"no user header", http.MethodPut, pathOf(here, streams.Pause), caller{}, 400, metav1.StatusReasonBadRequest, []string{streams.HeaderUser}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/handler/streams"
+	"github.com/qvirt/qvirt/launcher"
 )
 
 const bootTimeout = 3 * time.Minute
@@ -168,6 +170,49 @@ func TestGuestStreams(t *testing.T) {
 		}
 		if ls, err := g.client.Status(ctx); err != nil || ls.Paused {
 			t.Fatalf("after unpause the launcher says paused=%v (%v)", ls.Paused, err)
+		}
+	})
+
+	t.Run("screenshot answers a PNG of the VGA text screen", func(t *testing.T) {
+		// SeaBIOS leaves the VGA in 80x25 text mode (9x16 cells); the guest's console is ttyS0.
+		if w, h := getScreenshot(t, srv, vmi, alice, &p.client.tls); w != 720 || h != 400 {
+			t.Fatalf("screenshot is %dx%d, want 720x400", w, h)
+		}
+	})
+
+	t.Run("soft reboot is refused while paused, then reboots the guest in the same QEMU", func(t *testing.T) {
+		before, err := g.client.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, st, err := srv.do(t, http.MethodPut, pathOf(vmi, streams.Pause), alice, &p.client.tls); err != nil || code != http.StatusOK {
+			t.Fatalf("pause: %d %+v %v", code, st, err)
+		}
+		code, st, err := srv.do(t, http.MethodPut, pathOf(vmi, streams.SoftReboot), alice, &p.client.tls)
+		if err != nil || code != http.StatusConflict || st.Reason != metav1.StatusReasonConflict || !strings.Contains(st.Message, "VMI is paused; unpause it first") {
+			t.Fatalf("soft reboot while paused: %d %+v %v, want 409 saying to unpause first", code, st, err)
+		}
+		if code, st, err := srv.do(t, http.MethodPut, pathOf(vmi, streams.Unpause), alice, &p.client.tls); err != nil || code != http.StatusOK {
+			t.Fatalf("unpause: %d %+v %v", code, st, err)
+		}
+		// The takeover subtest's session ended with it: a console of our own, released at the end
+		// (QEMU's serial socket serves one client at a time).
+		c := read(srv.mustDial(t, vmi, streams.Console, alice, streams.SubprotocolPlain))
+		defer func() {
+			_ = c.conn.Close(websocket.StatusNormalClosure, "done")
+			<-c.closed
+		}()
+		code, st, err = srv.do(t, http.MethodPut, pathOf(vmi, streams.SoftReboot), alice, &p.client.tls)
+		if err != nil || code != http.StatusOK || st.Status != metav1.StatusSuccess {
+			t.Fatalf("soft reboot: %d %+v %v", code, st, err)
+		}
+		// Graceful: the guest's init stops its processes before the kernel restarts.
+		end := c.expect(t, 0, "Requesting system reboot", time.Minute)
+		end = c.expect(t, end, "QVIRT-GUEST-READY", bootTimeout)
+		c.expect(t, end, "# ", time.Minute) // the shell is back for the next subtests
+		after, err := g.client.Status(ctx)
+		if err != nil || after.PID != before.PID || after.Phase != launcher.PhaseRunning || after.RunState != "running" {
+			t.Fatalf("after the soft reboot: %+v (%v); want QEMU %d still Running", after, err, before.PID)
 		}
 	})
 
