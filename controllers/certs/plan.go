@@ -94,7 +94,10 @@ func planCA(sec *corev1.Secret, salvage []*x509.Certificate, l Lifetimes, now ti
 	candidates = append(candidates, salvage...)
 
 	cur := u.pair
-	issuedAt := cur.Cert.NotBefore.Add(l.Backdate)
+	// When the CA was made, from its certificate, erring late: NotBefore was now-Backdate,
+	// truncated to the second by X.509's time encoding. Erring late keeps the trust delay and
+	// the overlap at least as long as configured.
+	issuedAt := cur.Cert.NotBefore.Add(l.Backdate + time.Second)
 	dropAt := issuedAt.Add(l.Leaf)
 	st := caState{current: cur, bundle: []*x509.Certificate{cur.Cert}, next: qcerts.RenewAt(cur.Cert)}
 	for _, c := range candidates {
