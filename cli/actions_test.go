@@ -191,4 +191,9 @@ func TestPluginNameInUsage(t *testing.T) {
 	if code != 0 || !strings.Contains(out.String(), "kubectl qvirt console VMI") {
 		t.Errorf("plugin help: exit %d, %q", code, out.String())
 	}
+	out.Reset()
+	code = Main([]string{"qvirtctl", "completion", "bash"}, strings.NewReader(""), &out, &errOut)
+	if code != 0 || !strings.Contains(out.String(), "__start_qvirtctl") {
+		t.Errorf("completion bash: exit %d, %d bytes", code, out.Len())
+	}
 }

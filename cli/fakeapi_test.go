@@ -130,6 +130,12 @@ func (f *fakeAPI) serveSubresource(w http.ResponseWriter, r *http.Request) {
 			&metav1.StatusDetails{Name: name, Kind: res, Group: "qvirt.io"})
 		return
 	}
+	if strings.HasPrefix(name, "forbidden") {
+		writeStatus(w, http.StatusForbidden, metav1.StatusReasonForbidden, fmt.Sprintf(
+			`%s.subresources.qvirt.io %q is forbidden: User "tester" cannot get resource "%s/%s" in API group "subresources.qvirt.io" in the namespace %q`,
+			res, name, res, sub, ns), &metav1.StatusDetails{Name: name, Kind: res, Group: "subresources.qvirt.io"})
+		return
+	}
 	switch sub {
 	case subv1.Console:
 		f.console(w, r, ns+"/"+name)

@@ -319,3 +319,50 @@ func TestScreenshotWritesAValidPNG(t *testing.T) {
 		t.Errorf("a file was written for a non-PNG answer: %v", err)
 	}
 }
+
+// With --reconnect a console whose guest stopped waits for the instance and reattaches.
+func TestConsoleReconnects(t *testing.T) {
+	f := newFakeAPI(t)
+	kc := f.kubeconfig(t)
+	vmi := createVMI(t, "ns-a", "con-again", qv1.Running)
+	inR, inW := io.Pipe()
+	defer inW.Close()
+	var out, errOut lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- Main([]string{"qvirtctl", "console", "con-again", "--reconnect", "--kubeconfig", kc}, inR, &out, &errOut)
+	}()
+	eventually(t, 10*time.Second, "first banner", func() (bool, string) {
+		return strings.Count(out.String(), "QVIRT-GUEST-READY") == 1, out.String()
+	})
+	setPhase(t, vmi, qv1.Scheduling) // the restarted instance is on its way
+	_, _ = inW.Write([]byte("poweroff\r"))
+	eventually(t, 10*time.Second, "waiting after the close", func() (bool, string) {
+		return strings.Contains(errOut.String(), "waiting for VMI con-again to run (phase Scheduling)"), errOut.String()
+	})
+	setPhase(t, vmi, qv1.Running)
+	eventually(t, 10*time.Second, "second banner", func() (bool, string) {
+		return strings.Count(out.String(), "QVIRT-GUEST-READY") == 2, out.String()
+	})
+	_, _ = inW.Write([]byte{0x1d})
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("exit %d, stderr %q", code, errOut.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("console did not leave on Ctrl+]")
+	}
+}
+
+// A refused upgrade reads as kubectl's Forbidden with advice on the role to ask for.
+func TestStreamForbidden(t *testing.T) {
+	f := newFakeAPI(t)
+	kc := f.kubeconfig(t)
+	createVMI(t, "ns-a", "forbidden-con", qv1.Running)
+	_, errOut, code := run(t, nil, "console", "forbidden-con", "--kubeconfig", kc)
+	want := `Error from server (Forbidden): virtualmachineinstances.subresources.qvirt.io "forbidden-con" is forbidden: User "tester" cannot get resource "virtualmachineinstances/console"`
+	if code != 1 || !strings.HasPrefix(errOut, want) || !strings.Contains(errOut, "qvirt.io:edit") {
+		t.Errorf("forbidden console: exit %d, stderr %q", code, errOut)
+	}
+}
