@@ -20,6 +20,8 @@ const pausedRefusal = "VMI is paused; unpause it first"
 // SoftReboot asks the guest to reboot itself by pressing Ctrl+Alt+Del on its keyboard; there is no
 // guest agent. Linux hands the keys to init (busybox and systemd reboot cleanly), so the guest
 // syncs and restarts its own way; it returns once the keys are sent, not when the guest is back.
+// Until the guest's init has claimed the keys (busybox init and systemd do so at start), the
+// Linux kernel's default is an immediate restart, without a clean shutdown.
 // QEMU runs without -no-reboot, so the guest's reset is a RESET event and QEMU, the launcher's
 // phase and the run state stay as they are.
 func (l *Launcher) SoftReboot(ctx context.Context) error {

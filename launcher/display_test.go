@@ -29,7 +29,10 @@ func TestSoftRebootAndScreenshot(t *testing.T) {
 		t.Fatalf("sync: %v", err)
 	}
 	c := attach(t, v.runDir)
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	end := c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	// The shell's prompt: busybox init runs, and has told the kernel to hand it Ctrl+Alt+Del
+	// (before that, the kernel's default is an immediate restart, without a clean shutdown).
+	c.Expect(t, end, "# ", time.Minute)
 	pid := st.PID
 
 	t.Run("screenshot is a PNG of the VGA text screen, and leaves no file behind", func(t *testing.T) {
