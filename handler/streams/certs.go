@@ -23,14 +23,14 @@ func newTLSStore(opts Options) (*certStore, error) {
 	if opts.Certs != nil {
 		for _, f := range files {
 			if f.v != "" {
-				return nil, fmt.Errorf("Options.%s and Options.Certs are exclusive", f.name)
+				return nil, fmt.Errorf("options %s and Certs are exclusive", f.name)
 			}
 		}
 		return &certStore{provider: opts.Certs, allowed: opts.AllowedClientNames, log: opts.Log}, nil
 	}
 	for _, f := range files {
 		if f.v == "" {
-			return nil, fmt.Errorf("Options.%s is required (or Options.Certs)", f.name)
+			return nil, fmt.Errorf("options: %s is required (or Certs)", f.name)
 		}
 	}
 	return newCertStore(opts.CertFile, opts.KeyFile, opts.ClientCAFile, opts.AllowedClientNames, opts.Log)
