@@ -19,7 +19,12 @@ func (e *env) action(ctx context.Context, resource, name, sub string, body any) 
 	if err != nil {
 		return nil, err
 	}
-	return c.Do(ctx, http.MethodPut, subv1.Path(c.Namespace, resource, name, sub), body)
+	b, err := c.Do(ctx, http.MethodPut, subv1.Path(c.Namespace, resource, name, sub), body)
+	if apierrors.IsNotFound(err) && !serviceMissing(err) {
+		short := map[string]string{subv1.VirtualMachines: "vm", subv1.VirtualMachineInstances: "vmi"}[resource]
+		return nil, withHint(err, "Check the name and the namespace (-n); list them with: kubectl get %s -n %s", short, c.Namespace)
+	}
+	return b, err
 }
 
 func newStart(e *env) *cobra.Command {

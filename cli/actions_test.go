@@ -116,7 +116,8 @@ func TestServerErrorsReadLikeKubectl(t *testing.T) {
 	f := newFakeAPI(t)
 	kc := f.kubeconfig(t)
 	_, errOut, code := run(t, nil, "start", "missing-vm", "--kubeconfig", kc)
-	if code != 1 || !strings.HasPrefix(errOut, `Error from server (NotFound): virtualmachines "missing-vm" not found`) {
+	if code != 1 || errOut != "Error from server (NotFound): virtualmachines \"missing-vm\" not found\n"+
+		"Check the name and the namespace (-n); list them with: kubectl get vm -n ns-a\n" {
 		t.Errorf("unknown VM: exit %d, stderr %q", code, errOut)
 	}
 	// pause vm checks the VirtualMachine in the real kube-apiserver first.

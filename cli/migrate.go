@@ -244,8 +244,13 @@ func migrationPercent(total, remaining, processed int64, completed bool) int {
 	return int(min(max(pct, 0), 99))
 }
 
+// sample updates the throughput from a new processed count; updates of other fields (the same
+// count again) leave it as it was.
 func (b *progressBar) sample(processed int64, now time.Time) {
-	if !b.lastTime.IsZero() && now.After(b.lastTime) && processed >= b.lastData {
+	if !b.lastTime.IsZero() && processed == b.lastData {
+		return
+	}
+	if !b.lastTime.IsZero() && now.After(b.lastTime) && processed > b.lastData {
 		r := float64(processed-b.lastData) / now.Sub(b.lastTime).Seconds()
 		if b.rate == 0 {
 			b.rate = r

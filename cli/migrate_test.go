@@ -100,6 +100,7 @@ func TestMigrateWaitDrawsProgressToTheEnd(t *testing.T) {
 	if code != 0 || !regexp.MustCompile(`^virtualmachineinstancemigration\.qvirt\.io/mig-ok-migration-\w+ created\n$`).MatchString(out) {
 		t.Fatalf("migrate --wait: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
+	t.Logf("migrate --wait stderr:\n%s", errOut)
 	for _, want := range []string{
 		"Running         [###############...............]  50% 128.0 MiB processed of 256.0 MiB, 128.0 MiB remaining,",
 		"MiB/s",
