@@ -55,7 +55,7 @@ tools: ## Build the control-plane binaries (etcd, kube-apiserver, ...) into the 
 # first (-exec true runs none of them).
 test: deps tools verify-generated ## Unit, integration and end-to-end tests, then bounded fuzzing.
 	$(GO) test -count=1 -exec true ./... >/dev/null
-	KUBEBUILDER_ASSETS=$$(hack/build-tools.sh) $(GO) test -p 1 -count=1 ./...
+	KUBEBUILDER_ASSETS=$$(hack/build-tools.sh) $(GO) test -p 1 -count=1 -timeout 30m ./...
 	$(MAKE) fuzz
 
 test-unit: ## Tests that need no API server, QEMU or root.

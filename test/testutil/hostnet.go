@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -13,14 +14,24 @@ import (
 // never touches it. The lock is released when the test ends.
 func LockHostNetwork(t testing.TB) {
 	t.Helper()
+	unlock, err := LockHostNetworkNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(unlock)
+}
+
+// LockHostNetworkNow takes the same lock for a caller without a test (a TestMain holding it for
+// its package's shared fixture) and returns its release.
+func LockHostNetworkNow() (func(), error) {
 	path := filepath.Join(os.TempDir(), "qvirt-test-hostnet.lock")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		t.Fatalf("host network lock: %v", err)
+		return nil, fmt.Errorf("host network lock: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		f.Close()
-		t.Fatalf("host network lock: %v", err)
+		return nil, fmt.Errorf("host network lock: %w", err)
 	}
-	t.Cleanup(func() { f.Close() })
+	return func() { f.Close() }, nil
 }

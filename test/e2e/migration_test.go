@@ -1,0 +1,59 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// TestLiveMigration moves a running VM to the other node through a VirtualMachineInstanceMigration:
+// the migration succeeds, the guest keeps counting on the target (no reboot), its page answers at
+// the new pod's address, and the source pod is gone.
+func TestLiveMigration(t *testing.T) {
+	ns := namespace(t)
+	const name = "mig"
+	vmi, src := startDemo(t, ns, name, v1alpha1.RunStrategyAlways)
+	srcPod := launcherPod(t, vmi)
+	ctx := context.Background()
+
+	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "mig-1", Namespace: ns},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: name}}
+	if err := cl.Create(ctx, vmim); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	testutil.Eventually(t, 3*time.Minute, "migration mig-1 Succeeded", func() bool {
+		_ = cl.Get(ctx, client.ObjectKeyFromObject(vmim), vmim)
+		return vmim.Status.Phase == v1alpha1.MigrationSucceeded
+	}, func() string {
+		v, _ := getVMI(t, ns, name)
+		return fmt.Sprintf("migration %+v\nVMI %+v", vmim.Status, v.Status)
+	})
+	t.Logf("migrated in %.1fs", time.Since(started).Seconds())
+
+	moved := waitVMI(t, ns, name, 30*time.Second, "Running on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running("")(v) && v.UID == vmi.UID && v.Status.NodeName != vmi.Status.NodeName &&
+			v.Status.Interfaces[0].IP != vmi.Status.Interfaces[0].IP
+	})
+	dst := console(t, moved)
+	last := src.LastTick()
+	dst.Expect(t, 0, fmt.Sprintf("tick %d\r\n", last+2), time.Minute)
+	if strings.Contains(dst.Text(), "QVIRT-GUEST-READY") {
+		t.Error("the guest booted again on the target")
+	}
+	if body := httpGet(t, moved.Status.Interfaces[0].IP, time.Minute); body != name {
+		t.Errorf("the guest's page at its new address is %q, want %q", body, name)
+	}
+	testutil.Eventually(t, time.Minute, "source pod "+srcPod.Name+" gone", func() bool {
+		err := cl.Get(ctx, client.ObjectKeyFromObject(srcPod), srcPod)
+		return client.IgnoreNotFound(err) == nil && err != nil
+	})
+}
