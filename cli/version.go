@@ -49,12 +49,12 @@ func newVersion(e *env) *cobra.Command {
 
 // clientVersion reads the build information Go embeds in the binary.
 func clientVersion() subv1.Version {
-	v := subv1.Version{GitVersion: "unknown", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	v := subv1.Version{GitVersion: "devel", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return v
 	}
-	if bi.Main.Version != "" {
+	if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 		v.GitVersion = bi.Main.Version
 	}
 	for _, s := range bi.Settings {
