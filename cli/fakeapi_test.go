@@ -22,8 +22,8 @@ import (
 
 	"github.com/coder/websocket"
 	"golang.org/x/sys/unix"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
 	subv1 "github.com/qvirt/qvirt/api/subresources/v1alpha1"
