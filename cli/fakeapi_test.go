@@ -242,6 +242,9 @@ func (f *fakeAPI) qmp(w http.ResponseWriter, r *http.Request) {
 			}
 			_ = json.Unmarshal(req.Arguments, &a)
 			reply["return"] = "VM status: running\r\n(from " + a.CommandLine + ")\r\n"
+		case "x-drop":
+			c.Close(websocket.StatusGoingAway, "qvirt-handler is shutting down")
+			return
 		case "stop":
 			reply["error"] = map[string]string{"class": "GenericError", "desc": `"stop" is not read-only: it needs update on virtualmachineinstances/qmp-write (subresources.qvirt.io)`}
 		default:

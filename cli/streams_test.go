@@ -176,6 +176,10 @@ func TestQMPOneShot(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "error: QMP frobnicate: CommandNotFound: The command frobnicate has not been found") {
 		t.Errorf("unknown command: exit %d, stderr %q", code, errOut)
 	}
+	_, errOut, code = run(t, nil, "--kubeconfig", kc, "qmp", "q1", "--", "x-drop")
+	if code != 1 || !strings.Contains(errOut, "error: QMP session closed by the server (status 1001): qvirt-handler is shutting down") {
+		t.Errorf("closed mid-command: exit %d, stderr %q", code, errOut)
+	}
 	out, errOut, code = run(t, nil, "--kubeconfig", kc, "qmp", "q1", "--hmp", "info status")
 	if code != 0 || out != "VM status: running\n(from info status)\n" {
 		t.Errorf("--hmp: exit %d, stdout %q, stderr %q", code, out, errOut)
