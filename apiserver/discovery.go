@@ -25,10 +25,10 @@ var (
 	_ rest.SingularNameProvider = parent{}
 )
 
-func (p parent) New() runtime.Object       { return p.newObj() }
-func (p parent) Destroy()                  {}
-func (p parent) NamespaceScoped() bool     { return true }
-func (p parent) GetSingularName() string   { return p.singular }
+func (p parent) New() runtime.Object     { return p.newObj() }
+func (p parent) Destroy()                {}
+func (p parent) NamespaceScoped() bool   { return true }
+func (p parent) GetSingularName() string { return p.singular }
 
 // connectFunc serves one subresource of the named object; ctx carries the namespace and the
 // authenticated user. An error is answered as a metav1.Status by the generic server.

@@ -37,6 +37,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 
 	qv1 "github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/local/pki"
 )
 
 // ControlPlane is a running etcd + kube-apiserver with the qvirt CRDs installed.
@@ -49,7 +50,17 @@ type ControlPlane struct {
 	Kubeconfig string
 	// Kubectl is the path of the kubectl built with the control plane.
 	Kubectl string
+
+	// pkiDir holds the front-proxy certificates of Options.Aggregation.
+	pkiDir string
+	// stopHooks run before the control plane stops (OnStop).
+	stopHooks []func()
 }
+
+// OnStop registers f to run, last registered first, when Stop begins: for servers a test package
+// starts once and that hold connections to kube-apiserver (an aggregated API server's watches
+// delay kube-apiserver's shutdown past envtest's stop timeout).
+func (cp *ControlPlane) OnStop(f func()) { cp.stopHooks = append(cp.stopHooks, f) }
 
 // RepoRoot is the root of the qvirt repository, found from this source file.
 func RepoRoot() string {
@@ -76,6 +87,13 @@ type Options struct {
 	// Webhooks installs config/webhook's webhook configurations, pointed at a local serving
 	// address and certificate that Env.WebhookInstallOptions holds for the test's webhook server.
 	Webhooks bool
+	// Aggregation turns on kube-apiserver's aggregation layer as local mode does: a front-proxy CA
+	// and client certificate (CN front-proxy-client) made for this control plane, the
+	// --requestheader-* and --proxy-client-* flags, and --enable-aggregator-routing=true (the
+	// aggregator dials the EndpointSlice addresses of an APIService's Service, which must not be
+	// loopback). kube-apiserver publishes the request-header settings in ConfigMap
+	// kube-system/extension-apiserver-authentication for aggregated servers.
+	Aggregation bool
 }
 
 // Start starts a control plane with the CRDs from config/crd/bases installed.
@@ -106,11 +124,18 @@ func StartWith(opts Options) (*ControlPlane, error) {
 	if opts.Webhooks {
 		env.WebhookInstallOptions.Paths = []string{filepath.Join(RepoRoot(), "config", "webhook")}
 	}
+	var pkiDir string
+	if opts.Aggregation {
+		if pkiDir, err = aggregationFlags(env); err != nil {
+			return nil, err
+		}
+	}
 	cfg, err := env.Start()
 	if err != nil {
+		_ = os.RemoveAll(pkiDir)
 		return nil, fmt.Errorf("start envtest control plane from %s: %w", assets, err)
 	}
-	cp := &ControlPlane{Env: env, Config: cfg, Scheme: scheme, Kubectl: filepath.Join(assets, "kubectl")}
+	cp := &ControlPlane{Env: env, Config: cfg, Scheme: scheme, Kubectl: filepath.Join(assets, "kubectl"), pkiDir: pkiDir}
 	if err := cp.init(); err != nil {
 		_ = env.Stop()
 		return nil, err
@@ -140,12 +165,50 @@ func (cp *ControlPlane) init() error {
 	return os.WriteFile(cp.Kubeconfig, kubeconfig, 0o600)
 }
 
+// aggregationFlags makes the front-proxy certificates in a new directory and sets the aggregation
+// layer's kube-apiserver flags (the ones local mode uses, local/cluster/controlplane.go).
+func aggregationFlags(env *crenvtest.Environment) (string, error) {
+	dir, err := os.MkdirTemp("", "qvirt-envtest-pki-")
+	if err != nil {
+		return "", fmt.Errorf("front-proxy pki dir: %w", err)
+	}
+	ca, err := pki.LoadOrCreateCA(dir, "front-proxy-ca")
+	if err == nil {
+		err = ca.Issue(dir, "front-proxy-client", pki.Leaf{CommonName: "front-proxy-client", Client: true})
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("front-proxy certificates: %w", err)
+	}
+	args := env.ControlPlane.GetAPIServer().Configure()
+	for flag, value := range map[string]string{
+		"enable-aggregator-routing":          "true",
+		"requestheader-client-ca-file":       filepath.Join(dir, "front-proxy-ca.crt"),
+		"requestheader-allowed-names":        "front-proxy-client",
+		"requestheader-username-headers":     "X-Remote-User",
+		"requestheader-group-headers":        "X-Remote-Group",
+		"requestheader-extra-headers-prefix": "X-Remote-Extra-",
+		"proxy-client-cert-file":             filepath.Join(dir, "front-proxy-client.crt"),
+		"proxy-client-key-file":              filepath.Join(dir, "front-proxy-client.key"),
+	} {
+		args.Set(flag, value)
+	}
+	return dir, nil
+}
+
 // Stop stops the control plane and removes what Start created.
 func (cp *ControlPlane) Stop() error {
+	for i := len(cp.stopHooks) - 1; i >= 0; i-- {
+		cp.stopHooks[i]()
+	}
 	if cp.Kubeconfig != "" {
 		_ = os.RemoveAll(filepath.Dir(cp.Kubeconfig))
 	}
-	return cp.Env.Stop()
+	err := cp.Env.Stop()
+	if cp.pkiDir != "" {
+		_ = os.RemoveAll(cp.pkiDir)
+	}
+	return err
 }
 
 // KubectlCmd runs kubectl against the control plane with stdin, returning stdout and stderr.
