@@ -20,6 +20,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/admission"
+	certctl "github.com/qvirt/qvirt/controllers/certs"
 	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/migration"
 	"github.com/qvirt/qvirt/controllers/nodehealth"
@@ -92,6 +93,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, 
 		}},
 		{"nodehealth", func() error {
 			return (&nodehealth.Reconciler{Client: c, Recorder: recorder(mgr, "qvirt-nodehealth"), Timeout: opts.NodeHeartbeatTimeout}).SetupWithManager(mgr)
+		}},
+		{"certs", func() error {
+			return (&certctl.Reconciler{Client: c, Namespace: opts.Namespace, Recorder: recorder(mgr, "qvirt-certs")}).SetupWithManager(mgr)
 		}},
 	}
 	if opts.Webhooks {

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/node"
 	"github.com/qvirt/qvirt/controllers/vmi"
@@ -65,7 +67,11 @@ type StreamsOptions struct {
 	// (NodeStreamsAddressAnnotation); required when the server is on.
 	AdvertiseAddress                string
 	CertFile, KeyFile, ClientCAFile string
-	AllowedClientNames              []string
+	// TLSSecret, instead of the files, names the Secret in the install namespace holding the
+	// certificate, key and client CA bundle (certs.HandlerSecret, kept by qvirt-controller),
+	// watched so rotations apply without a restart.
+	TLSSecret          string
+	AllowedClientNames []string
 }
 
 // CacheOptions restrict the cache to one node: instances whose status.nodeName is the node (a CRD
@@ -188,11 +194,24 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 	if _, _, err := net.SplitHostPort(so.AdvertiseAddress); err != nil {
 		return fmt.Errorf("stream server: advertise address %q: want host:port where qvirt-api reaches this node: %w", so.AdvertiseAddress, err)
 	}
-	srv, err := streams.New(streams.Options{
+	sopts := streams.Options{
 		Reader: mgr.GetClient(), NodeName: opts.NodeName, SocketDir: opts.SocketDir,
-		CertFile: so.CertFile, KeyFile: so.KeyFile, ClientCAFile: so.ClientCAFile,
 		AllowedClientNames: so.AllowedClientNames, Addr: so.Addr, Log: mgr.GetLogger().WithName("streams"),
-	})
+	}
+	if so.TLSSecret != "" {
+		cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return fmt.Errorf("stream server certificates: %w", err)
+		}
+		src := certs.NewSource(cs, opts.Namespace, so.TLSSecret)
+		if err := mgr.Add(src); err != nil {
+			return err
+		}
+		sopts.Certs = src
+	} else {
+		sopts.CertFile, sopts.KeyFile, sopts.ClientCAFile = so.CertFile, so.KeyFile, so.ClientCAFile
+	}
+	srv, err := streams.New(sopts)
 	if err != nil {
 		return fmt.Errorf("stream server: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler"
 )
@@ -28,6 +29,7 @@ func main() {
 	flag.StringVar(&opts.ImageCacheDir, "image-cache-dir", v1alpha1.ImageCacheDir, "the node's image cache, shared by its launchers")
 	flag.BoolVar(&opts.DevicePlugin, "device-plugin", true, "serve the kubelet device plugin for devices.qvirt.io/kvm and /tun (off in local mode)")
 	flag.StringVar(&opts.Streams.Addr, "streams-bind-address", ":8186", "address of the mTLS stream server for qvirt-api (0 disables it)")
+	flag.StringVar(&opts.Streams.TLSSecret, "streams-tls-secret", "", "Secret (in --namespace) with the stream server's tls.crt, tls.key and ca.crt, instead of the files; e.g. "+certs.HandlerSecret)
 	flag.StringVar(&opts.Streams.CertFile, "streams-tls-cert-file", "/etc/qvirt/handler-tls/tls.crt", "stream server certificate")
 	flag.StringVar(&opts.Streams.KeyFile, "streams-tls-key-file", "/etc/qvirt/handler-tls/tls.key", "stream server key")
 	flag.StringVar(&opts.Streams.ClientCAFile, "streams-client-ca-file", "/etc/qvirt/handler-tls/ca.crt", "CA of the clients (qvirt-api) the stream server accepts")

@@ -227,7 +227,11 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provider.Options {
 	name := NodeName(i)
 	dir := filepath.Join(c.opts.Dir, "nodes", name)
-	return provider.Options{NodeName: name, Config: rest.CopyConfig(restCfg), StateDir: dir, CNIBinDir: cniBin,
+	cfg := rest.CopyConfig(restCfg)
+	// A kubelet's pod status updates are not throttled like a controller's: with client-go's
+	// default 5 QPS a burst of launcher pods waits seconds for its status writes.
+	cfg.QPS, cfg.Burst = 100, 200
+	return provider.Options{NodeName: name, Config: cfg, StateDir: dir, CNIBinDir: cniBin,
 		Log: c.opts.Log.WithName(name), PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), Bridge: fmt.Sprintf("qvirt-n%d", i),
 		Images:        map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
 		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), v1alpha1.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
