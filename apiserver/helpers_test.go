@@ -180,7 +180,7 @@ func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInsta
 
 // url is the kube-apiserver URL of a subresource; scheme https or wss.
 func url(scheme, resource, name, subresource string) string {
-	return scheme + strings.TrimPrefix(cp.Config.Host, "https") + sub.Path(testNS, resource, name, subresource)
+	return scheme + strings.TrimSuffix(strings.TrimPrefix(cp.Config.Host, "https"), "/") + sub.Path(testNS, resource, name, subresource)
 }
 
 // httpClient is a client authenticated as the user of cfg.

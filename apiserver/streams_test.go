@@ -1,0 +1,187 @@
+package apiserver_test
+
+import (
+	"bytes"
+	"image/png"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"k8s.io/client-go/rest"
+
+	sub "github.com/qvirt/qvirt/api/subresources/v1alpha1"
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// One guest serves every stream test: RBAC on the console and the QMP shell, the console's
+// bytes both ways, takeover and a client vanishing mid-stream, QMP reads and writes, pause,
+// unpause and screenshot, all through kube-apiserver and qvirt-api to a real handler.
+func TestStreams(t *testing.T) {
+	e := setup(t)
+	socketDir, err := os.MkdirTemp("", "qva-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(socketDir) })
+	const node = "node-streams"
+	createNode(t, node, startHandler(t, e, node, socketDir))
+	vmi := testVMI(t, "guest", node, v1alpha1.Running)
+	bootGuest(t, socketDir, vmi)
+	view, edit, admin := e.users["view"], e.users["edit"], e.users["admin"]
+
+	t.Run("view is refused the console", func(t *testing.T) {
+		_, resp, err := dial(t, view, vmi.Name, sub.Console, sub.SubprotocolPlain)
+		if err == nil {
+			t.Fatal("the view user opened the console")
+		}
+		st := status(t, resp)
+		if st.Code != http.StatusForbidden || !strings.Contains(st.Message, `"virtualmachineinstances/console"`) || !strings.Contains(st.Message, "view-user") {
+			t.Errorf("got %d %q, want 403 naming view-user and virtualmachineinstances/console", st.Code, st.Message)
+		}
+	})
+
+	t.Run("edit reads and writes the console; a new session takes over", func(t *testing.T) {
+		c, resp, err := dial(t, edit, vmi.Name, sub.Console, sub.SubprotocolPlain)
+		if err != nil {
+			t.Fatalf("console as edit: %v (%s)", err, bodyOf(resp))
+		}
+		if c.Subprotocol() != sub.SubprotocolPlain {
+			t.Errorf("subprotocol %q, want %q", c.Subprotocol(), sub.SubprotocolPlain)
+		}
+		s := read(c)
+		s.expect(t, "QVIRT-GUEST-READY", 90*time.Second)
+		s.send(t, websocket.MessageBinary, "echo qvirt-$((6*7))\n")
+		s.expect(t, "qvirt-42", 30*time.Second)
+
+		c2, resp, err := dial(t, admin, vmi.Name, sub.Console, sub.SubprotocolPlain)
+		if err != nil {
+			t.Fatalf("second console as admin: %v (%s)", err, bodyOf(resp))
+		}
+		code, reason := s.closedWith(t, 15*time.Second)
+		if code != 4001 || !strings.Contains(reason, "admin-user") {
+			t.Errorf("the first session closed with %d %q, want 4001 naming admin-user", code, reason)
+		}
+		// The admin's client vanishes without a close frame; the next session works.
+		_ = c2.CloseNow()
+		c3, resp, err := dial(t, edit, vmi.Name, sub.Console, sub.SubprotocolPlain)
+		if err != nil {
+			t.Fatalf("console after a vanished client: %v (%s)", err, bodyOf(resp))
+		}
+		s3 := read(c3)
+		s3.send(t, websocket.MessageBinary, "echo again-$((1+1))\n")
+		s3.expect(t, "again-2", 30*time.Second)
+		_ = c3.Close(websocket.StatusNormalClosure, "done")
+	})
+
+	t.Run("edit queries QMP but may not write", func(t *testing.T) {
+		q := openQMP(t, edit, vmi.Name)
+		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s"}`)
+		if st := q.reply(t, "s"); returned(st)["status"] != "running" {
+			t.Errorf("query-status: %v", st)
+		}
+		q.send(t, websocket.MessageText, `{"execute":"stop","id":"w"}`)
+		if desc := errorDesc(q.reply(t, "w")); !strings.Contains(desc, "virtualmachineinstances/qmp-write") {
+			t.Errorf("stop as edit: error %q, want one naming virtualmachineinstances/qmp-write", desc)
+		}
+		q.send(t, websocket.MessageText, `{"execute": nope`)
+		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s2"}`)
+		q.reply(t, "s2") // the session survives a malformed message
+		_ = q.conn.Close(websocket.StatusNormalClosure, "done")
+		logs := e.logs.String()
+		for _, want := range []string{`"command"="query-status"`, `"command"="stop"`, `"errorClass"="GenericError"`} {
+			if !logLine(logs, `"user"="edit-user"`, want) {
+				t.Errorf("no qvirt-api log line naming edit-user with %s in:\n%s", want, testutil.Tail(logs, 3000))
+			}
+		}
+	})
+
+	t.Run("admin may write over QMP", func(t *testing.T) {
+		q := openQMP(t, admin, vmi.Name)
+		q.send(t, websocket.MessageText, `{"execute":"stop","id":"w"}`)
+		if r := q.reply(t, "w"); r["error"] != nil {
+			t.Fatalf("stop as admin: %v", r)
+		}
+		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s"}`)
+		if st := q.reply(t, "s"); returned(st)["status"] != "paused" {
+			t.Errorf("query-status after stop: %v", st)
+		}
+		q.send(t, websocket.MessageText, `{"execute":"cont","id":"c"}`)
+		q.reply(t, "c")
+		_ = q.conn.Close(websocket.StatusNormalClosure, "done")
+	})
+
+	t.Run("pause, unpause and screenshot through the handler", func(t *testing.T) {
+		if code, body := put(t, view, sub.VirtualMachineInstances, vmi.Name, sub.Pause, ""); code != http.StatusForbidden {
+			t.Errorf("pause as view: %d %s", code, body)
+		}
+		for _, action := range []string{sub.Pause, sub.Unpause} {
+			if code, body := put(t, edit, sub.VirtualMachineInstances, vmi.Name, action, ""); code != http.StatusOK {
+				t.Errorf("%s as edit: %d %s", action, code, body)
+			}
+		}
+		code, data, hdr := get(t, edit, sub.Path(testNS, sub.VirtualMachineInstances, vmi.Name, sub.Screenshot))
+		if code != http.StatusOK || hdr.Get("Content-Type") != "image/png" {
+			t.Fatalf("screenshot: %d %s %.300q", code, hdr.Get("Content-Type"), data)
+		}
+		img, err := png.Decode(bytes.NewReader(data))
+		if err != nil || img.Bounds().Dx() < 320 {
+			t.Errorf("screenshot: not a PNG of a screen: %v", err)
+		}
+	})
+}
+
+// openQMP opens a QMP shell as the user of cfg and negotiates capabilities. The handler serves one
+// shell per VMI, so a shell just closed may still hold it for a moment.
+func openQMP(t *testing.T, cfg *rest.Config, name string) *stream {
+	t.Helper()
+	var c *websocket.Conn
+	testutil.Eventually(t, 10*time.Second, "a QMP shell", func() bool {
+		var err error
+		c, _, err = dial(t, cfg, name, sub.QMP, sub.SubprotocolQMP)
+		return err == nil
+	})
+	q := read(c)
+	q.expect(t, `"QMP"`, 10*time.Second)
+	q.send(t, websocket.MessageText, `{"execute":"qmp_capabilities","id":"cap"}`)
+	q.reply(t, "cap")
+	return q
+}
+
+func returned(m map[string]any) map[string]any {
+	r, _ := m["return"].(map[string]any)
+	return r
+}
+
+func errorDesc(m map[string]any) string {
+	e, _ := m["error"].(map[string]any)
+	d, _ := e["desc"].(string)
+	return d
+}
+
+// logLine is true when one line of logs holds every string of want.
+func logLine(logs string, want ...string) bool {
+	for _, line := range strings.Split(logs, "\n") {
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(line, w)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+func bodyOf(resp *http.Response) string {
+	if resp == nil {
+		return "no response"
+	}
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	return resp.Status + ": " + b.String()
+}
+
