@@ -156,6 +156,7 @@ func TestPauseVMPausesItsInstance(t *testing.T) {
 	if err := cp.Client.Create(context.Background(), vm); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), vm) })
 	out, errOut, code := run(t, nil, "pause", "vm", "pausevm", "--kubeconfig", kc)
 	if code != 0 || out != "VMI pausevm was paused\n" {
 		t.Fatalf("pause vm: exit %d, stdout %q, stderr %q", code, out, errOut)

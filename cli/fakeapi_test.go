@@ -21,10 +21,12 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	subv1 "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 	qv1 "github.com/qvirt/qvirt/api/v1alpha1"
@@ -34,6 +36,7 @@ import (
 var cp *envtest.ControlPlane
 
 func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
 	pollInterval = 100 * time.Millisecond
 	envtest.Main(m, &cp)
 }
@@ -356,6 +359,7 @@ func createVMI(t *testing.T, ns, name string, phase qv1.VirtualMachineInstancePh
 	if err := cp.Client.Create(ctx, vmi); err != nil {
 		t.Fatalf("create VMI %s/%s: %v", ns, name, err)
 	}
+	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), vmi) })
 	setPhase(t, vmi, phase)
 	return vmi
 }

@@ -6,9 +6,15 @@ package main
 import (
 	"os"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/qvirt/qvirt/cli"
 )
 
 func main() {
+	// qvirtctl reports errors itself; without a logger controller-runtime's client prints a
+	// stack trace to stderr 30 s into a long command (vnc, migrate --wait).
+	ctrllog.SetLogger(logr.Discard())
 	os.Exit(cli.Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
 }
