@@ -100,9 +100,15 @@ func createNode(t *testing.T, name, addr string) {
 // client certificate.
 func startHandler(t *testing.T, e *env, node, socketDir string) string {
 	t.Helper()
+	return startHandlerWithCert(t, e, node, socketDir, "handler")
+}
+
+// startHandlerWithCert is startHandler serving the certificate cert (a leaf of the test PKI).
+func startHandlerWithCert(t *testing.T, e *env, node, socketDir, cert string) string {
+	t.Helper()
 	s, err := streams.New(streams.Options{
 		Reader: cp.Client, NodeName: node, SocketDir: socketDir,
-		CertFile: e.pki.file("handler.crt"), KeyFile: e.pki.file("handler.key"), ClientCAFile: e.pki.file("ca.crt"),
+		CertFile: e.pki.file(cert + ".crt"), KeyFile: e.pki.file(cert + ".key"), ClientCAFile: e.pki.file("ca.crt"),
 		AllowedClientNames: []string{"qvirt-api"}, Addr: "127.0.0.1:0", Log: testr.New(t).WithName("handler"),
 	})
 	if err != nil {

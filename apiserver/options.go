@@ -60,6 +60,9 @@ func describeJSONError(err error) error {
 	if errors.As(err, &se) {
 		return fmt.Errorf("not valid JSON at byte %d: %v", se.Offset, err)
 	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("not valid JSON: the object is cut short")
+	}
 	return err
 }
 

@@ -184,4 +184,3 @@ func bodyOf(resp *http.Response) string {
 	_, _ = b.ReadFrom(resp.Body)
 	return resp.Status + ": " + b.String()
 }
-
