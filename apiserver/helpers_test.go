@@ -151,8 +151,9 @@ func testVMI(t *testing.T, name, node string, phase v1alpha1.VirtualMachineInsta
 	return vmi
 }
 
-// bootGuest starts a real launcher for vmi under socketDir and syncs it (the guest boots).
-func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInstance) {
+// bootGuest starts a real launcher for vmi under socketDir and syncs it (the guest boots); it
+// returns the launcher's client.
+func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInstance) *launcher.Client {
 	t.Helper()
 	dir := launcher.VMIDir(socketDir, vmi.UID)
 	if err := os.MkdirAll(string(dir), 0o700); err != nil {
@@ -182,6 +183,7 @@ func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInsta
 	if st.Phase != launcher.PhaseRunning {
 		t.Fatalf("after sync: phase %s (%s)", st.Phase, st.StartError)
 	}
+	return c
 }
 
 // url is the kube-apiserver URL of a subresource; scheme https or wss.

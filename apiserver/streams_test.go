@@ -2,10 +2,12 @@ package apiserver_test
 
 import (
 	"bytes"
+	"context"
 	"image/png"
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,7 +32,7 @@ func TestStreams(t *testing.T) {
 	const node = "node-streams"
 	createNode(t, node, startHandler(t, e, node, socketDir))
 	vmi := testVMI(t, "guest", node, v1alpha1.Running)
-	bootGuest(t, socketDir, vmi)
+	guest := bootGuest(t, socketDir, vmi)
 	view, edit, admin := e.users["view"], e.users["edit"], e.users["admin"]
 
 	t.Run("view is refused the console", func(t *testing.T) {
@@ -130,6 +132,33 @@ func TestStreams(t *testing.T) {
 		img, err := png.Decode(bytes.NewReader(data))
 		if err != nil || img.Bounds().Dx() < 320 {
 			t.Errorf("screenshot: not a PNG of a screen: %v", err)
+		}
+	})
+
+	t.Run("VNC", func(t *testing.T) {
+		c, resp, err := dial(t, edit, vmi.Name, sub.VNC, sub.SubprotocolPlain)
+		if err != nil {
+			t.Fatalf("vnc as edit: %v (%s)", err, bodyOf(resp))
+		}
+		read(c).expect(t, "RFB 003.008", 10*time.Second)
+		_ = c.Close(websocket.StatusNormalClosure, "done")
+	})
+
+	// Last: the guest goes away under an open console; the user learns it with the handler's code.
+	t.Run("QEMU exits under an open console", func(t *testing.T) {
+		c, resp, err := dial(t, edit, vmi.Name, sub.Console, sub.SubprotocolPlain)
+		if err != nil {
+			t.Fatalf("console as edit: %v (%s)", err, bodyOf(resp))
+		}
+		s := read(c)
+		st, err := guest.Status(context.Background())
+		if err != nil || st.PID <= 0 {
+			t.Fatalf("launcher status: %+v %v", st, err)
+		}
+		_ = syscall.Kill(st.PID, syscall.SIGKILL)
+		code, reason := s.closedWith(t, 15*time.Second)
+		if code != websocket.StatusNormalClosure || reason == "" {
+			t.Errorf("closed with %d %q, want 1000 with the handler's reason", code, reason)
 		}
 	})
 }

@@ -21,9 +21,8 @@ import (
 )
 
 var (
-	vmiResource  = schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "virtualmachineinstances"}
-	vmResource   = schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "virtualmachines"}
-	nodeResource = schema.GroupResource{Resource: "nodes"}
+	vmiResource = schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "virtualmachineinstances"}
+	vmResource  = schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "virtualmachines"}
 )
 
 // target is a running VMI and the stream server of its node.
