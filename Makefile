@@ -15,7 +15,7 @@ FUZZTIME    ?= 15s
 deps: ## Install the Debian packages the tests and the demo need (QEMU, busybox, ...).
 	@hack/install-deps.sh
 
-.PHONY: all deps build generate manifests fmt vet lint test test-unit fuzz bench tools run clean verify-generated
+.PHONY: all deps build generate manifests fmt vet lint test test-unit fuzz bench tools run clean verify-generated install-plugin
 
 all: build
 
@@ -66,6 +66,9 @@ fuzz: ## Run every fuzz target for FUZZTIME.
 
 bench: tools ## Benchmarks with their figures (not pass/fail).
 	KUBEBUILDER_ASSETS=$$(hack/build-tools.sh) $(GO) test -run '^$$' -bench . -benchmem ./...
+
+install-plugin: build ## Link bin/qvirtctl as kubectl-qvirt into PLUGIN_DIR (default ~/.local/bin) for `kubectl qvirt`.
+	@d=$${PLUGIN_DIR:-$$HOME/.local/bin}; mkdir -p $$d; ln -sf $(abspath $(BIN))/qvirtctl $$d/kubectl-qvirt; echo "kubectl qvirt -> $$d/kubectl-qvirt"
 
 run: deps build tools ## The demo on this machine.
 	@hack/run.sh

@@ -22,7 +22,6 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/go-logr/logr"
-	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -375,29 +374,6 @@ func setPhase(t *testing.T, vmi *qv1.VirtualMachineInstance, phase qv1.VirtualMa
 func ensureNamespace(t *testing.T, ns string) {
 	t.Helper()
 	_, _, _ = cp.KubectlCmd(context.Background(), nil, "create", "namespace", ns)
-}
-
-// openPty opens a pseudo-terminal pair with /dev/ptmx (x/sys/unix, no extra module).
-func openPty(t *testing.T) (master, slave *os.File) {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd := int(m.Fd())
-	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatalf("unlock pty: %v", err)
-	}
-	n, err := unix.IoctlGetUint32(fd, unix.TIOCGPTN)
-	if err != nil {
-		t.Fatalf("pty number: %v", err)
-	}
-	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close(); m.Close() })
-	return m, s
 }
 
 // collect copies r into a buffer in the background.

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	qv1 "github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // The console waits for a starting VMI, then carries bytes both ways through a real pty in raw
@@ -25,7 +26,7 @@ func TestConsoleThroughAPty(t *testing.T) {
 	f := newFakeAPI(t)
 	kc := f.kubeconfig(t)
 	vmi := createVMI(t, "ns-a", "con-pty", qv1.Scheduled)
-	master, slave := openPty(t)
+	master, slave := testutil.OpenPTY(t)
 	screen := collect(master)
 	var errOut lockedBuffer
 	done := make(chan int, 1)
@@ -199,7 +200,7 @@ func TestQMPShellCompletesOnATerminal(t *testing.T) {
 	f := newFakeAPI(t)
 	kc := f.kubeconfig(t)
 	createVMI(t, "ns-a", "q2", qv1.Running)
-	master, slave := openPty(t)
+	master, slave := testutil.OpenPTY(t)
 	screen := collect(master)
 	var errOut lockedBuffer
 	done := make(chan int, 1)

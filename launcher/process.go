@@ -77,7 +77,9 @@ type Options struct {
 	QEMU string
 	// Log receives QEMU's stderr lines and lifecycle messages.
 	Log logr.Logger
-	// StartTimeout bounds how long QEMU may take to open its monitor; 10s when zero.
+	// StartTimeout bounds how long QEMU may take to open its monitor and answer on it; 60s when
+	// zero. QEMU exiting ends the wait at once, so the bound only matters for a QEMU that hangs;
+	// on a busy node (many guests booting under emulation) a healthy one can take over 10 s.
 	StartTimeout time.Duration
 }
 
@@ -116,7 +118,7 @@ func Start(ctx context.Context, m *Machine, opts Options) (*Process, error) {
 		opts.QEMU = "qemu-system-x86_64"
 	}
 	if opts.StartTimeout == 0 {
-		opts.StartTimeout = 10 * time.Second
+		opts.StartTimeout = 60 * time.Second
 	}
 	p := &Process{
 		machine: m, log: opts.Log, stderr: newTailBuffer(4096),

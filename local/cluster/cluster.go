@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/local/provider"
@@ -69,8 +70,8 @@ type Options struct {
 type Ports struct {
 	APIServer, Etcd, ControllerManager, Scheduler, Webhook, ControllerProbe int
 	// Registry is the local registry's (5000 when zero). Node i's stream server listens on
-	// Streams+i (8186+i when zero).
-	Registry, Streams int
+	// Streams+i (8186+i when zero). API is qvirt-api's (8443 when zero).
+	Registry, Streams, API int
 }
 
 // RegistryAddress is where launchers reach the local registry (plain HTTP) when Ports.Registry is
@@ -199,6 +200,13 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		Namespace: Namespace, WebhookPort: p.Webhook, ProbePort: p.ControllerProbe})); err != nil {
 		return nil, err
 	}
+	step("starting qvirt-api (the aggregated API of consoles, VNC, QMP and VM actions)")
+	if p.API == 0 {
+		p.API = 8443
+	}
+	if err := c.startAPI(ctx, cl, p.API); err != nil {
+		return nil, err
+	}
 	step("building the CNI plugins (cached after the first time)")
 	cniBin, err := provider.BuildCNIPlugins(ctx, opts.CNICache)
 	if err != nil {
@@ -206,9 +214,6 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	}
 	// Launcher pods run as an unprivileged user: their binaries must be where it can run them.
 	if err := installLauncher(opts.Bin, filepath.Join(opts.Dir, "bin")); err != nil {
-		return nil, err
-	}
-	if err := c.streamCerts(); err != nil {
 		return nil, err
 	}
 	for i := 1; i <= opts.Nodes; i++ {
@@ -249,8 +254,7 @@ func (c *Cluster) handler(i int) supervise.Component {
 		Args: []string{"--node-name=" + name, "--socket-dir=" + NodeSocketDir(c.opts.Dir, i), "--namespace=" + Namespace,
 			"--image-cache-dir=" + nodeImageCache(c.opts.Dir, i), "--device-plugin=false",
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
-			"--streams-tls-cert-file=" + c.pkiPath("qvirt-handler.crt"), "--streams-tls-key-file=" + c.pkiPath("qvirt-handler.key"),
-			"--streams-client-ca-file=" + c.pkiPath(streamsCA+".crt"),
+			"--streams-tls-secret=" + certs.HandlerSecret,
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
 		Env:   []string{"KUBECONFIG=" + c.Kubeconfig},
 		Ready: httpReady("http://"+probe+"/readyz", nil)}
