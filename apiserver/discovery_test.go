@@ -48,6 +48,13 @@ func TestDiscoveryAndVersion(t *testing.T) {
 		t.Errorf("kubectl api-resources: %v\n%s%s", err, out, errOut)
 	}
 
+	// The aggregator merges the group's OpenAPI documents; both must build.
+	for _, path := range []string{"/openapi/v2", "/openapi/v3/apis/" + sub.GroupVersion.String()} {
+		if code, data, _ := get(t, e.users["admin"], path); code != http.StatusOK || !strings.Contains(string(data), "subresources.qvirt.io") {
+			t.Errorf("GET %s: HTTP %d: %.300s", path, code, data)
+		}
+	}
+
 	code, data, _ = get(t, e.users["view"], sub.VersionPath())
 	var v sub.Version
 	if code != http.StatusOK || json.Unmarshal(data, &v) != nil || v.GoVersion == "" || v.Platform == "" {

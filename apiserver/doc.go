@@ -19,4 +19,22 @@
 // controller acts on them), migrate creates a VirtualMachineInstanceMigration, addvolume and
 // removevolume edit the VM's template and the running VMI's spec (the node agent hot-plugs the
 // difference).
+//
+// # Start, stop and restart versus the run strategy
+//
+// KubeVirt's virtctl rewrites spec.runStrategy (stop turns Always into Halted, start turns it back
+// into Always). qvirt does not: its VM controller (controllers/vm) holds a runStrategy Always VM
+// down after a Stop request until a Start request (condition StoppedByRequest), and a
+// RerunOnFailure, Once or Manual VM whose instance a Stop deleted stays down until a Start. So
+// every action is only a status.stateChangeRequests entry and the spec stays the user's (GitOps
+// tools see no drift). What qvirt-api refuses with 409:
+//
+//	start    runStrategy Halted (the controller refuses starts; change the run strategy), or an
+//	         active instance and no pending Stop (already running)
+//	stop     no active instance; an instance not Running yet unless force
+//	restart  runStrategy Halted; no active instance
+//	migrate  no instance, or one that is not Running
+//
+// Stop's grace period goes into the Stop request's data as gracePeriodSeconds (force is "0");
+// a Stop names the UID of the instance it is for, so a stale one cannot stop its successor.
 package apiserver

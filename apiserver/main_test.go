@@ -129,6 +129,8 @@ func start() (*env, error) {
 	// Short caches, so that RBAC changes made by the tests apply at once.
 	opts.Authorization.AllowCacheTTL, opts.Authorization.DenyCacheTTL = time.Millisecond, time.Millisecond
 	opts.Kubeconfig = kubeconfig
+	// Pings every second, so the stream tests exercise the keep-alive on both sides.
+	opts.PingInterval = time.Second
 	opts.HandlerClientCertFile, opts.HandlerClientKeyFile, opts.HandlerCAFile = p.file("api.crt"), p.file("api.key"), p.file("ca.crt")
 	opts.Log = funcr.New(func(prefix, args string) { fmt.Fprintf(logs, "%s %s\n", prefix, args) }, funcr.Options{})
 	api, err := apiserver.New(opts)
