@@ -89,6 +89,14 @@ func TestStreams(t *testing.T) {
 		if desc := errorDesc(q.reply(t, "w")); !strings.Contains(desc, "virtualmachineinstances/qmp-write") {
 			t.Errorf("stop as edit: error %q, want one naming virtualmachineinstances/qmp-write", desc)
 		}
+		// The handler's refusal before the upgrade reaches the user with its code and message.
+		_, resp, err := dial(t, admin, vmi.Name, sub.QMP, sub.SubprotocolQMP)
+		if err == nil {
+			t.Fatal("a second QMP shell opened")
+		}
+		if st := status(t, resp); st.Code != http.StatusConflict || !strings.Contains(st.Message, "edit-user") {
+			t.Errorf("second QMP shell: %d %q, want 409 naming edit-user", st.Code, st.Message)
+		}
 		q.send(t, websocket.MessageText, `{"execute": nope`)
 		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s2"}`)
 		q.reply(t, "s2") // the session survives a malformed message
