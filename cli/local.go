@@ -128,8 +128,9 @@ The local cluster runs (%d nodes). In another terminal:
   kubectl get nodes
   kubectl apply -f %s
   kubectl get vmi
+  qvirtctl console NAME        # a VM's serial console (Ctrl+] leaves)
 qvirtctl local status shows its components; Ctrl-C here (or qvirtctl local down) stops it.
-`, opts.Nodes, c.Kubeconfig, filepath.Join(repo, "config", "samples", "vm_testguest.yaml"))
+`, opts.Nodes, c.Kubeconfig, filepath.Join(repo, "config", "samples", "vm-demo.yaml"))
 	<-ctx.Done()
 	fmt.Fprintln(out, "local up: stopping: guests power off, then every component")
 	c.Down()

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -44,6 +45,9 @@ const (
 	EventNetworkSetupFailed  = "NetworkSetupFailed"
 	EventKilledLeftover      = "KilledLeftoverGuest"
 )
+
+// Workers is how many of the node's instances are reconciled at once.
+const Workers = 8
 
 // Reconciler drives the launchers of the instances on one node.
 type Reconciler struct {
@@ -75,6 +79,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).Named("node-vmi").
+		// A Sync waits for QEMU to start and netsetup works in the pod's namespace: instances
+		// starting together must not queue behind each other (the queue never runs one instance
+		// twice at once; the launcher table is locked).
+		WithOptions(controller.Options{MaxConcurrentReconciles: Workers}).
 		For(&v1alpha1.VirtualMachineInstance{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToVMI)).
 		WatchesRawSource(source.Channel(r.launchers.events, &handler.EnqueueRequestForObject{}))

@@ -74,6 +74,16 @@ func Seed(ctx context.Context, registryAddr, guestDir string) (Images, error) {
 	return imgs, nil
 }
 
+// PushKernel pushes a kernelBoot image holding only the kernel file at KernelPath (no initrd) to
+// ref, over plain HTTP like Seed.
+func PushKernel(ctx context.Context, ref, kernelFile string) error {
+	img, err := imageOf(tarFile{name: KernelPath, src: kernelFile, mode: 0o644})
+	if err != nil {
+		return fmt.Errorf("kernel image from %s: %w", kernelFile, err)
+	}
+	return push(ctx, ref, img)
+}
+
 // tarFile is one file of a single-layer image.
 type tarFile struct {
 	name  string // absolute path in the image
