@@ -59,8 +59,8 @@ func qmpStatus(t *testing.T, ns, name string) string {
 
 // TestQvirtctl drives a VM through qvirt-api the way a user does with qvirtctl: start it, its
 // console through a pseudo-terminal (the boot banner, a command and its answer, Ctrl+] to leave),
-// the QMP shell one-shot, pause and unpause, a VNC screenshot, a live migration with --wait, stop
-// and start again; and the errors a user meets.
+// the QMP shell one-shot and HMP, pause and unpause, a VNC screenshot, the versions, a disk hot-plugged
+// and removed, a live migration with --wait, stop and start again; and the errors a user meets.
 func TestQvirtctl(t *testing.T) {
 	ns := namespace(t)
 	const name = "cli"
@@ -68,6 +68,7 @@ func TestQvirtctl(t *testing.T) {
 	vm.Spec.Template.Spec.Domain.Devices.AutoattachGraphicsDevice = ptr.To(true)
 	applyVM(t, vm)
 	mustQvirtctl(t, "start", name, "-n", ns)
+	waitVMI(t, ns, name, time.Minute, "created", func(v *v1alpha1.VirtualMachineInstance) bool { return v != nil })
 
 	// The console waits for the starting instance, so it sees the guest boot.
 	master, slave := testutil.OpenPTY(t)
@@ -139,6 +140,28 @@ func TestQvirtctl(t *testing.T) {
 	if b := img.Bounds(); b.Dx() < 320 || b.Dy() < 200 {
 		t.Errorf("screenshot is %dx%d, want the guest's VGA screen", b.Dx(), b.Dy())
 	}
+
+	if out := mustQvirtctl(t, "qmp", name, "-n", ns, "--hmp", "info status"); !strings.Contains(out, "running") {
+		t.Errorf("qvirtctl qmp --hmp 'info status' printed %q, want the VM running", out)
+	}
+	if out := mustQvirtctl(t, "version"); strings.Count(out, "ersion") < 2 {
+		t.Errorf("qvirtctl version printed %q, want the client's and the server's", out)
+	}
+
+	// A disk hot-plugged through the VM reaches the running guest's status, and goes again.
+	mustQvirtctl(t, "addvolume", name, "-n", ns, "--volume-name", "scratch", "--empty-disk", "8Mi")
+	waitVMI(t, ns, name, time.Minute, "volume scratch Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+		for _, vs := range v.Status.VolumeStatus {
+			if vs.Name == "scratch" {
+				return vs.Phase == v1alpha1.VolumeReady && vs.Hotplugged
+			}
+		}
+		return false
+	})
+	mustQvirtctl(t, "removevolume", name, "-n", ns, "--volume-name", "scratch")
+	waitVMI(t, ns, name, time.Minute, "volume scratch gone", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v != nil && len(v.Status.VolumeStatus) == 0
+	})
 
 	before := waitVMI(t, ns, name, 10*time.Second, "Running", running(""))
 	out := mustQvirtctl(t, "migrate", name, "-n", ns, "--wait", "--timeout", "3m")
