@@ -26,11 +26,11 @@ import (
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
-// buildBinaries builds qvirt-controller, qvirt-handler, qvirt-launcher and qvirt-pull into a directory.
+// buildBinaries builds qvirt-controller, qvirt-handler, qvirt-launcher, qvirt-pull and qvirt-api into a directory.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 	bin := t.TempDir()
-	for _, c := range []string{"qvirt-controller", "qvirt-handler", "qvirt-launcher", "qvirt-pull"} {
+	for _, c := range []string{"qvirt-controller", "qvirt-handler", "qvirt-launcher", "qvirt-pull", "qvirt-api"} {
 		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, c), "../../cmd/"+c).CombinedOutput(); err != nil {
 			t.Fatalf("build %s: %v\n%s", c, err, out)
 		}
