@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	subresources "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 	"github.com/qvirt/qvirt/certs"
 )
 
@@ -180,17 +181,17 @@ func Path(namespace, name, endpoint string) string {
 	return "/v1/namespaces/" + namespace + "/virtualmachineinstances/" + name + "/" + endpoint
 }
 
-// Endpoint names for Path.
+// Endpoint names for Path: qvirt-api's subresource names.
 const (
-	Console = "console"
-	VNC     = "vnc"
-	QMP     = "qmp"
-	Pause   = "pause"
-	Unpause = "unpause"
+	Console = subresources.Console
+	VNC     = subresources.VNC
+	QMP     = subresources.QMP
+	Pause   = subresources.Pause
+	Unpause = subresources.Unpause
 	// SoftReboot is PUT, like Pause.
-	SoftReboot = "softreboot"
+	SoftReboot = subresources.SoftReboot
 	// Screenshot is GET and answers image/png.
-	Screenshot = "screenshot"
+	Screenshot = subresources.Screenshot
 )
 
 // logWriter turns net/http's error log lines into logr lines.

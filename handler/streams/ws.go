@@ -11,16 +11,18 @@ import (
 
 	"github.com/coder/websocket"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	subresources "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 )
 
-// Websocket subprotocols, one per kind of stream.
+// Websocket subprotocols, one per kind of stream: the same as qvirt-api's (its contract names them).
 const (
 	// SubprotocolPlain carries raw bytes in binary frames: the serial console and VNC.
-	SubprotocolPlain = "plain.qvirt.io"
+	SubprotocolPlain = subresources.SubprotocolPlain
 	// SubprotocolBinary is accepted for VNC too, as noVNC asks for it.
 	SubprotocolBinary = "binary"
 	// SubprotocolQMP carries one QMP JSON message per text frame.
-	SubprotocolQMP = "qmp.qvirt.io"
+	SubprotocolQMP = subresources.SubprotocolQMP
 )
 
 // StatusTakenOver closes a console session that a newer session of the same VMI replaced.
