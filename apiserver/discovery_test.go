@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -48,9 +49,20 @@ func TestDiscoveryAndVersion(t *testing.T) {
 		t.Errorf("kubectl api-resources: %v\n%s%s", err, out, errOut)
 	}
 
-	// The aggregator merges the group's OpenAPI documents; both must build.
+	// The aggregator merges the group's OpenAPI documents (fetched in the background after the
+	// APIService turns available, so give it a moment); both must build.
 	for _, path := range []string{"/openapi/v2", "/openapi/v3/apis/" + sub.GroupVersion.String()} {
-		if code, data, _ := get(t, e.users["admin"], path); code != http.StatusOK || !strings.Contains(string(data), "subresources.qvirt.io") {
+		var code int
+		var data []byte
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			code, data, _ = get(t, e.users["admin"], path)
+			if (code == http.StatusOK && strings.Contains(string(data), "subresources.qvirt.io")) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		if code != http.StatusOK || !strings.Contains(string(data), "subresources.qvirt.io") {
 			t.Errorf("GET %s: HTTP %d: %.300s", path, code, data)
 		}
 	}
