@@ -11,8 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -68,6 +71,41 @@ func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts Insta
 	for _, o := range objs {
 		if err := c.Patch(ctx, o, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
 			return fmt.Errorf("apply %s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+	}
+	return waitServed(ctx, c, objs)
+}
+
+// crdServeTimeout bounds the wait for a new CRD's kinds to appear in discovery.
+const crdServeTimeout = 30 * time.Second
+
+// waitServed waits until every applied CRD is Established and its kinds resolve through c's
+// REST mapper: kube-apiserver publishes a new CRD in discovery asynchronously, and a create
+// issued before that fails with "no matches for kind".
+func waitServed(ctx context.Context, c client.Client, objs []*unstructured.Unstructured) error {
+	for _, o := range objs {
+		if o.GetKind() != "CustomResourceDefinition" {
+			continue
+		}
+		group, _, _ := unstructured.NestedString(o.Object, "spec", "group")
+		kind, _, _ := unstructured.NestedString(o.Object, "spec", "names", "kind")
+		versions, _, _ := unstructured.NestedSlice(o.Object, "spec", "versions")
+		for _, v := range versions {
+			version, _ := v.(map[string]any)
+			name, _, _ := unstructured.NestedString(version, "name")
+			if served, _, _ := unstructured.NestedBool(version, "served"); !served {
+				continue
+			}
+			gk := schema.GroupKind{Group: group, Kind: kind}
+			var last error
+			err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, crdServeTimeout, true,
+				func(context.Context) (bool, error) {
+					_, last = c.RESTMapper().RESTMapping(gk, name)
+					return last == nil, nil
+				})
+			if err != nil {
+				return fmt.Errorf("CRD %s: kind %s version %s not served after %s: %v", o.GetName(), kind, name, crdServeTimeout, last)
+			}
 		}
 	}
 	return nil
