@@ -68,11 +68,7 @@ func describeJSONError(err error) error {
 
 // ParseStartOptions parses and checks the body of virtualmachines/start.
 func ParseStartOptions(body []byte) (sub.StartOptions, error) {
-	o, err := decodeBody[sub.StartOptions](sub.Start, body)
-	if err == nil && o.Paused {
-		err = &BadBodyError{Subresource: sub.Start, Err: field.NotSupported(field.NewPath("paused"), true, []string{"false"})}
-	}
-	return o, err
+	return decodeBody[sub.StartOptions](sub.Start, body)
 }
 
 // ParseStopOptions parses and checks the body of virtualmachines/stop.

@@ -135,7 +135,8 @@ func conflict(r vmRequest, format string, args ...any) error {
 // after a Stop request until a Start request, so no run strategy is rewritten: the spec stays the
 // user's (KubeVirt rewrites Always to Halted and back instead). Halted refuses starts.
 func (a *API) start(ctx context.Context, r vmRequest) (any, error) {
-	if _, err := ParseStartOptions(r.body); err != nil {
+	o, err := ParseStartOptions(r.body)
+	if err != nil {
 		return nil, err
 	}
 	switch rs := runStrategy(r.vm); {
@@ -144,7 +145,11 @@ func (a *API) start(ctx context.Context, r vmRequest) (any, error) {
 	case active(r.vmi) && !pendingStop(r.vm):
 		return nil, conflict(r, "VM %s is running already (VMI phase %s); use restart to start it afresh", r.key(), phaseOf(r.vmi))
 	}
-	if err := a.appendRequests(ctx, r.vm, v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StartRequest}); err != nil {
+	req := v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StartRequest}
+	if o.Paused {
+		req.Data = map[string]string{v1alpha1.StartPausedDataKey: "true"}
+	}
+	if err := a.appendRequests(ctx, r.vm, req); err != nil {
 		return nil, err
 	}
 	return fmt.Sprintf("VM %s: start requested", r.key()), nil

@@ -68,6 +68,13 @@ func TestVMActions(t *testing.T) {
 		if got := requests(t, manual.Name); !equalRequests(got, []v1alpha1.VirtualMachineStateChangeRequest{{Action: v1alpha1.StartRequest}}) {
 			t.Errorf("stateChangeRequests: %+v", got)
 		}
+		paused := createVM(t, "paused", v1alpha1.RunStrategyManual)
+		expectCode(t, edit, paused.Name, sub.Start, `{"paused": true}`, http.StatusOK, "start requested")
+		want := []v1alpha1.VirtualMachineStateChangeRequest{{Action: v1alpha1.StartRequest,
+			Data: map[string]string{v1alpha1.StartPausedDataKey: "true"}}}
+		if got := requests(t, paused.Name); !equalRequests(got, want) {
+			t.Errorf("stateChangeRequests after start --paused: %+v, want %+v", got, want)
+		}
 	})
 
 	t.Run("migrate creates a migration", func(t *testing.T) {
@@ -126,7 +133,7 @@ func TestVMActions(t *testing.T) {
 			{sub.Stop, `{"gracePeriodSeconds": "soon"}`, "gracePeriodSeconds"},
 			{sub.Stop, `{"gracePeriodSeconds": -1}`, "gracePeriodSeconds"},
 			{sub.Stop, `{"grace": 1}`, `unknown field "grace"`},
-			{sub.Start, `{"paused": true}`, "paused"},
+			{sub.Start, `{"paused": "yes"}`, "paused"},
 			{sub.Migrate, `{"dryRun": ["Some"]}`, "dryRun[0]"},
 			{sub.AddVolume, `{"name": "x"}`, "volumeSource: Required"},
 			{sub.AddVolume, `{"volumeSource": {"emptyDisk": {"capacity": "1Mi"}}}`, "name: Required"},

@@ -37,7 +37,7 @@ func (l *Launcher) SoftReboot(ctx context.Context) error {
 	}
 	switch st.Status {
 	case qmp.StateRunning:
-	case qmp.StatePaused:
+	case qmp.StatePaused, qmp.StatePrelaunch:
 		return &ConflictError{Msg: pausedRefusal}
 	default:
 		return &ConflictError{Msg: fmt.Sprintf("the guest is not running (QEMU run state %q): nothing to reboot", st.Status)}

@@ -175,7 +175,7 @@ func (l *Launcher) Status(ctx context.Context) (Status, <-chan struct{}) {
 	}
 	state, exit, _ := proc.State()
 	st.RunState = string(state)
-	st.Paused = state == qmp.StatePaused
+	st.Paused = pausedState(state)
 	st.QEMUVersion = proc.QEMUVersion()
 	st.PID = proc.Pid()
 	st.Exit = exit

@@ -16,6 +16,7 @@ import (
 	gqmp "github.com/digitalocean/go-qemu/qmp"
 	"github.com/go-logr/logr"
 
+	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/qmp"
 )
 
@@ -236,10 +237,22 @@ func (p *Process) dialWhenReady(ctx context.Context) (*qmp.Monitor, error) {
 }
 
 func (p *Process) resume(ctx context.Context) error {
-	if p.machine.Incoming {
+	if p.machine.Incoming || startsPaused(p.machine.Spec) {
 		return nil
 	}
 	return p.Resume(ctx)
+}
+
+// startsPaused is true for spec.startStrategy Paused: QEMU stays in its prelaunch state (started
+// with -S, never continued) until the guest is unpaused.
+func startsPaused(spec *v1alpha1.VirtualMachineInstanceSpec) bool {
+	return spec.StartStrategy != nil && *spec.StartStrategy == v1alpha1.StartStrategyPaused
+}
+
+// pausedState is true for the run states in which the guest's vCPUs are stopped on request: a
+// pause, or a start with startStrategy Paused (prelaunch; a migration target waits in inmigrate).
+func pausedState(s qmp.RunState) bool {
+	return s == qmp.StatePaused || s == qmp.StatePrelaunch
 }
 
 // startError turns a failed step into a StartError carrying QEMU's stderr once QEMU is gone.

@@ -55,4 +55,7 @@ const (
 	// StopGracePeriodAnnotation carries such an override to the instance being deleted, where the
 	// node agent honours it when it powers the guest off.
 	StopGracePeriodAnnotation = "qvirt.io/stop-grace-period-seconds"
+	// StartPausedDataKey is the key of a Start request's data that, set to "true", makes the
+	// instance it creates start paused (spec.startStrategy Paused); `qvirtctl start --paused`.
+	StartPausedDataKey = "paused"
 )

@@ -119,6 +119,11 @@ type VirtualMachineInstanceSpec struct {
 	// +optional
 	EvictionStrategy *EvictionStrategy `json:"evictionStrategy,omitempty"`
 
+	// StartStrategy Paused starts the guest with its vCPUs stopped (QEMU's prelaunch state); it
+	// runs once unpaused. `qvirtctl start --paused` sets it on the instance it creates.
+	// +optional
+	StartStrategy *StartStrategy `json:"startStrategy,omitempty"`
+
 	// TerminationGracePeriodSeconds is how long a graceful shutdown (ACPI power button) may take
 	// before QEMU is told to quit. Defaults to 180 seconds, as in KubeVirt.
 	// +optional
@@ -154,6 +159,13 @@ type VirtualMachineInstanceSpec struct {
 	// +kubebuilder:validation:MaxItems=32
 	Networks []Network `json:"networks,omitempty"`
 }
+
+// StartStrategy says how the guest starts.
+// +kubebuilder:validation:Enum=Paused
+type StartStrategy string
+
+// StartStrategyPaused starts the guest paused, as KubeVirt's startStrategy Paused does.
+const StartStrategyPaused StartStrategy = "Paused"
 
 // EvictionStrategy says what happens to an instance when its node is drained.
 // +kubebuilder:validation:Enum=None;LiveMigrate;LiveMigrateIfPossible;External

@@ -23,6 +23,7 @@ const (
 	ReasonGuestPaused         = "GuestPaused"
 	ReasonPausedByUser        = "PausedByUser"
 	ReasonPausedIOError       = "PausedIOError"
+	ReasonPausedStartStrategy = "PausedStartStrategy"
 	ReasonSynchronized        = "Synchronized"
 	ReasonLauncherUnreachable = "LauncherUnreachable"
 	ReasonSyncFailed          = "SyncFailed"
@@ -132,13 +133,16 @@ func setGuestConditions(status *v1alpha1.VirtualMachineInstanceStatus, st *launc
 		Reason: pausedReason(st.RunState), Message: "QEMU run state: " + st.RunState, LastTransitionTime: now})
 }
 
-// pausedReason tells a pause asked for (QEMU's "paused" run state) from one QEMU imposed.
+// pausedReason tells a pause asked for (QEMU's "paused" run state, or "prelaunch" for a guest
+// started with spec.startStrategy Paused and not unpaused yet) from one QEMU imposed.
 func pausedReason(runState string) string {
 	switch runState {
 	case "paused":
 		return ReasonPausedByUser
 	case "io-error":
 		return ReasonPausedIOError
+	case "prelaunch":
+		return ReasonPausedStartStrategy
 	}
 	return "Paused" + camel(runState)
 }

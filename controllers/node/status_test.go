@@ -25,6 +25,8 @@ func TestApplyLauncherStatus(t *testing.T) {
 	paused.Paused, paused.RunState = true, "paused"
 	ioError := paused
 	ioError.RunState = "io-error"
+	startedPaused := paused
+	startedPaused.RunState = "prelaunch"
 	shutdown := launcher.Status{Phase: launcher.PhaseSucceeded, Exit: &launcher.Exit{Reason: launcher.ExitGuestShutdown}}
 	crashed := launcher.Status{Phase: launcher.PhaseFailed, Exit: &launcher.Exit{Reason: launcher.ExitCrashed, Detail: "signal 11"}}
 	starting := launcher.Status{Phase: launcher.PhaseStarting}
@@ -39,6 +41,7 @@ func TestApplyLauncherStatus(t *testing.T) {
 		"running is Ready":         {st: running, phase: v1alpha1.Running, ready: metav1.ConditionTrue},
 		"paused is not Ready":      {st: paused, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedByUser},
 		"an I/O error pauses":      {st: ioError, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedIOError},
+		"started paused":           {st: startedPaused, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedStartStrategy},
 		"starting keeps the phase": {st: starting, phase: v1alpha1.Scheduled, ready: metav1.ConditionFalse},
 		"a clean poweroff":         {st: shutdown, phase: v1alpha1.Succeeded, reason: "GuestShutdown", ready: metav1.ConditionFalse, endEvent: "The guest ended: guest shutdown"},
 		"a crash":                  {st: crashed, phase: v1alpha1.Failed, reason: "QEMUCrashed", ready: metav1.ConditionFalse, endEvent: "The guest ended: crashed: signal 11"},

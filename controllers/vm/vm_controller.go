@@ -206,6 +206,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 			break
 		}
 		created := newVMI(vm)
+		if d.StartPaused {
+			paused := v1alpha1.StartStrategyPaused
+			created.Spec.StartStrategy = &paused
+		}
 		err := r.Client.Create(ctx, created)
 		switch {
 		case apierrors.IsAlreadyExists(err):

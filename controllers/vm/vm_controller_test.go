@@ -78,6 +78,7 @@ func TestReconciler(t *testing.T) {
 	cases := matrixCases()
 	cases = append(cases,
 		namedCase{"RestartRequired", testRestartRequired},
+		namedCase{"StartPaused", testStartPaused},
 		namedCase{"CrashLoopBackOff", testCrashLoopBackOff},
 		namedCase{"DeleteVM", testDeleteVM},
 		namedCase{"ForeignVMI", testForeignVMI},
@@ -363,6 +364,54 @@ func testRestartRequired(h *harness) error {
 		return meta.FindStatusCondition(vm.Status.Conditions, v1alpha1.VirtualMachineRestartRequired) == nil &&
 			len(vm.Status.StateChangeRequests) == 0
 	})
+}
+
+// testStartPaused: a Start request with paused data (`qvirtctl start --paused`) creates an instance
+// with spec.startStrategy Paused, which does not count as a template change; the next plain Start
+// creates a running one.
+func testStartPaused(h *harness) error {
+	const name = "vm"
+	if err := h.createVM(name, v1alpha1.RunStrategyManual); err != nil {
+		return err
+	}
+	if err := h.request(name, v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StartRequest,
+		Data: map[string]string{v1alpha1.StartPausedDataKey: "true"}}); err != nil {
+		return err
+	}
+	vmi, err := h.waitVMI(name, "the VMI", func(*v1alpha1.VirtualMachineInstance) bool { return true })
+	if err != nil {
+		return err
+	}
+	if s := vmi.Spec.StartStrategy; s == nil || *s != v1alpha1.StartStrategyPaused {
+		return fmt.Errorf("VMI spec.startStrategy %v, want Paused", s)
+	}
+	if err := h.setPhase(name, vmi.UID, v1alpha1.Running); err != nil {
+		return err
+	}
+	if err := h.waitVM(name, "Running", func(vm *v1alpha1.VirtualMachine) bool {
+		return vm.Status.PrintableStatus == v1alpha1.PrintableStatusRunning
+	}); err != nil {
+		return err
+	}
+	if err := h.holds(2*time.Second, "no RestartRequired for a paused start", func() error {
+		return h.checkVM(name, func(vm *v1alpha1.VirtualMachine) bool {
+			return meta.FindStatusCondition(vm.Status.Conditions, v1alpha1.VirtualMachineRestartRequired) == nil
+		})
+	}); err != nil {
+		return err
+	}
+	if err := h.request(name, v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StopRequest, UID: &vmi.UID},
+		v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StartRequest}); err != nil {
+		return err
+	}
+	next, err := h.waitVMI(name, "the next VMI", func(v *v1alpha1.VirtualMachineInstance) bool { return v.UID != vmi.UID })
+	if err != nil {
+		return err
+	}
+	if next.Spec.StartStrategy != nil {
+		return fmt.Errorf("VMI started without --paused has spec.startStrategy %s, want none", *next.Spec.StartStrategy)
+	}
+	return nil
 }
 
 // testCrashLoopBackOff: VMIs that fail before running back off 2 s, then 4 s; while waiting the VM

@@ -98,6 +98,8 @@ type Decision struct {
 	Notes []Note
 	// GracePeriodSeconds overrides the instance's grace period for a requested stop.
 	GracePeriodSeconds *int64
+	// StartPaused makes the instance being created start paused (a Start request's data).
+	StartPaused bool
 }
 
 // runStrategy is the strategy a VirtualMachine asks for: spec.runStrategy when set, else
@@ -225,6 +227,7 @@ func decide(in decisionInput) Decision {
 			d = create(ReasonStartRequested, "start requested")
 			if d.Action == ActionCreate {
 				d.Requests = rest
+				d.StartPaused = startPaused(req, &d)
 			}
 			return finish(d)
 		default:
@@ -288,4 +291,20 @@ func stopGracePeriod(req v1alpha1.VirtualMachineStateChangeRequest, d *Decision)
 		return nil
 	}
 	return &n
+}
+
+// startPaused reads a Start request's paused flag. A value other than "true" or "false" is
+// reported in a Warning and the instance starts running.
+func startPaused(req v1alpha1.VirtualMachineStateChangeRequest, d *Decision) bool {
+	switch raw, ok := req.Data[v1alpha1.StartPausedDataKey]; {
+	case !ok || raw == "false":
+		return false
+	case raw == "true":
+		return true
+	default:
+		d.Notes = append(d.Notes, Note{corev1.EventTypeWarning, ReasonStartRequested, fmt.Sprintf(
+			"start request data %s=%q is neither \"true\" nor \"false\": starting the instance running",
+			v1alpha1.StartPausedDataKey, raw)})
+		return false
+	}
 }

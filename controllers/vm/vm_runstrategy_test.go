@@ -321,3 +321,31 @@ func TestDecideStopGracePeriod(t *testing.T) {
 		}
 	}
 }
+
+// A Start request's paused flag (`qvirtctl start --paused`) reaches the creation; a malformed one
+// is reported and the instance starts running.
+func TestDecideStartPaused(t *testing.T) {
+	in := decisionInput{Strategy: v1alpha1.RunStrategyManual, Entered: v1alpha1.RunStrategyManual}
+	for _, tc := range []struct {
+		data    map[string]string
+		want    bool
+		warning bool
+	}{
+		{nil, false, false},
+		{map[string]string{v1alpha1.StartPausedDataKey: "true"}, true, false},
+		{map[string]string{v1alpha1.StartPausedDataKey: "false"}, false, false},
+		{map[string]string{v1alpha1.StartPausedDataKey: "yes"}, false, true},
+	} {
+		in.Requests = reqs(v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StartRequest, Data: tc.data})
+		d := decide(in)
+		if d.Action != ActionCreate {
+			t.Fatalf("data %v: action %s, want Create", tc.data, d.Action)
+		}
+		if d.StartPaused != tc.want {
+			t.Errorf("data %v: start paused %v, want %v", tc.data, d.StartPaused, tc.want)
+		}
+		if got := len(d.Notes) > 0 && d.Notes[0].Type == "Warning"; got != tc.warning {
+			t.Errorf("data %v: warning %v, want %v (notes %+v)", tc.data, got, tc.warning, d.Notes)
+		}
+	}
+}

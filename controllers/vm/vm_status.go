@@ -113,11 +113,13 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 }
 
 // coldSpec is a spec without its disks, volumes, interfaces and networks: those can be hot-plugged
-// into a running instance, so a difference there needs no restart.
+// into a running instance, so a difference there needs no restart. The start strategy is left out
+// too: it only says how the instance started (a `start --paused` sets it on the instance alone).
 func coldSpec(spec v1alpha1.VirtualMachineInstanceSpec) v1alpha1.VirtualMachineInstanceSpec {
 	c := *spec.DeepCopy()
 	c.Volumes, c.Domain.Devices.Disks = nil, nil
 	c.Networks, c.Domain.Devices.Interfaces = nil, nil
+	c.StartStrategy = nil
 	return c
 }
 

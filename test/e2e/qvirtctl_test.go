@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -60,7 +61,8 @@ func qmpStatus(t *testing.T, ns, name string) string {
 // TestQvirtctl drives a VM through qvirt-api the way a user does with qvirtctl: start it, its
 // console through a pseudo-terminal (the boot banner, a command and its answer, Ctrl+] to leave),
 // the QMP shell one-shot and HMP, pause and unpause, a VNC screenshot, the versions, a disk hot-plugged
-// and removed, a live migration with --wait, stop and start again; and the errors a user meets.
+// and removed, a live migration with --wait, stop and start again (paused, then unpaused); and the
+// errors a user meets.
 func TestQvirtctl(t *testing.T) {
 	ns := namespace(t)
 	const name = "cli"
@@ -174,8 +176,25 @@ func TestQvirtctl(t *testing.T) {
 
 	mustQvirtctl(t, "stop", name, "-n", ns, "--grace-period", "20")
 	waitVMI(t, ns, name, 2*time.Minute, "gone after qvirtctl stop", gone)
-	mustQvirtctl(t, "start", name, "-n", ns)
-	waitVMI(t, ns, name, bootTimeout, "Running after qvirtctl start", running(before.UID))
+	// start --paused: the new instance runs with its vCPUs stopped until unpaused.
+	mustQvirtctl(t, "start", name, "-n", ns, "--paused")
+	waitVMI(t, ns, name, bootTimeout, "Running and Paused after qvirtctl start --paused", func(v *v1alpha1.VirtualMachineInstance) bool {
+		if !running(before.UID)(v) {
+			return false
+		}
+		c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstancePaused)
+		return c != nil && c.Reason == "PausedStartStrategy"
+	})
+	if st := qmpStatus(t, ns, name); st != "prelaunch" {
+		t.Errorf("query-status after start --paused: %q, want prelaunch (never run)", st)
+	}
+	mustQvirtctl(t, "unpause", "vmi", name, "-n", ns)
+	waitVMI(t, ns, name, time.Minute, "Ready after unpause", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running(before.UID)(v) && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VirtualMachineInstanceReady)
+	})
+	if st := qmpStatus(t, ns, name); st != "running" {
+		t.Errorf("query-status after unpause: %q, want running", st)
+	}
 }
 
 // TestQvirtctlErrors: what a user gets wrong gets a clear error and a non-zero exit, and the VM runs
