@@ -59,6 +59,34 @@ func TestIssueCutsLeafToCA(t *testing.T) {
 	}
 }
 
+func TestLeafOrganizationsAndIPs(t *testing.T) {
+	ca := mustCA(t, "ca", t0, 100*time.Hour)
+	spec := certs.LeafSpec{CommonName: "admin", Organizations: []string{"system:masters"},
+		IPs: []net.IP{net.IPv4(10, 0, 0, 1)}, Server: true, Client: true}
+	leaf := mustIssue(t, ca, spec, t0, 10*time.Hour)
+	if got := leaf.Cert.Subject.Organization; len(got) != 1 || got[0] != "system:masters" {
+		t.Errorf("organizations %v, want [system:masters]", got)
+	}
+	if err := leaf.Cert.VerifyHostname("10.0.0.1"); err != nil {
+		t.Errorf("leaf does not name its IP: %v", err)
+	}
+	crt, key := pemOf(t, leaf)
+	if v := certs.CheckLeaf(crt, key, spec, ca.Cert, t0.Add(time.Hour)); !v.Keep() {
+		t.Errorf("leaf as issued: %s %v", v.Reason, v.Err)
+	}
+	for name, change := range map[string]func(*certs.LeafSpec){
+		"another IP":      func(s *certs.LeafSpec) { s.IPs = []net.IP{net.IPv4(10, 0, 0, 2)} },
+		"no IP":           func(s *certs.LeafSpec) { s.IPs = nil },
+		"no organization": func(s *certs.LeafSpec) { s.Organizations = nil },
+	} {
+		want := spec
+		change(&want)
+		if v := certs.CheckLeaf(crt, key, want, ca.Cert, t0.Add(time.Hour)); v.Reason != certs.WrongNames {
+			t.Errorf("%s: reason %q (%v), want %q", name, v.Reason, v.Err, certs.WrongNames)
+		}
+	}
+}
+
 func TestRenewAt(t *testing.T) {
 	ca := mustCA(t, "ca", t0, 100*time.Hour)
 	if got, want := certs.RenewAt(ca.Cert), t0.Add(80*time.Hour); !got.Equal(want) {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"slices"
 	"time"
 )
@@ -31,10 +32,14 @@ type Pair struct {
 	Key  crypto.Signer
 }
 
-// LeafSpec describes a leaf certificate: its subject CN, DNS SANs and extended key usages.
+// LeafSpec describes a leaf certificate: its subject (CN and O), SANs and extended key usages.
 type LeafSpec struct {
 	CommonName string
-	DNSNames   []string
+	// Organizations are the subject's O values; kube-apiserver reads them as a client's groups.
+	Organizations []string
+	DNSNames      []string
+	// IPs are IP address SANs, for a server reached by address rather than by name.
+	IPs []net.IP
 	// Server and Client select the extended key usages serverAuth and clientAuth.
 	Server, Client bool
 }
@@ -96,8 +101,9 @@ func (ca *Pair) Issue(spec LeafSpec, notBefore, notAfter time.Time) (*Pair, erro
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: spec.CommonName},
+		Subject:      pkix.Name{CommonName: spec.CommonName, Organization: slices.Clone(spec.Organizations)},
 		DNSNames:     slices.Clone(spec.DNSNames),
+		IPAddresses:  slices.Clone(spec.IPs),
 		NotBefore:    notBefore,
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,

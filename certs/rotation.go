@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"time"
 )
@@ -20,7 +21,7 @@ const (
 	Due Reason = "Due"
 	// WrongCA: the leaf is not signed by the CA that should sign it.
 	WrongCA Reason = "WrongCA"
-	// WrongNames: the leaf's CN, DNS SANs or key usages are not the wanted ones.
+	// WrongNames: the leaf's CN, O, DNS or IP SANs or key usages are not the wanted ones.
 	WrongNames Reason = "WrongNames"
 )
 
@@ -114,10 +115,27 @@ func matchSpec(c *x509.Certificate, spec LeafSpec) error {
 	if !slices.Equal(sortedCopy(c.DNSNames), sortedCopy(spec.DNSNames)) {
 		return fmt.Errorf("%s: DNS names %v, want %v", describe(c), c.DNSNames, spec.DNSNames)
 	}
+	if !slices.Equal(sortedCopy(c.Subject.Organization), sortedCopy(spec.Organizations)) {
+		return fmt.Errorf("%s: organizations %v, want %v", describe(c), c.Subject.Organization, spec.Organizations)
+	}
+	if !slices.Equal(ipStrings(c.IPAddresses), ipStrings(spec.IPs)) {
+		return fmt.Errorf("%s: IP addresses %v, want %v", describe(c), c.IPAddresses, spec.IPs)
+	}
 	if !slices.Equal(c.ExtKeyUsage, extKeyUsages(spec)) {
 		return fmt.Errorf("%s: extended key usages %v, want server=%t client=%t", describe(c), c.ExtKeyUsage, spec.Server, spec.Client)
 	}
 	return nil
+}
+
+// ipStrings is ips in their text form, sorted: a parsed certificate holds an IPv4 address in 4
+// bytes where net.IPv4 makes 16, so the bytes cannot be compared directly.
+func ipStrings(ips []net.IP) []string {
+	out := make([]string, 0, len(ips))
+	for _, ip := range ips {
+		out = append(out, ip.String())
+	}
+	slices.Sort(out)
+	return out
 }
 
 func sortedCopy(s []string) []string {

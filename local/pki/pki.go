@@ -1,114 +1,84 @@
-// Package pki makes the certificates of a local cluster: one CA for the API server and its clients,
-// one for the aggregation layer's front proxy, and the leaf certificates signed by them. Keys are
-// ECDSA P-256; everything is written as PEM files under the cluster's state directory.
+// Package pki writes the certificates of a local cluster as PEM files under its state directory:
+// one CA for the API server and its clients, one for the aggregation layer's front proxy, and the
+// leaf certificates signed by them. The certificates themselves are made by package certs (ECDSA
+// P-256); this package only decides their lifetimes and where they live on disk.
 package pki
 
 import (
-	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
 
-	"k8s.io/client-go/util/cert"
-	"k8s.io/client-go/util/keyutil"
+	"github.com/qvirt/qvirt/certs"
 )
 
-// Validity of the certificates: a local cluster is recreated long before.
-const Validity = 365 * 24 * time.Hour
+// Lifetimes: a local cluster is recreated long before either ends. The CA outlives many runs of
+// `local up`, which reissue the leaves on every start.
+const (
+	CAValidity = 10 * 365 * 24 * time.Hour
+	Validity   = 365 * 24 * time.Hour
+	// backdate lets a process whose clock is slightly behind accept a certificate made just now.
+	backdate = time.Minute
+)
 
-// CA is a certificate authority.
+// CA is a certificate authority kept as dir/name.crt and dir/name.key.
 type CA struct {
-	Cert *x509.Certificate
-	Key  crypto.Signer
+	Pair *certs.Pair
 }
 
 // Leaf describes a certificate to issue.
-type Leaf struct {
-	CommonName    string
-	Organizations []string
-	DNSNames      []string
-	IPs           []net.IP
-	// Server and Client select the extended key usages.
-	Server, Client bool
-}
+type Leaf = certs.LeafSpec
 
-// LoadOrCreateCA reads dir/name.crt and dir/name.key, creating them when absent.
+// LoadOrCreateCA reads dir/name.crt and dir/name.key, creating both when either is absent.
 func LoadOrCreateCA(dir, name string) (*CA, error) {
-	crtPath, keyPath := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if ca, err := loadCA(crtPath, keyPath); err == nil {
-		return ca, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, err
+	crtPath, keyPath := paths(dir, name)
+	ca, err := loadCA(crtPath, keyPath)
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		return ca, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	now := time.Now()
+	pair, err := certs.NewCA(name, now.Add(-backdate), now.Add(CAValidity))
 	if err != nil {
 		return nil, err
 	}
-	crt, err := cert.NewSelfSignedCACert(cert.Config{CommonName: name}, key)
-	if err != nil {
-		return nil, fmt.Errorf("CA %s: %w", name, err)
-	}
-	if err := writePair(crtPath, keyPath, crt.Raw, key); err != nil {
+	if err := writePair(crtPath, keyPath, pair); err != nil {
 		return nil, err
 	}
-	return &CA{Cert: crt, Key: key}, nil
+	return &CA{Pair: pair}, nil
 }
 
 func loadCA(crtPath, keyPath string) (*CA, error) {
-	certs, err := cert.CertsFromFile(crtPath)
+	crtPEM, err := os.ReadFile(crtPath)
 	if err != nil {
 		return nil, err
 	}
-	key, err := keyutil.PrivateKeyFromFile(keyPath)
+	keyPEM, err := os.ReadFile(keyPath)
 	if err != nil {
 		return nil, err
 	}
-	signer, ok := key.(crypto.Signer)
-	if !ok || len(certs) == 0 {
-		return nil, fmt.Errorf("%s: not a CA key pair", crtPath)
+	pair, err := certs.ParsePair(crtPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CA %s: %w", crtPath, err)
 	}
-	return &CA{Cert: certs[0], Key: signer}, nil
+	return &CA{Pair: pair}, nil
 }
 
 // Issue writes dir/name.crt and dir/name.key, a certificate for l signed by ca, replacing any.
 func (ca *CA) Issue(dir, name string, l Leaf) error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		return err
-	}
 	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: l.CommonName, Organization: l.Organizations},
-		DNSNames:     l.DNSNames, IPAddresses: l.IPs,
-		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(Validity),
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-	}
-	if l.Server {
-		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
-	}
-	if l.Client {
-		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	leaf, err := ca.Pair.Issue(l, now.Add(-backdate), now.Add(Validity))
 	if err != nil {
 		return fmt.Errorf("issue %s: %w", name, err)
 	}
-	return writePair(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key"), der, key)
+	crtPath, keyPath := paths(dir, name)
+	return writePair(crtPath, keyPath, leaf)
 }
 
 // ServiceAccountKey writes dir/name.key (and its public half dir/name.pub) unless present: the
@@ -120,15 +90,15 @@ func ServiceAccountKey(dir, name string) error {
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return err
+		return fmt.Errorf("service account key %s: %w", keyPath, err)
 	}
-	keyPEM, err := keyutil.MarshalPrivateKeyToPEM(key)
+	keyPEM, err := certs.EncodeKey(key)
 	if err != nil {
-		return err
+		return fmt.Errorf("service account key %s: %w", keyPath, err)
 	}
 	pubDER, err := x509.MarshalPKIXPublicKey(key.Public())
 	if err != nil {
-		return err
+		return fmt.Errorf("service account key %s: %w", pubPath, err)
 	}
 	if err := os.WriteFile(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o644); err != nil {
 		return err
@@ -136,10 +106,16 @@ func ServiceAccountKey(dir, name string) error {
 	return os.WriteFile(keyPath, keyPEM, 0o600)
 }
 
-func writePair(crtPath, keyPath string, der []byte, key crypto.Signer) error {
-	keyPEM, err := keyutil.MarshalPrivateKeyToPEM(key)
+func paths(dir, name string) (crt, key string) {
+	return filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+}
+
+// writePair writes p as PEM: the certificate alone and the key as PKCS #8, readable by everyone
+// who reads these files (kube-apiserver, etcd, kubeconfigs, qvirt-api, the webhook server).
+func writePair(crtPath, keyPath string, p *certs.Pair) error {
+	keyPEM, err := p.KeyPEM()
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", keyPath, err)
 	}
 	if err := os.MkdirAll(filepath.Dir(crtPath), 0o755); err != nil {
 		return err
@@ -147,5 +123,5 @@ func writePair(crtPath, keyPath string, der []byte, key crypto.Signer) error {
 	if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
 		return err
 	}
-	return os.WriteFile(crtPath, pem.EncodeToMemory(&pem.Block{Type: cert.CertificateBlockType, Bytes: der}), 0o644)
+	return os.WriteFile(crtPath, p.CertPEM(), 0o644)
 }
