@@ -52,6 +52,12 @@ type SyncRequest struct {
 	// sends these, since it knows the spec and the ports (the source's volume status) but not the
 	// target pod's paths. They must not be in Spec as well.
 	HotplugVolumes []PlacedVolume `json:"hotplugVolumes,omitempty"`
+	// HotplugNICs are NICs hot-plugged into the source that a migration target must start with,
+	// each on the root port it has there (NICStatus.Port) and on the host side the node agent made
+	// in the target's pod, as for POST /v1/nics. They must not be in Spec (nor their networks) or
+	// Interfaces as well. A 400 names the field at fault: "hotplugNICs[0].port",
+	// "hotplugNICs[0].dhcp.interface", ...
+	HotplugNICs []PlacedNIC `json:"hotplugNICs,omitempty"`
 	// Interfaces are the guest NICs' host sides, which the node agent set up in the pod's network
 	// namespace before the Sync: one per spec interface.
 	Interfaces []InterfaceSetup `json:"interfaces,omitempty"`
@@ -60,6 +66,12 @@ type SyncRequest struct {
 // PlacedVolume is a hot-plugged spec disk and the pcie-root-port it sits on.
 type PlacedVolume struct {
 	VolumeHotplug
+	Port string `json:"port"`
+}
+
+// PlacedNIC is a hot-plugged NIC and the pcie-root-port it sits on.
+type PlacedNIC struct {
+	NICHotplug
 	Port string `json:"port"`
 }
 
@@ -128,6 +140,9 @@ type NICStatus struct {
 	Name       string `json:"name"`
 	MAC        string `json:"mac"`
 	Hotplugged bool   `json:"hotplugged,omitempty"`
+	// Port is the pcie-root-port a hot-plugged NIC sits on, which a migration target's
+	// SyncRequest.HotplugNICs repeats; "" for the others.
+	Port string `json:"port,omitempty"`
 }
 
 // ShutdownRequest asks for a graceful stop.

@@ -73,6 +73,11 @@ type Machine struct {
 	// (DiskHotplug.Port, one of "hotplug0".."hotplugN-1"), so the guest sees the same layout. Their
 	// images are never probed either: qcow2 gets "backing": null.
 	Hotplugged []DiskHotplug
+	// HotplugNICs are NICs attached at run time (HotplugNIC) that this QEMU must start with, as a
+	// migration target does: each sits on the spare root port it had (PlacedNIC.Port), with the
+	// same device properties HotplugNIC gives it, so the guest sees the same device. DHCP is the
+	// launcher's business, not the argv's.
+	HotplugNICs []PlacedNIC
 }
 
 // DiskImage is one resolved disk image. Its format is always given, never probed.
@@ -210,6 +215,8 @@ type builder struct {
 	scsi     int      // scsi targets used
 	scsiCtl  bool
 	nodes    map[string]string // block node name -> disk that uses it
+	hotPorts map[string]string // spare root port -> what a placed hot-plugged device sits there
+	macs     map[string]string // normalised MAC -> interface
 	bootSeen bool
 }
 
@@ -231,7 +238,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(m.Spec, specPath); len(errs) > 0 {
 		return nil, &InvalidMachineError{Errs: errs}
 	}
-	b := &builder{m: m, spec: m.Spec, nodes: map[string]string{}}
+	b := &builder{m: m, spec: m.Spec, nodes: map[string]string{}, hotPorts: map[string]string{}, macs: map[string]string{}}
 	b.identity()
 	b.machine()
 	b.kernelBoot()
@@ -239,6 +246,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.disks()
 	b.hotplugged()
 	b.nics()
+	b.hotplugNICs()
 	b.spares()
 	b.checkUnused()
 	if len(b.errs) > 0 {
@@ -631,11 +639,27 @@ func (b *builder) disk(i int, d *v1alpha1.Disk, vol *v1alpha1.Volume) {
 	b.devs = append(b.devs, "-device", props)
 }
 
+// placeOnSparePort reserves spare root port port for what (a placed hot-plugged device), failing
+// at p when it is no spare port or already taken.
+func (b *builder) placeOnSparePort(p *field.Path, port, what string) bool {
+	if k, err := strconv.Atoi(strings.TrimPrefix(port, SpareRootPortPrefix)); err != nil || k < 0 ||
+		k >= b.m.SpareRootPorts || HotplugPortID(k) != port {
+		b.fail(field.Invalid(p, port, fmt.Sprintf("must be one of the %d spare root ports %s0...",
+			b.m.SpareRootPorts, SpareRootPortPrefix)))
+		return false
+	}
+	if other, dup := b.hotPorts[port]; dup {
+		b.fail(field.Duplicate(p, fmt.Sprintf("%s (also %s)", port, other)))
+		return false
+	}
+	b.hotPorts[port] = what
+	return true
+}
+
 // hotplugged re-creates run-time disks on their spare root ports, with the cold-plug defaults
 // (cache none, aio threads, write-cache on: the guest-visible part matches HotplugDisk's device).
 func (b *builder) hotplugged() {
 	hp := machinePath.Child("hotplugged")
-	ports := map[string]string{}
 	for i, h := range b.m.Hotplugged {
 		p := hp.Index(i)
 		if msgs := validation.IsDNS1123Label(h.Name); len(msgs) > 0 {
@@ -653,17 +677,9 @@ func (b *builder) hotplugged() {
 			b.fail(field.Invalid(p.Child("serial"), h.Serial, "must be at most 20 letters, digits or _.+-"))
 			continue
 		}
-		if k, err := strconv.Atoi(strings.TrimPrefix(h.Port, SpareRootPortPrefix)); err != nil || k < 0 ||
-			k >= b.m.SpareRootPorts || HotplugPortID(k) != h.Port {
-			b.fail(field.Invalid(p.Child("port"), h.Port, fmt.Sprintf("must be one of the %d spare root ports %s0...",
-				b.m.SpareRootPorts, SpareRootPortPrefix)))
+		if !b.placeOnSparePort(p.Child("port"), h.Port, fmt.Sprintf("disk %q", h.Name)) {
 			continue
 		}
-		if other, dup := ports[h.Port]; dup {
-			b.fail(field.Duplicate(p.Child("port"), fmt.Sprintf("%s (also disk %q)", h.Port, other)))
-			continue
-		}
-		ports[h.Port] = h.Name
 		file, drive := FileNode(h.Name), DriveNode(h.Name)
 		dup := false
 		for _, n := range []string{file, drive} {
@@ -700,7 +716,6 @@ func onOff(v bool) string {
 }
 
 func (b *builder) nics() {
-	seen := map[string]string{} // normalised MAC -> interface
 	for i := range b.spec.Domain.Devices.Interfaces {
 		in := &b.spec.Domain.Devices.Interfaces[i]
 		ip := ifacePath.Index(i)
@@ -725,11 +740,9 @@ func (b *builder) nics() {
 			b.fail(field.Invalid(macPath, mac, err.Error()))
 			continue
 		}
-		if other, dup := seen[hw]; dup {
-			b.fail(field.Duplicate(macPath, fmt.Sprintf("%s (also interface %q)", hw, other)))
+		if !b.uniqueMAC(macPath, hw, in.Name) {
 			continue
 		}
-		seen[hw] = in.Name
 		if !ok {
 			continue
 		}
@@ -754,6 +767,54 @@ func (b *builder) nics() {
 		b.devs = append(b.devs,
 			"-netdev", "tap,id="+NetdevID(in.Name)+",ifname="+optEscape(tap)+",script=no,downscript=no",
 			"-device", model+",id="+id+","+where+",netdev="+NetdevID(in.Name)+",mac="+hw+",romfile=")
+	}
+}
+
+// uniqueMAC records interface name's MAC hw (QEMU's form), failing at p when another NIC has it.
+func (b *builder) uniqueMAC(p *field.Path, hw, name string) bool {
+	if other, dup := b.macs[hw]; dup {
+		b.fail(field.Duplicate(p, fmt.Sprintf("%s (also interface %q)", hw, other)))
+		return false
+	}
+	b.macs[hw] = name
+	return true
+}
+
+// hotplugNICs re-creates run-time NICs on their spare root ports with exactly HotplugNIC's device
+// (nicDevice), which QEMU's migration stream must find: same bus, driver, MAC and no option ROM.
+func (b *builder) hotplugNICs() {
+	hp := machinePath.Child("hotplugNICs")
+	for i := range b.m.HotplugNICs {
+		n := &b.m.HotplugNICs[i]
+		p := hp.Index(i)
+		if msgs := validation.IsDNS1123Label(n.Name); len(msgs) > 0 {
+			b.fail(field.Invalid(p.Child("name"), n.Name, strings.Join(msgs, "; ")))
+			continue
+		}
+		if b.m.hasInterface(n.Name) || slices.ContainsFunc(b.m.HotplugNICs[:i], func(o PlacedNIC) bool { return o.Name == n.Name }) {
+			b.fail(field.Duplicate(p.Child("name"), n.Name))
+			continue
+		}
+		if !tapRE.MatchString(n.Tap) || n.Tap == "." || n.Tap == ".." {
+			b.fail(field.Invalid(p.Child("tap"), n.Tap, "must be a network interface name: 1-15 letters, digits or _.-"))
+			continue
+		}
+		driver, ok := nicDrivers[orDefault(n.Model, "virtio")]
+		if !ok {
+			b.fail(field.NotSupported(p.Child("model"), n.Model, slices.Sorted(maps.Keys(nicDrivers))))
+			continue
+		}
+		hw, err := parseMAC(n.MAC)
+		if err != nil {
+			b.fail(field.Invalid(p.Child("mac"), n.MAC, err.Error()))
+			continue
+		}
+		if !b.uniqueMAC(p.Child("mac"), hw, n.Name) || !b.placeOnSparePort(p.Child("port"), n.Port, fmt.Sprintf("interface %q", n.Name)) {
+			continue
+		}
+		b.devs = append(b.devs,
+			"-netdev", "tap,id="+NetdevID(n.Name)+",ifname="+n.Tap+",script=no,downscript=no",
+			"-device", driver+",id="+NICDeviceID(n.Name)+",bus="+n.Port+",addr=0x0,netdev="+NetdevID(n.Name)+",mac="+hw+",romfile=")
 	}
 }
 

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -168,7 +169,7 @@ func (l *Launcher) HotplugNIC(ctx context.Context, req *NICHotplug) error {
 	if err != nil {
 		return err
 	}
-	srv, err := l.startNICDHCP(p, req, lease)
+	srv, err := startNICDHCP(req, lease, field.NewPath("dhcp", "interface"))
 	if err != nil {
 		return err
 	}
@@ -178,20 +179,30 @@ func (l *Launcher) HotplugNIC(ctx context.Context, req *NICHotplug) error {
 		}
 		return err
 	}
+	l.watchNICDHCP(p, req.Name, srv)
 	l.nics[req.Name] = hotNIC{NICHotplug: *req, port: port, dhcp: srv}
 	l.notifyLocked()
 	return nil
 }
 
-// startNICDHCP starts the DHCP server of a hot-plugged NIC (nil when req wants none) and stops it
-// when QEMU exits; a server that fails later is logged, as at start (serveDHCP).
-func (l *Launcher) startNICDHCP(p *Process, req *NICHotplug, lease *DHCPLease) (*dhcpServer, error) {
+// startNICDHCP starts the DHCP server of a hot-plugged NIC (nil when req wants none); a failure
+// is a field error at p, the request's DHCP interface.
+func startNICDHCP(req *NICHotplug, lease *DHCPLease, p *field.Path) (*dhcpServer, error) {
 	if lease == nil {
 		return nil, nil
 	}
 	srv, err := startDHCP(req.DHCP.Interface, *lease)
 	if err != nil {
-		return nil, field.Invalid(field.NewPath("dhcp", "interface"), req.DHCP.Interface, err.Error())
+		return nil, field.Invalid(p, req.DHCP.Interface, err.Error())
+	}
+	return srv, nil
+}
+
+// watchNICDHCP stops a hot-plugged NIC's DHCP server (if any) when QEMU exits; a server that
+// fails earlier is logged, as at start (serveDHCP).
+func (l *Launcher) watchNICDHCP(p *Process, name string, srv *dhcpServer) {
+	if srv == nil {
+		return
 	}
 	go func() {
 		select {
@@ -199,11 +210,10 @@ func (l *Launcher) startNICDHCP(p *Process, req *NICHotplug, lease *DHCPLease) (
 			srv.stop()
 		case <-srv.served:
 			if !srv.stopping.Load() {
-				l.opts.Log.Error(srv.err, "DHCP server stopped", "interface", req.Name)
+				l.opts.Log.Error(srv.err, "DHCP server stopped", "interface", name)
 			}
 		}
 	}()
-	return srv, nil
 }
 
 // addNICDevice adds the tap backend and the NIC on port.
@@ -212,17 +222,20 @@ func (l *Launcher) addNICDevice(ctx context.Context, p *Process, req *NICHotplug
 	if err := mon.NetdevAddTap(ctx, qmp.NetdevTap{ID: NetdevID(req.Name), Ifname: req.Tap}); err != nil {
 		return fmt.Errorf("attach nic %q: %w", req.Name, err)
 	}
-	model := req.Model
-	if model == "" {
-		model = "virtio"
-	}
-	dev := qmp.Device{Driver: nicDrivers[model], ID: NICDeviceID(req.Name), Bus: port,
-		Props: map[string]any{"netdev": NetdevID(req.Name), "mac": req.MAC}}
-	if err := mon.DeviceAdd(ctx, dev); err != nil {
+	if err := mon.DeviceAdd(ctx, nicDevice(req, port)); err != nil {
 		_ = mon.NetdevDel(ctx, NetdevID(req.Name))
 		return fmt.Errorf("attach nic %q: %w", req.Name, err)
 	}
 	return nil
+}
+
+// nicDevice is a hot-plugged NIC's device on port. The argv builder gives a migration target's
+// placed NIC (Machine.HotplugNICs) the same properties: QEMU's migration stream only fits a device
+// alike. No option ROM, as for cold-plugged NICs (there is no network boot): a ROM is a RAM block
+// the target would need too.
+func nicDevice(req *NICHotplug, port string) qmp.Device {
+	return qmp.Device{Driver: nicDrivers[orDefault(req.Model, "virtio")], ID: NICDeviceID(req.Name), Bus: port,
+		Props: map[string]any{"netdev": NetdevID(req.Name), "mac": req.MAC, "romfile": ""}}
 }
 
 // validateNICHotplug checks req and returns its DHCP lease, nil when it asks for none.
@@ -312,3 +325,73 @@ func orDefault(s, def string) string {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// placeNICs checks a migration target's hot-plugged NICs (req.HotplugNICs) and starts the DHCP
+// servers they ask for, before QEMU starts, so a lease that cannot be served is refused as for
+// POST /v1/nics. It returns the NICs to record once QEMU runs (adoptNICs); on error no server is
+// left running.
+func placeNICs(req *SyncRequest) ([]hotNIC, error) {
+	var placed []hotNIC
+	stop := func() { stopNICDHCP(placed) }
+	names := map[string]bool{}
+	for _, in := range req.Spec.Domain.Devices.Interfaces {
+		names[in.Name] = true
+	}
+	for i := range req.HotplugNICs {
+		pn := &req.HotplugNICs[i]
+		p := field.NewPath("hotplugNICs").Index(i)
+		lease, err := validatePlacedNIC(pn, p, names)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		names[pn.Name] = true
+		srv, err := startNICDHCP(&pn.NICHotplug, lease, p.Child("dhcp", "interface"))
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		placed = append(placed, hotNIC{NICHotplug: pn.NICHotplug, port: pn.Port, dhcp: srv})
+	}
+	return placed, nil
+}
+
+// validatePlacedNIC checks one placed NIC as POST /v1/nics would, with field paths under p, and
+// that its name is not taken; the argv builder checks the port against the spare ones.
+func validatePlacedNIC(pn *PlacedNIC, p *field.Path, taken map[string]bool) (*DHCPLease, error) {
+	lease, err := validateNICHotplug(&pn.NICHotplug)
+	var fe *field.Error
+	if errors.As(err, &fe) {
+		under := *fe
+		under.Field = p.String() + "." + fe.Field
+		return nil, &under
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	if taken[pn.Name] {
+		return nil, field.Duplicate(p.Child("name"), pn.Name)
+	}
+	if pn.Port == "" {
+		return nil, field.Required(p.Child("port"), "the root port the NIC has on the source")
+	}
+	return lease, nil
+}
+
+// adoptNICs records the placed NICs of a QEMU that started with them, as HotplugNIC would have:
+// they are listed as hot-plugged, can be unplugged, and their DHCP servers stop with QEMU.
+func (l *Launcher) adoptNICs(p *Process, placed []hotNIC) {
+	for _, h := range placed {
+		l.watchNICDHCP(p, h.Name, h.dhcp)
+		l.nics[h.Name] = h
+	}
+}
+
+// stopNICDHCP stops the DHCP servers of placed NICs whose QEMU did not start.
+func stopNICDHCP(placed []hotNIC) {
+	for _, h := range placed {
+		if h.dhcp != nil {
+			h.dhcp.stop()
+		}
+	}
+}

@@ -80,6 +80,11 @@ func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
 		l.mu.Unlock()
 		return err
 	}
+	placedNICs, err := placeNICs(req)
+	if err != nil {
+		l.mu.Unlock()
+		return err
+	}
 	l.req = req
 	l.phase = PhaseStarting
 	for _, d := range req.Hotplugged {
@@ -93,10 +98,12 @@ func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
 	defer l.mu.Unlock()
 	defer l.notifyLocked()
 	if err != nil {
+		stopNICDHCP(placedNICs)
 		l.phase, l.startErr = PhaseFailed, err.Error()
 		return err
 	}
 	l.proc = proc
+	l.adoptNICs(proc, placedNICs)
 	l.phase = PhaseRunning
 	if req.Incoming {
 		l.phase = PhaseIncoming
@@ -200,7 +207,7 @@ func (l *Launcher) devices(p *Process) ([]DiskStatus, []NICStatus) {
 	}
 	l.mu.Lock()
 	for name, n := range l.nics {
-		nics = append(nics, NICStatus{Name: name, MAC: n.MAC, Hotplugged: true})
+		nics = append(nics, NICStatus{Name: name, MAC: n.MAC, Hotplugged: true, Port: n.port})
 	}
 	l.mu.Unlock()
 	slices.SortFunc(nics[len(m.Spec.Domain.Devices.Interfaces):], func(a, b NICStatus) int { return strings.Compare(a.Name, b.Name) })

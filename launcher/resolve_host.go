@@ -40,6 +40,7 @@ func (h HostResolver) Resolve(req *SyncRequest, runDir string) (*Machine, error)
 		Name: req.Name, Namespace: req.Namespace, UID: string(req.UID), Spec: spec,
 		Emulation: req.Emulation, RunDir: runDir, Incoming: req.Incoming,
 		Disks: map[string]DiskImage{}, SpareRootPorts: h.SpareRootPorts, Hotplugged: req.Hotplugged,
+		HotplugNICs: req.HotplugNICs,
 	}
 	var errs field.ErrorList
 	if kb := spec.Domain.Firmware; kb != nil && kb.KernelBoot != nil && kb.KernelBoot.Container != nil {
