@@ -122,6 +122,11 @@ type VirtualMachineInstanceNetworkInterface struct {
 	// Only such interfaces can be removed from the spec; the guest booted with the others.
 	// +optional
 	Hotplugged bool `json:"hotplugged,omitempty"`
+	// RootPort is the pcie-root-port a hot-plugged interface sits on in the guest, set by the node
+	// agent; a migration target starts the interface on the same port, since QEMU migrates only
+	// between identical device layouts.
+	// +optional
+	RootPort string `json:"rootPort,omitempty"`
 }
 
 // VirtualMachineInstanceMigrationState is the state of a live migration as the instance sees it.

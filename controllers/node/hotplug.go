@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
@@ -229,4 +230,71 @@ func hasInterface(v *v1alpha1.VirtualMachineInstance, name string) bool {
 		}
 	}
 	return false
+}
+
+// splitHotpluggedNICs is the network half of a migration target's start, as splitHotplugged is for
+// disks. spec (the target's copy) keeps the interfaces the guest booted with. Those hot-plugged on
+// the source (hotplugged in the status, with the root port) come out of it, with their networks,
+// and are placed on the same ports, each with the host side setupNetwork made in the target pod
+// (setups). Those the source has not attached yet (no status) come out too: the target's agent
+// hot-plugs them once the guest has arrived, as the source's would have. It returns the setups of
+// the interfaces left in spec.
+func splitHotpluggedNICs(v *v1alpha1.VirtualMachineInstance, spec *v1alpha1.VirtualMachineInstanceSpec, setups []launcher.InterfaceSetup) ([]launcher.InterfaceSetup, []launcher.PlacedNIC, error) {
+	attached := map[string]v1alpha1.VirtualMachineInstanceNetworkInterface{}
+	for _, in := range v.Status.Interfaces {
+		attached[in.Name] = in
+	}
+	var keep []v1alpha1.Interface
+	var placed []launcher.PlacedNIC
+	for i, in := range spec.Domain.Devices.Interfaces {
+		st, ok := attached[in.Name]
+		if ok && !st.Hotplugged {
+			keep = append(keep, in)
+			continue
+		}
+		if !ok {
+			continue // still to be hot-plugged
+		}
+		p := field.NewPath("status", "interfaces").Key(in.Name).Child("rootPort")
+		if st.RootPort == "" {
+			return nil, nil, field.Required(p, fmt.Sprintf("interface %q was hot-plugged on the source but its root port is unknown", in.Name))
+		}
+		s := findSetup(setups, in.Name)
+		if s == nil {
+			return nil, nil, field.InternalError(field.NewPath("spec", "domain", "devices", "interfaces").Index(i),
+				fmt.Errorf("no host side was set up for hot-plugged interface %q", in.Name))
+		}
+		placed = append(placed, launcher.PlacedNIC{Port: st.RootPort,
+			NICHotplug: launcher.NICHotplug{Name: s.Name, Tap: s.Tap, MAC: s.MAC, Model: in.Model, DHCP: s.DHCP}})
+	}
+	if len(keep) == len(spec.Domain.Devices.Interfaces) {
+		return setups, nil, nil
+	}
+	kept := map[string]bool{}
+	for _, in := range keep {
+		kept[in.Name] = true
+	}
+	var nets []v1alpha1.Network
+	for _, n := range spec.Networks {
+		if kept[n.Name] {
+			nets = append(nets, n)
+		}
+	}
+	var keptSetups []launcher.InterfaceSetup
+	for _, s := range setups {
+		if kept[s.Name] {
+			keptSetups = append(keptSetups, s)
+		}
+	}
+	spec.Domain.Devices.Interfaces, spec.Networks = keep, nets
+	return keptSetups, placed, nil
+}
+
+func findSetup(setups []launcher.InterfaceSetup, name string) *launcher.InterfaceSetup {
+	for i := range setups {
+		if setups[i].Name == name {
+			return &setups[i]
+		}
+	}
+	return nil
 }

@@ -307,6 +307,9 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 		Interfaces: ifaces, Incoming: incoming}
 	if incoming {
 		req.Spec, req.HotplugVolumes = splitHotplugged(v)
+		if req.Interfaces, req.HotplugNICs, err = splitHotpluggedNICs(v, &req.Spec, ifaces); err != nil {
+			return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the migration target: %w", err))
+		}
 	}
 	st, err := c.Sync(ctx, req)
 	if err != nil {

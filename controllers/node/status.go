@@ -156,11 +156,12 @@ func camel(s string) string {
 	return b.String()
 }
 
-// interfaces are the guest NICs with the addresses they are reached at: the pod's.
+// interfaces are the guest NICs with the addresses they are reached at (the pod's) and, for a
+// hot-plugged one, the root port it sits on, which a migration target recreates.
 func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status) []v1alpha1.VirtualMachineInstanceNetworkInterface {
 	var out []v1alpha1.VirtualMachineInstanceNetworkInterface
 	for _, nic := range st.NICs {
-		in := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: nic.Name, MAC: nic.MAC, Hotplugged: nic.Hotplugged}
+		in := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: nic.Name, MAC: nic.MAC, Hotplugged: nic.Hotplugged, RootPort: nic.Port}
 		if pod != nil && isPodNetwork(v, nic.Name) {
 			in.IP = pod.Status.PodIP
 			for _, ip := range pod.Status.PodIPs {
