@@ -2,35 +2,21 @@ package apiserver
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/qvirt/qvirt/internal/apistatus"
 )
 
-// writeError answers err as a metav1.Status with its code; an error that is not an APIStatus is 500.
-func writeError(w http.ResponseWriter, err error) {
-	var se apierrors.APIStatus
-	if !errors.As(err, &se) {
-		se = apierrors.NewInternalError(err)
-	}
-	writeStatus(w, se.Status())
-}
+// writeError and writeSuccess are this package's short names for apistatus, which qvirt-handler
+// answers with too: a handler's Status relayed by handlerError reads like one of ours.
+func writeError(w http.ResponseWriter, err error) { apistatus.WriteError(w, err) }
 
-func writeStatus(w http.ResponseWriter, st metav1.Status) {
-	st.Kind, st.APIVersion = "Status", "v1"
-	if st.Code == 0 {
-		st.Code = http.StatusInternalServerError
-	}
-	writeJSON(w, int(st.Code), st)
-}
-
-func writeSuccess(w http.ResponseWriter, msg string) {
-	writeStatus(w, metav1.Status{Status: metav1.StatusSuccess, Code: http.StatusOK, Message: msg})
-}
+func writeSuccess(w http.ResponseWriter, msg string) { apistatus.WriteSuccess(w, msg) }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")

@@ -11,8 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/qvirt/qvirt/internal/apistatus"
 	"github.com/qvirt/qvirt/launcher"
 )
 
@@ -51,8 +51,7 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request, name string, cal
 		return
 	}
 	log.Info("action done")
-	writeStatus(w, metav1.Status{Status: metav1.StatusSuccess, Code: http.StatusOK,
-		Message: fmt.Sprintf("VMI %s: %s done", t.key(), name)})
+	apistatus.WriteSuccess(w, fmt.Sprintf("VMI %s: %s done", t.key(), name))
 }
 
 // screenshot answers the guest's display as image/png, streamed from the launcher (QMP

@@ -2,7 +2,6 @@ package streams
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -12,11 +11,11 @@ import (
 	"syscall"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/internal/apistatus"
 	"github.com/qvirt/qvirt/launcher"
 )
 
@@ -115,21 +114,6 @@ func dial(ctx context.Context, t target, what, socket string) (net.Conn, error) 
 	return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("the %s socket %s of VMI %s %s", what, socket, t.key(), why))
 }
 
-// fail writes err as a metav1.Status with its HTTP code; errors that are not StatusErrors are 500.
-func fail(w http.ResponseWriter, err error) {
-	var se apierrors.APIStatus
-	if !errors.As(err, &se) {
-		se = apierrors.NewInternalError(err)
-	}
-	writeStatus(w, se.Status())
-}
-
-func writeStatus(w http.ResponseWriter, st metav1.Status) {
-	st.Kind, st.APIVersion = "Status", "v1"
-	if st.Code == 0 {
-		st.Code = http.StatusInternalServerError
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(int(st.Code))
-	_ = json.NewEncoder(w).Encode(st)
-}
+// fail answers err as a metav1.Status with its HTTP code (apistatus, as qvirt-api answers, which
+// relays it unchanged); errors that are not StatusErrors are 500.
+func fail(w http.ResponseWriter, err error) { apistatus.WriteError(w, err) }
