@@ -3,32 +3,13 @@ package apiserver
 import (
 	"encoding/json"
 	"fmt"
-	"runtime"
-	"runtime/debug"
 
 	"github.com/emicklei/go-restful/v3"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 
 	sub "github.com/qvirt/qvirt/api/subresources/v1alpha1"
+	"github.com/qvirt/qvirt/internal/buildinfo"
 )
-
-// BuildVersion is qvirt-api's version from the binary's build information.
-func BuildVersion() sub.Version {
-	v := sub.Version{GitVersion: "devel", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return v
-	}
-	if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		v.GitVersion = bi.Main.Version
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			v.GitCommit = s.Value
-		}
-	}
-	return v
-}
 
 // installVersion adds GET .../version to the group version's web service (a route beside the
 // resources; its RBAC resource is "version", verb get).
@@ -40,7 +21,7 @@ func installVersion(srv *genericapiserver.GenericAPIServer) error {
 		}
 		ws.Route(ws.GET("/version").To(func(_ *restful.Request, resp *restful.Response) {
 			resp.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(resp.ResponseWriter).Encode(BuildVersion())
+			_ = json.NewEncoder(resp.ResponseWriter).Encode(buildinfo.Version())
 		}).Operation("getQvirtAPIVersion").Doc("qvirt-api's version").Produces("application/json"))
 		return nil
 	}

@@ -5,12 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
 	subv1 "github.com/qvirt/qvirt/api/subresources/v1alpha1"
+	"github.com/qvirt/qvirt/internal/buildinfo"
 )
 
 func newVersion(e *env) *cobra.Command {
@@ -47,31 +46,8 @@ func newVersion(e *env) *cobra.Command {
 	return cmd
 }
 
-// clientVersion reads the build information Go embeds in the binary.
-func clientVersion() subv1.Version {
-	v := subv1.Version{GitVersion: "devel", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return v
-	}
-	if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		v.GitVersion = bi.Main.Version
-	}
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			v.GitCommit = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				v.GitCommit += "-dirty"
-			}
-		}
-	}
-	return v
-}
-
 func printClientVersion(w io.Writer) {
-	fmt.Fprintf(w, "Client Version: %s\n", versionLine(clientVersion()))
+	fmt.Fprintf(w, "Client Version: %s\n", versionLine(buildinfo.Version()))
 }
 
 func versionLine(v subv1.Version) string {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/qvirt/qvirt/apiserver"
 	"github.com/qvirt/qvirt/certs"
+	"github.com/qvirt/qvirt/internal/buildinfo"
 )
 
 func main() {
@@ -35,7 +36,7 @@ func main() {
 	fs.AddGoFlagSet(goFlags)
 	_ = fs.Parse(os.Args[1:])
 	if *version {
-		out, _ := json.Marshal(apiserver.BuildVersion())
+		out, _ := json.Marshal(buildinfo.Version())
 		fmt.Println(string(out))
 		return
 	}
