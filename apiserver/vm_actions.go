@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -169,8 +170,7 @@ func (a *API) stop(ctx context.Context, r vmRequest) (any, error) {
 	}
 	grace := o.GracePeriodSeconds
 	if o.Force {
-		zero := int64(0)
-		grace = &zero
+		grace = ptr.To[int64](0)
 	}
 	if err := a.appendRequests(ctx, r.vm, stopRequest(r.vmi, grace)); err != nil {
 		return nil, err
@@ -178,7 +178,8 @@ func (a *API) stop(ctx context.Context, r vmRequest) (any, error) {
 	return fmt.Sprintf("VM %s: stop of VMI %s requested", r.key(), r.vmi.UID), nil
 }
 
-// restart asks for a Stop of the current instance followed by a Start.
+// restart asks for a Stop of the current instance followed by a Start; force makes the stop
+// immediate (grace period 0).
 func (a *API) restart(ctx context.Context, r vmRequest) (any, error) {
 	o, err := ParseRestartOptions(r.body)
 	if err != nil {
@@ -190,7 +191,11 @@ func (a *API) restart(ctx context.Context, r vmRequest) (any, error) {
 	if !active(r.vmi) {
 		return nil, conflict(r, "VM %s is not running; use start", r.key())
 	}
-	err = a.appendRequests(ctx, r.vm, stopRequest(r.vmi, o.GracePeriodSeconds),
+	grace := o.GracePeriodSeconds
+	if o.Force {
+		grace = ptr.To[int64](0)
+	}
+	err = a.appendRequests(ctx, r.vm, stopRequest(r.vmi, grace),
 		v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StartRequest})
 	if err != nil {
 		return nil, err

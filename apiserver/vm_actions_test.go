@@ -45,7 +45,7 @@ func TestVMActions(t *testing.T) {
 		}
 	})
 
-	t.Run("force stop of a starting VMI", func(t *testing.T) {
+	t.Run("force stop of a starting VMI, force restart", func(t *testing.T) {
 		vm := createVM(t, "starting", v1alpha1.RunStrategyAlways)
 		vmi := testVMI(t, vm.Name, "", v1alpha1.Scheduling)
 		expectCode(t, edit, vm.Name, sub.Stop, "", http.StatusConflict, "still starting (phase Scheduling)")
@@ -53,6 +53,16 @@ func TestVMActions(t *testing.T) {
 		want := []v1alpha1.VirtualMachineStateChangeRequest{{Action: v1alpha1.StopRequest, UID: ptr.To(vmi.UID), Data: map[string]string{v1alpha1.StopGracePeriodDataKey: "0"}}}
 		if got := requests(t, vm.Name); !equalRequests(got, want) {
 			t.Errorf("stateChangeRequests: got %+v, want %+v", got, want)
+		}
+		restarted := createVM(t, "restarted", v1alpha1.RunStrategyAlways)
+		rvmi := testVMI(t, restarted.Name, "", v1alpha1.Running)
+		expectCode(t, edit, restarted.Name, sub.Restart, `{"force": true, "gracePeriodSeconds": 30}`, http.StatusOK, "restart of VMI")
+		want = []v1alpha1.VirtualMachineStateChangeRequest{
+			{Action: v1alpha1.StopRequest, UID: ptr.To(rvmi.UID), Data: map[string]string{v1alpha1.StopGracePeriodDataKey: "0"}},
+			{Action: v1alpha1.StartRequest},
+		}
+		if got := requests(t, restarted.Name); !equalRequests(got, want) {
+			t.Errorf("stateChangeRequests after restart --force: got %+v, want %+v", got, want)
 		}
 	})
 

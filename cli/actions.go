@@ -80,14 +80,15 @@ func newStop(e *env) *cobra.Command {
 
 func newRestart(e *env) *cobra.Command {
 	var grace int64
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "restart VM",
 		Short: "Restart a virtual machine",
 		Long: "Restart the VirtualMachine VM: PUT .../virtualmachines/VM/restart; its instance is stopped\n" +
-			"(with --grace-period seconds, default the VMI's) and a new one started.",
+			"(with --grace-period seconds, default the VMI's; --force stops it at once) and a new one started.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var opts subv1.RestartOptions
+			opts := subv1.RestartOptions{Force: force}
 			if cmd.Flags().Changed("grace-period") {
 				if grace < 0 {
 					return fmt.Errorf("--grace-period %d: must be 0 or more seconds", grace)
@@ -102,6 +103,7 @@ func newRestart(e *env) *cobra.Command {
 		},
 	}
 	cmd.Flags().Int64Var(&grace, "grace-period", 0, "seconds the guest gets to power off before the restart")
+	cmd.Flags().BoolVar(&force, "force", false, "stop the current instance at once (grace period 0)")
 	return cmd
 }
 

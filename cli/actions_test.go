@@ -58,6 +58,7 @@ func TestActionsSendTheContractsBodies(t *testing.T) {
 		{[]string{"stop", "vm1"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/stop {}`},
 		{[]string{"start", "vm1", "--paused"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/start {"paused":true}`},
 		{[]string{"restart", "vm1", "--grace-period", "0"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/restart {"gracePeriodSeconds":0}`},
+		{[]string{"restart", "vm1", "--force"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/restart {"force":true}`},
 		{[]string{"pause", "vmi", "vm1"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachineinstances/vm1/pause`},
 		{[]string{"unpause", "vmi", "vm1"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachineinstances/vm1/unpause`},
 		{[]string{"softreboot", "vm1"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachineinstances/vm1/softreboot`},

@@ -102,6 +102,8 @@ type StopOptions struct {
 type RestartOptions struct {
 	// GracePeriodSeconds overrides the grace period of the stop half.
 	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
+	// Force stops the current instance at once (grace period 0), as stop's force does.
+	Force bool `json:"force,omitempty"`
 }
 
 // MigrateOptions is the body of virtualmachines/migrate.
