@@ -28,6 +28,18 @@ func readCert(t *testing.T, path string) *x509.Certificate {
 	return cs[0]
 }
 
+// reloadCA checks that LoadOrCreateCA finds the CA want in dir rather than making a new one.
+func reloadCA(t *testing.T, dir string, want *pki.CA) {
+	t.Helper()
+	got, err := pki.LoadOrCreateCA(dir, "ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Pair.Cert.SerialNumber.Cmp(want.Pair.Cert.SerialNumber) != 0 {
+		t.Errorf("made a new CA (serial %x) instead of loading serial %x", got.Pair.Cert.SerialNumber, want.Pair.Cert.SerialNumber)
+	}
+}
+
 func TestLoadOrCreateCAKeepsTheCA(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")
 	first, err := pki.LoadOrCreateCA(dir, "ca")
@@ -41,41 +53,18 @@ func TestLoadOrCreateCAKeepsTheCA(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(dir, "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("ca.key: %v, mode %v, want 0600", err, fi)
 	}
-	again, err := pki.LoadOrCreateCA(dir, "ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if again.Pair.Cert.SerialNumber.Cmp(first.Pair.Cert.SerialNumber) != 0 {
-		t.Errorf("second call made a new CA (serial %x, was %x)", again.Pair.Cert.SerialNumber, first.Pair.Cert.SerialNumber)
-	}
-}
+	reloadCA(t, dir, first)
 
-// A state directory from before package certs made these files holds the CA key as SEC 1
-// ("EC PRIVATE KEY"); it must still load rather than be replaced, or every kubeconfig breaks.
-func TestLoadOrCreateCAReadsSEC1Key(t *testing.T) {
-	dir := t.TempDir()
-	now := time.Now()
-	old, err := certs.NewCA("ca", now.Add(-time.Hour), now.Add(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalECPrivateKey(old.Key.(*ecdsa.PrivateKey))
+	// A state directory from before package certs made these files holds the CA key as SEC 1
+	// ("EC PRIVATE KEY"); it must still load rather than be replaced, or every kubeconfig breaks.
+	der, err := x509.MarshalECPrivateKey(first.Pair.Key.(*ecdsa.PrivateKey))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "ca.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), old.CertPEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ca, err := pki.LoadOrCreateCA(dir, "ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ca.Pair.Cert.SerialNumber.Cmp(old.Cert.SerialNumber) != 0 {
-		t.Errorf("loaded serial %x, want the existing CA's %x", ca.Pair.Cert.SerialNumber, old.Cert.SerialNumber)
-	}
+	reloadCA(t, dir, first)
 }
 
 func TestLoadOrCreateCARefusesMismatchedKey(t *testing.T) {
