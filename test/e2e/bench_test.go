@@ -283,7 +283,7 @@ func (m *memWatch) sample() {
 	launcherExe := filepath.Join(dir, "bin", "qvirt-launcher")
 	procs, _ := filepath.Glob("/proc/[0-9]*/exe")
 	launcherPIDs := map[int]bool{}
-	var launchers, qemus []float64
+	var launchers, launchersPrivate, qemus []float64
 	var qemuPIDs []int
 	for _, p := range procs {
 		exe, err := os.Readlink(p)
@@ -294,7 +294,8 @@ func (m *memWatch) sample() {
 		switch {
 		case exe == launcherExe:
 			launcherPIDs[pid] = true
-			launchers = append(launchers, rssMiB(pid))
+			launchers = append(launchers, statusMiB(pid, "VmRSS:"))
+			launchersPrivate = append(launchersPrivate, statusMiB(pid, "RssAnon:"))
 			m.seeCPU(pid, "launchers", true)
 		case strings.HasSuffix(exe, "/qemu-system-x86_64"):
 			qemuPIDs = append(qemuPIDs, pid)
@@ -307,6 +308,9 @@ func (m *memWatch) sample() {
 		}
 	}
 	m.keep("launcher-max", maxOf(launchers))
+	// The launchers' file-backed pages (their binary) are shared through the page cache; the
+	// private part is what each further VM costs.
+	m.keep("launcher-private-max", maxOf(launchersPrivate))
 	m.keep("qemu-max", maxOf(qemus))
 }
 
@@ -336,7 +340,10 @@ func maxOf(xs []float64) float64 {
 }
 
 // rssMiB is a process's resident memory in MiB (0 when it is gone).
-func rssMiB(pid int) float64 {
+func rssMiB(pid int) float64 { return statusMiB(pid, "VmRSS:") }
+
+// statusMiB is a kB field of /proc/PID/status (VmRSS:, RssAnon:) in MiB (0 when it is gone).
+func statusMiB(pid int, field string) float64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
@@ -344,7 +351,7 @@ func rssMiB(pid int) float64 {
 	defer f.Close()
 	s := bufio.NewScanner(f)
 	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(s.Text(), field); ok {
 			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
 			return kb / 1024
 		}
