@@ -905,8 +905,8 @@ func volumeStatus(v *v1alpha1.VirtualMachineInstance, name string) *v1alpha1.Vol
 
 // TestNICHotplug adds the pod network's interface to a running instance that had none: the node
 // agent sets up the masquerade binding in the launcher pod, the guest gets its address over DHCP
-// and serves HTTP at the pod's address; removing the interface detaches it and leaves the pod's
-// network as it was.
+// and serves HTTP at the pod's address; a live migration takes the NIC along to the target pod;
+// removing the interface there detaches it and leaves the pod's network as it was.
 func TestNICHotplug(t *testing.T) {
 	e := newEnv(t)
 	v := e.guestVMI("nic")
@@ -946,6 +946,39 @@ func TestNICHotplug(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+
+	// A live migration takes the hot-plugged NIC along, on the same root port, wired to the target
+	// pod's network: the guest keeps its address and serves at the target pod's.
+	port := got.Status.Interfaces[0].RootPort
+	if port == "" {
+		t.Fatalf("interface %+v: no root port in the status", got.Status.Interfaces[0])
+	}
+	nodeB := e.addNode()
+	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "nic-1", Namespace: e.ns},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "nic"}}
+	if err := e.c.Create(context.Background(), vmim); err != nil {
+		t.Fatal(err)
+	}
+	target := nodeB.kubelet.runTarget(e.get("nic"), string(vmim.UID))
+	testutil.Eventually(t, 2*time.Minute, "migration nic-1 Succeeded", func() bool {
+		_ = e.c.Get(context.Background(), client.ObjectKeyFromObject(vmim), vmim)
+		return vmim.Status.Phase == v1alpha1.MigrationSucceeded
+	}, func() string {
+		return fmt.Sprintf("migration status %+v\nVMI status %+v", vmim.Status, e.get("nic").Status)
+	})
+	e.waitVMI("nic", 30*time.Second, "on "+nodeB.node+" with the hot-plugged interface", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName == nodeB.node && len(v.Status.Interfaces) == 1 && v.Status.Interfaces[0].Hotplugged &&
+			v.Status.Interfaces[0].RootPort == port && v.Status.Interfaces[0].IP == target.net.PodIP.String()
+	})
+	testutil.Eventually(t, 30*time.Second, "the guest's httpd at the target pod's address", func() bool {
+		resp, err := hc.Get("http://" + target.net.PodIP.String() + "/")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	p = target
 
 	cur = e.get("nic")
 	base = cur.DeepCopy()

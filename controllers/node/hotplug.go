@@ -107,32 +107,36 @@ func previousFailure(v *v1alpha1.VirtualMachineInstance, name string) string {
 
 // splitHotplugged is the spec a migration target starts from: the disks hot-plugged on the source
 // (those whose volume status names a root port) come out of the spec and go on the same ports,
-// so the guest finds every device where it was.
+// so the guest finds every device where it was. Disks the source has not attached (yet) come out
+// too: started cold they would take a root port ahead of the spare ones, shift those and break
+// the migration; the target's agent hot-plugs them once the guest has arrived.
 func splitHotplugged(v *v1alpha1.VirtualMachineInstance) (v1alpha1.VirtualMachineInstanceSpec, []launcher.PlacedVolume) {
 	ports := map[string]string{}
+	cold := map[string]bool{}
 	for _, vs := range v.Status.VolumeStatus {
-		if vs.Hotplugged && vs.Phase == v1alpha1.VolumeReady && vs.Target != "" {
+		switch {
+		case !vs.Hotplugged && vs.Phase == v1alpha1.VolumeReady:
+			cold[vs.Name] = true
+		case vs.Hotplugged && vs.Phase == v1alpha1.VolumeReady && vs.Target != "":
 			ports[vs.Name] = vs.Target
 		}
 	}
 	spec := *v.Spec.DeepCopy()
-	if len(ports) == 0 {
-		return spec, nil
-	}
 	var placed []launcher.PlacedVolume
 	var disks []v1alpha1.Disk
 	for _, d := range spec.Domain.Devices.Disks {
-		port, hot := ports[d.Name]
-		vol := findVolume(v, d.Name)
-		if !hot || vol == nil {
+		if cold[d.Name] {
 			disks = append(disks, d)
 			continue
 		}
-		placed = append(placed, launcher.PlacedVolume{VolumeHotplug: launcher.VolumeHotplug{Disk: d, Volume: *vol}, Port: port})
+		port, hot := ports[d.Name]
+		if vol := findVolume(v, d.Name); hot && vol != nil {
+			placed = append(placed, launcher.PlacedVolume{VolumeHotplug: launcher.VolumeHotplug{Disk: d, Volume: *vol}, Port: port})
+		}
 	}
 	var volumes []v1alpha1.Volume
 	for _, vol := range spec.Volumes {
-		if _, hot := ports[vol.Name]; !hot {
+		if cold[vol.Name] {
 			volumes = append(volumes, vol)
 		}
 	}
