@@ -41,15 +41,25 @@ func dialVMI(ctx context.Context, c *kube.Client, d streamDial) (*websocket.Conn
 	defer cancel()
 	path := subv1.Path(c.Namespace, subv1.VirtualMachineInstances, d.name, d.sub)
 	last := ""
+	timedOut := func() error {
+		return withHint(fmt.Errorf("VMI %s not reachable within --timeout %s: %s", d.name, d.timeout, last),
+			"Check the VMI's phase and events: kubectl describe vmi %s -n %s", d.name, c.Namespace)
+	}
 	for {
 		msg, err := vmiNotReady(ctx, c, d.name)
 		if err != nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) { // the Get was cut short by the timeout
+				return nil, timedOut()
+			}
 			return nil, err
 		}
 		if msg == "" {
 			conn, err := c.Dial(ctx, path, d.proto)
 			if err == nil {
 				return conn, nil
+			}
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, timedOut()
 			}
 			if !d.retryable(err) || ctx.Err() != nil {
 				return nil, err
@@ -62,8 +72,7 @@ func dialVMI(ctx context.Context, c *kube.Client, d streamDial) (*websocket.Conn
 		}
 		select {
 		case <-ctx.Done():
-			return nil, withHint(fmt.Errorf("VMI %s not reachable within --timeout %s: %s", d.name, d.timeout, last),
-				"Check the VMI's phase and events: kubectl describe vmi %s -n %s", d.name, c.Namespace)
+			return nil, timedOut()
 		case <-time.After(pollInterval):
 		}
 	}

@@ -86,6 +86,11 @@ func newClient(cfg *rest.Config, ns string) (*Client, error) {
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "qvirtctl"
 	}
+	// kubectl's limits: client-go's default of 5 requests a second makes a command that polls
+	// (console waiting for its VMI, migrate --wait) stall behind its own discovery requests.
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 50, 300
+	}
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("HTTP client for %s: %w", cfg.Host, err)
