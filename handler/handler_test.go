@@ -698,20 +698,10 @@ func TestLiveMigration(t *testing.T) {
 		return vs != nil && vs.Phase == v1alpha1.VolumeReady
 	})
 
-	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "mig-1", Namespace: e.ns},
-		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "mig"}}
-	if err := e.c.Create(context.Background(), vmim); err != nil {
-		t.Fatal(err)
-	}
-	target := nodeB.kubelet.runTarget(v, string(vmim.UID))
+	vmim, target := e.startMigration(v, "mig-1", nodeB)
 	dstCon := nodeB.console(v)
 	started := time.Now()
-	testutil.Eventually(t, 2*time.Minute, "migration mig-1 Succeeded", func() bool {
-		_ = e.c.Get(context.Background(), client.ObjectKeyFromObject(vmim), vmim)
-		return vmim.Status.Phase == v1alpha1.MigrationSucceeded
-	}, func() string {
-		return fmt.Sprintf("migration status %+v\nVMI status %+v", vmim.Status, e.get("mig").Status)
-	})
+	e.waitMigrationSucceeded(vmim)
 	t.Logf("migration succeeded %.2fs after the target pod ran", time.Since(started).Seconds())
 
 	got := e.waitVMI("mig", 10*time.Second, "Running and Ready on "+nodeB.node, func(v *v1alpha1.VirtualMachineInstance) bool {
@@ -737,15 +727,7 @@ func TestLiveMigration(t *testing.T) {
 	if !strings.Contains(dstCon.Text()[from:end], "scratch") {
 		t.Errorf("the hot-plugged disk is not the guest's vda on the target: %q", dstCon.Text()[from:end])
 	}
-	hc := http.Client{Timeout: 5 * time.Second}
-	testutil.Eventually(t, 30*time.Second, "the guest's httpd at the target pod's address", func() bool {
-		resp, err := hc.Get("http://" + target.net.PodIP.String() + "/")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitHTTP(t, target.net.PodIP.String(), "the guest's httpd at the target pod's address")
 }
 
 // TestMigrationCancel deletes a migration while it runs (slowed to 1 MiB/s by the configuration):
@@ -757,12 +739,7 @@ func TestMigrationCancel(t *testing.T) {
 	v, _, con := e.startGuest("slow")
 	con.Expect(t, 0, "tick 2\r\n", bootTimeout)
 
-	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "slow-1", Namespace: e.ns},
-		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "slow"}}
-	if err := e.c.Create(context.Background(), vmim); err != nil {
-		t.Fatal(err)
-	}
-	nodeB.kubelet.runTarget(v, string(vmim.UID))
+	vmim, _ := e.startMigration(v, "slow-1", nodeB)
 	e.waitVMI("slow", time.Minute, "migrating", func(v *v1alpha1.VirtualMachineInstance) bool {
 		ms := v.Status.MigrationState
 		return ms != nil && ms.StartTimestamp != nil
@@ -937,15 +914,7 @@ func TestNICHotplug(t *testing.T) {
 	from := len(con.Text())
 	con.Send(t, "for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; udhcpc -f -q -n -i eth0 -s /etc/udhcpc.script -T 2 -t 15 >/dev/null 2>&1; echo DHCP-DONE-$?")
 	con.Expect(t, from, "QVIRT-IP eth0 10.0.2.2", time.Minute)
-	hc := http.Client{Timeout: 5 * time.Second}
-	testutil.Eventually(t, 30*time.Second, "the guest's httpd at the pod's address", func() bool {
-		resp, err := hc.Get("http://" + p.net.PodIP.String() + "/")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitHTTP(t, p.net.PodIP.String(), "the guest's httpd at the pod's address")
 
 	// A live migration takes the hot-plugged NIC along, on the same root port, wired to the target
 	// pod's network: the guest keeps its address and serves at the target pod's.
@@ -954,30 +923,13 @@ func TestNICHotplug(t *testing.T) {
 		t.Fatalf("interface %+v: no root port in the status", got.Status.Interfaces[0])
 	}
 	nodeB := e.addNode()
-	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "nic-1", Namespace: e.ns},
-		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "nic"}}
-	if err := e.c.Create(context.Background(), vmim); err != nil {
-		t.Fatal(err)
-	}
-	target := nodeB.kubelet.runTarget(e.get("nic"), string(vmim.UID))
-	testutil.Eventually(t, 2*time.Minute, "migration nic-1 Succeeded", func() bool {
-		_ = e.c.Get(context.Background(), client.ObjectKeyFromObject(vmim), vmim)
-		return vmim.Status.Phase == v1alpha1.MigrationSucceeded
-	}, func() string {
-		return fmt.Sprintf("migration status %+v\nVMI status %+v", vmim.Status, e.get("nic").Status)
-	})
+	vmim, target := e.startMigration(e.get("nic"), "nic-1", nodeB)
+	e.waitMigrationSucceeded(vmim)
 	e.waitVMI("nic", 30*time.Second, "on "+nodeB.node+" with the hot-plugged interface", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.NodeName == nodeB.node && len(v.Status.Interfaces) == 1 && v.Status.Interfaces[0].Hotplugged &&
 			v.Status.Interfaces[0].RootPort == port && v.Status.Interfaces[0].IP == target.net.PodIP.String()
 	})
-	testutil.Eventually(t, 30*time.Second, "the guest's httpd at the target pod's address", func() bool {
-		resp, err := hc.Get("http://" + target.net.PodIP.String() + "/")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitHTTP(t, target.net.PodIP.String(), "the guest's httpd at the target pod's address")
 	p = target
 
 	cur = e.get("nic")
@@ -1000,4 +952,40 @@ func TestNICHotplug(t *testing.T) {
 			t.Errorf("%s left in the pod after the unplug:\n%s", l, out)
 		}
 	}
+}
+
+// startMigration creates migration name for v and runs its target pod on node n.
+func (e *env) startMigration(v *v1alpha1.VirtualMachineInstance, name string, n *nodeAgent) (*v1alpha1.VirtualMachineInstanceMigration, *pod) {
+	e.t.Helper()
+	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: v.Name}}
+	if err := e.c.Create(context.Background(), vmim); err != nil {
+		e.t.Fatal(err)
+	}
+	return vmim, n.kubelet.runTarget(v, string(vmim.UID))
+}
+
+// waitMigrationSucceeded waits up to 2 minutes for vmim to succeed.
+func (e *env) waitMigrationSucceeded(vmim *v1alpha1.VirtualMachineInstanceMigration) {
+	e.t.Helper()
+	testutil.Eventually(e.t, 2*time.Minute, "migration "+vmim.Name+" Succeeded", func() bool {
+		_ = e.c.Get(context.Background(), client.ObjectKeyFromObject(vmim), vmim)
+		return vmim.Status.Phase == v1alpha1.MigrationSucceeded
+	}, func() string {
+		return fmt.Sprintf("migration status %+v\nVMI status %+v", vmim.Status, e.get(vmim.Spec.VMIName).Status)
+	})
+}
+
+// waitHTTP waits up to 30 s for the guest's httpd to answer 200 at ip.
+func waitHTTP(t *testing.T, ip, what string) {
+	t.Helper()
+	hc := http.Client{Timeout: 5 * time.Second}
+	testutil.Eventually(t, 30*time.Second, what, func() bool {
+		resp, err := hc.Get("http://" + ip + "/")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 }
