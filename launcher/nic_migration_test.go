@@ -105,14 +105,7 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
 	}
 	dstConsole := attach(t, dst.runDir)
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	beforeSwitch := srcConsole.LastTick()
-	if err := src.client.MigrateSource(ctx, launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
-		t.Fatal(err)
-	}
+	beforeSwitch := migrate(t, src, dst, srcConsole)
 	waitFor(t, 2*time.Minute, "the source to exit or the migration to fail", func() bool {
 		st, err := src.client.Status(ctx)
 		return err == nil && (st.Exit != nil || st.Migration != nil && st.Migration.Status == "failed")

@@ -223,6 +223,22 @@ func TestGuestLifecycle(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// migrate has the (incoming) target dst listen on loopback and sends src's guest there, uncapped;
+// it returns the guest's last tick on the source before the switch.
+func migrate(t *testing.T, src, dst *vm, srcConsole *console) int {
+	t.Helper()
+	ctx := context.Background()
+	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	beforeSwitch := srcConsole.LastTick()
+	if err := src.client.MigrateSource(ctx, launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+		t.Fatal(err)
+	}
+	return beforeSwitch
+}
+
 func TestKilledQEMUIsReportedAtOnce(t *testing.T) {
 	v := newLauncher(t)
 	ctx := context.Background()
@@ -286,14 +302,7 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
 	}
 	dstConsole := attach(t, dst.runDir)
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	beforeSwitch := srcConsole.LastTick()
-	if err := src.client.MigrateSource(ctx, launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
-		t.Fatal(err)
-	}
+	beforeSwitch := migrate(t, src, dst, srcConsole)
 	waitFor(t, 2*time.Minute, "the source to exit as migrated", func() bool {
 		st, err := src.client.Status(ctx)
 		return err == nil && st.Exit != nil
