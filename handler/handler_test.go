@@ -521,6 +521,9 @@ func TestInstanceLifecycle(t *testing.T) {
 		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 			t.Errorf("launcher exit code %d, want 0 (guest shut down cleanly)", code)
 		}
+		if dir := string(launcher.VMIDir(e.socketDir, v.UID)); fileExists(dir) {
+			t.Errorf("the launcher left its socket directory %s on the node", dir)
+		}
 		e.waitEvent("vm1", node.EventGuestEnded, "guest shutdown", 10*time.Second)
 		testutil.Eventually(t, 30*time.Second, "VMI vm1 gone", func() bool {
 			var v v1alpha1.VirtualMachineInstance
@@ -988,4 +991,9 @@ func waitHTTP(t *testing.T, ip, what string) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

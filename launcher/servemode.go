@@ -45,6 +45,13 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
 	if err := os.MkdirAll(string(dir), 0o750); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
 	}
+	// The directory lives on the node (a hostPath), so it would outlast the pod: remove it once the
+	// command server has stopped and QEMU is gone (the deferred calls below run first).
+	defer func() {
+		if err := os.RemoveAll(string(dir)); err != nil {
+			opts.Log.Error(err, "remove the socket directory", "dir", string(dir))
+		}
+	}()
 	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir,
 		ImageCache: opts.Images.ImageCache, InsecureRegistries: opts.Images.InsecureRegistries, Puller: opts.Images.Puller},
 		uid: opts.VMIUID, emulation: opts.Emulation}

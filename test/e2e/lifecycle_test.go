@@ -12,6 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/local/cluster"
 	"github.com/qvirt/qvirt/test/envtest"
 )
 
@@ -62,11 +64,12 @@ func launcherPod(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) *corev1.Pod
 	return &pods.Items[0]
 }
 
-// waitGone checks that a deleted VMI left no QEMU process, launcher pod or pod network namespace
-// (which held its tap and bridge) behind.
+// waitGone checks that a deleted VMI left no QEMU process, launcher pod, pod network namespace
+// (which held its tap and bridge) or socket directory on its node behind.
 func waitGone(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, pid int, podUID string) {
 	t.Helper()
 	netns := filepath.Join(dir, "nodes", vmi.Status.NodeName, "netns", podUID)
+	sockets := string(launcher.VMIDir(cluster.NodeSocketDir(dir, nodeIndex(t, vmi)), vmi.UID))
 	deadline := time.Now().Add(time.Minute)
 	for {
 		var pods corev1.PodList
@@ -81,6 +84,9 @@ func waitGone(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, pid int, podUI
 		}
 		if _, err := os.Stat(netns); err == nil {
 			left = append(left, "network namespace "+netns)
+		}
+		if _, err := os.Stat(sockets); err == nil {
+			left = append(left, "socket directory "+sockets)
 		}
 		if len(left) == 0 {
 			return
