@@ -4,14 +4,11 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -255,79 +252,7 @@ func get(t *testing.T, cfg *rest.Config, path string) (int, []byte, http.Header)
 }
 
 // stream reads every message of a websocket in the background.
-type stream struct {
-	conn   *websocket.Conn
-	bytes  testutil.SyncBuffer
-	mu     sync.Mutex
-	msgs   [][]byte
-	closed chan struct{}
-	err    error
-}
+// stream is a websocket read in the background (test/testutil).
+type stream = testutil.WSStream
 
-func read(c *websocket.Conn) *stream {
-	s := &stream{conn: c, closed: make(chan struct{})}
-	go func() {
-		defer close(s.closed)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				s.err = err
-				return
-			}
-			s.mu.Lock()
-			s.msgs = append(s.msgs, data)
-			s.mu.Unlock()
-			_, _ = s.bytes.Write(data)
-		}
-	}()
-	return s
-}
-
-func (s *stream) expect(t *testing.T, want string, d time.Duration) {
-	t.Helper()
-	testutil.Eventually(t, d, fmt.Sprintf("%q on the stream", want), func() bool { return strings.Contains(s.bytes.String(), want) },
-		func() string { return testutil.Tail(s.bytes.String(), 400) })
-}
-
-func (s *stream) send(t *testing.T, typ websocket.MessageType, data string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.conn.Write(ctx, typ, []byte(data)); err != nil {
-		t.Fatalf("write to websocket: %v", err)
-	}
-}
-
-// reply waits for the QMP message carrying id.
-func (s *stream) reply(t *testing.T, id string) map[string]any {
-	t.Helper()
-	var found map[string]any
-	testutil.Eventually(t, 30*time.Second, "the QMP reply with id "+id, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, m := range s.msgs {
-			var v map[string]any
-			if json.Unmarshal(m, &v) == nil && v["id"] == id {
-				found = v
-				return true
-			}
-		}
-		return false
-	}, func() string { return testutil.Tail(s.bytes.String(), 400) })
-	return found
-}
-
-// closedWith waits for the stream to end and returns its close status and reason.
-func (s *stream) closedWith(t *testing.T, d time.Duration) (websocket.StatusCode, string) {
-	t.Helper()
-	select {
-	case <-s.closed:
-	case <-time.After(d):
-		t.Fatalf("the websocket stayed open for %s", d)
-	}
-	var ce websocket.CloseError
-	if !errors.As(s.err, &ce) {
-		t.Fatalf("the websocket ended without a close frame: %v", s.err)
-	}
-	return ce.Code, ce.Reason
-}
+func read(c *websocket.Conn) *stream { return testutil.ReadWS(c) }

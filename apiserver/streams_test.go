@@ -55,15 +55,15 @@ func TestStreams(t *testing.T) {
 			t.Errorf("subprotocol %q, want %q", c.Subprotocol(), sub.SubprotocolPlain)
 		}
 		s := read(c)
-		s.expect(t, "QVIRT-GUEST-READY", 90*time.Second)
-		s.send(t, websocket.MessageBinary, "echo qvirt-$((6*7))\n")
-		s.expect(t, "qvirt-42", 30*time.Second)
+		s.Expect(t, 0, "QVIRT-GUEST-READY", 90*time.Second)
+		s.Send(t, websocket.MessageBinary, "echo qvirt-$((6*7))\n")
+		s.Expect(t, 0, "qvirt-42", 30*time.Second)
 
 		c2, resp, err := dial(t, admin, vmi.Name, sub.Console, sub.SubprotocolPlain)
 		if err != nil {
 			t.Fatalf("second console as admin: %v (%s)", err, bodyOf(resp))
 		}
-		code, reason := s.closedWith(t, 15*time.Second)
+		code, reason := s.ClosedWith(t, 15*time.Second)
 		if code != 4001 || !strings.Contains(reason, "admin-user") {
 			t.Errorf("the first session closed with %d %q, want 4001 naming admin-user", code, reason)
 		}
@@ -74,19 +74,19 @@ func TestStreams(t *testing.T) {
 			t.Fatalf("console after a vanished client: %v (%s)", err, bodyOf(resp))
 		}
 		s3 := read(c3)
-		s3.send(t, websocket.MessageBinary, "echo again-$((1+1))\n")
-		s3.expect(t, "again-2", 30*time.Second)
+		s3.Send(t, websocket.MessageBinary, "echo again-$((1+1))\n")
+		s3.Expect(t, 0, "again-2", 30*time.Second)
 		_ = c3.Close(websocket.StatusNormalClosure, "done")
 	})
 
 	t.Run("edit queries QMP but may not write", func(t *testing.T) {
 		q := openQMP(t, edit, vmi.Name)
-		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s"}`)
-		if st := q.reply(t, "s"); returned(st)["status"] != "running" {
+		q.Send(t, websocket.MessageText, `{"execute":"query-status","id":"s"}`)
+		if st := q.Reply(t, "s"); returned(st)["status"] != "running" {
 			t.Errorf("query-status: %v", st)
 		}
-		q.send(t, websocket.MessageText, `{"execute":"stop","id":"w"}`)
-		if desc := errorDesc(q.reply(t, "w")); !strings.Contains(desc, "virtualmachineinstances/qmp-write") {
+		q.Send(t, websocket.MessageText, `{"execute":"stop","id":"w"}`)
+		if desc := errorDesc(q.Reply(t, "w")); !strings.Contains(desc, "virtualmachineinstances/qmp-write") {
 			t.Errorf("stop as edit: error %q, want one naming virtualmachineinstances/qmp-write", desc)
 		}
 		// The handler's refusal before the upgrade reaches the user with its code and message.
@@ -97,10 +97,10 @@ func TestStreams(t *testing.T) {
 		if st := status(t, resp); st.Code != http.StatusConflict || !strings.Contains(st.Message, "edit-user") {
 			t.Errorf("second QMP shell: %d %q, want 409 naming edit-user", st.Code, st.Message)
 		}
-		q.send(t, websocket.MessageText, `{"execute": nope`)
-		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s2"}`)
-		q.reply(t, "s2") // the session survives a malformed message
-		_ = q.conn.Close(websocket.StatusNormalClosure, "done")
+		q.Send(t, websocket.MessageText, `{"execute": nope`)
+		q.Send(t, websocket.MessageText, `{"execute":"query-status","id":"s2"}`)
+		q.Reply(t, "s2") // the session survives a malformed message
+		_ = q.Conn.Close(websocket.StatusNormalClosure, "done")
 		logs := e.logs.String()
 		for _, want := range []string{`"command"="query-status"`, `"command"="stop"`, `"errorClass"="GenericError"`} {
 			if !logLine(logs, `"user"="edit-user"`, want) {
@@ -111,17 +111,17 @@ func TestStreams(t *testing.T) {
 
 	t.Run("admin may write over QMP", func(t *testing.T) {
 		q := openQMP(t, admin, vmi.Name)
-		q.send(t, websocket.MessageText, `{"execute":"stop","id":"w"}`)
-		if r := q.reply(t, "w"); r["error"] != nil {
+		q.Send(t, websocket.MessageText, `{"execute":"stop","id":"w"}`)
+		if r := q.Reply(t, "w"); r["error"] != nil {
 			t.Fatalf("stop as admin: %v", r)
 		}
-		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s"}`)
-		if st := q.reply(t, "s"); returned(st)["status"] != "paused" {
+		q.Send(t, websocket.MessageText, `{"execute":"query-status","id":"s"}`)
+		if st := q.Reply(t, "s"); returned(st)["status"] != "paused" {
 			t.Errorf("query-status after stop: %v", st)
 		}
-		q.send(t, websocket.MessageText, `{"execute":"cont","id":"c"}`)
-		q.reply(t, "c")
-		_ = q.conn.Close(websocket.StatusNormalClosure, "done")
+		q.Send(t, websocket.MessageText, `{"execute":"cont","id":"c"}`)
+		q.Reply(t, "c")
+		_ = q.Conn.Close(websocket.StatusNormalClosure, "done")
 	})
 
 	t.Run("pause, unpause and screenshot through the handler", func(t *testing.T) {
@@ -148,7 +148,7 @@ func TestStreams(t *testing.T) {
 		if err != nil {
 			t.Fatalf("vnc as edit: %v (%s)", err, bodyOf(resp))
 		}
-		read(c).expect(t, "RFB 003.008", 10*time.Second)
+		read(c).Expect(t, 0, "RFB 003.008", 10*time.Second)
 		_ = c.Close(websocket.StatusNormalClosure, "done")
 	})
 
@@ -164,7 +164,7 @@ func TestStreams(t *testing.T) {
 			t.Fatalf("launcher status: %+v %v", st, err)
 		}
 		_ = syscall.Kill(st.PID, syscall.SIGKILL)
-		code, reason := s.closedWith(t, 15*time.Second)
+		code, reason := s.ClosedWith(t, 15*time.Second)
 		if code != websocket.StatusNormalClosure || reason == "" {
 			t.Errorf("closed with %d %q, want 1000 with the handler's reason", code, reason)
 		}
@@ -182,9 +182,9 @@ func openQMP(t *testing.T, cfg *rest.Config, name string) *stream {
 		return err == nil
 	})
 	q := read(c)
-	q.expect(t, `"QMP"`, 10*time.Second)
-	q.send(t, websocket.MessageText, `{"execute":"qmp_capabilities","id":"cap"}`)
-	q.reply(t, "cap")
+	q.Expect(t, 0, `"QMP"`, 10*time.Second)
+	q.Send(t, websocket.MessageText, `{"execute":"qmp_capabilities","id":"cap"}`)
+	q.Reply(t, "cap")
 	return q
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -281,116 +280,11 @@ func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInsta
 }
 
 // stream reads every message of a websocket in the background.
-type stream struct {
-	conn   *websocket.Conn
-	bytes  testutil.SyncBuffer
-	mu     sync.Mutex
-	types  map[websocket.MessageType]int
-	msgs   [][]byte
-	closed chan struct{}
-	err    error // why reading stopped; read after closed
-}
+// stream is a websocket read in the background (test/testutil).
+type stream = testutil.WSStream
 
-func read(c *websocket.Conn) *stream {
-	s := &stream{conn: c, types: map[websocket.MessageType]int{}, closed: make(chan struct{})}
-	go func() {
-		defer close(s.closed)
-		for {
-			typ, data, err := c.Read(context.Background())
-			if err != nil {
-				s.err = err
-				return
-			}
-			s.mu.Lock()
-			s.types[typ]++
-			s.msgs = append(s.msgs, data)
-			s.mu.Unlock()
-			_, _ = s.bytes.Write(data)
-		}
-	}()
-	return s
-}
-
-// expect waits until the stream's bytes after from contain want; it returns the end of the match.
-func (s *stream) expect(t *testing.T, from int, want string, d time.Duration) int {
-	t.Helper()
-	end := -1
-	waitFor(t, d, fmt.Sprintf("%q on the stream (have %q)", want, tail(s.bytes.String(), 300)), func() bool {
-		text := s.bytes.String()
-		if i := strings.Index(text[min(from, len(text)):], want); i >= 0 {
-			end = from + i + len(want)
-			return true
-		}
-		return false
-	})
-	return end
-}
-
-func (s *stream) send(t *testing.T, typ websocket.MessageType, data string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.conn.Write(ctx, typ, []byte(data)); err != nil {
-		t.Fatalf("write to websocket: %v", err)
-	}
-}
-
-// closedWith waits for the stream to end and returns the close status and reason it got.
-func (s *stream) closedWith(t *testing.T, d time.Duration) (websocket.StatusCode, string) {
-	t.Helper()
-	select {
-	case <-s.closed:
-	case <-time.After(d):
-		t.Fatalf("the websocket stayed open for %s", d)
-	}
-	var ce websocket.CloseError
-	if !errors.As(s.err, &ce) {
-		t.Fatalf("the websocket ended without a close frame: %v", s.err)
-	}
-	return ce.Code, ce.Reason
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
+func read(c *websocket.Conn) *stream { return testutil.ReadWS(c) }
 
 func pathOf(vmi *v1alpha1.VirtualMachineInstance, endpoint string) string {
 	return streams.Path(vmi.Namespace, vmi.Name, endpoint)
-}
-
-// find waits for a message after index from that match accepts; it returns it and its index.
-func (s *stream) find(t *testing.T, from int, what string, d time.Duration, match func(map[string]any) bool) (map[string]any, int) {
-	t.Helper()
-	var found map[string]any
-	at := -1
-	waitFor(t, d, what, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for i := from; i < len(s.msgs); i++ {
-			var m map[string]any
-			if json.Unmarshal(s.msgs[i], &m) == nil && match(m) {
-				found, at = m, i
-				return true
-			}
-		}
-		return false
-	})
-	return found, at
-}
-
-// reply waits for the QMP reply carrying id.
-func (s *stream) reply(t *testing.T, id string) map[string]any {
-	t.Helper()
-	m, _ := s.find(t, 0, "the QMP reply with id "+id, 30*time.Second, func(m map[string]any) bool { return m["id"] == id })
-	return m
-}
-
-// event waits for the QMP event name.
-func (s *stream) event(t *testing.T, name string) map[string]any {
-	t.Helper()
-	m, _ := s.find(t, 0, "the QMP event "+name, 30*time.Second, func(m map[string]any) bool { return m["event"] == name })
-	return m
 }

@@ -31,85 +31,83 @@ func TestGuestStreams(t *testing.T) {
 	con := read(srv.mustDial(t, vmi, streams.Console, alice, streams.SubprotocolPlain))
 
 	t.Run("console shows the guest's banner and runs a typed command", func(t *testing.T) {
-		end := con.expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
-		end = con.expect(t, end, "# ", time.Minute) // the shell's prompt
-		con.send(t, websocket.MessageBinary, "echo qvirt-$((6*7))\n")
-		con.expect(t, end, "qvirt-42", time.Minute)
-		con.mu.Lock()
-		defer con.mu.Unlock()
-		if con.types[websocket.MessageText] != 0 || con.types[websocket.MessageBinary] == 0 {
-			t.Fatalf("console frames by type: %v, want only binary", con.types)
+		end := con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+		end = con.Expect(t, end, "# ", time.Minute) // the shell's prompt
+		con.Send(t, websocket.MessageBinary, "echo qvirt-$((6*7))\n")
+		con.Expect(t, end, "qvirt-42", time.Minute)
+		if types := con.Types(); types[websocket.MessageText] != 0 || types[websocket.MessageBinary] == 0 {
+			t.Fatalf("console frames by type: %v, want only binary", types)
 		}
 	})
 
 	t.Run("a second console session takes over and the first is told why", func(t *testing.T) {
 		bob := read(srv.mustDial(t, vmi, streams.Console, caller{user: "bob"}, streams.SubprotocolPlain))
-		code, reason := con.closedWith(t, 10*time.Second)
+		code, reason := con.ClosedWith(t, 10*time.Second)
 		if code != streams.StatusTakenOver || !strings.Contains(reason, `"bob"`) {
 			t.Fatalf("first session closed with %d %q, want %d naming bob", code, reason, streams.StatusTakenOver)
 		}
-		bob.send(t, websocket.MessageBinary, "echo again-$((1+1))\n")
-		bob.expect(t, 0, "again-2", time.Minute)
+		bob.Send(t, websocket.MessageBinary, "echo again-$((1+1))\n")
+		bob.Expect(t, 0, "again-2", time.Minute)
 		con = bob
 	})
 
 	t.Run("VNC greets with RFB 003.008", func(t *testing.T) {
 		vnc := read(srv.mustDial(t, vmi, streams.VNC, alice, streams.SubprotocolPlain))
-		vnc.expect(t, 0, "RFB 003.008\n", 30*time.Second)
-		if got := vnc.bytes.String(); !strings.HasPrefix(got, "RFB 003.008\n") {
+		vnc.Expect(t, 0, "RFB 003.008\n", 30*time.Second)
+		if got := vnc.Bytes.String(); !strings.HasPrefix(got, "RFB 003.008\n") {
 			t.Fatalf("VNC stream starts with %q", got)
 		}
-		if err := vnc.conn.Close(websocket.StatusNormalClosure, "done"); err != nil {
+		if err := vnc.Conn.Close(websocket.StatusNormalClosure, "done"); err != nil {
 			t.Fatalf("close VNC: %v", err)
 		}
 	})
 
 	t.Run("read-only QMP shell answers queries and refuses stop, staying up", func(t *testing.T) {
 		q := read(srv.mustDial(t, vmi, streams.QMP, alice, streams.SubprotocolQMP))
-		greeting, _ := q.find(t, 0, "the QMP greeting", 30*time.Second, func(m map[string]any) bool { return m["QMP"] != nil })
+		greeting, _ := q.Find(t, 0, "the QMP greeting", 30*time.Second, func(m map[string]any) bool { return m["QMP"] != nil })
 		if v := greeting["QMP"].(map[string]any)["version"]; v == nil {
 			t.Fatalf("greeting without version: %v", greeting)
 		}
-		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"early"}`)
-		if e := errorOf(q.reply(t, "early")); e["class"] != "CommandNotFound" {
+		q.Send(t, websocket.MessageText, `{"execute":"query-status","id":"early"}`)
+		if e := errorOf(q.Reply(t, "early")); e["class"] != "CommandNotFound" {
 			t.Fatalf("command before qmp_capabilities: %v, want CommandNotFound", e)
 		}
-		q.send(t, websocket.MessageText, `{"execute":"qmp_capabilities","id":"caps"}`)
-		if r := q.reply(t, "caps"); r["return"] == nil {
+		q.Send(t, websocket.MessageText, `{"execute":"qmp_capabilities","id":"caps"}`)
+		if r := q.Reply(t, "caps"); r["return"] == nil {
 			t.Fatalf("qmp_capabilities: %v", r)
 		}
-		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s1"}`)
-		if st := statusOf(t, q.reply(t, "s1")); st != "running" {
+		q.Send(t, websocket.MessageText, `{"execute":"query-status","id":"s1"}`)
+		if st := statusOf(t, q.Reply(t, "s1")); st != "running" {
 			t.Fatalf("query-status: %s, want running", st)
 		}
 
-		q.send(t, websocket.MessageText, `{"execute":"stop","id":"stop1"}`)
-		e := errorOf(q.reply(t, "stop1"))
+		q.Send(t, websocket.MessageText, `{"execute":"stop","id":"stop1"}`)
+		e := errorOf(q.Reply(t, "stop1"))
 		desc, _ := e["desc"].(string)
 		if e["class"] != "GenericError" || !strings.Contains(desc, `"stop"`) || !strings.Contains(desc, "qmp-write") || !strings.Contains(desc, "alice") {
 			t.Fatalf("stop without write permission: %v, want a GenericError naming stop, alice and qmp-write", e)
 		}
 		// Pipelined: the refusal queued behind a forwarded command keeps the client's order.
-		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s2"}`)
-		q.send(t, websocket.MessageText, `{"execute":"system_reset","id":"reset"}`)
-		q.send(t, websocket.MessageText, `{not json`)
-		q.send(t, websocket.MessageText, `{"execute":"human-monitor-command","arguments":{"command-line":"info status"},"id":"hmp"}`)
-		_, iS2 := q.find(t, 0, "s2", 30*time.Second, func(m map[string]any) bool { return m["id"] == "s2" })
-		_, iReset := q.find(t, 0, "reset", 30*time.Second, func(m map[string]any) bool { return m["id"] == "reset" })
+		q.Send(t, websocket.MessageText, `{"execute":"query-status","id":"s2"}`)
+		q.Send(t, websocket.MessageText, `{"execute":"system_reset","id":"reset"}`)
+		q.Send(t, websocket.MessageText, `{not json`)
+		q.Send(t, websocket.MessageText, `{"execute":"human-monitor-command","arguments":{"command-line":"info status"},"id":"hmp"}`)
+		_, iS2 := q.Find(t, 0, "s2", 30*time.Second, func(m map[string]any) bool { return m["id"] == "s2" })
+		_, iReset := q.Find(t, 0, "reset", 30*time.Second, func(m map[string]any) bool { return m["id"] == "reset" })
 		if iReset < iS2 {
 			t.Fatalf("the refusal of system_reset (message %d) overtook query-status's reply (message %d)", iReset, iS2)
 		}
-		if st := statusOf(t, q.reply(t, "s2")); st != "running" {
+		if st := statusOf(t, q.Reply(t, "s2")); st != "running" {
 			t.Fatalf("guest is %s after a refused stop, want running", st)
 		}
-		malformed, _ := q.find(t, 0, "the reply to malformed JSON", 30*time.Second, func(m map[string]any) bool {
+		malformed, _ := q.Find(t, 0, "the reply to malformed JSON", 30*time.Second, func(m map[string]any) bool {
 			d, _ := errorOf(m)["desc"].(string)
 			return strings.Contains(d, "JSON parse error")
 		})
 		if malformed["id"] != nil {
 			t.Fatalf("reply to malformed JSON has an id: %v", malformed)
 		}
-		if ret, _ := q.reply(t, "hmp")["return"].(string); !strings.Contains(ret, "running") {
+		if ret, _ := q.Reply(t, "hmp")["return"].(string); !strings.Contains(ret, "running") {
 			t.Fatalf("HMP info status: %q", ret)
 		}
 
@@ -120,7 +118,7 @@ func TestGuestStreams(t *testing.T) {
 		if b := body(resp); !strings.Contains(b, `\"alice\"`) {
 			t.Fatalf("409 does not name the user holding the shell: %s", b)
 		}
-		if err := q.conn.Close(websocket.StatusNormalClosure, "done"); err != nil {
+		if err := q.Conn.Close(websocket.StatusNormalClosure, "done"); err != nil {
 			t.Fatalf("close QMP: %v", err)
 		}
 	})
@@ -135,25 +133,25 @@ func TestGuestStreams(t *testing.T) {
 			}
 			return err == nil
 		})
-		q.send(t, websocket.MessageText, `{"execute":"qmp_capabilities","id":"caps"}`)
-		q.reply(t, "caps")
-		q.send(t, websocket.MessageText, `{"execute":"stop","id":"stop"}`)
-		if r := q.reply(t, "stop"); r["return"] == nil {
+		q.Send(t, websocket.MessageText, `{"execute":"qmp_capabilities","id":"caps"}`)
+		q.Reply(t, "caps")
+		q.Send(t, websocket.MessageText, `{"execute":"stop","id":"stop"}`)
+		if r := q.Reply(t, "stop"); r["return"] == nil {
 			t.Fatalf("stop with write permission: %v", r)
 		}
-		q.event(t, "STOP")
-		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s"}`)
-		if st := statusOf(t, q.reply(t, "s")); st != "paused" {
+		q.Event(t, "STOP")
+		q.Send(t, websocket.MessageText, `{"execute":"query-status","id":"s"}`)
+		if st := statusOf(t, q.Reply(t, "s")); st != "paused" {
 			t.Fatalf("after stop the guest is %s, want paused", st)
 		}
-		q.send(t, websocket.MessageText, `{"execute":"cont","id":"cont"}`)
-		q.reply(t, "cont")
-		q.event(t, "RESUME")
-		q.send(t, websocket.MessageText, `{"execute":"query-status","id":"s3"}`)
-		if st := statusOf(t, q.reply(t, "s3")); st != "running" {
+		q.Send(t, websocket.MessageText, `{"execute":"cont","id":"cont"}`)
+		q.Reply(t, "cont")
+		q.Event(t, "RESUME")
+		q.Send(t, websocket.MessageText, `{"execute":"query-status","id":"s3"}`)
+		if st := statusOf(t, q.Reply(t, "s3")); st != "running" {
 			t.Fatalf("after cont the guest is %s, want running", st)
 		}
-		_ = q.conn.Close(websocket.StatusNormalClosure, "done")
+		_ = q.Conn.Close(websocket.StatusNormalClosure, "done")
 	})
 
 	t.Run("pause and unpause actions pause and resume the guest", func(t *testing.T) {
@@ -199,17 +197,17 @@ func TestGuestStreams(t *testing.T) {
 		// (QEMU's serial socket serves one client at a time).
 		c := read(srv.mustDial(t, vmi, streams.Console, alice, streams.SubprotocolPlain))
 		defer func() {
-			_ = c.conn.Close(websocket.StatusNormalClosure, "done")
-			<-c.closed
+			_ = c.Conn.Close(websocket.StatusNormalClosure, "done")
+			<-c.Closed()
 		}()
 		code, st, err = srv.do(t, http.MethodPut, pathOf(vmi, streams.SoftReboot), alice, &p.client.tls)
 		if err != nil || code != http.StatusOK || st.Status != metav1.StatusSuccess {
 			t.Fatalf("soft reboot: %d %+v %v", code, st, err)
 		}
 		// Graceful: the guest's init stops its processes before the kernel restarts.
-		end := c.expect(t, 0, "Requesting system reboot", time.Minute)
-		end = c.expect(t, end, "QVIRT-GUEST-READY", bootTimeout)
-		c.expect(t, end, "# ", time.Minute) // the shell is back for the next subtests
+		end := c.Expect(t, 0, "Requesting system reboot", time.Minute)
+		end = c.Expect(t, end, "QVIRT-GUEST-READY", bootTimeout)
+		c.Expect(t, end, "# ", time.Minute) // the shell is back for the next subtests
 		after, err := g.client.Status(ctx)
 		if err != nil || after.PID != before.PID || after.Phase != launcher.PhaseRunning || after.RunState != "running" {
 			t.Fatalf("after the soft reboot: %+v (%v); want QEMU %d still Running", after, err, before.PID)
@@ -219,14 +217,14 @@ func TestGuestStreams(t *testing.T) {
 	t.Run("a handler shutting down closes streams with 1001", func(t *testing.T) {
 		// QEMU's serial socket serves one client at a time: let go of it first.
 		// (The takeover subtest's cleanup may already have closed it.)
-		_ = con.conn.Close(websocket.StatusNormalClosure, "done")
-		<-con.closed
+		_ = con.Conn.Close(websocket.StatusNormalClosure, "done")
+		<-con.Closed()
 		other := startServer(t, socketDir, p, nil)
 		c := read(other.mustDial(t, vmi, streams.Console, alice, streams.SubprotocolPlain))
-		c.send(t, websocket.MessageBinary, "echo other-$((2+3))\n")
-		c.expect(t, 0, "other-5", time.Minute)
+		c.Send(t, websocket.MessageBinary, "echo other-$((2+3))\n")
+		c.Expect(t, 0, "other-5", time.Minute)
 		other.shutdown(t)
-		if code, reason := c.closedWith(t, 10*time.Second); code != websocket.StatusGoingAway {
+		if code, reason := c.ClosedWith(t, 10*time.Second); code != websocket.StatusGoingAway {
 			t.Fatalf("on shutdown the console closed with %d %q, want 1001", code, reason)
 		}
 	})
@@ -236,7 +234,7 @@ func TestGuestStreams(t *testing.T) {
 		if err := g.client.Kill(ctx); err != nil {
 			t.Fatalf("kill: %v", err)
 		}
-		code, reason := c.closedWith(t, 30*time.Second)
+		code, reason := c.ClosedWith(t, 30*time.Second)
 		if code != websocket.StatusNormalClosure || !strings.Contains(reason, "QEMU exited") {
 			t.Fatalf("console closed with %d %q, want 1000 saying QEMU exited", code, reason)
 		}
