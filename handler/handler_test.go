@@ -490,7 +490,7 @@ func TestInstanceLifecycle(t *testing.T) {
 		if err := lc.Pause(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		v := e.waitVMI("vm1", 5*time.Second, "Paused", func(v *v1alpha1.VirtualMachineInstance) bool {
+		v := e.waitVMI("vm1", 30*time.Second, "Paused", func(v *v1alpha1.VirtualMachineInstance) bool {
 			return isTrue(v, v1alpha1.VirtualMachineInstancePaused)
 		})
 		if c := condition(v, v1alpha1.VirtualMachineInstancePaused); c.Reason != node.ReasonPausedByUser {
@@ -502,7 +502,7 @@ func TestInstanceLifecycle(t *testing.T) {
 		if err := lc.Resume(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		e.waitVMI("vm1", 5*time.Second, "Ready and not Paused", func(v *v1alpha1.VirtualMachineInstance) bool {
+		e.waitVMI("vm1", 30*time.Second, "Ready and not Paused", func(v *v1alpha1.VirtualMachineInstance) bool {
 			return condition(v, v1alpha1.VirtualMachineInstancePaused) == nil && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
 		})
 	})
@@ -707,7 +707,7 @@ func TestLiveMigration(t *testing.T) {
 	e.waitMigrationSucceeded(vmim)
 	t.Logf("migration succeeded %.2fs after the target pod ran", time.Since(started).Seconds())
 
-	got := e.waitVMI("mig", 10*time.Second, "Running and Ready on "+nodeB.node, func(v *v1alpha1.VirtualMachineInstance) bool {
+	got := e.waitVMI("mig", time.Minute, "Running and Ready on "+nodeB.node, func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.NodeName == nodeB.node && v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady) &&
 			len(v.Status.Interfaces) == 1 && v.Status.Interfaces[0].IP == target.net.PodIP.String()
 	})
@@ -762,7 +762,7 @@ func TestMigrationCancel(t *testing.T) {
 	}
 	last := con.LastTick()
 	con.Expect(t, 0, fmt.Sprintf("tick %d\r\n", last+2), 30*time.Second)
-	e.waitVMI("slow", 10*time.Second, "Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+	e.waitVMI("slow", time.Minute, "Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return isTrue(v, v1alpha1.VirtualMachineInstanceReady) && condition(v, v1alpha1.VirtualMachineInstancePaused) == nil
 	})
 }

@@ -306,8 +306,13 @@ func (b *builder) identity() {
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"-pidfile", m.PIDFile(),
 		"-display", "none",
-		"-msg", "timestamp=on",
-		"-S")
+		"-msg", "timestamp=on")
+	if !m.Incoming {
+		// Paused until the launcher has set up and resumes it (or not: startStrategy Paused). A
+		// migration target runs without -S: QEMU then gives the guest the run state it had on the
+		// source (running, paused, or prelaunch if it never ran) once the migration completes.
+		b.add("-S")
+	}
 }
 
 // machine: machine type, accelerator, ACPI, CPU, topology, memory.

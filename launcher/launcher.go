@@ -233,20 +233,46 @@ func (l *Launcher) process() (*Process, error) {
 
 // Pause stops the guest's vCPUs.
 func (l *Launcher) Pause(ctx context.Context) error {
-	p, err := l.process()
+	p, err := l.pausable()
 	if err != nil {
 		return err
+	}
+	state, err := p.currentState(ctx)
+	if err != nil {
+		return err
+	}
+	if state != qmp.StateRunning {
+		return &ConflictError{Msg: fmt.Sprintf("VMI is not running (QEMU run state %q): nothing to pause", state)}
 	}
 	return p.Pause(ctx)
 }
 
-// Resume restarts the guest's vCPUs.
+// Resume restarts the guest's vCPUs, or starts them for a guest started paused.
 func (l *Launcher) Resume(ctx context.Context) error {
-	p, err := l.process()
+	p, err := l.pausable()
 	if err != nil {
 		return err
 	}
+	state, err := p.currentState(ctx)
+	if err != nil {
+		return err
+	}
+	if !pausedState(state) {
+		return &ConflictError{Msg: fmt.Sprintf("VMI is not paused (QEMU run state %q)", state)}
+	}
 	return p.Resume(ctx)
+}
+
+// pausable is the process, unless a migration is under way: pausing or resuming then would race
+// with the run state the migration hands over (KubeVirt refuses too).
+func (l *Launcher) pausable() (*Process, error) {
+	l.mu.Lock()
+	mig := l.migration
+	l.mu.Unlock()
+	if mig != nil && !migrationDone(mig.Status) {
+		return nil, &ConflictError{Msg: "a migration of this VMI is under way; pause or unpause it once the migration has ended"}
+	}
+	return l.process()
 }
 
 // Reset resets the guest.

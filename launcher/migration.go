@@ -17,7 +17,8 @@ import (
 // Live migration: the target launcher is synced with Incoming (QEMU waits under -incoming defer with
 // the source's device set), then told where to listen; the source launcher sets capabilities and
 // parameters and runs migrate. Progress comes from MIGRATION events plus query-migrate. On success
-// the target resumes the guest and the source QEMU quits, ending with ExitMigrated.
+// the guest goes on in the run state it had (see finishIncoming) and the source QEMU quits, ending
+// with ExitMigrated.
 
 // progressInterval is how often query-migrate refreshes progress while a migration is active. A
 // terminal status seen there ends the wait as the MIGRATION event does, whichever comes first:
@@ -74,8 +75,9 @@ func migrationFinished(ev gqmp.Event) bool {
 	return s == string(qmp.MigrationCompleted) || s == string(qmp.MigrationFailed) || s == string(qmp.MigrationCancelled)
 }
 
-// finishIncoming resumes the guest once the incoming migration completes: QEMU started with -S
-// leaves it paused.
+// finishIncoming records the end of the incoming migration. On completion QEMU (started without
+// -S) has given the guest the source's run state: running, or paused (by the user) or prelaunch
+// (started paused and never unpaused) as it was; a paused guest stays paused, as in KubeVirt.
 func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
 	ev, err := done.Wait(context.Background())
 	if err != nil {
@@ -84,9 +86,15 @@ func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
 	status, _ := ev.Data["status"].(string)
 	info := &MigrationInfo{Role: "target", Status: status}
 	if status == string(qmp.MigrationCompleted) {
-		if err := p.Resume(context.Background()); err != nil {
+		// No event tells a guest that arrived paused: ask.
+		if err := p.refreshState(context.Background()); err != nil {
 			info.Error = err.Error()
 		}
+		l.mu.Lock()
+		if l.phase == PhaseIncoming {
+			l.phase = PhaseRunning
+		}
+		l.mu.Unlock()
 	}
 	l.setMigration(info)
 }

@@ -126,6 +126,9 @@ func Start(ctx context.Context, m *Machine, opts Options) (*Process, error) {
 		exited: make(chan struct{}), done: make(chan struct{}), changed: make(chan struct{}),
 		state: qmp.StatePrelaunch,
 	}
+	if m.Incoming {
+		p.state = qmp.StateInMigrate
+	}
 	steps := []struct {
 		name string
 		run  func(context.Context) error
@@ -247,6 +250,12 @@ func (p *Process) resume(ctx context.Context) error {
 // with -S, never continued) until the guest is unpaused.
 func startsPaused(spec *v1alpha1.VirtualMachineInstanceSpec) bool {
 	return spec.StartStrategy != nil && *spec.StartStrategy == v1alpha1.StartStrategyPaused
+}
+
+// neverRan is true for the run states before the guest's first instruction: prelaunch (started
+// paused) and inmigrate (a migration target waiting for the guest).
+func neverRan(s qmp.RunState) bool {
+	return s == qmp.StatePrelaunch || s == qmp.StateInMigrate
 }
 
 // pausedState is true for the run states in which the guest's vCPUs are stopped on request: a
@@ -447,6 +456,16 @@ func (p *Process) Resume(ctx context.Context) error {
 	return p.refreshState(ctx)
 }
 
+// currentState asks QEMU for the run state (an operator's QMP shell may have changed it a moment
+// ago) and records it.
+func (p *Process) currentState(ctx context.Context) (qmp.RunState, error) {
+	if err := p.refreshState(ctx); err != nil {
+		return "", err
+	}
+	state, _, _ := p.State()
+	return state, nil
+}
+
 func (p *Process) refreshState(ctx context.Context) error {
 	st, err := p.mon.QueryStatus(ctx)
 	if err != nil {
@@ -480,7 +499,12 @@ func (p *Process) Shutdown(ctx context.Context, grace time.Duration) (Exit, erro
 		return p.Wait(ctx)
 	default:
 	}
-	if err := p.mon.SystemPowerdown(ctx); err != nil && !errors.Is(err, qmp.ErrDisconnected) {
+	if state, _, _ := p.State(); neverRan(state) {
+		// No guest has run yet (started paused, or a migration target still waiting): nothing can
+		// answer the power button and nothing can be lost.
+		p.log.Info("the guest never ran; quitting without a grace period", "runState", state)
+		grace = 0
+	} else if err := p.mon.SystemPowerdown(ctx); err != nil && !errors.Is(err, qmp.ErrDisconnected) {
 		p.log.Error(err, "ACPI powerdown failed; quitting")
 		grace = 0
 	}

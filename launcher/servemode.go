@@ -2,8 +2,10 @@ package launcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -45,27 +47,36 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
 	if err := os.MkdirAll(string(dir), 0o750); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
 	}
-	// The directory lives on the node (a hostPath), so it would outlast the pod: remove it once the
-	// command server has stopped and QEMU is gone (the deferred calls below run first).
+	// The directory lives on the node (a hostPath), so it would outlast the pod: remove what this
+	// pod made once the command server has stopped and QEMU is gone (the deferred calls below run
+	// first).
+	owned := ownedFiles{}
 	defer func() {
-		if err := os.RemoveAll(string(dir)); err != nil {
-			opts.Log.Error(err, "remove the socket directory", "dir", string(dir))
+		if err := owned.remove(string(dir)); err != nil {
+			opts.Log.Error(err, "clean up the socket directory", "dir", string(dir))
 		}
 	}()
 	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir,
 		ImageCache: opts.Images.ImageCache, InsecureRegistries: opts.Images.InsecureRegistries, Puller: opts.Images.Puller},
 		uid: opts.VMIUID, emulation: opts.Emulation}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
+	ln, err := Listen(dir.Command())
+	if err != nil {
+		return nil, err
+	}
+	owned.record(dir.Command())
 	serveCtx, stopServing := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- Serve(serveCtx, dir.Command(), l, opts.Log) }()
+	go func() { served <- ServeOn(serveCtx, ln, l, opts.Log) }()
 	defer func() {
 		stopServing()
 		<-served
 	}()
 	opts.Log.Info("waiting for the node agent", "socket", dir.Command())
 
-	exit, err := waitForEnd(ctx, l, served)
+	exit, err := waitForEnd(ctx, l, served, func() {
+		owned.record(dir.QMP(), dir.ShellQMP(), dir.Serial(), dir.VNC(), dir.PIDFile())
+	})
 	if err != nil || exit == nil {
 		return exit, err
 	}
@@ -79,10 +90,15 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
 	return exit, nil
 }
 
-// waitForEnd returns how the guest ended, nil when ctx ended before any Sync.
-func waitForEnd(ctx context.Context, l *Launcher, served <-chan error) (*Exit, error) {
+// waitForEnd returns how the guest ended, nil when ctx ended before any Sync. started is called
+// once, when QEMU runs.
+func waitForEnd(ctx context.Context, l *Launcher, served <-chan error, started func()) (*Exit, error) {
 	for {
 		st, changed := l.Status(ctx)
+		if st.PID > 0 && started != nil {
+			started()
+			started = nil
+		}
 		if st.Exit != nil {
 			return st.Exit, nil
 		}
@@ -140,4 +156,35 @@ func (p podResolver) Resolve(req *SyncRequest, runDir string) (*Machine, error) 
 	}
 	m.Emulation = p.emulation
 	return m, nil
+}
+
+// ownedFiles are the files of the socket directory this launcher pod made, by identity. Another
+// launcher pod of the same VMI may be using the directory by the time this one ends (a migration
+// retried to this node while the last target pod still shuts down): its files have other
+// identities and stay, and so does the directory.
+type ownedFiles map[string]os.FileInfo
+
+func (o ownedFiles) record(paths ...string) {
+	for _, p := range paths {
+		if fi, err := os.Lstat(p); err == nil {
+			o[p] = fi
+		}
+	}
+}
+
+func (o ownedFiles) remove(dir string) error {
+	var errs []error
+	for p, fi := range o {
+		if cur, err := os.Lstat(p); err != nil || !os.SameFile(fi, cur) {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	err := os.Remove(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }

@@ -50,17 +50,31 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 
 // Serve listens on socket (mode 0600) and serves l until ctx ends.
 func Serve(ctx context.Context, socket string, l *Launcher, log logr.Logger) error {
+	ln, err := Listen(socket)
+	if err != nil {
+		return err
+	}
+	return ServeOn(ctx, ln, l, log)
+}
+
+// Listen replaces a stale command socket with a new one, readable by the launcher's user only.
+func Listen(socket string) (net.Listener, error) {
 	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket %s: %w", socket, err)
+		return nil, fmt.Errorf("remove stale socket %s: %w", socket, err)
 	}
 	ln, err := net.Listen("unix", socket)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", socket, err)
+		return nil, fmt.Errorf("listen on %s: %w", socket, err)
 	}
 	if err := os.Chmod(socket, 0o600); err != nil {
 		_ = ln.Close()
-		return fmt.Errorf("chmod %s: %w", socket, err)
+		return nil, fmt.Errorf("chmod %s: %w", socket, err)
 	}
+	return ln, nil
+}
+
+// ServeOn serves the command protocol on ln until ctx ends.
+func ServeOn(ctx context.Context, ln net.Listener, l *Launcher, log logr.Logger) error {
 	srv := &http.Server{Handler: Handler(l, log), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

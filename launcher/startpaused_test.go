@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,34 +13,67 @@ import (
 )
 
 // spec.startStrategy Paused (`qvirtctl start --paused`): QEMU starts and the launcher reports the
-// guest paused, but not one byte reaches the serial console until it is resumed; then it boots.
+// guest paused, but not one byte reaches the serial console until it is resumed. A live migration
+// keeps it that way (the target does not start it); resumed on the target, it boots.
 func TestStartPaused(t *testing.T) {
-	v := newLauncher(t)
+	src := newLauncher(t)
 	ctx := context.Background()
 	req := guestSpec(t)
 	paused := v1alpha1.StartStrategyPaused
 	req.Spec.StartStrategy = &paused
-	st, err := v.client.Sync(ctx, req)
+	st, err := src.client.Sync(ctx, req)
 	if err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 	if st.Phase != launcher.PhaseRunning || !st.Paused || st.RunState != "prelaunch" {
 		t.Fatalf("after a paused start: phase %s paused=%v runState=%s, want Running, paused, prelaunch", st.Phase, st.Paused, st.RunState)
 	}
-	c := attach(t, v.runDir)
-	time.Sleep(3 * time.Second)
-	if out := c.Text(); out != "" {
-		t.Fatalf("a guest started paused wrote to its console: %q", out)
+	srcConsole := attach(t, src.runDir)
+	expectConflict(t, "soft reboot of a guest started paused", src.client.SoftReboot(ctx), "unpause it first")
+	expectConflict(t, "pause of a guest started paused", src.client.Pause(ctx), "nothing to pause")
+
+	dst := newLauncher(t)
+	target := *req
+	target.Incoming = true
+	if st, err := dst.client.Sync(ctx, &target); err != nil || st.Phase != launcher.PhaseIncoming {
+		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
 	}
-	var apiErr *launcher.APIError
-	if err := v.client.SoftReboot(ctx); !errors.As(err, &apiErr) || apiErr.Status != http.StatusConflict {
-		t.Errorf("soft reboot of a guest started paused: %v, want a 409", err)
+	dstConsole := attach(t, dst.runDir)
+	migrate(t, src, dst, srcConsole)
+	waitFor(t, 2*time.Minute, "the source to exit as migrated", func() bool {
+		st, err := src.client.Status(ctx)
+		return err == nil && st.Exit != nil
+	})
+	if st, _ := src.client.Status(ctx); st.Exit.Reason != launcher.ExitMigrated {
+		t.Fatalf("source ended %+v, want migrated", st.Exit)
 	}
-	if err := v.client.Resume(ctx); err != nil {
+	waitFor(t, 30*time.Second, "the target to report the migrated guest", func() bool {
+		st, err := dst.client.Status(ctx)
+		return err == nil && st.Phase == launcher.PhaseRunning
+	})
+	if st, _ := dst.client.Status(ctx); !st.Paused || st.RunState != "prelaunch" {
+		t.Fatalf("the target after the migration: paused=%v runState=%s, want still paused in prelaunch", st.Paused, st.RunState)
+	}
+	time.Sleep(2 * time.Second)
+	if out := srcConsole.Text() + dstConsole.Text(); out != "" {
+		t.Fatalf("a guest started paused wrote to its console before it was resumed: %q", out)
+	}
+
+	if err := dst.client.Resume(ctx); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
-	if st, _ := v.client.Status(ctx); st.Paused || st.RunState != "running" {
+	if st, _ := dst.client.Status(ctx); st.Paused || st.RunState != "running" {
 		t.Fatalf("after resume: paused=%v runState=%s, want running", st.Paused, st.RunState)
 	}
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	expectConflict(t, "a second resume", dst.client.Resume(ctx), "not paused")
+	dstConsole.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+}
+
+// expectConflict checks that err is the launcher's 409 and says want.
+func expectConflict(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	var apiErr *launcher.APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusConflict || !strings.Contains(apiErr.Msg, want) {
+		t.Errorf("%s: %v, want a 409 saying %q", what, err, want)
+	}
 }

@@ -93,7 +93,8 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 	if c := computeContainer(pod); c != nil {
 		status.LauncherContainerImageVersion = c.Image
 	}
-	setGuestConditions(status, st, now)
+	startPaused := v.Spec.StartStrategy != nil && *v.Spec.StartStrategy == v1alpha1.StartStrategyPaused
+	setGuestConditions(status, st, startPaused, now)
 	status.Interfaces = interfaces(v, pod, st)
 	status.VolumeStatus = volumes(v, st, failures)
 	return ended
@@ -113,7 +114,7 @@ func computeContainer(pod *corev1.Pod) *corev1.Container {
 
 // setGuestConditions sets Ready (the guest runs and is not paused) and Paused (present only while
 // paused, as in KubeVirt).
-func setGuestConditions(status *v1alpha1.VirtualMachineInstanceStatus, st *launcher.Status, now metav1.Time) {
+func setGuestConditions(status *v1alpha1.VirtualMachineInstanceStatus, st *launcher.Status, startPaused bool, now metav1.Time) {
 	running := st.Phase == launcher.PhaseRunning
 	ready := metav1.Condition{Type: v1alpha1.VirtualMachineInstanceReady, Status: metav1.ConditionFalse,
 		Reason: ReasonGuestNotRunning, Message: fmt.Sprintf("The launcher reports %s", st.Phase), LastTransitionTime: now}
@@ -130,18 +131,20 @@ func setGuestConditions(status *v1alpha1.VirtualMachineInstanceStatus, st *launc
 	}
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
 		Type: v1alpha1.VirtualMachineInstancePaused, Status: metav1.ConditionTrue,
-		Reason: pausedReason(st.RunState), Message: "QEMU run state: " + st.RunState, LastTransitionTime: now})
+		Reason: pausedReason(st.RunState, startPaused), Message: "QEMU run state: " + st.RunState, LastTransitionTime: now})
 }
 
 // pausedReason tells a pause asked for (QEMU's "paused" run state, or "prelaunch" for a guest
-// started with spec.startStrategy Paused and not unpaused yet) from one QEMU imposed.
-func pausedReason(runState string) string {
-	switch runState {
-	case "paused":
+// started with spec.startStrategy Paused and not unpaused yet) from one QEMU imposed. QEMU is in
+// prelaunch too after a reset of a stopped guest (an operator's system_reset): that is not the
+// start strategy.
+func pausedReason(runState string, startPaused bool) string {
+	switch {
+	case runState == "paused":
 		return ReasonPausedByUser
-	case "io-error":
+	case runState == "io-error":
 		return ReasonPausedIOError
-	case "prelaunch":
+	case runState == "prelaunch" && startPaused:
 		return ReasonPausedStartStrategy
 	}
 	return "Paused" + camel(runState)

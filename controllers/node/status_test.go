@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
@@ -37,11 +38,13 @@ func TestApplyLauncherStatus(t *testing.T) {
 		reason                 string
 		ready                  metav1.ConditionStatus
 		pausedReason, endEvent string
+		startPaused            bool
 	}{
 		"running is Ready":         {st: running, phase: v1alpha1.Running, ready: metav1.ConditionTrue},
 		"paused is not Ready":      {st: paused, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedByUser},
 		"an I/O error pauses":      {st: ioError, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedIOError},
-		"started paused":           {st: startedPaused, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedStartStrategy},
+		"started paused":           {st: startedPaused, startPaused: true, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: ReasonPausedStartStrategy},
+		"reset while stopped":      {st: startedPaused, phase: v1alpha1.Running, ready: metav1.ConditionFalse, pausedReason: "PausedPrelaunch"},
 		"starting keeps the phase": {st: starting, phase: v1alpha1.Scheduled, ready: metav1.ConditionFalse},
 		"a clean poweroff":         {st: shutdown, phase: v1alpha1.Succeeded, reason: "GuestShutdown", ready: metav1.ConditionFalse, endEvent: "The guest ended: guest shutdown"},
 		"a crash":                  {st: crashed, phase: v1alpha1.Failed, reason: "QEMUCrashed", ready: metav1.ConditionFalse, endEvent: "The guest ended: crashed: signal 11"},
@@ -52,6 +55,9 @@ func TestApplyLauncherStatus(t *testing.T) {
 			v.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 			v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}}
 			v.Status.Phase = v1alpha1.Scheduled
+			if tc.startPaused {
+				v.Spec.StartStrategy = ptr.To(v1alpha1.StartStrategyPaused)
+			}
 			ended := applyLauncherStatus(v, pod, &tc.st, nil, now)
 			if v.Status.Phase != tc.phase || v.Status.Reason != tc.reason || ended != tc.endEvent {
 				t.Errorf("phase %s reason %q event %q, want %s %q %q", v.Status.Phase, v.Status.Reason, ended, tc.phase, tc.reason, tc.endEvent)

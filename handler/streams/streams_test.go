@@ -169,6 +169,11 @@ func TestGuestStreams(t *testing.T) {
 		if ls, err := g.client.Status(ctx); err != nil || ls.Paused {
 			t.Fatalf("after unpause the launcher says paused=%v (%v)", ls.Paused, err)
 		}
+		// A second unpause is refused, as in KubeVirt.
+		code, st, err = srv.do(t, http.MethodPut, pathOf(vmi, streams.Unpause), alice, &p.client.tls)
+		if err != nil || code != http.StatusConflict || !strings.Contains(st.Message, "VMI is not paused") {
+			t.Fatalf("unpause of a running guest: %d %+v %v, want 409 saying it is not paused", code, st, err)
+		}
 	})
 
 	t.Run("screenshot answers a PNG of the VGA text screen", func(t *testing.T) {
