@@ -73,6 +73,17 @@ func startQEMU(t *testing.T, cfg qemuConfig) (*qmp.Monitor, *qemuProc) {
 	return m, p
 }
 
+// qemuTimeout bounds each test against a real QEMU: under TCG on a loaded machine, starting,
+// migrating or stopping one takes far longer than a fake server's exchange (testTimeout).
+const qemuTimeout = time.Minute
+
+func qemuContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), qemuTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // dial retries until QEMU has created its socket, failing early with QEMU's
 // own output if it exits first.
 func (p *qemuProc) dial(t *testing.T, sock string) *qmp.Monitor {
@@ -117,7 +128,7 @@ func (p *qemuProc) waitExit(t *testing.T, within time.Duration) {
 
 func TestQEMULifecycle(t *testing.T) {
 	m, p := startQEMU(t, qemuConfig{})
-	ctx := testContext(t)
+	ctx := qemuContext(t)
 
 	v, err := m.QueryVersion(ctx)
 	if err != nil {
@@ -203,7 +214,7 @@ func assertStatus(ctx context.Context, t *testing.T, m *qmp.Monitor, running boo
 
 func TestQEMUHotplugBlockDevice(t *testing.T) {
 	m, _ := startQEMU(t, qemuConfig{args: []string{"-device", "pcie-root-port,id=rp1,bus=pcie.0,chassis=1"}})
-	ctx := testContext(t)
+	ctx := qemuContext(t)
 
 	err := m.BlockdevAdd(ctx, qmp.BlockdevOptions{Driver: "null-co", NodeName: "null0", Props: map[string]any{"size": 64 << 20, "read-zeroes": true}})
 	if err != nil {
@@ -267,7 +278,7 @@ func hasQOMChild(props []struct{ Name, Type string }, name, typ string) bool {
 
 func TestQEMUGetFD(t *testing.T) {
 	m, _ := startQEMU(t, qemuConfig{})
-	ctx := testContext(t)
+	ctx := qemuContext(t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -297,7 +308,7 @@ func TestQEMUGetFD(t *testing.T) {
 // opens never touch the host's.
 func TestQEMUNetdevTap(t *testing.T) {
 	m, _ := startQEMU(t, qemuConfig{netns: true})
-	ctx := testContext(t)
+	ctx := qemuContext(t)
 
 	// By name: QEMU creates the tap itself (it is root here) and, because
 	// NetdevTap sends script=no, runs no /etc/qemu-ifup.
@@ -371,7 +382,7 @@ func createTap(name string) (*os.File, error) {
 func TestQEMUMigrationLoopback(t *testing.T) {
 	src, _ := startQEMU(t, qemuConfig{})
 	dst, _ := startQEMU(t, qemuConfig{args: []string{"-incoming", "defer"}})
-	ctx := testContext(t)
+	ctx := qemuContext(t)
 
 	assertStatus(ctx, t, dst, false, qmp.StateInMigrate)
 	// Migrate a running source (the BIOS spins with no boot device): the
@@ -420,7 +431,9 @@ func TestQEMUMigrationLoopback(t *testing.T) {
 	}
 	t.Logf("migration: total %d ms, downtime %d ms, setup %d ms, %d bytes transferred", info.TotalTime, info.Downtime, info.SetupTime, info.RAM.Transferred)
 	assertStatus(ctx, t, src, false, qmp.StatePostMigrate)
-	// A running source and -S on the destination: it waits paused for cont.
+	// A running source and -S on the destination: it waits paused for cont. Without a return path
+	// the source completes before the destination has left inmigrate, so wait for it.
+	waitStatus(ctx, t, dst, qmp.StatePaused)
 	assertStatus(ctx, t, dst, false, qmp.StatePaused)
 	if err := src.MigrateCancel(ctx); err != nil {
 		t.Errorf("migrate_cancel with no migration running: %v", err)

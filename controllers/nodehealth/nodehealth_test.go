@@ -21,9 +21,11 @@ import (
 )
 
 // The controller runs with a short timeout so the tests see nodes die; the node agent is the real
-// nodeagent.Heartbeat where a test needs one beating.
+// nodeagent.Heartbeat where a test needs one beating. The heartbeat has whole seconds (RFC 3339,
+// as KubeVirt's), so a timeout of 5 s leaves a beating node about 4 s of slack on a loaded
+// machine (2 s left about 1).
 const (
-	timeout     = 2 * time.Second
+	timeout     = 5 * time.Second
 	beat        = 300 * time.Millisecond
 	waitTimeout = 20 * time.Second
 )

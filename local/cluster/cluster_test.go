@@ -139,8 +139,7 @@ func TestLocalCluster(t *testing.T) {
 		t.Errorf("node %s's image cache %s is empty: the demo image was not pulled there", NodeName(1), nodeImageCache(dir, 1))
 	}
 	con := testutil.AttachConsole(t, launcher.VMIDir(NodeSocketDir(dir, 1), got.UID).Serial())
-	con.Send(t, "echo HELLO-$((6*7))")
-	con.Expect(t, 0, "HELLO-42", time.Minute)
+	con.Run(t, "echo HELLO-$((6*7))", "HELLO-42", 2*time.Minute)
 
 	hc := http.Client{Timeout: 5 * time.Second}
 	url := "http://" + got.Status.Interfaces[0].IP + "/"

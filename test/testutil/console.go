@@ -78,6 +78,29 @@ func (c *Console) Expect(t testing.TB, from int, want string, d time.Duration) i
 	return end
 }
 
+// Run types line and waits until the console shows want after what it showed before, typing the
+// line again every 5 s: a line typed while the guest is still booting is lost (the kernel resets
+// the UART when it opens the console), so a test that cannot wait for the boot banner (it may
+// have attached after it) types until the guest's shell answers.
+func (c *Console) Run(t testing.TB, line, want string, d time.Duration) {
+	t.Helper()
+	from := len(c.Text())
+	deadline := time.Now().Add(d)
+	for {
+		c.Send(t, line)
+		retry := time.Now().Add(5 * time.Second)
+		for time.Now().Before(retry) && time.Now().Before(deadline) {
+			if strings.Contains(c.Text()[from:], want) {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %q in answer to %q; console ends with %q", d, want, line, Tail(c.Text(), 300))
+		}
+	}
+}
+
 // A counter line of the guest's tick; the echo of a typed "tick 100 &" does not match.
 var tickRE = regexp.MustCompile(`tick (\d+)\r\n`)
 
