@@ -74,8 +74,8 @@ func ParseStartOptions(body []byte) (sub.StartOptions, error) {
 // ParseStopOptions parses and checks the body of virtualmachines/stop.
 func ParseStopOptions(body []byte) (sub.StopOptions, error) {
 	o, err := decodeBody[sub.StopOptions](sub.Stop, body)
-	if err == nil && o.GracePeriodSeconds != nil && *o.GracePeriodSeconds < 0 {
-		err = &BadBodyError{Subresource: sub.Stop, Err: field.Invalid(field.NewPath("gracePeriodSeconds"), *o.GracePeriodSeconds, "must be 0 or more seconds")}
+	if err == nil {
+		err = checkGracePeriod(sub.Stop, o.GracePeriodSeconds, o.Force)
 	}
 	return o, err
 }
@@ -83,10 +83,25 @@ func ParseStopOptions(body []byte) (sub.StopOptions, error) {
 // ParseRestartOptions parses and checks the body of virtualmachines/restart.
 func ParseRestartOptions(body []byte) (sub.RestartOptions, error) {
 	o, err := decodeBody[sub.RestartOptions](sub.Restart, body)
-	if err == nil && o.GracePeriodSeconds != nil && *o.GracePeriodSeconds < 0 {
-		err = &BadBodyError{Subresource: sub.Restart, Err: field.Invalid(field.NewPath("gracePeriodSeconds"), *o.GracePeriodSeconds, "must be 0 or more seconds")}
+	if err == nil {
+		err = checkGracePeriod(sub.Restart, o.GracePeriodSeconds, o.Force)
 	}
 	return o, err
+}
+
+// checkGracePeriod refuses a negative grace period, and one above 0 with force, as kubectl delete
+// does: a forced stop is immediate, so the two would contradict each other.
+func checkGracePeriod(subresource string, grace *int64, force bool) error {
+	p := field.NewPath("gracePeriodSeconds")
+	switch {
+	case grace == nil:
+		return nil
+	case *grace < 0:
+		return &BadBodyError{Subresource: subresource, Err: field.Invalid(p, *grace, "must be 0 or more seconds")}
+	case force && *grace > 0:
+		return &BadBodyError{Subresource: subresource, Err: field.Invalid(p, *grace, "must be 0 or unset with force, which stops at once")}
+	}
+	return nil
 }
 
 // ParseMigrateOptions parses and checks the body of virtualmachines/migrate.

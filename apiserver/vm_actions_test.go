@@ -49,14 +49,14 @@ func TestVMActions(t *testing.T) {
 		vm := createVM(t, "starting", v1alpha1.RunStrategyAlways)
 		vmi := testVMI(t, vm.Name, "", v1alpha1.Scheduling)
 		expectCode(t, edit, vm.Name, sub.Stop, "", http.StatusConflict, "still starting (phase Scheduling)")
-		expectCode(t, edit, vm.Name, sub.Stop, `{"force": true, "gracePeriodSeconds": 30}`, http.StatusOK, "stop")
+		expectCode(t, edit, vm.Name, sub.Stop, `{"force": true}`, http.StatusOK, "stop")
 		want := []v1alpha1.VirtualMachineStateChangeRequest{{Action: v1alpha1.StopRequest, UID: ptr.To(vmi.UID), Data: map[string]string{v1alpha1.StopGracePeriodDataKey: "0"}}}
 		if got := requests(t, vm.Name); !equalRequests(got, want) {
 			t.Errorf("stateChangeRequests: got %+v, want %+v", got, want)
 		}
 		restarted := createVM(t, "restarted", v1alpha1.RunStrategyAlways)
 		rvmi := testVMI(t, restarted.Name, "", v1alpha1.Running)
-		expectCode(t, edit, restarted.Name, sub.Restart, `{"force": true, "gracePeriodSeconds": 30}`, http.StatusOK, "restart of VMI")
+		expectCode(t, edit, restarted.Name, sub.Restart, `{"force": true, "gracePeriodSeconds": 0}`, http.StatusOK, "restart of VMI")
 		want = []v1alpha1.VirtualMachineStateChangeRequest{
 			{Action: v1alpha1.StopRequest, UID: ptr.To(rvmi.UID), Data: map[string]string{v1alpha1.StopGracePeriodDataKey: "0"}},
 			{Action: v1alpha1.StartRequest},
@@ -143,6 +143,8 @@ func TestVMActions(t *testing.T) {
 			{sub.Stop, `{"gracePeriodSeconds": "soon"}`, "gracePeriodSeconds"},
 			{sub.Stop, `{"gracePeriodSeconds": -1}`, "gracePeriodSeconds"},
 			{sub.Stop, `{"grace": 1}`, `unknown field "grace"`},
+			{sub.Stop, `{"force": true, "gracePeriodSeconds": 30}`, "gracePeriodSeconds: Invalid value: 30: must be 0 or unset with force"},
+			{sub.Restart, `{"force": true, "gracePeriodSeconds": 5}`, "gracePeriodSeconds: Invalid value: 5: must be 0 or unset with force"},
 			{sub.Start, `{"paused": "yes"}`, "paused"},
 			{sub.Migrate, `{"dryRun": ["Some"]}`, "dryRun[0]"},
 			{sub.AddVolume, `{"name": "x"}`, "volumeSource: Required"},

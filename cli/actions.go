@@ -61,8 +61,8 @@ func newStop(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts := subv1.StopOptions{Force: force}
 			if cmd.Flags().Changed("grace-period") {
-				if grace < 0 {
-					return fmt.Errorf("--grace-period %d: must be 0 or more seconds", grace)
+				if err := checkGrace(grace, force); err != nil {
+					return err
 				}
 				opts.GracePeriodSeconds = &grace
 			}
@@ -78,6 +78,18 @@ func newStop(e *env) *cobra.Command {
 	return cmd
 }
 
+// checkGrace refuses a negative --grace-period, and one above 0 with --force, as kubectl delete
+// does.
+func checkGrace(grace int64, force bool) error {
+	switch {
+	case grace < 0:
+		return fmt.Errorf("--grace-period %d: must be 0 or more seconds", grace)
+	case force && grace > 0:
+		return fmt.Errorf("--force and --grace-period %d cannot be used together: --force stops at once (leave --grace-period out or use 0)", grace)
+	}
+	return nil
+}
+
 func newRestart(e *env) *cobra.Command {
 	var grace int64
 	var force bool
@@ -90,8 +102,8 @@ func newRestart(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts := subv1.RestartOptions{Force: force}
 			if cmd.Flags().Changed("grace-period") {
-				if grace < 0 {
-					return fmt.Errorf("--grace-period %d: must be 0 or more seconds", grace)
+				if err := checkGrace(grace, force); err != nil {
+					return err
 				}
 				opts.GracePeriodSeconds = &grace
 			}

@@ -54,7 +54,8 @@ func TestActionsSendTheContractsBodies(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"stop", "vm1", "--grace-period", "5", "--force"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/stop {"gracePeriodSeconds":5,"force":true}`},
+		{[]string{"stop", "vm1", "--grace-period", "0", "--force"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/stop {"gracePeriodSeconds":0,"force":true}`},
+		{[]string{"stop", "vm1", "--grace-period", "5"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/stop {"gracePeriodSeconds":5}`},
 		{[]string{"stop", "vm1"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/stop {}`},
 		{[]string{"start", "vm1", "--paused"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/start {"paused":true}`},
 		{[]string{"restart", "vm1", "--grace-period", "0"}, `PUT /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachines/vm1/restart {"gracePeriodSeconds":0}`},
@@ -94,6 +95,8 @@ func TestBadInputIsRefusedBeforeAnythingIsSent(t *testing.T) {
 		{[]string{"addvolume", "vm1", "--volume-name", "d", "--host-disk", "rel.img"}, "--host-disk \"rel.img\": want an absolute path"},
 		{[]string{"addvolume", "vm1", "--empty-disk", "1Gi"}, "--volume-name is required"},
 		{[]string{"stop", "vm1", "--grace-period", "-3"}, "--grace-period -3"},
+		{[]string{"stop", "vm1", "--grace-period", "30", "--force"}, "--force and --grace-period 30 cannot be used together"},
+		{[]string{"restart", "vm1", "--grace-period", "5", "--force"}, "--force and --grace-period 5 cannot be used together"},
 		{[]string{"pause", "vmx", "vm1"}, `first argument "vmx": want vm or vmi`},
 		{[]string{"qmp", "vm1", "--", "query-status", "{bad"}, `JSON-ARGS of query-status: "{bad" is not a JSON object`},
 		{[]string{"qmp", "vm1", "--", "query-status", "[1]"}, `JSON-ARGS of query-status: "[1]" is not a JSON object`},

@@ -42,7 +42,11 @@ func dialVMI(ctx context.Context, c *kube.Client, d streamDial) (*websocket.Conn
 	path := subv1.Path(c.Namespace, subv1.VirtualMachineInstances, d.name, d.sub)
 	last := ""
 	timedOut := func() error {
-		return withHint(fmt.Errorf("VMI %s not reachable within --timeout %s: %s", d.name, d.timeout, last),
+		why := last
+		if why == "" {
+			why = "the API server did not answer in time"
+		}
+		return withHint(fmt.Errorf("VMI %s not reachable within --timeout %s: %s", d.name, d.timeout, why),
 			"Check the VMI's phase and events: kubectl describe vmi %s -n %s", d.name, c.Namespace)
 	}
 	for {

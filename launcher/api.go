@@ -55,8 +55,10 @@ type SyncRequest struct {
 	// HotplugNICs are NICs hot-plugged into the source that a migration target must start with,
 	// each on the root port it has there (NICStatus.Port) and on the host side the node agent made
 	// in the target's pod, as for POST /v1/nics. They must not be in Spec (nor their networks) or
-	// Interfaces as well. A 400 names the field at fault: "hotplugNICs[0].port",
-	// "hotplugNICs[0].dhcp.interface", ...
+	// Interfaces as well. A 400 names the field at fault: "hotplugNICs[0].port" (empty),
+	// "hotplugNICs[0].mac", "hotplugNICs[0].dhcp.interface", ...; a port that does not exist or
+	// is taken is found when QEMU's arguments are built and fails the start
+	// ("machine.hotplugNICs[0].port").
 	HotplugNICs []PlacedNIC `json:"hotplugNICs,omitempty"`
 	// Interfaces are the guest NICs' host sides, which the node agent set up in the pod's network
 	// namespace before the Sync: one per spec interface.

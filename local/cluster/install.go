@@ -79,9 +79,9 @@ func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts Insta
 // crdServeTimeout bounds the wait for a new CRD's kinds to appear in discovery.
 const crdServeTimeout = 30 * time.Second
 
-// waitServed waits until every applied CRD is Established and its kinds resolve through c's
-// REST mapper: kube-apiserver publishes a new CRD in discovery asynchronously, and a create
-// issued before that fails with "no matches for kind".
+// waitServed waits until the kind of every served version of every applied CRD resolves through
+// c's REST mapper, that is until kube-apiserver's discovery lists it: it publishes a new CRD
+// there asynchronously, and a create issued before that fails with "no matches for kind".
 func waitServed(ctx context.Context, c client.Client, objs []*unstructured.Unstructured) error {
 	for _, o := range objs {
 		if o.GetKind() != "CustomResourceDefinition" {
@@ -104,7 +104,7 @@ func waitServed(ctx context.Context, c client.Client, objs []*unstructured.Unstr
 					return last == nil, nil
 				})
 			if err != nil {
-				return fmt.Errorf("CRD %s: kind %s version %s not served after %s: %v", o.GetName(), kind, name, crdServeTimeout, last)
+				return fmt.Errorf("CRD %s: kind %s version %s not in discovery: %w", o.GetName(), kind, name, errors.Join(err, last))
 			}
 		}
 	}
