@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -83,5 +84,29 @@ func TestInterfacesCarryTheRootPort(t *testing.T) {
 		{Name: "hot", MAC: "02:00:00:00:00:02", Hotplugged: true, RootPort: "hotplug1"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("interfaces %+v, want %+v", got, want)
+	}
+}
+
+// A migration does not start while the guest still holds a hot-plugged device the spec dropped:
+// the target would lack it. Devices still to be plugged are fine (the target plugs them later).
+func TestUnplugPendingBlocksMigration(t *testing.T) {
+	v := &v1alpha1.VirtualMachineInstance{}
+	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}, {Name: "new"}}
+	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default"}}
+	st := &launcher.Status{
+		Disks: []launcher.DiskStatus{{Name: "root"}},
+		NICs:  []launcher.NICStatus{{Name: "default", Hotplugged: true}},
+	}
+	if err := unplugPending(v, st); err != nil {
+		t.Errorf("nothing being unplugged: %v", err)
+	}
+	st.Disks = append(st.Disks, launcher.DiskStatus{Name: "old", Hotplugged: true})
+	if err := unplugPending(v, st); err == nil || !strings.Contains(err.Error(), `disk "old" is still being unplugged`) {
+		t.Errorf("a disk being unplugged: %v", err)
+	}
+	st.Disks = st.Disks[:1]
+	st.NICs = append(st.NICs, launcher.NICStatus{Name: "gone", Hotplugged: true})
+	if err := unplugPending(v, st); err == nil || !strings.Contains(err.Error(), `interface "gone" is still being unplugged`) {
+		t.Errorf("an interface being unplugged: %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -72,7 +74,16 @@ func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMac
 	}
 	if st.Phase == launcher.PhaseWaiting {
 		if _, err := r.startLauncher(ctx, v, pod, c, true); err != nil {
-			return err
+			var fe *field.Error
+			if !errors.As(err, &fe) {
+				return err
+			}
+			// The instance's status cannot give this target the source's device set: retrying
+			// will not help, so the migration fails (the guest stays on the source).
+			v.Status.MigrationState.Failed = true
+			v.Status.MigrationState.FailureReason = fmt.Sprintf("the target on node %s cannot start: %v", r.NodeName, fe)
+			r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationFailed, "%s", v.Status.MigrationState.FailureReason)
+			return r.patchStatus(ctx, before, v)
 		}
 	}
 	listen := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(MigrationPort))
@@ -128,6 +139,10 @@ func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.Virtua
 		r.recordProgress(v, info)
 		return nil
 	case !ms.TargetReady || ms.TargetNodeAddress == "" || st.Phase != launcher.PhaseRunning:
+		return nil
+	}
+	if err := unplugPending(v, st); err != nil {
+		r.failSourceMigration(v, err.Error())
 		return nil
 	}
 	c := r.launchers.client(v.UID)
@@ -205,4 +220,24 @@ func setProgress(ms *v1alpha1.VirtualMachineInstanceMigrationState, info *launch
 	if info.DowntimeMs > 0 {
 		ms.DowntimeMilliseconds = ptr.To(info.DowntimeMs)
 	}
+}
+
+// unplugPending refuses to start a migration while the guest still holds a hot-plugged disk or NIC
+// that the spec no longer has: the guest has not let go of it yet, the target (which starts from
+// the spec) would lack it and QEMU would refuse the migration stream with an error naming only
+// a device.
+func unplugPending(v *v1alpha1.VirtualMachineInstance, st *launcher.Status) error {
+	for _, d := range st.Disks {
+		if d.Hotplugged && !hasDisk(v, d.Name) {
+			return field.Forbidden(field.NewPath("spec", "domain", "devices", "disks"),
+				fmt.Sprintf("disk %q is still being unplugged from the guest; migrate once it is detached", d.Name))
+		}
+	}
+	for _, n := range st.NICs {
+		if n.Hotplugged && !hasInterface(v, n.Name) {
+			return field.Forbidden(field.NewPath("spec", "domain", "devices", "interfaces"),
+				fmt.Sprintf("interface %q is still being unplugged from the guest; migrate once it is detached", n.Name))
+		}
+	}
+	return nil
 }
