@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	authnv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -307,7 +308,32 @@ func addUser(ctx context.Context, role string) (*rest.Config, error) {
 	if _, err := cs.RbacV1().RoleBindings(testNS).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("bind %s: %w", name, err)
 	}
+	if err := waitBound(ctx, u.Config()); err != nil {
+		return nil, fmt.Errorf("bind %s: %w", name, err)
+	}
 	return u.Config(), nil
+}
+
+// waitBound waits until kube-apiserver's authorizer, which learns of RoleBindings through a watch,
+// lets the user read VMIs (every qvirt.io role may).
+func waitBound(ctx context.Context, cfg *rest.Config) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: testNS, Verb: "get", Group: "qvirt.io", Resource: "virtualmachineinstances"}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err == nil && got.Status.Allowed {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the role binding was not in effect after 30 s (%v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // tlsConfigFor is the TLS client configuration of a user's rest config.

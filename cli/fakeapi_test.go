@@ -37,6 +37,8 @@ var cp *envtest.ControlPlane
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard())
 	pollInterval = 100 * time.Millisecond
+	// Room for the guest's last echo on a loaded machine (1 s in qvirtctl itself).
+	eofQuiet = 3 * time.Second
 	envtest.Main(m, &cp)
 }
 

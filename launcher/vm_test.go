@@ -143,7 +143,12 @@ func TestGuestLifecycle(t *testing.T) {
 		if !st.Paused || st.RunState != "paused" {
 			t.Fatalf("after pause: paused=%v runState=%s", st.Paused, st.RunState)
 		}
-		time.Sleep(300 * time.Millisecond) // a line already in flight may still arrive
+		// A line already in flight may still arrive: wait until the console has been quiet for 1 s.
+		for n, quietSince := len(c.Text()), time.Now(); time.Since(quietSince) < time.Second; time.Sleep(100 * time.Millisecond) {
+			if m := len(c.Text()); m != n {
+				n, quietSince = m, time.Now()
+			}
+		}
 		before := c.LastTick()
 		time.Sleep(3 * time.Second)
 		if after := c.LastTick(); after != before {

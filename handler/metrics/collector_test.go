@@ -71,7 +71,7 @@ func TestScrapeReportsRunningVMIs(t *testing.T) {
 	if err := l.client.HotplugNIC(ctx, launcher.NICHotplug{Name: "extra", Tap: tap, MAC: "02:00:00:aa:bb:02"}); err != nil {
 		t.Fatalf("hotplug nic: %v", err)
 	}
-	con.Send(t, `dd if=/dev/vda of=/dev/null bs=4096 count=256 2>/dev/null; dd if=/dev/zero of=/dev/vda bs=4096 count=16 2>/dev/null; sync; `+
+	con.Send(t, `dd if=/dev/vda of=/dev/null bs=4096 count=512 2>/dev/null; dd if=/dev/zero of=/dev/vda bs=4096 count=16 2>/dev/null; sync; `+
 		`for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; ip addr add 10.213.78.2/30 dev eth0; ping -c 2 -W 1 10.213.78.1 >/dev/null; echo "SETUP-DONE"`)
 	con.Expect(t, 0, "SETUP-DONE\r\n", time.Minute)
 

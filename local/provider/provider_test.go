@@ -436,7 +436,8 @@ func (tc *testCluster) httpGet(url string) string {
 	tc.t.Helper()
 	c := &http.Client{Timeout: 2 * time.Second}
 	var lastErr error
-	for range 50 {
+	// A minute: the pod's server may still be starting on a loaded machine.
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
 		resp, err := c.Get(url)
 		if err == nil {
 			b, err := io.ReadAll(resp.Body)
