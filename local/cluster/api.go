@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"encoding/base64"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -37,10 +36,8 @@ func (c *Cluster) startAPI(ctx context.Context, cl client.Client, port int) erro
 	if err != nil {
 		return err
 	}
-	for _, o := range objs {
-		if err := cl.Patch(ctx, o, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-			return fmt.Errorf("apply %s %s: %w", o.GetKind(), o.GetName(), err)
-		}
+	if err := applyAll(ctx, cl, objs); err != nil {
+		return err
 	}
 	kc := filepath.Clean(c.Kubeconfig)
 	return c.sup.Start(ctx, supervise.Component{Name: "qvirt-api", Path: filepath.Join(c.opts.Bin, "qvirt-api"),

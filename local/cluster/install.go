@@ -68,10 +68,8 @@ func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts Insta
 		return err
 	}
 	objs = append(objs, hooks...)
-	for _, o := range objs {
-		if err := c.Patch(ctx, o, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-			return fmt.Errorf("apply %s %s: %w", o.GetKind(), o.GetName(), err)
-		}
+	if err := applyAll(ctx, c, objs); err != nil {
+		return err
 	}
 	return waitServed(ctx, c, objs)
 }
@@ -177,9 +175,19 @@ func Apply(ctx context.Context, c client.Client, file string) error {
 	if err != nil {
 		return err
 	}
+	if err := applyAll(ctx, c, objs); err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	return nil
+}
+
+// applyAll applies objs with server-side apply as local mode's field owner, taking over fields
+// others set.
+func applyAll(ctx context.Context, c client.Client, objs []*unstructured.Unstructured) error {
 	for _, o := range objs {
-		if err := c.Patch(ctx, o, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-			return fmt.Errorf("apply %s %s from %s: %w", o.GetKind(), o.GetName(), file, err)
+		err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(fieldOwner), client.ForceOwnership)
+		if err != nil {
+			return fmt.Errorf("apply %s %s: %w", o.GetKind(), o.GetName(), err)
 		}
 	}
 	return nil

@@ -53,13 +53,13 @@ func TestRunStrategies(t *testing.T) {
 
 	t.Run("RerunOnFailure restarts after a crash, not after a poweroff", func(t *testing.T) {
 		const name = "rerun"
-		vmi, con := startDemo(t, ns, name, v1alpha1.RunStrategyRerunOnFailure)
+		vmi, _ := startDemo(t, ns, name, v1alpha1.RunStrategyRerunOnFailure)
 		pid := qemuPID(t, vmi)
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill -9 QEMU %d: %v", pid, err)
 		}
 		next := waitVMI(t, ns, name, bootTimeout, "Running again after kill -9 of QEMU", running(vmi.UID))
-		con = console(t, next)
+		con := console(t, next)
 		con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 
 		con.Send(t, "poweroff -f")
