@@ -14,7 +14,9 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -58,11 +60,13 @@ type fakeAPI struct {
 	consoles map[string]*websocket.Conn
 	// onMigrate runs after a migrate call created its VMIM.
 	onMigrate func(vmim *qv1.VirtualMachineInstanceMigration)
+	// watched counts the watch requests proxied, by resource (the path's last element).
+	watched map[string]int
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
 	t.Helper()
-	f := &fakeAPI{consoles: map[string]*websocket.Conn{}}
+	f := &fakeAPI{consoles: map[string]*websocket.Conn{}, watched: map[string]int{}}
 	target, err := url.Parse(cp.Config.Host)
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +87,11 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 			return
 		}
 		r.Header.Del("Authorization")
+		if r.URL.Query().Get("watch") == "true" {
+			f.mu.Lock()
+			f.watched[path.Base(r.URL.Path)]++
+			f.mu.Unlock()
+		}
 		proxy.ServeHTTP(w, r)
 	}))
 	f.srv.EnableHTTP2 = true // like kube-apiserver: websockets must still get HTTP/1.1
@@ -283,6 +292,23 @@ func (f *fakeAPI) migrate(w http.ResponseWriter, r *http.Request, ns, name strin
 	_ = json.NewEncoder(w).Encode(vmim)
 	if f.onMigrate != nil {
 		go f.onMigrate(vmim.DeepCopy())
+	}
+}
+
+// waitWatching waits until the client has opened a watch on each resource, at most 30 s.
+func (f *fakeAPI) waitWatching(resources ...string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		f.mu.Lock()
+		missing := slices.DeleteFunc(slices.Clone(resources), func(r string) bool { return f.watched[r] > 0 })
+		f.mu.Unlock()
+		if len(missing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no watch on %v after 30 s", missing)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

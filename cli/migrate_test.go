@@ -16,9 +16,14 @@ import (
 
 // migrationScript plays the controller and the handlers: it moves the VMIM through its phases and
 // reports progress in the VMI's status.migrationState, as the real ones do.
-func migrationScript(fail bool) (func(*qv1.VirtualMachineInstanceMigration), chan error) {
+func migrationScript(f *fakeAPI, fail bool) (func(*qv1.VirtualMachineInstanceMigration), chan error) {
 	errs := make(chan error, 1)
 	return func(vmim *qv1.VirtualMachineInstanceMigration) {
+		// Progress drawn before qvirtctl watches would never be seen.
+		if err := f.waitWatching("virtualmachineinstances", "virtualmachineinstancemigrations"); err != nil {
+			errs <- err
+			return
+		}
 		errs <- playMigration(vmim, fail)
 	}, errs
 }
@@ -92,7 +97,7 @@ func TestMigrateWaitDrawsProgressToTheEnd(t *testing.T) {
 	kc := f.kubeconfig(t)
 	createVMI(t, "ns-a", "mig-ok", qv1.Running)
 	var errs chan error
-	f.onMigrate, errs = migrationScript(false)
+	f.onMigrate, errs = migrationScript(f, false)
 	out, errOut, code := run(t, nil, "migrate", "mig-ok", "--wait", "--kubeconfig", kc)
 	if err := <-errs; err != nil {
 		t.Fatalf("migration script: %v", err)
@@ -118,7 +123,7 @@ func TestMigrateWaitFailsWithTheReason(t *testing.T) {
 	kc := f.kubeconfig(t)
 	createVMI(t, "ns-a", "mig-bad", qv1.Running)
 	var errs chan error
-	f.onMigrate, errs = migrationScript(true)
+	f.onMigrate, errs = migrationScript(f, true)
 	_, errOut, code := run(t, nil, "migrate", "mig-bad", "--wait", "--kubeconfig", kc)
 	if err := <-errs; err != nil {
 		t.Fatalf("migration script: %v", err)
