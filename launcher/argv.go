@@ -705,11 +705,8 @@ func (b *builder) hotplugged() {
 			fn.Backing = json.RawMessage("null")
 		}
 		b.devs = append(b.devs, "-blockdev", jsonArg(fn))
-		props := "virtio-blk-pci,id=" + DiskDeviceID(h.Name) + ",bus=" + h.Port + ",addr=0x0,drive=" + drive + ",write-cache=on"
-		if h.Serial != "" {
-			props += ",serial=" + h.Serial
-		}
-		b.devs = append(b.devs, "-device", props)
+		// The very device HotplugDisk added on the source: a migration only fits a device alike.
+		b.devs = append(b.devs, "-device", jsonArg(hotplugDiskDevice(&h)))
 	}
 }
 
@@ -786,7 +783,8 @@ func (b *builder) uniqueMAC(p *field.Path, hw, name string) bool {
 }
 
 // hotplugNICs re-creates run-time NICs on their spare root ports with exactly HotplugNIC's device
-// (nicDevice), which QEMU's migration stream must find: same bus, driver, MAC and no option ROM.
+// (nicDevice, in QEMU's JSON form of -device), which QEMU's migration stream must find: same bus,
+// driver, MAC and no option ROM.
 func (b *builder) hotplugNICs() {
 	hp := machinePath.Child("hotplugNICs")
 	for i := range b.m.HotplugNICs {
@@ -804,7 +802,7 @@ func (b *builder) hotplugNICs() {
 			b.fail(field.Invalid(p.Child("tap"), n.Tap, "must be a network interface name: 1-15 letters, digits or _.-"))
 			continue
 		}
-		driver, ok := nicDrivers[orDefault(n.Model, "virtio")]
+		_, ok := nicDrivers[orDefault(n.Model, "virtio")]
 		if !ok {
 			b.fail(field.NotSupported(p.Child("model"), n.Model, slices.Sorted(maps.Keys(nicDrivers))))
 			continue
@@ -819,7 +817,7 @@ func (b *builder) hotplugNICs() {
 		}
 		b.devs = append(b.devs,
 			"-netdev", "tap,id="+NetdevID(n.Name)+",ifname="+n.Tap+",script=no,downscript=no",
-			"-device", driver+",id="+NICDeviceID(n.Name)+",bus="+n.Port+",addr=0x0,netdev="+NetdevID(n.Name)+",mac="+hw+",romfile=")
+			"-device", jsonArg(nicDevice(&n.NICHotplug, n.Port)))
 	}
 }
 

@@ -31,7 +31,7 @@ func TestBuildArgvPlacedNICs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantDev := "e1000e,id=nic-extra,bus=hotplug2,addr=0x0,netdev=net-extra,mac=02:00:00:00:09:09,romfile="
+	wantDev := `{"bus":"hotplug2","driver":"e1000e","id":"nic-extra","mac":"02:00:00:00:09:09","netdev":"net-extra","romfile":""}`
 	if !slices.Contains(argv, wantDev) || !slices.Contains(argv, "tap,id=net-extra,ifname=tap9,script=no,downscript=no") {
 		t.Errorf("argv lacks the placed NIC's netdev and device %q:\n%s", wantDev, strings.Join(argv, "\n"))
 	}
