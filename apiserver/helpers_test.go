@@ -25,6 +25,7 @@ import (
 	sub "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/streams"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/local/pki"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -129,7 +130,7 @@ func startHandlerWithCert(t *testing.T, e *env, node, socketDir, cert string) st
 // testVMI creates a VMI like the test guest, with the status the handler would give it.
 func testVMI(t *testing.T, name, node string, phase v1alpha1.VirtualMachineInstancePhase) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
-	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
+	req, err := translate.LoadFile("../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +174,7 @@ func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInsta
 		<-served
 	})
 	testutil.Eventually(t, 5*time.Second, "the launcher's socket", func() bool { _, err := os.Stat(dir.Command()); return err == nil })
-	st, err := c.Sync(context.Background(), &launcher.SyncRequest{Name: vmi.Name, Namespace: vmi.Namespace, UID: vmi.UID, Spec: vmi.Spec, Emulation: true})
+	st, err := c.Sync(context.Background(), testutil.SyncRequest(t, vmi, nil))
 	if err != nil {
 		t.Fatalf("sync: %v", err)
 	}

@@ -16,7 +16,7 @@ import (
 
 	sub "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/handler/translate"
 )
 
 // VM actions are carried out by qvirt-api itself (no VM controller runs here): the tests assert
@@ -178,7 +178,7 @@ func expectCode(t *testing.T, cfg *rest.Config, name, action, body string, code 
 
 func createVM(t *testing.T, name string, rs v1alpha1.RunStrategy) *v1alpha1.VirtualMachine {
 	t.Helper()
-	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
+	req, err := translate.LoadFile("../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

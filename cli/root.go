@@ -59,7 +59,7 @@ func New(argv0 string) *cobra.Command {
 		newPause(e, true), newPause(e, false), newSoftReboot(e),
 		newConsole(e), newVNC(e), newQMP(e), newMigrate(e),
 		newAddVolume(e), newRemoveVolume(e),
-		newVersion(e),
+		newVersion(e), newMachine(),
 	)
 	return root
 }

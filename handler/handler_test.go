@@ -28,6 +28,7 @@ import (
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/controllers/node"
 	"github.com/qvirt/qvirt/handler"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/podnet"
@@ -189,7 +190,7 @@ func (n *nodeAgent) killHandler() {
 // boot so a reboot would show.
 func (e *env) guestVMI(name string) *v1alpha1.VirtualMachineInstance {
 	e.t.Helper()
-	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
+	req, err := translate.LoadFile("../test/guest/vmi.yaml")
 	if err != nil {
 		e.t.Fatal(err)
 	}

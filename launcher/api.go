@@ -1,19 +1,18 @@
 package launcher
 
 import (
-	"net/netip"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // The command protocol between the node agent and a launcher: HTTP/1.1 with JSON bodies over the
 // unix socket <socket-dir>/<vmi-uid>/launcher.sock. HTTP was chosen over gRPC because it needs no
 // code generation, keeps the launcher's binary and memory small, and can be poked with curl
-// (`curl --unix-socket launcher.sock http://launcher/v1/status`).
+// (`curl --unix-socket launcher.sock http://launcher/v1/status`). Its version is
+// machine.Protocol; the node agent asks GET /v1/info before it sends a SyncRequest.
 //
+//	GET    /v1/info                 -> machine.Info  the protocol versions this launcher speaks
 //	POST   /v1/sync                 SyncRequest      start the VM (idempotent for the same VMI UID)
 //	GET    /v1/status               -> Status        ?watch=true streams one Status per line on change
 //	GET    /v1/stats                -> Stats         cumulative CPU, memory, disk and NIC counters
@@ -21,11 +20,9 @@ import (
 //	POST   /v1/softreboot                            Ctrl+Alt+Del on the guest's keyboard; 409 when paused
 //	GET    /v1/screenshot           -> image/png     the display (QMP screendump); 400 without graphics
 //	POST   /v1/shutdown             ShutdownRequest  ACPI power button, quit after the grace period
-//	POST   /v1/volumes              VolumeHotplug    attach a spec disk and its volume -> DiskHotplug
-//	DELETE /v1/volumes/{name}                        detach it (waits for the guest to let go)
-//	POST   /v1/disks                DiskHotplug      attach an image file by path (migration, tests)
+//	POST   /v1/disks                machine.Disk     hot-plug a disk -> machine.Disk as attached (its port)
 //	DELETE /v1/disks/{name}                          detach it (waits for the guest to let go)
-//	POST   /v1/nics                 NICHotplug       attach a NIC
+//	POST   /v1/nics                 machine.NIC      hot-plug a NIC
 //	DELETE /v1/nics/{name}                           detach it
 //	POST   /v1/migration/target     MigrationTarget  make this (incoming) QEMU listen for the guest
 //	POST   /v1/migration/source     MigrationSource  send the guest to a target
@@ -36,69 +33,12 @@ import (
 
 // SyncRequest is the desired VM.
 type SyncRequest struct {
-	Name      string                              `json:"name"`
-	Namespace string                              `json:"namespace"`
-	UID       types.UID                           `json:"uid"`
-	Spec      v1alpha1.VirtualMachineInstanceSpec `json:"spec"`
-	// Emulation allows TCG; without it QEMU runs with KVM or not at all.
-	Emulation bool `json:"emulation,omitempty"`
+	// Machine is the VM, fully resolved by the node agent. Its disks and NICs with a Port were
+	// hot-plugged on a migration source: a migration target starts with exactly the source's
+	// device set, each on the port it has there.
+	Machine machine.Machine `json:"machine"`
 	// Incoming starts QEMU waiting for a live migration instead of booting the guest.
 	Incoming bool `json:"incoming,omitempty"`
-	// Hotplugged are disks attached to the source while it ran; a migration target must start
-	// with exactly the source's device set.
-	Hotplugged []DiskHotplug `json:"hotplugged,omitempty"`
-	// HotplugVolumes are hot-plugged spec disks a migration target must start with, each resolved
-	// here as by POST /v1/volumes and placed on the root port it has on the source. The node agent
-	// sends these, since it knows the spec and the ports (the source's volume status) but not the
-	// target pod's paths. They must not be in Spec as well.
-	HotplugVolumes []PlacedVolume `json:"hotplugVolumes,omitempty"`
-	// HotplugNICs are NICs hot-plugged into the source that a migration target must start with,
-	// each on the root port it has there (NICStatus.Port) and on the host side the node agent made
-	// in the target's pod, as for POST /v1/nics. They must not be in Spec (nor their networks) or
-	// Interfaces as well. A 400 names the field at fault: "hotplugNICs[0].port" (empty),
-	// "hotplugNICs[0].mac", "hotplugNICs[0].dhcp.interface", ...; a port that does not exist or
-	// is taken is found when QEMU's arguments are built and fails the start
-	// ("machine.hotplugNICs[0].port").
-	HotplugNICs []PlacedNIC `json:"hotplugNICs,omitempty"`
-	// Interfaces are the guest NICs' host sides, which the node agent set up in the pod's network
-	// namespace before the Sync: one per spec interface.
-	Interfaces []InterfaceSetup `json:"interfaces,omitempty"`
-}
-
-// PlacedVolume is a hot-plugged spec disk and the pcie-root-port it sits on.
-type PlacedVolume struct {
-	VolumeHotplug
-	Port string `json:"port"`
-}
-
-// PlacedNIC is a hot-plugged NIC and the pcie-root-port it sits on.
-type PlacedNIC struct {
-	NICHotplug
-	Port string `json:"port"`
-}
-
-// InterfaceSetup is what the node agent made for one spec interface.
-type InterfaceSetup struct {
-	// Name is the interface's name in spec.domain.devices.interfaces.
-	Name string `json:"name"`
-	// Tap is the tap device QEMU opens by name.
-	Tap string `json:"tap"`
-	// MAC is the guest NIC's address (the spec's, else a stable one derived from the VMI).
-	MAC string `json:"mac"`
-	// DHCP, when set, makes the launcher hand the guest its address.
-	DHCP *DHCPConfig `json:"dhcp,omitempty"`
-}
-
-// DHCPConfig is the one lease the launcher's DHCP server gives the guest NIC (see DHCPLease).
-type DHCPConfig struct {
-	// Interface is where the server listens: the bridge holding the guest's tap.
-	Interface string       `json:"interface"`
-	IP        netip.Prefix `json:"ip"`
-	Gateway   netip.Addr   `json:"gateway"`
-	ServerID  netip.Addr   `json:"serverID,omitzero"`
-	DNS       []netip.Addr `json:"dns,omitempty"`
-	Hostname  string       `json:"hostname,omitempty"`
-	MTU       int          `json:"mtu,omitempty"`
 }
 
 // Phase is the launcher's view of the VM.
@@ -117,7 +57,7 @@ const (
 // Status is what the launcher knows about its VM.
 type Status struct {
 	Phase       Phase          `json:"phase"`
-	UID         types.UID      `json:"uid,omitempty"`
+	UID         string         `json:"uid,omitempty"`
 	RunState    string         `json:"runState,omitempty"`
 	Paused      bool           `json:"paused"`
 	QEMUVersion string         `json:"qemuVersion,omitempty"`
@@ -127,8 +67,9 @@ type Status struct {
 	Disks       []DiskStatus   `json:"disks,omitempty"`
 	NICs        []NICStatus    `json:"nics,omitempty"`
 	Migration   *MigrationInfo `json:"migration,omitempty"`
-	// Hotplugged repeats the hotplugged disks in the form a migration target's SyncRequest takes.
-	Hotplugged []DiskHotplug `json:"hotplugged,omitempty"`
+	// Hotplugged are the hot-plugged disks as attached (each with its port), in the form a
+	// migration target's machine takes.
+	Hotplugged []machine.Disk `json:"hotplugged,omitempty"`
 }
 
 // DiskStatus is one attached disk.
@@ -142,64 +83,15 @@ type NICStatus struct {
 	Name       string `json:"name"`
 	MAC        string `json:"mac"`
 	Hotplugged bool   `json:"hotplugged,omitempty"`
-	// Port is the pcie-root-port a hot-plugged NIC sits on, which a migration target's
-	// SyncRequest.HotplugNICs repeats; "" for the others.
+	// Port is the pcie-root-port a hot-plugged NIC sits on, which a migration target's machine
+	// repeats; "" for the others.
 	Port string `json:"port,omitempty"`
 }
 
 // ShutdownRequest asks for a graceful stop.
 type ShutdownRequest struct {
-	// GracePeriodSeconds is how long the guest may take to power off; the spec's
-	// terminationGracePeriodSeconds when nil.
+	// GracePeriodSeconds is how long the guest may take to power off; the machine's when nil.
 	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
-}
-
-// VolumeHotplug attaches a disk of the VMI spec (spec.domain.devices.disks) with its volume
-// (spec.volumes) to the running guest. The launcher resolves the volume with its own resolver, as
-// at start (a hostDisk's file must exist, or is created for DiskOrCreate; an emptyDisk is created in
-// its scratch directory), so the node agent sends the spec's objects, never a host path. Only
-// what v1alpha1.ValidateHotplugDisk and ValidateHotplugVolume accept can be hot-plugged: a virtio
-// disk on a hostDisk or emptyDisk volume. A 400 reply names the field at fault, relative to this
-// request: "disk.disk.bus", "volume.hostDisk.path", "volume.name", ...
-type VolumeHotplug struct {
-	Disk   v1alpha1.Disk   `json:"disk"`
-	Volume v1alpha1.Volume `json:"volume"`
-}
-
-// DiskHotplug attaches an image to the running guest as a virtio disk.
-type DiskHotplug struct {
-	Name     string `json:"name"`
-	Path     string `json:"path"`
-	Format   string `json:"format"`
-	ReadOnly bool   `json:"readOnly,omitempty"`
-	Serial   string `json:"serial,omitempty"`
-	// Port is the pcie-root-port the disk sits on; chosen by the launcher, reported back so a
-	// migration target can recreate the same layout.
-	Port string `json:"port,omitempty"`
-	// Ephemeral marks an image the launcher created for a hot-plugged emptyDisk volume: it is
-	// deleted when the disk is unplugged, so adding the volume again gives a blank disk.
-	Ephemeral bool `json:"ephemeral,omitempty"`
-}
-
-// NICHotplug attaches a tap (created by the node agent) to the running guest. The node agent sets
-// up the host side (tap, bridge, NAT) in the pod's network namespace first, exactly as for a
-// start-time interface (InterfaceSetup). A 400 reply names the field at fault, relative to this
-// request: "name" (also when the name is taken), "tap", "mac", "model", "dhcp", "dhcp.interface"
-// (the DHCP port cannot be bound there); a 409 means no QEMU runs or every hotplug port is in use;
-// a 500 is QEMU refusing the device.
-type NICHotplug struct {
-	// Name is the interface's name in spec.domain.devices.interfaces.
-	Name string `json:"name"`
-	// Tap is the tap device QEMU opens by name.
-	Tap string `json:"tap"`
-	// MAC is the guest NIC's address.
-	MAC string `json:"mac"`
-	// Model is virtio (the default) or e1000e.
-	Model string `json:"model,omitempty"`
-	// DHCP, when set, makes the launcher serve the NIC's lease, as for a start-time interface:
-	// the server is listening on DHCP.Interface before the NIC appears in the guest and stops when
-	// the NIC is unplugged (the DELETE returns once its socket is closed) or QEMU exits.
-	DHCP *DHCPConfig `json:"dhcp,omitempty"`
 }
 
 // MigrationTarget tells an incoming QEMU where to listen.

@@ -2,25 +2,24 @@ package launcher
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
-	"k8s.io/apimachinery/pkg/util/validation/field"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // TestBuildArgvPlacedNICs: a migration target's hot-plugged NIC goes on the spare root port it had,
-// with HotplugNIC's device properties, without adding a root port; a bad placement is refused with
-// its field named.
+// with HotplugNIC's device, without adding a root port; a bad placement is refused with its field
+// named.
 func TestBuildArgvPlacedNICs(t *testing.T) {
-	placed := func(mutate func(*PlacedNIC)) *Machine {
+	placed := func(mutate func(*machine.NIC)) *Machine {
 		m := fullMachine(t)
-		n := PlacedNIC{Port: "hotplug2", NICHotplug: NICHotplug{Name: "extra", Tap: "tap9", MAC: "02:00:00:00:09:09", Model: "e1000e"}}
+		n := machine.NIC{Port: "hotplug2", Name: "extra", Tap: "tap9", MAC: "02:00:00:00:09:09", Model: machine.NICE1000E}
 		if mutate != nil {
 			mutate(&n)
 		}
-		m.HotplugNICs = []PlacedNIC{n}
+		m.NICs = append(m.NICs, n)
 		return m
 	}
 	before, err := BuildArgv(fullMachine(t))
@@ -38,23 +37,27 @@ func TestBuildArgvPlacedNICs(t *testing.T) {
 	if got, want := rootPortCount(argv), rootPortCount(before); got != want {
 		t.Errorf("%d root ports with the placed NIC, %d without: it must sit on a spare one", got, want)
 	}
+	// The cold NICs' devices are exactly what HotplugNIC adds for a NIC of the same model.
+	if !slices.Contains(argv, `{"bus":"port-nic-default","driver":"virtio-net-pci","id":"nic-default","mac":"02:00:00:aa:bb:01","netdev":"net-default","romfile":""}`) {
+		t.Errorf("the cold virtio NIC is not in device_add's form:\n%s", strings.Join(argv, "\n"))
+	}
 
 	for _, tc := range []struct {
 		name   string
-		mutate func(*PlacedNIC)
+		mutate func(*machine.NIC)
 		path   string
 	}{
-		{"name of a spec interface", func(n *PlacedNIC) { n.Name = "storage" }, "machine.hotplugNICs[0].name"},
-		{"MAC of a spec interface", func(n *PlacedNIC) { n.MAC = "02:00:00:aa:bb:02" }, "machine.hotplugNICs[0].mac"},
-		{"no spare port", func(n *PlacedNIC) { n.Port = "hotplug4" }, "machine.hotplugNICs[0].port"},
-		{"a cold device's port", func(n *PlacedNIC) { n.Port = "port-nic-default" }, "machine.hotplugNICs[0].port"},
-		{"bad tap", func(n *PlacedNIC) { n.Tap = "tap,vhost=on" }, "machine.hotplugNICs[0].tap"},
-		{"model that cannot be hot-plugged", func(n *PlacedNIC) { n.Model = "e1000" }, "machine.hotplugNICs[0].model"},
+		{"name of a cold interface", func(n *machine.NIC) { n.Name = "storage" }, "machine.nics[2].name"},
+		{"MAC of a cold interface", func(n *machine.NIC) { n.MAC = "02:00:00:aa:bb:02" }, "machine.nics[2].mac"},
+		{"no spare port", func(n *machine.NIC) { n.Port = "hotplug4" }, "machine.nics[2].port"},
+		{"a cold device's port", func(n *machine.NIC) { n.Port = "port-nic-default" }, "machine.nics[2].port"},
+		{"bad tap", func(n *machine.NIC) { n.Tap = "tap,vhost=on" }, "machine.nics[2].tap"},
+		{"model that cannot be hot-plugged", func(n *machine.NIC) { n.Model = machine.NICE1000 }, "machine.nics[2].port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := BuildArgv(placed(tc.mutate))
-			var fe *field.Error
-			if !errors.As(err, &fe) || fe.Field != tc.path {
+			var ime *InvalidMachineError
+			if !errors.As(err, &ime) || !slices.ContainsFunc(ime.Errs, func(e *machine.FieldError) bool { return e.Field == tc.path }) {
 				t.Fatalf("want an error at %s, got %v", tc.path, err)
 			}
 		})
@@ -62,11 +65,11 @@ func TestBuildArgvPlacedNICs(t *testing.T) {
 
 	t.Run("port of a placed disk", func(t *testing.T) {
 		m := placed(nil)
-		m.Hotplugged = []DiskHotplug{{Name: "hot", Path: "/hot.raw", Format: "raw", Port: "hotplug2"}}
+		m.Disks[1].Port = "hotplug2"
 		_, err := BuildArgv(m)
-		var fe *field.Error
-		if !errors.As(err, &fe) || fe.Field != "machine.hotplugNICs[0].port" || !strings.Contains(fmt.Sprint(fe.BadValue), `disk "hot"`) {
-			t.Fatalf("want a duplicate port at machine.hotplugNICs[0].port naming the disk, got %v", err)
+		var fe *machine.FieldError
+		if !errors.As(err, &fe) || fe.Field != "machine.nics[2].port" || !strings.Contains(fe.Detail, `disk "data"`) {
+			t.Fatalf("want a duplicate port at machine.nics[2].port naming the disk, got %v", err)
 		}
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -20,10 +21,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/machine"
 )
 
 var update = flag.Bool("update", false, "rewrite launcher/testdata/*.golden from BuildArgv's output")
@@ -35,8 +37,18 @@ type argvCase struct {
 	m    *Machine
 }
 
-// argvCases are the representative machines of the golden files; root is where their images,
-// kernel and run directory live (fixed for the goldens, a temp dir for the QEMU test).
+// host is what the node agent and the launcher resolve for a golden case's spec.
+type host struct {
+	emulation bool
+	nics      map[string]machine.NIC
+	// ports places disks and NICs on spare root ports, as for a migration target.
+	ports map[string]string
+	m     *Machine // RunDir, images, kernel, spare ports, incoming
+}
+
+// argvCases are the representative machines of the golden files, each a VMI spec translated as
+// the node agent does and resolved as a launcher does; root is where their images, kernel and run
+// directory live (fixed for the goldens, a temp dir for the QEMU test).
 func argvCases(root, runDir string) []argvCase {
 	img := func(name string) string { return filepath.Join(root, "images", name) }
 	kernel := func(s *v1alpha1.VirtualMachineInstanceSpec) {
@@ -46,24 +58,34 @@ func argvCases(root, runDir string) []argvCase {
 				KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"},
 		}}
 	}
-	base := func(emulation bool, mutate func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine)) *Machine {
-		s := &v1alpha1.VirtualMachineInstanceSpec{Domain: v1alpha1.DomainSpec{
-			Memory: &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("128Mi"))},
-		}}
-		m := &Machine{Name: "vm1", Namespace: "default", UID: "0f8fad5b-d9cb-469f-a165-70867728950e",
-			Spec: s, Emulation: emulation, RunDir: runDir,
-			Disks: map[string]DiskImage{}, Taps: map[string]string{}, MACs: map[string]string{}}
-		mutate(s, m)
-		return m
+	base := func(emulation bool, mutate func(s *v1alpha1.VirtualMachineInstanceSpec, h *host)) *Machine {
+		vmi := &v1alpha1.VirtualMachineInstance{}
+		vmi.Name, vmi.Namespace, vmi.UID = "vm1", "default", "0f8fad5b-d9cb-469f-a165-70867728950e"
+		vmi.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("128Mi"))}
+		h := &host{emulation: emulation, nics: map[string]machine.NIC{}, ports: map[string]string{},
+			m: &Machine{RunDir: runDir, Images: map[string]DiskImage{}}}
+		mutate(&vmi.Spec, h)
+		desc, err := translate.Machine(vmi, translate.Host{Emulation: emulation, NICs: h.nics})
+		if err != nil {
+			panic(fmt.Sprintf("golden spec: %v", err))
+		}
+		for i := range desc.Disks {
+			desc.Disks[i].Port = h.ports[desc.Disks[i].Name]
+		}
+		for i := range desc.NICs {
+			desc.NICs[i].Port = h.ports[desc.NICs[i].Name]
+		}
+		h.m.Machine = *desc
+		return h.m
 	}
-	withKernel := func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+	withKernel := func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 		kernel(s)
-		m.Kernel, m.Initrd = filepath.Join(root, "boot", "vmlinuz"), filepath.Join(root, "boot", "initrd.img")
+		h.m.KernelFile, h.m.InitrdFile = filepath.Join(root, "boot", "vmlinuz"), filepath.Join(root, "boot", "initrd.img")
 	}
 	return []argvCase{
 		{"minimal-kernel-boot", base(true, withKernel)},
-		{"full", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
-			withKernel(s, m)
+		{"full", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			withKernel(s, h)
 			s.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 2, Threads: 1}
 			s.Domain.Memory.Guest = ptr.To(resource.MustParse("256Mi"))
 			s.Domain.Firmware.UUID = "6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"
@@ -76,7 +98,7 @@ func argvCases(root, runDir string) []argvCase {
 			s.Volumes = []v1alpha1.Volume{
 				{Name: "root", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.com/disk:1"}}},
 				{Name: "data", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
-				{Name: "cidata", VolumeSource: v1alpha1.VolumeSource{CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config\n"}}},
+				{Name: "cidata", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.com/cidata:1"}}},
 			}
 			s.Domain.Devices.Interfaces = []v1alpha1.Interface{
 				{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}},
@@ -86,37 +108,40 @@ func argvCases(root, runDir string) []argvCase {
 				{Name: "default", Pod: &v1alpha1.PodNetwork{}},
 				{Name: "storage", Multus: &v1alpha1.MultusNetwork{NetworkName: "default/storage"}},
 			}
-			m.Disks["root"] = DiskImage{Path: img("root.qcow2"), Format: "qcow2"}
-			m.Disks["data"] = DiskImage{Path: img("data.raw"), Format: "raw"}
-			m.Disks["cidata"] = DiskImage{Path: img("cidata.iso"), Format: "raw", ReadOnly: true}
-			m.Taps["default"], m.Taps["storage"] = "tap0", "tap1"
-			m.MACs["default"] = "02:00:00:aa:bb:01"
-			m.SpareRootPorts = 4
+			h.m.Images["root"] = DiskImage{Path: img("root.qcow2"), Format: "qcow2"}
+			h.m.Images["data"] = DiskImage{Path: img("data.raw"), Format: "raw"}
+			h.m.Images["cidata"] = DiskImage{Path: img("cidata.iso"), Format: "raw", ReadOnly: true}
+			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:01"}
+			h.nics["storage"] = machine.NIC{Tap: "tap1"}
+			h.m.SpareRootPorts = 4
 		})},
-		{"scsi", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
-			withKernel(s, m)
+		{"scsi", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			withKernel(s, h)
 			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
 			s.Domain.Devices.Disks = []v1alpha1.Disk{
 				{Name: "root", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Cache: v1alpha1.CacheNone, IO: v1alpha1.IONative, BootOrder: ptr.To[uint32](2)},
 				{Name: "logs", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Cache: v1alpha1.CacheWriteThrough},
-				{Name: "shared", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Serial: "shared-1"},
+				{Name: "shared", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI, ReadOnly: true}, Serial: "shared-1"},
 				{Name: "install", CDRom: &v1alpha1.CDRomTarget{Bus: v1alpha1.DiskBusSCSI}, BootOrder: ptr.To[uint32](1)},
 				{Name: "scratch", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}},
 			}
+			hostDisk := func(path string) v1alpha1.VolumeSource {
+				return v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: path, Type: v1alpha1.HostDiskExists}}
+			}
 			s.Volumes = []v1alpha1.Volume{
-				{Name: "root", VolumeSource: v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "root"}}},
+				{Name: "root", VolumeSource: hostDisk("/var/lib/images/root.raw")},
 				{Name: "logs", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
-				{Name: "shared", VolumeSource: v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "shared", ReadOnly: true}}},
+				{Name: "shared", VolumeSource: hostDisk("/var/lib/images/shared.raw")},
 				{Name: "install", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.com/iso:1"}}},
 				{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
 			}
-			m.Disks["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
-			m.Disks["logs"] = DiskImage{Path: img("logs.qcow2"), Format: "qcow2"}
-			m.Disks["shared"] = DiskImage{Path: img("shared.raw"), Format: "raw"}
-			m.Disks["install"] = DiskImage{Path: img("install.iso"), Format: "raw"}
-			m.Disks["scratch"] = DiskImage{Path: img("scratch.qcow2"), Format: "qcow2"}
+			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
+			h.m.Images["logs"] = DiskImage{Path: img("logs.qcow2"), Format: "qcow2"}
+			h.m.Images["shared"] = DiskImage{Path: img("shared.raw"), Format: "raw"}
+			h.m.Images["install"] = DiskImage{Path: img("install.iso"), Format: "raw"}
+			h.m.Images["scratch"] = DiskImage{Path: img("scratch.qcow2"), Format: "qcow2"}
 		})},
-		{"kvm", base(false, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
+		{"kvm", base(false, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			s.Domain.CPU = &v1alpha1.CPU{Sockets: 2, Cores: 2, Threads: 2, Model: "host-passthrough"}
 			s.Domain.Memory = nil
 			s.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}
@@ -124,48 +149,52 @@ func argvCases(root, runDir string) []argvCase {
 			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)}}
 			s.Volumes = []v1alpha1.Volume{{Name: "root", VolumeSource: v1alpha1.VolumeSource{
 				HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.raw", Type: v1alpha1.HostDiskExists}}}}
-			m.Disks["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
-			m.SpareRootPorts = 2
+			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
+			h.m.SpareRootPorts = 2
 		})},
-		{"incoming", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
-			withKernel(s, m)
+		{"incoming", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			withKernel(s, h)
 			s.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
 			s.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
-			m.Taps["default"], m.MACs["default"] = "tap0", "02:00:00:aa:bb:01"
-			m.SpareRootPorts = 4
-			m.Incoming = true
+			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:01"}
+			h.m.SpareRootPorts = 4
+			h.m.Incoming = true
 			// The source had a disk hotplugged on its second spare port.
-			m.Hotplugged = []DiskHotplug{{Name: "hot", Path: img("hot.qcow2"), Format: "qcow2", Serial: "hot-1", Port: "hotplug1"}}
+			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "hot", Serial: "hot-1"}}
+			s.Volumes = []v1alpha1.Volume{{Name: "hot", VolumeSource: v1alpha1.VolumeSource{
+				HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/hot.qcow2", Type: v1alpha1.HostDiskExists}}}}
+			h.m.Images["hot"] = DiskImage{Path: img("hot.qcow2"), Format: "qcow2"}
+			h.ports["hot"] = "hotplug1"
 		})},
-		{"acpi-off", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
-			withKernel(s, m)
+		{"acpi-off", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			withKernel(s, h)
 			s.Domain.Features = &v1alpha1.Features{ACPI: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}
 			s.Domain.Devices.AutoattachSerialConsole = ptr.To(false)
 			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
 		})},
-		{"backing-chain-and-legacy-nics", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, m *Machine) {
-			withKernel(s, m)
+		{"backing-chain-and-legacy-nics", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			withKernel(s, h)
 			s.Domain.CPU = &v1alpha1.CPU{Model: "max", Cores: 4}
 			long := "a-very-long-disk-name-that-exceeds-qemu-node-names"
 			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)}, {Name: long}}
 			s.Volumes = []v1alpha1.Volume{
-				{Name: "root", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.com/disk:1"}}},
+				{Name: "root", VolumeSource: v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.qcow2", Type: v1alpha1.HostDiskExists}}},
 				{Name: long, VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
 			}
-			// A copy-on-write overlay over the container disk, given explicitly: QEMU never reads the
+			// A copy-on-write overlay over a base image, given explicitly: QEMU never reads the
 			// backing file name from the overlay.
-			m.Disks["root"] = DiskImage{Path: img("root-overlay.qcow2"), Format: "qcow2",
+			h.m.Images["root"] = DiskImage{Path: img("root-overlay.qcow2"), Format: "qcow2",
 				Backing: &DiskImage{Path: img("root-base.qcow2"), Format: "qcow2", ReadOnly: true,
 					Backing: &DiskImage{Path: img("root-base.raw"), Format: "raw", ReadOnly: true}}}
-			m.Disks[long] = DiskImage{Path: img("odd, name=with,commas.raw"), Format: "raw"}
+			h.m.Images[long] = DiskImage{Path: img("odd, name=with,commas.raw"), Format: "raw"}
 			models := []string{"e1000", "rtl8139", "e1000e", "virtio"}
 			for i, model := range models {
 				name := "net" + model
 				s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, v1alpha1.Interface{Name: name, Model: model, Bridge: &v1alpha1.InterfaceBridge{}})
 				s.Networks = append(s.Networks, v1alpha1.Network{Name: name, Multus: &v1alpha1.MultusNetwork{NetworkName: name}})
-				m.Taps[name], m.MACs[name] = fmt.Sprintf("tap%d", i), fmt.Sprintf("02:00:00:00:01:%02x", i)
+				h.nics[name] = machine.NIC{Tap: fmt.Sprintf("tap%d", i), MAC: fmt.Sprintf("02:00:00:00:01:%02x", i)}
 			}
-			m.SpareRootPorts = 9 // with the two PCIe NICs and the virtio disks: two slots of root ports
+			h.m.SpareRootPorts = 9 // with the two PCIe NICs and the virtio disks: two slots of root ports
 		})},
 	}
 }
@@ -232,107 +261,75 @@ func fullMachine(t *testing.T) *Machine {
 }
 
 func TestBuildArgvErrors(t *testing.T) {
-	disks := "spec.domain.devices.disks"
+	disks, nics := "machine.disks", "machine.nics"
 	cases := []struct {
 		name   string
-		mutate func(m *Machine, s *v1alpha1.VirtualMachineInstanceSpec)
+		mutate func(m *Machine)
 		path   string
 	}{
-		{"unknown bus", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].Disk.Bus = "ide" }, disks + "[1].disk.bus"},
-		{"missing disk image", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { delete(m.Disks, "data") }, disks + "[1]"},
-		{"image nobody attaches", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Disks["spare"] = DiskImage{Path: "/x.raw", Format: "raw"}
-		}, "machine.disks[spare]"},
-		{"unsupported format", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Disks["data"] = DiskImage{Path: "/x.vmdk", Format: "vmdk"}
-		}, disks + "[1]"},
-		{"format left to probing", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Disks["data"] = DiskImage{Path: "/x.img"}
-		}, disks + "[1]"},
-		{"unsupported backing format", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Disks["root"] = DiskImage{Path: "/o.qcow2", Format: "qcow2", Backing: &DiskImage{Path: "/b", Format: "vpc"}}
-		}, disks + "[0]"},
-		{"raw with backing", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Disks["root"] = DiskImage{Path: "/o.raw", Format: "raw", Backing: &DiskImage{Path: "/b", Format: "raw"}}
-		}, disks + "[0]"},
-		{"relative image path", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Disks["data"] = DiskImage{Path: "images/data.raw", Format: "raw"}
-		}, "machine.disks[data]"},
-		{"NUL in image path", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Disks["data"] = DiskImage{Path: "/data\x00.raw", Format: "raw"}
-		}, "machine.disks[data]"},
-		{"seven sata devices", func(m *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
+		{"unknown bus", func(m *Machine) { m.Disks[1].Bus = "ide" }, disks + "[1].bus"},
+		{"unknown cache", func(m *Machine) { m.Disks[1].Cache = "unsafe" }, disks + "[1].cache"},
+		{"native I/O with the page cache", func(m *Machine) { m.Disks[1].IO = machine.IONative }, disks + "[1].io"},
+		{"writable cdrom", func(m *Machine) { m.Disks[2].ReadOnly = false }, disks + "[2].readOnly"},
+		{"bad disk serial", func(m *Machine) { m.Disks[0].Serial = "a,b" }, disks + "[0].serial"},
+		{"two disks of one name", func(m *Machine) { m.Disks[1].Name = "root" }, disks + "[1].name"},
+		{"missing disk image", func(m *Machine) { delete(m.Images, "data") }, "machine.images[data]"},
+		{"image nobody attaches", func(m *Machine) { m.Images["spare"] = DiskImage{Path: "/x.raw", Format: "raw"} }, "machine.images[spare]"},
+		{"unsupported format", func(m *Machine) { m.Images["data"] = DiskImage{Path: "/x.vmdk", Format: "vmdk"} }, "machine.images[data]"},
+		{"format left to probing", func(m *Machine) { m.Images["data"] = DiskImage{Path: "/x.img"} }, "machine.images[data]"},
+		{"unsupported backing format", func(m *Machine) {
+			m.Images["root"] = DiskImage{Path: "/o.qcow2", Format: "qcow2", Backing: &DiskImage{Path: "/b", Format: "vpc"}}
+		}, "machine.images[root]"},
+		{"raw with backing", func(m *Machine) {
+			m.Images["root"] = DiskImage{Path: "/o.raw", Format: "raw", Backing: &DiskImage{Path: "/b", Format: "raw"}}
+		}, "machine.images[root]"},
+		{"relative image path", func(m *Machine) { m.Images["data"] = DiskImage{Path: "images/data.raw", Format: "raw"} }, "machine.images[data]"},
+		{"NUL in image path", func(m *Machine) { m.Images["data"] = DiskImage{Path: "/data\x00.raw", Format: "raw"} }, "machine.images[data]"},
+		{"seven sata devices", func(m *Machine) {
 			for i := range 6 {
 				n := fmt.Sprintf("extra%d", i)
-				s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, v1alpha1.Disk{Name: n, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}})
-				s.Volumes = append(s.Volumes, v1alpha1.Volume{Name: n, VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("1Mi")}}})
-				m.Disks[n] = DiskImage{Path: "/" + n, Format: "raw"}
+				m.Disks = append(m.Disks, machine.Disk{Name: n, Bus: machine.BusSATA, Cache: machine.CacheNone, IO: machine.IOThreads})
+				m.Images[n] = DiskImage{Path: "/" + n, Format: "raw"}
 			}
-		}, disks + "[8].disk.bus"},
-		{"read-only sata disk", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
-			s.Domain.Devices.Disks[1].Disk = &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA, ReadOnly: true}
-		}, disks + "[1].disk.readonly"},
-		{"missing tap", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { delete(m.Taps, "storage") }, "spec.domain.devices.interfaces[1]"},
-		{"bad tap name", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Taps["storage"] = "tap,vhost=on" }, "machine.taps[storage]"},
-		{"tap nobody uses", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Taps["other"] = "tap9" }, "machine.taps[other]"},
-		{"bad MAC in spec", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
-			s.Domain.Devices.Interfaces[1].MacAddress = "02:00:00:00:00"
-		}, "spec.domain.devices.interfaces[1].macAddress"},
-		{"bad derived MAC", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.MACs["default"] = "zz:00:00:00:00:01" }, "machine.macs[default]"},
-		{"multicast derived MAC", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.MACs["default"] = "01:00:5e:00:00:01" }, "machine.macs[default]"},
-		{"derived MAC clashes", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.MACs["default"] = "02:00:00:aa:bb:02" }, "spec.domain.devices.interfaces[1].macAddress"},
-		{"no MAC at all", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { delete(m.MACs, "default") }, "spec.domain.devices.interfaces[0].macAddress"},
-		{"host-passthrough under emulation", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
-			s.Domain.CPU.Model = "host-passthrough"
-		}, "spec.domain.cpu.model"},
-		{"host-model", func(m *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Emulation = false
-			s.Domain.CPU.Model = "host-model"
-		}, "spec.domain.cpu.model"},
-		{"fractional MiB", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
-			s.Domain.Memory.Guest = ptr.To(resource.MustParse("1000M"))
-		}, "spec.domain.memory.guest"},
-		{"fractional MiB from requests", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
-			s.Domain.Memory = nil
-			s.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256.5Mi")}
-		}, "spec.domain.resources.requests.memory"},
-		{"kernelBoot without a kernel", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Kernel = "" }, "spec.domain.firmware.kernelBoot.container.kernelPath"},
-		{"kernelBoot without the initrd", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Initrd = "" }, "spec.domain.firmware.kernelBoot.container.initrdPath"},
-		{"kernel without kernelBoot", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.Firmware.KernelBoot = nil }, "machine.kernel"},
-		{"NUL in kernelArgs", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
-			s.Domain.Firmware.KernelBoot.KernelArgs = "console=ttyS0\x00rm"
-		}, "spec.domain.firmware.kernelBoot.kernelArgs"},
-		{"bad firmware uuid", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.Firmware.UUID = "not-a-uuid" }, "spec.domain.firmware.uuid"},
-		{"bad UID", func(m *Machine, s *v1alpha1.VirtualMachineInstanceSpec) {
-			s.Domain.Firmware.UUID = ""
-			m.UID = "1234"
-		}, "metadata.uid"},
-		{"bad name", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Name = "vm,1" }, "metadata.name"},
-		{"no namespace", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.Namespace = "" }, "metadata.namespace"},
-		{"relative run dir", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.RunDir = "run" }, "machine.runDir"},
-		{"run dir too long for sockets", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.RunDir = "/" + strings.Repeat("r", 100)
-		}, "machine.runDir"},
-		{"negative spare ports", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.SpareRootPorts = -1 }, "machine.spareRootPorts"},
-		{"too many root ports", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) { m.SpareRootPorts = MaxRootPorts - 2 }, "machine.spareRootPorts"},
-		{"hotplugged disk on a port that is not a spare", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Hotplugged = []DiskHotplug{{Name: "hot", Path: "/hot.raw", Format: "raw", Port: "hotplug4"}}
-		}, "machine.hotplugged[0].port"},
-		{"two hotplugged disks on one port", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Hotplugged = []DiskHotplug{{Name: "hot", Path: "/hot.raw", Format: "raw", Port: "hotplug0"}, {Name: "hot2", Path: "/hot2.raw", Format: "raw", Port: "hotplug0"}}
-		}, "machine.hotplugged[1].port"},
-		{"hotplugged disk named like a disk", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Hotplugged = []DiskHotplug{{Name: "root", Path: "/hot.raw", Format: "raw", Port: "hotplug0"}}
-		}, "machine.hotplugged[0].name"},
-		{"hotplugged disk of unknown format", func(m *Machine, _ *v1alpha1.VirtualMachineInstanceSpec) {
-			m.Hotplugged = []DiskHotplug{{Name: "hot", Path: "/hot.img", Port: "hotplug0"}}
-		}, "machine.hotplugged[0].format"},
-		{"validation runs first", func(_ *Machine, s *v1alpha1.VirtualMachineInstanceSpec) { s.Volumes[0].Name = "other" }, "spec.domain.devices.disks[0].name"},
+		}, disks + "[8].bus"},
+		{"read-only sata disk", func(m *Machine) { m.Disks[1].Bus, m.Disks[1].ReadOnly = machine.BusSATA, true }, disks + "[1].readOnly"},
+		{"bad tap name", func(m *Machine) { m.NICs[1].Tap = "tap,vhost=on" }, nics + "[1].tap"},
+		{"bad MAC", func(m *Machine) { m.NICs[1].MAC = "02:00:00:00:00" }, nics + "[1].mac"},
+		{"multicast MAC", func(m *Machine) { m.NICs[0].MAC = "01:00:5e:00:00:01" }, nics + "[0].mac"},
+		{"MAC clash", func(m *Machine) { m.NICs[0].MAC = "02:00:00:aa:bb:02" }, nics + "[1].mac"},
+		{"no MAC at all", func(m *Machine) { m.NICs[0].MAC = "" }, nics + "[0].mac"},
+		{"two NICs of one name", func(m *Machine) { m.NICs[1].Name = "default" }, nics + "[1].name"},
+		{"unknown NIC model", func(m *Machine) { m.NICs[1].Model = "ne2k_pci" }, nics + "[1].model"},
+		{"host CPU under emulation", func(m *Machine) { m.CPU.Model = "host" }, "machine.cpu.model"},
+		{"CPU model with an option", func(m *Machine) { m.CPU.Model = "qemu64,+vmx" }, "machine.cpu.model"},
+		{"vCPUs that do not match the topology", func(m *Machine) { m.CPU.VCPUs = 3 }, "machine.cpu.vcpus"},
+		{"no memory", func(m *Machine) { m.MemoryMiB = 0 }, "machine.memoryMiB"},
+		{"unknown accelerator", func(m *Machine) { m.Accel = "hvf" }, "machine.accel"},
+		{"machine type with an option", func(m *Machine) { m.Type = "q35,smm=on" }, "machine.type"},
+		{"kernel without its file", func(m *Machine) { m.KernelFile = "" }, "machine.kernel.kernelPath"},
+		{"kernel without the initrd", func(m *Machine) { m.InitrdFile = "" }, "machine.kernel.initrdPath"},
+		{"kernel file without a kernel", func(m *Machine) { m.Kernel = nil }, "machine.kernel"},
+		{"NUL in kernel args", func(m *Machine) { m.Kernel.Args = "console=ttyS0\x00rm" }, "machine.kernel.args"},
+		{"bad uuid", func(m *Machine) { m.UUID = "not-a-uuid" }, "machine.uuid"},
+		{"bad SMBIOS serial", func(m *Machine) { m.SMBIOSSerial = "a,b" }, "machine.smbiosSerial"},
+		{"bad name", func(m *Machine) { m.Name = "vm,1" }, "machine.name"},
+		{"no namespace", func(m *Machine) { m.Namespace = "" }, "machine.namespace"},
+		{"negative grace period", func(m *Machine) { m.GracePeriodSeconds = -1 }, "machine.gracePeriodSeconds"},
+		{"relative run dir", func(m *Machine) { m.RunDir = "run" }, "machine.runDir"},
+		{"run dir too long for sockets", func(m *Machine) { m.RunDir = "/" + strings.Repeat("r", 100) }, "machine.runDir"},
+		{"negative spare ports", func(m *Machine) { m.SpareRootPorts = -1 }, "machine.spareRootPorts"},
+		{"too many root ports", func(m *Machine) { m.SpareRootPorts = MaxRootPorts - 2 }, "machine.spareRootPorts"},
+		{"hot-plugged disk on a port that is not a spare", func(m *Machine) { m.Disks[1].Port = "hotplug4" }, disks + "[1].port"},
+		{"two hot-plugged disks on one port", func(m *Machine) {
+			m.Disks[0].BootIndex = nil
+			m.Disks[0].Port, m.Disks[1].Port = "hotplug0", "hotplug0"
+		}, disks + "[1].port"},
+		{"hot-plugged sata disk", func(m *Machine) { m.Disks[2].Port = "hotplug0" }, disks + "[2].port"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			m := fullMachine(t)
-			c.mutate(m, m.Spec)
+			c.mutate(m)
 			argv, err := BuildArgv(m)
 			if err == nil {
 				t.Fatalf("BuildArgv accepted it: %q", argv)
@@ -341,9 +338,9 @@ func TestBuildArgvErrors(t *testing.T) {
 			if !errors.As(err, &ime) {
 				t.Fatalf("error %T is not an *InvalidMachineError: %v", err, err)
 			}
-			var fe *field.Error
+			var fe *machine.FieldError
 			if !errors.As(err, &fe) {
-				t.Fatalf("errors.As finds no *field.Error in %v", err)
+				t.Fatalf("errors.As finds no *machine.FieldError in %v", err)
 			}
 			var paths []string
 			for _, e := range ime.Errs {
@@ -358,9 +355,9 @@ func TestBuildArgvErrors(t *testing.T) {
 
 func TestBuildArgvAllProblemsAtOnce(t *testing.T) {
 	m := fullMachine(t)
-	delete(m.Disks, "data")
-	delete(m.Taps, "storage")
-	m.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse("1000M"))
+	delete(m.Images, "data")
+	m.NICs[1].Tap = ""
+	m.MemoryMiB = 0
 	_, err := BuildArgv(m)
 	var ime *InvalidMachineError
 	if !errors.As(err, &ime) || len(ime.Errs) != 3 {
@@ -401,7 +398,7 @@ func TestQEMUAcceptsArgv(t *testing.T) {
 		t.Fatalf("qemu-system-x86_64 is required (apt-get install -y qemu-system-x86 qemu-utils): %v", err)
 	}
 	for _, c := range argvCases("/ROOT", "/RUN") {
-		if !c.m.Emulation {
+		if c.m.Accel != machine.AccelTCG {
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {
@@ -470,17 +467,15 @@ func TestQEMUAcceptsArgv(t *testing.T) {
 				if a != "-device" {
 					continue
 				}
-				for _, kv := range strings.Split(argv[i+1], ",") {
-					if id, ok := strings.CutPrefix(kv, "id="); ok && !have[id] {
-						t.Errorf("device %s is missing in /machine/peripheral %v", id, have)
-					}
+				if id := deviceID(argv[i+1]); id != "" && !have[id] {
+					t.Errorf("device %s is missing in /machine/peripheral %v", id, have)
 				}
 			}
 			socks := []string{m.ShellQMPSocket()}
-			if d := m.Spec.Domain.Devices; d.AutoattachSerialConsole == nil || *d.AutoattachSerialConsole {
+			if m.SerialConsole {
 				socks = append(socks, m.SerialSocket())
 			}
-			if d := m.Spec.Domain.Devices; d.AutoattachGraphicsDevice == nil || *d.AutoattachGraphicsDevice {
+			if m.Graphics {
 				socks = append(socks, m.VNCSocket())
 			}
 			for _, s := range socks {
@@ -505,6 +500,23 @@ func TestQEMUAcceptsArgv(t *testing.T) {
 	}
 }
 
+// deviceID is the id of a -device argument, in QemuOpts or JSON form.
+func deviceID(arg string) string {
+	if strings.HasPrefix(arg, "{") {
+		var dev struct {
+			ID string `json:"id"`
+		}
+		_ = json.Unmarshal([]byte(arg), &dev)
+		return dev.ID
+	}
+	for _, kv := range strings.Split(arg, ",") {
+		if id, ok := strings.CutPrefix(kv, "id="); ok {
+			return id
+		}
+	}
+	return ""
+}
+
 // machineAt is case name's machine with its files under root.
 func machineAt(name, root, runDir string) *Machine {
 	for _, c := range argvCases(root, runDir) {
@@ -526,11 +538,11 @@ func makeFiles(t *testing.T, m *Machine) {
 			t.Fatal(err)
 		}
 	}
-	if m.Kernel != "" {
-		write(m.Kernel, fakeBzImage())
+	if m.KernelFile != "" {
+		write(m.KernelFile, fakeBzImage())
 	}
-	if m.Initrd != "" {
-		write(m.Initrd, make([]byte, 4096))
+	if m.InitrdFile != "" {
+		write(m.InitrdFile, make([]byte, 4096))
 	}
 	var mk func(img *DiskImage)
 	mk = func(img *DiskImage) {
@@ -557,12 +569,9 @@ func makeFiles(t *testing.T, m *Machine) {
 			}
 		}
 	}
-	for _, name := range sortedKeys(m.Disks) {
-		img := m.Disks[name]
+	for _, name := range slices.Sorted(maps.Keys(m.Images)) {
+		img := m.Images[name]
 		mk(&img)
-	}
-	for _, h := range m.Hotplugged {
-		mk(&DiskImage{Path: h.Path, Format: h.Format})
 	}
 }
 
@@ -650,35 +659,29 @@ func (q *testQMP) run(t *testing.T, cmd string) map[string]any {
 	return out
 }
 
-// FuzzBuildArgv feeds arbitrary specs, with every disk, interface and kernel resolved, to
+// FuzzBuildArgv feeds arbitrary machine descriptions, with every disk and the kernel resolved, to
 // BuildArgv: it must not panic, must fail only with an *InvalidMachineError, and no argument may
 // hold a NUL byte.
 func FuzzBuildArgv(f *testing.F) {
 	for _, c := range argvCases(goldenRoot, goldenRoot+"/run") {
-		js, err := json.Marshal(c.m.Spec)
+		js, err := json.Marshal(c.m.Machine)
 		if err != nil {
 			f.Fatal(err)
 		}
-		f.Add(js, c.m.Emulation, uint8(c.m.SpareRootPorts))
+		f.Add(js, uint8(c.m.SpareRootPorts))
 	}
-	f.Fuzz(func(t *testing.T, js []byte, emulation bool, spares uint8) {
-		var spec v1alpha1.VirtualMachineInstanceSpec
-		if err := json.Unmarshal(js, &spec); err != nil {
+	f.Fuzz(func(t *testing.T, js []byte, spares uint8) {
+		var desc machine.Machine
+		if err := json.Unmarshal(js, &desc); err != nil {
 			return
 		}
-		m := &Machine{Name: "vm1", Namespace: "default", UID: "0f8fad5b-d9cb-469f-a165-70867728950e",
-			Spec: &spec, Emulation: emulation, RunDir: "/run/qvirt/vm1", SpareRootPorts: int(spares),
-			Disks: map[string]DiskImage{}, Taps: map[string]string{}, MACs: map[string]string{}}
-		if fw := spec.Domain.Firmware; fw != nil && fw.KernelBoot != nil {
-			m.Kernel, m.Initrd = "/boot/vmlinuz", "/boot/initrd.img"
+		m := &Machine{Machine: desc, RunDir: "/run/qvirt/vm1", SpareRootPorts: int(spares), Images: map[string]DiskImage{}}
+		if desc.Kernel != nil {
+			m.KernelFile, m.InitrdFile = "/boot/vmlinuz", "/boot/initrd.img"
 		}
-		for i, d := range spec.Domain.Devices.Disks {
+		for i, d := range desc.Disks {
 			format := []string{"raw", "qcow2"}[i%2]
-			m.Disks[d.Name] = DiskImage{Path: "/images/" + d.Name, Format: format, ReadOnly: i%3 == 0}
-		}
-		for i, in := range spec.Domain.Devices.Interfaces {
-			m.Taps[in.Name] = fmt.Sprintf("tap%d", i)
-			m.MACs[in.Name] = fmt.Sprintf("02:00:00:00:%02x:%02x", i/256%256, i%256)
+			m.Images[d.Name] = DiskImage{Path: "/images/" + d.Name, Format: format, ReadOnly: i%3 == 0}
 		}
 		argv, err := BuildArgv(m)
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/qmp"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // BenchmarkStartToRunning measures exec → guest vCPUs running through the launcher (validate,
@@ -42,7 +43,7 @@ func machineFor(b *testing.B, req *launcher.SyncRequest) *launcher.Machine {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = os.RemoveAll(dir) })
-	m, err := launcher.HostResolver{SpareRootPorts: 2}.Resolve(req, dir)
+	m, err := launcher.HostResolver{SpareRootPorts: 2}.Resolve(&req.Machine, dir)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -188,7 +189,7 @@ func migrateViaLaunchers(b *testing.B) (time.Duration, int64) {
 		b.Cleanup(func() { _ = os.RemoveAll(dir) })
 		l := launcher.New(dir, launcher.HostResolver{SpareRootPorts: 2}, launcher.Options{Log: logr.Discard()})
 		req := idleSpec(b)
-		req.UID = "5b1ee53c-79b2-4d1c-a1c9-8d0d7d1e6b01"
+		req.Machine.UID = "5b1ee53c-79b2-4d1c-a1c9-8d0d7d1e6b01"
 		req.Incoming = incoming
 		if err := l.Sync(ctx, req); err != nil {
 			b.Fatal(err)
@@ -300,10 +301,10 @@ func dialWhenListening(b *testing.B, path string) *qmp.Monitor {
 
 // idleSpec is the test guest's VMI without kernel or disks: 256 MiB of RAM and firmware that halts.
 func idleSpec(b *testing.B) *launcher.SyncRequest {
-	req := guestSpec(b)
-	req.Spec.Domain.Firmware = nil
-	req.Spec.Domain.Devices.Disks, req.Spec.Volumes = nil, nil
-	return req
+	vmi := guestVMI(b)
+	vmi.Spec.Domain.Firmware = nil
+	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, nil
+	return testutil.SyncRequest(b, vmi, nil)
 }
 
 func idleMachine(b *testing.B) *launcher.Machine { return machineFor(b, idleSpec(b)) }

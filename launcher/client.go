@@ -5,11 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+
+	"github.com/qvirt/qvirt/machine"
 )
 
 // Client speaks the command protocol to one launcher over its unix socket. It is what the node
@@ -79,6 +82,18 @@ func apiError(resp *http.Response) error {
 	return &APIError{Status: resp.StatusCode, Field: er.Field, Msg: er.Error}
 }
 
+// Info asks which protocol versions the launcher speaks. A launcher from before the handshake
+// answers 404: it speaks machine.ProtocolLegacy.
+func (c *Client) Info(ctx context.Context) (machine.Info, error) {
+	var out machine.Info
+	err := c.do(ctx, http.MethodGet, "/v1/info", nil, &out)
+	var apiErr *APIError
+	if errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound {
+		return machine.Info{Protocols: []string{machine.ProtocolLegacy}}, nil
+	}
+	return out, err
+}
+
 // Sync starts the VM.
 func (c *Client) Sync(ctx context.Context, req *SyncRequest) (Status, error) {
 	var st Status
@@ -142,7 +157,7 @@ func (c *Client) SoftReboot(ctx context.Context) error {
 }
 
 // Screenshot returns the guest's display as a PNG stream, which the caller must close. A VM
-// without a graphics device is a 400 *APIError with Field spec.domain.devices.autoattachGraphicsDevice.
+// without a graphics device is a 400 *APIError with Field machine.graphics.
 func (c *Client) Screenshot(ctx context.Context) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://launcher/v1/screenshot", nil)
 	if err != nil {
@@ -170,33 +185,22 @@ func (c *Client) Shutdown(ctx context.Context, gracePeriodSeconds *int64) (Exit,
 	return exit, c.do(ctx, http.MethodPost, "/v1/shutdown", ShutdownRequest{GracePeriodSeconds: gracePeriodSeconds}, &exit)
 }
 
-// HotplugVolume attaches a spec disk with its volume, resolved by the launcher as at start; the
-// reply is the disk as attached (image, format, root port). A refusal is an *APIError whose Field
-// names the request field at fault (e.g. "volume.hostDisk.path" for a missing image, status 400).
-func (c *Client) HotplugVolume(ctx context.Context, req VolumeHotplug) (DiskHotplug, error) {
-	var out DiskHotplug
-	return out, c.do(ctx, http.MethodPost, "/v1/volumes", req, &out)
-}
-
-// UnplugVolume detaches a disk attached by HotplugVolume (or HotplugDisk) once the guest has let it
-// go, deleting an emptyDisk's image. A name that is not hot-plugged is a 400 with Field "name".
-func (c *Client) UnplugVolume(ctx context.Context, name string) error {
-	return c.do(ctx, http.MethodDelete, "/v1/volumes/"+url.PathEscape(name), nil, nil)
-}
-
-// HotplugDisk attaches a disk; the reply names the root port it took.
-func (c *Client) HotplugDisk(ctx context.Context, d DiskHotplug) (DiskHotplug, error) {
-	var out DiskHotplug
+// HotplugDisk attaches a disk, its image resolved by the launcher as at start; the reply is the
+// disk as attached (with its root port). A refusal is an *APIError whose Field names the request
+// field at fault (e.g. "source.hostFile.path" for a missing image, status 400).
+func (c *Client) HotplugDisk(ctx context.Context, d machine.Disk) (machine.Disk, error) {
+	var out machine.Disk
 	return out, c.do(ctx, http.MethodPost, "/v1/disks", d, &out)
 }
 
-// UnplugDisk detaches a hotplugged disk.
+// UnplugDisk detaches a hot-plugged disk once the guest has let it go, deleting an image the
+// launcher created for it. A name that is not hot-plugged is a 400 with Field "name".
 func (c *Client) UnplugDisk(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/disks/"+url.PathEscape(name), nil, nil)
 }
 
 // HotplugNIC attaches a NIC.
-func (c *Client) HotplugNIC(ctx context.Context, n NICHotplug) error {
+func (c *Client) HotplugNIC(ctx context.Context, n machine.NIC) error {
 	return c.do(ctx, http.MethodPost, "/v1/nics", n, nil)
 }
 

@@ -12,6 +12,8 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
+
+	"github.com/qvirt/qvirt/machine"
 )
 
 // DHCPLeaseTime is how long the guest's lease lasts. The lease never changes during the VM's life,
@@ -38,8 +40,8 @@ type DHCPLease struct {
 	MTU int
 }
 
-// lease is the DHCPLease for the guest NIC with mac.
-func (c *DHCPConfig) lease(mac string) (DHCPLease, error) {
+// leaseFor is the DHCPLease of c for the guest NIC with mac.
+func leaseFor(c *machine.DHCP, mac string) (DHCPLease, error) {
 	hw, err := net.ParseMAC(mac)
 	if err != nil {
 		return DHCPLease{}, fmt.Errorf("interface mac %q: %w", mac, err)

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"os"
 
-	"k8s.io/apimachinery/pkg/util/validation/field"
+	"github.com/qvirt/qvirt/machine"
 
 	"github.com/qvirt/qvirt/qmp"
 )
 
-// graphicsPath is the spec field that decides whether the VM has a display.
-var graphicsPath = field.NewPath("spec", "domain", "devices", "autoattachGraphicsDevice")
+// graphicsPath is the machine field that decides whether the VM has a display.
+const graphicsPath = machinePath + ".graphics"
 
 // pausedRefusal is the refusal of a soft reboot while the vCPUs are stopped: the keys would wait in
 // the keyboard controller and reboot the guest at some later unpause, which nobody expects.
@@ -53,15 +53,15 @@ func (l *Launcher) SoftReboot(ctx context.Context) error {
 // new file in the VMI's run directory, which only QEMU's and the launcher's user can reach; the
 // file is already unlinked when it is returned, so the caller only reads and closes it. A VM
 // without a graphics device is refused with a *field.Error naming
-// spec.domain.devices.autoattachGraphicsDevice. A paused guest's last picture is still there.
+// machine.graphics. A paused guest's last picture is still there.
 func (l *Launcher) Screenshot(ctx context.Context) (*os.File, error) {
 	p, err := l.process()
 	if err != nil {
 		return nil, err
 	}
 	m := p.Machine()
-	if g := m.Spec.Domain.Devices.AutoattachGraphicsDevice; g != nil && !*g {
-		return nil, field.Invalid(graphicsPath, false, "the VMI has no graphics device, so there is no screen to capture")
+	if !m.Graphics {
+		return nil, machine.Invalid(graphicsPath, false, "the VMI has no graphics device, so there is no screen to capture")
 	}
 	tmp, err := os.CreateTemp(m.RunDir, "screenshot-*.png")
 	if err != nil {

@@ -23,7 +23,7 @@ func TestSoftRebootAndScreenshot(t *testing.T) {
 	v := newLauncher(t)
 	ctx := context.Background()
 	req := guestSpec(t)
-	req.Spec.Domain.Devices.AutoattachGraphicsDevice = ptr(true)
+	req.Machine.Graphics = true
 	st, err := v.client.Sync(ctx, req)
 	if err != nil {
 		t.Fatalf("sync: %v", err)
@@ -128,9 +128,9 @@ func TestScreenshotWithoutGraphicsIsRefused(t *testing.T) {
 	}
 	_, err := v.client.Screenshot(ctx)
 	var ae *launcher.APIError
-	if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || ae.Field != "spec.domain.devices.autoattachGraphicsDevice" ||
+	if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || ae.Field != "machine.graphics" ||
 		!strings.Contains(ae.Msg, "no graphics device") {
-		t.Fatalf("screenshot without graphics: %v (%+v), want a 400 naming spec.domain.devices.autoattachGraphicsDevice", err, ae)
+		t.Fatalf("screenshot without graphics: %v (%+v), want a 400 naming machine.graphics", err, ae)
 	}
 }
 

@@ -2,92 +2,122 @@ package launcher
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
+	"strings"
 
-	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/apimachinery/pkg/util/validation/field"
-
+	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/qmp"
 )
 
 // Hotplugged devices sit on the spare pcie-root-ports the argv builder creates, one device per
 // port, because q35's pcie.0 refuses hotplug. Unplug waits for DEVICE_DELETED, which only comes once
-// the guest OS has released the device.
+// the guest OS has released the device. A device is added with exactly what the argv builder gives
+// a migration target's copy of it (disk.go, nic.go).
 
-// HotplugDisk attaches req's image as a virtio disk and records the port it took in req.Port.
-func (l *Launcher) HotplugDisk(ctx context.Context, req *DiskHotplug) error {
-	if err := validateDiskHotplug(req); err != nil {
-		return err
+// hotDisk is a hot-plugged disk and its resolved image.
+type hotDisk struct {
+	machine.Disk
+	img DiskImage
+}
+
+// hotNIC is a hot-plugged NIC (its Port set) and its DHCP server.
+type hotNIC struct {
+	machine.NIC
+	// dhcp serves the NIC's lease while it is attached; nil without DHCP.
+	dhcp *dhcpServer
+}
+
+var hotPath machine.Path
+
+// HotplugDisk resolves d's image as at start and attaches it as a virtio disk on the first free
+// spare root port. It returns the disk as attached (with its port).
+func (l *Launcher) HotplugDisk(ctx context.Context, d *machine.Disk) (machine.Disk, error) {
+	if d.Port != "" {
+		return machine.Disk{}, machine.Forbidden(hotPath.Child("port"), "the launcher picks the port of a hot-plugged disk")
 	}
+	if errs := checkDisk(hotPath, d); len(errs) > 0 {
+		return machine.Disk{}, errs
+	}
+	if d.Bus != machine.BusVirtio || d.CDROM || d.BootIndex != nil {
+		return machine.Disk{}, machine.Invalid(hotPath.Child("bus"), d.Bus, "only a virtio disk without a boot index can be hot-plugged")
+	}
+	l.volumes.Lock()
+	defer l.volumes.Unlock()
 	p, err := l.process()
 	if err != nil {
-		return err
+		return machine.Disk{}, err
+	}
+	// Refuse a taken name before resolving: resolving an emptyDisk of a cold-plugged disk's name
+	// would find (and the cleanup below remove) that disk's image.
+	if l.hasDisk(p, d.Name) {
+		return machine.Disk{}, machine.Duplicate(hotPath.Child("name"), d.Name)
+	}
+	img, ferr := l.resolver.ResolveDisk(d, l.runDir, hotPath)
+	if ferr != nil {
+		return machine.Disk{}, ferr
+	}
+	hot := hotDisk{Disk: *d, img: img}
+	if err := l.attachDisk(ctx, p, &hot); err != nil {
+		removeEphemeral(d.Name, img)
+		return machine.Disk{}, err
+	}
+	return hot.Disk, nil
+}
+
+// hasDisk says whether a cold-plugged or hot-plugged disk is named name.
+func (l *Launcher) hasDisk(p *Process, name string) bool {
+	if d := p.Machine().Disk(name); d != nil && d.Port == "" {
+		return true
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p.Machine().hasDisk(req.Name) || l.hotplug[req.Name].Name != "" {
-		return field.Duplicate(field.NewPath("name"), req.Name)
+	_, ok := l.hotplug[name]
+	return ok
+}
+
+func (l *Launcher) attachDisk(ctx context.Context, p *Process, hot *hotDisk) error {
+	chain, errs := diskChain(hotPath.Child("source"), hot.Name, &hot.img)
+	if len(errs) > 0 {
+		return errs
 	}
+	if len(chain) > 1 {
+		return machine.Forbidden(hotPath.Child("source"), "a disk with a backing image cannot be hot-plugged")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	port, err := l.freePortLocked(p.Machine())
 	if err != nil {
 		return err
 	}
-	req.Port = port
+	hot.Port = port
 	mon := p.Monitor()
-	if err := mon.BlockdevAdd(ctx, hotplugBlockdev(req)); err != nil {
-		return fmt.Errorf("attach disk %q: %w", req.Name, err)
+	nodes := blockNodes(&hot.Disk, chain) // file node, then the format node over it
+	for i, n := range nodes {
+		if err := mon.BlockdevAdd(ctx, n); err != nil {
+			if i > 0 {
+				_ = mon.BlockdevDel(ctx, FileNode(hot.Name))
+			}
+			return fmt.Errorf("attach disk %q: %w", hot.Name, err)
+		}
 	}
-	if err := mon.DeviceAdd(ctx, hotplugDiskDevice(req)); err != nil {
-		_ = mon.BlockdevDel(ctx, DriveNode(req.Name))
-		return fmt.Errorf("attach disk %q: %w", req.Name, err)
+	if err := mon.DeviceAdd(ctx, virtioDiskDevice(&hot.Disk, port)); err != nil {
+		_ = mon.BlockdevDel(ctx, DriveNode(hot.Name))
+		_ = mon.BlockdevDel(ctx, FileNode(hot.Name))
+		return fmt.Errorf("attach disk %q: %w", hot.Name, err)
 	}
-	l.hotplug[req.Name] = *req
+	l.hotplug[hot.Name] = *hot
 	l.notifyLocked()
 	return nil
 }
 
-// hotplugBlockdev is the blockdev-add for a hotplugged disk: a format node over a file node, the
-// same node names the argv builder gives cold-plugged disks.
-func hotplugBlockdev(req *DiskHotplug) qmp.BlockdevOptions {
-	ro := req.ReadOnly
-	cache := &qmp.BlockdevCache{Direct: ptrTo(true), NoFlush: ptrTo(false)}
-	opts := qmp.BlockdevOptions{
-		Driver: req.Format, NodeName: DriveNode(req.Name), ReadOnly: &ro, Cache: cache,
-		File: qmp.BlockdevOptions{Driver: "file", NodeName: FileNode(req.Name), Filename: req.Path, ReadOnly: &ro,
-			Cache: cache, Props: map[string]any{"aio": "threads"}},
+// removeEphemeral deletes the image the launcher created for disk name (an emptyDisk). Only files
+// named as the resolver names emptyDisk images are touched.
+func removeEphemeral(name string, img DiskImage) {
+	if !img.Ephemeral || !strings.HasSuffix(img.Path, "/"+emptyDiskFile(name)) {
+		return
 	}
-	if req.Format == "qcow2" {
-		// Never follow a backing file named inside an image.
-		opts.Props = map[string]any{"backing": nil}
-	}
-	return opts
-}
-
-func hotplugDiskDevice(req *DiskHotplug) qmp.Device {
-	props := map[string]any{"drive": DriveNode(req.Name), "write-cache": "on"}
-	if req.Serial != "" {
-		props["serial"] = req.Serial
-	}
-	return qmp.Device{Driver: "virtio-blk-pci", ID: DiskDeviceID(req.Name), Bus: req.Port, Props: props}
-}
-
-func validateDiskHotplug(req *DiskHotplug) error {
-	if msgs := validation.IsDNS1123Label(req.Name); len(msgs) > 0 {
-		return field.Invalid(field.NewPath("name"), req.Name, msgs[0])
-	}
-	if !filepath.IsAbs(req.Path) {
-		return field.Invalid(field.NewPath("path"), req.Path, "must be an absolute path")
-	}
-	if _, err := os.Stat(req.Path); err != nil {
-		return field.Invalid(field.NewPath("path"), req.Path, err.Error())
-	}
-	if req.Format != "raw" && req.Format != "qcow2" {
-		return field.NotSupported(field.NewPath("format"), req.Format, []string{"raw", "qcow2"})
-	}
-	return nil
+	_ = os.Remove(img.Path)
 }
 
 // freePortLocked is the first spare root port no hotplugged device uses.
@@ -97,7 +127,7 @@ func (l *Launcher) freePortLocked(m *Machine) (string, error) {
 		used[d.Port] = true
 	}
 	for _, n := range l.nics {
-		used[n.port] = true
+		used[n.Port] = true
 	}
 	for i := range m.SpareRootPorts {
 		if id := HotplugPortID(i); !used[id] {
@@ -107,12 +137,25 @@ func (l *Launcher) freePortLocked(m *Machine) (string, error) {
 	return "", &ConflictError{Msg: fmt.Sprintf("all %d hotplug ports are in use", m.SpareRootPorts)}
 }
 
-// UnplugDisk detaches a hotplugged disk once the guest has let it go.
+// UnplugDisk detaches a hot-plugged disk once the guest has let it go, then its block nodes, and
+// deletes the image the launcher created for it (an emptyDisk).
 func (l *Launcher) UnplugDisk(ctx context.Context, name string) error {
-	return l.unplug(ctx, "disk", name, DiskDeviceID(name), func(mon *qmp.Monitor) error {
-		// The file node was created inline under the format node and goes with it.
-		return mon.BlockdevDel(ctx, DriveNode(name))
+	l.volumes.Lock()
+	defer l.volumes.Unlock()
+	l.mu.Lock()
+	d := l.hotplug[name]
+	l.mu.Unlock()
+	err := l.unplug(ctx, "disk", name, DiskDeviceID(name), func(mon *qmp.Monitor) error {
+		if err := mon.BlockdevDel(ctx, DriveNode(name)); err != nil {
+			return err
+		}
+		return mon.BlockdevDel(ctx, FileNode(name))
 	}, func() bool { _, ok := l.hotplug[name]; return ok }, func() { delete(l.hotplug, name) })
+	if err != nil {
+		return err
+	}
+	removeEphemeral(name, d.img)
+	return nil
 }
 
 // unplug removes device id, waiting for the guest to release it, then its backend, and forgets it.
@@ -126,7 +169,7 @@ func (l *Launcher) unplug(ctx context.Context, kind, name, id string, backend fu
 	ok := has()
 	l.mu.Unlock()
 	if !ok {
-		return field.NotFound(field.NewPath("name"), name)
+		return machine.Invalid(hotPath.Child("name"), name, fmt.Sprintf("no hot-plugged %s has this name", kind))
 	}
 	if err := p.Monitor().DeviceDelAndWait(ctx, id); err != nil {
 		return fmt.Errorf("detach %s %q: %w", kind, name, err)
@@ -141,18 +184,14 @@ func (l *Launcher) unplug(ctx context.Context, kind, name, id string, backend fu
 	return nil
 }
 
-type hotNIC struct {
-	NICHotplug
-	port string
-	// dhcp serves req.DHCP's lease while the NIC is attached; nil without DHCP.
-	dhcp *dhcpServer
-}
-
-// HotplugNIC attaches a tap the node agent created as a NIC and, when req.DHCP is set, serves the
+// HotplugNIC attaches a tap the node agent created as a NIC and, when n.DHCP is set, serves the
 // NIC's lease until UnplugNIC or QEMU's exit. The DHCP server is listening before the device is
 // added, so the guest's first DISCOVER is answered.
-func (l *Launcher) HotplugNIC(ctx context.Context, req *NICHotplug) error {
-	lease, err := validateNICHotplug(req)
+func (l *Launcher) HotplugNIC(ctx context.Context, n *machine.NIC) error {
+	if n.Port != "" {
+		return machine.Forbidden(hotPath.Child("port"), "the launcher picks the port of a hot-plugged NIC")
+	}
+	hw, lease, err := checkHotNIC(hotPath, n)
 	if err != nil {
 		return err
 	}
@@ -162,38 +201,68 @@ func (l *Launcher) HotplugNIC(ctx context.Context, req *NICHotplug) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, dup := l.nics[req.Name]; dup || p.Machine().hasInterface(req.Name) {
-		return field.Duplicate(field.NewPath("name"), req.Name)
+	if _, dup := l.nics[n.Name]; dup || p.Machine().hasColdNIC(n.Name) {
+		return machine.Duplicate(hotPath.Child("name"), n.Name)
 	}
 	port, err := l.freePortLocked(p.Machine())
 	if err != nil {
 		return err
 	}
-	srv, err := startNICDHCP(req, lease, field.NewPath("dhcp", "interface"))
+	srv, err := startNICDHCP(n, lease, hotPath.Child("dhcp", "interface"))
 	if err != nil {
 		return err
 	}
-	if err := l.addNICDevice(ctx, p, req, port); err != nil {
+	hot := hotNIC{NIC: *n, dhcp: srv}
+	hot.Port = port
+	if err := l.addNICDevice(ctx, p, &hot.NIC, hw); err != nil {
 		if srv != nil {
 			srv.stop()
 		}
 		return err
 	}
-	l.watchNICDHCP(p, req.Name, srv)
-	l.nics[req.Name] = hotNIC{NICHotplug: *req, port: port, dhcp: srv}
+	l.watchNICDHCP(p, n.Name, srv)
+	l.nics[n.Name] = hot
 	l.notifyLocked()
 	return nil
 }
 
-// startNICDHCP starts the DHCP server of a hot-plugged NIC (nil when req wants none); a failure
-// is a field error at p, the request's DHCP interface.
-func startNICDHCP(req *NICHotplug, lease *DHCPLease, p *field.Path) (*dhcpServer, error) {
+func (m *Machine) hasColdNIC(name string) bool {
+	n := m.NIC(name)
+	return n != nil && n.Port == ""
+}
+
+// checkHotNIC checks a NIC that is or was hot-plugged and returns its MAC in QEMU's form and its
+// DHCP lease (nil when it asks for none).
+func checkHotNIC(p machine.Path, n *machine.NIC) (string, *DHCPLease, error) {
+	hw, errs := checkNIC(p, n)
+	if len(errs) > 0 {
+		return "", nil, errs
+	}
+	if !nicDrivers[n.Model].pcie {
+		return "", nil, machine.Invalid(p.Child("model"), n.Model, "only a PCIe NIC (virtio, e1000e) can be hot-plugged")
+	}
+	if n.DHCP == nil {
+		return hw, nil, nil
+	}
+	lease, err := leaseFor(n.DHCP, n.MAC)
+	if err == nil {
+		err = lease.validate()
+	}
+	if err != nil {
+		return "", nil, machine.Invalid(p.Child("dhcp"), n.DHCP.Interface, err.Error())
+	}
+	return hw, &lease, nil
+}
+
+// startNICDHCP starts the DHCP server of a hot-plugged NIC (nil when it wants none); a failure
+// is a field error at p, the NIC's DHCP interface.
+func startNICDHCP(n *machine.NIC, lease *DHCPLease, p machine.Path) (*dhcpServer, error) {
 	if lease == nil {
 		return nil, nil
 	}
-	srv, err := startDHCP(req.DHCP.Interface, *lease)
+	srv, err := startDHCP(n.DHCP.Interface, *lease)
 	if err != nil {
-		return nil, field.Invalid(p, req.DHCP.Interface, err.Error())
+		return nil, machine.Invalid(p, n.DHCP.Interface, err.Error())
 	}
 	return srv, nil
 }
@@ -216,56 +285,17 @@ func (l *Launcher) watchNICDHCP(p *Process, name string, srv *dhcpServer) {
 	}()
 }
 
-// addNICDevice adds the tap backend and the NIC on port.
-func (l *Launcher) addNICDevice(ctx context.Context, p *Process, req *NICHotplug, port string) error {
+// addNICDevice adds the tap backend and the NIC on its port.
+func (l *Launcher) addNICDevice(ctx context.Context, p *Process, n *machine.NIC, hw string) error {
 	mon := p.Monitor()
-	if err := mon.NetdevAddTap(ctx, qmp.NetdevTap{ID: NetdevID(req.Name), Ifname: req.Tap}); err != nil {
-		return fmt.Errorf("attach nic %q: %w", req.Name, err)
+	if err := mon.NetdevAddTap(ctx, qmp.NetdevTap{ID: NetdevID(n.Name), Ifname: n.Tap}); err != nil {
+		return fmt.Errorf("attach nic %q: %w", n.Name, err)
 	}
-	if err := mon.DeviceAdd(ctx, nicDevice(req, port)); err != nil {
-		_ = mon.NetdevDel(ctx, NetdevID(req.Name))
-		return fmt.Errorf("attach nic %q: %w", req.Name, err)
+	if err := mon.DeviceAdd(ctx, nicDevice(n, hw, n.Port)); err != nil {
+		_ = mon.NetdevDel(ctx, NetdevID(n.Name))
+		return fmt.Errorf("attach nic %q: %w", n.Name, err)
 	}
 	return nil
-}
-
-// nicDevice is a hot-plugged NIC's device on port. The argv builder gives a migration target's
-// placed NIC (Machine.HotplugNICs) the same properties: QEMU's migration stream only fits a device
-// alike. No option ROM, as for cold-plugged NICs (there is no network boot): a ROM is a RAM block
-// the target would need too.
-func nicDevice(req *NICHotplug, port string) qmp.Device {
-	return qmp.Device{Driver: nicDrivers[orDefault(req.Model, "virtio")], ID: NICDeviceID(req.Name), Bus: port,
-		Props: map[string]any{"netdev": NetdevID(req.Name), "mac": req.MAC, "romfile": ""}}
-}
-
-// validateNICHotplug checks req and returns its DHCP lease, nil when it asks for none.
-func validateNICHotplug(req *NICHotplug) (*DHCPLease, error) {
-	if msgs := validation.IsDNS1123Label(req.Name); len(msgs) > 0 {
-		return nil, field.Invalid(field.NewPath("name"), req.Name, msgs[0])
-	}
-	if req.Tap == "" || len(req.Tap) > 15 {
-		return nil, field.Invalid(field.NewPath("tap"), req.Tap, "must be a tap device name of 1 to 15 characters")
-	}
-	if _, err := parseMAC(req.MAC); err != nil {
-		return nil, field.Invalid(field.NewPath("mac"), req.MAC, err.Error())
-	}
-	if _, ok := nicDrivers[orDefault(req.Model, "virtio")]; !ok {
-		return nil, field.NotSupported(field.NewPath("model"), req.Model, []string{"virtio", "e1000e"})
-	}
-	if req.DHCP == nil {
-		return nil, nil
-	}
-	if req.DHCP.Interface == "" || len(req.DHCP.Interface) > 15 {
-		return nil, field.Invalid(field.NewPath("dhcp", "interface"), req.DHCP.Interface, "must be a network interface name of 1 to 15 characters")
-	}
-	lease, err := req.DHCP.lease(req.MAC)
-	if err == nil {
-		err = lease.validate()
-	}
-	if err != nil {
-		return nil, field.Invalid(field.NewPath("dhcp"), req.DHCP, err.Error())
-	}
-	return &lease, nil
 }
 
 // UnplugNIC detaches a hotplugged NIC once the guest has let it go, then stops its DHCP server:
@@ -281,101 +311,30 @@ func (l *Launcher) UnplugNIC(ctx context.Context, name string) error {
 	})
 }
 
-// nicDrivers are the NIC models that can be hotplugged: PCIe devices that sit on a root port.
-var nicDrivers = map[string]string{"virtio": "virtio-net-pci", "e1000e": "e1000e"}
-
-func (m *Machine) hasDisk(name string) bool {
-	for _, d := range m.Spec.Domain.Devices.Disks {
-		if d.Name == name {
-			return true
-		}
-	}
-	for _, d := range m.Hotplugged {
-		if d.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-func (m *Machine) hasInterface(name string) bool {
-	for _, in := range m.Spec.Domain.Devices.Interfaces {
-		if in.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-// MAC is the MAC address of a spec interface: the spec's, else the one the caller derived.
-func (m *Machine) MAC(iface string) string {
-	for _, in := range m.Spec.Domain.Devices.Interfaces {
-		if in.Name == iface && in.MacAddress != "" {
-			return in.MacAddress
-		}
-	}
-	return m.MACs[iface]
-}
-
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
-func ptrTo[T any](v T) *T { return &v }
-
-// placeNICs checks a migration target's hot-plugged NICs (req.HotplugNICs) and starts the DHCP
-// servers they ask for, before QEMU starts, so a lease that cannot be served is refused as for
-// POST /v1/nics. It returns the NICs to record once QEMU runs (adoptNICs); on error no server is
-// left running.
-func placeNICs(req *SyncRequest) ([]hotNIC, error) {
+// placeNICs checks a migration target's hot-plugged NICs (those of m with a Port) and starts the
+// DHCP servers they ask for, before QEMU starts, so a lease that cannot be served is refused as
+// for POST /v1/nics. It returns the NICs to record once QEMU runs (adoptNICs); on error no server
+// is left running. The argv builder checks the ports against the spare ones.
+func placeNICs(m *Machine) ([]hotNIC, error) {
 	var placed []hotNIC
-	stop := func() { stopNICDHCP(placed) }
-	names := map[string]bool{}
-	for _, in := range req.Spec.Domain.Devices.Interfaces {
-		names[in.Name] = true
-	}
-	for i := range req.HotplugNICs {
-		pn := &req.HotplugNICs[i]
-		p := field.NewPath("hotplugNICs").Index(i)
-		lease, err := validatePlacedNIC(pn, p, names)
-		if err != nil {
-			stop()
-			return nil, err
+	for i := range m.NICs {
+		n := &m.NICs[i]
+		if n.Port == "" {
+			continue
 		}
-		names[pn.Name] = true
-		srv, err := startNICDHCP(&pn.NICHotplug, lease, p.Child("dhcp", "interface"))
-		if err != nil {
-			stop()
-			return nil, err
+		p := machinePath.Child("nics").Index(i)
+		_, lease, err := checkHotNIC(p, n)
+		if err == nil {
+			var srv *dhcpServer
+			if srv, err = startNICDHCP(n, lease, p.Child("dhcp", "interface")); err == nil {
+				placed = append(placed, hotNIC{NIC: *n, dhcp: srv})
+				continue
+			}
 		}
-		placed = append(placed, hotNIC{NICHotplug: pn.NICHotplug, port: pn.Port, dhcp: srv})
+		stopNICDHCP(placed)
+		return nil, err
 	}
 	return placed, nil
-}
-
-// validatePlacedNIC checks one placed NIC as POST /v1/nics would, with field paths under p, and
-// that its name is not taken; the argv builder checks the port against the spare ones.
-func validatePlacedNIC(pn *PlacedNIC, p *field.Path, taken map[string]bool) (*DHCPLease, error) {
-	lease, err := validateNICHotplug(&pn.NICHotplug)
-	var fe *field.Error
-	if errors.As(err, &fe) {
-		under := *fe
-		under.Field = p.String() + "." + fe.Field
-		return nil, &under
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", p, err)
-	}
-	if taken[pn.Name] {
-		return nil, field.Duplicate(p.Child("name"), pn.Name)
-	}
-	if pn.Port == "" {
-		return nil, field.Required(p.Child("port"), "the root port the NIC has on the source")
-	}
-	return lease, nil
 }
 
 // adoptNICs records the placed NICs of a QEMU that started with them, as HotplugNIC would have:

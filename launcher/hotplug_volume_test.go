@@ -10,13 +10,16 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 )
 
-// TestVolumeHotplug attaches spec volumes (an emptyDisk and a hostDisk) to the running test guest
-// through POST /v1/volumes, sees them in the guest by serial, and detaches them again; bad requests
+// TestVolumeHotplug attaches spec volumes (an emptyDisk and a hostDisk), described as the node
+// agent describes them, to the running test guest through POST /v1/disks, sees them in the guest by serial, and detaches them again; bad requests
 // are refused with the field named and leave the guest alone.
 func TestVolumeHotplug(t *testing.T) {
 	v, c := boot(t)
@@ -34,30 +37,38 @@ func TestVolumeHotplug(t *testing.T) {
 			HostDisk: &v1alpha1.HostDisk{Path: path, Type: v1alpha1.HostDiskExists}}}
 	}
 
+	// hot is the disk the node agent sends for a spec disk and volume added to the running VMI.
+	hot := func(d v1alpha1.Disk, vol v1alpha1.Volume) machine.Disk {
+		t.Helper()
+		md, err := translate.HotplugDisk(&d, &vol, field.NewPath("spec", "domain", "devices", "disks").Index(1))
+		if err != nil {
+			t.Fatalf("translate: %v", err)
+		}
+		return md
+	}
+
 	t.Run("bad requests are refused naming the field, the guest runs on", func(t *testing.T) {
 		missing := filepath.Join(v.runDir, "no-such-image.img")
+		sata := hot(virtio("data", ""), emptyDisk("data", "1Mi"))
+		sata.Bus = machine.BusSATA
+		cdrom := hot(virtio("data", ""), emptyDisk("data", "1Mi"))
+		cdrom.CDROM, cdrom.ReadOnly = true, true
+		placed := hot(virtio("data", ""), emptyDisk("data", "1Mi"))
+		placed.Port = "hotplug0"
 		cases := []struct {
 			name  string
-			req   launcher.VolumeHotplug
+			req   machine.Disk
 			field string
 			msg   string
 		}{
-			{"missing host disk image", launcher.VolumeHotplug{Disk: virtio("data", ""), Volume: hostDisk("data", missing)},
-				"volume.hostDisk.path", "no such file or directory"},
-			{"cdrom", launcher.VolumeHotplug{Disk: v1alpha1.Disk{Name: "data", CDRom: &v1alpha1.CDRomTarget{}}, Volume: emptyDisk("data", "1Mi")},
-				"disk.cdrom", "only hard disks"},
-			{"sata bus", launcher.VolumeHotplug{Disk: v1alpha1.Disk{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}}, Volume: emptyDisk("data", "1Mi")},
-				"disk.disk.bus", `"sata"`},
-			{"container disk", launcher.VolumeHotplug{Disk: virtio("data", ""), Volume: v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{
-				ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "file:///nowhere"}}}},
-				"volume.containerDisk", "only hostDisk and emptyDisk"},
-			{"names differ", launcher.VolumeHotplug{Disk: virtio("data", ""), Volume: emptyDisk("other", "1Mi")},
-				"volume.name", "must be the disk's name"},
-			{"name of a disk the guest booted with", launcher.VolumeHotplug{Disk: virtio("scratch", ""), Volume: emptyDisk("scratch", "1Mi")},
-				"disk.name", "Duplicate value"},
+			{"missing host disk image", hot(virtio("data", ""), hostDisk("data", missing)), "source.hostFile.path", "no such file or directory"},
+			{"cdrom", cdrom, "bus", "only a virtio disk"},
+			{"sata bus", sata, "bus", "only a virtio disk"},
+			{"a port chosen by the caller", placed, "port", "the launcher picks"},
+			{"name of a disk the guest booted with", hot(virtio("scratch", ""), emptyDisk("scratch", "1Mi")), "name", "duplicate value"},
 		}
 		for _, tc := range cases {
-			_, err := v.client.HotplugVolume(ctx, tc.req)
+			_, err := v.client.HotplugDisk(ctx, tc.req)
 			var apiErr *launcher.APIError
 			if !errors.As(err, &apiErr) || apiErr.Status != 400 || apiErr.Field != tc.field || !strings.Contains(apiErr.Msg, tc.msg) {
 				t.Errorf("%s: want a 400 naming %s with %q, got %v (%+v)", tc.name, tc.field, tc.msg, err, apiErr)
@@ -83,18 +94,22 @@ func TestVolumeHotplug(t *testing.T) {
 	}
 
 	t.Run("an emptyDisk and a hostDisk appear in the guest and go on unplug", func(t *testing.T) {
-		empty, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("empty", "EMPTY1"), Volume: emptyDisk("empty", "8Mi")})
+		empty, err := v.client.HotplugDisk(ctx, hot(virtio("empty", "EMPTY1"), emptyDisk("empty", "8Mi")))
 		if err != nil {
 			t.Fatalf("hotplug emptyDisk: %v", err)
 		}
-		if !empty.Ephemeral || empty.Port == "" || empty.Format != "raw" || !strings.HasPrefix(empty.Path, v.runDir) {
-			t.Fatalf("emptyDisk attached as %+v; want an ephemeral raw image in the run directory on a root port", empty)
+		emptyImage := filepath.Join(v.runDir, "empty-empty.img")
+		if empty.Port == "" || empty.Source.Empty == nil {
+			t.Fatalf("emptyDisk attached as %+v; want it on a root port", empty)
 		}
-		host, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("host", "HOST1"), Volume: hostDisk("host", img)})
+		if _, err := os.Stat(emptyImage); err != nil {
+			t.Fatalf("no emptyDisk image in the run directory: %v", err)
+		}
+		host, err := v.client.HotplugDisk(ctx, hot(virtio("host", "HOST1"), hostDisk("host", img)))
 		if err != nil {
 			t.Fatalf("hotplug hostDisk: %v", err)
 		}
-		if host.Path != img || host.Ephemeral || host.Port == empty.Port {
+		if host.Source.HostFile == nil || host.Source.HostFile.Path != img || host.Port == empty.Port {
 			t.Fatalf("hostDisk attached as %+v (emptyDisk on %s)", host, empty.Port)
 		}
 
@@ -123,14 +138,14 @@ func TestVolumeHotplug(t *testing.T) {
 		}
 
 		for _, name := range []string{"empty", "host"} {
-			if err := v.client.UnplugVolume(ctx, name); err != nil {
+			if err := v.client.UnplugDisk(ctx, name); err != nil {
 				t.Fatalf("unplug %s: %v", name, err)
 			}
 		}
 		from = len(c.Text())
 		c.Send(t, `echo "LEFT-$(ls /sys/block | grep -c vd)"`)
 		c.Expect(t, from, "LEFT-1", time.Minute)
-		if _, err := os.Stat(empty.Path); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(emptyImage); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the emptyDisk image outlived its unplug: %v", err)
 		}
 		if _, err := os.Stat(img); err != nil {
@@ -143,7 +158,7 @@ func TestVolumeHotplug(t *testing.T) {
 
 	t.Run("unplugging what is not hot-plugged names the field", func(t *testing.T) {
 		for _, name := range []string{"empty", "scratch"} {
-			err := v.client.UnplugVolume(ctx, name)
+			err := v.client.UnplugDisk(ctx, name)
 			var apiErr *launcher.APIError
 			if !errors.As(err, &apiErr) || apiErr.Status != 400 || apiErr.Field != "name" {
 				t.Errorf("unplug %s: want a 400 naming name, got %v", name, err)
@@ -153,19 +168,19 @@ func TestVolumeHotplug(t *testing.T) {
 
 	t.Run("an emptyDisk added again is blank", func(t *testing.T) {
 		from := len(c.Text())
-		d, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("empty", "EMPTY2"), Volume: emptyDisk("empty", "8Mi")})
-		if err != nil {
+		if _, err := v.client.HotplugDisk(ctx, hot(virtio("empty", "EMPTY2"), emptyDisk("empty", "8Mi"))); err != nil {
 			t.Fatalf("hotplug: %v", err)
 		}
+		path := filepath.Join(v.runDir, "empty-empty.img")
 		c.Send(t, `for i in $(seq 30); do [ -b /dev/vdb ] && break; sleep 1; done; echo "WROTE-$(echo dirty > /dev/vdb && sync && echo ok)"`)
 		c.Expect(t, from, "WROTE-ok", time.Minute)
-		if data, err := os.ReadFile(d.Path); err != nil || !strings.HasPrefix(string(data), "dirty") {
-			t.Fatalf("the guest's write did not reach %s: %v", d.Path, err)
+		if data, err := os.ReadFile(path); err != nil || !strings.HasPrefix(string(data), "dirty") {
+			t.Fatalf("the guest's write did not reach %s: %v", path, err)
 		}
-		if err := v.client.UnplugVolume(ctx, "empty"); err != nil {
+		if err := v.client.UnplugDisk(ctx, "empty"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := v.client.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: virtio("empty", "EMPTY3"), Volume: emptyDisk("empty", "8Mi")}); err != nil {
+		if _, err := v.client.HotplugDisk(ctx, hot(virtio("empty", "EMPTY3"), emptyDisk("empty", "8Mi"))); err != nil {
 			t.Fatalf("hotplug again: %v", err)
 		}
 		from = len(c.Text())

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // PullerName is the image puller binary (cmd/qvirt-pull) the launcher execs for images that are
@@ -25,8 +25,9 @@ const pullTimeout = 10 * time.Minute
 // pullImage gets image into the node's image cache (h.ImageCache) through the puller and returns
 // the directory of its filesystem. Concurrent launchers on the node share the cache; the puller
 // locks per digest.
-func (h HostResolver) pullImage(image string, policy corev1.PullPolicy, pullSecret string) (string, error) {
-	if pullSecret != "" {
+func (h HostResolver) pullImage(ref machine.ImageRef) (string, error) {
+	image, policy := ref.Ref, ref.PullPolicy
+	if ref.PullSecret != "" {
 		return "", errors.New("imagePullSecret is not supported yet: the launcher pulls anonymously")
 	}
 	if h.ImageCache == "" {

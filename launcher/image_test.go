@@ -26,6 +26,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/local/registry"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // These tests pull the test guest over the registry protocol from a real registry (local/registry)
@@ -102,15 +103,19 @@ func imageResolver(t *testing.T, r *testRegistry, cache string) launcher.HostRes
 	return launcher.HostResolver{SpareRootPorts: 2, ImageCache: cache, InsecureRegistries: []string{r.addr}, Puller: puller(t)}
 }
 
-// registrySpec boots the demo guest image with the demo containerDisk as its only disk.
-func registrySpec(t *testing.T, imgs registry.Images) *launcher.SyncRequest {
-	req := guestSpec(t)
-	c := req.Spec.Domain.Firmware.KernelBoot.Container
+// registryVMI boots the demo guest image with the demo containerDisk as its only disk.
+func registryVMI(t *testing.T, imgs registry.Images) *v1alpha1.VirtualMachineInstance {
+	vmi := guestVMI(t)
+	c := vmi.Spec.Domain.Firmware.KernelBoot.Container
 	c.Image, c.KernelPath, c.InitrdPath = imgs.KernelBoot, registry.KernelPath, registry.InitrdPath
-	req.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "demo", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}}}
-	req.Spec.Volumes = []v1alpha1.Volume{{Name: "demo", VolumeSource: v1alpha1.VolumeSource{
+	vmi.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "demo", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}}}
+	vmi.Spec.Volumes = []v1alpha1.Volume{{Name: "demo", VolumeSource: v1alpha1.VolumeSource{
 		ContainerDisk: &v1alpha1.ContainerDiskSource{Image: imgs.ContainerDisk}}}}
-	return req
+	return vmi
+}
+
+func registrySpec(t *testing.T, imgs registry.Images) *launcher.SyncRequest {
+	return testutil.SyncRequest(t, registryVMI(t, imgs), nil)
 }
 
 // A guest boots from kernelBoot and containerDisk images pulled over the registry protocol; a second
@@ -148,9 +153,10 @@ func TestBootFromRegistryImagesAndCache(t *testing.T) {
 
 	reg.reset()
 	third := newLauncherWith(t, imageResolver(t, reg, cache))
-	req := registrySpec(t, reg.images)
-	req.Spec.Domain.Firmware.KernelBoot.Container.ImagePullPolicy = corev1.PullIfNotPresent
-	req.Spec.Volumes[0].ContainerDisk.ImagePullPolicy = corev1.PullIfNotPresent
+	vmi := registryVMI(t, reg.images)
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.ImagePullPolicy = corev1.PullIfNotPresent
+	vmi.Spec.Volumes[0].ContainerDisk.ImagePullPolicy = corev1.PullIfNotPresent
+	req := testutil.SyncRequest(t, vmi, nil)
 	start = time.Now()
 	if _, err := third.client.Sync(ctx, req); err != nil {
 		t.Fatalf("third sync: %v", err)
@@ -165,7 +171,7 @@ func TestBootFromRegistryImagesAndCache(t *testing.T) {
 func TestRegistryImageErrors(t *testing.T) {
 	reg := startRegistry(t)
 	evil := pushEvilImages(t, reg.addr)
-	const field = "spec.domain.firmware.kernelBoot.container.image"
+	const field = "machine.kernel.image.ref"
 	cases := []struct {
 		name, image string
 		insecure    bool
@@ -187,7 +193,7 @@ func TestRegistryImageErrors(t *testing.T) {
 			}
 			v := newLauncherWith(t, res)
 			req := registrySpec(t, reg.images)
-			req.Spec.Domain.Firmware.KernelBoot.Container.Image = c.image
+			req.Machine.Kernel.Image.Ref = c.image
 			_, err := v.client.Sync(context.Background(), req)
 			var apiErr *launcher.APIError
 			if !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest || apiErr.Field != field || !strings.Contains(apiErr.Msg, c.want) {

@@ -9,17 +9,17 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/validation/field"
-
-	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/qmp"
 )
 
-// Resolver turns a SyncRequest into a Machine: it finds the kernel, initrd and disk images on this
-// host and the taps the node agent created. Run mode resolves host paths; a launcher pod resolves
-// the volumes mounted into it.
+// Resolver finds a machine's kernel, initrd and disk images on this host, creating those the
+// launcher makes (emptyDisks). Run mode resolves host paths; a launcher pod resolves the volumes
+// mounted into it. ResolveDisk is called again for each disk hot-plugged while the VM runs, and
+// must create nothing but that disk's image; errors are at p.
 type Resolver interface {
-	Resolve(req *SyncRequest, runDir string) (*Machine, error)
+	Resolve(m *machine.Machine, runDir string) (*Machine, error)
+	ResolveDisk(d *machine.Disk, runDir string, p machine.Path) (DiskImage, *machine.FieldError)
 }
 
 // Launcher owns one VM: it starts QEMU on Sync and serves the node agent's commands. Safe for
@@ -35,19 +35,18 @@ type Launcher struct {
 	phase     Phase
 	startErr  string
 	migration *MigrationInfo
-	hotplug   map[string]DiskHotplug
+	hotplug   map[string]hotDisk
 	nics      map[string]hotNIC
 	changed   chan struct{}
 
-	// volumes serialises HotplugVolume and UnplugVolume (hotplug_volume.go), which resolve and
-	// clean up images outside mu.
+	// volumes serialises HotplugDisk and UnplugDisk, which resolve and clean up images outside mu.
 	volumes sync.Mutex
 }
 
 // New returns a launcher that keeps QEMU's sockets in runDir.
 func New(runDir string, resolver Resolver, opts Options) *Launcher {
 	return &Launcher{runDir: runDir, resolver: resolver, opts: opts, phase: PhaseWaiting,
-		hotplug: map[string]DiskHotplug{}, nics: map[string]hotNIC{}, changed: make(chan struct{})}
+		hotplug: map[string]hotDisk{}, nics: map[string]hotNIC{}, changed: make(chan struct{})}
 }
 
 // ConflictError is returned for a request that does not fit the launcher's state.
@@ -60,35 +59,30 @@ func (e *ConflictError) Error() string { return e.Msg }
 func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
 	l.mu.Lock()
 	if l.req != nil {
-		same := l.req.UID == req.UID
+		running := l.req.Machine.UID
 		l.mu.Unlock()
-		if same {
+		if running == req.Machine.UID {
 			return nil
 		}
-		return &ConflictError{Msg: fmt.Sprintf("launcher already runs VMI %s", l.req.UID)}
+		return &ConflictError{Msg: fmt.Sprintf("launcher already runs VMI %s", running)}
 	}
-	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&req.Spec, field.NewPath("spec")); len(errs) > 0 {
-		l.mu.Unlock()
-		return errs.ToAggregate()
-	}
-	if err := l.placeVolumes(req); err != nil {
-		l.mu.Unlock()
-		return err
-	}
-	m, err := l.resolver.Resolve(req, l.runDir)
+	m, err := l.resolver.Resolve(&req.Machine, l.runDir)
 	if err != nil {
 		l.mu.Unlock()
 		return err
 	}
-	placedNICs, err := placeNICs(req)
+	m.Incoming = req.Incoming
+	placedNICs, err := placeNICs(m)
 	if err != nil {
 		l.mu.Unlock()
 		return err
 	}
 	l.req = req
 	l.phase = PhaseStarting
-	for _, d := range req.Hotplugged {
-		l.hotplug[d.Name] = d
+	for _, d := range m.Disks {
+		if d.Port != "" {
+			l.hotplug[d.Name] = hotDisk{Disk: d, img: m.Images[d.Name]}
+		}
 	}
 	l.notifyLocked()
 	l.mu.Unlock()
@@ -109,18 +103,18 @@ func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
 		l.phase = PhaseIncoming
 	}
 	go l.follow(proc)
-	l.serveDHCP(proc, req.Interfaces)
+	l.serveDHCP(proc, m.NICs)
 	return nil
 }
 
 // serveDHCP runs a DHCP server for each interface that wants one, for as long as QEMU runs. A
 // server that cannot start is logged: the guest then keeps asking, and its NIC has no address.
-func (l *Launcher) serveDHCP(p *Process, ifaces []InterfaceSetup) {
-	for _, in := range ifaces {
-		if in.DHCP == nil {
-			continue
+func (l *Launcher) serveDHCP(p *Process, nics []machine.NIC) {
+	for _, in := range nics {
+		if in.DHCP == nil || in.Port != "" {
+			continue // hot-plugged NICs have their own servers (placeNICs)
 		}
-		lease, err := in.DHCP.lease(in.MAC)
+		lease, err := leaseFor(in.DHCP, in.MAC)
 		if err != nil {
 			l.opts.Log.Error(err, "no DHCP for interface", "interface", in.Name)
 			continue
@@ -170,11 +164,11 @@ func (l *Launcher) Status(ctx context.Context) (Status, <-chan struct{}) {
 	l.mu.Lock()
 	st := Status{Phase: l.phase, StartError: l.startErr, Migration: l.migration}
 	if l.req != nil {
-		st.UID = l.req.UID
+		st.UID = l.req.Machine.UID
 	}
 	proc, changed := l.proc, l.changed
 	for _, d := range l.hotplug {
-		st.Hotplugged = append(st.Hotplugged, d)
+		st.Hotplugged = append(st.Hotplugged, d.Disk)
 	}
 	l.mu.Unlock()
 	if proc == nil {
@@ -193,24 +187,27 @@ func (l *Launcher) Status(ctx context.Context) (Status, <-chan struct{}) {
 func (l *Launcher) devices(p *Process) ([]DiskStatus, []NICStatus) {
 	m := p.Machine()
 	var disks []DiskStatus
-	for _, d := range m.Spec.Domain.Devices.Disks {
-		disks = append(disks, DiskStatus{Name: d.Name})
+	var nics []NICStatus
+	for _, d := range m.Disks {
+		if d.Port == "" {
+			disks = append(disks, DiskStatus{Name: d.Name})
+		}
 	}
+	for _, n := range m.NICs {
+		if n.Port == "" {
+			nics = append(nics, NICStatus{Name: n.Name, MAC: n.MAC})
+		}
+	}
+	cold := len(nics)
 	l.mu.Lock()
 	for name := range l.hotplug {
 		disks = append(disks, DiskStatus{Name: name, Hotplugged: true})
 	}
-	l.mu.Unlock()
-	var nics []NICStatus
-	for _, in := range m.Spec.Domain.Devices.Interfaces {
-		nics = append(nics, NICStatus{Name: in.Name, MAC: m.MAC(in.Name)})
-	}
-	l.mu.Lock()
 	for name, n := range l.nics {
-		nics = append(nics, NICStatus{Name: name, MAC: n.MAC, Hotplugged: true, Port: n.port})
+		nics = append(nics, NICStatus{Name: name, MAC: n.MAC, Hotplugged: true, Port: n.Port})
 	}
 	l.mu.Unlock()
-	slices.SortFunc(nics[len(m.Spec.Domain.Devices.Interfaces):], func(a, b NICStatus) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(nics[cold:], func(a, b NICStatus) int { return strings.Compare(a.Name, b.Name) })
 	return disks, nics
 }
 
@@ -293,8 +290,8 @@ func (l *Launcher) Kill(context.Context) error {
 	return p.Kill()
 }
 
-// Shutdown stops the guest gracefully; grace nil means the spec's terminationGracePeriodSeconds
-// (180 s when unset, as in KubeVirt). It returns once QEMU is gone.
+// Shutdown stops the guest gracefully; grace nil means the machine's grace period. It returns once
+// QEMU is gone.
 func (l *Launcher) Shutdown(ctx context.Context, grace *int64) (Exit, error) {
 	p, err := l.process()
 	if err != nil {
@@ -303,15 +300,12 @@ func (l *Launcher) Shutdown(ctx context.Context, grace *int64) (Exit, error) {
 	return p.Shutdown(ctx, GracePeriod(p.Machine(), grace))
 }
 
-// GracePeriod is the shutdown grace period: the override, else the spec's, else 180 s.
+// GracePeriod is the shutdown grace period: the override, else the machine's.
 func GracePeriod(m *Machine, override *int64) time.Duration {
-	switch {
-	case override != nil:
+	if override != nil {
 		return time.Duration(*override) * time.Second
-	case m.Spec.TerminationGracePeriodSeconds != nil:
-		return time.Duration(*m.Spec.TerminationGracePeriodSeconds) * time.Second
 	}
-	return 180 * time.Second
+	return time.Duration(m.GracePeriodSeconds) * time.Second
 }
 
 // Wait blocks until QEMU has exited (after a successful Sync) or ctx ends.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	gqmp "github.com/digitalocean/go-qemu/qmp"
-	"k8s.io/apimachinery/pkg/util/validation/field"
+	"github.com/qvirt/qvirt/machine"
 
 	"github.com/qvirt/qvirt/qmp"
 )
@@ -30,7 +30,7 @@ const progressInterval = 20 * time.Millisecond
 func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (string, error) {
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil || net.ParseIP(host) == nil {
-		return "", field.Invalid(field.NewPath("listen"), listen, "must be IP:PORT")
+		return "", machine.Invalid("listen", listen, "must be IP:PORT")
 	}
 	p, err := l.process()
 	if err != nil {
@@ -143,10 +143,10 @@ func validateMigrationSource(req *MigrationSource) error {
 	addr, isTCP := strings.CutPrefix(req.URI, "tcp:")
 	host, port, err := net.SplitHostPort(addr)
 	if !isTCP || err != nil || net.ParseIP(host) == nil || port == "" || port == "0" {
-		return field.Invalid(field.NewPath("uri"), req.URI, "must be tcp:IP:PORT")
+		return machine.Invalid("uri", req.URI, "must be tcp:IP:PORT")
 	}
 	if req.DowntimeLimit < 0 {
-		return field.Invalid(field.NewPath("downtimeLimit"), req.DowntimeLimit, "must be 0 or more")
+		return machine.Invalid("downtimeLimit", req.DowntimeLimit, "must be 0 or more")
 	}
 	return nil
 }
@@ -258,3 +258,5 @@ func (l *Launcher) setMigration(info *MigrationInfo) {
 	l.migration = info
 	l.notifyLocked()
 }
+
+func ptrTo[T any](v T) *T { return &v }

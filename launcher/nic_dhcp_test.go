@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // TestHotpluggedNICGetsItsLease hot-plugs a NIC with DHCP into the running test guest, on a tap
@@ -28,13 +29,13 @@ func TestHotpluggedNICGetsItsLease(t *testing.T) {
 	run(t, "ip", "addr", "add", "10.213.79.1/30", "dev", tap)
 	run(t, "ip", "link", "set", tap, "up")
 	const mac = "02:00:00:aa:bb:02"
-	nic := launcher.NICHotplug{Name: "hot", Tap: tap, MAC: mac, DHCP: &launcher.DHCPConfig{
+	nic := machine.NIC{Name: "hot", Tap: tap, MAC: mac, Model: machine.NICVirtio, DHCP: &machine.DHCP{
 		Interface: tap, IP: netip.MustParsePrefix("10.213.79.2/30"), Gateway: netip.MustParseAddr("10.213.79.1"),
 		DNS: []netip.Addr{netip.MustParseAddr("10.213.79.1")}, Hostname: "hot-guest"}}
 
 	t.Run("a DHCP interface that cannot be served is refused before QEMU sees the NIC", func(t *testing.T) {
 		bad := nic
-		bad.DHCP = &launcher.DHCPConfig{Interface: "qvnosuch0", IP: nic.DHCP.IP, Gateway: nic.DHCP.Gateway}
+		bad.DHCP = &machine.DHCP{Interface: "qvnosuch0", IP: nic.DHCP.IP, Gateway: nic.DHCP.Gateway}
 		err := v.client.HotplugNIC(ctx, bad)
 		var apiErr *launcher.APIError
 		if !errors.As(err, &apiErr) || apiErr.Status != 400 || apiErr.Field != "dhcp.interface" {

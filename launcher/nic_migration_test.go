@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // TestMigrationKeepsAHotpluggedNIC hot-plugs a disk and then a NIC into the running test guest
@@ -38,11 +39,11 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 
 	img := filepath.Join(src.runDir, "hot.qcow2")
 	run(t, "qemu-img", "create", "-q", "-f", "qcow2", img, "32M")
-	if _, err := src.client.HotplugDisk(ctx, launcher.DiskHotplug{Name: "hot", Path: img, Format: "qcow2"}); err != nil {
+	if _, err := src.client.HotplugDisk(ctx, fileDisk("hot", img, "qcow2")); err != nil {
 		t.Fatal(err)
 	}
 	const mac = "02:00:00:aa:bb:03"
-	if err := src.client.HotplugNIC(ctx, launcher.NICHotplug{Name: "extra", Tap: srcTap, MAC: mac}); err != nil {
+	if err := src.client.HotplugNIC(ctx, machine.NIC{Name: "extra", Tap: srcTap, MAC: mac, Model: machine.NICVirtio}); err != nil {
 		t.Fatal(err)
 	}
 	from := len(srcConsole.Text())
@@ -60,16 +61,17 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 	}
 
 	dst := newLauncher(t)
-	nic := launcher.PlacedNIC{Port: srcNIC.Port, NICHotplug: launcher.NICHotplug{Name: "extra", Tap: dstTap, MAC: srcNIC.MAC,
-		DHCP: &launcher.DHCPConfig{Interface: dstTap, IP: netip.MustParsePrefix("10.213.80.2/30"), Gateway: netip.MustParseAddr("10.213.80.1")}}}
-	target := func(mutate func(*launcher.PlacedNIC)) *launcher.SyncRequest {
+	nic := machine.NIC{Port: srcNIC.Port, Name: "extra", Tap: dstTap, MAC: srcNIC.MAC, Model: machine.NICVirtio,
+		DHCP: &machine.DHCP{Interface: dstTap, IP: netip.MustParsePrefix("10.213.80.2/30"), Gateway: netip.MustParseAddr("10.213.80.1")}}
+	target := func(mutate func(*machine.NIC)) *launcher.SyncRequest {
 		req := guestSpec(t)
-		req.UID, req.Incoming, req.Hotplugged = srcStatus.UID, true, srcStatus.Hotplugged
+		req.Machine.UID, req.Incoming = srcStatus.UID, true
+		req.Machine.Disks = append(req.Machine.Disks, srcStatus.Hotplugged...)
 		n := nic
 		if mutate != nil {
 			mutate(&n)
 		}
-		req.HotplugNICs = []launcher.PlacedNIC{n}
+		req.Machine.NICs = []machine.NIC{n}
 		return req
 	}
 
@@ -78,14 +80,14 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 		bad := newLauncher(t)
 		for _, tc := range []struct {
 			field  string
-			mutate func(*launcher.PlacedNIC)
+			mutate func(*machine.NIC)
 		}{
-			{"hotplugNICs[0].port", func(n *launcher.PlacedNIC) { n.Port = "" }},
-			{"hotplugNICs[0].mac", func(n *launcher.PlacedNIC) { n.MAC = "02:00:00" }},
-			{"hotplugNICs[0].dhcp.interface", func(n *launcher.PlacedNIC) {
-				n.DHCP = &launcher.DHCPConfig{Interface: "qvnosuch0", IP: nic.DHCP.IP, Gateway: nic.DHCP.Gateway}
+			{"machine.nics[0].mac", func(n *machine.NIC) { n.MAC = "02:00:00" }},
+			{"machine.nics[0].dhcp.interface", func(n *machine.NIC) {
+				n.DHCP = &machine.DHCP{Interface: "qvnosuch0", IP: nic.DHCP.IP, Gateway: nic.DHCP.Gateway}
 			}},
-			{"machine.hotplugNICs[0].port", func(n *launcher.PlacedNIC) { n.Port = launcher.HotplugPortID(0) }}, // the disk's
+			{"machine.nics[0].model", func(n *machine.NIC) { n.Model = machine.NICE1000 }},
+			{"machine.nics[0].port", func(n *machine.NIC) { n.Port = launcher.HotplugPortID(0) }}, // the disk's
 		} {
 			_, err := bad.client.Sync(ctx, target(tc.mutate))
 			var apiErr *launcher.APIError

@@ -1,10 +1,6 @@
 package launcher
 
-import (
-	"path/filepath"
-
-	"k8s.io/apimachinery/pkg/types"
-)
+import "path/filepath"
 
 // Dir is one VMI's socket directory, <socket-dir>/<vmi-uid>: the launcher creates it and its
 // sockets; the node agent finds them here. The launcher pod mounts the node's socket directory
@@ -12,7 +8,7 @@ import (
 type Dir string
 
 // VMIDir is the directory of the VMI with uid under socketDir.
-func VMIDir(socketDir string, uid types.UID) Dir {
+func VMIDir[UID ~string](socketDir string, uid UID) Dir {
 	return Dir(filepath.Join(socketDir, string(uid)))
 }
 

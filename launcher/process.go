@@ -16,7 +16,6 @@ import (
 	gqmp "github.com/digitalocean/go-qemu/qmp"
 	"github.com/go-logr/logr"
 
-	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/qmp"
 )
 
@@ -240,16 +239,10 @@ func (p *Process) dialWhenReady(ctx context.Context) (*qmp.Monitor, error) {
 }
 
 func (p *Process) resume(ctx context.Context) error {
-	if p.machine.Incoming || startsPaused(p.machine.Spec) {
+	if p.machine.Incoming || p.machine.StartPaused {
 		return nil
 	}
 	return p.Resume(ctx)
-}
-
-// startsPaused is true for spec.startStrategy Paused: QEMU stays in its prelaunch state (started
-// with -S, never continued) until the guest is unpaused.
-func startsPaused(spec *v1alpha1.VirtualMachineInstanceSpec) bool {
-	return spec.StartStrategy != nil && *spec.StartStrategy == v1alpha1.StartStrategyPaused
 }
 
 // neverRan is true for the run states before the guest's first instruction: prelaunch (started

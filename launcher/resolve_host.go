@@ -7,18 +7,14 @@ import (
 	"path/filepath"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/validation/field"
-
-	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/machine"
 )
 
-// HostResolver resolves a spec against the filesystem the launcher sees: for `qvirt-launcher run`
-// the host's, for `qvirt-launcher serve` the launcher pod's (whose hostDisk volumes are hostPath
-// mounts). A container image reference of the form file://DIR names an image already unpacked at DIR
-// (a leading ~ is the user's home), so a spec that boots from a kernelBoot or containerDisk image
-// runs without a container runtime, as in local mode. Interfaces take the taps and MACs the node
-// agent put in the request; without a node agent (run mode) a spec with interfaces is refused.
+// HostResolver resolves a machine description against the filesystem the launcher sees: for
+// `qvirt-launcher run` the host's, for `qvirt-launcher serve` the launcher pod's (whose hostDisk
+// volumes are hostPath mounts). A container image reference of the form file://DIR names an image
+// already unpacked at DIR (a leading ~ is the user's home), so a machine that boots from a kernel or
+// container disk image runs without a container runtime, as in local mode.
 type HostResolver struct {
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
@@ -34,131 +30,105 @@ type HostResolver struct {
 }
 
 // Resolve implements Resolver.
-func (h HostResolver) Resolve(req *SyncRequest, runDir string) (*Machine, error) {
-	spec := &req.Spec
-	m := &Machine{
-		Name: req.Name, Namespace: req.Namespace, UID: string(req.UID), Spec: spec,
-		Emulation: req.Emulation, RunDir: runDir, Incoming: req.Incoming,
-		Disks: map[string]DiskImage{}, SpareRootPorts: h.SpareRootPorts, Hotplugged: req.Hotplugged,
-		HotplugNICs: req.HotplugNICs,
-	}
-	var errs field.ErrorList
-	if kb := spec.Domain.Firmware; kb != nil && kb.KernelBoot != nil && kb.KernelBoot.Container != nil {
-		p := field.NewPath("spec", "domain", "firmware", "kernelBoot", "container")
-		c := kb.KernelBoot.Container
-		root, err := h.imageRoot(c.Image, c.ImagePullPolicy, c.ImagePullSecret)
+func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, error) {
+	m := &Machine{Machine: *desc, RunDir: runDir, Images: map[string]DiskImage{}, SpareRootPorts: h.SpareRootPorts}
+	var errs machine.FieldErrors
+	if kb := desc.Kernel; kb != nil {
+		p := machinePath.Child("kernel")
+		root, err := h.imageRoot(kb.Image)
 		if err != nil {
-			return nil, field.Invalid(p.Child("image"), c.Image, err.Error())
+			return nil, machine.Invalid(p.Child("image", "ref"), kb.Image.Ref, err.Error())
 		}
-		if m.Kernel, err = existingFile(root, c.KernelPath); err != nil {
-			errs = append(errs, field.Invalid(p.Child("kernelPath"), c.KernelPath, err.Error()))
+		if m.KernelFile, err = existingFile(root, kb.KernelPath); err != nil {
+			errs = append(errs, machine.Invalid(p.Child("kernelPath"), kb.KernelPath, err.Error()))
 		}
-		if m.Initrd, err = existingFile(root, c.InitrdPath); err != nil {
-			errs = append(errs, field.Invalid(p.Child("initrdPath"), c.InitrdPath, err.Error()))
+		if m.InitrdFile, err = existingFile(root, kb.InitrdPath); err != nil {
+			errs = append(errs, machine.Invalid(p.Child("initrdPath"), kb.InitrdPath, err.Error()))
 		}
 	}
-	scratch := h.ScratchDir
-	if scratch == "" {
-		scratch = runDir
-	}
-	for i := range spec.Volumes {
-		v := &spec.Volumes[i]
-		img, err := h.volume(v, scratch, field.NewPath("spec", "volumes").Index(i))
+	for i := range desc.Disks {
+		img, err := h.ResolveDisk(&desc.Disks[i], runDir, machinePath.Child("disks").Index(i))
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		m.Disks[v.Name] = img
+		m.Images[desc.Disks[i].Name] = img
 	}
-	errs = append(errs, resolveInterfaces(m, req)...)
 	if len(errs) > 0 {
-		return nil, errs.ToAggregate()
+		return nil, errs
 	}
 	return m, nil
 }
 
-// resolveInterfaces takes each spec interface's tap and MAC from the node agent's setup.
-func resolveInterfaces(m *Machine, req *SyncRequest) field.ErrorList {
-	ifaces := req.Spec.Domain.Devices.Interfaces
-	if len(ifaces) == 0 {
-		return nil
-	}
-	m.Taps, m.MACs = map[string]string{}, map[string]string{}
-	var errs field.ErrorList
-	for i := range ifaces {
-		p := field.NewPath("spec", "domain", "devices", "interfaces").Index(i)
-		setup := findInterface(req.Interfaces, ifaces[i].Name)
-		if setup == nil {
-			errs = append(errs, field.Forbidden(p, "no tap was set up for this interface: pod networking needs the node agent (qvirt-handler)"))
-			continue
-		}
-		m.Taps[setup.Name] = setup.Tap
-		m.MACs[setup.Name] = setup.MAC
-	}
-	return errs
-}
-
-func findInterface(setups []InterfaceSetup, name string) *InterfaceSetup {
-	for i := range setups {
-		if setups[i].Name == name {
-			return &setups[i]
-		}
-	}
-	return nil
-}
-
-func (h HostResolver) volume(v *v1alpha1.Volume, runDir string, p *field.Path) (DiskImage, *field.Error) {
+// ResolveDisk finds (or creates: an emptyDisk, a hostDisk to create) d's image; errors are at p.
+// It is called again for a disk hot-plugged while the VM runs and creates nothing but that disk's
+// image.
+func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path) (DiskImage, *machine.FieldError) {
+	src, sp := d.Source, p.Child("source")
 	switch {
-	case v.HostDisk != nil:
-		return hostDisk(v.HostDisk, p.Child("hostDisk"))
-	case v.ContainerDisk != nil:
-		return h.containerDisk(v.ContainerDisk, p.Child("containerDisk"))
-	case v.EmptyDisk != nil:
-		path := filepath.Join(runDir, emptyDiskFile(v.Name))
-		if err := createSparse(path, v.EmptyDisk.Capacity.Value()); err != nil {
-			return DiskImage{}, field.InternalError(p.Child("emptyDisk"), err)
+	case src.HostFile != nil:
+		return hostFile(src.HostFile, sp.Child("hostFile"))
+	case src.Container != nil:
+		return h.containerDisk(src.Container, sp.Child("container"))
+	case src.Empty != nil:
+		scratch := h.ScratchDir
+		if scratch == "" {
+			scratch = runDir
 		}
-		return DiskImage{Path: path, Format: "raw"}, nil
+		if err := checkName(p.Child("name"), d.Name); err != nil {
+			return DiskImage{}, err
+		}
+		path := filepath.Join(scratch, emptyDiskFile(d.Name))
+		if err := createSparse(path, src.Empty.CapacityBytes); err != nil {
+			return DiskImage{}, machine.Invalid(sp.Child("empty", "capacityBytes"), src.Empty.CapacityBytes, err.Error())
+		}
+		return DiskImage{Path: path, Format: "raw", Ephemeral: true}, nil
 	}
-	return DiskImage{}, field.Forbidden(p, "qvirt-launcher run supports hostDisk, containerDisk (file://) and emptyDisk volumes")
+	return DiskImage{}, machine.Required(sp, "one of hostFile, container or empty")
 }
 
 // emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.
 func emptyDiskFile(volume string) string { return "empty-" + volume + ".img" }
 
-// hostDisk is KubeVirt's hostDisk: a raw image file, created sparse for DiskOrCreate.
-func hostDisk(hd *v1alpha1.HostDisk, p *field.Path) (DiskImage, *field.Error) {
-	_, err := os.Stat(hd.Path)
+// hostFile is an image file the launcher sees (KubeVirt's hostDisk), created sparse when asked.
+func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldError) {
+	if err := absPath(p.Child("path"), hf.Path); err != nil {
+		return DiskImage{}, err
+	}
+	if hf.Format != "raw" && hf.Format != "qcow2" {
+		return DiskImage{}, machine.NotSupported(p.Child("format"), hf.Format, []string{"raw", "qcow2"})
+	}
+	_, err := os.Stat(hf.Path)
 	switch {
 	case err == nil:
-	case errors.Is(err, os.ErrNotExist) && hd.Type == v1alpha1.HostDiskExistsOrCreate && hd.Capacity != nil:
-		if err := createSparse(hd.Path, hd.Capacity.Value()); err != nil {
-			return DiskImage{}, field.Invalid(p.Child("path"), hd.Path, err.Error())
+	case errors.Is(err, os.ErrNotExist) && hf.CreateBytes > 0 && hf.Format == "raw":
+		if err := createSparse(hf.Path, hf.CreateBytes); err != nil {
+			return DiskImage{}, machine.Invalid(p.Child("path"), hf.Path, err.Error())
 		}
 	default:
-		return DiskImage{}, field.Invalid(p.Child("path"), hd.Path, err.Error())
+		return DiskImage{}, machine.Invalid(p.Child("path"), hf.Path, err.Error())
 	}
-	return DiskImage{Path: hd.Path, Format: "raw"}, nil
+	return DiskImage{Path: hf.Path, Format: hf.Format}, nil
 }
 
-func (h HostResolver) containerDisk(cd *v1alpha1.ContainerDiskSource, p *field.Path) (DiskImage, *field.Error) {
-	root, err := h.imageRoot(cd.Image, cd.ImagePullPolicy, cd.ImagePullSecret)
+func (h HostResolver) containerDisk(cd *machine.Container, p machine.Path) (DiskImage, *machine.FieldError) {
+	root, err := h.imageRoot(cd.Image)
 	if err != nil {
-		return DiskImage{}, field.Invalid(p.Child("image"), cd.Image, err.Error())
+		return DiskImage{}, machine.Invalid(p.Child("image", "ref"), cd.Image.Ref, err.Error())
 	}
 	path := cd.Path
 	if path == "" {
 		if path, err = singleDiskFile(root); err != nil {
-			return DiskImage{}, field.Invalid(p.Child("path"), cd.Path, err.Error())
+			return DiskImage{}, machine.Invalid(p.Child("path"), cd.Path, err.Error())
 		}
 	}
 	file, err := existingFile(root, path)
 	if err != nil {
-		return DiskImage{}, field.Invalid(p.Child("path"), path, err.Error())
+		return DiskImage{}, machine.Invalid(p.Child("path"), path, err.Error())
 	}
 	format, err := FormatFromName(file)
 	if err != nil {
-		return DiskImage{}, field.Invalid(p.Child("path"), path, err.Error())
+		return DiskImage{}, machine.Invalid(p.Child("path"), path, err.Error())
 	}
 	// A container disk is shared by every VM using the image: never write to it.
 	return DiskImage{Path: file, Format: format, ReadOnly: true}, nil
@@ -191,10 +161,10 @@ func singleDiskFile(root string) (string, error) {
 
 // imageRoot is the directory of an image: a file:// reference names it, any other is pulled into
 // the node's image cache (image.go).
-func (h HostResolver) imageRoot(image string, policy corev1.PullPolicy, pullSecret string) (string, error) {
-	dir, ok := strings.CutPrefix(image, "file://")
+func (h HostResolver) imageRoot(ref machine.ImageRef) (string, error) {
+	dir, ok := strings.CutPrefix(ref.Ref, "file://")
 	if !ok {
-		return h.pullImage(image, policy, pullSecret)
+		return h.pullImage(ref)
 	}
 	if rest, ok := strings.CutPrefix(dir, "~/"); ok {
 		home, err := os.UserHomeDir()

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -9,18 +10,13 @@ import (
 	"path/filepath"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/apimachinery/pkg/util/validation/field"
-	"sigs.k8s.io/yaml"
-
-	"github.com/qvirt/qvirt/api/v1alpha1"
 )
 
 // RunOptions configure `qvirt-launcher run`: one VM in the foreground, outside Kubernetes.
 type RunOptions struct {
-	// File is a VirtualMachineInstance (or VirtualMachine, whose template is used) manifest.
-	File      string
-	Emulation bool
+	// File is a machine description (JSON, package machine), such as `qvirtctl machine -f
+	// vmi.yaml` prints.
+	File string
 	// RunDir holds the sockets (launcher.sock, qmp.sock, serial.sock, ...); a new temporary
 	// directory, removed at the end, when empty.
 	RunDir         string
@@ -38,11 +34,10 @@ type RunOptions struct {
 // gracefully (ACPI power button, quit after the grace period). The error is non-nil when the spec
 // is refused or QEMU cannot start; otherwise Exit says how the guest ended.
 func Run(ctx context.Context, opts RunOptions) (Exit, error) {
-	req, err := LoadSpec(opts.File)
+	req, err := LoadMachine(opts.File)
 	if err != nil {
 		return Exit{}, err
 	}
-	req.Emulation = opts.Emulation
 	runDir := opts.RunDir
 	if runDir == "" {
 		if runDir, err = os.MkdirTemp("", "qvirt-launcher-"); err != nil {
@@ -96,48 +91,18 @@ func attachConsole(l *Launcher, rw io.ReadWriter, log logr.Logger) {
 	_, _ = io.Copy(rw, conn)
 }
 
-// LoadSpec reads a VirtualMachineInstance or VirtualMachine manifest strictly (unknown fields are
-// errors, as with kubectl) and validates it as the API server would.
-func LoadSpec(file string) (*SyncRequest, error) {
-	data, err := os.ReadFile(file)
+// LoadMachine reads a machine description strictly (unknown fields are errors).
+func LoadMachine(file string) (*SyncRequest, error) {
+	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
 	}
-	var meta struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
-	}
-	if err := yaml.Unmarshal(data, &meta); err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
-	}
-	if meta.APIVersion != v1alpha1.GroupVersion.String() {
-		return nil, fmt.Errorf("%s: apiVersion %q: want %s", file, meta.APIVersion, v1alpha1.GroupVersion)
-	}
+	defer f.Close()
+	dec := json.NewDecoder(f)
+	dec.DisallowUnknownFields()
 	var req SyncRequest
-	switch meta.Kind {
-	case "VirtualMachineInstance":
-		var vmi v1alpha1.VirtualMachineInstance
-		if err := yaml.UnmarshalStrict(data, &vmi); err != nil {
-			return nil, fmt.Errorf("%s: %w", file, err)
-		}
-		req = SyncRequest{Name: vmi.Name, Namespace: vmi.Namespace, UID: vmi.UID, Spec: vmi.Spec}
-	case "VirtualMachine":
-		var vm v1alpha1.VirtualMachine
-		if err := yaml.UnmarshalStrict(data, &vm); err != nil {
-			return nil, fmt.Errorf("%s: %w", file, err)
-		}
-		req = SyncRequest{Name: vm.Name, Namespace: vm.Namespace, UID: vm.UID, Spec: vm.Spec.Template.Spec}
-	default:
-		return nil, fmt.Errorf("%s: kind %q: want VirtualMachineInstance or VirtualMachine", file, meta.Kind)
-	}
-	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&req.Spec, field.NewPath("spec")); len(errs) > 0 {
-		return nil, fmt.Errorf("%s: %w", file, errs.ToAggregate())
-	}
-	if req.Namespace == "" {
-		req.Namespace = "default"
-	}
-	if req.UID == "" {
-		req.UID = uuid.NewUUID()
+	if err := dec.Decode(&req.Machine); err != nil {
+		return nil, fmt.Errorf("%s: a machine description (qvirtctl machine -f VMI.yaml prints one): %w", file, err)
 	}
 	return &req, nil
 }

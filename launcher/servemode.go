@@ -9,17 +9,17 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/qvirt/qvirt/machine"
 )
 
 // ServeOptions configure `qvirt-launcher serve`, the launcher pod's process: it waits for the node
 // agent's Sync on <SocketDir>/<VMIUID>/launcher.sock, runs that one VM, and returns when QEMU is gone.
 type ServeOptions struct {
 	SocketDir string
-	VMIUID    types.UID
-	// Emulation is the pod's say (the controller renders it from its configuration); the Sync
-	// request's Emulation is ignored.
+	VMIUID    string
+	// Emulation is the pod's say (the controller renders it from its configuration): a machine
+	// whose accelerator disagrees is refused.
 	Emulation      bool
 	QEMU           string
 	SpareRootPorts int
@@ -142,20 +142,29 @@ func writeTerminationLog(path string, exit Exit, log logr.Logger) {
 // podResolver is HostResolver for the one VMI this pod was made for.
 type podResolver struct {
 	host      HostResolver
-	uid       types.UID
+	uid       string
 	emulation bool
 }
 
-func (p podResolver) Resolve(req *SyncRequest, runDir string) (*Machine, error) {
-	if req.UID != p.uid {
-		return nil, field.Invalid(field.NewPath("uid"), req.UID, fmt.Sprintf("this launcher pod runs VMI %s", p.uid))
+func (p podResolver) Resolve(m *machine.Machine, runDir string) (*Machine, error) {
+	if m.UID != p.uid {
+		return nil, machine.Invalid(machinePath.Child("uid"), m.UID, fmt.Sprintf("this launcher pod runs VMI %s", p.uid))
 	}
-	m, err := p.host.Resolve(req, runDir)
-	if err != nil {
-		return nil, err
+	if want := p.accel(); m.Accel != want {
+		return nil, machine.Invalid(machinePath.Child("accel"), m.Accel, fmt.Sprintf("this launcher pod runs its guest with %s (its --emulation flag)", want))
 	}
-	m.Emulation = p.emulation
-	return m, nil
+	return p.host.Resolve(m, runDir)
+}
+
+func (p podResolver) ResolveDisk(d *machine.Disk, runDir string, path machine.Path) (DiskImage, *machine.FieldError) {
+	return p.host.ResolveDisk(d, runDir, path)
+}
+
+func (p podResolver) accel() machine.Accel {
+	if p.emulation {
+		return machine.AccelTCG
+	}
+	return machine.AccelKVM
 }
 
 // ownedFiles are the files of the socket directory this launcher pod made, by identity. Another

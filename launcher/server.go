@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/util/validation/field"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // SocketName is the command socket's file name inside the per-VMI directory.
@@ -26,6 +26,7 @@ const maxBody = 4 << 20
 func Handler(l *Launcher, log logr.Logger) http.Handler {
 	s := &server{l: l, log: log}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/info", s.info)
 	mux.HandleFunc("POST /v1/sync", s.sync)
 	mux.HandleFunc("GET /v1/status", s.status)
 	mux.HandleFunc("GET /v1/stats", s.stats)
@@ -36,8 +37,6 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/screenshot", s.screenshot)
 	mux.HandleFunc("POST /v1/kill", s.simple(l.Kill))
 	mux.HandleFunc("POST /v1/shutdown", s.shutdown)
-	mux.HandleFunc("POST /v1/volumes", s.hotplugVolume)
-	mux.HandleFunc("DELETE /v1/volumes/{name}", s.unplugVolume)
 	mux.HandleFunc("POST /v1/disks", s.hotplugDisk)
 	mux.HandleFunc("DELETE /v1/disks/{name}", s.unplugDisk)
 	mux.HandleFunc("POST /v1/nics", s.hotplugNIC)
@@ -98,8 +97,8 @@ func (s *server) sync(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if req.UID == "" {
-		writeError(w, field.Required(field.NewPath("uid"), "the VMI's UID"))
+	if req.Machine.UID == "" {
+		writeError(w, machine.Required(machinePath.Child("uid"), "the VMI's UID"))
 		return
 	}
 	// QEMU must outlive this request: start it with a context that only bounds start-up.
@@ -175,7 +174,7 @@ func (s *server) shutdown(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.GracePeriodSeconds != nil && *req.GracePeriodSeconds < 0 {
-		writeError(w, field.Invalid(field.NewPath("gracePeriodSeconds"), *req.GracePeriodSeconds, "must be 0 or more"))
+		writeError(w, machine.Invalid("gracePeriodSeconds", *req.GracePeriodSeconds, "must be 0 or more"))
 		return
 	}
 	exit, err := s.l.Shutdown(r.Context(), req.GracePeriodSeconds)
@@ -186,39 +185,22 @@ func (s *server) shutdown(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, exit)
 }
 
-func (s *server) hotplugVolume(w http.ResponseWriter, r *http.Request) {
-	var req VolumeHotplug
+// info lists the protocol versions this launcher speaks, for the node agent's handshake.
+func (s *server) info(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, machine.Info{Protocols: []string{machine.Protocol}})
+}
+
+func (s *server) hotplugDisk(w http.ResponseWriter, r *http.Request) {
+	var req machine.Disk
 	if !decode(w, r, &req) {
 		return
 	}
-	d, err := s.l.HotplugVolume(r.Context(), &req)
+	d, err := s.l.HotplugDisk(r.Context(), &req)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, d)
-}
-
-func (s *server) unplugVolume(w http.ResponseWriter, r *http.Request) {
-	if err := s.l.UnplugVolume(r.Context(), r.PathValue("name")); err != nil {
-		writeError(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *server) hotplugDisk(w http.ResponseWriter, r *http.Request) {
-	var req DiskHotplug
-	if !decode(w, r, &req) {
-		return
-	}
-	// Only the launcher marks images it created (and may delete): never a caller's path.
-	req.Ephemeral = false
-	if err := s.l.HotplugDisk(r.Context(), &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, req)
 }
 
 func (s *server) unplugDisk(w http.ResponseWriter, r *http.Request) {
@@ -230,7 +212,7 @@ func (s *server) unplugDisk(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) hotplugNIC(w http.ResponseWriter, r *http.Request) {
-	var req NICHotplug
+	var req machine.NIC
 	if !decode(w, r, &req) {
 		return
 	}
@@ -290,14 +272,11 @@ func decode(w http.ResponseWriter, r *http.Request, into any) bool {
 // state conflicts 409, anything else (QEMU refusing a command) 500.
 func writeError(w http.ResponseWriter, err error) {
 	var (
-		fe       *field.Error
-		agg      interface{ Errors() []error }
+		fe       *machine.FieldError
 		conflict *ConflictError
 	)
 	switch {
 	case errors.As(err, &fe):
-		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: fe.Error(), Field: fe.Field})
-	case errors.As(err, &agg) && len(agg.Errors()) > 0 && errors.As(agg.Errors()[0], &fe):
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error(), Field: fe.Field})
 	case errors.As(err, &conflict):
 		writeJSON(w, http.StatusConflict, ErrorResponse{Error: err.Error()})

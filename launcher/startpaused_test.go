@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
 )
 
@@ -19,8 +18,7 @@ func TestStartPaused(t *testing.T) {
 	src := newLauncher(t)
 	ctx := context.Background()
 	req := guestSpec(t)
-	paused := v1alpha1.StartStrategyPaused
-	req.Spec.StartStrategy = &paused
+	req.Machine.StartPaused = true
 	st, err := src.client.Sync(ctx, req)
 	if err != nil {
 		t.Fatalf("sync: %v", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -120,7 +121,7 @@ func (l *Launcher) Stats(ctx context.Context) (Stats, error) {
 	if st.Disks, err = diskStats(ctx, p.Monitor(), p.Machine(), hotDisks); err != nil {
 		return Stats{}, err
 	}
-	if st.Interfaces, err = interfaceStats(p.Pid(), p.Machine().Taps, hotTaps); err != nil {
+	if st.Interfaces, err = interfaceStats(p.Pid(), p.Machine().coldTaps(), hotTaps); err != nil {
 		return Stats{}, err
 	}
 	return st, nil
@@ -211,17 +212,16 @@ func diskStats(ctx context.Context, mon *qmp.Monitor, m *Machine, hotplugged []s
 		}
 		out = append(out, diskFromQMP(name, hot, s.Stats))
 	}
-	for _, d := range m.Spec.Domain.Devices.Disks {
-		add(d.Name, false)
-	}
-	for _, h := range m.Hotplugged {
-		add(h.Name, true)
+	// Cold disks in the machine's order, then hot-plugged ones (those the machine started with on
+	// a migration target among them) by name.
+	for _, d := range m.Disks {
+		if d.Port == "" {
+			add(d.Name, false)
+		}
 	}
 	slices.Sort(hotplugged)
 	for _, name := range hotplugged {
-		if !m.hasDisk(name) {
-			add(name, true)
-		}
+		add(name, true)
 	}
 	return out, nil
 }
@@ -268,7 +268,7 @@ func interfaceStats(qemuPID int, taps, hotTaps map[string]string) ([]InterfaceSt
 	}
 	var out []InterfaceStats
 	add := func(all map[string]string, hot bool) {
-		for _, name := range sortedKeys(all) {
+		for _, name := range slices.Sorted(maps.Keys(all)) {
 			c, ok := counters[all[name]]
 			if !ok {
 				continue // the tap is gone: the node agent is tearing the NIC down
@@ -502,4 +502,15 @@ func (s *server) stats(w http.ResponseWriter, r *http.Request) {
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	var st Stats
 	return st, c.do(ctx, http.MethodGet, "/v1/stats", nil, &st)
+}
+
+// coldTaps are the taps of the NICs QEMU started with but not as hot-plugged ones, by NIC name.
+func (m *Machine) coldTaps() map[string]string {
+	taps := map[string]string{}
+	for _, n := range m.NICs {
+		if n.Port == "" {
+			taps[n.Name] = n.Tap
+		}
+	}
+	return taps
 }

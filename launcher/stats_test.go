@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // TestStatsFollowTheGuest boots the test guest through a real launcher and reads GET /v1/stats
@@ -71,7 +72,7 @@ func TestStatsFollowTheGuest(t *testing.T) {
 		host, guest := "10.213.77.1", "10.213.77.2"
 		run(t, "ip", "tuntap", "add", "dev", tap, "mode", "tap")
 		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tap).Run() })
-		if err := v.client.HotplugNIC(ctx, launcher.NICHotplug{Name: "extra", Tap: tap, MAC: "02:00:00:aa:bb:01"}); err != nil {
+		if err := v.client.HotplugNIC(ctx, machine.NIC{Name: "extra", Tap: tap, MAC: "02:00:00:aa:bb:01", Model: machine.NICVirtio}); err != nil {
 			t.Fatalf("hotplug nic: %v", err)
 		}
 		run(t, "ip", "addr", "add", host+"/30", "dev", tap)

@@ -1,8 +1,8 @@
 package launcher_test
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -17,7 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
@@ -41,19 +43,27 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// guestSpec is the test guest with one scratch virtio disk (so a hotplugged disk is /dev/vdb).
-func guestSpec(t testing.TB) *launcher.SyncRequest {
+// guestVMI is the test guest with one scratch virtio disk (so a hotplugged disk is /dev/vdb).
+func guestVMI(t testing.TB) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
-	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
+	vmi, err := translate.LoadFile("../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
-	req.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "scratch", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}}}
-	req.Spec.Volumes = []v1alpha1.Volume{{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
+	vmi.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "scratch", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}}}
+	vmi.Spec.Volumes = []v1alpha1.Volume{{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{
 		EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("16Mi")}}}}
-	req.Emulation = true
-	return req
+	return vmi
+}
+
+// guestSpec is the node agent's request to start guestVMI under emulation.
+func guestSpec(t testing.TB) *launcher.SyncRequest { return testutil.SyncRequest(t, guestVMI(t), nil) }
+
+// fileDisk is a hot-pluggable virtio disk on an image file.
+func fileDisk(name, path, format string) machine.Disk {
+	return machine.Disk{Name: name, Bus: machine.BusVirtio, Cache: machine.CacheNone, IO: machine.IOThreads,
+		Source: machine.Source{HostFile: &machine.HostFile{Path: path, Format: format}}}
 }
 
 // vm is one launcher serving its socket in a private run directory.
@@ -169,7 +179,7 @@ func TestGuestLifecycle(t *testing.T) {
 		if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", img, "32M").CombinedOutput(); err != nil {
 			t.Fatalf("qemu-img: %v: %s", err, out)
 		}
-		got, err := v.client.HotplugDisk(ctx, launcher.DiskHotplug{Name: "hot", Path: img, Format: "qcow2"})
+		got, err := v.client.HotplugDisk(ctx, fileDisk("hot", img, "qcow2"))
 		if err != nil {
 			t.Fatalf("hotplug: %v", err)
 		}
@@ -198,7 +208,7 @@ func TestGuestLifecycle(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tap).Run() })
 		const mac = "02:00:00:aa:bb:cc"
-		if err := v.client.HotplugNIC(ctx, launcher.NICHotplug{Name: "extra", Tap: tap, MAC: mac}); err != nil {
+		if err := v.client.HotplugNIC(ctx, machine.NIC{Name: "extra", Tap: tap, MAC: mac, Model: machine.NICVirtio}); err != nil {
 			t.Fatalf("hotplug nic: %v", err)
 		}
 		from := len(c.Text())
@@ -288,7 +298,7 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", img, "32M").CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img: %v: %s", err, out)
 	}
-	if _, err := src.client.HotplugDisk(ctx, launcher.DiskHotplug{Name: "hot", Path: img, Format: "qcow2"}); err != nil {
+	if _, err := src.client.HotplugDisk(ctx, fileDisk("hot", img, "qcow2")); err != nil {
 		t.Fatal(err)
 	}
 	srcConsole.Send(t, "tick 100000 &")
@@ -300,9 +310,9 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 
 	dst := newLauncher(t)
 	req := guestSpec(t)
-	req.UID = srcStatus.UID
+	req.Machine.UID = srcStatus.UID
 	req.Incoming = true
-	req.Hotplugged = srcStatus.Hotplugged
+	req.Machine.Disks = append(req.Machine.Disks, srcStatus.Hotplugged...)
 	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != launcher.PhaseIncoming {
 		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
 	}
@@ -332,40 +342,38 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 	t.Logf("tick %d before the switch, %d on the target; downtime %d ms", beforeSwitch, dstConsole.LastTick(), st.Migration.DowntimeMs)
 }
 
-func TestBadSpecsFailBeforeQEMUStarts(t *testing.T) {
+func TestBadMachinesFailBeforeQEMUStarts(t *testing.T) {
 	cases := []struct {
 		name   string
-		mutate func(r *launcher.SyncRequest)
+		mutate func(m *machine.Machine)
 		field  string
 	}{
-		{"missing kernel", func(r *launcher.SyncRequest) {
-			r.Spec.Domain.Firmware.KernelBoot.Container.KernelPath = "/no-such-kernel"
-		},
-			"spec.domain.firmware.kernelBoot.container.kernelPath"},
-		{"missing host disk", func(r *launcher.SyncRequest) {
-			r.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/no/such/disk.img", Type: v1alpha1.HostDiskExists}}
-		}, "spec.volumes[0].hostDisk.path"},
-		{"unknown bus", func(r *launcher.SyncRequest) { r.Spec.Domain.Devices.Disks[0].Disk.Bus = "ide" }, "spec.domain.devices.disks[0].disk.bus"},
-		{"duplicate disk names", func(r *launcher.SyncRequest) {
-			r.Spec.Domain.Devices.Disks = append(r.Spec.Domain.Devices.Disks, r.Spec.Domain.Devices.Disks[0])
-		}, "spec.domain.devices.disks[1].name"},
-		{"bad MAC", func(r *launcher.SyncRequest) {
-			r.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", MacAddress: "02:00:00:00:00", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
-			r.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
-		}, "spec.domain.devices.interfaces[0].macAddress"},
+		{"missing kernel", func(m *machine.Machine) { m.Kernel.KernelPath = "/no-such-kernel" }, "machine.kernel.kernelPath"},
+		{"missing host disk", func(m *machine.Machine) {
+			m.Disks[0].Source = machine.Source{HostFile: &machine.HostFile{Path: "/no/such/disk.img", Format: "raw"}}
+		}, "machine.disks[0].source.hostFile.path"},
+		{"unknown bus", func(m *machine.Machine) { m.Disks[0].Bus = "ide" }, "machine.disks[0].bus"},
+		{"duplicate disk names", func(m *machine.Machine) {
+			d := m.Disks[0]
+			d.Source = machine.Source{Empty: &machine.Empty{CapacityBytes: 1 << 20}}
+			m.Disks = append(m.Disks, d)
+		}, "machine.disks[1].name"},
+		{"bad MAC", func(m *machine.Machine) {
+			m.NICs = []machine.NIC{{Name: "default", Tap: "tap0", MAC: "02:00:00:00:00", Model: machine.NICVirtio}}
+		}, "machine.nics[0].mac"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newLauncher(t)
 			req := guestSpec(t)
-			tc.mutate(req)
+			tc.mutate(&req.Machine)
 			_, err := v.client.Sync(context.Background(), req)
 			var apiErr *launcher.APIError
 			if !errors.As(err, &apiErr) || apiErr.Status != 400 || !strings.Contains(apiErr.Msg, tc.field) {
 				t.Fatalf("want a 400 naming %s, got %v", tc.field, err)
 			}
 			if _, err := os.Stat(filepath.Join(v.runDir, "qmp.sock")); err == nil {
-				t.Fatal("QEMU was started for a refused spec")
+				t.Fatal("QEMU was started for a refused machine")
 			}
 		})
 	}
@@ -376,10 +384,10 @@ func TestEarlyQEMUExitReportsItsError(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "vmlinuz"), []byte("not a kernel"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	req := guestSpec(t)
-	req.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + dir
-	req.Spec.Domain.Firmware.KernelBoot.Container.InitrdPath = ""
-	m, err := launcher.HostResolver{}.Resolve(req, dir)
+	vmi := guestVMI(t)
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + dir
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.InitrdPath = ""
+	m, err := launcher.HostResolver{}.Resolve(&testutil.SyncRequest(t, vmi, nil).Machine, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,16 +409,25 @@ func TestRunCommandBootsAndPowersOff(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v: %s", err, out)
 	}
-	spec, err := os.ReadFile("../test/guest/vmi.yaml")
+	// The machine description `qvirtctl machine --emulation -f vmi.yaml` prints.
+	vmi, err := translate.LoadFile("../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	vmi := filepath.Join(t.TempDir(), "vmi.yaml")
-	spec = bytes.ReplaceAll(spec, []byte("file://~/.cache/qvirt/guest"), []byte("file://"+guestDir))
-	if err := os.WriteFile(vmi, spec, 0o600); err != nil {
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
+	m, err := translate.Machine(vmi, translate.Host{Emulation: true})
+	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "run", "--emulation", "-f", vmi)
+	desc, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "vm.json")
+	if err := os.WriteFile(file, desc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "run", "-f", file)
 	stdin, _ := cmd.StdinPipe()
 	var stdout, stderr testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -20,30 +20,12 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/netsetup"
 	"github.com/qvirt/qvirt/test/testutil"
 )
-
-// nsResolver is the node agent's part for this test: HostResolver refuses interfaces (run mode has
-// no pod network), so it resolves the spec without them and adds back the interface with the tap
-// netsetup made and the derived MAC.
-type nsResolver struct{ tap, mac string }
-
-func (r nsResolver) Resolve(req *launcher.SyncRequest, runDir string) (*launcher.Machine, error) {
-	bare := *req
-	bare.Spec = *req.Spec.DeepCopy()
-	bare.Spec.Domain.Devices.Interfaces = nil
-	bare.Spec.Networks = nil
-	m, err := launcher.HostResolver{SpareRootPorts: 1}.Resolve(&bare, runDir)
-	if err != nil {
-		return nil, err
-	}
-	m.Spec = &req.Spec
-	m.Taps = map[string]string{"default": r.tap}
-	m.MACs = map[string]string{"default": r.mac}
-	return m, nil
-}
 
 // TestMasqueradeGuest boots the test guest with a real launcher inside a pod-like network namespace
 // wired by SetupMasquerade, with the launcher's DHCP server: the guest gets 10.0.2.2 over DHCP,
@@ -76,7 +58,7 @@ func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lea
 	if err != nil {
 		t.Fatal("ip (iproute2) not found: the test runs QEMU through `ip netns exec`")
 	}
-	req, err := launcher.LoadSpec("../test/guest/vmi.yaml")
+	req, err := translate.LoadFile("../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +66,12 @@ func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lea
 	iface.Name = "default"
 	req.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{iface}
 	req.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
-	req.Emulation = true
+	// The node agent's part: the interface's host side is the tap netsetup made.
+	m, err := translate.Machine(req, translate.Host{Emulation: true,
+		NICs: map[string]machine.NIC{"default": {Tap: tap, MAC: lease.MAC.String()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The launcher's DHCP server, on a thread inside the namespace, as in a launcher pod.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -116,8 +103,8 @@ func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lea
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(runDir) })
-	l := launcher.New(runDir, nsResolver{tap: tap, mac: lease.MAC.String()}, launcher.Options{QEMU: wrapper, Log: testr.New(t)})
-	if err := l.Sync(context.Background(), req); err != nil {
+	l := launcher.New(runDir, launcher.HostResolver{SpareRootPorts: 1}, launcher.Options{QEMU: wrapper, Log: testr.New(t)})
+	if err := l.Sync(context.Background(), &launcher.SyncRequest{Machine: *m}); err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 	g := &guestVM{l: l, dhcpDone: dhcpDone, stopDHCP: cancel}

@@ -1,7 +1,9 @@
 // Command qvirt-launcher runs one virtual machine: it execs qemu-system-x86_64 and drives it over
 // QMP. `qvirt-launcher serve` is the launcher pod's process, driven by the node agent over
-// <socket-dir>/<vmi-uid>/launcher.sock. `qvirt-launcher run -f vmi.yaml` runs a VM in the
+// <socket-dir>/<vmi-uid>/launcher.sock. `qvirt-launcher run -f machine.json` runs a VM in the
 // foreground outside Kubernetes, with the serial console on the terminal, until the guest powers off.
+// The launcher reads machine descriptions (package machine), never the VMI API: `qvirtctl machine`
+// translates a VMI manifest into one.
 package main
 
 import (
@@ -17,24 +19,23 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"golang.org/x/term"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/qvirt/qvirt/launcher"
 )
 
 const usage = `usage: qvirt-launcher serve --vmi-uid UID [flags]
-       qvirt-launcher run [flags] -f VMI.yaml
+       qvirt-launcher run [flags] -f MACHINE.json
 
 serve: the launcher pod's process. Waits for the node agent's Sync on
 <socket-dir>/<vmi-uid>/launcher.sock, runs that VM, exits when the guest has ended (0 when it
 powered off cleanly). SIGTERM powers the guest off gracefully within its grace period.
 
-run:
+run: (qvirtctl machine [--emulation] -f VMI.yaml > MACHINE.json makes the machine description)
 
 Runs one VM in the foreground with its serial console on stdin/stdout until the guest powers off.
 Exit status 0 when the guest powered off cleanly, 1 with the reason otherwise, 2 for a refused spec.
 SIGINT/SIGTERM, or Ctrl-] on a terminal, press the ACPI power button and quit QEMU after
-terminationGracePeriodSeconds.
+the machine's grace period.
 `
 
 func main() {
@@ -74,7 +75,7 @@ func serve(args []string) int {
 		fmt.Fprintln(os.Stderr, "qvirt-launcher serve: flag --vmi-uid is required")
 		return 2
 	}
-	opts.VMIUID = types.UID(uid)
+	opts.VMIUID = uid
 	opts.Log = funcr.NewJSON(func(obj string) { fmt.Fprintln(os.Stderr, obj) }, funcr.Options{Verbosity: *verbose})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -94,8 +95,7 @@ func serve(args []string) int {
 func run(args []string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	opts := launcher.RunOptions{}
-	fs.StringVar(&opts.File, "f", "", "VirtualMachineInstance or VirtualMachine manifest (required)")
-	fs.BoolVar(&opts.Emulation, "emulation", false, "allow software emulation (TCG) instead of KVM")
+	fs.StringVar(&opts.File, "f", "", "machine description, as `qvirtctl machine -f VMI.yaml` prints (required)")
 	fs.StringVar(&opts.RunDir, "run-dir", "", "directory for the sockets (default: a new temporary directory)")
 	fs.StringVar(&opts.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary")
 	fs.IntVar(&opts.SpareRootPorts, "hotplug-ports", 4, "empty PCIe root ports for hotplug")

@@ -9,7 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // Disk hotplug follows KubeVirt's model: the desired disks are the instance's spec (volumes and
@@ -58,7 +60,11 @@ func (r *Reconciler) syncDisks(ctx context.Context, v *v1alpha1.VirtualMachineIn
 		if vol == nil {
 			continue // the API refuses a disk without its volume
 		}
-		if _, err := c.HotplugVolume(ctx, launcher.VolumeHotplug{Disk: *d, Volume: *vol}); err != nil {
+		md, err := translate.HotplugDisk(d, vol, field.NewPath("spec", "domain", "devices", "disks").Index(i))
+		if err == nil {
+			_, err = c.HotplugDisk(ctx, md)
+		}
+		if err != nil {
 			fail(d.Name, fmt.Errorf("attach volume %q: %w", d.Name, err))
 			continue
 		}
@@ -68,7 +74,7 @@ func (r *Reconciler) syncDisks(ctx context.Context, v *v1alpha1.VirtualMachineIn
 		if !d.Hotplugged || hasDisk(v, d.Name) {
 			continue
 		}
-		if err := c.UnplugVolume(ctx, d.Name); err != nil {
+		if err := c.UnplugDisk(ctx, d.Name); err != nil {
 			fail(d.Name, fmt.Errorf("detach volume %q: %w", d.Name, err))
 			continue
 		}
@@ -103,45 +109,6 @@ func previousFailure(v *v1alpha1.VirtualMachineInstance, name string) string {
 		}
 	}
 	return ""
-}
-
-// splitHotplugged is the spec a migration target starts from: the disks hot-plugged on the source
-// (those whose volume status names a root port) come out of the spec and go on the same ports,
-// so the guest finds every device where it was. Disks the source has not attached (yet) come out
-// too: started cold they would take a root port ahead of the spare ones, shift those and break
-// the migration; the target's agent hot-plugs them once the guest has arrived.
-func splitHotplugged(v *v1alpha1.VirtualMachineInstance) (v1alpha1.VirtualMachineInstanceSpec, []launcher.PlacedVolume) {
-	ports := map[string]string{}
-	cold := map[string]bool{}
-	for _, vs := range v.Status.VolumeStatus {
-		switch {
-		case !vs.Hotplugged && vs.Phase == v1alpha1.VolumeReady:
-			cold[vs.Name] = true
-		case vs.Hotplugged && vs.Phase == v1alpha1.VolumeReady && vs.Target != "":
-			ports[vs.Name] = vs.Target
-		}
-	}
-	spec := *v.Spec.DeepCopy()
-	var placed []launcher.PlacedVolume
-	var disks []v1alpha1.Disk
-	for _, d := range spec.Domain.Devices.Disks {
-		if cold[d.Name] {
-			disks = append(disks, d)
-			continue
-		}
-		port, hot := ports[d.Name]
-		if vol := findVolume(v, d.Name); hot && vol != nil {
-			placed = append(placed, launcher.PlacedVolume{VolumeHotplug: launcher.VolumeHotplug{Disk: d, Volume: *vol}, Port: port})
-		}
-	}
-	var volumes []v1alpha1.Volume
-	for _, vol := range spec.Volumes {
-		if cold[vol.Name] {
-			volumes = append(volumes, vol)
-		}
-	}
-	spec.Domain.Devices.Disks, spec.Volumes = disks, volumes
-	return spec, placed
 }
 
 // Event reasons of NIC hotplug.
@@ -191,17 +158,20 @@ func (r *Reconciler) plugNIC(ctx context.Context, v *v1alpha1.VirtualMachineInst
 	if err != nil {
 		return fmt.Errorf("find the launcher process: %w", err)
 	}
-	setups, err := setupNetwork(v, pod, peer)
+	hosts, err := setupNetwork(v, pod, peer)
 	if err != nil {
 		return err
 	}
-	if len(setups) != 1 || setups[0].Name != in.Name {
-		return fmt.Errorf("network setup made %d interfaces, want %s alone", len(setups), in.Name)
+	if _, ok := hosts[in.Name]; !ok || len(hosts) != 1 {
+		return fmt.Errorf("network setup made %d interfaces, want %s alone", len(hosts), in.Name)
 	}
-	s := setups[0]
+	n, errs := translate.NIC(&in, hosts, field.NewPath("spec", "domain", "devices", "interfaces").Key(in.Name))
+	if len(errs) > 0 {
+		return errs.ToAggregate()
+	}
 	c := r.launchers.client(v.UID)
 	defer c.Close()
-	return c.HotplugNIC(ctx, launcher.NICHotplug{Name: s.Name, Tap: s.Tap, MAC: s.MAC, Model: in.Model, DHCP: s.DHCP})
+	return c.HotplugNIC(ctx, n)
 }
 
 func (r *Reconciler) unplugNIC(ctx context.Context, v *v1alpha1.VirtualMachineInstance, name string) error {
@@ -236,69 +206,51 @@ func hasInterface(v *v1alpha1.VirtualMachineInstance, name string) bool {
 	return false
 }
 
-// splitHotpluggedNICs is the network half of a migration target's start, as splitHotplugged is for
-// disks. spec (the target's copy) keeps the interfaces the guest booted with. Those hot-plugged on
-// the source (hotplugged in the status, with the root port) come out of it, with their networks,
-// and are placed on the same ports, each with the host side setupNetwork made in the target pod
-// (setups). Those the source has not attached yet (no status) come out too: the target's agent
-// hot-plugs them once the guest has arrived, as the source's would have. It returns the setups of
-// the interfaces left in spec.
-func splitHotpluggedNICs(v *v1alpha1.VirtualMachineInstance, spec *v1alpha1.VirtualMachineInstanceSpec, setups []launcher.InterfaceSetup) ([]launcher.InterfaceSetup, []launcher.PlacedNIC, error) {
+// placeHotplugged makes m, translated from the whole spec, the machine a migration target starts
+// with: exactly the source's device set, each hot-plugged device on the root port it has there, so
+// the guest finds every device where it was. Disks and interfaces the source has not attached
+// (yet) come out: started cold they would take a root port ahead of the spare ones, shift those and
+// break the migration; the target's agent hot-plugs them once the guest has arrived.
+func placeHotplugged(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) error {
+	ports := map[string]string{}
+	cold := map[string]bool{}
+	for _, vs := range v.Status.VolumeStatus {
+		switch {
+		case !vs.Hotplugged && vs.Phase == v1alpha1.VolumeReady:
+			cold[vs.Name] = true
+		case vs.Hotplugged && vs.Phase == v1alpha1.VolumeReady && vs.Target != "":
+			ports[vs.Name] = vs.Target
+		}
+	}
+	var disks []machine.Disk
+	for _, d := range m.Disks {
+		if port, hot := ports[d.Name]; hot {
+			d.Port = port
+		} else if !cold[d.Name] {
+			continue
+		}
+		disks = append(disks, d)
+	}
+	m.Disks = disks
 	attached := map[string]v1alpha1.VirtualMachineInstanceNetworkInterface{}
 	for _, in := range v.Status.Interfaces {
 		attached[in.Name] = in
 	}
-	var keep []v1alpha1.Interface
-	var placed []launcher.PlacedNIC
-	for i, in := range spec.Domain.Devices.Interfaces {
-		st, ok := attached[in.Name]
-		if ok && !st.Hotplugged {
-			keep = append(keep, in)
-			continue
-		}
+	var nics []machine.NIC
+	for _, n := range m.NICs {
+		st, ok := attached[n.Name]
 		if !ok {
 			continue // still to be hot-plugged
 		}
-		p := field.NewPath("status", "interfaces").Key(in.Name).Child("rootPort")
-		if st.RootPort == "" {
-			return nil, nil, field.Required(p, fmt.Sprintf("interface %q was hot-plugged on the source but its root port is unknown", in.Name))
+		if st.Hotplugged {
+			if st.RootPort == "" {
+				return field.Required(field.NewPath("status", "interfaces").Key(n.Name).Child("rootPort"),
+					fmt.Sprintf("interface %q was hot-plugged on the source but its root port is unknown", n.Name))
+			}
+			n.Port = st.RootPort
 		}
-		s := findSetup(setups, in.Name)
-		if s == nil {
-			return nil, nil, field.InternalError(field.NewPath("spec", "domain", "devices", "interfaces").Index(i),
-				fmt.Errorf("no host side was set up for hot-plugged interface %q", in.Name))
-		}
-		placed = append(placed, launcher.PlacedNIC{Port: st.RootPort,
-			NICHotplug: launcher.NICHotplug{Name: s.Name, Tap: s.Tap, MAC: s.MAC, Model: in.Model, DHCP: s.DHCP}})
+		nics = append(nics, n)
 	}
-	if len(keep) == len(spec.Domain.Devices.Interfaces) {
-		return setups, nil, nil
-	}
-	kept := map[string]bool{}
-	for _, in := range keep {
-		kept[in.Name] = true
-	}
-	var nets []v1alpha1.Network
-	for _, n := range spec.Networks {
-		if kept[n.Name] {
-			nets = append(nets, n)
-		}
-	}
-	var keptSetups []launcher.InterfaceSetup
-	for _, s := range setups {
-		if kept[s.Name] {
-			keptSetups = append(keptSetups, s)
-		}
-	}
-	spec.Domain.Devices.Interfaces, spec.Networks = keep, nets
-	return keptSetups, placed, nil
-}
-
-func findSetup(setups []launcher.InterfaceSetup, name string) *launcher.InterfaceSetup {
-	for i := range setups {
-		if setups[i].Name == name {
-			return &setups[i]
-		}
-	}
+	m.NICs = nics
 	return nil
 }

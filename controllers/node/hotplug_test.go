@@ -10,62 +10,48 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 )
 
-// TestSplitHotpluggedNICs: a migration target keeps the interfaces the guest booted with, gets the
-// ones hot-plugged on the source placed on their root ports with the target pod's host side, and
-// leaves the ones not attached yet to be hot-plugged after the migration.
-func TestSplitHotpluggedNICs(t *testing.T) {
+// TestPlaceHotplugged: a migration target keeps the disks and interfaces the guest booted with,
+// gets the ones hot-plugged on the source placed on their root ports (with the target pod's host
+// side for NICs), and leaves the ones not attached yet to be hot-plugged after the migration.
+func TestPlaceHotplugged(t *testing.T) {
 	v := &v1alpha1.VirtualMachineInstance{}
-	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "cold"}, {Name: "hot", Model: "e1000e"}, {Name: "pending"}}
-	v.Spec.Networks = []v1alpha1.Network{{Name: "cold"}, {Name: "hot"}, {Name: "pending"}}
+	v.Status.VolumeStatus = []v1alpha1.VolumeStatus{
+		{Name: "root", Phase: v1alpha1.VolumeReady},
+		{Name: "data", Phase: v1alpha1.VolumeReady, Hotplugged: true, Target: "hotplug0"},
+		{Name: "later", Phase: v1alpha1.VolumePending, Hotplugged: true},
+	}
 	v.Status.Interfaces = []v1alpha1.VirtualMachineInstanceNetworkInterface{
 		{Name: "cold", MAC: "02:00:00:00:00:01"},
 		{Name: "hot", MAC: "02:00:00:00:00:02", Hotplugged: true, RootPort: "hotplug1"},
 	}
-	dhcp := &launcher.DHCPConfig{Interface: "k6t-br"}
-	setups := []launcher.InterfaceSetup{
-		{Name: "cold", Tap: "tap0", MAC: "02:00:00:00:00:01"},
-		{Name: "hot", Tap: "tap1", MAC: "02:00:00:00:00:02", DHCP: dhcp},
-		{Name: "pending", Tap: "tap2", MAC: "02:00:00:00:00:03"},
+	dhcp := &machine.DHCP{Interface: "k6t-br"}
+	desc := func() *machine.Machine {
+		return &machine.Machine{
+			Disks: []machine.Disk{{Name: "root"}, {Name: "data"}, {Name: "later"}},
+			NICs: []machine.NIC{{Name: "cold", Tap: "tap0"}, {Name: "hot", Tap: "tap1", Model: machine.NICE1000E, DHCP: dhcp},
+				{Name: "pending", Tap: "tap2"}},
+		}
 	}
-
-	spec := *v.Spec.DeepCopy()
-	kept, placed, err := splitHotpluggedNICs(v, &spec, setups)
-	if err != nil {
+	m := desc()
+	if err := placeHotplugged(v, m); err != nil {
 		t.Fatal(err)
 	}
-	wantPlaced := []launcher.PlacedNIC{{Port: "hotplug1",
-		NICHotplug: launcher.NICHotplug{Name: "hot", Tap: "tap1", MAC: "02:00:00:00:00:02", Model: "e1000e", DHCP: dhcp}}}
-	if !reflect.DeepEqual(placed, wantPlaced) {
-		t.Errorf("placed %+v, want %+v", placed, wantPlaced)
+	wantDisks := []machine.Disk{{Name: "root"}, {Name: "data", Port: "hotplug0"}}
+	if !reflect.DeepEqual(m.Disks, wantDisks) {
+		t.Errorf("disks %+v, want %+v", m.Disks, wantDisks)
 	}
-	if len(kept) != 1 || kept[0].Name != "cold" {
-		t.Errorf("setups for the target's spec %+v, want cold's alone", kept)
+	wantNICs := []machine.NIC{{Name: "cold", Tap: "tap0"}, {Name: "hot", Tap: "tap1", Model: machine.NICE1000E, DHCP: dhcp, Port: "hotplug1"}}
+	if !reflect.DeepEqual(m.NICs, wantNICs) {
+		t.Errorf("nics %+v, want %+v", m.NICs, wantNICs)
 	}
-	if len(spec.Domain.Devices.Interfaces) != 1 || spec.Domain.Devices.Interfaces[0].Name != "cold" ||
-		len(spec.Networks) != 1 || spec.Networks[0].Name != "cold" {
-		t.Errorf("target spec interfaces %+v networks %+v, want cold's alone", spec.Domain.Devices.Interfaces, spec.Networks)
-	}
-	if len(v.Spec.Domain.Devices.Interfaces) != 3 || len(v.Spec.Networks) != 3 {
-		t.Error("the instance's own spec changed")
-	}
-
-	t.Run("nothing hot-plugged leaves spec and setups alone", func(t *testing.T) {
-		v := v.DeepCopy()
-		v.Spec.Domain.Devices.Interfaces, v.Spec.Networks = v.Spec.Domain.Devices.Interfaces[:1], v.Spec.Networks[:1]
-		spec := *v.Spec.DeepCopy()
-		kept, placed, err := splitHotpluggedNICs(v, &spec, setups[:1])
-		if err != nil || placed != nil || len(kept) != 1 || len(spec.Domain.Devices.Interfaces) != 1 || len(spec.Networks) != 1 {
-			t.Errorf("got setups %+v placed %+v err %v, spec %+v", kept, placed, err, spec.Domain.Devices.Interfaces)
-		}
-	})
 
 	t.Run("a hot-plugged interface without its root port is an error", func(t *testing.T) {
 		v := v.DeepCopy()
 		v.Status.Interfaces[1].RootPort = ""
-		spec := *v.Spec.DeepCopy()
-		_, _, err := splitHotpluggedNICs(v, &spec, setups)
+		err := placeHotplugged(v, desc())
 		var fe *field.Error
 		if !errors.As(err, &fe) || fe.Field != "status.interfaces[hot].rootPort" {
 			t.Errorf("want an error at status.interfaces[hot].rootPort, got %v", err)

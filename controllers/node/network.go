@@ -13,6 +13,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/netsetup"
 )
 
@@ -20,7 +21,7 @@ import (
 // namespace (reached through the launcher process, peer) and returns what the launcher needs to
 // attach them and serve their DHCP leases. It is idempotent: after a handler restart it returns
 // the same setup. A pod has one pod network, so at most one interface may use it.
-func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer launcher.Peer) ([]launcher.InterfaceSetup, error) {
+func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer launcher.Peer) (map[string]machine.NIC, error) {
 	ifaces := v.Spec.Domain.Devices.Interfaces
 	if len(ifaces) == 0 {
 		return nil, nil
@@ -44,7 +45,7 @@ func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer laun
 	return masqueradeSetup(v, in, peer, dns, hostname, base.Index(0))
 }
 
-func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, p *field.Path) ([]launcher.InterfaceSetup, error) {
+func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, p *field.Path) (map[string]machine.NIC, error) {
 	// A migration target's QEMU listens in the pod: that port is not the guest's.
 	m := netsetup.Masquerade{TapOwner: peer.UID, TapGroup: peer.GID, PodPorts: []netsetup.Port{{Protocol: "TCP", Port: MigrationPort}}}
 	for i, port := range in.Ports {
@@ -61,12 +62,12 @@ func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface,
 	if mac == "" {
 		mac = netsetup.StableMAC(string(v.UID), in.Name)
 	}
-	return []launcher.InterfaceSetup{{Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &launcher.DHCPConfig{
+	return map[string]machine.NIC{in.Name: {Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &machine.DHCP{
 		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: dns, Hostname: hostname, MTU: res.MTU,
 	}}}, nil
 }
 
-func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string) ([]launcher.InterfaceSetup, error) {
+func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string) (map[string]machine.NIC, error) {
 	res, err := netsetup.SetupBridge(peer.NetNSPath(), netsetup.Bridge{TapOwner: peer.UID, TapGroup: peer.GID})
 	if err != nil {
 		return nil, fmt.Errorf("bridge binding of interface %q: %w", in.Name, err)
@@ -76,7 +77,7 @@ func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, h
 	if mac == "" {
 		mac = res.MAC.String()
 	}
-	return []launcher.InterfaceSetup{{Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &launcher.DHCPConfig{
+	return map[string]machine.NIC{in.Name: {Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &machine.DHCP{
 		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.Gateway, ServerID: res.ServerIP,
 		DNS: dns, Hostname: hostname, MTU: res.MTU,
 	}}}, nil

@@ -13,7 +13,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,7 +34,9 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/vmi"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // Event reasons on instances.
@@ -204,7 +208,7 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 		}
 		r.launchers.follow(v)
 	}
-	if st.UID != "" && st.UID != v.UID {
+	if st.UID != "" && st.UID != string(v.UID) {
 		return nil, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed,
 			fmt.Errorf("the launcher in pod %s runs VMI %s, not this one", pod.Name, st.UID))
 	}
@@ -249,7 +253,7 @@ func (r *Reconciler) stopLeftover(ctx context.Context, v *v1alpha1.VirtualMachin
 	c := r.launchers.client(v.UID)
 	defer c.Close()
 	st, err := c.Status(ctx)
-	if err != nil || st.UID != v.UID || st.Exit != nil {
+	if err != nil || st.UID != string(v.UID) || st.Exit != nil {
 		return nil // no launcher, or its guest already ended
 	}
 	if st.Phase != launcher.PhaseRunning && st.Phase != launcher.PhaseStarting && st.Phase != launcher.PhaseIncoming {
@@ -299,19 +303,21 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("find the launcher process: %w", err))
 	}
-	ifaces, err := setupNetwork(v, pod, peer)
+	if err := speaksProtocol(ctx, c); err != nil {
+		return launcher.Status{}, r.syncFailed(v, ReasonProtocolMismatch, EventSyncFailed, err)
+	}
+	nics, err := setupNetwork(v, pod, peer)
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
 	}
-	req := &launcher.SyncRequest{Name: v.Name, Namespace: v.Namespace, UID: v.UID, Spec: v.Spec,
-		Interfaces: ifaces, Incoming: incoming}
-	if incoming {
-		req.Spec, req.HotplugVolumes = splitHotplugged(v)
-		if req.Interfaces, req.HotplugNICs, err = splitHotpluggedNICs(v, &req.Spec, ifaces); err != nil {
-			return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the migration target: %w", err))
-		}
+	m, err := translate.Machine(v, translate.Host{Emulation: vmi.LauncherEmulation(pod), NICs: nics})
+	if err == nil && incoming {
+		err = placeHotplugged(v, m)
 	}
-	st, err := c.Sync(ctx, req)
+	if err != nil {
+		return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("describe the machine: %w", err))
+	}
+	st, err := c.Sync(ctx, &launcher.SyncRequest{Machine: *m, Incoming: incoming})
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the VM: %w", err))
 	}
@@ -319,6 +325,21 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventStarted, "QEMU started in pod %s", pod.Name)
 	}
 	return st, nil
+}
+
+// speaksProtocol checks that the launcher speaks the protocol this node agent sends machines in. A
+// launcher from an older or newer build that does not is left alone, with a condition naming both
+// versions: the pod must be recreated with a launcher image of this qvirt version.
+func speaksProtocol(ctx context.Context, c *launcher.Client) error {
+	info, err := c.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("ask the launcher for its protocol versions: %w", err)
+	}
+	if slices.Contains(info.Protocols, machine.Protocol) {
+		return nil
+	}
+	return fmt.Errorf("the launcher speaks protocol version(s) %s, this node agent speaks %s: recreate the launcher pod with this qvirt version's launcher image",
+		strings.Join(info.Protocols, ", "), machine.Protocol)
 }
 
 // syncFailed records err on the instance (condition and Event) and returns it for a retry.

@@ -28,6 +28,8 @@ const (
 	ReasonLauncherUnreachable = "LauncherUnreachable"
 	ReasonSyncFailed          = "SyncFailed"
 	ReasonNetworkSetupFailed  = "NetworkSetupFailed"
+	// ReasonProtocolMismatch: the launcher does not speak this node agent's protocol version.
+	ReasonProtocolMismatch = "LauncherProtocolMismatch"
 )
 
 // Reasons on a final instance: how the guest ended, from the launcher's exit reason.

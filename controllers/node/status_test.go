@@ -11,6 +11,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 )
 
 func TestApplyLauncherStatus(t *testing.T) {
@@ -92,7 +93,7 @@ func TestVolumes(t *testing.T) {
 	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}, {Name: "hot"}, {Name: "new"}, {Name: "bad"}}
 	st := &launcher.Status{Phase: launcher.PhaseRunning,
 		Disks:      []launcher.DiskStatus{{Name: "root"}, {Name: "hot", Hotplugged: true}, {Name: "gone", Hotplugged: true}},
-		Hotplugged: []launcher.DiskHotplug{{Name: "hot", Port: "hotplug1"}, {Name: "gone", Port: "hotplug0"}}}
+		Hotplugged: []machine.Disk{{Name: "hot", Port: "hotplug1"}, {Name: "gone", Port: "hotplug0"}}}
 	got := volumes(v, st, hotplugFailures{"bad": "attach volume \"bad\": no such file"})
 	want := []v1alpha1.VolumeStatus{
 		{Name: "root", Phase: v1alpha1.VolumeReady},
@@ -108,32 +109,5 @@ func TestVolumes(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("volume %d: %+v, want %+v", i, got[i], want[i])
 		}
-	}
-}
-
-func TestSplitHotplugged(t *testing.T) {
-	v := &v1alpha1.VirtualMachineInstance{}
-	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}, {Name: "hot"}, {Name: "pending"}}
-	v.Spec.Volumes = []v1alpha1.Volume{{Name: "root"}, {Name: "hot"}, {Name: "pending"}}
-	v.Status.VolumeStatus = []v1alpha1.VolumeStatus{
-		{Name: "root", Phase: v1alpha1.VolumeReady},
-		{Name: "hot", Phase: v1alpha1.VolumeReady, Hotplugged: true, Target: "hotplug2"},
-		{Name: "pending", Phase: v1alpha1.VolumePending, Hotplugged: true},
-	}
-	spec, placed := splitHotplugged(v)
-	if len(placed) != 1 || placed[0].Disk.Name != "hot" || placed[0].Volume.Name != "hot" || placed[0].Port != "hotplug2" {
-		t.Errorf("placed %+v, want hot on hotplug2", placed)
-	}
-	var names []string
-	for _, d := range spec.Domain.Devices.Disks {
-		names = append(names, d.Name)
-	}
-	// The pending disk is not started cold: it would shift the spare root ports. The target's
-	// agent hot-plugs it after the migration.
-	if len(names) != 1 || names[0] != "root" || len(spec.Volumes) != 1 || spec.Volumes[0].Name != "root" {
-		t.Errorf("target spec disks %v volumes %+v, want root alone", names, spec.Volumes)
-	}
-	if len(v.Spec.Domain.Devices.Disks) != 3 {
-		t.Error("splitHotplugged changed the instance's own spec")
 	}
 }

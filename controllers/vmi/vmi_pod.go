@@ -3,6 +3,7 @@ package vmi
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,8 +28,6 @@ const (
 	// LauncherUID is the unprivileged user (and group) the launcher and QEMU run as, as in KubeVirt.
 	LauncherUID = 107
 
-	// DefaultTerminationGracePeriodSeconds is the guest's shutdown time when the instance sets none.
-	DefaultTerminationGracePeriodSeconds int64 = 180
 	// GracePeriodMarginSeconds is added to the guest's grace period on the pod so the launcher has
 	// time to quit QEMU and clean up after the ACPI shutdown window ends, before the kubelet kills it.
 	GracePeriodMarginSeconds int64 = 15
@@ -37,6 +36,18 @@ const (
 	privateVolume = "private"
 	imagesVolume  = "images"
 )
+
+// LauncherEmulation says whether the launcher pod runs its guest under emulation (TCG): the
+// --emulation flag RenderLauncherPod gave its compute container, from the configuration at the
+// time. The node agent translates the instance for the accelerator the pod was made for.
+func LauncherEmulation(pod *corev1.Pod) bool {
+	for _, c := range pod.Spec.Containers {
+		if c.Name == ComputeContainer {
+			return slices.Contains(c.Command, "--emulation") || slices.Contains(c.Args, "--emulation")
+		}
+	}
+	return false
+}
 
 // RenderLauncherPod renders the launcher pod of an instance: everything but the owner reference,
 // which the caller sets (controllerutil.SetControllerReference) because it needs a scheme. It is pure
@@ -66,10 +77,7 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 	for _, r := range cfg.InsecureRegistries {
 		args = append(args, "--insecure-registry", r)
 	}
-	grace := DefaultTerminationGracePeriodSeconds
-	if spec.TerminationGracePeriodSeconds != nil {
-		grace = *spec.TerminationGracePeriodSeconds
-	}
+	grace := v1alpha1.TerminationGracePeriodSeconds(spec)
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = sanitizeHostname(vmi.Name)

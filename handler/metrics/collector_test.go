@@ -29,7 +29,9 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/metrics"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/envtest"
 	qvtest "github.com/qvirt/qvirt/test/testutil"
 )
@@ -68,7 +70,7 @@ func TestScrapeReportsRunningVMIs(t *testing.T) {
 	run(t, "ip", "tuntap", "add", "dev", tap, "mode", "tap")
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tap).Run() })
 	run(t, "ip", "link", "set", tap, "up")
-	if err := l.client.HotplugNIC(ctx, launcher.NICHotplug{Name: "extra", Tap: tap, MAC: "02:00:00:aa:bb:02"}); err != nil {
+	if err := l.client.HotplugNIC(ctx, machine.NIC{Name: "extra", Tap: tap, MAC: "02:00:00:aa:bb:02", Model: machine.NICVirtio}); err != nil {
 		t.Fatalf("hotplug nic: %v", err)
 	}
 	con.Send(t, `dd if=/dev/vda of=/dev/null bs=4096 count=512 2>/dev/null; dd if=/dev/zero of=/dev/vda bs=4096 count=16 2>/dev/null; sync; `+
@@ -242,7 +244,7 @@ func socketDir(t testing.TB) string {
 // guestSpec is the test guest with a 16 MiB scratch virtio disk.
 func guestSpec(t testing.TB) v1alpha1.VirtualMachineInstanceSpec {
 	t.Helper()
-	req, err := launcher.LoadSpec("../../test/guest/vmi.yaml")
+	req, err := translate.LoadFile("../../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,8 +303,7 @@ func startLauncher(t testing.TB, socketDir string, vmi *v1alpha1.VirtualMachineI
 	r := &runningLauncher{dir: dir, client: launcher.NewClient(dir.Command())}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		_, err := r.client.Sync(context.Background(), &launcher.SyncRequest{
-			Name: vmi.Name, Namespace: vmi.Namespace, UID: vmi.UID, Spec: vmi.Spec, Emulation: true})
+		_, err := r.client.Sync(context.Background(), qvtest.SyncRequest(t, vmi, nil))
 		if err == nil {
 			return r
 		}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/streams"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -213,7 +214,7 @@ func newSocketDir(t *testing.T) string {
 // createVMI creates a VMI like the test guest and sets its status as the handler would.
 func createVMI(t *testing.T, name string, edit func(*v1alpha1.VirtualMachineInstance)) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
-	req, err := launcher.LoadSpec("../../test/guest/vmi.yaml")
+	req, err := translate.LoadFile("../../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +269,7 @@ func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInsta
 		<-served
 	})
 	waitFor(t, 5*time.Second, "the launcher's socket", func() bool { _, err := os.Stat(dir.Command()); return err == nil })
-	req := &launcher.SyncRequest{Name: vmi.Name, Namespace: vmi.Namespace, UID: vmi.UID, Spec: vmi.Spec, Emulation: true}
+	req := testutil.SyncRequest(t, vmi, nil)
 	st, err := g.client.Sync(context.Background(), req)
 	if err != nil {
 		t.Fatalf("sync: %v", err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/test/envtest"
@@ -98,7 +99,7 @@ func TestLocalCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, err := launcher.LoadSpec("../../test/guest/vmi.yaml")
+	req, err := translate.LoadFile("../../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,249 @@
+// Package translate turns a VMI into the machine description a launcher executes
+// (package machine). It is the one place where a spec decision is made: defaults (machine type,
+// bus, cache, I/O mode, NIC model, CPU model, grace period), memory in MiB, the SMBIOS UUID, which
+// volume source becomes which image source. The node agent calls it for a start, a migration
+// target and a hot-plug; `qvirtctl machine` calls it for a launcher run outside Kubernetes. Errors
+// name the VMI field at fault ("spec.domain.memory.guest").
+package translate
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/machine"
+)
+
+// Host is what the node decided for the instance outside its spec.
+type Host struct {
+	// Emulation runs the guest under TCG (the cluster's useEmulation); otherwise KVM.
+	Emulation bool
+	// NICs are the host sides the node agent made for the spec's interfaces, by interface name.
+	// Each carries the MAC the interface gets (the spec's, else the one the network setup chose).
+	NICs map[string]machine.NIC
+}
+
+var (
+	specPath   = field.NewPath("spec")
+	domainPath = specPath.Child("domain")
+	diskPath   = domainPath.Child("devices", "disks")
+	ifacePath  = domainPath.Child("devices", "interfaces")
+)
+
+// Machine is v's machine description. It validates the spec first (admission did already; a VMI
+// stored before a rule existed must still not reach QEMU).
+func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, error) {
+	spec := &v.Spec
+	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(spec, specPath); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	m := &machine.Machine{
+		Name: v.Name, Namespace: v.Namespace, UID: string(v.UID), UUID: string(v.UID),
+		Type: "q35", Accel: machine.AccelKVM, GracePeriodSeconds: v1alpha1.TerminationGracePeriodSeconds(spec),
+		SerialConsole: boolOr(spec.Domain.Devices.AutoattachSerialConsole, true),
+		Graphics:      boolOr(spec.Domain.Devices.AutoattachGraphicsDevice, true),
+		StartPaused:   spec.StartStrategy != nil && *spec.StartStrategy == v1alpha1.StartStrategyPaused,
+	}
+	if host.Emulation {
+		m.Accel = machine.AccelTCG
+	}
+	var errs field.ErrorList
+	errs = append(errs, machineType(&spec.Domain, m)...)
+	errs = append(errs, cpu(&spec.Domain, m)...)
+	errs = append(errs, memory(&spec.Domain, m)...)
+	firmware(&spec.Domain, m)
+	vols := map[string]*v1alpha1.Volume{}
+	for i := range spec.Volumes {
+		vols[spec.Volumes[i].Name] = &spec.Volumes[i]
+	}
+	for i := range spec.Domain.Devices.Disks {
+		d, err := Disk(&spec.Domain.Devices.Disks[i], vols[spec.Domain.Devices.Disks[i].Name], diskPath.Index(i))
+		errs = append(errs, err...)
+		m.Disks = append(m.Disks, d)
+	}
+	for i := range spec.Domain.Devices.Interfaces {
+		n, err := NIC(&spec.Domain.Devices.Interfaces[i], host.NICs, ifacePath.Index(i))
+		errs = append(errs, err...)
+		m.NICs = append(m.NICs, n)
+	}
+	if len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	return m, nil
+}
+
+func boolOr(b *bool, def bool) bool {
+	if b == nil {
+		return def
+	}
+	return *b
+}
+
+func machineType(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
+	if d.Machine != nil && d.Machine.Type != "" {
+		m.Type = d.Machine.Type
+	}
+	if f := d.Features; f != nil && f.ACPI != nil && f.ACPI.Enabled != nil && !*f.ACPI.Enabled {
+		m.NoACPI = true
+	}
+	return nil
+}
+
+// cpu picks the model: the host's under KVM, qemu64 under emulation, where the host's cannot run.
+func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
+	var c v1alpha1.CPU
+	if d.CPU != nil {
+		c = *d.CPU
+	}
+	modelPath := domainPath.Child("cpu", "model")
+	emulated := m.Accel == machine.AccelTCG
+	model := c.Model
+	switch model {
+	case "":
+		model = "host"
+		if emulated {
+			model = "qemu64"
+		}
+	case "host-passthrough", "host":
+		if emulated {
+			return field.ErrorList{field.Invalid(modelPath, c.Model, "the host CPU model needs KVM; under emulation use a named model such as qemu64 or max")}
+		}
+		model = "host"
+	case "host-model":
+		return field.ErrorList{field.NotSupported(modelPath, c.Model, []string{"host-passthrough", "<QEMU CPU model, e.g. qemu64>"})}
+	}
+	one := func(v uint32) uint32 { return max(v, 1) }
+	m.CPU = machine.CPU{Model: model, VCPUs: uint32(v1alpha1.VCPUs(d.CPU)),
+		Sockets: one(c.Sockets), Cores: one(c.Cores), Threads: one(c.Threads)}
+	return nil
+}
+
+func memory(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
+	p := domainPath.Child("memory", "guest")
+	if d.Memory == nil || d.Memory.Guest == nil {
+		p = domainPath.Child("resources", "requests", "memory")
+	}
+	q := v1alpha1.GuestMemory(d) // validation guarantees a positive quantity
+	const mib = 1 << 20
+	v := q.Value()
+	if q.CmpInt64(v) != 0 || v%mib != 0 {
+		return field.ErrorList{field.Invalid(p, q.String(), "must be a whole number of MiB")}
+	}
+	m.MemoryMiB = v / mib
+	return nil
+}
+
+func firmware(d *v1alpha1.DomainSpec, m *machine.Machine) {
+	fw := d.Firmware
+	if fw == nil {
+		return
+	}
+	if fw.UUID != "" {
+		m.UUID = string(fw.UUID)
+	}
+	m.SMBIOSSerial = fw.Serial
+	if kb := fw.KernelBoot; kb != nil && kb.Container != nil {
+		c := kb.Container
+		m.Kernel = &machine.KernelBoot{Image: imageRef(c.Image, string(c.ImagePullPolicy), c.ImagePullSecret),
+			KernelPath: c.KernelPath, InitrdPath: c.InitrdPath, Args: kb.KernelArgs}
+	}
+}
+
+func imageRef(ref, policy, secret string) machine.ImageRef {
+	return machine.ImageRef{Ref: ref, PullPolicy: policy, PullSecret: secret}
+}
+
+// Disk is one spec disk with its volume (nil when the spec has none), at p. The node agent calls
+// it for a hot-plug too, so a hot-plugged disk is described exactly as a cold one.
+func Disk(d *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Disk, field.ErrorList) {
+	out := machine.Disk{Name: d.Name, Serial: d.Serial, BootIndex: d.BootOrder,
+		Cache: machine.CacheNone, IO: machine.IOThreads, Bus: machine.BusVirtio}
+	if d.Cache != "" {
+		out.Cache = machine.Cache(d.Cache)
+	}
+	if d.IO != "" {
+		out.IO = machine.IO(d.IO)
+	}
+	switch {
+	case d.CDRom != nil:
+		out.CDROM, out.ReadOnly, out.Bus = true, true, machine.BusSATA
+		if d.CDRom.Bus != "" {
+			out.Bus = machine.Bus(d.CDRom.Bus)
+		}
+	case d.Disk != nil:
+		out.ReadOnly = d.Disk.ReadOnly
+		if d.Disk.Bus != "" {
+			out.Bus = machine.Bus(d.Disk.Bus)
+		}
+	}
+	if vol == nil {
+		return out, field.ErrorList{field.Required(p.Child("name"), fmt.Sprintf("no volume named %q", d.Name))}
+	}
+	src, err := source(vol, field.NewPath("spec", "volumes").Key(vol.Name))
+	if err != nil {
+		return out, field.ErrorList{err}
+	}
+	out.Source = src
+	if vol.PersistentVolumeClaim != nil && vol.PersistentVolumeClaim.ReadOnly {
+		out.ReadOnly = true
+	}
+	if src.Container != nil {
+		// A container disk is shared by every VM using the image: never written to.
+		out.ReadOnly = true
+	}
+	return out, nil
+}
+
+// HotplugDisk is a disk added to the spec of a running instance, at p: checked against what can
+// be hot-plugged (a virtio disk on a hostDisk or emptyDisk volume), then described as Disk does.
+func HotplugDisk(d *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Disk, error) {
+	errs := v1alpha1.ValidateHotplugDisk(d, p)
+	errs = append(errs, v1alpha1.ValidateHotplugVolume(vol, field.NewPath("spec", "volumes").Key(vol.Name))...)
+	if len(errs) > 0 {
+		return machine.Disk{}, errs.ToAggregate()
+	}
+	md, errs := Disk(d, vol, p)
+	return md, errs.ToAggregate()
+}
+
+func source(v *v1alpha1.Volume, p *field.Path) (machine.Source, *field.Error) {
+	switch {
+	case v.HostDisk != nil:
+		hf := &machine.HostFile{Path: v.HostDisk.Path, Format: "raw"}
+		if v.HostDisk.Type == v1alpha1.HostDiskExistsOrCreate && v.HostDisk.Capacity != nil {
+			hf.CreateBytes = v.HostDisk.Capacity.Value()
+		}
+		return machine.Source{HostFile: hf}, nil
+	case v.ContainerDisk != nil:
+		c := v.ContainerDisk
+		return machine.Source{Container: &machine.Container{
+			Image: imageRef(c.Image, string(c.ImagePullPolicy), c.ImagePullSecret), Path: c.Path}}, nil
+	case v.EmptyDisk != nil:
+		return machine.Source{Empty: &machine.Empty{CapacityBytes: v.EmptyDisk.Capacity.Value()}}, nil
+	}
+	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk and emptyDisk volumes")
+}
+
+// NIC is one spec interface on the host side the node agent made for it (hosts, by name).
+func NIC(in *v1alpha1.Interface, hosts map[string]machine.NIC, p *field.Path) (machine.NIC, field.ErrorList) {
+	h, ok := hosts[in.Name]
+	if !ok {
+		return machine.NIC{}, field.ErrorList{field.Forbidden(p, "no tap was set up for this interface: pod networking needs the node agent (qvirt-handler)")}
+	}
+	out := h
+	out.Name = in.Name
+	out.Model = NICModel(in.Model)
+	if in.MacAddress != "" {
+		out.MAC = in.MacAddress
+	}
+	return out, nil
+}
+
+// NICModel is the interface model, virtio when the spec names none.
+func NICModel(model string) machine.NICModel {
+	if model == "" {
+		return machine.NICVirtio
+	}
+	return machine.NICModel(model)
+}

@@ -1,0 +1,223 @@
+// Package machine is the contract between the node agent and qvirt-launcher: a fully resolved
+// description of one virtual machine, which the launcher turns into QEMU's command line and QMP
+// commands without re-deciding anything the VMI spec left open. The node agent makes every spec
+// decision once (handler/translate): defaults, MAC addresses, the grace period, CPU model, memory
+// size, NIC models. The launcher checks only the description's own invariants (names unique, ports
+// exist, paths absolute) and the host facts it alone can see (image files, the pod's filesystem).
+//
+// Standard library only: the launcher links no Kubernetes package, and a new API field is not a
+// wire change until the translation maps it here.
+package machine
+
+import "net/netip"
+
+// Protocol is the version of the launcher protocol this package describes. A launcher lists the
+// versions it speaks in Info (GET /v1/info); a launcher that has no /v1/info speaks ProtocolLegacy,
+// whose sync request carried the VMI spec itself.
+const (
+	Protocol       = "2"
+	ProtocolLegacy = "1"
+)
+
+// Info is a launcher's answer to GET /v1/info.
+type Info struct {
+	// Protocols are the protocol versions the launcher speaks.
+	Protocols []string `json:"protocols"`
+}
+
+// Accel is the accelerator QEMU runs the guest with.
+type Accel string
+
+const (
+	AccelKVM Accel = "kvm"
+	// AccelTCG is emulation, allowed only when the cluster says so (useEmulation).
+	AccelTCG Accel = "tcg"
+)
+
+// Machine is one VM, resolved.
+type Machine struct {
+	// Name, Namespace and UID identify the VMI (QEMU's -name, the launcher's checks).
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	UID       string `json:"uid"`
+	// UUID is the SMBIOS system UUID the guest sees.
+	UUID string `json:"uuid"`
+	// SMBIOSSerial is the SMBIOS system serial number; none when empty.
+	SMBIOSSerial string `json:"smbiosSerial,omitempty"`
+	// Type is QEMU's machine type ("q35").
+	Type  string `json:"type"`
+	Accel Accel  `json:"accel"`
+	// NoACPI turns the machine's ACPI off.
+	NoACPI bool `json:"noACPI,omitempty"`
+	CPU    CPU  `json:"cpu"`
+	// MemoryMiB is the guest's RAM.
+	MemoryMiB int64 `json:"memoryMiB"`
+	// Kernel boots a kernel and initrd from an image instead of the firmware's boot order.
+	Kernel *KernelBoot `json:"kernel,omitempty"`
+	// SerialConsole attaches ttyS0 to the serial socket; Graphics attaches a VGA on the VNC socket.
+	SerialConsole bool `json:"serialConsole,omitempty"`
+	Graphics      bool `json:"graphics,omitempty"`
+	// Disks in the guest's order; those with a Port were hot-plugged (a migration target starts
+	// with them on the ports they had on the source).
+	Disks []Disk `json:"disks,omitempty"`
+	// NICs in the guest's order; those with a Port were hot-plugged, as Disks.
+	NICs []NIC `json:"nics,omitempty"`
+	// StartPaused leaves QEMU in prelaunch until a resume (startStrategy Paused).
+	StartPaused bool `json:"startPaused,omitempty"`
+	// GracePeriodSeconds is how long a graceful shutdown may take before QEMU is ended.
+	GracePeriodSeconds int64 `json:"gracePeriodSeconds"`
+}
+
+// CPU is the guest's processor.
+type CPU struct {
+	// Model is QEMU's -cpu model ("host" needs KVM).
+	Model   string `json:"model"`
+	VCPUs   uint32 `json:"vcpus"`
+	Sockets uint32 `json:"sockets"`
+	Cores   uint32 `json:"cores"`
+	Threads uint32 `json:"threads"`
+}
+
+// KernelBoot is a kernel (and initrd) taken from a container image.
+type KernelBoot struct {
+	Image ImageRef `json:"image"`
+	// KernelPath and InitrdPath are paths inside the image; InitrdPath is optional.
+	KernelPath string `json:"kernelPath"`
+	InitrdPath string `json:"initrdPath,omitempty"`
+	Args       string `json:"args,omitempty"`
+}
+
+// ImageRef is a container image the launcher's side reads files from.
+type ImageRef struct {
+	// Ref is an image reference, or file:///dir for an image already unpacked at dir.
+	Ref        string `json:"ref"`
+	PullPolicy string `json:"pullPolicy,omitempty"` // Always, IfNotPresent or Never
+	PullSecret string `json:"pullSecret,omitempty"`
+}
+
+// Bus is where a disk is attached.
+type Bus string
+
+const (
+	BusVirtio Bus = "virtio"
+	BusSATA   Bus = "sata"
+	BusSCSI   Bus = "scsi"
+)
+
+// Cache is the host page cache mode of a disk.
+type Cache string
+
+const (
+	CacheNone         Cache = "none"
+	CacheWriteThrough Cache = "writethrough"
+	CacheWriteBack    Cache = "writeback"
+)
+
+// IO is a disk's I/O mode.
+type IO string
+
+const (
+	IOThreads IO = "threads"
+	IONative  IO = "native"
+)
+
+// Disk is one disk or cdrom and the image behind it.
+type Disk struct {
+	Name     string `json:"name"`
+	Bus      Bus    `json:"bus"`
+	CDROM    bool   `json:"cdrom,omitempty"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+	Serial   string `json:"serial,omitempty"`
+	// BootIndex is the disk's place in the boot order; a machine where any disk has one tries
+	// only those.
+	BootIndex *uint32 `json:"bootIndex,omitempty"`
+	Cache     Cache   `json:"cache"`
+	IO        IO      `json:"io"`
+	Source    Source  `json:"source"`
+	// Port is the spare root port of a hot-plugged disk; "" for a cold-plugged one.
+	Port string `json:"port,omitempty"`
+}
+
+// Source is where a disk's image comes from; exactly one field is set.
+type Source struct {
+	HostFile  *HostFile  `json:"hostFile,omitempty"`
+	Container *Container `json:"container,omitempty"`
+	Empty     *Empty     `json:"empty,omitempty"`
+}
+
+// HostFile is an image file the launcher can see (a hostDisk's path in the pod).
+type HostFile struct {
+	Path string `json:"path"`
+	// Format is raw or qcow2, never probed.
+	Format string `json:"format"`
+	// CreateBytes, when positive, creates a sparse raw file of that size if none exists.
+	CreateBytes int64 `json:"createBytes,omitempty"`
+}
+
+// Container is a disk image inside a container image (KubeVirt's containerDisk), attached
+// read-only: every VM on the node shares it.
+type Container struct {
+	Image ImageRef `json:"image"`
+	// Path is the image file inside the image; the one file under /disk when empty.
+	Path string `json:"path,omitempty"`
+}
+
+// Empty is a blank scratch disk the launcher creates, gone with the VM.
+type Empty struct {
+	CapacityBytes int64 `json:"capacityBytes"`
+}
+
+// NICModel is the guest NIC's device model.
+type NICModel string
+
+const (
+	NICVirtio  NICModel = "virtio"
+	NICE1000   NICModel = "e1000"
+	NICE1000E  NICModel = "e1000e"
+	NICRTL8139 NICModel = "rtl8139"
+)
+
+// NIC is one guest NIC and the host side the node agent made for it in the pod's network namespace.
+type NIC struct {
+	Name string `json:"name"`
+	// Tap is the tap device QEMU opens by name.
+	Tap   string   `json:"tap"`
+	MAC   string   `json:"mac"`
+	Model NICModel `json:"model"`
+	// DHCP, when set, makes the launcher hand the guest its address.
+	DHCP *DHCP `json:"dhcp,omitempty"`
+	// Port is the spare root port of a hot-plugged NIC; "" for a cold-plugged one.
+	Port string `json:"port,omitempty"`
+}
+
+// DHCP is the one lease the launcher's DHCP server gives a guest NIC.
+type DHCP struct {
+	// Interface is where the server listens: the bridge holding the guest's tap.
+	Interface string       `json:"interface"`
+	IP        netip.Prefix `json:"ip"`
+	Gateway   netip.Addr   `json:"gateway"`
+	ServerID  netip.Addr   `json:"serverID,omitzero"`
+	DNS       []netip.Addr `json:"dns,omitempty"`
+	Hostname  string       `json:"hostname,omitempty"`
+	MTU       int          `json:"mtu,omitempty"`
+}
+
+// Disk returns the disk named name, or nil.
+func (m *Machine) Disk(name string) *Disk {
+	for i := range m.Disks {
+		if m.Disks[i].Name == name {
+			return &m.Disks[i]
+		}
+	}
+	return nil
+}
+
+// NIC returns the NIC named name, or nil.
+func (m *Machine) NIC(name string) *NIC {
+	for i := range m.NICs {
+		if m.NICs[i].Name == name {
+			return &m.NICs[i]
+		}
+	}
+	return nil
+}
