@@ -2,13 +2,16 @@ package handler_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,6 +34,7 @@ import (
 	"github.com/qvirt/qvirt/handler"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/podnet"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -637,12 +642,19 @@ func TestBadLaunchers(t *testing.T) {
 	e.create(badImage)
 	e.kubelet.run(badImage, true)
 
+	// A launcher of another protocol version (an older or newer launcher image): it is asked
+	// which versions it speaks and is sent nothing.
+	stranger := e.guestVMI("stranger")
+	e.create(stranger)
+	e.kubelet.run(stranger, false)
+	synced := standInLauncher(t, e.kubelet.socketDir, e.get("stranger").UID, "99")
+
 	v := e.waitVMI("bad-image", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
 		c := condition(v, node.ConditionSynchronized)
 		return c != nil && c.Status == metav1.ConditionFalse
 	})
 	c := condition(v, node.ConditionSynchronized)
-	if c.Reason != node.ReasonSyncFailed || !strings.Contains(c.Message, "spec.domain.firmware.kernelBoot.container.image") {
+	if c.Reason != node.ReasonSyncFailed || !strings.Contains(c.Message, "machine.kernel.image.ref") {
 		t.Errorf("Synchronized condition %+v: want reason %s naming the image field", c, node.ReasonSyncFailed)
 	}
 	e.waitEvent("bad-image", node.EventSyncFailed, "/nonexistent/qvirt-image", 10*time.Second)
@@ -658,7 +670,19 @@ func TestBadLaunchers(t *testing.T) {
 	}
 	e.waitEvent("silent", node.EventLauncherUnreachable, "launcher.sock", 10*time.Second)
 
-	for _, name := range []string{"silent", "bad-image"} {
+	v = e.waitVMI("stranger", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+		c := condition(v, node.ConditionSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	if c := condition(v, node.ConditionSynchronized); c.Reason != node.ReasonProtocolMismatch ||
+		!strings.Contains(c.Message, "protocol version(s) 99") || !strings.Contains(c.Message, "speaks "+machine.Protocol) {
+		t.Errorf("Synchronized condition %+v: want reason %s naming versions 99 and %s", c, node.ReasonProtocolMismatch, machine.Protocol)
+	}
+	if n := synced.Load(); n != 0 {
+		t.Errorf("the node agent sent %d requests besides info and status to a launcher it cannot speak to", n)
+	}
+
+	for _, name := range []string{"silent", "bad-image", "stranger"} {
 		if v := e.get(name); v.Status.Phase != v1alpha1.Scheduled {
 			t.Errorf("%s: phase %s, want it left Scheduled while the agent retries", name, v.Status.Phase)
 		}
@@ -683,6 +707,40 @@ func TestBadLaunchers(t *testing.T) {
 		}
 		e.waitEvent("good", node.EventKilledLeftover, "Failed", 10*time.Second)
 	})
+}
+
+// standInLauncher serves a launcher's socket for the VMI with uid that speaks only protocol
+// version proto: it answers info and status (Waiting) and counts every other request.
+func standInLauncher(t *testing.T, socketDir string, uid types.UID, proto string) *atomic.Int32 {
+	t.Helper()
+	dir := launcher.VMIDir(socketDir, uid)
+	if err := os.MkdirAll(string(dir), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", dir.Command())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var others atomic.Int32
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(machine.Info{Protocols: []string{proto}})
+	})
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(launcher.Status{Phase: launcher.PhaseWaiting})
+		if r.URL.Query().Get("watch") == "true" {
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		others.Add(1)
+		http.NotFound(w, nil)
+	})
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return &others
 }
 
 // TestLiveMigration moves a running guest from one node to another through a

@@ -1,10 +1,17 @@
 package launcher
 
 import (
+	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // The cleanup of an ending launcher pod removes its own files and the directory, but leaves the
@@ -53,5 +60,46 @@ func TestOwnedFilesLeaveANewerPodsFiles(t *testing.T) {
 	}
 	if _, err := os.Stat(string(dir)); !os.IsNotExist(err) {
 		t.Errorf("the socket directory is still there: %v", err)
+	}
+}
+
+// A launcher pod runs the machine it was made for, on the accelerator its flags say, and tells the
+// node agent which protocol versions it speaks.
+func TestPodResolverAndInfo(t *testing.T) {
+	const uid = "0f8fad5b-d9cb-469f-a165-70867728950e"
+	res := podResolver{uid: uid, emulation: true}
+	for _, tc := range []struct {
+		name  string
+		m     machine.Machine
+		field string
+	}{
+		{"another VMI", machine.Machine{UID: "6a1c6d35-6a0e-4b9b-9d3a-0123456789ab", Accel: machine.AccelTCG}, "machine.uid"},
+		{"KVM in an emulation pod", machine.Machine{UID: uid, Accel: machine.AccelKVM}, "machine.accel"},
+	} {
+		_, err := res.Resolve(&tc.m, t.TempDir())
+		var fe *machine.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s: want an error at %s, got %v", tc.name, tc.field, err)
+		}
+	}
+	if _, err := res.Resolve(&machine.Machine{UID: uid, Accel: machine.AccelTCG}, t.TempDir()); err != nil {
+		t.Errorf("its own machine: %v", err)
+	}
+
+	sock := filepath.Join(t.TempDir(), SocketName)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = Serve(ctx, sock, New(t.TempDir(), res, Options{}), logr.Discard()) }()
+	c := NewClient(sock)
+	defer c.Close()
+	var info machine.Info
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if info, err = c.Info(ctx); err == nil {
+			break
+		}
+	}
+	if err != nil || !slices.Equal(info.Protocols, []string{machine.Protocol}) {
+		t.Fatalf("info %+v, %v; want protocols [%s]", info, err, machine.Protocol)
 	}
 }
