@@ -86,7 +86,7 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 			{"machine.nics[0].dhcp.interface", func(n *machine.NIC) {
 				n.DHCP = &machine.DHCP{Interface: "qvnosuch0", IP: nic.DHCP.IP, Gateway: nic.DHCP.Gateway}
 			}},
-			{"machine.nics[0].port", func(n *machine.NIC) { n.Model = machine.NICE1000 }}, // a conventional PCI NIC cannot sit on a root port
+			{"machine.nics[0].port", func(n *machine.NIC) { n.Model = machine.NICE1000 }},         // a conventional PCI NIC cannot sit on a root port
 			{"machine.nics[0].port", func(n *machine.NIC) { n.Port = launcher.HotplugPortID(0) }}, // the disk's
 		} {
 			_, err := bad.client.Sync(ctx, target(tc.mutate))
