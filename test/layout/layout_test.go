@@ -1,0 +1,37 @@
+// Package layout checks the dependency rules of DESIGN.md (Layout) on the binaries as built: what
+// each one links, not what its author meant it to.
+package layout
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// deps lists every package pkg links.
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	return strings.Fields(string(out))
+}
+
+// forbid fails for each package pkg links whose path starts with one of prefixes.
+func forbid(t *testing.T, pkg string, prefixes ...string) {
+	t.Helper()
+	for _, d := range deps(t, pkg) {
+		for _, p := range prefixes {
+			if strings.HasPrefix(d, p) {
+				t.Errorf("%s links %s (nothing under %s may be linked)", pkg, d, p)
+			}
+		}
+	}
+}
+
+// The launcher speaks only the machine description: it links no Kubernetes package, so an API
+// field is never a wire change and the per-VM process stays small.
+func TestLauncherLinksNoKubernetes(t *testing.T) {
+	forbid(t, "github.com/qvirt/qvirt/cmd/qvirt-launcher", "k8s.io/", "sigs.k8s.io/", "github.com/qvirt/qvirt/api/")
+}
