@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	qcerts "github.com/qvirt/qvirt/certs"
+	"github.com/qvirt/qvirt/internal/patch"
 )
 
 const (
@@ -164,8 +165,12 @@ func (r *Reconciler) request() reconcile.Request {
 // +kubebuilder:rbac:groups="",namespace=qvirt-system,resources=events,verbs=create;patch
 
 // Reconcile brings the CA, then both leaves, to their wanted state and requeues at the earliest
-// deadline.
+// deadline. A Secret write that lost to a newer version is requeued (patch.Result).
 func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+	return patch.Result(r.reconcile(ctx))
+}
+
+func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 	now := r.now()
 	l := r.Lifetimes()
 	caSec, err := r.get(ctx, qcerts.CASecret)
@@ -246,7 +251,8 @@ func (r *Reconciler) apply(ctx context.Context, sec *corev1.Secret, name, role s
 		err = r.Client.Update(ctx, sec)
 	}
 	if err != nil {
-		// A conflict or an AlreadyExists means someone wrote first: the requeue reads it again.
+		// A conflict or an AlreadyExists means someone wrote first: the requeue (quiet for a
+		// conflict, backed off for the rest) reads it again.
 		return fmt.Errorf("write Secret %s/%s: %w", r.Namespace, name, err)
 	}
 	evType, reason, msg := describeUpdate(r.Namespace, name, created, u)

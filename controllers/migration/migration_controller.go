@@ -16,7 +16,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,6 +32,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/patch"
 )
 
 // Field indexes on migrations in the manager's cache.
@@ -85,32 +85,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	log := ctrl.LoggerFrom(ctx).WithValues("vmi", vmim.Spec.VMIName, "phase", vmim.Status.Phase)
 	ctx = ctrl.LoggerInto(ctx, log)
 
-	if vmim.DeletionTimestamp.IsZero() && !isTerminal(vmim.Status.Phase) &&
-		!controllerutil.ContainsFinalizer(vmim, v1alpha1.MigrationFinalizer) {
-		base := vmim.DeepCopy()
-		controllerutil.AddFinalizer(vmim, v1alpha1.MigrationFinalizer)
-		if err := r.Client.Patch(ctx, vmim, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-			return ctrl.Result{}, fmt.Errorf("add finalizer to migration %s: %w", vmim.Name, err)
+	// A finished migration needs no cleanup, so it gets no finalizer.
+	if !isTerminal(vmim.Status.Phase) {
+		if err := patch.AddFinalizer(ctx, r.Client, vmim, v1alpha1.MigrationFinalizer); err != nil {
+			return patch.Result(ctrl.Result{}, err)
 		}
 	}
 
-	base := vmim.DeepCopy()
+	status := patch.NewStatus(r.Client, vmim)
 	release := false
 	defer func() {
-		if err := r.patchStatus(ctx, base, vmim); err != nil {
-			if apierrors.IsConflict(err) {
-				// A newer version exists and its watch event brings us back.
-				log.V(1).Info("migration status changed meanwhile; retrying", "error", err.Error())
-				return
-			}
-			retErr = errors.Join(retErr, err)
-			return
+		// The finalizer goes only once the final status is recorded: a lost status write must not
+		// let the migration go.
+		_, err := status.Patch(ctx, vmim)
+		err = errors.Join(retErr, client.IgnoreNotFound(err))
+		if release && err == nil {
+			err = patch.RemoveFinalizer(ctx, r.Client, vmim, v1alpha1.MigrationFinalizer)
 		}
-		if release && retErr == nil {
-			if err := r.removeFinalizer(ctx, vmim); err != nil {
-				retErr = err
-			}
-		}
+		res, retErr = patch.Result(res, err)
 	}()
 
 	if !vmim.DeletionTimestamp.IsZero() {
@@ -119,33 +111,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return res, err
 	}
 	return r.reconcileNormal(ctx, vmim)
-}
-
-func (r *Reconciler) patchStatus(ctx context.Context, base, vmim *v1alpha1.VirtualMachineInstanceMigration) error {
-	if equality.Semantic.DeepEqual(base.Status, vmim.Status) {
-		return nil
-	}
-	err := r.Client.Status().Patch(ctx, vmim, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("patch status of migration %s: %w", vmim.Name, err)
-	}
-	return nil
-}
-
-func (r *Reconciler) removeFinalizer(ctx context.Context, vmim *v1alpha1.VirtualMachineInstanceMigration) error {
-	if !controllerutil.ContainsFinalizer(vmim, v1alpha1.MigrationFinalizer) {
-		return nil
-	}
-	base := vmim.DeepCopy()
-	controllerutil.RemoveFinalizer(vmim, v1alpha1.MigrationFinalizer)
-	err := r.Client.Patch(ctx, vmim, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("remove finalizer from migration %s: %w", vmim.Name, err)
-	}
-	return nil
 }
 
 func (r *Reconciler) pendingRequeue() time.Duration {
@@ -345,14 +310,12 @@ func copyState(vmim *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.Vir
 	}
 }
 
+// patchVMIStatus writes the instance's status changed since base, under base's resourceVersion: the
+// node agents write migrationState too, and a conflict (requeued, see patch.Result) makes this
+// reconciler decide again on what they wrote. An instance gone meanwhile is an error here.
 func (r *Reconciler) patchVMIStatus(ctx context.Context, base, vmi *v1alpha1.VirtualMachineInstance) error {
-	if equality.Semantic.DeepEqual(base.Status, vmi.Status) {
-		return nil
-	}
-	if err := r.Client.Status().Patch(ctx, vmi, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("patch status of instance %s: %w", vmi.Name, err)
-	}
-	return nil
+	_, err := patch.NewStatus(r.Client, base).Patch(ctx, vmi)
+	return err
 }
 
 // requestAbort sets migrationState.abortRequested on the instance and records when.
@@ -566,9 +529,7 @@ func (r *Reconciler) setCondition(vmim *v1alpha1.VirtualMachineInstanceMigration
 	reason, message string, eventOnChange bool) {
 	old := meta.FindStatusCondition(vmim.Status.Conditions, typ)
 	changed := old == nil || old.Status != status || old.Reason != reason
-	meta.SetStatusCondition(&vmim.Status.Conditions, metav1.Condition{
-		Type: typ, Status: status, Reason: reason, Message: message, ObservedGeneration: vmim.Generation,
-	})
+	patch.SetCondition(&vmim.Status.Conditions, vmim, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message})
 	if eventOnChange && changed {
 		r.event(vmim, corev1.EventTypeNormal, reason, "%s", message)
 	}

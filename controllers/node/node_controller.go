@@ -21,7 +21,6 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
@@ -35,6 +34,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/machine"
 )
@@ -120,8 +120,12 @@ func (s stopStreams) Start(ctx context.Context) error {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Reconcile brings one instance's launcher in line with the instance and the instance's status in
-// line with the launcher.
+// line with the launcher. A status write that lost to a newer version is requeued (patch.Result).
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return patch.Result(r.reconcile(ctx, req))
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var v v1alpha1.VirtualMachineInstance
 	err := r.Client.Get(ctx, req.NamespacedName, &v)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -212,7 +216,7 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 		return nil, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed,
 			fmt.Errorf("the launcher in pod %s runs VMI %s, not this one", pod.Name, st.UID))
 	}
-	setSynchronized(&v.Status, nil, "", r.now())
+	setSynchronized(v, nil, "", r.now())
 	if !v.DeletionTimestamp.IsZero() && (st.Phase == launcher.PhaseRunning || st.Phase == launcher.PhaseStarting) {
 		if r.launchers.shutdown(v.UID, stopGracePeriod(v)) {
 			r.Recorder.Event(v, corev1.EventTypeNormal, EventShuttingDown, "The instance is being deleted: powering the guest off")
@@ -345,7 +349,7 @@ func speaksProtocol(ctx context.Context, c *launcher.Client) error {
 // syncFailed records err on the instance (condition and Event) and returns it for a retry.
 func (r *Reconciler) syncFailed(v *v1alpha1.VirtualMachineInstance, reason, eventReason string, err error) error {
 	prev := findCondition(v, ConditionSynchronized)
-	setSynchronized(&v.Status, err, reason, r.now())
+	setSynchronized(v, err, reason, r.now())
 	if prev == nil || prev.Reason != reason || prev.Message != err.Error() {
 		r.Recorder.Event(v, corev1.EventTypeWarning, eventReason, err.Error())
 	}
@@ -379,19 +383,11 @@ func (r *Reconciler) launcherPod(ctx context.Context, v *v1alpha1.VirtualMachine
 	return nil, nil
 }
 
-// patchStatus writes the status when it changed; a conflict means a newer version is queued.
+// patchStatus writes the status changed since before, locked on before's resourceVersion; an
+// instance gone meanwhile has nothing left to record.
 func (r *Reconciler) patchStatus(ctx context.Context, before, v *v1alpha1.VirtualMachineInstance) error {
-	if equality.Semantic.DeepEqual(before.Status, v.Status) {
-		return nil
-	}
-	err := r.Client.Status().Patch(ctx, v, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("patch status: %w", err)
-	}
-	return nil
+	_, err := patch.NewStatus(r.Client, before).Patch(ctx, v)
+	return client.IgnoreNotFound(err)
 }
 
 func isFinal(p v1alpha1.VirtualMachineInstancePhase) bool {

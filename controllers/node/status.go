@@ -10,6 +10,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/vmi"
+	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher"
 )
 
@@ -96,7 +97,7 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 		status.LauncherContainerImageVersion = c.Image
 	}
 	startPaused := v.Spec.StartStrategy != nil && *v.Spec.StartStrategy == v1alpha1.StartStrategyPaused
-	setGuestConditions(status, st, startPaused, now)
+	setGuestConditions(v, st, startPaused, now)
 	status.Interfaces = interfaces(v, pod, st)
 	status.VolumeStatus = volumes(v, st, failures)
 	return ended
@@ -116,7 +117,8 @@ func computeContainer(pod *corev1.Pod) *corev1.Container {
 
 // setGuestConditions sets Ready (the guest runs and is not paused) and Paused (present only while
 // paused, as in KubeVirt).
-func setGuestConditions(status *v1alpha1.VirtualMachineInstanceStatus, st *launcher.Status, startPaused bool, now metav1.Time) {
+func setGuestConditions(v *v1alpha1.VirtualMachineInstance, st *launcher.Status, startPaused bool, now metav1.Time) {
+	status := &v.Status
 	running := st.Phase == launcher.PhaseRunning
 	ready := metav1.Condition{Type: v1alpha1.VirtualMachineInstanceReady, Status: metav1.ConditionFalse,
 		Reason: ReasonGuestNotRunning, Message: fmt.Sprintf("The launcher reports %s", st.Phase), LastTransitionTime: now}
@@ -126,12 +128,12 @@ func setGuestConditions(status *v1alpha1.VirtualMachineInstanceStatus, st *launc
 	case running:
 		ready.Reason, ready.Message = ReasonGuestPaused, "The guest's vCPUs are paused"
 	}
-	meta.SetStatusCondition(&status.Conditions, ready)
+	patch.SetCondition(&status.Conditions, v, ready)
 	if !running || !st.Paused {
 		meta.RemoveStatusCondition(&status.Conditions, v1alpha1.VirtualMachineInstancePaused)
 		return
 	}
-	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+	patch.SetCondition(&status.Conditions, v, metav1.Condition{
 		Type: v1alpha1.VirtualMachineInstancePaused, Status: metav1.ConditionTrue,
 		Reason: pausedReason(st.RunState, startPaused), Message: "QEMU run state: " + st.RunState, LastTransitionTime: now})
 }
@@ -232,11 +234,12 @@ func hotplugPort(st *launcher.Status, name string) string {
 	return ""
 }
 
-// setSynchronized records whether the node agent could bring the launcher to the spec.
-func setSynchronized(status *v1alpha1.VirtualMachineInstanceStatus, err error, reason string, now metav1.Time) {
+// setSynchronized records whether the node agent could bring the launcher to the spec of v's
+// generation.
+func setSynchronized(v *v1alpha1.VirtualMachineInstance, err error, reason string, now metav1.Time) {
 	c := metav1.Condition{Type: ConditionSynchronized, Status: metav1.ConditionTrue, Reason: ReasonSynchronized, LastTransitionTime: now}
 	if err != nil {
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, reason, err.Error()
 	}
-	meta.SetStatusCondition(&status.Conditions, c)
+	patch.SetCondition(&v.Status.Conditions, v, c)
 }

@@ -37,6 +37,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/vmi"
+	"github.com/qvirt/qvirt/internal/patch"
 )
 
 const (
@@ -98,8 +99,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Reconcile checks one node's heartbeat: a live node is requeued at its deadline, a dead one is
-// made unschedulable and its instances failed.
+// made unschedulable and its instances failed. A write that lost to a newer version is requeued
+// (patch.Result).
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return patch.Result(r.reconcile(ctx, req))
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	node := &metav1.PartialObjectMetadata{}
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
 	if err := r.Client.Get(ctx, req.NamespacedName, node); err != nil {
@@ -136,11 +142,12 @@ func (r *Reconciler) markUnschedulable(ctx context.Context, node *metav1.Partial
 	node.Labels = maps.Clone(node.Labels)
 	node.Labels[v1alpha1.NodeSchedulableLabel] = "false"
 	err := r.Client.Patch(ctx, node, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		// The newer version's event reconciles the node again.
+	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
+		// A conflict is requeued (patch.Result): the newer version's event may be a heartbeat,
+		// which notHeartbeatOnly filters out, so nothing else would bring the node back.
 		return fmt.Errorf("mark node %s unschedulable: %w", node.Name, err)
 	}
 	return nil
@@ -165,27 +172,26 @@ func (r *Reconciler) failInstance(ctx context.Context, inst *v1alpha1.VirtualMac
 	if isFinal(inst.Status.Phase) {
 		return nil
 	}
-	base := inst.DeepCopy()
+	status := patch.NewStatus(r.Client, inst)
 	t := metav1.NewTime(now)
 	vmi.SetPhase(&inst.Status, v1alpha1.Failed, t)
 	inst.Status.Reason = ReasonNodeUnresponsive
 	msg := fmt.Sprintf("Node %s is unresponsive: %s", nodeName, why)
 	if meta.FindStatusCondition(inst.Status.Conditions, v1alpha1.VirtualMachineInstanceReady) != nil {
 		// Nobody else will ever update it: the node agent that owns it is gone.
-		meta.SetStatusCondition(&inst.Status.Conditions, metav1.Condition{
+		patch.SetCondition(&inst.Status.Conditions, inst, metav1.Condition{
 			Type: v1alpha1.VirtualMachineInstanceReady, Status: metav1.ConditionFalse,
-			Reason: ReasonNodeUnresponsive, Message: msg, ObservedGeneration: inst.Generation,
-			LastTransitionTime: t,
+			Reason: ReasonNodeUnresponsive, Message: msg, LastTransitionTime: t,
 		})
 	}
 	// The optimistic lock keeps a stale cache from failing an instance that moved on meanwhile
 	// (migrated away, or ended by its agent just before it died).
-	err := r.Client.Status().Patch(ctx, inst, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	_, err := status.Patch(ctx, inst)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("fail instance %s/%s: %w", inst.Namespace, inst.Name, err)
+		return fmt.Errorf("fail instance: %w", err)
 	}
 	r.Recorder.Event(inst, corev1.EventTypeWarning, ReasonNodeUnresponsive, msg)
 	ctrl.LoggerFrom(ctx).Info("instance failed: node unresponsive", "vmi", client.ObjectKeyFromObject(inst), "node", nodeName)

@@ -9,13 +9,11 @@ package vm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/patch"
 )
 
 // Finalizer holds a VirtualMachine until its instance is gone, so that deletion runs VM, then VMI,
@@ -89,12 +88,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 
-	if vm.DeletionTimestamp == nil && !controllerutil.ContainsFinalizer(vm, Finalizer) {
-		base := vm.DeepCopy()
-		controllerutil.AddFinalizer(vm, Finalizer)
-		if err := r.Client.Patch(ctx, vm, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-			return ctrl.Result{}, fmt.Errorf("add finalizer %s: %w", Finalizer, err)
-		}
+	if err := patch.AddFinalizer(ctx, r.Client, vm, Finalizer); err != nil {
+		return patch.Result(ctrl.Result{}, err)
 	}
 
 	vmi, foreign, err := r.getVMI(ctx, reader, vm)
@@ -102,29 +97,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, err
 	}
 
-	before := vm.DeepCopy()
-	gone := false
-	defer func() {
-		if gone || equality.Semantic.DeepEqual(before.Status, vm.Status) {
-			return
-		}
-		// The optimistic lock makes a request appended by the API since our read win: the patch
-		// fails, and the next pass sees it. Every decision is idempotent, so redoing it is safe.
-		err := r.Client.Status().Patch(ctx, vm, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-		switch {
-		case apierrors.IsConflict(err):
-			if retErr == nil && res.RequeueAfter == 0 {
-				res.RequeueAfter = 100 * time.Millisecond
-			}
-		case apierrors.IsNotFound(err):
-		case err != nil:
-			retErr = errors.Join(retErr, fmt.Errorf("patch status: %w", err))
-		}
-	}()
+	// The status patch's optimistic lock makes a request appended by the API since our read win:
+	// the patch conflicts, and the requeued pass sees it. Every decision is idempotent, so redoing
+	// it is safe.
+	status := patch.NewStatus(r.Client, vm)
+	defer func() { res, retErr = status.Finish(ctx, vm, res, retErr) }()
 
 	if vm.DeletionTimestamp != nil {
-		res, gone, err = r.reconcileDelete(ctx, vm, vmi)
-		return res, err
+		return r.reconcileDelete(ctx, vm, vmi)
 	}
 	return r.reconcileNormal(ctx, vm, vmi, foreign)
 }
@@ -279,23 +259,19 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 }
 
 // reconcileDelete deletes the VM's instance and removes the finalizer once the instance is gone
-// (the VMI's own finalizer holds it until its launcher pod is gone). gone reports that the
-// finalizer was removed, after which the VM may no longer exist.
-func (r *Reconciler) reconcileDelete(ctx context.Context, vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInstance) (res ctrl.Result, gone bool, err error) {
+// (the VMI's own finalizer holds it until its launcher pod is gone). Removing the finalizer leaves
+// the status as read, so the deferred status patch does not run on a VM that may be gone.
+func (r *Reconciler) reconcileDelete(ctx context.Context, vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInstance) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(vm, Finalizer) {
-		return ctrl.Result{}, true, nil
+		return ctrl.Result{}, nil
 	}
 	now := time.Now()
 	d := Decision{Action: ActionNone, Requests: vm.Status.StateChangeRequests, Held: held(vm), RunStrategy: vm.Status.RunStrategy}
 	if vmi == nil {
-		base := vm.DeepCopy()
-		controllerutil.RemoveFinalizer(vm, Finalizer)
-		if err := r.Client.Patch(ctx, vm, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-			return ctrl.Result{}, false, client.IgnoreNotFound(fmt.Errorf("remove finalizer %s: %w", Finalizer, err))
-		}
-		return ctrl.Result{}, true, nil
+		return ctrl.Result{}, patch.RemoveFinalizer(ctx, r.Client, vm, Finalizer)
 	}
 	var failure *Failure
+	var err error
 	if vmi.DeletionTimestamp == nil {
 		uid := vmi.UID
 		err = r.Client.Delete(ctx, vmi, client.Preconditions{UID: &uid})
@@ -314,7 +290,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vm *v1alpha1.VirtualMa
 	}
 	vm.Status = computeStatus(statusInput{VM: vm, VMI: vmi, Decision: d, StartFailure: vm.Status.StartFailure, Failure: failure, Now: now})
 	// The Owns watch brings the VM back when the VMI goes; the recheck covers a missed event.
-	return ctrl.Result{RequeueAfter: deletionRecheck}, false, err
+	return ctrl.Result{RequeueAfter: deletionRecheck}, err
 }
 
 // markStopGracePeriod records a stop's grace period override on the instance before it is deleted,
@@ -323,13 +299,13 @@ func (r *Reconciler) markStopGracePeriod(ctx context.Context, vmi *v1alpha1.Virt
 	if grace == nil {
 		return nil
 	}
-	patch := client.MergeFrom(vmi.DeepCopy())
+	base := client.MergeFrom(vmi.DeepCopy())
 	marked := vmi.DeepCopy()
 	if marked.Annotations == nil {
 		marked.Annotations = map[string]string{}
 	}
 	marked.Annotations[v1alpha1.StopGracePeriodAnnotation] = strconv.FormatInt(*grace, 10)
-	if err := r.Client.Patch(ctx, marked, patch); err != nil {
+	if err := r.Client.Patch(ctx, marked, base); err != nil {
 		return fmt.Errorf("mark VMI %s with the stop's grace period: %w", vmi.Name, err)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/internal/patch"
 )
 
 // ConditionStoppedByRequest is True while a Stop request holds a runStrategy Always VM down; a
@@ -73,9 +74,8 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 	st.PrintableStatus = printableStatus(vm, vmi, d.BackingOff)
 
 	set := func(c metav1.Condition) {
-		c.ObservedGeneration = vm.Generation
 		c.LastTransitionTime = metav1.NewTime(in.Now)
-		meta.SetStatusCondition(&st.Conditions, c)
+		patch.SetCondition(&st.Conditions, vm, c)
 	}
 	set(readyCondition(vmi))
 

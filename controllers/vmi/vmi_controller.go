@@ -7,11 +7,11 @@ package vmi
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -25,6 +25,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/patch"
 )
 
 // PodVMIUIDIndex indexes cached pods by their VMI UID label, so finding an instance's pods does not
@@ -84,37 +85,25 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Reconcile brings one instance's launcher pod and status in line.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	vmi := &v1alpha1.VirtualMachineInstance{}
 	if err := r.Client.Get(ctx, req.NamespacedName, vmi); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if vmi.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(vmi, v1alpha1.GracefulShutdownFinalizer) {
-		base := vmi.DeepCopy()
-		controllerutil.AddFinalizer(vmi, v1alpha1.GracefulShutdownFinalizer)
-		if err := r.Client.Patch(ctx, vmi, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-			return ctrl.Result{}, ignoreConflict(ctx, fmt.Errorf("add finalizer %s: %w", v1alpha1.GracefulShutdownFinalizer, err))
-		}
+	if err := patch.AddFinalizer(ctx, r.Client, vmi, v1alpha1.GracefulShutdownFinalizer); err != nil {
+		return patch.Result(ctrl.Result{}, err)
 	}
 
-	before := vmi.DeepCopy()
+	// The status patch's optimistic lock keeps a stale cache from overwriting what others wrote
+	// since: the node agent's phases, or a migration's new node (whose source pod is then gone
+	// from a fresher pod cache, which must not read as "pod deleted").
+	status := patch.NewStatus(r.Client, vmi)
 	var change outcome
 	defer func() {
-		if equality.Semantic.DeepEqual(before.Status, vmi.Status) {
-			return
-		}
-		// The optimistic lock keeps a stale cache from overwriting what others wrote since: the
-		// node agent's phases, or a migration's new node (whose source pod is then gone from a
-		// fresher pod cache, which must not read as "pod deleted").
-		err := r.Client.Status().Patch(ctx, vmi, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-		if err != nil {
-			if !apierrors.IsNotFound(err) {
-				retErr = kerrors.NewAggregate([]error{retErr, ignoreConflict(ctx, fmt.Errorf("patch status: %w", err))})
-			}
-			return
-		}
+		patched, err := status.Patch(ctx, vmi)
+		res, retErr = patch.Result(res, errors.Join(retErr, client.IgnoreNotFound(err)))
 		// Phase changes are told only once they are recorded, so a stale read tells no story.
-		if change.EventReason != "" {
+		if patched && change.EventReason != "" {
 			r.Recorder.Event(vmi, change.EventType, change.EventReason, change.EventMessage)
 			ctrl.LoggerFrom(ctx).Info("instance phase changed", "phase", change.Phase, "reason", change.EventReason, "message", change.EventMessage)
 		}
@@ -123,8 +112,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if !vmi.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, vmi)
 	}
-	res, o, err := r.reconcileNormal(ctx, vmi)
-	change = o
+	res, change, err := r.reconcileNormal(ctx, vmi)
 	return res, err
 }
 
@@ -214,10 +202,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vmi *v1alpha1.VirtualM
 		// The pod watch brings the instance back once the pods are gone.
 		return ctrl.Result{}, kerrors.NewAggregate(errs)
 	}
-	base := vmi.DeepCopy()
-	controllerutil.RemoveFinalizer(vmi, v1alpha1.GracefulShutdownFinalizer)
-	if err := r.Client.Patch(ctx, vmi, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return ctrl.Result{}, ignoreConflict(ctx, client.IgnoreNotFound(fmt.Errorf("remove finalizer %s: %w", v1alpha1.GracefulShutdownFinalizer, err)))
+	if err := patch.RemoveFinalizer(ctx, r.Client, vmi, v1alpha1.GracefulShutdownFinalizer); err != nil {
+		return ctrl.Result{}, err
 	}
 	r.Expectations.Observed(vmi.UID)
 	return ctrl.Result{}, nil
@@ -230,16 +216,6 @@ func (r *Reconciler) pods(ctx context.Context, vmi *v1alpha1.VirtualMachineInsta
 		return nil, fmt.Errorf("list launcher pods: %w", err)
 	}
 	return list.Items, nil
-}
-
-// ignoreConflict drops a conflict: the cache was stale, and the newer version's watch event queues
-// the instance again (the work queue re-adds a key that changes while it is being reconciled).
-func ignoreConflict(ctx context.Context, err error) error {
-	if apierrors.IsConflict(err) {
-		ctrl.LoggerFrom(ctx).V(1).Info("stale instance; retrying on the newer version", "error", err.Error())
-		return nil
-	}
-	return err
 }
 
 func (r *Reconciler) now() metav1.Time {

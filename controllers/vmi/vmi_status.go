@@ -6,11 +6,11 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/internal/patch"
 )
 
 // Values of status.reason set by the VMI reconciler.
@@ -162,9 +162,8 @@ func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance) {
 	if ok {
 		status = metav1.ConditionTrue
 	}
-	meta.SetStatusCondition(&vmi.Status.Conditions, metav1.Condition{
-		Type: v1alpha1.VirtualMachineInstanceIsMigratable, Status: status,
-		Reason: reason, Message: msg, ObservedGeneration: vmi.Generation,
+	patch.SetCondition(&vmi.Status.Conditions, vmi, metav1.Condition{
+		Type: v1alpha1.VirtualMachineInstanceIsMigratable, Status: status, Reason: reason, Message: msg,
 	})
 }
 

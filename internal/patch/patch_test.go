@@ -1,0 +1,147 @@
+package patch
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+var (
+	gr       = schema.GroupResource{Group: "qvirt.io", Resource: "virtualmachines"}
+	conflict = apierrors.NewConflict(gr, "vm1", errors.New("the object has been modified"))
+	notFound = apierrors.NewNotFound(gr, "vm1")
+	plain    = errors.New("connection refused")
+)
+
+func TestResult(t *testing.T) {
+	requeue := ctrl.Result{RequeueAfter: ConflictRequeue}
+	for name, tc := range map[string]struct {
+		res     ctrl.Result
+		err     error
+		want    ctrl.Result
+		wantErr error
+	}{
+		"success keeps the result":   {res: ctrl.Result{RequeueAfter: 5 * time.Second}, want: ctrl.Result{RequeueAfter: 5 * time.Second}},
+		"success without requeue":    {},
+		"a conflict requeues":        {err: conflict, want: requeue},
+		"a wrapped conflict":         {err: fmt.Errorf("patch status of ns/vm1: %w", conflict), want: requeue},
+		"joined conflicts":           {err: errors.Join(conflict, fmt.Errorf("add finalizer: %w", conflict)), want: requeue},
+		"aggregated conflicts":       {err: kerrors.NewAggregate([]error{conflict, fmt.Errorf("x: %w", conflict)}), want: requeue},
+		"a wrapped aggregate":        {err: fmt.Errorf("fail instances: %w", kerrors.NewAggregate([]error{conflict})), want: requeue},
+		"a sooner requeue is kept":   {res: ctrl.Result{RequeueAfter: 20 * time.Millisecond}, err: conflict, want: ctrl.Result{RequeueAfter: 20 * time.Millisecond}},
+		"a later requeue is brought": {res: ctrl.Result{RequeueAfter: time.Minute}, err: conflict, want: requeue},
+		"another error is returned":  {res: ctrl.Result{RequeueAfter: time.Second}, err: plain, wantErr: plain},
+		"not found is an error":      {err: notFound, wantErr: notFound},
+		"a conflict and a failure":   {err: errors.Join(conflict, plain), wantErr: errors.Join(conflict, plain)},
+		"a failure and a conflict":   {err: kerrors.NewAggregate([]error{plain, conflict}), wantErr: kerrors.NewAggregate([]error{plain, conflict})},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, err := Result(tc.res, tc.err)
+			if got != tc.want {
+				t.Errorf("result %+v, want %+v", got, tc.want)
+			}
+			if (err == nil) != (tc.wantErr == nil) || (err != nil && err.Error() != tc.wantErr.Error()) {
+				t.Errorf("error %v, want %v", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestStatusChanged(t *testing.T) {
+	base := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm1", ResourceVersion: "7"}}
+	base.Status.Phase = v1alpha1.Running
+	base.Status.PhaseTransitionTimestamps = []v1alpha1.VirtualMachineInstancePhaseTransitionTimestamp{
+		{Phase: v1alpha1.Running, PhaseTransitionTimestamp: metav1.NewTime(time.Date(2026, 12, 1, 17, 0, 0, 0, time.UTC))},
+	}
+	for name, tc := range map[string]struct {
+		change func(v *v1alpha1.VirtualMachineInstance)
+		want   bool
+	}{
+		"nothing":              {change: func(*v1alpha1.VirtualMachineInstance) {}, want: false},
+		"the phase":            {change: func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase = v1alpha1.Failed }, want: true},
+		"a condition":          {change: func(v *v1alpha1.VirtualMachineInstance) { setReady(v, metav1.ConditionTrue) }, want: true},
+		"metadata only":        {change: func(v *v1alpha1.VirtualMachineInstance) { v.Finalizers = []string{"x"}; v.ResourceVersion = "8" }, want: false},
+		"the spec only":        {change: func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Hostname = "h" }, want: false},
+		"nil vs empty list":    {change: func(v *v1alpha1.VirtualMachineInstance) { v.Status.Conditions = []metav1.Condition{} }, want: false},
+		"a time, same second":  {change: func(v *v1alpha1.VirtualMachineInstance) { shiftTransition(v, 300*time.Millisecond) }, want: false},
+		"a time, next second":  {change: func(v *v1alpha1.VirtualMachineInstance) { shiftTransition(v, time.Second) }, want: true},
+		"a status map entry":   {change: func(v *v1alpha1.VirtualMachineInstance) { v.Status.ActivePods = map[types.UID]string{"uid": "n1"} }, want: true},
+		"a cleared status key": {change: func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase = "" }, want: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := NewStatus(nil, base)
+			obj := base.DeepCopy()
+			tc.change(obj)
+			got, err := s.Changed(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("changed %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func setReady(v *v1alpha1.VirtualMachineInstance, s metav1.ConditionStatus) {
+	SetCondition(&v.Status.Conditions, v, metav1.Condition{Type: v1alpha1.VirtualMachineInstanceReady, Status: s, Reason: "R"})
+}
+
+func shiftTransition(v *v1alpha1.VirtualMachineInstance, d time.Duration) {
+	ts := &v.Status.PhaseTransitionTimestamps[0].PhaseTransitionTimestamp
+	*ts = metav1.NewTime(ts.Add(d))
+}
+
+func TestSetCondition(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 12, 1, 17, 0, 0, 0, time.UTC))
+	t1 := metav1.NewTime(t0.Add(time.Minute))
+	old := metav1.Condition{Type: "Synchronized", Status: metav1.ConditionTrue, Reason: "Synchronized", ObservedGeneration: 1, LastTransitionTime: t0}
+	for name, tc := range map[string]struct {
+		existing    []metav1.Condition
+		generation  int64
+		set         metav1.Condition
+		wantChanged bool
+		want        metav1.Condition
+	}{
+		"a new condition carries the generation": {
+			generation: 3, set: metav1.Condition{Type: "Synchronized", Status: metav1.ConditionTrue, Reason: "Synchronized", LastTransitionTime: t1},
+			wantChanged: true, want: metav1.Condition{Type: "Synchronized", Status: metav1.ConditionTrue, Reason: "Synchronized", ObservedGeneration: 3, LastTransitionTime: t1},
+		},
+		"the same status for a newer generation keeps the transition time": {
+			existing: []metav1.Condition{old}, generation: 2,
+			set:         metav1.Condition{Type: "Synchronized", Status: metav1.ConditionTrue, Reason: "Synchronized", LastTransitionTime: t1},
+			wantChanged: true, want: metav1.Condition{Type: "Synchronized", Status: metav1.ConditionTrue, Reason: "Synchronized", ObservedGeneration: 2, LastTransitionTime: t0},
+		},
+		"a new status moves the transition time": {
+			existing: []metav1.Condition{old}, generation: 2,
+			set:         metav1.Condition{Type: "Synchronized", Status: metav1.ConditionFalse, Reason: "SyncFailed", Message: "boom", LastTransitionTime: t1},
+			wantChanged: true, want: metav1.Condition{Type: "Synchronized", Status: metav1.ConditionFalse, Reason: "SyncFailed", Message: "boom", ObservedGeneration: 2, LastTransitionTime: t1},
+		},
+		"nothing new is no change": {
+			existing: []metav1.Condition{old}, generation: 1,
+			set:         metav1.Condition{Type: "Synchronized", Status: metav1.ConditionTrue, Reason: "Synchronized", ObservedGeneration: 9, LastTransitionTime: t1},
+			wantChanged: false, want: old,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Generation: tc.generation}}
+			v.Status.Conditions = append([]metav1.Condition(nil), tc.existing...)
+			changed := SetCondition(&v.Status.Conditions, v, tc.set)
+			got := meta.FindStatusCondition(v.Status.Conditions, tc.set.Type)
+			if changed != tc.wantChanged || got == nil || *got != tc.want {
+				t.Errorf("changed %v, condition %+v; want %v, %+v", changed, got, tc.wantChanged, tc.want)
+			}
+		})
+	}
+}
