@@ -895,7 +895,7 @@ func TestDiskHotplug(t *testing.T) {
 	if vs := volumeStatus(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != node.ReasonHotplugFailed {
 		t.Errorf("volume status %+v: want reason %s naming the missing image", vs, node.ReasonHotplugFailed)
 	}
-	e.waitEvent("hp", node.EventHotplugFailed, "volume.hostDisk.path", 10*time.Second)
+	e.waitEvent("hp", node.EventHotplugFailed, "source.hostFile.path", 10*time.Second)
 	if vs := volumeStatus(got, "scratch"); vs == nil || vs.Phase != v1alpha1.VolumeReady || got.Status.Phase != v1alpha1.Running ||
 		!isTrue(got, v1alpha1.VirtualMachineInstanceReady) {
 		t.Errorf("the failed hotplug disturbed the rest: phase %s, scratch %+v", got.Status.Phase, vs)
