@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -26,7 +27,12 @@ var (
 	machRE   = regexp.MustCompile(`^(q35|pc-q35-[0-9.]+)$`)
 	cpuRE    = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
 	serialRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
+	uuidRE   = regexp.MustCompile(`^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$`)
 )
+
+// SATAPorts is how many sata disks and cdroms a q35 guest has room for: ICH9's AHCI controller has
+// six ports.
+const SATAPorts = 6
 
 // ValidateVirtualMachine checks a VirtualMachine's spec.
 func ValidateVirtualMachine(vm *VirtualMachine) field.ErrorList {
@@ -106,10 +112,20 @@ func validateMemory(d *DomainSpec, p *field.Path) field.ErrorList {
 		if limit, ok := d.Resources.Limits["memory"]; ok && limit.Cmp(*guest) < 0 {
 			return field.ErrorList{field.Invalid(p.Child("resources", "limits", "memory"), limit.String(), "must be at least memory.guest")}
 		}
-		return nil
+		return validateWholeMiB(p.Child("memory", "guest"), guest)
 	}
 	if guest == nil || guest.Sign() <= 0 {
 		return field.ErrorList{field.Required(p.Child("memory", "guest"), "set memory.guest or resources.requests.memory to a positive quantity")}
+	}
+	return validateWholeMiB(p.Child("resources", "requests", "memory"), guest)
+}
+
+// validateWholeMiB refuses guest memory QEMU cannot be given: its -m takes whole MiB, so 512M
+// (512,000,000 bytes) is refused rather than rounded.
+func validateWholeMiB(p *field.Path, q *resource.Quantity) field.ErrorList {
+	const mib = 1 << 20
+	if v := q.Value(); q.CmpInt64(v) != 0 || v%mib != 0 {
+		return field.ErrorList{field.Invalid(p, q.String(), "must be a whole number of MiB, such as 512Mi or 1Gi (512M is 512,000,000 bytes)")}
 	}
 	return nil
 }
@@ -130,11 +146,17 @@ func validateFirmware(fw *Firmware, p *field.Path) field.ErrorList {
 	if fw.Serial != "" && !serialRE.MatchString(fw.Serial) {
 		errs = append(errs, field.Invalid(p.Child("serial"), fw.Serial, "may hold only letters, digits and _.+-"))
 	}
+	if fw.UUID != "" && !uuidRE.MatchString(string(fw.UUID)) {
+		errs = append(errs, field.Invalid(p.Child("uuid"), fw.UUID, "must be a UUID such as 6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"))
+	}
 	kb := fw.KernelBoot
 	if kb == nil {
 		return errs
 	}
 	kp := p.Child("kernelBoot")
+	if strings.IndexByte(kb.KernelArgs, 0) >= 0 {
+		errs = append(errs, field.Invalid(kp.Child("kernelArgs"), "<kernel command line>", "must not contain a NUL byte"))
+	}
 	if kb.Container == nil {
 		if kb.KernelArgs != "" {
 			errs = append(errs, field.Required(kp.Child("container"), "kernelArgs needs a container with the kernel"))
@@ -145,6 +167,7 @@ func validateFirmware(fw *Firmware, p *field.Path) field.ErrorList {
 	if kb.Container.Image == "" {
 		errs = append(errs, field.Required(cp.Child("image"), "the image holding the kernel"))
 	}
+	errs = append(errs, validatePullPolicy(cp.Child("imagePullPolicy"), kb.Container.ImagePullPolicy)...)
 	if kb.Container.KernelPath == "" && kb.Container.InitrdPath == "" {
 		errs = append(errs, field.Required(cp, "at least one of kernelPath and initrdPath must be set"))
 	}
@@ -156,10 +179,28 @@ func validateDisks(disks []Disk, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	names := map[string]bool{}
 	boot := map[uint32]string{}
+	sata := 0
 	for i := range disks {
-		errs = append(errs, validateDisk(&disks[i], p.Index(i), names, boot)...)
+		dp := p.Index(i)
+		errs = append(errs, validateDisk(&disks[i], dp, names, boot)...)
+		if busPath, ok := sataBusPath(&disks[i], dp); ok {
+			if sata++; sata > SATAPorts {
+				errs = append(errs, field.Invalid(busPath, string(DiskBusSATA), fmt.Sprintf("q35's AHCI controller has %d ports: at most %d sata disks and cdroms", SATAPorts, SATAPorts)))
+			}
+		}
 	}
 	return errs
+}
+
+// sataBusPath is the path of d's bus at p, and whether d sits on the sata bus (a cdrom's default).
+func sataBusPath(d *Disk, p *field.Path) (*field.Path, bool) {
+	switch {
+	case d.CDRom != nil:
+		return p.Child("cdrom", "bus"), d.CDRom.Bus == "" || d.CDRom.Bus == DiskBusSATA
+	case d.Disk != nil:
+		return p.Child("disk", "bus"), d.Disk.Bus == DiskBusSATA
+	}
+	return nil, false
 }
 
 // validateDisk checks one disk at dp; names and boot hold the names and boot orders seen so far.
@@ -195,7 +236,12 @@ func validateDiskTarget(d *Disk, p *field.Path) field.ErrorList {
 	case d.Disk != nil && d.CDRom != nil:
 		return field.ErrorList{field.Forbidden(p.Child("cdrom"), "a disk is either disk or cdrom, not both")}
 	case d.Disk != nil && d.Disk.Bus != "":
-		return validateEnum(p.Child("disk", "bus"), string(d.Disk.Bus), string(DiskBusVirtio), string(DiskBusSATA), string(DiskBusSCSI))
+		errs := validateEnum(p.Child("disk", "bus"), string(d.Disk.Bus), string(DiskBusVirtio), string(DiskBusSATA), string(DiskBusSCSI))
+		if d.Disk.Bus == DiskBusSATA && d.Disk.ReadOnly {
+			// QEMU's ide-hd refuses a read-only block node.
+			errs = append(errs, field.Invalid(p.Child("disk", "readonly"), true, "a read-only disk cannot use the sata bus; use virtio or scsi"))
+		}
+		return errs
 	case d.CDRom != nil:
 		var errs field.ErrorList
 		if d.CDRom.Bus != "" {
@@ -303,7 +349,15 @@ func validateContainerDisk(c *ContainerDiskSource, p *field.Path) field.ErrorLis
 	if c.Image == "" {
 		errs = append(errs, field.Required(p.Child("image"), "the container image holding the disk"))
 	}
+	errs = append(errs, validatePullPolicy(p.Child("imagePullPolicy"), c.ImagePullPolicy)...)
 	return append(errs, validateAbsPath(p.Child("path"), c.Path)...)
+}
+
+func validatePullPolicy(p *field.Path, v corev1.PullPolicy) field.ErrorList {
+	if v == "" {
+		return nil
+	}
+	return validateEnum(p, string(v), string(corev1.PullAlways), string(corev1.PullIfNotPresent), string(corev1.PullNever))
 }
 
 func validateCloudInit(c *CloudInitNoCloudSource, p *field.Path) field.ErrorList {

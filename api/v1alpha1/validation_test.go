@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,6 +131,36 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"negative grace period", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.TerminationGracePeriodSeconds = ptr.To[int64](-1)
 		}, "spec.template.spec.terminationGracePeriodSeconds"},
+		{"memory not in whole MiB", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Memory.Guest = ptr.To(resource.MustParse("512M"))
+		}, "spec.template.spec.domain.memory.guest"},
+		{"requested memory not in whole MiB", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Memory = nil
+			s.Domain.Resources.Requests = corev1.ResourceList{"memory": resource.MustParse("256.5Mi")}
+		}, "spec.template.spec.domain.resources.requests.memory"},
+		{"firmware uuid", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{UUID: "not-a-uuid"}
+		}, "spec.template.spec.domain.firmware.uuid"},
+		{"NUL in kernelArgs", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{KernelBoot: &KernelBoot{KernelArgs: "quiet\x00rm", Container: &KernelBootContainer{Image: "k:1", KernelPath: "/vmlinuz"}}}
+		}, "spec.template.spec.domain.firmware.kernelBoot.kernelArgs"},
+		{"kernel pull policy", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{KernelBoot: &KernelBoot{Container: &KernelBootContainer{Image: "k:1", KernelPath: "/vmlinuz", ImagePullPolicy: "Sometimes"}}}
+		}, "spec.template.spec.domain.firmware.kernelBoot.container.imagePullPolicy"},
+		{"container disk pull policy", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[0].ContainerDisk.ImagePullPolicy = "always"
+		}, "spec.template.spec.volumes[0].containerDisk.imagePullPolicy"},
+		{"read-only sata disk", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks[0].Disk = &DiskTarget{Bus: DiskBusSATA, ReadOnly: true}
+		}, "spec.template.spec.domain.devices.disks[0].disk.readonly"},
+		{"seven sata devices", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			// The cdrom at 1 is sata by default; six more sata disks overflow the AHCI ports at 7.
+			for i := range 6 {
+				n := fmt.Sprintf("sata%d", i)
+				s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: n, Disk: &DiskTarget{Bus: DiskBusSATA}})
+				s.Volumes = append(s.Volumes, Volume{Name: n, VolumeSource: VolumeSource{EmptyDisk: &EmptyDiskSource{Capacity: resource.MustParse("1Mi")}}})
+			}
+		}, "spec.template.spec.domain.devices.disks[7].disk.bus"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -202,10 +233,12 @@ func sampleFiles(t testing.TB) []string {
 	return out
 }
 
-// FuzzValidateVirtualMachine feeds arbitrary manifests to the validation functions: they must never
-// panic, every error must name a field, and validation must be deterministic.
+// FuzzValidateVirtualMachine feeds arbitrary manifests to the validation functions and NotRealised:
+// they must never panic, every error must name a field, and validation must be deterministic. The
+// seeds are the samples and the manifests this version refuses (test/refused).
 func FuzzValidateVirtualMachine(f *testing.F) {
-	for _, file := range sampleFiles(f) {
+	refused, _ := filepath.Glob("../../test/refused/*.yaml")
+	for _, file := range append(sampleFiles(f), refused...) {
 		data, err := os.ReadFile(file)
 		if err != nil {
 			f.Fatal(err)
@@ -219,13 +252,16 @@ func FuzzValidateVirtualMachine(f *testing.F) {
 		if err := yaml.Unmarshal(data, &vm); err != nil {
 			return
 		}
-		errs := ValidateVirtualMachine(&vm)
+		check := func(vm *VirtualMachine) field.ErrorList {
+			return append(ValidateVirtualMachine(vm), NotRealised(&vm.Spec.Template.Spec, field.NewPath("spec", "template", "spec"))...)
+		}
+		errs := check(&vm)
 		for _, e := range errs {
 			if e.Field == "" {
 				t.Fatalf("error without a field path: %v", e)
 			}
 		}
-		if again := ValidateVirtualMachine(&vm); len(again) != len(errs) {
+		if again := check(&vm); len(again) != len(errs) {
 			t.Fatalf("validation is not deterministic: %d then %d errors", len(errs), len(again))
 		}
 	})

@@ -1,6 +1,8 @@
 // Package admission is qvirt's validating webhook: the checks the CRD schema and its CEL rules
 // cannot express (the cluster's allowed host paths, base64 payloads, quantity rules the CEL cost
-// budget refuses, cross-field rules). Everything it refuses names the field.
+// budget refuses, cross-field rules), and what the schema accepts but this version of qvirt
+// cannot run (v1alpha1.NotRealised), so that everything admitted can start. Everything it refuses
+// names the field.
 package admission
 
 import (
@@ -40,10 +42,13 @@ func (v *VMValidator) ValidateCreate(_ context.Context, vm *v1alpha1.VirtualMach
 	return v.validate(vm)
 }
 
-// ValidateUpdate implements admission.Validator. Status-only updates go through the status
-// subresource and do not reach this webhook.
-func (v *VMValidator) ValidateUpdate(_ context.Context, _, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
-	return v.validate(vm)
+// ValidateUpdate implements admission.Validator. An update is refused only for problems the old
+// object did not have (ratchet): a VirtualMachine admitted under earlier rules or another
+// configuration can still be stopped, and its finalizer removed. Status-only updates go through
+// the status subresource and do not reach this webhook.
+func (v *VMValidator) ValidateUpdate(_ context.Context, old, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	errs := ratchet(v.check(vm), v.check(old))
+	return warnings(&vm.Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
 }
 
 // ValidateDelete implements admission.Validator.
@@ -52,9 +57,15 @@ func (v *VMValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachine) 
 }
 
 func (v *VMValidator) validate(vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	return warnings(&vm.Spec.Template.Spec), invalid("VirtualMachine", vm.Name, v.check(vm))
+}
+
+// check is everything a VirtualMachine's instances would be refused for at creation, at the
+// template's paths.
+func (v *VMValidator) check(vm *v1alpha1.VirtualMachine) field.ErrorList {
+	p := field.NewPath("spec", "template", "spec")
 	errs := v1alpha1.ValidateVirtualMachine(vm)
-	errs = append(errs, validateHostPaths(v.Config.Get(), &vm.Spec.Template.Spec, field.NewPath("spec", "template", "spec"), allVolumes(&vm.Spec.Template.Spec))...)
-	return warnings(&vm.Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
+	return append(errs, checkRunnable(v.Config.Get(), &vm.Spec.Template.Spec, p)...)
 }
 
 // VMIValidator validates VirtualMachineInstances: the whole spec at creation; on update the disk
@@ -66,16 +77,20 @@ type VMIValidator struct{ Config *config.Store }
 func (v *VMIValidator) ValidateCreate(_ context.Context, vmi *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
 	p := field.NewPath("spec")
 	errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)
-	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, p, allVolumes(&vmi.Spec))...)
+	errs = append(errs, checkRunnable(v.Config.Get(), &vmi.Spec, p)...)
 	return warnings(&vmi.Spec), invalid("VirtualMachineInstance", vmi.Name, errs)
 }
 
 // ValidateUpdate implements admission.Validator. Host paths are checked only for added volumes:
 // a volume attached under an earlier allowedHostPaths stays, and metadata updates (finalizers)
-// never fail on it. Status updates go through the status subresource and do not reach this webhook.
+// never fail on it. Likewise a hot-plug may not add what this version cannot run, but what the
+// instance already had is not held against it (ratchet). Status updates go through the status
+// subresource and do not reach this webhook.
 func (v *VMIValidator) ValidateUpdate(_ context.Context, old, vmi *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
+	p := field.NewPath("spec")
 	errs := v1alpha1.ValidateVirtualMachineInstanceUpdate(old, vmi)
-	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, field.NewPath("spec"), v1alpha1.AddedVolumes(old, vmi))...)
+	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, p, v1alpha1.AddedVolumes(old, vmi))...)
+	errs = append(errs, ratchet(v1alpha1.NotRealised(&vmi.Spec, p), v1alpha1.NotRealised(&old.Spec, p))...)
 	var warn admission.Warnings
 	if was, _, _ := v1alpha1.LiveMigratable(&old.Spec); was {
 		warn = warnings(&vmi.Spec) // an added host disk or bridge interface ends live migration
@@ -86,6 +101,44 @@ func (v *VMIValidator) ValidateUpdate(_ context.Context, old, vmi *v1alpha1.Virt
 // ValidateDelete implements admission.Validator.
 func (v *VMIValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
 	return nil, nil
+}
+
+// checkRunnable refuses, beyond validation, what the launcher would refuse at start: what this
+// version does not realise (v1alpha1.NotRealised), and what the cluster's configuration rules out
+// (host disks outside the allowed host paths, the host CPU model under emulation). p is spec's path.
+func checkRunnable(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	errs := v1alpha1.NotRealised(spec, p)
+	errs = append(errs, validateHostPaths(cfg, spec, p, allVolumes(spec))...)
+	return append(errs, validateEmulation(cfg, spec, p)...)
+}
+
+// validateEmulation refuses the host CPU model where guests run under emulation: it needs KVM.
+func validateEmulation(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	cpu := spec.Domain.CPU
+	if !cfg.UseEmulation || cpu == nil || (cpu.Model != "host-passthrough" && cpu.Model != "host") {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(p.Child("domain", "cpu", "model"), fmt.Sprintf(
+		"%s needs KVM, and this cluster runs guests under emulation (useEmulation in ConfigMap %s); use a named model such as qemu64 or max",
+		cpu.Model, config.ConfigMapName))}
+}
+
+// ratchet is errs without those old had too: an update is refused for the problems it adds, not
+// for those of an object admitted under earlier rules or another configuration (as Kubernetes'
+// CRD validation ratcheting does). Errors are matched by their whole text (field, type, value,
+// detail), so a problem that moves to another index counts as new.
+func ratchet(errs, old field.ErrorList) field.ErrorList {
+	had := map[string]bool{}
+	for _, e := range old {
+		had[e.Error()] = true
+	}
+	var out field.ErrorList
+	for _, e := range errs {
+		if !had[e.Error()] {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // allVolumes are the indexes of every volume of spec.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/qvirt/qvirt/controllers/admission"
 	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/refused"
 )
 
 var cp *envtest.ControlPlane
@@ -88,29 +90,39 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 	cases := []struct {
 		name, sample string
 		allowed      string
+		emulation    bool
 		mutate       func(spec map[string]any)
 		field, msg   string
 	}{
-		{"host disk with no allowed paths", "vm_testguest.yaml", "", func(s map[string]any) {
+		{"host disk with no allowed paths", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["volumes"] = []any{hostDisk("/var/lib/images/disk.img")}
 		}, "spec.template.spec.volumes[0].hostDisk.path", "none are allowed"},
-		{"host disk outside the allowed paths", "vm_testguest.yaml", "/var/lib/qvirt", func(s map[string]any) {
+		{"host disk outside the allowed paths", "vm_testguest.yaml", "/var/lib/qvirt", false, func(s map[string]any) {
 			s["volumes"] = []any{hostDisk("/etc/shadow")}
 		}, "spec.template.spec.volumes[0].hostDisk.path", "allowed: /var/lib/qvirt"},
-		{"empty disk of zero capacity", "vm_testguest.yaml", "", func(s map[string]any) {
+		{"empty disk of zero capacity", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["volumes"] = []any{map[string]any{"name": "scratch", "emptyDisk": map[string]any{"capacity": "0"}}}
 		}, "spec.template.spec.volumes[0].emptyDisk.capacity", "must be a positive quantity"},
-		{"user data that is not base64", "vm_testguest.yaml", "", func(s map[string]any) {
+		{"user data that is not base64", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["volumes"] = []any{map[string]any{"name": "scratch", "cloudInitNoCloud": map[string]any{"userDataBase64": "***"}}}
 		}, "spec.template.spec.volumes[0].cloudInitNoCloud.userDataBase64", "not valid base64"},
-		{"memory limit below guest memory", "vm_testguest.yaml", "", func(s map[string]any) {
+		{"memory limit below guest memory", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			d := s["domain"].(map[string]any)
 			d["resources"] = map[string]any{"limits": map[string]any{"memory": "64Mi"}}
 		}, "spec.template.spec.domain.resources.limits.memory", "must be at least memory.guest"},
-		{"masquerade on a multus network", "vmi_testguest.yaml", "", func(s map[string]any) {
+		{"masquerade on a multus network", "vmi_testguest.yaml", "", false, func(s map[string]any) {
 			s["domain"].(map[string]any)["devices"].(map[string]any)["interfaces"] = []any{map[string]any{"name": "default", "masquerade": map[string]any{}}}
 			s["networks"] = []any{map[string]any{"name": "default", "multus": map[string]any{"networkName": "net1"}}}
 		}, "spec.domain.devices.interfaces[0].masquerade", "needs the pod network"},
+		{"memory not in whole MiB", "vmi_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["memory"] = map[string]any{"guest": "512M"}
+		}, "spec.domain.memory.guest", "must be a whole number of MiB"},
+		{"a cloudInitNoCloud volume", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			s["volumes"] = []any{map[string]any{"name": "scratch", "cloudInitNoCloud": map[string]any{"userData": "#cloud-config"}}}
+		}, "spec.template.spec.volumes[0].cloudInitNoCloud", "not supported by this version of qvirt"},
+		{"the host CPU model under emulation", "vm_testguest.yaml", "", true, func(s map[string]any) {
+			s["domain"].(map[string]any)["cpu"] = map[string]any{"model": "host-passthrough"}
+		}, "spec.template.spec.domain.cpu.model", "needs KVM, and this cluster runs guests under emulation"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,6 +130,7 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 			if tc.allowed != "" {
 				cfg.AllowedHostPaths = []string{tc.allowed}
 			}
+			cfg.UseEmulation = tc.emulation
 			store.Set(cfg)
 			t.Cleanup(func() { store.Set(config.Default()) })
 			o := sample(t, tc.sample)
@@ -229,4 +242,71 @@ func TestWebhookHotplugUpdates(t *testing.T) {
 			t.Fatalf("label refused: %v: %s", err, stderr)
 		}
 	})
+}
+
+// TestWebhookRefusesWhatCannotRun sends every manifest of test/refused through kube-apiserver to the
+// webhook: each is refused naming every field its "# refused at:" lines give.
+func TestWebhookRefusesWhatCannotRun(t *testing.T) {
+	startWebhook(t)
+	manifests, err := refused.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range manifests {
+		t.Run(filepath.Base(m.File), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, stderr, err := cp.KubectlCmd(ctx, m.Data, "create", "--dry-run=server", "-n", "default", "-f", "-")
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, f := range m.Fields {
+				if !strings.Contains(stderr, f+":") {
+					t.Errorf("the refusal does not name %s:\n%s", f, stderr)
+				}
+			}
+		})
+	}
+}
+
+// TestWebhookRatchetsUpdates: a VirtualMachine admitted under another configuration (the host CPU
+// model, before the cluster turned to emulation) can still be changed in what does not add a
+// problem (labels, its run strategy, its template's other fields), but not given a new problem.
+func TestWebhookRatchetsUpdates(t *testing.T) {
+	startWebhook(t)
+	store.Set(config.Default())
+	t.Cleanup(func() { store.Set(config.Default()) })
+	o := sample(t, "vm_testguest.yaml")
+	o["metadata"].(map[string]any)["name"] = "ratchet"
+	spec := o["spec"].(map[string]any)
+	spec["runStrategy"] = "Halted"
+	spec["template"].(map[string]any)["spec"].(map[string]any)["domain"].(map[string]any)["cpu"] = map[string]any{"model": "host-passthrough"}
+	data, _ := json.Marshal(o)
+	kubectl := func(stdin []byte, args ...string) (string, string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return cp.KubectlCmd(ctx, stdin, append([]string{"-n", "default"}, args...)...)
+	}
+	if _, stderr, err := kubectl(data, "create", "-f", "-"); err != nil {
+		t.Fatalf("create: %v: %s", err, stderr)
+	}
+	t.Cleanup(func() { _, _, _ = kubectl(nil, "delete", "vm", "ratchet", "--wait=false") })
+
+	cfg := config.Default()
+	cfg.UseEmulation = true
+	store.Set(cfg)
+	for _, args := range [][]string{
+		{"label", "vm", "ratchet", "team=a"},
+		{"patch", "vm", "ratchet", "--type=merge", "-p", `{"spec":{"runStrategy":"Manual"}}`},
+		{"patch", "vm", "ratchet", "--type=merge", "-p", `{"spec":{"template":{"spec":{"terminationGracePeriodSeconds":60}}}}`},
+	} {
+		if _, stderr, err := kubectl(nil, args...); err != nil {
+			t.Errorf("%v refused: %v: %s", args, err, stderr)
+		}
+	}
+	patch := `{"spec":{"template":{"spec":{"evictionStrategy":"LiveMigrate"}}}}`
+	_, stderr, err := kubectl(nil, "patch", "--dry-run=server", "vm", "ratchet", "--type=merge", "-p", patch)
+	if err == nil || !strings.Contains(stderr, "spec.template.spec.evictionStrategy") || strings.Contains(stderr, "cpu.model") {
+		t.Fatalf("want a refusal naming only the added evictionStrategy, got %v: %s", err, stderr)
+	}
 }

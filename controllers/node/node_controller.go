@@ -314,7 +314,7 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
 	}
-	m, err := translate.Machine(v, translate.Host{Emulation: vmi.LauncherEmulation(pod), NICs: nics})
+	m, err := translate.Machine(v, translate.Host{Emulation: vmi.LauncherEmulation(pod), NICs: nics, SkipNotRealised: incoming})
 	if err == nil && incoming {
 		err = placeHotplugged(v, m)
 	}

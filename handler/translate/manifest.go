@@ -12,7 +12,8 @@ import (
 )
 
 // LoadFile reads a VirtualMachineInstance or VirtualMachine (whose template is used) manifest
-// strictly (unknown fields are errors, as with kubectl) and validates it as the API server would.
+// strictly (unknown fields are errors, as with kubectl) and validates it as the API server and the
+// webhook would, refusing what this version does not realise (v1alpha1.NotRealised).
 // A missing namespace is "default" and a missing UID a new one, so the instance can run outside a
 // cluster (`qvirtctl machine`).
 func LoadFile(file string) (*v1alpha1.VirtualMachineInstance, error) {
@@ -46,7 +47,8 @@ func LoadFile(file string) (*v1alpha1.VirtualMachineInstance, error) {
 	default:
 		return nil, fmt.Errorf("%s: kind %q: want VirtualMachineInstance or VirtualMachine", file, meta.Kind)
 	}
-	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, field.NewPath("spec")); len(errs) > 0 {
+	p := field.NewPath("spec")
+	if errs := append(v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p), v1alpha1.NotRealised(&vmi.Spec, p)...); len(errs) > 0 {
 		return nil, fmt.Errorf("%s: %w", file, errs.ToAggregate())
 	}
 	if vmi.Namespace == "" {

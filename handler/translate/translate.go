@@ -22,6 +22,11 @@ type Host struct {
 	// NICs are the host sides the node agent made for the spec's interfaces, by interface name.
 	// Each carries the MAC the interface gets (the spec's, else the one the network setup chose).
 	NICs map[string]machine.NIC
+	// SkipNotRealised describes even what this version does not realise (v1alpha1.NotRealised):
+	// for a migration target, which runs what its source runs (a spec admitted by an older version
+	// included), and for tests of the argv builder's layouts that the network setup cannot make yet
+	// (several NICs).
+	SkipNotRealised bool
 }
 
 var (
@@ -31,11 +36,16 @@ var (
 	ifacePath  = domainPath.Child("devices", "interfaces")
 )
 
-// Machine is v's machine description. It validates the spec first (admission did already; a VMI
-// stored before a rule existed must still not reach QEMU).
+// Machine is v's machine description. It validates the spec first and refuses what this version
+// does not realise (admission did already; a VMI stored before a rule existed must still not reach
+// QEMU).
 func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, error) {
 	spec := &v.Spec
-	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(spec, specPath); len(errs) > 0 {
+	errs := v1alpha1.ValidateVirtualMachineInstanceSpec(spec, specPath)
+	if !host.SkipNotRealised {
+		errs = append(errs, v1alpha1.NotRealised(spec, specPath)...)
+	}
+	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
 	m := &machine.Machine{
@@ -48,7 +58,6 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 	if host.Emulation {
 		m.Accel = machine.AccelTCG
 	}
-	var errs field.ErrorList
 	errs = append(errs, machineType(&spec.Domain, m)...)
 	errs = append(errs, cpu(&spec.Domain, m)...)
 	errs = append(errs, memory(&spec.Domain, m)...)

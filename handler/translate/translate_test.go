@@ -120,7 +120,14 @@ func TestMachineErrors(t *testing.T) {
 			"spec.domain.devices.interfaces[0]"},
 		{"a volume qvirt cannot run", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
-		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.volumes[root]"},
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.volumes[0].persistentVolumeClaim: Forbidden: the persistentVolumeClaim volume is not supported by this version of qvirt"},
+		{"a volume qvirt cannot run, on a migration target", func(v *v1alpha1.VirtualMachineInstance) {
+			// NotRealised is left to the source's admission; the translation still cannot describe it.
+			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
+		}, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}, "spec.volumes[root]"},
+		{"not realised by this version", func(v *v1alpha1.VirtualMachineInstance) {
+			v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.evictionStrategy"},
 		{"validation runs first", func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Volumes[0].Name = "other" },
 			translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.devices.disks[0].name"},
 	}
@@ -204,4 +211,14 @@ func FuzzMachine(f *testing.F) {
 			t.Fatalf("a translated machine is refused by the launcher: %v", err)
 		}
 	})
+}
+
+// TestMigrationTargetRunsWhatItsSourceRuns: a spec admitted by an older version, with what this one
+// does not realise but could run (an evictionStrategy nothing acts on), still migrates.
+func TestMigrationTargetRunsWhatItsSourceRuns(t *testing.T) {
+	v := validVMI()
+	v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
+	if _, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}); err != nil {
+		t.Fatalf("the migration target's machine is refused: %v", err)
+	}
 }

@@ -1,0 +1,83 @@
+package v1alpha1
+
+import (
+	"net/netip"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// NotRealisedMessage ends every refusal of NotRealised.
+const NotRealisedMessage = "not supported by this version of qvirt"
+
+// DefaultVMNetworkCIDR is the guest network of the masquerade binding (netsetup.DefaultVMCIDR), the
+// only one this version realises.
+const DefaultVMNetworkCIDR = "10.0.2.0/24"
+
+// NotRealised lists what the schema and ValidateVirtualMachineInstanceSpec accept (the fields keep
+// KubeVirt's shape, so that a KubeVirt manifest reads as one) but this version of qvirt cannot run:
+// without this list such an instance passes admission, gets a scheduled pod and then fails to
+// start over and over. The validating webhook refuses these at creation of an instance and of a
+// VirtualMachine's template, and the launcher refuses them at start; p is the spec's path and every
+// error names the field.
+//
+// This is the one list of unrealised features: an issue that realises one deletes its lines here
+// (and its test case), and nothing else needs to change for the API to accept it.
+func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	no := func(fp *field.Path, what, instead string) {
+		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage+instead))
+	}
+	if es := spec.EvictionStrategy; es != nil && *es != EvictionStrategyNone {
+		// Nothing watches node drains yet: the instance would just stop.
+		no(p.Child("evictionStrategy"), "evictionStrategy "+string(*es), "; only None: a drained node stops its instances")
+	}
+	dp := p.Child("domain")
+	if cpu := spec.Domain.CPU; cpu != nil && cpu.Model == "host-model" {
+		no(dp.Child("cpu", "model"), "host-model", "; use host-passthrough or a named QEMU model such as Haswell-noTSX")
+	}
+	if fw := spec.Domain.Firmware; fw != nil && fw.KernelBoot != nil {
+		kp := dp.Child("firmware", "kernelBoot", "container")
+		switch c := fw.KernelBoot.Container; {
+		case c == nil:
+			no(kp, "kernelBoot without a container", "; the kernel comes from a container image")
+		case c.KernelPath == "":
+			no(kp.Child("kernelPath"), "booting an initrd without a kernel", "")
+		}
+		if c := fw.KernelBoot.Container; c != nil && c.ImagePullSecret != "" {
+			no(kp.Child("imagePullSecret"), "imagePullSecret", "; images are pulled anonymously")
+		}
+	}
+	for i := range spec.Volumes {
+		v, vp := &spec.Volumes[i], p.Child("volumes").Index(i)
+		switch {
+		case v.CloudInitNoCloud != nil:
+			no(vp.Child("cloudInitNoCloud"), "the cloudInitNoCloud volume", "")
+		case v.PersistentVolumeClaim != nil:
+			no(vp.Child("persistentVolumeClaim"), "the persistentVolumeClaim volume", "; use hostDisk, containerDisk or emptyDisk")
+		case v.Ephemeral != nil:
+			no(vp.Child("ephemeral"), "the ephemeral volume", "; use hostDisk, containerDisk or emptyDisk")
+		case v.ContainerDisk != nil && v.ContainerDisk.ImagePullSecret != "":
+			no(vp.Child("containerDisk", "imagePullSecret"), "imagePullSecret", "; images are pulled anonymously")
+		}
+	}
+	for i := 1; i < len(spec.Domain.Devices.Interfaces); i++ {
+		no(dp.Child("devices", "interfaces").Index(i), "a second interface", "; an instance has one interface, on the pod network")
+	}
+	for i := range spec.Networks {
+		n, np := &spec.Networks[i], p.Child("networks").Index(i)
+		if n.Multus != nil {
+			no(np.Child("multus"), "a multus network", "; only the pod network")
+		}
+		if n.Pod != nil && n.Pod.VMNetworkCIDR != "" && !isDefaultVMNetwork(n.Pod.VMNetworkCIDR) {
+			no(np.Child("pod", "vmNetworkCIDR"), "a vmNetworkCIDR other than "+DefaultVMNetworkCIDR, "")
+		}
+	}
+	return errs
+}
+
+// isDefaultVMNetwork says whether cidr is DefaultVMNetworkCIDR, host bits aside (the node agent
+// masks them, as for the default).
+func isDefaultVMNetwork(cidr string) bool {
+	pfx, err := netip.ParsePrefix(cidr)
+	return err == nil && pfx.Masked() == netip.MustParsePrefix(DefaultVMNetworkCIDR)
+}

@@ -1,0 +1,117 @@
+package v1alpha1
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+)
+
+// realisedSpec is the one valid spec, every part of it realised, that each case below changes.
+func realisedSpec() *VirtualMachineInstanceSpec {
+	return &VirtualMachineInstanceSpec{
+		EvictionStrategy: ptr.To(EvictionStrategyNone),
+		Domain: DomainSpec{
+			CPU:    &CPU{Cores: 2, Model: "host-passthrough"},
+			Memory: &Memory{Guest: ptr.To(resource.MustParse("256Mi"))},
+			Firmware: &Firmware{KernelBoot: &KernelBoot{KernelArgs: "console=ttyS0", Container: &KernelBootContainer{
+				Image: "example/guest:1", KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"}}},
+			Devices: Devices{
+				Disks: []Disk{
+					{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1)},
+					{Name: "scratch", Disk: &DiskTarget{Bus: DiskBusSATA}},
+					{Name: "data", Disk: &DiskTarget{Bus: DiskBusSCSI}},
+				},
+				Interfaces: []Interface{{Name: "default", Masquerade: &InterfaceMasquerade{}, Ports: []Port{{Port: 80}}}},
+			},
+		},
+		Volumes: []Volume{
+			{Name: "root", VolumeSource: VolumeSource{ContainerDisk: &ContainerDiskSource{Image: "example/disk:1"}}},
+			{Name: "scratch", VolumeSource: VolumeSource{EmptyDisk: &EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}},
+			{Name: "data", VolumeSource: VolumeSource{HostDisk: &HostDisk{Path: "/var/lib/qvirt/data.img", Type: HostDiskExists}}},
+		},
+		Networks: []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
+	}
+}
+
+func TestNotRealised(t *testing.T) {
+	base := realisedSpec()
+	p := field.NewPath("spec")
+	if errs := append(ValidateVirtualMachineInstanceSpec(base, p), NotRealised(base, p)...); len(errs) != 0 {
+		t.Fatalf("the base spec must be valid and realised, got %v", errs)
+	}
+	pvc := &PersistentVolumeClaimVolumeSource{ClaimName: "data"}
+	cases := []struct {
+		name   string
+		mutate func(s *VirtualMachineInstanceSpec)
+		path   string
+	}{
+		{"evictionStrategy LiveMigrate", func(s *VirtualMachineInstanceSpec) {
+			s.EvictionStrategy = ptr.To(EvictionStrategyLiveMigrate)
+		}, "spec.evictionStrategy"},
+		{"evictionStrategy External", func(s *VirtualMachineInstanceSpec) {
+			s.EvictionStrategy = ptr.To(EvictionStrategyExternal)
+		}, "spec.evictionStrategy"},
+		{"host-model", func(s *VirtualMachineInstanceSpec) { s.Domain.CPU.Model = "host-model" }, "spec.domain.cpu.model"},
+		{"kernelBoot without a container", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware.KernelBoot = &KernelBoot{}
+		}, "spec.domain.firmware.kernelBoot.container"},
+		{"initrd without a kernel", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware.KernelBoot.Container.KernelPath = ""
+		}, "spec.domain.firmware.kernelBoot.container.kernelPath"},
+		{"kernel image pull secret", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware.KernelBoot.Container.ImagePullSecret = "regcred"
+		}, "spec.domain.firmware.kernelBoot.container.imagePullSecret"},
+		{"container disk pull secret", func(s *VirtualMachineInstanceSpec) {
+			s.Volumes[0].ContainerDisk.ImagePullSecret = "regcred"
+		}, "spec.volumes[0].containerDisk.imagePullSecret"},
+		{"cloudInitNoCloud", func(s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].VolumeSource = VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{UserData: "#cloud-config\n"}}
+		}, "spec.volumes[1].cloudInitNoCloud"},
+		{"persistentVolumeClaim", func(s *VirtualMachineInstanceSpec) {
+			s.Volumes[2].VolumeSource = VolumeSource{PersistentVolumeClaim: pvc}
+		}, "spec.volumes[2].persistentVolumeClaim"},
+		{"ephemeral", func(s *VirtualMachineInstanceSpec) {
+			s.Volumes[2].VolumeSource = VolumeSource{Ephemeral: &EphemeralVolumeSource{PersistentVolumeClaim: pvc}}
+		}, "spec.volumes[2].ephemeral"},
+		{"second interface", func(s *VirtualMachineInstanceSpec) {
+			// Only one network can be the pod network, so the second is a multus one, refused too.
+			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Bridge: &InterfaceBridge{}})
+			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab"}})
+		}, "spec.domain.devices.interfaces[1]"},
+		{"multus", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0] = Interface{Name: "default", Bridge: &InterfaceBridge{}}
+			s.Networks[0] = Network{Name: "default", Multus: &MultusNetwork{NetworkName: "lab"}}
+		}, "spec.networks[0].multus"},
+		{"vmNetworkCIDR", func(s *VirtualMachineInstanceSpec) {
+			s.Networks[0].Pod.VMNetworkCIDR = "10.1.0.0/24"
+		}, "spec.networks[0].pod.vmNetworkCIDR"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := realisedSpec()
+			tc.mutate(s)
+			if errs := ValidateVirtualMachineInstanceSpec(s, p); len(errs) != 0 {
+				t.Fatalf("the case must pass validation (NotRealised is for what validation accepts), got %v", errs)
+			}
+			errs := NotRealised(s, p)
+			if !hasPath(errs, tc.path) {
+				t.Fatalf("want an error at %s, got %v", tc.path, errs)
+			}
+			for _, e := range errs {
+				if e.Type != field.ErrorTypeForbidden || !strings.Contains(e.Detail, NotRealisedMessage) {
+					t.Errorf("want a Forbidden error saying %q, got %v", NotRealisedMessage, e)
+				}
+			}
+		})
+	}
+	t.Run("the default vmNetworkCIDR with host bits", func(t *testing.T) {
+		s := realisedSpec()
+		s.Networks[0].Pod.VMNetworkCIDR = "10.0.2.7/24"
+		if errs := NotRealised(s, p); len(errs) != 0 {
+			t.Fatalf("want no error, got %v", errs)
+		}
+	})
+}
