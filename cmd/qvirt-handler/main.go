@@ -15,9 +15,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/certs"
-	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler"
 )
 
@@ -56,7 +56,7 @@ func main() {
 }
 
 func run(opts handler.Options, metricsAddr, probeAddr string) error {
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return err
 	}
@@ -65,7 +65,7 @@ func run(opts handler.Options, metricsAddr, probeAddr string) error {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
+		Scheme:                 sch,
 		Cache:                  handler.CacheOptions(opts.NodeName, opts.Namespace),
 		Metrics:                server.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: probeAddr,

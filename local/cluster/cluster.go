@@ -18,9 +18,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/certs"
-	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
@@ -170,11 +170,11 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return nil, err
 	}
-	cl, err := client.New(restCfg, client.Options{Scheme: scheme})
+	cl, err := client.New(restCfg, client.Options{Scheme: sch})
 	if err != nil {
 		return nil, err
 	}
