@@ -19,11 +19,11 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/admission"
 	certctl "github.com/qvirt/qvirt/controllers/certs"
-	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/migration"
 	"github.com/qvirt/qvirt/controllers/nodehealth"
 	"github.com/qvirt/qvirt/controllers/vm"
 	"github.com/qvirt/qvirt/controllers/vmi"
+	"github.com/qvirt/qvirt/internal/config"
 )
 
 // CacheOptions keep the manager's cache to what qvirt owns: launcher pods only (not every pod of

@@ -19,9 +19,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/scheme"
-	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler/nodeagent"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/local/supervise"
@@ -239,7 +239,7 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 	return provider.Options{NodeName: name, Config: cfg, StateDir: dir, CNIBinDir: cniBin,
 		Log: c.opts.Log.WithName(name), PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), Bridge: fmt.Sprintf("qvirt-n%d", i),
 		Images:        map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
-		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), v1alpha1.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
+		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), podlayout.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
 		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
 			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
 	}
