@@ -4,46 +4,39 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
 
-func TestLocalStatusReadsTheComponents(t *testing.T) {
+// qvirtctl local hands every argument, flags and --help included, to qvirt-local found on PATH
+// (the test binary has none beside it), and says how to build it when there is none.
+func TestLocalExecsQvirtLocal(t *testing.T) {
 	dir := t.TempDir()
-	var out bytes.Buffer
-	if err := localStatus(&out, dir); err != nil || !strings.Contains(out.String(), "no local cluster in "+dir) {
-		t.Fatalf("an empty state dir: %q, %v", out.String(), err)
-	}
-	states := `[{"name":"etcd","path":"/nonexistent/etcd","pid":999999,"state":"Running","restarts":2,"since":"2026-11-30T01:00:00Z"},
-	{"name":"kube-scheduler","path":"/x","state":"CrashLoopBackOff","restarts":5,"lastExit":"exit status 1","since":"2026-11-30T01:00:00Z"}]`
-	if err := os.WriteFile(filepath.Join(dir, "components.json"), []byte(states), 0o644); err != nil {
+	stand := filepath.Join(dir, LocalBinary)
+	if err := os.WriteFile(stand, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out.Reset()
-	if err := localStatus(&out, dir); err != nil {
-		t.Fatal(err)
+	t.Setenv("PATH", dir)
+	var gotPath, gotName string
+	var gotArgs []string
+	defer func(orig func(string, []string, string) error) { execLocal = orig }(execLocal)
+	execLocal = func(path string, args []string, name string) error {
+		gotPath, gotArgs, gotName = path, args, name
+		return nil
 	}
-	text := out.String()
-	// etcd's recorded process is gone: it reads as Stopped, not as a lie.
-	for _, want := range []string{"local up does not run", "etcd", "Stopped", "kube-scheduler", "CrashLoopBackOff", "exit status 1"} {
-		if !strings.Contains(text, want) {
-			t.Errorf("status lacks %q:\n%s", want, text)
-		}
+	var out, errOut bytes.Buffer
+	if code := Main([]string{"/x/kubectl-qvirt", "local", "up", "--nodes", "3", "--help"}, strings.NewReader(""), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
-	if strings.Contains(text, "999999") {
-		t.Errorf("status shows the dead PID:\n%s", text)
+	if want := []string{"up", "--nodes", "3", "--help"}; gotPath != stand || !slices.Equal(gotArgs, want) || gotName != "kubectl qvirt local" {
+		t.Errorf("exec %q %q as %q, want %q %q as %q", gotPath, gotArgs, gotName, stand, want, "kubectl qvirt local")
 	}
-}
 
-func TestFindRepo(t *testing.T) {
-	repo, err := findRepo("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(repo, "config", "samples", "vm-demo.yaml")); err != nil {
-		t.Errorf("repo %s: %v", repo, err)
-	}
-	if _, err := findRepo(t.TempDir()); err == nil || !strings.Contains(err.Error(), "--repo") {
-		t.Errorf("outside the tree: %v, want an error naming --repo", err)
+	t.Setenv("PATH", t.TempDir())
+	errOut.Reset()
+	if code := Main([]string{"qvirtctl", "local", "status"}, strings.NewReader(""), &out, &errOut); code == 0 ||
+		!strings.Contains(errOut.String(), LocalBinary+" not found") || !strings.Contains(errOut.String(), "make build") {
+		t.Errorf("without qvirt-local: exit %d, %q; want an error naming it and `make build`", code, errOut.String())
 	}
 }

@@ -1,3 +1,5 @@
+// Package cli is qvirtctl's command tree. `qvirtctl local` runs the separate qvirt-local binary
+// (local/localcli), so that nothing here links the local cluster or a reconciler.
 package cli
 
 import (
@@ -39,10 +41,10 @@ func DisplayName(argv0 string) string {
 	return "qvirtctl"
 }
 
-// New is qvirtctl's whole command tree: the local-cluster commands of NewRoot plus the user
-// commands, with kubectl's connection flags on every command. argv0 picks the display name.
+// New is qvirtctl's whole command tree: the user commands, with kubectl's connection flags on
+// every command, and `local`, which runs qvirt-local. argv0 picks the display name.
 func New(argv0 string) *cobra.Command {
-	root := NewRoot()
+	root := &cobra.Command{Use: "qvirtctl", Short: "Drive qvirt virtual machines", SilenceUsage: true}
 	e := &env{flags: kube.NewFlags(), self: DisplayName(argv0)}
 	if e.self != "qvirtctl" {
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: e.self}
@@ -59,7 +61,7 @@ func New(argv0 string) *cobra.Command {
 		newPause(e, true), newPause(e, false), newSoftReboot(e),
 		newConsole(e), newVNC(e), newQMP(e), newMigrate(e),
 		newAddVolume(e), newRemoveVolume(e),
-		newVersion(e), newMachine(),
+		newVersion(e), newMachine(), newLocal(e),
 	)
 	return root
 }

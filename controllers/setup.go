@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -21,24 +19,12 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/admission"
 	certctl "github.com/qvirt/qvirt/controllers/certs"
-	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/migration"
 	"github.com/qvirt/qvirt/controllers/nodehealth"
 	"github.com/qvirt/qvirt/controllers/vm"
 	"github.com/qvirt/qvirt/controllers/vmi"
+	"github.com/qvirt/qvirt/internal/config"
 )
-
-// Scheme holds the kinds qvirt-controller reads and writes.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
 
 // CacheOptions keep the manager's cache to what qvirt owns: launcher pods only (not every pod of
 // the cluster) and the configuration ConfigMap's namespace only. This is most of the controller's

@@ -17,19 +17,19 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrlhandler "sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/certs"
-	"github.com/qvirt/qvirt/controllers/config"
 	"github.com/qvirt/qvirt/controllers/node"
-	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/handler/deviceplugin"
 	"github.com/qvirt/qvirt/handler/metrics"
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/handler/streams"
+	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -37,9 +37,9 @@ import (
 type Options struct {
 	// NodeName is the node this agent serves (the pod's spec.nodeName, from the downward API).
 	NodeName string
-	// SocketDir is where launchers make their per-instance directories (v1alpha1.SocketDir).
+	// SocketDir is where launchers make their per-instance directories (podlayout.SocketDir).
 	SocketDir string
-	// ImageCacheDir is the node's image cache (v1alpha1.ImageCacheDir, a hostPath of every launcher
+	// ImageCacheDir is the node's image cache (podlayout.ImageCacheDir, a hostPath of every launcher
 	// pod), made here owned by the launchers' uid; left alone when empty.
 	ImageCacheDir string
 	// Namespace is the install namespace holding the qvirt-config ConfigMap.
@@ -140,7 +140,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	r := &node.Reconciler{
 		Client: mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, SocketDir: opts.SocketDir,
 		Targets:      targets,
-		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &handler.EnqueueRequestForObject{}),
+		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &ctrlhandler.EnqueueRequestForObject{}),
 		MigrationBandwidth: func() int64 {
 			bw := store.Get().Migrations.BandwidthPerMigration
 			return bw.Value()
@@ -222,13 +222,13 @@ func streamsOn(so StreamsOptions) bool { return so.Addr != "" && so.Addr != "0" 
 
 // prepareLauncherDir makes a node directory the launchers write in: the socket directory, where
 // each launcher creates its instance's directory, and the image cache. Launchers run as
-// vmi.LauncherUID, with no other privilege.
+// podlayout.LauncherUID, with no other privilege.
 func prepareLauncherDir(dir, what string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	if err := os.Chown(dir, vmi.LauncherUID, vmi.LauncherUID); err != nil {
-		return fmt.Errorf("%s %s: let launchers (uid %d) write in it: %w", what, dir, vmi.LauncherUID, err)
+	if err := os.Chown(dir, podlayout.LauncherUID, podlayout.LauncherUID); err != nil {
+		return fmt.Errorf("%s %s: let launchers (uid %d) write in it: %w", what, dir, podlayout.LauncherUID, err)
 	}
 	return nil
 }

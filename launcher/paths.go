@@ -4,7 +4,7 @@ import "path/filepath"
 
 // Dir is one VMI's socket directory, <socket-dir>/<vmi-uid>: the launcher creates it and its
 // sockets; the node agent finds them here. The launcher pod mounts the node's socket directory
-// (v1alpha1.SocketDir) from the host, so both see the same files.
+// (podlayout.SocketDir) from the host, so both see the same files.
 type Dir string
 
 // VMIDir is the directory of the VMI with uid under socketDir.

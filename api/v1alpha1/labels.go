@@ -19,13 +19,6 @@ const (
 	// MigrationFinalizer lets a migration cancel and clean up before it goes.
 	MigrationFinalizer = "qvirt.io/migration"
 
-	// SocketDir is the host directory holding one subdirectory per VMI UID with launcher.sock and
-	// QEMU's sockets, shared by the launcher pod (hostPath) and the node agent.
-	SocketDir = "/var/run/qvirt/sockets"
-	// ImageCacheDir is the host directory where launchers keep the registry images they pulled
-	// (kernelBoot and containerDisk images), shared by the node's launchers and owned by their uid.
-	ImageCacheDir = "/var/lib/qvirt/images"
-
 	// KVMResource and TunResource are the device-plugin resources a launcher pod asks for unless
 	// emulation is configured.
 	KVMResource = "devices.qvirt.io/kvm"

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/controllers/nodehealth"
 )
@@ -41,12 +42,12 @@ func main() {
 }
 
 func run(metricsAddr, probeAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certDir string, nodeTimeout time.Duration) error {
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return err
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                  scheme,
+		Scheme:                  sch,
 		Cache:                   controllers.CacheOptions(namespace),
 		Metrics:                 server.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  probeAddr,

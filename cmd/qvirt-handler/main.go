@@ -15,18 +15,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/certs"
-	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 func main() {
 	opts := handler.Options{}
 	flag.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	flag.StringVar(&opts.SocketDir, "socket-dir", v1alpha1.SocketDir, "directory of the launchers' per-instance sockets")
+	flag.StringVar(&opts.SocketDir, "socket-dir", podlayout.SocketDir, "directory of the launchers' per-instance sockets")
 	flag.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMap qvirt-config")
-	flag.StringVar(&opts.ImageCacheDir, "image-cache-dir", v1alpha1.ImageCacheDir, "the node's image cache, shared by its launchers")
+	flag.StringVar(&opts.ImageCacheDir, "image-cache-dir", podlayout.ImageCacheDir, "the node's image cache, shared by its launchers")
 	flag.BoolVar(&opts.DevicePlugin, "device-plugin", true, "serve the kubelet device plugin for devices.qvirt.io/kvm and /tun (off in local mode)")
 	flag.StringVar(&opts.Streams.Addr, "streams-bind-address", ":8186", "address of the mTLS stream server for qvirt-api (0 disables it)")
 	flag.StringVar(&opts.Streams.TLSSecret, "streams-tls-secret", "", "Secret (in --namespace) with the stream server's tls.crt, tls.key and ca.crt, instead of the files; e.g. "+certs.HandlerSecret)
@@ -56,7 +56,7 @@ func main() {
 }
 
 func run(opts handler.Options, metricsAddr, probeAddr string) error {
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return err
 	}
@@ -65,7 +65,7 @@ func run(opts handler.Options, metricsAddr, probeAddr string) error {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
+		Scheme:                 sch,
 		Cache:                  handler.CacheOptions(opts.NodeName, opts.Namespace),
 		Metrics:                server.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: probeAddr,

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 const usage = `usage: qvirt-launcher serve --vmi-uid UID [flags]
@@ -57,15 +58,15 @@ func serve(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	opts := launcher.ServeOptions{}
 	var uid string
-	fs.StringVar(&opts.SocketDir, "socket-dir", "/var/run/qvirt/sockets", "node socket directory (a hostPath mount)")
-	fs.StringVar(&uid, "vmi-uid", "", "UID of the VirtualMachineInstance this pod runs (required)")
-	fs.BoolVar(&opts.Emulation, "emulation", false, "allow software emulation (TCG) instead of KVM")
+	fs.StringVar(&opts.SocketDir, podlayout.FlagSocketDir, podlayout.SocketDir, "node socket directory (a hostPath mount)")
+	fs.StringVar(&uid, podlayout.FlagVMIUID, "", "UID of the VirtualMachineInstance this pod runs (required)")
+	fs.BoolVar(&opts.Emulation, podlayout.FlagEmulation, false, "allow software emulation (TCG) instead of KVM")
 	fs.StringVar(&opts.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary")
 	fs.IntVar(&opts.SpareRootPorts, "hotplug-ports", 4, "empty PCIe root ports for hotplug")
-	fs.StringVar(&opts.ScratchDir, "scratch-dir", "/var/run/qvirt/private", "directory for emptyDisk images")
+	fs.StringVar(&opts.ScratchDir, "scratch-dir", podlayout.PrivateDir, "directory for emptyDisk images")
 	fs.DurationVar(&opts.Linger, "linger", 10*time.Second, "keep answering the node agent this long after the guest ended")
 	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")
-	imageFlags(fs, &opts.Images, "/var/lib/qvirt/images")
+	imageFlags(fs, &opts.Images, podlayout.ImageCacheDir)
 	verbose := fs.Int("v", 0, "log verbosity")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
@@ -164,8 +165,8 @@ func (e escapeReader) Read(p []byte) (int, error) {
 
 // imageFlags are where images that are not file:// references are pulled to (by qvirt-pull).
 func imageFlags(fs *flag.FlagSet, h *launcher.HostResolver, cache string) {
-	fs.StringVar(&h.ImageCache, "image-cache", cache, "node-wide directory of pulled images (empty: only file:// images)")
-	fs.Func("insecure-registry", "registry HOST:PORT that may be reached over plain HTTP (repeatable)", func(s string) error {
+	fs.StringVar(&h.ImageCache, podlayout.FlagImageCache, cache, "node-wide directory of pulled images (empty: only file:// images)")
+	fs.Func(podlayout.FlagInsecureRegistry, "registry HOST:PORT that may be reached over plain HTTP (repeatable)", func(s string) error {
 		h.InsecureRegistries = append(h.InsecureRegistries, s)
 		return nil
 	})

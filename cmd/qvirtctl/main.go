@@ -1,6 +1,7 @@
 // Command qvirtctl drives qvirt: lifecycle actions, console, VNC, QMP shell, migration and hotplug
 // of virtual machines through qvirt-api, and `qvirtctl local up|down|status`, a whole cluster on
-// this machine. Linked as kubectl-qvirt it is also the kubectl plugin `kubectl qvirt`.
+// this machine, which execs qvirt-local (cmd/qvirt-local). Linked as kubectl-qvirt it is also the
+// kubectl plugin `kubectl qvirt`.
 package main
 
 import (

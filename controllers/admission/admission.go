@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/config"
 )
 
 // Setup registers the VirtualMachine and VirtualMachineInstance validators with mgr's webhook server.

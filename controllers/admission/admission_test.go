@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/qvirt/qvirt/controllers/admission"
-	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/refused"
 )

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/config"
 )
 
 // limitHold says why the parallel-migration limits keep a migration Pending.

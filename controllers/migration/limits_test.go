@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/config"
 )
 
 func mig(name, vmi string, phase v1alpha1.VirtualMachineInstanceMigrationPhase, source string, age time.Duration) v1alpha1.VirtualMachineInstanceMigration {

@@ -13,20 +13,16 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
-// Launcher pod layout shared with the node agent and the launcher.
+// The launcher pod's layout (container, paths, user, flags) is podlayout's, shared with the node
+// agent and the launcher.
 const (
-	// ComputeContainer is the launcher pod's only container; it runs qvirt-launcher, which runs QEMU.
-	ComputeContainer = "compute"
-	// LauncherBinary is the launcher's path inside the launcher image.
-	LauncherBinary = "/usr/bin/qvirt-launcher"
-	// PrivateDir is a writable emptyDir for the launcher's own files (the root filesystem is
-	// read-only).
-	PrivateDir = "/var/run/qvirt/private"
-	// LauncherUID is the unprivileged user (and group) the launcher and QEMU run as, as in KubeVirt.
-	LauncherUID = 107
+	// ComputeContainer names podlayout.ComputeContainer for controllers/node, which reads it here
+	// until the node agent's reconciler moves into handler/ and imports podlayout itself.
+	ComputeContainer = podlayout.ComputeContainer
 
 	// GracePeriodMarginSeconds is added to the guest's grace period on the pod so the launcher has
 	// time to quit QEMU and clean up after the ACPI shutdown window ends, before the kubelet kills it.
@@ -43,7 +39,8 @@ const (
 func LauncherEmulation(pod *corev1.Pod) bool {
 	for _, c := range pod.Spec.Containers {
 		if c.Name == ComputeContainer {
-			return slices.Contains(c.Command, "--emulation") || slices.Contains(c.Args, "--emulation")
+			flag := "--" + podlayout.FlagEmulation
+			return slices.Contains(c.Command, flag) || slices.Contains(c.Args, flag)
 		}
 	}
 	return false
@@ -69,13 +66,13 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 		return nil, err
 	}
 
-	args := []string{LauncherBinary, "serve", "--socket-dir", v1alpha1.SocketDir, "--vmi-uid", string(vmi.UID)}
+	args := []string{podlayout.LauncherBinary, "serve", "--" + podlayout.FlagSocketDir, podlayout.SocketDir, "--" + podlayout.FlagVMIUID, string(vmi.UID)}
 	if cfg.UseEmulation {
-		args = append(args, "--emulation")
+		args = append(args, "--"+podlayout.FlagEmulation)
 	}
-	args = append(args, "--image-cache", v1alpha1.ImageCacheDir)
+	args = append(args, "--"+podlayout.FlagImageCache, podlayout.ImageCacheDir)
 	for _, r := range cfg.InsecureRegistries {
-		args = append(args, "--insecure-registry", r)
+		args = append(args, "--"+podlayout.FlagInsecureRegistry, r)
 	}
 	grace := v1alpha1.TerminationGracePeriodSeconds(spec)
 	hostname := spec.Hostname
@@ -96,19 +93,19 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 		},
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
-				Name:      ComputeContainer,
+				Name:      podlayout.ComputeContainer,
 				Image:     cfg.LauncherImage,
 				Command:   args,
 				Resources: res,
 				VolumeMounts: []corev1.VolumeMount{
-					{Name: socketsVolume, MountPath: v1alpha1.SocketDir},
-					{Name: privateVolume, MountPath: PrivateDir},
-					{Name: imagesVolume, MountPath: v1alpha1.ImageCacheDir},
+					{Name: socketsVolume, MountPath: podlayout.SocketDir},
+					{Name: privateVolume, MountPath: podlayout.PrivateDir},
+					{Name: imagesVolume, MountPath: podlayout.ImageCacheDir},
 				},
 				SecurityContext: &corev1.SecurityContext{
 					RunAsNonRoot:             ptr.To(true),
-					RunAsUser:                ptr.To[int64](LauncherUID),
-					RunAsGroup:               ptr.To[int64](LauncherUID),
+					RunAsUser:                ptr.To[int64](podlayout.LauncherUID),
+					RunAsGroup:               ptr.To[int64](podlayout.LauncherUID),
 					AllowPrivilegeEscalation: ptr.To(false),
 					ReadOnlyRootFilesystem:   ptr.To(true),
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
@@ -117,12 +114,12 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 			}},
 			Volumes: []corev1.Volume{
 				{Name: socketsVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-					Path: v1alpha1.SocketDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate),
+					Path: podlayout.SocketDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate),
 				}}},
 				{Name: privateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 				// The node agent makes it, owned by the launchers' uid (see handler.Options.ImageCacheDir).
 				{Name: imagesVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-					Path: v1alpha1.ImageCacheDir, Type: ptr.To(corev1.HostPathDirectory),
+					Path: podlayout.ImageCacheDir, Type: ptr.To(corev1.HostPathDirectory),
 				}}},
 			},
 			RestartPolicy:                 corev1.RestartPolicyNever,

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/config"
 )
 
 var update = flag.Bool("update", false, "rewrite controllers/vmi/testdata/*.yaml from RenderLauncherPod's output")

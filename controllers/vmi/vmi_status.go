@@ -11,6 +11,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/patch"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 // Values of status.reason set by the VMI reconciler.
@@ -112,7 +113,7 @@ func podFailureDetail(pod *corev1.Pod) string {
 		parts = append(parts, pod.Status.Message)
 	}
 	for _, cs := range pod.Status.ContainerStatuses {
-		if t := cs.State.Terminated; cs.Name == ComputeContainer && t != nil {
+		if t := cs.State.Terminated; cs.Name == podlayout.ComputeContainer && t != nil {
 			s := fmt.Sprintf("container %s exited with code %d", cs.Name, t.ExitCode)
 			if t.Reason != "" {
 				s += " (" + t.Reason + ")"

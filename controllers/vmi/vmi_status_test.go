@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 func testPod(phase corev1.PodPhase, node string) *corev1.Pod {
@@ -23,7 +24,7 @@ func testPod(phase corev1.PodPhase, node string) *corev1.Pod {
 func TestPodOutcome(t *testing.T) {
 	failed := testPod(corev1.PodFailed, "node-1")
 	failed.Status.Reason = "Evicted"
-	failed.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: ComputeContainer, State: corev1.ContainerState{
+	failed.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: podlayout.ComputeContainer, State: corev1.ContainerState{
 		Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, Reason: "Error"},
 	}}}
 	cases := []struct {

@@ -47,7 +47,7 @@ type Collector struct {
 
 // NewCollector returns the collector for node nodeName. reader lists VMIs (the node agent's cache,
 // which holds only this node's; VMIs whose status.nodeName is another node are ignored anyway);
-// socketDir is where the per-VMI launcher sockets are (v1alpha1.SocketDir on a node). log gets one
+// socketDir is where the per-VMI launcher sockets are (podlayout.SocketDir on a node). log gets one
 // line per launcher that failed to answer, at V(1) since the counter already tells.
 func NewCollector(reader client.Reader, nodeName, socketDir string, log logr.Logger) prometheus.Collector {
 	return &Collector{reader: reader, node: nodeName, socketDir: socketDir, log: log}

@@ -27,7 +27,7 @@ type Options struct {
 	Reader client.Reader
 	// NodeName is the handler's node; VMIs elsewhere are refused with 409.
 	NodeName string
-	// SocketDir holds one directory per VMI UID (launcher.VMIDir); v1alpha1.SocketDir on a node.
+	// SocketDir holds one directory per VMI UID (launcher.VMIDir); podlayout.SocketDir on a node.
 	SocketDir string
 	// CertFile and KeyFile are the serving certificate (PEM) and its key.
 	CertFile, KeyFile string

@@ -18,10 +18,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/certs"
-	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler/nodeagent"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/local/supervise"
@@ -170,11 +170,11 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return nil, err
 	}
-	cl, err := client.New(restCfg, client.Options{Scheme: scheme})
+	cl, err := client.New(restCfg, client.Options{Scheme: sch})
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +239,7 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 	return provider.Options{NodeName: name, Config: cfg, StateDir: dir, CNIBinDir: cniBin,
 		Log: c.opts.Log.WithName(name), PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), Bridge: fmt.Sprintf("qvirt-n%d", i),
 		Images:        map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
-		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), v1alpha1.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
+		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), podlayout.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
 		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
 			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
 	}

@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/local/registry"
@@ -91,11 +91,11 @@ func TestLocalCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	cl, err := client.New(cfg, client.Options{Scheme: sch})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -136,11 +136,11 @@ func installAndRunController(ctx context.Context, t *testing.T, cp *ControlPlane
 	if err != nil {
 		t.Fatal(err)
 	}
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.New(cfg, client.Options{Scheme: sch})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/local/cluster"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -135,10 +135,10 @@ func startCluster() (func(), error) {
 	if err != nil {
 		return cleanup, err
 	}
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return cleanup, err
 	}
-	cl, err = client.New(cfg, client.Options{Scheme: scheme})
+	cl, err = client.New(cfg, client.Options{Scheme: sch})
 	return cleanup, err
 }

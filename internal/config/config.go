@@ -1,6 +1,9 @@
 // Package config is qvirt's cluster configuration: the ConfigMap qvirt-config in the install
 // namespace, parsed strictly and applied without a restart. Readers call Store.Get on every use; the
 // ConfigMap reconciler swaps the whole Config atomically when the ConfigMap changes.
+//
+// Both qvirt-controller and the node agent (handler/) run that reconciler, each keeping its own
+// Store, which is why it lives outside controllers/: the node agent links no cluster reconciler.
 package config
 
 import (

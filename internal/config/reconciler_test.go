@@ -11,7 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/qvirt/qvirt/controllers/config"
+	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/test/envtest"
 )
 

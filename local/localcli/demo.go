@@ -1,4 +1,4 @@
-package cli
+package localcli
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/local/cluster"
 )
 
@@ -40,11 +40,11 @@ func runDemo(ctx context.Context, out io.Writer, repo string, c *cluster.Cluster
 	if err != nil {
 		return err
 	}
-	scheme, err := controllers.Scheme()
+	sch, err := scheme.New()
 	if err != nil {
 		return err
 	}
-	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	cl, err := client.New(cfg, client.Options{Scheme: sch})
 	if err != nil {
 		return err
 	}
