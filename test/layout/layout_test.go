@@ -35,3 +35,9 @@ func forbid(t *testing.T, pkg string, prefixes ...string) {
 func TestLauncherLinksNoKubernetes(t *testing.T) {
 	forbid(t, "github.com/qvirt/qvirt/cmd/qvirt-launcher", "k8s.io/", "sigs.k8s.io/", "github.com/qvirt/qvirt/api/")
 }
+
+// qvirtctl is a client: it links no reconciler and not the local cluster (qvirt-local runs that).
+func TestQvirtctlLinksNoReconcilerNorLocalCluster(t *testing.T) {
+	forbid(t, "github.com/qvirt/qvirt/cmd/qvirtctl", "github.com/qvirt/qvirt/controllers", "github.com/qvirt/qvirt/local/",
+		"github.com/virtual-kubelet/")
+}
