@@ -99,22 +99,14 @@ func BenchmarkLauncherRSS(b *testing.B) {
 	if out, err := exec.Command("go", "build", "-trimpath", "-o", bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
 		b.Fatalf("go build: %v: %s", err, out)
 	}
-	spec, err := os.ReadFile("../test/guest/vmi.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	vmi := filepath.Join(b.TempDir(), "vmi.yaml")
-	spec = []byte(strings.ReplaceAll(string(spec), "file://~/.cache/qvirt/guest", "file://"+guestDir))
-	if err := os.WriteFile(vmi, spec, 0o600); err != nil {
-		b.Fatal(err)
-	}
+	vmi := guestMachineFile(b)
 	var total, private float64
 	for i := 0; i < b.N; i++ {
 		runDir, err := os.MkdirTemp("", "qvb-")
 		if err != nil {
 			b.Fatal(err)
 		}
-		cmd := exec.Command(bin, "run", "--emulation", "--no-console", "--run-dir", runDir, "-f", vmi)
+		cmd := exec.Command(bin, "run", "--no-console", "--run-dir", runDir, "-f", vmi)
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}

@@ -60,6 +60,30 @@ func guestVMI(t testing.TB) *v1alpha1.VirtualMachineInstance {
 // guestSpec is the node agent's request to start guestVMI under emulation.
 func guestSpec(t testing.TB) *launcher.SyncRequest { return testutil.SyncRequest(t, guestVMI(t), nil) }
 
+// guestMachineFile writes the test guest's machine description, as `qvirtctl machine --emulation
+// -f test/guest/vmi.yaml` prints it, for `qvirt-launcher run`.
+func guestMachineFile(t testing.TB) string {
+	t.Helper()
+	vmi, err := translate.LoadFile("../test/guest/vmi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
+	m, err := translate.Machine(vmi, translate.Host{Emulation: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "vm.json")
+	if err := os.WriteFile(file, desc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
 // fileDisk is a hot-pluggable virtio disk on an image file.
 func fileDisk(name, path, format string) machine.Disk {
 	return machine.Disk{Name: name, Bus: machine.BusVirtio, Cache: machine.CacheNone, IO: machine.IOThreads,
@@ -409,24 +433,7 @@ func TestRunCommandBootsAndPowersOff(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v: %s", err, out)
 	}
-	// The machine description `qvirtctl machine --emulation -f vmi.yaml` prints.
-	vmi, err := translate.LoadFile("../test/guest/vmi.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
-	m, err := translate.Machine(vmi, translate.Host{Emulation: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	desc, err := json.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "vm.json")
-	if err := os.WriteFile(file, desc, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := guestMachineFile(t)
 	cmd := exec.Command(bin, "run", "-f", file)
 	stdin, _ := cmd.StdinPipe()
 	var stdout, stderr testutil.SyncBuffer
