@@ -179,15 +179,8 @@ func TestWebhookHotplugUpdates(t *testing.T) {
 	spec["volumes"] = []any{map[string]any{"name": "boot", "emptyDisk": map[string]any{"capacity": "16Mi"}}}
 	o["metadata"].(map[string]any)["name"] = "hotplug"
 	data, _ := json.Marshal(o)
-	kubectl := func(stdin []byte, args ...string) (string, string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		return cp.KubectlCmd(ctx, stdin, append([]string{"-n", "default"}, args...)...)
-	}
-	if _, stderr, err := kubectl(data, "create", "-f", "-"); err != nil {
-		t.Fatalf("create: %v: %s", err, stderr)
-	}
-	t.Cleanup(func() { _, _, _ = kubectl(nil, "delete", "vmi", "hotplug", "--wait=false") })
+	kubectl := kubectlDefault
+	createByKubectl(t, data, "vmi", "hotplug")
 
 	addDisk := func(disk, volume string) string {
 		return `[{"op":"add","path":"/spec/domain/devices/disks/-","value":` + disk + `},` +
@@ -282,15 +275,8 @@ func TestWebhookRatchetsUpdates(t *testing.T) {
 	spec["runStrategy"] = "Halted"
 	spec["template"].(map[string]any)["spec"].(map[string]any)["domain"].(map[string]any)["cpu"] = map[string]any{"model": "host-passthrough"}
 	data, _ := json.Marshal(o)
-	kubectl := func(stdin []byte, args ...string) (string, string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		return cp.KubectlCmd(ctx, stdin, append([]string{"-n", "default"}, args...)...)
-	}
-	if _, stderr, err := kubectl(data, "create", "-f", "-"); err != nil {
-		t.Fatalf("create: %v: %s", err, stderr)
-	}
-	t.Cleanup(func() { _, _, _ = kubectl(nil, "delete", "vm", "ratchet", "--wait=false") })
+	kubectl := kubectlDefault
+	createByKubectl(t, data, "vm", "ratchet")
 
 	cfg := config.Default()
 	cfg.UseEmulation = true
@@ -309,4 +295,21 @@ func TestWebhookRatchetsUpdates(t *testing.T) {
 	if err == nil || !strings.Contains(stderr, "spec.template.spec.evictionStrategy") || strings.Contains(stderr, "cpu.model") {
 		t.Fatalf("want a refusal naming only the added evictionStrategy, got %v: %s", err, stderr)
 	}
+}
+
+// kubectlDefault runs kubectl against the test's API server in namespace default, for at most 30 s.
+func kubectlDefault(stdin []byte, args ...string) (string, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return cp.KubectlCmd(ctx, stdin, append([]string{"-n", "default"}, args...)...)
+}
+
+// createByKubectl creates the object in data with kubectl, as a user would, and deletes kind/name
+// when the test ends.
+func createByKubectl(t *testing.T, data []byte, kind, name string) {
+	t.Helper()
+	if _, stderr, err := kubectlDefault(data, "create", "-f", "-"); err != nil {
+		t.Fatalf("create: %v: %s", err, stderr)
+	}
+	t.Cleanup(func() { _, _, _ = kubectlDefault(nil, "delete", kind, name, "--wait=false") })
 }

@@ -1,11 +1,9 @@
 package admission_test
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestWebhookNICHotplugUpdates drives VMI interface updates through the API server and the webhook
@@ -20,15 +18,8 @@ func TestWebhookNICHotplugUpdates(t *testing.T) {
 	delete(spec, "networks")
 	o["metadata"].(map[string]any)["name"] = "nichotplug"
 	data, _ := json.Marshal(o)
-	kubectl := func(stdin []byte, args ...string) (string, string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		return cp.KubectlCmd(ctx, stdin, append([]string{"-n", "default"}, args...)...)
-	}
-	if _, stderr, err := kubectl(data, "create", "-f", "-"); err != nil {
-		t.Fatalf("create: %v: %s", err, stderr)
-	}
-	t.Cleanup(func() { _, _, _ = kubectl(nil, "delete", "vmi", "nichotplug", "--wait=false") })
+	kubectl := kubectlDefault
+	createByKubectl(t, data, "vmi", "nichotplug")
 
 	// The instance has no interface and no network, so the first NIC creates both lists.
 	addNIC := func(iface, network string) string {
