@@ -58,10 +58,8 @@ func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface,
 	if err != nil {
 		return nil, fmt.Errorf("masquerade binding of interface %q: %w", in.Name, err)
 	}
-	mac := in.MacAddress
-	if mac == "" {
-		mac = netsetup.StableMAC(string(v.UID), in.Name)
-	}
+	// The binding's MAC; the spec's macAddress, when set, wins in translate.NIC.
+	mac := netsetup.StableMAC(string(v.UID), in.Name)
 	return map[string]machine.NIC{in.Name: {Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &machine.DHCP{
 		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: dns, Hostname: hostname, MTU: res.MTU,
 	}}}, nil
@@ -72,12 +70,9 @@ func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, h
 	if err != nil {
 		return nil, fmt.Errorf("bridge binding of interface %q: %w", in.Name, err)
 	}
-	// The pod network knows the pod's address at the pod interface's original MAC.
-	mac := in.MacAddress
-	if mac == "" {
-		mac = res.MAC.String()
-	}
-	return map[string]machine.NIC{in.Name: {Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &machine.DHCP{
+	// The pod network knows the pod's address at the pod interface's original MAC; the spec's
+	// macAddress, when set, wins in translate.NIC.
+	return map[string]machine.NIC{in.Name: {Name: in.Name, Tap: res.TapName, MAC: res.MAC.String(), DHCP: &machine.DHCP{
 		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.Gateway, ServerID: res.ServerIP,
 		DNS: dns, Hostname: hostname, MTU: res.MTU,
 	}}}, nil
