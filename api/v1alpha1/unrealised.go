@@ -17,8 +17,8 @@ const DefaultVMNetworkCIDR = "10.0.2.0/24"
 // KubeVirt's shape, so that a KubeVirt manifest reads as one) but this version of qvirt cannot run:
 // without this list such an instance passes admission, gets a scheduled pod and then fails to
 // start over and over. The validating webhook refuses these at creation of an instance and of a
-// VirtualMachine's template, and the launcher refuses them at start; p is the spec's path and every
-// error names the field.
+// VirtualMachine's template, and the node agent's translation (handler/translate) refuses them at
+// start; p is the spec's path and every error names the field.
 //
 // This is the one list of unrealised features: an issue that realises one deletes its lines here
 // (and its test case), and nothing else needs to change for the API to accept it.
