@@ -21,7 +21,7 @@ var (
 	gr       = schema.GroupResource{Group: "qvirt.io", Resource: "virtualmachines"}
 	conflict = apierrors.NewConflict(gr, "vm1", errors.New("the object has been modified"))
 	notFound = apierrors.NewNotFound(gr, "vm1")
-	plain    = errors.New("connection refused")
+	errPlain = errors.New("connection refused")
 )
 
 func TestResult(t *testing.T) {
@@ -41,10 +41,10 @@ func TestResult(t *testing.T) {
 		"a wrapped aggregate":        {err: fmt.Errorf("fail instances: %w", kerrors.NewAggregate([]error{conflict})), want: requeue},
 		"a sooner requeue is kept":   {res: ctrl.Result{RequeueAfter: 20 * time.Millisecond}, err: conflict, want: ctrl.Result{RequeueAfter: 20 * time.Millisecond}},
 		"a later requeue is brought": {res: ctrl.Result{RequeueAfter: time.Minute}, err: conflict, want: requeue},
-		"another error is returned":  {res: ctrl.Result{RequeueAfter: time.Second}, err: plain, wantErr: plain},
+		"another error is returned":  {res: ctrl.Result{RequeueAfter: time.Second}, err: errPlain, wantErr: errPlain},
 		"not found is an error":      {err: notFound, wantErr: notFound},
-		"a conflict and a failure":   {err: errors.Join(conflict, plain), wantErr: errors.Join(conflict, plain)},
-		"a failure and a conflict":   {err: kerrors.NewAggregate([]error{plain, conflict}), wantErr: kerrors.NewAggregate([]error{plain, conflict})},
+		"a conflict and a failure":   {err: errors.Join(conflict, errPlain), wantErr: errors.Join(conflict, errPlain)},
+		"a failure and a conflict":   {err: kerrors.NewAggregate([]error{errPlain, conflict}), wantErr: kerrors.NewAggregate([]error{errPlain, conflict})},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got, err := Result(tc.res, tc.err)

@@ -13,8 +13,8 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/admission"
-	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/test/refused"
 )
 
