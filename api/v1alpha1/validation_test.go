@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"encoding/json"
 	"fmt"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"os"
 	"path/filepath"
 	"strings"
@@ -234,7 +235,8 @@ func sampleFiles(t testing.TB) []string {
 }
 
 // FuzzValidateVirtualMachine feeds arbitrary manifests to the validation functions and NotRealised:
-// they must never panic, every error must name a field, and validation must be deterministic. The
+// they must never panic, every error must name a field, and validation must be deterministic. A spec
+// that passes stays valid once defaulted (SetDefaults), and defaulting twice changes nothing. The
 // seeds are the samples and the manifests this version refuses (test/refused).
 func FuzzValidateVirtualMachine(f *testing.F) {
 	refused, _ := filepath.Glob("../../test/refused/*.yaml")
@@ -263,6 +265,18 @@ func FuzzValidateVirtualMachine(f *testing.F) {
 		}
 		if again := check(&vm); len(again) != len(errs) {
 			t.Fatalf("validation is not deterministic: %d then %d errors", len(errs), len(again))
+		}
+		if len(errs) > 0 {
+			return
+		}
+		SetDefaults(&vm.Spec.Template.Spec)
+		if errs := check(&vm); len(errs) > 0 {
+			t.Fatalf("valid before defaulting, invalid after: %v", errs.ToAggregate())
+		}
+		once := vm.Spec.Template.Spec.DeepCopy()
+		SetDefaults(&vm.Spec.Template.Spec)
+		if !equality.Semantic.DeepEqual(once, &vm.Spec.Template.Spec) {
+			t.Fatalf("defaulting is not idempotent:\n%+v\n%+v", once, vm.Spec.Template.Spec)
 		}
 	})
 }

@@ -1,7 +1,8 @@
 // Package translate turns a VMI into the machine description a launcher executes
-// (package machine). It is the one place where a spec decision is made: defaults (machine type,
-// bus, cache, I/O mode, NIC model, CPU model, grace period), memory in MiB, the SMBIOS UUID, which
-// volume source becomes which image source. The node agent calls it for a start, a migration
+// (package machine). It is the one place where a spec decision is made: it applies the API's
+// defaults (v1alpha1.SetDefaults) and decides what depends on the node (the CPU model under
+// emulation, cache and I/O mode), memory in MiB, the SMBIOS UUID, which volume source becomes
+// which image source. The node agent calls it for a start, a migration
 // target and a hot-plug; `qvirtctl machine` calls it for a launcher run outside Kubernetes. Errors
 // name the VMI field at fault ("spec.domain.memory.guest").
 package translate
@@ -40,25 +41,26 @@ var (
 // does not realise (admission did already; a VMI stored before a rule existed must still not reach
 // QEMU).
 func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, error) {
-	spec := &v.Spec
-	errs := v1alpha1.ValidateVirtualMachineInstanceSpec(spec, specPath)
+	errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&v.Spec, specPath)
 	if !host.SkipNotRealised {
-		errs = append(errs, v1alpha1.NotRealised(spec, specPath)...)
+		errs = append(errs, v1alpha1.NotRealised(&v.Spec, specPath)...)
 	}
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
+	spec := v.Spec.DeepCopy()
+	v1alpha1.SetDefaults(spec)
 	m := &machine.Machine{
 		Name: v.Name, Namespace: v.Namespace, UID: string(v.UID), UUID: string(v.UID),
-		Type: "q35", Accel: machine.AccelKVM, GracePeriodSeconds: v1alpha1.TerminationGracePeriodSeconds(spec),
-		SerialConsole: boolOr(spec.Domain.Devices.AutoattachSerialConsole, true),
-		Graphics:      boolOr(spec.Domain.Devices.AutoattachGraphicsDevice, true),
-		StartPaused:   spec.StartStrategy != nil && *spec.StartStrategy == v1alpha1.StartStrategyPaused,
+		Type: spec.Domain.Machine.Type, Accel: machine.AccelKVM, NoACPI: acpiOff(spec.Domain.Features),
+		GracePeriodSeconds: *spec.TerminationGracePeriodSeconds,
+		SerialConsole:      *spec.Domain.Devices.AutoattachSerialConsole,
+		Graphics:           *spec.Domain.Devices.AutoattachGraphicsDevice,
+		StartPaused:        spec.StartStrategy != nil && *spec.StartStrategy == v1alpha1.StartStrategyPaused,
 	}
 	if host.Emulation {
 		m.Accel = machine.AccelTCG
 	}
-	errs = append(errs, machineType(&spec.Domain, m)...)
 	errs = append(errs, cpu(&spec.Domain, m)...)
 	errs = append(errs, memory(&spec.Domain, m)...)
 	firmware(&spec.Domain, m)
@@ -82,21 +84,8 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 	return m, nil
 }
 
-func boolOr(b *bool, def bool) bool {
-	if b == nil {
-		return def
-	}
-	return *b
-}
-
-func machineType(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
-	if d.Machine != nil && d.Machine.Type != "" {
-		m.Type = d.Machine.Type
-	}
-	if f := d.Features; f != nil && f.ACPI != nil && f.ACPI.Enabled != nil && !*f.ACPI.Enabled {
-		m.NoACPI = true
-	}
-	return nil
+func acpiOff(f *v1alpha1.Features) bool {
+	return f != nil && f.ACPI != nil && f.ACPI.Enabled != nil && !*f.ACPI.Enabled
 }
 
 // cpu picks the model: the host's under KVM, qemu64 under emulation, where the host's cannot run.
@@ -163,28 +152,26 @@ func imageRef(ref, policy, secret string) machine.ImageRef {
 	return machine.ImageRef{Ref: ref, PullPolicy: policy, PullSecret: secret}
 }
 
-// Disk is one spec disk with its volume (nil when the spec has none), at p. The node agent calls
-// it for a hot-plug too, so a hot-plugged disk is described exactly as a cold one.
-func Disk(d *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Disk, field.ErrorList) {
+// Disk is one spec disk with its volume (nil when the spec has none), at p, after the API's
+// defaults. The node agent calls it for a hot-plug too, so a hot-plugged disk is described exactly
+// as a cold one. The cache and I/O mode default here, not in the API: they are the node's choice
+// of how QEMU opens the image (KubeVirt's launcher decides them too).
+func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Disk, field.ErrorList) {
+	d := spec.DeepCopy()
+	v1alpha1.DefaultDisk(d)
 	out := machine.Disk{Name: d.Name, Serial: d.Serial, BootIndex: d.BootOrder,
-		Cache: machine.CacheNone, IO: machine.IOThreads, Bus: machine.BusVirtio}
+		Cache: machine.CacheNone, IO: machine.IOThreads}
 	if d.Cache != "" {
 		out.Cache = machine.Cache(d.Cache)
 	}
 	if d.IO != "" {
 		out.IO = machine.IO(d.IO)
 	}
-	switch {
-	case d.CDRom != nil:
-		out.CDROM, out.ReadOnly, out.Bus = true, true, machine.BusSATA
-		if d.CDRom.Bus != "" {
-			out.Bus = machine.Bus(d.CDRom.Bus)
-		}
-	case d.Disk != nil:
-		out.ReadOnly = d.Disk.ReadOnly
-		if d.Disk.Bus != "" {
-			out.Bus = machine.Bus(d.Disk.Bus)
-		}
+	if d.CDRom != nil {
+		// A cdrom is always read-only: validation refuses readonly: false.
+		out.CDROM, out.ReadOnly, out.Bus = true, true, machine.Bus(d.CDRom.Bus)
+	} else {
+		out.ReadOnly, out.Bus = d.Disk.ReadOnly, machine.Bus(d.Disk.Bus)
 	}
 	if vol == nil {
 		return out, field.ErrorList{field.Required(p.Child("name"), fmt.Sprintf("no volume named %q", d.Name))}
@@ -234,25 +221,20 @@ func source(v *v1alpha1.Volume, p *field.Path) (machine.Source, *field.Error) {
 	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk and emptyDisk volumes")
 }
 
-// NIC is one spec interface on the host side the node agent made for it (hosts, by name).
-func NIC(in *v1alpha1.Interface, hosts map[string]machine.NIC, p *field.Path) (machine.NIC, field.ErrorList) {
-	h, ok := hosts[in.Name]
+// NIC is one spec interface, after the API's defaults, on the host side the node agent made for it
+// (hosts, by name).
+func NIC(spec *v1alpha1.Interface, hosts map[string]machine.NIC, p *field.Path) (machine.NIC, field.ErrorList) {
+	h, ok := hosts[spec.Name]
 	if !ok {
 		return machine.NIC{}, field.ErrorList{field.Forbidden(p, "no tap was set up for this interface: pod networking needs the node agent (qvirt-handler)")}
 	}
+	in := *spec
+	v1alpha1.DefaultInterface(&in)
 	out := h
 	out.Name = in.Name
-	out.Model = NICModel(in.Model)
+	out.Model = machine.NICModel(in.Model)
 	if in.MacAddress != "" {
 		out.MAC = in.MacAddress
 	}
 	return out, nil
-}
-
-// NICModel is the interface model, virtio when the spec names none.
-func NICModel(model string) machine.NICModel {
-	if model == "" {
-		return machine.NICVirtio
-	}
-	return machine.NICModel(model)
 }
