@@ -238,7 +238,11 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 	cfg.QPS, cfg.Burst = 100, 200
 	return provider.Options{NodeName: name, Config: cfg, StateDir: dir, CNIBinDir: cniBin,
 		Log: c.opts.Log.WithName(name), PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), Bridge: fmt.Sprintf("qvirt-n%d", i),
-		Images:        map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
+		Images:     map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
+		InitBinary: filepath.Join(c.opts.Dir, "bin", "qvirt-pod-init"),
+		// Pods see none of the cluster's state (PKI, etcd, the nodes' pods, sockets and caches)
+		// but their own volumes.
+		HiddenPaths:   []string{c.opts.Dir},
 		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), podlayout.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
 		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
 			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
@@ -356,13 +360,14 @@ func (c *Cluster) startRegistry(ctx, nodeCtx context.Context) error {
 	return err
 }
 
-// installLauncher copies qvirt-launcher (and qvirt-pull, which it runs to pull images, when built)
+// installLauncher copies qvirt-launcher, qvirt-pod-init (each container's first process) and
+// qvirt-pull (which the launcher runs to pull images, when built)
 // from bin into dst, readable and executable by everyone.
 func installLauncher(bin, dst string) error {
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err
 	}
-	for _, name := range []string{"qvirt-launcher", "qvirt-pull"} {
+	for _, name := range []string{"qvirt-launcher", "qvirt-pull", "qvirt-pod-init"} {
 		data, err := os.ReadFile(filepath.Join(bin, name))
 		if errors.Is(err, os.ErrNotExist) && name == "qvirt-pull" {
 			continue

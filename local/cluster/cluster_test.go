@@ -31,7 +31,7 @@ import (
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 	bin := t.TempDir()
-	for _, c := range []string{"qvirt-controller", "qvirt-handler", "qvirt-launcher", "qvirt-pull", "qvirt-api"} {
+	for _, c := range []string{"qvirt-controller", "qvirt-handler", "qvirt-launcher", "qvirt-pull", "qvirt-pod-init", "qvirt-api"} {
 		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, c), "../../cmd/"+c).CombinedOutput(); err != nil {
 			t.Fatalf("build %s: %v\n%s", c, err, out)
 		}

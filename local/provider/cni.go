@@ -25,7 +25,7 @@ const CNIPluginsVersion = "v1.10.0"
 // Names inside a node's state directory.
 const (
 	netnsDir     = "netns"     // one bind-mounted network namespace per pod, named by pod UID
-	podsDir      = "pods"      // per pod UID: emptyDir volumes, termination-message files, pid files
+	podsDir      = "pods"      // per pod UID, as the kubelet's: emptyDir volumes, termination-message files, pid files
 	logsDir      = "logs"      // per pod: <namespace>_<name>_<uid>/<container>.log; kept by Cleanup
 	ipamDir      = "ipam"      // host-local's reservations
 	cniCacheDir  = "cni-cache" // libcni's cached results, which DEL needs

@@ -20,10 +20,12 @@ type bindMount struct {
 }
 
 // sandbox is where a container's process starts: the pod's network namespace plus a fresh mount
-// namespace with the binds, and a UTS namespace with the pod's hostname.
+// namespace where the hidden paths are covered and the binds made, and a UTS namespace with the
+// pod's hostname. (The PID namespace is the process's own: see podRun.command.)
 type sandbox struct {
 	netns    string
 	hostname string
+	hidden   []string
 	mounts   []bindMount
 }
 
@@ -56,8 +58,25 @@ func (s sandbox) enterAndStart(cmd *exec.Cmd) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return fmt.Errorf("make / a slave mount: %w", err)
 	}
+	// Each source is opened (in this namespace: a bind's source must be in the caller's) before the
+	// hidden paths are covered; many of them lie under one.
+	srcs, err := openSources(s.mounts)
+	if err != nil {
+		return err
+	}
+	defer closeAll(srcs)
+	for _, h := range s.hidden {
+		if err := hide(h); err != nil {
+			return err
+		}
+	}
 	for _, m := range sortedMounts(s.mounts) {
-		if err := m.mount(); err != nil {
+		if err := m.mount(srcs[m.source]); err != nil {
+			return err
+		}
+	}
+	for _, h := range s.hidden {
+		if err := seal(h); err != nil {
 			return err
 		}
 	}
@@ -76,9 +95,56 @@ func sortedMounts(ms []bindMount) []bindMount {
 	return out
 }
 
-// mount binds source at target, creating the target in the host's filesystem when missing (as
-// a runtime creates mount points in an image's root filesystem).
-func (m bindMount) mount() error {
+// openSources opens each mount's source as an O_PATH descriptor, by source path.
+func openSources(ms []bindMount) (map[string]int, error) {
+	fds := map[string]int{}
+	for _, m := range ms {
+		if _, ok := fds[m.source]; ok {
+			continue
+		}
+		fd, err := unix.Open(m.source, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			closeAll(fds)
+			return nil, fmt.Errorf("open bind source %s: %w", m.source, err)
+		}
+		fds[m.source] = fd
+	}
+	return fds, nil
+}
+
+func closeAll(fds map[string]int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+}
+
+// hide covers dir with an empty tmpfs in this mount namespace; seal makes it read-only once the
+// mount points of the binds under it exist.
+func hide(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", hiddenFlags, "size=64k,mode=0755"); err != nil {
+		return fmt.Errorf("hide %s: %w", dir, err)
+	}
+	return nil
+}
+
+const hiddenFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+
+func seal(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_RDONLY|hiddenFlags, ""); err != nil {
+		return fmt.Errorf("make hidden %s read-only: %w", dir, err)
+	}
+	return nil
+}
+
+// mount binds the source open at fd at target, creating the target in the host's filesystem when
+// missing (as a runtime creates mount points in an image's root filesystem).
+func (m bindMount) mount(fd int) error {
 	if m.file {
 		if err := os.MkdirAll(filepath.Dir(m.target), 0o755); err != nil {
 			return fmt.Errorf("mount point %s: %w", m.target, err)
@@ -91,7 +157,7 @@ func (m bindMount) mount() error {
 	} else if err := os.MkdirAll(m.target, 0o755); err != nil {
 		return fmt.Errorf("mount point %s: %w", m.target, err)
 	}
-	if err := unix.Mount(m.source, m.target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", fd), m.target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s at %s: %w", m.source, m.target, err)
 	}
 	if m.readOnly {

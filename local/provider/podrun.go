@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/qvirt/qvirt/local/podinit"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -74,7 +76,7 @@ func newPodRun(p *pods, pod *corev1.Pod) *podRun {
 	return &podRun{
 		p:      p,
 		key:    podKey(pod.Namespace, pod.Name),
-		dir:    filepath.Join(p.opts.StateDir, podsDir, uid),
+		dir:    filepath.Join(PodsDir(p.opts.StateDir), uid),
 		log:    filepath.Dir(LogPath(p.opts.StateDir, pod.Namespace, pod.Name, pod.UID, "")),
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
@@ -307,18 +309,13 @@ func (r *podRun) endWaiting(i int) {
 func (r *podRun) runOnce(i int, vols map[string]volume) (*corev1.ContainerStateTerminated, error) {
 	c := &r.pod.Spec.Containers[i]
 	started := v1.Now()
-	cmd, termFile, err := r.command(i, vols)
+	cmd, bin, termFile, err := r.command(i, vols)
 	if errors.Is(err, errNoBinary) {
 		return nil, err
 	}
 	if err == nil {
-		r.mu.Lock()
-		sb := sandbox{netns: r.netns, hostname: podHostname(r.pod)}
-		r.mu.Unlock()
-		sb.mounts = append(containerMounts(c, vols), bindMount{source: termFile, target: terminationPath(c), file: true})
-		var devs []bindMount
-		if devs, err = r.deviceMounts(c); err == nil {
-			sb.mounts = append(sb.mounts, devs...)
+		var sb sandbox
+		if sb, err = r.sandbox(c, cmd.Path, bin, termFile, vols); err == nil {
 			err = r.startProcess(i, cmd, sb)
 		}
 	}
@@ -347,6 +344,30 @@ func (r *podRun) runOnce(i int, vols map[string]volume) (*corev1.ContainerStateT
 	}
 	term.Message = r.terminationMessage(c, termFile, code)
 	return term, nil
+}
+
+// sandbox is container c's: the pod's network namespace and hostname, the hidden paths, and the
+// binds of its volumes, its termination-message file, its devices and its "image" (the directories
+// of its binary and of the init, so they stay reachable, read-only, even from under a hidden path).
+func (r *podRun) sandbox(c *corev1.Container, initBin, bin, termFile string, vols map[string]volume) (sandbox, error) {
+	r.mu.Lock()
+	sb := sandbox{netns: r.netns, hostname: podHostname(r.pod), hidden: r.p.opts.HiddenPaths}
+	r.mu.Unlock()
+	sb.mounts = append(containerMounts(c, vols), bindMount{source: termFile, target: terminationPath(c), file: true})
+	for _, p := range []string{initBin, bin} {
+		// By its real path: a bind onto a symlink (Debian's /bin) fails.
+		dir, err := filepath.EvalSymlinks(filepath.Dir(p))
+		if err != nil {
+			return sandbox{}, fmt.Errorf("image of container %s: %w", c.Name, err)
+		}
+		sb.mounts = append(sb.mounts, bindMount{source: dir, target: dir, readOnly: true})
+	}
+	devs, err := r.deviceMounts(c)
+	if err != nil {
+		return sandbox{}, err
+	}
+	sb.mounts = append(sb.mounts, devs...)
+	return sb, nil
 }
 
 func (r *podRun) startProcess(i int, cmd *exec.Cmd, sb sandbox) error {
@@ -385,8 +406,9 @@ func containerID(pid int) string { return fmt.Sprintf("process://%d", pid) }
 
 // command builds container i's process: binary and argv from the image map with $(VAR) expanded,
 // the resolved env, the log file as stdout and stderr, its own process group, and the pod's or
-// container's runAsUser/runAsGroup. termFile is the fresh termination-message file.
-func (r *podRun) command(i int, vols map[string]volume) (*exec.Cmd, string, error) {
+// container's runAsUser/runAsGroup, all through qvirt-pod-init in a new PID namespace. bin is the
+// container's host binary; termFile is the fresh termination-message file.
+func (r *podRun) command(i int, vols map[string]volume) (cmd *exec.Cmd, bin, termFile string, err error) {
 	r.mu.Lock()
 	pod := r.pod.DeepCopy()
 	r.mu.Unlock()
@@ -394,7 +416,7 @@ func (r *podRun) command(i int, vols map[string]volume) (*exec.Cmd, string, erro
 	env, err := resolveEnv(pod, c, envSources{configMaps: r.p.configMaps, secrets: r.p.secrets,
 		nodeAllocatable: defaultCapacity(), extra: r.p.opts.Env})
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	lookup := envLookup(env)
 	expand := func(ss []string) []string {
@@ -406,26 +428,28 @@ func (r *podRun) command(i int, vols map[string]volume) (*exec.Cmd, string, erro
 	}
 	bin, args, err := argv(r.p.opts.Images, c.Image, expand(c.Command), expand(c.Args))
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
-	termFile := filepath.Join(r.dir, c.Name+".termination-log")
+	termFile = filepath.Join(r.dir, c.Name+".termination-log")
 	if err := os.WriteFile(termFile, nil, 0o666); err != nil {
-		return nil, "", fmt.Errorf("termination-message file: %w", err)
+		return nil, "", "", fmt.Errorf("termination-message file: %w", err)
 	}
 	_ = os.Chmod(termFile, 0o666)
 	if err := os.MkdirAll(r.log, 0o755); err != nil {
-		return nil, "", fmt.Errorf("log dir: %w", err)
+		return nil, "", "", fmt.Errorf("log dir: %w", err)
 	}
 	logf, err := os.OpenFile(filepath.Join(r.log, c.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, "", fmt.Errorf("container log: %w", err)
+		return nil, "", "", fmt.Errorf("container log: %w", err)
 	}
-	cmd := &exec.Cmd{Path: bin, Args: args, Env: env, Dir: c.WorkingDir, Stdout: logf, Stderr: logf}
+	initBin := r.p.opts.InitBinary
+	cmd = &exec.Cmd{Path: initBin, Args: append([]string{initBin}, podinit.Args(bin, args, credential(pod, c))...),
+		Env: env, Dir: c.WorkingDir, Stdout: logf, Stderr: logf}
 	if cmd.Dir == "" {
 		cmd.Dir = "/"
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: credential(pod, c)}
-	return cmd, termFile, nil
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Cloneflags: syscall.CLONE_NEWPID}
+	return cmd, bin, termFile, nil
 }
 
 // credential is the container's runAsUser/runAsGroup, falling back to the pod's; nil runs as the
@@ -498,6 +522,16 @@ func readTail(path string, n int64, tail bool) string {
 	return string(b)
 }
 
+// EmptyDirPath is where a virtual node keeps pod podUID's emptyDir volume: the kubelet's layout
+// (/var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>) under the node's state
+// directory, so the node agent finds a launcher's sockets the same way on both kinds of node.
+func EmptyDirPath(stateDir string, podUID types.UID, volume string) string {
+	return filepath.Join(PodsDir(stateDir), string(podUID), "volumes", "kubernetes.io~empty-dir", volume)
+}
+
+// PodsDir is a virtual node's counterpart of the kubelet's /var/lib/kubelet/pods.
+func PodsDir(stateDir string) string { return filepath.Join(stateDir, podsDir) }
+
 // volume is a pod volume's host path.
 type volume struct {
 	path string
@@ -524,7 +558,7 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 			}
 			vols[v.Name] = vol
 		case v.EmptyDir != nil:
-			dir := filepath.Join(r.dir, "volumes", v.Name)
+			dir := EmptyDirPath(r.p.opts.StateDir, r.pod.UID, v.Name)
 			if err := os.MkdirAll(dir, 0o777); err != nil {
 				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
 			}
@@ -590,9 +624,6 @@ func containerMounts(c *corev1.Container, vols map[string]volume) []bindMount {
 		src := v.path
 		if m.SubPath != "" {
 			src = filepath.Join(src, m.SubPath)
-		}
-		if src == filepath.Clean(m.MountPath) && !m.ReadOnly {
-			continue
 		}
 		fi, err := os.Stat(src)
 		file := err == nil && !fi.IsDir()

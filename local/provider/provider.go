@@ -6,11 +6,14 @@
 //     loopback from containernetworking/plugins, run through libcni): every pod has an IP in the node's
 //     PodCIDR, routable from the host and from the pods of the other nodes (the host forwards between
 //     the nodes' bridges).
-//   - Each container is a host process started in the pod's network namespace and in a mount
-//     namespace of its own where the container's volumes are bind-mounted at their mountPath (emptyDir
-//     from the pod's state directory, hostPath from the host) and its termination-message file at
-//     terminationMessagePath. The thread that starts it enters those namespaces first (see exec.go);
-//     no helper binary or re-exec is involved.
+//   - Each container is a host process started in the pod's network namespace, a PID namespace of
+//     its own (its first process is qvirt-pod-init, which mounts the namespace's /proc and drops to
+//     the container's user) and a mount namespace of its own where the local cluster's state is
+//     hidden (Options.HiddenPaths) and the container's volumes are bind-mounted at their mountPath
+//     (emptyDir from the pod's state directory, laid out as the kubelet's
+//     pods/<uid>/volumes/kubernetes.io~empty-dir/<name>; hostPath from the host) and its
+//     termination-message file at terminationMessagePath. The thread that starts it enters those
+//     namespaces first (see exec.go).
 //   - There is no image: Options.Images maps an image name to the host binary that runs for it. A
 //     container's command[0] becomes that binary's argv[0] (so busybox-style multi-call binaries work).
 //   - The provider does what virtual-kubelet leaves to providers and a kubelet would do: env
@@ -94,6 +97,14 @@ type Options struct {
 	RestartBackoff time.Duration
 	// ShutdownGrace caps each pod's termination grace period when Run ends. Default 10 s.
 	ShutdownGrace time.Duration
+	// InitBinary is qvirt-pod-init (local/podinit): each container starts as it, in a PID namespace
+	// of its own, as a kubelet's containers do.
+	InitBinary string
+	// HiddenPaths are host directories each container sees empty (a read-only tmpfs over them), as a
+	// real container sees its image's root rather than the host's: the local cluster's state, which
+	// holds every pod's volumes and sockets. A container's own volumes and binary are bound after,
+	// so they stay reachable even from under a hidden path.
+	HiddenPaths []string
 }
 
 // Device resources every node offers, so launcher pods that request them schedule.
@@ -120,6 +131,13 @@ func (o *Options) validate() error {
 		return fmt.Errorf("provider options: Bridge %q must be 1 to 15 bytes", o.Bridge)
 	case o.CNIBinDir == "":
 		return errors.New("provider options: CNIBinDir is empty")
+	case !filepath.IsAbs(o.InitBinary):
+		return fmt.Errorf("provider options: InitBinary %q is not an absolute path (qvirt-pod-init)", o.InitBinary)
+	}
+	for _, h := range o.HiddenPaths {
+		if !filepath.IsAbs(h) {
+			return fmt.Errorf("provider options: HiddenPaths: %q is not an absolute path", h)
+		}
 	}
 	if _, err := gatewayOf(o.PodCIDR); err != nil {
 		return fmt.Errorf("provider options: PodCIDR: %w", err)

@@ -74,9 +74,30 @@ func readHostState(t *testing.T) hostState {
 	return hostState{links: names, ipForward: strings.TrimSpace(string(fwd))}
 }
 
+// podInit builds qvirt-pod-init once per test binary.
+var podInit = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "qvirt-pod-init-")
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "qvirt-pod-init")
+	build := exec.Command("go", "build", "-o", out, "./cmd/qvirt-pod-init")
+	build.Dir = envtest.RepoRoot()
+	if b, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build qvirt-pod-init: %w\n%s", err, b)
+	}
+	return out, nil
+})
+
 func startNode(t *testing.T, ctx context.Context, name, cidr, bridge, binDir string, log logr.Logger) *node {
 	t.Helper()
-	n := &node{name: name, stateDir: filepath.Join(t.TempDir(), name), bridge: bridge, cidr: cidr, done: make(chan error, 1)}
+	initBin, err := podInit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(initBin)) })
+	state := t.TempDir()
+	n := &node{name: name, stateDir: filepath.Join(state, name), bridge: bridge, cidr: cidr, done: make(chan error, 1)}
 	ctx, n.cancel = context.WithCancel(ctx)
 	opts := provider.Options{
 		NodeName:  name,
@@ -87,6 +108,9 @@ func startNode(t *testing.T, ctx context.Context, name, cidr, bridge, binDir str
 		Bridge:    bridge,
 		CNIBinDir: binDir,
 		Log:       log,
+		// As the local cluster hides its state directory.
+		InitBinary:  initBin,
+		HiddenPaths: []string{state},
 	}
 	go func() { n.done <- provider.Run(ctx, opts) }()
 	return n
@@ -243,7 +267,8 @@ func TestVirtualNodes(t *testing.T) {
 		sleeper := tc.create(&corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "sleeper"},
 			Spec: corev1.PodSpec{NodeName: n1.name, Containers: []corev1.Container{{
-				Name: "sleep", Image: busyboxImage, Command: []string{"sleep", "3600"},
+				// PID 1 of its namespace: a signal without a handler does not reach it, as in any container.
+				Name: "sleep", Image: busyboxImage, Command: []string{"sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"},
 				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](65534)}}}},
 		})
 		created := time.Now()
@@ -251,7 +276,7 @@ func TestVirtualNodes(t *testing.T) {
 		t.Logf("sleeper pod: create → Running in %s", time.Since(created).Round(time.Millisecond))
 		pid := pidOf(t, sleeper)
 		pids = append(pids, pid)
-		if uid := processUID(t, pid); uid != "65534" {
+		if uid := processUIDAfterInit(t, pid); uid != "65534" {
 			t.Errorf("process runs as uid %s, want runAsUser 65534", uid)
 		}
 		deleted := time.Now()
@@ -262,6 +287,50 @@ func TestVirtualNodes(t *testing.T) {
 		t.Logf("sleeper pod: delete (grace 30 s) → gone in %s", time.Since(deleted).Round(time.Millisecond))
 		if processAlive(pid) {
 			t.Errorf("process %d of the deleted pod still runs", pid)
+		}
+	})
+
+	t.Run("a pod sees only its own processes and volumes, not another pod's on the same node", func(t *testing.T) {
+		tc.t = t
+		victim := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "victim"},
+			Spec: corev1.PodSpec{NodeName: n1.name, Containers: []corev1.Container{{
+				Name: "main", Image: busyboxImage, Command: []string{"sh", "-c", "echo secret > /data/secret && exec sleep 3600"},
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](107)},
+				VolumeMounts:    []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
+				Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
+		})
+		victim = tc.waitPhase(victim.Name, corev1.PodRunning)
+		vpid := pidOf(t, victim)
+		pids = append(pids, vpid)
+		secret := filepath.Join(provider.EmptyDirPath(n1.stateDir, victim.UID, "data"), "secret")
+		waitFile(t, secret)
+		// The attacker runs as the same user on the same node, and knows the victim's host PID and
+		// where its volume lies on the host. Each probe prints one word.
+		probe := strings.Join([]string{
+			`echo pid=$$$$`, // $$ is the API's escape for $
+			`[ -e /proc/$VPID ] && echo sees-victim || echo no-victim-pid`,
+			`cat $SECRET 2>/dev/null || echo no-secret`,
+			`ls -A $STATE | wc -l | sed 's/^/state-entries=/'`,
+			`kill -0 $VPID 2>/dev/null && echo signalled || echo no-signal`,
+			`cat /proc/$VPID/root$SECRET 2>/dev/null || echo no-proc-root`,
+		}, "; ")
+		attacker := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "attacker"},
+			Spec: corev1.PodSpec{NodeName: n1.name, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+				Name: "main", Image: busyboxImage, Command: []string{"sh", "-c", "(" + probe + ") > /dev/termination-log"},
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](107)},
+				Env: []corev1.EnvVar{{Name: "SECRET", Value: secret}, {Name: "STATE", Value: n1.stateDir},
+					{Name: "VPID", Value: strconv.Itoa(vpid)}}}}},
+		})
+		attacker = tc.waitPhase(attacker.Name, corev1.PodSucceeded)
+		got := strings.Fields(attacker.Status.ContainerStatuses[0].State.Terminated.Message)
+		want := []string{"pid=1", "no-victim-pid", "no-secret", "state-entries=0", "no-signal", "no-proc-root"}
+		if !slices.Equal(got, want) {
+			t.Errorf("what the attacker pod saw = %q, want %q", got, want)
+		}
+		if data, err := os.ReadFile(secret); err != nil || string(data) != "secret\n" {
+			t.Errorf("victim's volume on the host = %q, %v", data, err)
 		}
 	})
 
@@ -466,6 +535,17 @@ func pidOf(t *testing.T, pod *corev1.Pod) int {
 	return pid
 }
 
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	for range 100 {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s did not appear", path)
+}
+
 // processAlive says whether pid runs (a zombie counts as gone).
 func processAlive(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -474,6 +554,19 @@ func processAlive(pid int) bool {
 	}
 	i := bytes.LastIndexByte(b, ')')
 	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
+// processUIDAfterInit is the real uid of a container's process once qvirt-pod-init (root) has
+// exec'd it.
+func processUIDAfterInit(t *testing.T, pid int) string {
+	t.Helper()
+	for range 50 {
+		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "qvirt-pod-init" {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return processUID(t, pid)
 }
 
 // processUID is the real uid of a process.
