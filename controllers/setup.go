@@ -34,8 +34,8 @@ func CacheOptions(namespace string) cache.Options {
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:       {Label: labels.SelectorFromSet(labels.Set{v1alpha1.AppLabel: v1alpha1.LauncherApp})},
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{namespace: {}}},
-			// Nodes are cached as metadata only (nodehealth reads labels and annotations), and only
-			// the nodes a qvirt node agent labelled.
+			// Only the nodes a qvirt node agent labelled are cached (nodehealth reads their labels,
+			// annotations and Ready condition).
 			&corev1.Node{}: {Label: nodehealth.NodeSelector()},
 		},
 		// managedFields are never read here and are about a fifth of a cached VMI.
@@ -50,7 +50,8 @@ type Options struct {
 	// Webhooks registers the validating webhook on the manager's webhook server.
 	Webhooks bool
 	// NodeHeartbeatTimeout is how long a node agent may go without beating before its node is
-	// marked unschedulable and its instances failed; nodehealth.DefaultTimeout when zero.
+	// marked unschedulable, and how long a node may stay not Ready before its instances are failed;
+	// nodehealth.DefaultTimeout when zero.
 	NodeHeartbeatTimeout time.Duration
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -71,4 +72,35 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("alive with deadline %s not after now", h.Deadline)
 		}
 	})
+}
+
+func TestLost(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	const timeout = 5 * time.Minute
+	node := func(status corev1.ConditionStatus, since time.Duration) *corev1.Node {
+		return &corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionTrue},
+			{Type: corev1.NodeReady, Status: status, Reason: "NodeStatusUnknown", LastTransitionTime: metav1.NewTime(now.Add(since))}}}}
+	}
+	tests := []struct {
+		name string
+		node *corev1.Node
+		want Loss
+	}{
+		{"no Ready condition (no kubelet ever)", &corev1.Node{}, Loss{}},
+		{"Ready", node(corev1.ConditionTrue, -time.Hour), Loss{}},
+		{"not Ready for a minute", node(corev1.ConditionUnknown, -time.Minute), Loss{Deadline: now.Add(4 * time.Minute)}},
+		{"not Ready for the timeout", node(corev1.ConditionFalse, -timeout), Loss{Lost: true, Deadline: now}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Lost(tt.node, timeout, now)
+			if got.Lost != tt.want.Lost || !got.Deadline.Equal(tt.want.Deadline) {
+				t.Fatalf("Lost = %+v, want %+v", got, tt.want)
+			}
+			if got.Lost && !strings.Contains(got.Why, "Ready condition is False") {
+				t.Errorf("why %q does not say the Ready condition", got.Why)
+			}
+		})
+	}
 }

@@ -1,7 +1,15 @@
-// Package nodehealth is qvirt-controller's watch over the node agents: a node whose agent stopped
-// beating (its heartbeat annotation older than a timeout, or gone) is marked unschedulable, so no
-// new launcher pod lands there, and every unfinished instance on it is Failed with reason
-// NodeUnresponsive, so its VM's runStrategy can start it elsewhere.
+// Package nodehealth is qvirt-controller's watch over the nodes and their node agents.
+//
+// A node whose agent stopped beating (its heartbeat annotation older than a timeout, or gone) is
+// marked unschedulable, so no new launcher pod lands there. Its instances are left alone: an agent
+// outage (a crash loop, an OOM kill, a bad rollout) is not a guest failure, and the guests keep
+// running in their launcher pods while the agent is away.
+//
+// An instance is failed (reason NodeUnresponsive, so its VM's runStrategy can start it elsewhere)
+// only when its node itself is lost: the Node's Ready condition has not been True for the timeout
+// (the kubelet and its containers are gone or cut off). An instance whose launcher pod is gone is
+// failed by the VMI reconciler (PodDeleted); that covers a deleted Node too, whose pods the pod
+// garbage collector deletes.
 //
 // Who sets schedulable: the node agent sets "true" on every beat and "false" when it stops
 // cleanly; this reconciler only ever sets "false". A dead node therefore becomes schedulable again
@@ -41,7 +49,8 @@ import (
 )
 
 const (
-	// DefaultTimeout is how long a node may go without a heartbeat, as KubeVirt's default.
+	// DefaultTimeout is how long a node agent may go without a heartbeat, and a node without being
+	// Ready, before it counts as gone; KubeVirt's default.
 	DefaultTimeout = 5 * time.Minute
 
 	// ReasonNodeUnresponsive is the status.reason of an instance failed here, and its Event's reason.
@@ -73,9 +82,8 @@ func NodeSelector() labels.Selector {
 	return labels.NewSelector().Add(*req)
 }
 
-// SetupWithManager registers the reconciler. Nodes are watched as metadata only (labels and
-// annotations are all it reads); instances are watched to catch one placed on a node already
-// found dead.
+// SetupWithManager registers the reconciler. Nodes are watched whole (their Ready condition);
+// instances are watched to catch one placed on a node already found lost.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.VirtualMachineInstance{}, VMINodeIndex, func(o client.Object) []string {
 		if n := o.(*v1alpha1.VirtualMachineInstance).Status.NodeName; n != "" {
@@ -87,7 +95,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return fmt.Errorf("index instances by status.nodeName: %w", err)
 	}
 	return ctrl.NewControllerManagedBy(mgr).Named("nodehealth").
-		For(&corev1.Node{}, builder.OnlyMetadata, builder.WithPredicates(notHeartbeatOnly())).
+		For(&corev1.Node{}, builder.WithPredicates(notHeartbeatOnly())).
 		Watches(&v1alpha1.VirtualMachineInstance{}, handler.EnqueueRequestsFromMapFunc(vmiNode),
 			builder.WithPredicates(placedOnNode())).
 		Complete(r)
@@ -98,46 +106,60 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
-// Reconcile checks one node's heartbeat: a live node is requeued at its deadline, a dead one is
-// made unschedulable and its instances failed. A write that lost to a newer version is requeued
+// Reconcile checks one node: an agent without a recent heartbeat makes its node unschedulable, a
+// node lost (not Ready for the timeout) fails its instances, and a node that may yet
+// turn dead or lost is requeued at that deadline. A write that lost to a newer version is requeued
 // (patch.Result).
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	return patch.Result(r.reconcile(ctx, req))
 }
 
 func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	node := &metav1.PartialObjectMetadata{}
-	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	now := r.now()
+	node := &corev1.Node{}
 	if err := r.Client.Get(ctx, req.NamespacedName, node); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	now := r.now()
 	h := Check(node, r.timeout(), now)
-	switch {
-	case !h.Managed:
+	if !h.Managed {
 		return ctrl.Result{}, nil
-	case !h.Dead:
-		return ctrl.Result{RequeueAfter: h.Deadline.Sub(now)}, nil
 	}
-	log := ctrl.LoggerFrom(ctx)
 	var errs []error
-	if node.Labels[v1alpha1.NodeSchedulableLabel] != "false" {
+	if h.Dead && node.Labels[v1alpha1.NodeSchedulableLabel] != "false" {
 		if err := r.markUnschedulable(ctx, node); err != nil {
 			errs = append(errs, err)
 		} else {
-			log.Info("node agent unresponsive: node marked unschedulable", "why", h.Why)
+			ctrl.LoggerFrom(ctx).Info("node agent unresponsive: node marked unschedulable; its guests keep running", "why", h.Why)
 		}
 	}
-	if err := r.failInstances(ctx, req.Name, h.Why, now); err != nil {
-		errs = append(errs, err)
+	l := Lost(node, r.timeout(), now)
+	if l.Lost {
+		if err := r.failInstances(ctx, req.Name, l.Why, now); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	// No requeue: the agent's next beat (which sets schedulable=true) is a Node update.
-	return ctrl.Result{}, kerrors.NewAggregate(errs)
+	// The agent's next beat (which sets schedulable=true) and the kubelet's Ready are Node updates.
+	return ctrl.Result{RequeueAfter: nextCheck(now, h, l)}, kerrors.NewAggregate(errs)
+}
+
+// nextCheck is how long until the node may turn dead or lost without any update to it; 0 when
+// only an update can change what was found.
+func nextCheck(now time.Time, h Health, l Loss) time.Duration {
+	var next time.Time
+	for _, d := range []time.Time{h.Deadline, l.Deadline} {
+		if d.After(now) && (next.IsZero() || d.Before(next)) {
+			next = d
+		}
+	}
+	if next.IsZero() {
+		return 0
+	}
+	return next.Sub(now)
 }
 
 // markUnschedulable sets schedulable=false unless the node changed since it was read: a beat that
 // just arrived must not be overwritten.
-func (r *Reconciler) markUnschedulable(ctx context.Context, node *metav1.PartialObjectMetadata) error {
+func (r *Reconciler) markUnschedulable(ctx context.Context, node *corev1.Node) error {
 	base := node.DeepCopy()
 	node.Labels = maps.Clone(node.Labels)
 	node.Labels[v1alpha1.NodeSchedulableLabel] = "false"
@@ -176,7 +198,7 @@ func (r *Reconciler) failInstance(ctx context.Context, inst *v1alpha1.VirtualMac
 	t := metav1.NewTime(now)
 	vmi.SetPhase(&inst.Status, v1alpha1.Failed, t)
 	inst.Status.Reason = ReasonNodeUnresponsive
-	msg := fmt.Sprintf("Node %s is unresponsive: %s", nodeName, why)
+	msg := fmt.Sprintf("Node %s is lost: %s", nodeName, why)
 	if meta.FindStatusCondition(inst.Status.Conditions, v1alpha1.VirtualMachineInstanceReady) != nil {
 		// Nobody else will ever update it: the node agent that owns it is gone.
 		patch.SetCondition(&inst.Status.Conditions, inst, metav1.Condition{
@@ -194,7 +216,7 @@ func (r *Reconciler) failInstance(ctx context.Context, inst *v1alpha1.VirtualMac
 		return fmt.Errorf("fail instance: %w", err)
 	}
 	r.Recorder.Event(inst, corev1.EventTypeWarning, ReasonNodeUnresponsive, msg)
-	ctrl.LoggerFrom(ctx).Info("instance failed: node unresponsive", "vmi", client.ObjectKeyFromObject(inst), "node", nodeName)
+	ctrl.LoggerFrom(ctx).Info("instance failed: node lost", "vmi", client.ObjectKeyFromObject(inst), "node", nodeName)
 	return nil
 }
 
@@ -231,19 +253,59 @@ func Check(node metav1.Object, timeout time.Duration, now time.Time) Health {
 	return Health{Managed: true, Deadline: deadline}
 }
 
-// notHeartbeatOnly drops Node updates that only advanced the heartbeat: the deadline requeue reads
-// the newer beat when it comes due.
+// Loss is what a node's Ready condition says about the node itself.
+type Loss struct {
+	// Lost: Ready has not been True for the timeout; Why says since when.
+	Lost bool
+	Why  string
+	// Deadline is when a node that is not Ready now counts as lost.
+	Deadline time.Time
+}
+
+// Lost judges a node from its Ready condition at now. A node that never reported one (no kubelet
+// has run it) is not judged: nothing says its pods are gone. It is pure.
+func Lost(node *corev1.Node, timeout time.Duration, now time.Time) Loss {
+	var ready *corev1.NodeCondition
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == corev1.NodeReady {
+			ready = &node.Status.Conditions[i]
+		}
+	}
+	if ready == nil || ready.Status == corev1.ConditionTrue {
+		return Loss{}
+	}
+	since := ready.LastTransitionTime.Time
+	deadline := since.Add(timeout)
+	if now.Before(deadline) {
+		return Loss{Deadline: deadline}
+	}
+	return Loss{Lost: true, Deadline: deadline, Why: fmt.Sprintf("its Ready condition is %s (%s) since %s, more than %s ago",
+		ready.Status, ready.Reason, since.UTC().Format(time.RFC3339), timeout)}
+}
+
+// notHeartbeatOnly drops Node updates that only advanced a heartbeat (the agent's annotation or the
+// kubelet's condition times): the deadline requeue reads the newer beat when it comes due. Changes
+// of labels, of the annotation's presence and of the Ready status pass.
 func notHeartbeatOnly() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld, e.ObjectNew
-		if !maps.Equal(o.GetLabels(), n.GetLabels()) {
+		o, ok := e.ObjectOld.(*corev1.Node)
+		n, ok2 := e.ObjectNew.(*corev1.Node)
+		if !ok || !ok2 || !maps.Equal(o.Labels, n.Labels) || readyStatus(o) != readyStatus(n) {
 			return true
 		}
-		oa, na := o.GetAnnotations(), n.GetAnnotations()
-		_, had := oa[v1alpha1.NodeHeartbeatAnnotation]
-		_, has := na[v1alpha1.NodeHeartbeatAnnotation]
+		_, had := o.Annotations[v1alpha1.NodeHeartbeatAnnotation]
+		_, has := n.Annotations[v1alpha1.NodeHeartbeatAnnotation]
 		return had != has
 	}}
+}
+
+func readyStatus(n *corev1.Node) corev1.ConditionStatus {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return ""
 }
 
 // placedOnNode passes instances that are unfinished and on a node, when created or moved to one.
