@@ -30,9 +30,9 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers"
-	"github.com/qvirt/qvirt/controllers/node"
 	"github.com/qvirt/qvirt/handler"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/envtest"
@@ -444,8 +444,8 @@ func TestInstanceLifecycle(t *testing.T) {
 	if !strings.HasPrefix(v.Status.QEMUVersion, "7.") || v.Status.LauncherContainerImageVersion != "qvirt-launcher:test" {
 		t.Errorf("qemuVersion %q launcherContainerImageVersion %q", v.Status.QEMUVersion, v.Status.LauncherContainerImageVersion)
 	}
-	if !isTrue(v, node.ConditionSynchronized) {
-		t.Errorf("Synchronized condition: %+v", condition(v, node.ConditionSynchronized))
+	if !isTrue(v, vmisync.ConditionSynchronized) {
+		t.Errorf("Synchronized condition: %+v", condition(v, vmisync.ConditionSynchronized))
 	}
 	con.Expect(t, 0, "QVIRT-IP eth0 10.0.2.2", bootTimeout)
 
@@ -499,8 +499,8 @@ func TestInstanceLifecycle(t *testing.T) {
 		v := e.waitVMI("vm1", 30*time.Second, "Paused", func(v *v1alpha1.VirtualMachineInstance) bool {
 			return isTrue(v, v1alpha1.VirtualMachineInstancePaused)
 		})
-		if c := condition(v, v1alpha1.VirtualMachineInstancePaused); c.Reason != node.ReasonPausedByUser {
-			t.Errorf("Paused reason %q, want %q", c.Reason, node.ReasonPausedByUser)
+		if c := condition(v, v1alpha1.VirtualMachineInstancePaused); c.Reason != vmisync.ReasonPausedByUser {
+			t.Errorf("Paused reason %q, want %q", c.Reason, vmisync.ReasonPausedByUser)
 		}
 		if isTrue(v, v1alpha1.VirtualMachineInstanceReady) {
 			t.Error("a paused instance is Ready")
@@ -530,7 +530,7 @@ func TestInstanceLifecycle(t *testing.T) {
 		if dir := string(launcher.VMIDir(e.socketDir, v.UID)); fileExists(dir) {
 			t.Errorf("the launcher left its socket directory %s on the node", dir)
 		}
-		e.waitEvent("vm1", node.EventGuestEnded, "guest shutdown", 10*time.Second)
+		e.waitEvent("vm1", vmisync.EventGuestEnded, "guest shutdown", 10*time.Second)
 		testutil.Eventually(t, 30*time.Second, "VMI vm1 gone", func() bool {
 			var v v1alpha1.VirtualMachineInstance
 			err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: "vm1"}, &v)
@@ -620,7 +620,7 @@ func TestHandlerRestartKeepsGuests(t *testing.T) {
 		if v.Status.Reason != "GuestShutdown" || isTrue(v, v1alpha1.VirtualMachineInstanceReady) {
 			t.Errorf("reason %q, Ready %+v: want GuestShutdown and not Ready", v.Status.Reason, condition(v, v1alpha1.VirtualMachineInstanceReady))
 		}
-		e.waitEvent("vm-b", node.EventGuestEnded, "guest shutdown", 10*time.Second)
+		e.waitEvent("vm-b", vmisync.EventGuestEnded, "guest shutdown", 10*time.Second)
 	})
 }
 
@@ -650,33 +650,33 @@ func TestBadLaunchers(t *testing.T) {
 	synced := standInLauncher(t, e.kubelet.socketDir, e.get("stranger").UID, "99")
 
 	v := e.waitVMI("bad-image", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, node.ConditionSynchronized)
+		c := condition(v, vmisync.ConditionSynchronized)
 		return c != nil && c.Status == metav1.ConditionFalse
 	})
-	c := condition(v, node.ConditionSynchronized)
-	if c.Reason != node.ReasonSyncFailed || !strings.Contains(c.Message, "machine.kernel.image.ref") {
-		t.Errorf("Synchronized condition %+v: want reason %s naming the image field", c, node.ReasonSyncFailed)
+	c := condition(v, vmisync.ConditionSynchronized)
+	if c.Reason != vmisync.ReasonSyncFailed || !strings.Contains(c.Message, "machine.kernel.image.ref") {
+		t.Errorf("Synchronized condition %+v: want reason %s naming the image field", c, vmisync.ReasonSyncFailed)
 	}
-	e.waitEvent("bad-image", node.EventSyncFailed, "/nonexistent/qvirt-image", 10*time.Second)
+	e.waitEvent("bad-image", vmisync.EventSyncFailed, "/nonexistent/qvirt-image", 10*time.Second)
 
 	// The silent pod's container started just now: the agent waits launcherStartGrace (10 s)
 	// before it calls the launcher unreachable.
 	v = e.waitVMI("silent", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, node.ConditionSynchronized)
+		c := condition(v, vmisync.ConditionSynchronized)
 		return c != nil && c.Status == metav1.ConditionFalse
 	})
-	if c := condition(v, node.ConditionSynchronized); c.Reason != node.ReasonLauncherUnreachable || !strings.Contains(c.Message, "launcher.sock") {
-		t.Errorf("Synchronized condition %+v: want reason %s naming the socket", c, node.ReasonLauncherUnreachable)
+	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherUnreachable || !strings.Contains(c.Message, "launcher.sock") {
+		t.Errorf("Synchronized condition %+v: want reason %s naming the socket", c, vmisync.ReasonLauncherUnreachable)
 	}
-	e.waitEvent("silent", node.EventLauncherUnreachable, "launcher.sock", 10*time.Second)
+	e.waitEvent("silent", vmisync.EventLauncherUnreachable, "launcher.sock", 10*time.Second)
 
 	v = e.waitVMI("stranger", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, node.ConditionSynchronized)
+		c := condition(v, vmisync.ConditionSynchronized)
 		return c != nil && c.Status == metav1.ConditionFalse
 	})
-	if c := condition(v, node.ConditionSynchronized); c.Reason != node.ReasonProtocolMismatch ||
+	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonProtocolMismatch ||
 		!strings.Contains(c.Message, "protocol version(s) 99") || !strings.Contains(c.Message, "speaks "+machine.Protocol) {
-		t.Errorf("Synchronized condition %+v: want reason %s naming versions 99 and %s", c, node.ReasonProtocolMismatch, machine.Protocol)
+		t.Errorf("Synchronized condition %+v: want reason %s naming versions 99 and %s", c, vmisync.ReasonProtocolMismatch, machine.Protocol)
 	}
 	if n := synced.Load(); n != 0 {
 		t.Errorf("the node agent sent %d requests besides info and status to a launcher it cannot speak to", n)
@@ -689,7 +689,7 @@ func TestBadLaunchers(t *testing.T) {
 	}
 	v = e.waitVMI("good", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady) &&
-			isTrue(v, node.ConditionSynchronized)
+			isTrue(v, vmisync.ConditionSynchronized)
 	})
 
 	t.Run("a guest still running for a Failed instance is killed", func(t *testing.T) {
@@ -705,7 +705,7 @@ func TestBadLaunchers(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("the guest of the Failed instance still runs")
 		}
-		e.waitEvent("good", node.EventKilledLeftover, "Failed", 10*time.Second)
+		e.waitEvent("good", vmisync.EventKilledLeftover, "Failed", 10*time.Second)
 	})
 }
 
@@ -881,7 +881,7 @@ func TestDiskHotplug(t *testing.T) {
 		vs := volumeStatus(v, "scratch")
 		return vs != nil && vs.Phase == v1alpha1.VolumeReady && vs.Hotplugged && strings.HasPrefix(vs.Target, "hotplug")
 	})
-	e.waitEvent("hp", node.EventVolumeAttached, "scratch", 10*time.Second)
+	e.waitEvent("hp", vmisync.EventVolumeAttached, "scratch", 10*time.Second)
 	from := len(con.Text())
 	// device_add returns before the guest's PCIe hotplug driver has enumerated the disk.
 	con.Send(t, "for i in $(seq 20); do [ -e /sys/block/vda/serial ] && break; sleep 1; done; cat /sys/block/vda/serial; echo; echo DISKS-$((1+1))")
@@ -892,10 +892,10 @@ func TestDiskHotplug(t *testing.T) {
 		vs := volumeStatus(v, "missing")
 		return vs != nil && vs.Phase == v1alpha1.VolumeFailed
 	})
-	if vs := volumeStatus(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != node.ReasonHotplugFailed {
-		t.Errorf("volume status %+v: want reason %s naming the missing image", vs, node.ReasonHotplugFailed)
+	if vs := volumeStatus(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != vmisync.ReasonHotplugFailed {
+		t.Errorf("volume status %+v: want reason %s naming the missing image", vs, vmisync.ReasonHotplugFailed)
 	}
-	e.waitEvent("hp", node.EventHotplugFailed, "source.hostFile.path", 10*time.Second)
+	e.waitEvent("hp", vmisync.EventHotplugFailed, "source.hostFile.path", 10*time.Second)
 	if vs := volumeStatus(got, "scratch"); vs == nil || vs.Phase != v1alpha1.VolumeReady || got.Status.Phase != v1alpha1.Running ||
 		!isTrue(got, v1alpha1.VirtualMachineInstanceReady) {
 		t.Errorf("the failed hotplug disturbed the rest: phase %s, scratch %+v", got.Status.Phase, vs)
@@ -911,7 +911,7 @@ func TestDiskHotplug(t *testing.T) {
 	e.waitVMI("hp", time.Minute, "no volumes", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return len(v.Status.VolumeStatus) == 0
 	})
-	e.waitEvent("hp", node.EventVolumeDetached, "scratch", 10*time.Second)
+	e.waitEvent("hp", vmisync.EventVolumeDetached, "scratch", 10*time.Second)
 	from = len(con.Text())
 	con.Send(t, "ls /sys/block/; echo LISTED-$((2+3))")
 	end := con.Expect(t, from, "LISTED-5", 20*time.Second)
@@ -971,7 +971,7 @@ func TestNICHotplug(t *testing.T) {
 	if in := got.Status.Interfaces[0]; in.IP != p.net.PodIP.String() {
 		t.Errorf("interface %+v, want the pod's address %s", in, p.net.PodIP)
 	}
-	e.waitEvent("nic", node.EventInterfaceAttached, "default", 10*time.Second)
+	e.waitEvent("nic", vmisync.EventInterfaceAttached, "default", 10*time.Second)
 	// The guest runs udhcpc at boot only: start it on the new NIC, as a user would.
 	from := len(con.Text())
 	con.Send(t, "for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; udhcpc -f -q -n -i eth0 -s /etc/udhcpc.script -T 2 -t 15 >/dev/null 2>&1; echo DHCP-DONE-$?")
@@ -1003,7 +1003,7 @@ func TestNICHotplug(t *testing.T) {
 	e.waitVMI("nic", time.Minute, "no interfaces", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return len(v.Status.Interfaces) == 0
 	})
-	e.waitEvent("nic", node.EventInterfaceDetached, "default", 10*time.Second)
+	e.waitEvent("nic", vmisync.EventInterfaceDetached, "default", 10*time.Second)
 	// The pod's namespace holds only its own links again.
 	out, err := exec.Command("ip", "-n", p.net.Name, "-o", "link", "show").Output()
 	if err != nil {

@@ -1,4 +1,4 @@
-// Package node is the node agent's (qvirt-handler's) reconciler: for each instance on its node it
+// Package vmisync is the node agent's (qvirt-handler's) instance reconciler: for each instance on its node it
 // sets up the guest's network in the launcher pod, starts the VM through the launcher's command
 // socket, reflects the launcher's status in the instance's status and shuts the guest down when the
 // instance is deleted. It reacts to the launchers' pushed status streams, not by polling.
@@ -7,7 +7,7 @@
 // Scheduled and ends an instance whose pod failed or vanished; this reconciler owns Running,
 // Succeeded and Failed from the guest, the Ready, Paused and Synchronized conditions, interfaces,
 // volumeStatus and the QEMU and launcher versions.
-package node
+package vmisync
 
 import (
 	"context"
@@ -27,15 +27,15 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
+	crhandler "sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -88,8 +88,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// twice at once; the launcher table is locked).
 		WithOptions(controller.Options{MaxConcurrentReconciles: Workers}).
 		For(&v1alpha1.VirtualMachineInstance{}).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToVMI)).
-		WatchesRawSource(source.Channel(r.launchers.events, &handler.EnqueueRequestForObject{}))
+		Watches(&corev1.Pod{}, crhandler.EnqueueRequestsFromMapFunc(podToVMI)).
+		WatchesRawSource(source.Channel(r.launchers.events, &crhandler.EnqueueRequestForObject{}))
 	if r.TargetSource != nil {
 		b = b.WatchesRawSource(r.TargetSource)
 	}
@@ -243,7 +243,7 @@ func notListening(err error) bool {
 // startedRecently reports whether the pod's compute container started within launcherStartGrace.
 func (r *Reconciler) startedRecently(pod *corev1.Pod) bool {
 	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name == vmi.ComputeContainer && cs.State.Running != nil {
+		if cs.Name == podlayout.ComputeContainer && cs.State.Running != nil {
 			return r.now().Sub(cs.State.Running.StartedAt.Time) < launcherStartGrace
 		}
 	}
@@ -314,7 +314,7 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
 	}
-	m, err := translate.Machine(v, translate.Host{Emulation: vmi.LauncherEmulation(pod), NICs: nics, SkipNotRealised: incoming})
+	m, err := translate.Machine(v, translate.Host{Emulation: launcherEmulation(pod), NICs: nics, SkipNotRealised: incoming})
 	if err == nil && incoming {
 		err = placeHotplugged(v, m)
 	}
