@@ -29,6 +29,7 @@ import (
 	"github.com/qvirt/qvirt/handler/streams"
 	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
@@ -55,6 +56,9 @@ type Options struct {
 	// Streams configures the mTLS server of consoles, VNC, the QMP shell and pause/unpause for
 	// qvirt-api; off when Streams.Addr is "" or "0".
 	Streams StreamsOptions
+	// LauncherLimits bound the instance reconciler's calls to launchers in time and size; the
+	// production limits when zero (tests shorten them).
+	LauncherLimits launcher.ClientOptions
 	// DevicePlugin serves the kubelet device plugin for devices.qvirt.io/kvm and /tun: on real
 	// nodes only (local mode has no kubelet).
 	DevicePlugin bool
@@ -140,6 +144,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	r := &vmisync.Reconciler{
 		Client: mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, SocketDir: opts.SocketDir,
 		Targets:      targets,
+		Launcher:     opts.LauncherLimits,
 		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &crhandler.EnqueueRequestForObject{}),
 		MigrationBandwidth: func() int64 {
 			bw := store.Get().Migrations.BandwidthPerMigration

@@ -1,6 +1,7 @@
 package handler_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -87,11 +88,15 @@ type env struct {
 	ns  string
 	net *podnet.Network
 	*nodeAgent
+
+	// limits are the node agents' limits on launcher calls; the production ones when zero.
+	limits launcher.ClientOptions
 }
 
 // nodeAgent is a node: its socket directory, its qvirt-handler and its kubelet stand-in.
 type nodeAgent struct {
 	t         *testing.T
+	limits    launcher.ClientOptions
 	node      string
 	socketDir string
 	kubelet   *kubelet
@@ -105,8 +110,14 @@ type nodeAgent struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWithLimits(t, launcher.ClientOptions{})
+}
+
+// newEnvWithLimits is newEnv with node agents that bound launcher calls by limits.
+func newEnvWithLimits(t *testing.T, limits launcher.ClientOptions) *env {
+	t.Helper()
 	ctx := context.Background()
-	e := &env{t: t, c: cp.Client, ns: "h-" + rand.String(5), net: podnet.NewNetwork(t)}
+	e := &env{t: t, c: cp.Client, ns: "h-" + rand.String(5), net: podnet.NewNetwork(t), limits: limits}
 	for _, ns := range []string{e.ns, "qvirt-system"} {
 		if err := client.IgnoreAlreadyExists(e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})); err != nil {
 			t.Fatal(err)
@@ -130,7 +141,7 @@ func (e *env) addNode() *nodeAgent {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(socketDir) })
-	n := &nodeAgent{t: t, node: "node-" + rand.String(5), socketDir: socketDir}
+	n := &nodeAgent{t: t, limits: e.limits, node: "node-" + rand.String(5), socketDir: socketDir}
 	n.kubelet = &kubelet{t: t, c: e.c, node: n.node, socketDir: socketDir, net: e.net}
 	n.startHandler()
 	return n
@@ -170,7 +181,7 @@ func (n *nodeAgent) startHandler() {
 		t.Fatal(err)
 	}
 	n.registry = prometheus.NewRegistry()
-	opts2 := handler.Options{NodeName: n.node, SocketDir: n.socketDir, Namespace: "qvirt-system", Registry: n.registry}
+	opts2 := handler.Options{NodeName: n.node, SocketDir: n.socketDir, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits}
 	if err := handler.Setup(context.Background(), mgr, opts2); err != nil {
 		t.Fatal(err)
 	}
@@ -741,6 +752,115 @@ func standInLauncher(t *testing.T, socketDir string, uid types.UID, proto string
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return &others
+}
+
+// TestHungLaunchers: launchers that accept calls and never answer, more of them than the node
+// agent's workers, and one that answers with a reply that does not end, cost only their own
+// instances: each shows Synchronized=False saying so, while a good instance on the same node
+// starts and stops.
+func TestHungLaunchers(t *testing.T) {
+	limits := launcher.ClientOptions{CallTimeout: time.Second, MaxReplyBytes: 64 << 10}
+	if os.Getenv("QVIRT_TEST_UNBOUNDED_LAUNCHER_CALLS") != "" {
+		// What the node agent did before launcher calls were bounded: the test must fail.
+		limits = launcher.ClientOptions{CallTimeout: time.Hour, MaxReplyBytes: 1 << 40}
+	}
+	e := newEnvWithLimits(t, limits)
+	var hung []string
+	for i := range vmisync.Workers + 1 {
+		name := fmt.Sprintf("hung-%d", i)
+		v := e.guestVMI(name)
+		e.create(v)
+		hungLauncher(t, e.kubelet.socketDir, e.get(name).UID, nil)
+		e.kubelet.run(v, false)
+		hung = append(hung, name)
+	}
+	endless := e.guestVMI("endless")
+	e.create(endless)
+	hungLauncher(t, e.kubelet.socketDir, e.get("endless").UID, []byte(`{"phase":"`+strings.Repeat("x", 1<<20)))
+	e.kubelet.run(endless, false)
+
+	good := e.guestVMI("good")
+	e.create(good)
+	goodPod := e.kubelet.run(good, true)
+	good = e.waitVMI("good", bootTimeout, "Running and Ready while launchers hang", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+	})
+
+	for _, name := range hung {
+		v := e.waitVMI(name, 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+			c := condition(v, vmisync.ConditionSynchronized)
+			return c != nil && c.Status == metav1.ConditionFalse
+		})
+		if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherTimeout || !strings.Contains(c.Message, "did not answer") {
+			t.Errorf("%s: Synchronized condition %+v: want reason %s saying the launcher did not answer", name, c, vmisync.ReasonLauncherTimeout)
+		}
+	}
+	v := e.waitVMI("endless", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+		c := condition(v, vmisync.ConditionSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherReplyTooLarge || !strings.Contains(c.Message, "launcher.sock") {
+		t.Errorf("endless: Synchronized condition %+v: want reason %s naming the launcher's socket", c, vmisync.ReasonLauncherReplyTooLarge)
+	}
+
+	if err := e.c.Delete(context.Background(), good); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-goodPod.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the good instance's launcher did not stop while the others hang")
+	}
+	testutil.Eventually(t, 30*time.Second, "VMI good gone", func() bool {
+		var v v1alpha1.VirtualMachineInstance
+		err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: "good"}, &v)
+		return client.IgnoreNotFound(err) == nil && err != nil
+	})
+}
+
+// hungLauncher serves a launcher's socket for the VMI with uid that reads each request and answers
+// nothing, or, with a prefix, answers 200 with prefix and then nothing more, the body never ending.
+// The connections stay open until the test ends.
+func hungLauncher(t *testing.T, socketDir string, uid types.UID, prefix []byte) {
+	t.Helper()
+	dir := launcher.VMIDir(socketDir, uid)
+	if err := os.MkdirAll(string(dir), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", dir.Command())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		close(done)
+		_ = ln.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer conn.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+					return
+				}
+				if prefix != nil {
+					_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+					_, _ = conn.Write(prefix)
+				}
+				<-done
+			}()
+		}
+	}()
 }
 
 // TestLiveMigration moves a running guest from one node to another through a

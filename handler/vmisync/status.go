@@ -32,6 +32,10 @@ const (
 	ReasonNetworkSetupFailed  = "NetworkSetupFailed"
 	// ReasonProtocolMismatch: the launcher does not speak this node agent's protocol version.
 	ReasonProtocolMismatch = "LauncherProtocolMismatch"
+	// ReasonLauncherTimeout: the launcher accepted a call and did not answer it in time.
+	ReasonLauncherTimeout = "LauncherTimeout"
+	// ReasonLauncherReplyTooLarge: the launcher answered with more than the node agent reads.
+	ReasonLauncherReplyTooLarge = "LauncherReplyTooLarge"
 )
 
 // Reasons on a final instance: how the guest ended, from the launcher's exit reason.
