@@ -1,6 +1,6 @@
 // Package handler assembles qvirt-handler, the node agent (a DaemonSet on a real cluster): a
 // controller-runtime manager whose cache holds only its node's instances and launcher pods, the
-// node-side reconciler (controllers/node) and the node's other duties.
+// instance reconciler that drives the launchers (handler/vmisync) and the node's other duties.
 package handler
 
 import (
@@ -17,18 +17,19 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlhandler "sigs.k8s.io/controller-runtime/pkg/handler"
+	crhandler "sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/certs"
-	"github.com/qvirt/qvirt/controllers/node"
 	"github.com/qvirt/qvirt/handler/deviceplugin"
 	"github.com/qvirt/qvirt/handler/metrics"
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/handler/streams"
+	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
@@ -55,6 +56,9 @@ type Options struct {
 	// Streams configures the mTLS server of consoles, VNC, the QMP shell and pause/unpause for
 	// qvirt-api; off when Streams.Addr is "" or "0".
 	Streams StreamsOptions
+	// LauncherLimits bound the instance reconciler's calls to launchers in time and size; the
+	// production limits when zero (tests shorten them).
+	LauncherLimits launcher.ClientOptions
 	// DevicePlugin serves the kubelet device plugin for devices.qvirt.io/kvm and /tun: on real
 	// nodes only (local mode has no kubelet).
 	DevicePlugin bool
@@ -137,10 +141,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(targets); err != nil {
 		return err
 	}
-	r := &node.Reconciler{
+	r := &vmisync.Reconciler{
 		Client: mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, SocketDir: opts.SocketDir,
 		Targets:      targets,
-		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &ctrlhandler.EnqueueRequestForObject{}),
+		Launcher:     opts.LauncherLimits,
+		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &crhandler.EnqueueRequestForObject{}),
 		MigrationBandwidth: func() int64 {
 			bw := store.Get().Migrations.BandwidthPerMigration
 			return bw.Value()

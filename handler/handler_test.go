@@ -1,6 +1,7 @@
 package handler_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -30,9 +31,9 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers"
-	"github.com/qvirt/qvirt/controllers/node"
 	"github.com/qvirt/qvirt/handler"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/envtest"
@@ -87,11 +88,15 @@ type env struct {
 	ns  string
 	net *podnet.Network
 	*nodeAgent
+
+	// limits are the node agents' limits on launcher calls; the production ones when zero.
+	limits launcher.ClientOptions
 }
 
 // nodeAgent is a node: its socket directory, its qvirt-handler and its kubelet stand-in.
 type nodeAgent struct {
 	t         *testing.T
+	limits    launcher.ClientOptions
 	node      string
 	socketDir string
 	kubelet   *kubelet
@@ -105,8 +110,14 @@ type nodeAgent struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWithLimits(t, launcher.ClientOptions{})
+}
+
+// newEnvWithLimits is newEnv with node agents that bound launcher calls by limits.
+func newEnvWithLimits(t *testing.T, limits launcher.ClientOptions) *env {
+	t.Helper()
 	ctx := context.Background()
-	e := &env{t: t, c: cp.Client, ns: "h-" + rand.String(5), net: podnet.NewNetwork(t)}
+	e := &env{t: t, c: cp.Client, ns: "h-" + rand.String(5), net: podnet.NewNetwork(t), limits: limits}
 	for _, ns := range []string{e.ns, "qvirt-system"} {
 		if err := client.IgnoreAlreadyExists(e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})); err != nil {
 			t.Fatal(err)
@@ -130,7 +141,7 @@ func (e *env) addNode() *nodeAgent {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(socketDir) })
-	n := &nodeAgent{t: t, node: "node-" + rand.String(5), socketDir: socketDir}
+	n := &nodeAgent{t: t, limits: e.limits, node: "node-" + rand.String(5), socketDir: socketDir}
 	n.kubelet = &kubelet{t: t, c: e.c, node: n.node, socketDir: socketDir, net: e.net}
 	n.startHandler()
 	return n
@@ -170,7 +181,7 @@ func (n *nodeAgent) startHandler() {
 		t.Fatal(err)
 	}
 	n.registry = prometheus.NewRegistry()
-	opts2 := handler.Options{NodeName: n.node, SocketDir: n.socketDir, Namespace: "qvirt-system", Registry: n.registry}
+	opts2 := handler.Options{NodeName: n.node, SocketDir: n.socketDir, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits}
 	if err := handler.Setup(context.Background(), mgr, opts2); err != nil {
 		t.Fatal(err)
 	}
@@ -444,8 +455,8 @@ func TestInstanceLifecycle(t *testing.T) {
 	if !strings.HasPrefix(v.Status.QEMUVersion, "7.") || v.Status.LauncherContainerImageVersion != "qvirt-launcher:test" {
 		t.Errorf("qemuVersion %q launcherContainerImageVersion %q", v.Status.QEMUVersion, v.Status.LauncherContainerImageVersion)
 	}
-	if !isTrue(v, node.ConditionSynchronized) {
-		t.Errorf("Synchronized condition: %+v", condition(v, node.ConditionSynchronized))
+	if !isTrue(v, vmisync.ConditionSynchronized) {
+		t.Errorf("Synchronized condition: %+v", condition(v, vmisync.ConditionSynchronized))
 	}
 	con.Expect(t, 0, "QVIRT-IP eth0 10.0.2.2", bootTimeout)
 
@@ -499,8 +510,8 @@ func TestInstanceLifecycle(t *testing.T) {
 		v := e.waitVMI("vm1", 30*time.Second, "Paused", func(v *v1alpha1.VirtualMachineInstance) bool {
 			return isTrue(v, v1alpha1.VirtualMachineInstancePaused)
 		})
-		if c := condition(v, v1alpha1.VirtualMachineInstancePaused); c.Reason != node.ReasonPausedByUser {
-			t.Errorf("Paused reason %q, want %q", c.Reason, node.ReasonPausedByUser)
+		if c := condition(v, v1alpha1.VirtualMachineInstancePaused); c.Reason != vmisync.ReasonPausedByUser {
+			t.Errorf("Paused reason %q, want %q", c.Reason, vmisync.ReasonPausedByUser)
 		}
 		if isTrue(v, v1alpha1.VirtualMachineInstanceReady) {
 			t.Error("a paused instance is Ready")
@@ -530,7 +541,7 @@ func TestInstanceLifecycle(t *testing.T) {
 		if dir := string(launcher.VMIDir(e.socketDir, v.UID)); fileExists(dir) {
 			t.Errorf("the launcher left its socket directory %s on the node", dir)
 		}
-		e.waitEvent("vm1", node.EventGuestEnded, "guest shutdown", 10*time.Second)
+		e.waitEvent("vm1", vmisync.EventGuestEnded, "guest shutdown", 10*time.Second)
 		testutil.Eventually(t, 30*time.Second, "VMI vm1 gone", func() bool {
 			var v v1alpha1.VirtualMachineInstance
 			err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: "vm1"}, &v)
@@ -620,7 +631,7 @@ func TestHandlerRestartKeepsGuests(t *testing.T) {
 		if v.Status.Reason != "GuestShutdown" || isTrue(v, v1alpha1.VirtualMachineInstanceReady) {
 			t.Errorf("reason %q, Ready %+v: want GuestShutdown and not Ready", v.Status.Reason, condition(v, v1alpha1.VirtualMachineInstanceReady))
 		}
-		e.waitEvent("vm-b", node.EventGuestEnded, "guest shutdown", 10*time.Second)
+		e.waitEvent("vm-b", vmisync.EventGuestEnded, "guest shutdown", 10*time.Second)
 	})
 }
 
@@ -650,33 +661,33 @@ func TestBadLaunchers(t *testing.T) {
 	synced := standInLauncher(t, e.kubelet.socketDir, e.get("stranger").UID, "99")
 
 	v := e.waitVMI("bad-image", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, node.ConditionSynchronized)
+		c := condition(v, vmisync.ConditionSynchronized)
 		return c != nil && c.Status == metav1.ConditionFalse
 	})
-	c := condition(v, node.ConditionSynchronized)
-	if c.Reason != node.ReasonSyncFailed || !strings.Contains(c.Message, "machine.kernel.image.ref") {
-		t.Errorf("Synchronized condition %+v: want reason %s naming the image field", c, node.ReasonSyncFailed)
+	c := condition(v, vmisync.ConditionSynchronized)
+	if c.Reason != vmisync.ReasonSyncFailed || !strings.Contains(c.Message, "machine.kernel.image.ref") {
+		t.Errorf("Synchronized condition %+v: want reason %s naming the image field", c, vmisync.ReasonSyncFailed)
 	}
-	e.waitEvent("bad-image", node.EventSyncFailed, "/nonexistent/qvirt-image", 10*time.Second)
+	e.waitEvent("bad-image", vmisync.EventSyncFailed, "/nonexistent/qvirt-image", 10*time.Second)
 
 	// The silent pod's container started just now: the agent waits launcherStartGrace (10 s)
 	// before it calls the launcher unreachable.
 	v = e.waitVMI("silent", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, node.ConditionSynchronized)
+		c := condition(v, vmisync.ConditionSynchronized)
 		return c != nil && c.Status == metav1.ConditionFalse
 	})
-	if c := condition(v, node.ConditionSynchronized); c.Reason != node.ReasonLauncherUnreachable || !strings.Contains(c.Message, "launcher.sock") {
-		t.Errorf("Synchronized condition %+v: want reason %s naming the socket", c, node.ReasonLauncherUnreachable)
+	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherUnreachable || !strings.Contains(c.Message, "launcher.sock") {
+		t.Errorf("Synchronized condition %+v: want reason %s naming the socket", c, vmisync.ReasonLauncherUnreachable)
 	}
-	e.waitEvent("silent", node.EventLauncherUnreachable, "launcher.sock", 10*time.Second)
+	e.waitEvent("silent", vmisync.EventLauncherUnreachable, "launcher.sock", 10*time.Second)
 
 	v = e.waitVMI("stranger", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, node.ConditionSynchronized)
+		c := condition(v, vmisync.ConditionSynchronized)
 		return c != nil && c.Status == metav1.ConditionFalse
 	})
-	if c := condition(v, node.ConditionSynchronized); c.Reason != node.ReasonProtocolMismatch ||
+	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonProtocolMismatch ||
 		!strings.Contains(c.Message, "protocol version(s) 99") || !strings.Contains(c.Message, "speaks "+machine.Protocol) {
-		t.Errorf("Synchronized condition %+v: want reason %s naming versions 99 and %s", c, node.ReasonProtocolMismatch, machine.Protocol)
+		t.Errorf("Synchronized condition %+v: want reason %s naming versions 99 and %s", c, vmisync.ReasonProtocolMismatch, machine.Protocol)
 	}
 	if n := synced.Load(); n != 0 {
 		t.Errorf("the node agent sent %d requests besides info and status to a launcher it cannot speak to", n)
@@ -689,7 +700,7 @@ func TestBadLaunchers(t *testing.T) {
 	}
 	v = e.waitVMI("good", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady) &&
-			isTrue(v, node.ConditionSynchronized)
+			isTrue(v, vmisync.ConditionSynchronized)
 	})
 
 	t.Run("a guest still running for a Failed instance is killed", func(t *testing.T) {
@@ -705,7 +716,7 @@ func TestBadLaunchers(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("the guest of the Failed instance still runs")
 		}
-		e.waitEvent("good", node.EventKilledLeftover, "Failed", 10*time.Second)
+		e.waitEvent("good", vmisync.EventKilledLeftover, "Failed", 10*time.Second)
 	})
 }
 
@@ -741,6 +752,115 @@ func standInLauncher(t *testing.T, socketDir string, uid types.UID, proto string
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return &others
+}
+
+// TestHungLaunchers: launchers that accept calls and never answer, more of them than the node
+// agent's workers, and one that answers with a reply that does not end, cost only their own
+// instances: each shows Synchronized=False saying so, while a good instance on the same node
+// starts and stops.
+func TestHungLaunchers(t *testing.T) {
+	limits := launcher.ClientOptions{CallTimeout: time.Second, MaxReplyBytes: 64 << 10}
+	if os.Getenv("QVIRT_TEST_UNBOUNDED_LAUNCHER_CALLS") != "" {
+		// What the node agent did before launcher calls were bounded: the test must fail.
+		limits = launcher.ClientOptions{CallTimeout: time.Hour, MaxReplyBytes: 1 << 40}
+	}
+	e := newEnvWithLimits(t, limits)
+	var hung []string
+	for i := range vmisync.Workers + 1 {
+		name := fmt.Sprintf("hung-%d", i)
+		v := e.guestVMI(name)
+		e.create(v)
+		hungLauncher(t, e.kubelet.socketDir, e.get(name).UID, nil)
+		e.kubelet.run(v, false)
+		hung = append(hung, name)
+	}
+	endless := e.guestVMI("endless")
+	e.create(endless)
+	hungLauncher(t, e.kubelet.socketDir, e.get("endless").UID, []byte(`{"phase":"`+strings.Repeat("x", 1<<20)))
+	e.kubelet.run(endless, false)
+
+	good := e.guestVMI("good")
+	e.create(good)
+	goodPod := e.kubelet.run(good, true)
+	good = e.waitVMI("good", bootTimeout, "Running and Ready while launchers hang", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
+	})
+
+	for _, name := range hung {
+		v := e.waitVMI(name, 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+			c := condition(v, vmisync.ConditionSynchronized)
+			return c != nil && c.Status == metav1.ConditionFalse
+		})
+		if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherTimeout || !strings.Contains(c.Message, "did not answer") {
+			t.Errorf("%s: Synchronized condition %+v: want reason %s saying the launcher did not answer", name, c, vmisync.ReasonLauncherTimeout)
+		}
+	}
+	v := e.waitVMI("endless", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+		c := condition(v, vmisync.ConditionSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherReplyTooLarge || !strings.Contains(c.Message, "launcher.sock") {
+		t.Errorf("endless: Synchronized condition %+v: want reason %s naming the launcher's socket", c, vmisync.ReasonLauncherReplyTooLarge)
+	}
+
+	if err := e.c.Delete(context.Background(), good); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-goodPod.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the good instance's launcher did not stop while the others hang")
+	}
+	testutil.Eventually(t, 30*time.Second, "VMI good gone", func() bool {
+		var v v1alpha1.VirtualMachineInstance
+		err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: "good"}, &v)
+		return client.IgnoreNotFound(err) == nil && err != nil
+	})
+}
+
+// hungLauncher serves a launcher's socket for the VMI with uid that reads each request and answers
+// nothing, or, with a prefix, answers 200 with prefix and then nothing more, the body never ending.
+// The connections stay open until the test ends.
+func hungLauncher(t *testing.T, socketDir string, uid types.UID, prefix []byte) {
+	t.Helper()
+	dir := launcher.VMIDir(socketDir, uid)
+	if err := os.MkdirAll(string(dir), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", dir.Command())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		close(done)
+		_ = ln.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer conn.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+					return
+				}
+				if prefix != nil {
+					_, _ = fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+					_, _ = conn.Write(prefix)
+				}
+				<-done
+			}()
+		}
+	}()
 }
 
 // TestLiveMigration moves a running guest from one node to another through a
@@ -881,7 +1001,7 @@ func TestDiskHotplug(t *testing.T) {
 		vs := volumeStatus(v, "scratch")
 		return vs != nil && vs.Phase == v1alpha1.VolumeReady && vs.Hotplugged && strings.HasPrefix(vs.Target, "hotplug")
 	})
-	e.waitEvent("hp", node.EventVolumeAttached, "scratch", 10*time.Second)
+	e.waitEvent("hp", vmisync.EventVolumeAttached, "scratch", 10*time.Second)
 	from := len(con.Text())
 	// device_add returns before the guest's PCIe hotplug driver has enumerated the disk.
 	con.Send(t, "for i in $(seq 20); do [ -e /sys/block/vda/serial ] && break; sleep 1; done; cat /sys/block/vda/serial; echo; echo DISKS-$((1+1))")
@@ -892,10 +1012,10 @@ func TestDiskHotplug(t *testing.T) {
 		vs := volumeStatus(v, "missing")
 		return vs != nil && vs.Phase == v1alpha1.VolumeFailed
 	})
-	if vs := volumeStatus(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != node.ReasonHotplugFailed {
-		t.Errorf("volume status %+v: want reason %s naming the missing image", vs, node.ReasonHotplugFailed)
+	if vs := volumeStatus(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != vmisync.ReasonHotplugFailed {
+		t.Errorf("volume status %+v: want reason %s naming the missing image", vs, vmisync.ReasonHotplugFailed)
 	}
-	e.waitEvent("hp", node.EventHotplugFailed, "source.hostFile.path", 10*time.Second)
+	e.waitEvent("hp", vmisync.EventHotplugFailed, "source.hostFile.path", 10*time.Second)
 	if vs := volumeStatus(got, "scratch"); vs == nil || vs.Phase != v1alpha1.VolumeReady || got.Status.Phase != v1alpha1.Running ||
 		!isTrue(got, v1alpha1.VirtualMachineInstanceReady) {
 		t.Errorf("the failed hotplug disturbed the rest: phase %s, scratch %+v", got.Status.Phase, vs)
@@ -911,7 +1031,7 @@ func TestDiskHotplug(t *testing.T) {
 	e.waitVMI("hp", time.Minute, "no volumes", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return len(v.Status.VolumeStatus) == 0
 	})
-	e.waitEvent("hp", node.EventVolumeDetached, "scratch", 10*time.Second)
+	e.waitEvent("hp", vmisync.EventVolumeDetached, "scratch", 10*time.Second)
 	from = len(con.Text())
 	con.Send(t, "ls /sys/block/; echo LISTED-$((2+3))")
 	end := con.Expect(t, from, "LISTED-5", 20*time.Second)
@@ -971,7 +1091,7 @@ func TestNICHotplug(t *testing.T) {
 	if in := got.Status.Interfaces[0]; in.IP != p.net.PodIP.String() {
 		t.Errorf("interface %+v, want the pod's address %s", in, p.net.PodIP)
 	}
-	e.waitEvent("nic", node.EventInterfaceAttached, "default", 10*time.Second)
+	e.waitEvent("nic", vmisync.EventInterfaceAttached, "default", 10*time.Second)
 	// The guest runs udhcpc at boot only: start it on the new NIC, as a user would.
 	from := len(con.Text())
 	con.Send(t, "for i in $(seq 30); do [ -e /sys/class/net/eth0 ] && break; sleep 1; done; ip link set eth0 up; udhcpc -f -q -n -i eth0 -s /etc/udhcpc.script -T 2 -t 15 >/dev/null 2>&1; echo DHCP-DONE-$?")
@@ -1003,7 +1123,7 @@ func TestNICHotplug(t *testing.T) {
 	e.waitVMI("nic", time.Minute, "no interfaces", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return len(v.Status.Interfaces) == 0
 	})
-	e.waitEvent("nic", node.EventInterfaceDetached, "default", 10*time.Second)
+	e.waitEvent("nic", vmisync.EventInterfaceDetached, "default", 10*time.Second)
 	// The pod's namespace holds only its own links again.
 	out, err := exec.Command("ip", "-n", p.net.Name, "-o", "link", "show").Output()
 	if err != nil {

@@ -11,14 +11,69 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
+	"time"
 
 	"github.com/qvirt/qvirt/machine"
 )
 
 // Client speaks the command protocol to one launcher over its unix socket. It is what the node
 // agent uses; safe for concurrent use.
+//
+// A launcher is untrusted (a tenant can exec into its pod and answer in its place), so every call
+// is bounded in time and every reply in size: a launcher that accepts and never answers, or answers
+// without end, costs its caller one timeout, not a stuck worker or the node agent's memory.
 type Client struct {
-	http *http.Client
+	http   *http.Client
+	socket string
+	opts   ClientOptions
+}
+
+// Production limits of a Client (see ClientOptions).
+const (
+	// DefaultCallTimeout bounds a command: the launcher answers from its own state or one QMP
+	// round trip.
+	DefaultCallTimeout = 10 * time.Second
+	// DefaultSyncTimeout bounds Sync, which answers once QEMU started: the launcher gives
+	// start-up a minute (image resolution included), plus a margin.
+	DefaultSyncTimeout = 75 * time.Second
+	// DefaultMaxReplyBytes bounds a reply, and each status of a watch: a status is a few KiB.
+	DefaultMaxReplyBytes = 1 << 20
+	// WatchHeartbeat is how often a launcher repeats its status on a watch that saw no change, so
+	// a silent stream means a stuck launcher.
+	WatchHeartbeat = 15 * time.Second
+	// DefaultWatchIdleTimeout ends a watch that sent nothing (not even a heartbeat) for this long.
+	DefaultWatchIdleTimeout = 3 * WatchHeartbeat
+
+	maxResponseHeaderBytes = 64 << 10
+)
+
+// ClientOptions are a Client's limits; a zero field takes its production default.
+type ClientOptions struct {
+	// CallTimeout bounds each call but Sync, Shutdown, Screenshot and Watch (DefaultCallTimeout).
+	CallTimeout time.Duration
+	// SyncTimeout bounds Sync (DefaultSyncTimeout).
+	SyncTimeout time.Duration
+	// MaxReplyBytes bounds a reply's body and each line of a watch (DefaultMaxReplyBytes).
+	MaxReplyBytes int64
+	// WatchIdleTimeout ends a watch silent for this long (DefaultWatchIdleTimeout).
+	WatchIdleTimeout time.Duration
+}
+
+func (o ClientOptions) withDefaults() ClientOptions {
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = DefaultCallTimeout
+	}
+	if o.SyncTimeout <= 0 {
+		o.SyncTimeout = DefaultSyncTimeout
+	}
+	if o.MaxReplyBytes <= 0 {
+		o.MaxReplyBytes = DefaultMaxReplyBytes
+	}
+	if o.WatchIdleTimeout <= 0 {
+		o.WatchIdleTimeout = DefaultWatchIdleTimeout
+	}
+	return o
 }
 
 // APIError is a launcher's refusal: Status is the HTTP status, Field the request field at fault.
@@ -30,22 +85,57 @@ type APIError struct {
 
 func (e *APIError) Error() string { return fmt.Sprintf("launcher: %d: %s", e.Status, e.Msg) }
 
-// NewClient returns a client for the launcher listening on socket.
+// TimeoutError is a launcher that did not answer a call (or, on a watch, sent nothing) in time.
+type TimeoutError struct {
+	Socket string
+	Call   string
+	After  time.Duration
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("the launcher at %s did not answer %s within %s", e.Socket, e.Call, e.After)
+}
+
+// ReplyTooLargeError is a launcher reply larger than the client accepts.
+type ReplyTooLargeError struct {
+	Socket string
+	Call   string
+	Limit  int64
+}
+
+func (e *ReplyTooLargeError) Error() string {
+	return fmt.Sprintf("the launcher at %s answered %s with more than %d bytes", e.Socket, e.Call, e.Limit)
+}
+
+// NewClient returns a client with the production limits for the launcher listening on socket.
 func NewClient(socket string) *Client {
+	return NewClientWithOptions(socket, ClientOptions{})
+}
+
+// NewClientWithOptions returns a client with opts' limits for the launcher listening on socket.
+func NewClientWithOptions(socket string, opts ClientOptions) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
 		},
-		DisableCompression: true,
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 	}
-	return &Client{http: &http.Client{Transport: tr}}
+	return &Client{http: &http.Client{Transport: tr}, socket: socket, opts: opts.withDefaults()}
 }
 
 // Close releases idle connections.
 func (c *Client) Close() { c.http.CloseIdleConnections() }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	return c.doWithin(ctx, c.opts.CallTimeout, method, path, body, out)
+}
+
+// doWithin makes one call, bounded by timeout (none when 0: the caller's ctx bounds it) and
+// opts.MaxReplyBytes.
+func (c *Client) doWithin(ctx context.Context, timeout time.Duration, method, path string, body, out any) error {
+	call := method + " " + path
 	var rd io.Reader
 	if body != nil {
 		data, err := json.Marshal(body)
@@ -54,32 +144,62 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		}
 		rd = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://launcher"+path, rd)
+	callCtx, cancel := ctx, context.CancelFunc(func() {})
+	if timeout > 0 {
+		callCtx, cancel = context.WithTimeout(ctx, timeout)
+	}
+	defer cancel()
+	err := c.roundTrip(callCtx, call, path, method, rd, out)
+	if err != nil && timeout > 0 && ctx.Err() == nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) {
+		return &TimeoutError{Socket: c.socket, Call: call, After: timeout}
+	}
+	return err
+}
+
+func (c *Client) roundTrip(ctx context.Context, call, path, method string, body io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://launcher"+path, body)
 	if err != nil {
 		return err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("launcher %s %s: %w", method, path, err)
+		return fmt.Errorf("launcher %s: %w", call, err)
 	}
 	defer resp.Body.Close()
+	data, err := c.readReply(resp.Body, call)
+	if err != nil {
+		return err
+	}
 	if resp.StatusCode >= 300 {
-		return apiError(resp)
+		return apiError(resp.StatusCode, data)
 	}
 	if out == nil {
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("launcher %s %s: decode reply: %w", method, path, err)
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("launcher %s: decode reply: %w", call, err)
 	}
 	return nil
 }
 
+// readReply reads a whole reply body, refusing one over opts.MaxReplyBytes.
+func (c *Client) readReply(body io.Reader, call string) ([]byte, error) {
+	limit := c.opts.MaxReplyBytes
+	data, err := io.ReadAll(io.LimitReader(body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("launcher %s: read reply: %w", call, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, &ReplyTooLargeError{Socket: c.socket, Call: call, Limit: limit}
+	}
+	return data, nil
+}
+
 // apiError reads a refusal's ErrorResponse.
-func apiError(resp *http.Response) error {
+func apiError(status int, body []byte) error {
 	var er ErrorResponse
-	_ = json.NewDecoder(resp.Body).Decode(&er)
-	return &APIError{Status: resp.StatusCode, Field: er.Field, Msg: er.Error}
+	_ = json.Unmarshal(body, &er)
+	return &APIError{Status: status, Field: er.Field, Msg: er.Error}
 }
 
 // Info asks which protocol versions the launcher speaks. A launcher from before the handshake
@@ -94,10 +214,10 @@ func (c *Client) Info(ctx context.Context) (machine.Info, error) {
 	return out, err
 }
 
-// Sync starts the VM.
+// Sync starts the VM; it answers once QEMU started (within opts.SyncTimeout).
 func (c *Client) Sync(ctx context.Context, req *SyncRequest) (Status, error) {
 	var st Status
-	return st, c.do(ctx, http.MethodPost, "/v1/sync", req, &st)
+	return st, c.doWithin(ctx, c.opts.SyncTimeout, http.MethodPost, "/v1/sync", req, &st)
 }
 
 // Status returns the launcher's status.
@@ -107,33 +227,85 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 }
 
 // Watch calls fn with the status now and after every change until ctx ends, fn returns false or
-// the launcher goes away.
+// the launcher goes away. A stream silent for opts.WatchIdleTimeout (the launcher repeats its
+// status every WatchHeartbeat) ends with a *TimeoutError, a status over opts.MaxReplyBytes with a
+// *ReplyTooLargeError; a repeated status is not passed to fn again.
 func (c *Client) Watch(ctx context.Context, fn func(Status) bool) error {
+	const call = "GET /v1/status?watch=true"
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	idle := newIdleTimer(c.opts.WatchIdleTimeout, cancel)
+	defer idle.stop()
+	err := c.watch(ctx, call, idle, fn)
+	if idle.fired() {
+		return &TimeoutError{Socket: c.socket, Call: call, After: c.opts.WatchIdleTimeout}
+	}
+	return err
+}
+
+func (c *Client) watch(ctx context.Context, call string, idle *idleTimer, fn func(Status) bool) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://launcher/v1/status?"+url.Values{"watch": {"true"}}.Encode(), nil)
 	if err != nil {
 		return err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("launcher watch: %w", err)
+		return fmt.Errorf("launcher %s: %w", call, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		data, err := c.readReply(resp.Body, call)
+		if err != nil {
+			return err
+		}
+		return apiError(resp.StatusCode, data)
+	}
 	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	// The scanner's limit is the larger of its buffer's capacity and max.
+	sc.Buffer(make([]byte, 0, min(64<<10, c.opts.MaxReplyBytes)), int(c.opts.MaxReplyBytes))
+	var last []byte
 	for sc.Scan() {
+		idle.reset()
+		if bytes.Equal(sc.Bytes(), last) {
+			continue // a heartbeat
+		}
+		last = append(last[:0], sc.Bytes()...)
 		var st Status
 		if err := json.Unmarshal(sc.Bytes(), &st); err != nil {
-			return fmt.Errorf("launcher watch: %w", err)
+			return fmt.Errorf("launcher %s: %w", call, err)
 		}
 		if !fn(st) {
 			return nil
 		}
 	}
+	if errors.Is(sc.Err(), bufio.ErrTooLong) {
+		return &ReplyTooLargeError{Socket: c.socket, Call: call, Limit: c.opts.MaxReplyBytes}
+	}
 	if err := sc.Err(); err != nil && ctx.Err() == nil {
-		return fmt.Errorf("launcher watch: %w", err)
+		return fmt.Errorf("launcher %s: %w", call, err)
 	}
 	return ctx.Err()
 }
+
+// idleTimer calls cancel once it was not reset for d.
+type idleTimer struct {
+	d       time.Duration
+	t       *time.Timer
+	expired atomic.Bool
+}
+
+func newIdleTimer(d time.Duration, cancel context.CancelFunc) *idleTimer {
+	it := &idleTimer{d: d}
+	it.t = time.AfterFunc(d, func() {
+		it.expired.Store(true)
+		cancel()
+	})
+	return it
+}
+
+func (it *idleTimer) reset()      { it.t.Reset(it.d) }
+func (it *idleTimer) stop()       { it.t.Stop() }
+func (it *idleTimer) fired() bool { return it.expired.Load() }
 
 // Pause stops the guest's vCPUs.
 func (c *Client) Pause(ctx context.Context) error {
@@ -156,7 +328,8 @@ func (c *Client) SoftReboot(ctx context.Context) error {
 	return c.do(ctx, http.MethodPost, "/v1/softreboot", nil, nil)
 }
 
-// Screenshot returns the guest's display as a PNG stream, which the caller must close. A VM
+// Screenshot returns the guest's display as a PNG stream, which the caller must close and bound
+// (in time and size): a display's PNG can be larger than any other reply. A VM
 // without a graphics device is a 400 *APIError with Field machine.graphics.
 func (c *Client) Screenshot(ctx context.Context) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://launcher/v1/screenshot", nil)
@@ -169,7 +342,11 @@ func (c *Client) Screenshot(ctx context.Context) (io.ReadCloser, error) {
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
-		return nil, apiError(resp)
+		data, err := c.readReply(resp.Body, "GET /v1/screenshot")
+		if err != nil {
+			return nil, err
+		}
+		return nil, apiError(resp.StatusCode, data)
 	}
 	return resp.Body, nil
 }
@@ -179,10 +356,11 @@ func (c *Client) Kill(ctx context.Context) error {
 	return c.do(ctx, http.MethodPost, "/v1/kill", nil, nil)
 }
 
-// Shutdown stops the guest gracefully and returns how QEMU ended.
+// Shutdown stops the guest gracefully and returns how QEMU ended. It lasts as long as the guest
+// takes, up to the grace period: ctx bounds it, not opts.CallTimeout.
 func (c *Client) Shutdown(ctx context.Context, gracePeriodSeconds *int64) (Exit, error) {
 	var exit Exit
-	return exit, c.do(ctx, http.MethodPost, "/v1/shutdown", ShutdownRequest{GracePeriodSeconds: gracePeriodSeconds}, &exit)
+	return exit, c.doWithin(ctx, 0, http.MethodPost, "/v1/shutdown", ShutdownRequest{GracePeriodSeconds: gracePeriodSeconds}, &exit)
 }
 
 // HotplugDisk attaches a disk, its image resolved by the launcher as at start; the reply is the

@@ -113,7 +113,8 @@ func (s *server) sync(w http.ResponseWriter, r *http.Request) {
 }
 
 // status replies with the current Status, or with ?watch=true streams one JSON Status per line
-// each time it changes until the client goes away.
+// each time it changes, and again every WatchHeartbeat without a change (the node agent takes a
+// silent stream for a stuck launcher), until the client goes away.
 func (s *server) status(w http.ResponseWriter, r *http.Request) {
 	st, changed := s.l.Status(r.Context())
 	if r.URL.Query().Get("watch") != "true" {
@@ -123,6 +124,8 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
+	heartbeat := time.NewTicker(WatchHeartbeat)
+	defer heartbeat.Stop()
 	for {
 		if err := enc.Encode(st); err != nil {
 			return
@@ -132,6 +135,7 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 		}
 		select {
 		case <-changed:
+		case <-heartbeat.C:
 		case <-r.Context().Done():
 			return
 		}

@@ -218,3 +218,15 @@ type VolumeStatus struct {
 	// +optional
 	Size *resource.Quantity `json:"size,omitempty"`
 }
+
+// SetPhase moves the instance to phase, recording when. Every writer of the phase uses it (the
+// cluster controllers and the node agent), so the transitions read the same whoever wrote them. An
+// empty phase or the current one changes nothing.
+func (st *VirtualMachineInstanceStatus) SetPhase(phase VirtualMachineInstancePhase, now metav1.Time) {
+	if st.Phase == phase || phase == "" {
+		return
+	}
+	st.Phase = phase
+	st.PhaseTransitionTimestamps = append(st.PhaseTransitionTimestamps,
+		VirtualMachineInstancePhaseTransitionTimestamp{Phase: phase, PhaseTransitionTimestamp: now})
+}

@@ -44,7 +44,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/internal/patch"
 )
 
@@ -196,7 +195,7 @@ func (r *Reconciler) failInstance(ctx context.Context, inst *v1alpha1.VirtualMac
 	}
 	status := patch.NewStatus(r.Client, inst)
 	t := metav1.NewTime(now)
-	vmi.SetPhase(&inst.Status, v1alpha1.Failed, t)
+	inst.Status.SetPhase(v1alpha1.Failed, t)
 	inst.Status.Reason = ReasonNodeUnresponsive
 	msg := fmt.Sprintf("Node %s is lost: %s", nodeName, why)
 	if meta.FindStatusCondition(inst.Status.Conditions, v1alpha1.VirtualMachineInstanceReady) != nil {

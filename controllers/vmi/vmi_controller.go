@@ -161,7 +161,7 @@ func (r *Reconciler) createPod(ctx context.Context, vmi *v1alpha1.VirtualMachine
 	}
 	r.Recorder.Eventf(vmi, corev1.EventTypeNormal, EventSuccessfulCreate, "Created launcher pod %s", pod.Name)
 	ctrl.LoggerFrom(ctx).Info("created launcher pod", "pod", pod.Name)
-	SetPhase(&vmi.Status, v1alpha1.Scheduling, r.now())
+	vmi.Status.SetPhase(v1alpha1.Scheduling, r.now())
 	return nil
 }
 

@@ -3,7 +3,6 @@ package vmi
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,10 +19,6 @@ import (
 // The launcher pod's layout (container, paths, user, flags) is podlayout's, shared with the node
 // agent and the launcher.
 const (
-	// ComputeContainer names podlayout.ComputeContainer for controllers/node, which reads it here
-	// until the node agent's reconciler moves into handler/ and imports podlayout itself.
-	ComputeContainer = podlayout.ComputeContainer
-
 	// GracePeriodMarginSeconds is added to the guest's grace period on the pod so the launcher has
 	// time to quit QEMU and clean up after the ACPI shutdown window ends, before the kubelet kills it.
 	GracePeriodMarginSeconds int64 = 15
@@ -32,19 +27,6 @@ const (
 	privateVolume = "private"
 	imagesVolume  = "images"
 )
-
-// LauncherEmulation says whether the launcher pod runs its guest under emulation (TCG): the
-// --emulation flag RenderLauncherPod gave its compute container, from the configuration at the
-// time. The node agent translates the instance for the accelerator the pod was made for.
-func LauncherEmulation(pod *corev1.Pod) bool {
-	for _, c := range pod.Spec.Containers {
-		if c.Name == ComputeContainer {
-			flag := "--" + podlayout.FlagEmulation
-			return slices.Contains(c.Command, flag) || slices.Contains(c.Args, flag)
-		}
-	}
-	return false
-}
 
 // RenderLauncherPod renders the launcher pod of an instance: everything but the owner reference,
 // which the caller sets (controllerutil.SetControllerReference) because it needs a scheme. It is pure

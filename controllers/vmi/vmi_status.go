@@ -133,7 +133,7 @@ func podFailureDetail(pod *corev1.Pod) string {
 // applyOutcome writes an outcome into the status, appending a phase transition timestamp when the
 // phase changes.
 func applyOutcome(st *v1alpha1.VirtualMachineInstanceStatus, o outcome, now metav1.Time) {
-	SetPhase(st, o.Phase, now)
+	st.SetPhase(o.Phase, now)
 	if o.Reason != "" {
 		st.Reason = o.Reason
 	}
@@ -144,16 +144,6 @@ func applyOutcome(st *v1alpha1.VirtualMachineInstanceStatus, o outcome, now meta
 		}
 		st.ActivePods[o.PodUID] = o.Node
 	}
-}
-
-// SetPhase moves the instance to phase, recording when.
-func SetPhase(st *v1alpha1.VirtualMachineInstanceStatus, phase v1alpha1.VirtualMachineInstancePhase, now metav1.Time) {
-	if st.Phase == phase || phase == "" {
-		return
-	}
-	st.Phase = phase
-	st.PhaseTransitionTimestamps = append(st.PhaseTransitionTimestamps,
-		v1alpha1.VirtualMachineInstancePhaseTransitionTimestamp{Phase: phase, PhaseTransitionTimestamp: now})
 }
 
 // setLiveMigratable sets the LiveMigratable condition from the spec.

@@ -41,3 +41,12 @@ func TestQvirtctlLinksNoReconcilerNorLocalCluster(t *testing.T) {
 	forbid(t, "github.com/qvirt/qvirt/cmd/qvirtctl", "github.com/qvirt/qvirt/controllers", "github.com/qvirt/qvirt/local/",
 		"github.com/virtual-kubelet/")
 }
+
+// The node agent is all in handler/: it links no cluster reconciler, so the two binaries' code
+// (and their RBAC) cannot grow into each other. What both need is in api/, internal/ or
+// launcher/podlayout.
+func TestHandlerLinksNoClusterReconciler(t *testing.T) {
+	for _, pkg := range []string{"github.com/qvirt/qvirt/handler/...", "github.com/qvirt/qvirt/cmd/qvirt-handler"} {
+		forbid(t, pkg, "github.com/qvirt/qvirt/controllers")
+	}
+}

@@ -1,4 +1,4 @@
-package node
+package vmisync
 
 import (
 	"context"
@@ -51,7 +51,9 @@ func openMigration(v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineI
 }
 
 // reconcileTarget prepares this node's target launcher for an incoming migration: network, an
-// incoming QEMU with the source's device set, a listener on MigrationPort, then targetReady.
+// incoming QEMU with the source's device set, a listener on MigrationPort, then targetReady. A
+// target that cannot be prepared fails the migration, recorded in migrationState: the guest
+// stays on the source, and the migration's owner sees why instead of a migration pending forever.
 func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMachineInstance) error {
 	ms := openMigration(v)
 	if ms == nil || ms.TargetNode != r.NodeName || ms.TargetReady {
@@ -61,41 +63,58 @@ func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMac
 	if err != nil || pod == nil || pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" {
 		return err
 	}
-	dir := launcher.VMIDir(r.SocketDir, v.UID)
-	c := launcher.NewClient(dir.Command())
-	defer c.Close()
 	before := v.DeepCopy()
-	st, err := c.Status(ctx)
+	listen, err := r.prepareTarget(ctx, v, pod)
+	if errors.Is(err, errLauncherStarting) || (err != nil && ctx.Err() != nil) {
+		return err
+	}
 	if err != nil {
-		if notListening(err) && r.startedRecently(pod) {
-			return errLauncherStarting
-		}
-		return r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("target launcher of pod %s: %w", pod.Name, err))
-	}
-	if st.Phase == launcher.PhaseWaiting {
-		if _, err := r.startLauncher(ctx, v, pod, c, true); err != nil {
-			var fe *field.Error
-			if !errors.As(err, &fe) {
-				return err
-			}
-			// The instance's status cannot give this target the source's device set: retrying
-			// will not help, so the migration fails (the guest stays on the source).
-			v.Status.MigrationState.Failed = true
-			v.Status.MigrationState.FailureReason = fmt.Sprintf("the target on node %s cannot start: %v", r.NodeName, fe)
-			r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationFailed, "%s", v.Status.MigrationState.FailureReason)
-			return r.patchStatus(ctx, before, v)
-		}
-	}
-	listen := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(MigrationPort))
-	if st.Migration == nil || st.Migration.Role != "target" {
-		if _, err := c.PrepareMigrationTarget(ctx, listen); err != nil {
-			return r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
-		}
+		// The Synchronized condition is the source's agent's while the guest runs there.
+		v.Status.Conditions = before.Status.Conditions
+		r.failTargetMigration(v, err)
+		return r.patchStatus(ctx, before, v)
 	}
 	v.Status.MigrationState.TargetReady = true
 	v.Status.MigrationState.TargetNodeAddress = listen
 	r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationTargetReady, "Target pod %s on node %s waits for the guest at %s", pod.Name, r.NodeName, listen)
 	return r.patchStatus(ctx, before, v)
+}
+
+// prepareTarget starts the target launcher waiting for the guest and makes it listen; it returns
+// the address the source migrates to.
+func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) (string, error) {
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	st, err := c.Status(ctx)
+	if err != nil {
+		if notListening(err) && r.startedRecently(pod) {
+			return "", errLauncherStarting
+		}
+		return "", r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("target launcher of pod %s: %w", pod.Name, err))
+	}
+	if st.Phase == launcher.PhaseWaiting {
+		if _, err := r.startLauncher(ctx, v, pod, c, true); err != nil {
+			return "", err
+		}
+	}
+	listen := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(MigrationPort))
+	if st.Migration == nil || st.Migration.Role != "target" {
+		if _, err := c.PrepareMigrationTarget(ctx, listen); err != nil {
+			return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
+		}
+	}
+	return listen, nil
+}
+
+// failTargetMigration ends the migration for a target that cannot take the guest.
+func (r *Reconciler) failTargetMigration(v *v1alpha1.VirtualMachineInstance, err error) {
+	ms := v.Status.MigrationState
+	ms.Failed = true
+	ms.FailureReason = fmt.Sprintf("the target on node %s cannot start: %v", r.NodeName, err)
+	if ms.EndTimestamp == nil {
+		ms.EndTimestamp = ptr.To(metav1.NewTime(r.now().Time))
+	}
+	r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationFailed, "%s", ms.FailureReason)
 }
 
 // targetPod is the migration's target launcher pod on this node.

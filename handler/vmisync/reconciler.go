@@ -1,4 +1,4 @@
-// Package node is the node agent's (qvirt-handler's) reconciler: for each instance on its node it
+// Package vmisync is the node agent's (qvirt-handler's) instance reconciler: for each instance on its node it
 // sets up the guest's network in the launcher pod, starts the VM through the launcher's command
 // socket, reflects the launcher's status in the instance's status and shuts the guest down when the
 // instance is deleted. It reacts to the launchers' pushed status streams, not by polling.
@@ -7,7 +7,7 @@
 // Scheduled and ends an instance whose pod failed or vanished; this reconciler owns Running,
 // Succeeded and Failed from the guest, the Ready, Paused and Synchronized conditions, interfaces,
 // volumeStatus and the QEMU and launcher versions.
-package node
+package vmisync
 
 import (
 	"context"
@@ -27,15 +27,15 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
+	crhandler "sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -71,6 +71,10 @@ type Reconciler struct {
 	MigrationBandwidth func() int64
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// Launcher limits each call to a launcher and each reply (launcher.ClientOptions); the
+	// production limits when zero. A launcher is untrusted: one that hangs costs its own instance
+	// a timeout per retry, never the node's workers.
+	Launcher launcher.ClientOptions
 
 	launchers *launchers
 }
@@ -78,7 +82,7 @@ type Reconciler struct {
 // SetupWithManager registers the reconciler. The manager's cache must hold only this node's
 // instances and launcher pods (see CacheOptions).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.launchers = newLaunchers(r.SocketDir, mgr.GetLogger().WithName("launchers"))
+	r.launchers = newLaunchers(r.SocketDir, r.Launcher, mgr.GetLogger().WithName("launchers"))
 	if err := mgr.Add(stopStreams{r.launchers}); err != nil {
 		return err
 	}
@@ -88,8 +92,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// twice at once; the launcher table is locked).
 		WithOptions(controller.Options{MaxConcurrentReconciles: Workers}).
 		For(&v1alpha1.VirtualMachineInstance{}).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToVMI)).
-		WatchesRawSource(source.Channel(r.launchers.events, &handler.EnqueueRequestForObject{}))
+		Watches(&corev1.Pod{}, crhandler.EnqueueRequestsFromMapFunc(podToVMI)).
+		WatchesRawSource(source.Channel(r.launchers.events, &crhandler.EnqueueRequestForObject{}))
 	if r.TargetSource != nil {
 		b = b.WatchesRawSource(r.TargetSource)
 	}
@@ -153,34 +157,88 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	ctx = logr.NewContext(ctx, log)
 
 	before := v.DeepCopy()
-	st, syncErr := r.syncLauncher(ctx, &v, pod)
+	s := &syncState{v: &v, pod: pod}
+	syncErr := r.runPhases(ctx, s)
 	if errors.Is(syncErr, errLauncherStarting) {
 		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
 	}
-	now := r.now()
-	var failures hotplugFailures
-	if st != nil && syncErr == nil {
-		syncErr = r.syncSourceMigration(ctx, &v, st)
-	}
-	if st != nil && syncErr == nil {
-		failures, syncErr = r.syncDisks(ctx, &v, st)
-	}
-	if st != nil && syncErr == nil {
-		syncErr = r.syncNICs(ctx, &v, pod, st)
-	}
-	if st != nil && !migratedAway(&v, st) {
-		if ended := applyLauncherStatus(&v, pod, st, failures, now); ended != "" {
-			eventType := corev1.EventTypeNormal
-			if v.Status.Phase == v1alpha1.Failed {
-				eventType = corev1.EventTypeWarning
-			}
-			r.Recorder.Event(&v, eventType, EventGuestEnded, ended)
-		}
-	}
+	r.applyStatus(s)
 	if err := r.patchStatus(ctx, before, &v); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, syncErr
+}
+
+// syncState is one reconcile of an instance running on this node, shared by its phases: each
+// phase reads what the earlier ones found and adds its own.
+type syncState struct {
+	v   *v1alpha1.VirtualMachineInstance
+	pod *corev1.Pod
+	// st is the launcher's status, set by the launcher phase; nil when the launcher cannot be
+	// reached or is gone with its pod, which ends the phases.
+	st *launcher.Status
+	// failures are the hotplug failures per volume, for the instance's volumeStatus.
+	failures hotplugFailures
+}
+
+// phase is one step of bringing the launcher in line with the instance.
+type phase struct {
+	name string
+	run  func(context.Context, *syncState) error
+}
+
+// phases are the steps of a reconcile, in order: the launcher runs the instance (and its status is
+// known) before a migration, disk or NIC is synced with it.
+func (r *Reconciler) phases() []phase {
+	return []phase{
+		{"launcher", r.launcherPhase},
+		{"source migration", func(ctx context.Context, s *syncState) error { return r.syncSourceMigration(ctx, s.v, s.st) }},
+		{"disks", r.disksPhase},
+		{"nics", func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }},
+	}
+}
+
+// runPhases runs the phases in order until one fails or no launcher status is left to sync with.
+func (r *Reconciler) runPhases(ctx context.Context, s *syncState) error {
+	for _, p := range r.phases() {
+		if err := p.run(ctx, s); err != nil {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+		if s.st == nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) launcherPhase(ctx context.Context, s *syncState) error {
+	var err error
+	s.st, err = r.syncLauncher(ctx, s.v, s.pod)
+	return err
+}
+
+// disksPhase keeps the hotplug failures even when it fails: they are the volumes' status.
+func (r *Reconciler) disksPhase(ctx context.Context, s *syncState) error {
+	var err error
+	s.failures, err = r.syncDisks(ctx, s.v, s.st)
+	return err
+}
+
+// applyStatus writes the launcher's status into the instance's, with an Event when the guest
+// ended. A guest that left for a migration target is the target's agent's to report.
+func (r *Reconciler) applyStatus(s *syncState) {
+	if s.st == nil || migratedAway(s.v, s.st) {
+		return
+	}
+	ended := applyLauncherStatus(s.v, s.pod, s.st, s.failures, r.now())
+	if ended == "" {
+		return
+	}
+	eventType := corev1.EventTypeNormal
+	if s.v.Status.Phase == v1alpha1.Failed {
+		eventType = corev1.EventTypeWarning
+	}
+	r.Recorder.Event(s.v, eventType, EventGuestEnded, ended)
 }
 
 // syncLauncher makes sure the launcher runs the instance (network first), follows its status
@@ -218,7 +276,7 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 	}
 	setSynchronized(v, nil, "", r.now())
 	if !v.DeletionTimestamp.IsZero() && (st.Phase == launcher.PhaseRunning || st.Phase == launcher.PhaseStarting) {
-		if r.launchers.shutdown(v.UID, stopGracePeriod(v)) {
+		if r.launchers.shutdown(v.UID, stopGracePeriod(v), shutdownWithin(v)) {
 			r.Recorder.Event(v, corev1.EventTypeNormal, EventShuttingDown, "The instance is being deleted: powering the guest off")
 		}
 	}
@@ -243,7 +301,7 @@ func notListening(err error) bool {
 // startedRecently reports whether the pod's compute container started within launcherStartGrace.
 func (r *Reconciler) startedRecently(pod *corev1.Pod) bool {
 	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name == vmi.ComputeContainer && cs.State.Running != nil {
+		if cs.Name == podlayout.ComputeContainer && cs.State.Running != nil {
 			return r.now().Sub(cs.State.Running.StartedAt.Time) < launcherStartGrace
 		}
 	}
@@ -314,7 +372,7 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	if err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
 	}
-	m, err := translate.Machine(v, translate.Host{Emulation: vmi.LauncherEmulation(pod), NICs: nics, SkipNotRealised: incoming})
+	m, err := translate.Machine(v, translate.Host{Emulation: launcherEmulation(pod), NICs: nics, SkipNotRealised: incoming})
 	if err == nil && incoming {
 		err = placeHotplugged(v, m)
 	}
@@ -346,8 +404,18 @@ func speaksProtocol(ctx context.Context, c *launcher.Client) error {
 		strings.Join(info.Protocols, ", "), machine.Protocol)
 }
 
-// syncFailed records err on the instance (condition and Event) and returns it for a retry.
+// syncFailed records err on the instance (condition and Event) and returns it for a retry. A
+// launcher that did not answer in time, or answered too much, is reported as such whatever the
+// call was.
 func (r *Reconciler) syncFailed(v *v1alpha1.VirtualMachineInstance, reason, eventReason string, err error) error {
+	var timeout *launcher.TimeoutError
+	var tooLarge *launcher.ReplyTooLargeError
+	switch {
+	case errors.As(err, &timeout):
+		reason, eventReason = ReasonLauncherTimeout, EventLauncherUnreachable
+	case errors.As(err, &tooLarge):
+		reason, eventReason = ReasonLauncherReplyTooLarge, EventLauncherUnreachable
+	}
 	prev := findCondition(v, ConditionSynchronized)
 	setSynchronized(v, err, reason, r.now())
 	if prev == nil || prev.Reason != reason || prev.Message != err.Error() {
@@ -399,6 +467,16 @@ func (r *Reconciler) now() metav1.Time {
 		return metav1.NewTime(r.Now().Truncate(time.Second))
 	}
 	return metav1.NewTime(time.Now().Truncate(time.Second))
+}
+
+// shutdownWithin bounds a graceful shutdown call: the grace period the launcher gives the guest,
+// plus a margin for QEMU to quit.
+func shutdownWithin(v *v1alpha1.VirtualMachineInstance) time.Duration {
+	grace := v1alpha1.TerminationGracePeriodSeconds(&v.Spec)
+	if g := stopGracePeriod(v); g != nil {
+		grace = *g
+	}
+	return time.Duration(grace)*time.Second + launcher.DefaultCallTimeout
 }
 
 // stopGracePeriod is the grace period override the VM controller recorded for a requested stop

@@ -1,4 +1,4 @@
-package node
+package vmisync
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 // events instead of polling. Safe for concurrent use.
 type launchers struct {
 	socketDir string
+	opts      launcher.ClientOptions
 	events    chan event.TypedGenericEvent[client.Object]
 	log       logr.Logger
 
@@ -41,14 +42,14 @@ type stream struct {
 	shuttingDown bool
 }
 
-func newLaunchers(socketDir string, log logr.Logger) *launchers {
-	return &launchers{socketDir: socketDir, log: log, streams: map[types.UID]*stream{}, progress: map[types.UID]time.Time{}, failures: map[types.UID]string{},
+func newLaunchers(socketDir string, opts launcher.ClientOptions, log logr.Logger) *launchers {
+	return &launchers{socketDir: socketDir, opts: opts, log: log, streams: map[types.UID]*stream{}, progress: map[types.UID]time.Time{}, failures: map[types.UID]string{},
 		events: make(chan event.TypedGenericEvent[client.Object], 1024)}
 }
 
-// client is the launcher client of an instance.
+// client is the launcher client of an instance, with the node agent's limits.
 func (ls *launchers) client(uid types.UID) *launcher.Client {
-	return launcher.NewClient(launcher.VMIDir(ls.socketDir, uid).Command())
+	return launcher.NewClientWithOptions(launcher.VMIDir(ls.socketDir, uid).Command(), ls.opts)
 }
 
 // latest is the instance's last streamed status; ok is false when no stream is live (none
@@ -146,8 +147,8 @@ func (ls *launchers) forget(uid types.UID) {
 
 // shutdown asks the launcher, once per instance, to power the guest off within grace (the spec's
 // when nil), and reports whether this call asked. It runs in the background since it lasts until
-// QEMU is gone; the status stream reports the end.
-func (ls *launchers) shutdown(uid types.UID, grace *int64) bool {
+// QEMU is gone, bounded by within; the status stream reports the end.
+func (ls *launchers) shutdown(uid types.UID, grace *int64, within time.Duration) bool {
 	ls.mu.Lock()
 	s := ls.streams[uid]
 	if s == nil || s.shuttingDown {
@@ -157,9 +158,11 @@ func (ls *launchers) shutdown(uid types.UID, grace *int64) bool {
 	s.shuttingDown = true
 	ls.mu.Unlock()
 	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
 		c := ls.client(uid)
 		defer c.Close()
-		if _, err := c.Shutdown(context.Background(), grace); err != nil {
+		if _, err := c.Shutdown(ctx, grace); err != nil {
 			ls.log.Info("graceful shutdown ended with an error", "vmiUID", uid, "error", err.Error())
 		}
 	}()

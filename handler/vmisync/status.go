@@ -1,7 +1,8 @@
-package node
+package vmisync
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,9 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 // Condition types and reasons the node agent sets on an instance. Ready and Paused are KubeVirt's;
@@ -31,6 +32,10 @@ const (
 	ReasonNetworkSetupFailed  = "NetworkSetupFailed"
 	// ReasonProtocolMismatch: the launcher does not speak this node agent's protocol version.
 	ReasonProtocolMismatch = "LauncherProtocolMismatch"
+	// ReasonLauncherTimeout: the launcher accepted a call and did not answer it in time.
+	ReasonLauncherTimeout = "LauncherTimeout"
+	// ReasonLauncherReplyTooLarge: the launcher answered with more than the node agent reads.
+	ReasonLauncherReplyTooLarge = "LauncherReplyTooLarge"
 )
 
 // Reasons on a final instance: how the guest ended, from the launcher's exit reason.
@@ -84,7 +89,7 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 	status := &v.Status
 	phase, reason, msg := guestOutcome(st)
 	if phase != "" && status.Phase != phase {
-		vmi.SetPhase(status, phase, now)
+		status.SetPhase(phase, now)
 		if reason != "" {
 			status.Reason = reason
 			ended = msg
@@ -108,11 +113,24 @@ func computeContainer(pod *corev1.Pod) *corev1.Container {
 		return nil
 	}
 	for i := range pod.Spec.Containers {
-		if pod.Spec.Containers[i].Name == vmi.ComputeContainer {
+		if pod.Spec.Containers[i].Name == podlayout.ComputeContainer {
 			return &pod.Spec.Containers[i]
 		}
 	}
 	return nil
+}
+
+// launcherEmulation says whether the launcher pod runs its guest under emulation (TCG): the
+// --emulation flag the pod renderer (controllers/vmi) gave its compute container, from the
+// configuration at the time. The instance is translated for the accelerator the pod was made for,
+// not for today's configuration.
+func launcherEmulation(pod *corev1.Pod) bool {
+	c := computeContainer(pod)
+	if c == nil {
+		return false
+	}
+	flag := "--" + podlayout.FlagEmulation
+	return slices.Contains(c.Command, flag) || slices.Contains(c.Args, flag)
 }
 
 // setGuestConditions sets Ready (the guest runs and is not paused) and Paused (present only while
