@@ -259,6 +259,11 @@ func (a *API) migrate(ctx context.Context, r vmRequest) (any, error) {
 	if r.vmi.Status.Phase != v1alpha1.Running {
 		return nil, notRunning(r.vmi)
 	}
+	// The migration controller would fail such a migration at once; saying why here spares the
+	// user a Failed object to look into.
+	if ok, _, msg := v1alpha1.LiveMigratable(&r.vmi.Spec); !ok {
+		return nil, conflict(r, "VMI %s cannot be live-migrated: %s", r.key(), msg)
+	}
 	m := &v1alpha1.VirtualMachineInstanceMigration{}
 	m.GenerateName = r.vm.Name + "-migration-"
 	m.Namespace = r.vm.Namespace

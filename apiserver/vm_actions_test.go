@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -109,6 +110,28 @@ func TestVMActions(t *testing.T) {
 		}
 		if err := cp.Client.Get(context.Background(), types.NamespacedName{Namespace: testNS, Name: m.Name}, stored); err == nil {
 			t.Errorf("a dry run stored migration %s", m.Name)
+		}
+	})
+
+	t.Run("migrate refuses an instance with a local writable disk, naming it", func(t *testing.T) {
+		vm := createVM(t, "scratchy", v1alpha1.RunStrategyAlways)
+		vmi := testVMI(t, vm.Name, "", v1alpha1.Running)
+		base := vmi.DeepCopy()
+		vmi.Spec.Volumes = append(vmi.Spec.Volumes, v1alpha1.Volume{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{
+			EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}}})
+		vmi.Spec.Domain.Devices.Disks = append(vmi.Spec.Domain.Devices.Disks, v1alpha1.Disk{Name: "scratch"})
+		if err := cp.Client.Patch(context.Background(), vmi, client.MergeFrom(base)); err != nil {
+			t.Fatal(err)
+		}
+		expectCode(t, edit, vm.Name, sub.Migrate, "", http.StatusConflict, `volume "scratch" is an emptyDisk`)
+		var list v1alpha1.VirtualMachineInstanceMigrationList
+		if err := cp.Client.List(context.Background(), &list, client.InNamespace(testNS)); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range list.Items {
+			if m.Spec.VMIName == vm.Name {
+				t.Errorf("migration %s created for an instance that cannot migrate", m.Name)
+			}
 		}
 	})
 

@@ -873,8 +873,10 @@ func TestLiveMigration(t *testing.T) {
 	v, _, srcCon := e.startGuest("mig")
 	srcCon.Expect(t, 0, "QVIRT-IP eth0 10.0.2.2", bootTimeout)
 	srcCon.Expect(t, 0, "tick 2\r\n", bootTimeout)
-	// A hot-plugged disk goes along, on the same root port.
-	e.addDisk("mig", "scratch", v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}})
+	// A hot-plugged disk goes along, on the same root port. It is read-only: a writable emptyDisk
+	// would make the instance not live-migratable (TestMigrationKeepsEmptyDiskData).
+	e.addDiskTarget("mig", "scratch", v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}},
+		&v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio, ReadOnly: true})
 	e.waitVMI("mig", 30*time.Second, "volume scratch Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
 		vs := volumeStatus(v, "scratch")
 		return vs != nil && vs.Phase == v1alpha1.VolumeReady
@@ -910,6 +912,65 @@ func TestLiveMigration(t *testing.T) {
 		t.Errorf("the hot-plugged disk is not the guest's vda on the target: %q", dstCon.Text()[from:end])
 	}
 	waitHTTP(t, target.net.PodIP.String(), "the guest's httpd at the target pod's address")
+}
+
+// TestMigrationKeepsEmptyDiskData writes a marker to a hot-plugged emptyDisk and asks for a live
+// migration: without block migration the target would start the disk blank, so the migration is
+// refused, naming the disk, and the guest reads its marker back from the disk.
+func TestMigrationKeepsEmptyDiskData(t *testing.T) {
+	e := newEnv(t)
+	nodeB := e.addNode()
+	v, _, con := e.startGuest("marker")
+	con.Expect(t, 0, "tick 2\r\n", bootTimeout)
+	e.addDisk("marker", "scratch", v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}})
+	e.waitVMI("marker", 30*time.Second, "volume scratch Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+		vs := volumeStatus(v, "scratch")
+		return vs != nil && vs.Phase == v1alpha1.VolumeReady
+	})
+	// The guest computes the marker so that the typed command's echo does not match it.
+	con.Run(t, "for i in $(seq 20); do [ -b /dev/vda ] && break; sleep 1; done; echo QVIRT-MARK-$((6*7)) > /dev/vda && sync && echo WROTE-$((2+3))", "WROTE-5", 30*time.Second)
+
+	vmim := e.attemptMigration(v, "marker-1", nodeB)
+	if vmim.Status.Phase != v1alpha1.MigrationFailed || !strings.Contains(migrationMessage(vmim), `"scratch"`) {
+		t.Errorf("migration of an instance with a written emptyDisk: phase %s, %q; want Failed naming \"scratch\"", vmim.Status.Phase, migrationMessage(vmim))
+	}
+	got := e.get("marker")
+	if !strings.Contains(conditionMessage(got, v1alpha1.VirtualMachineInstanceIsMigratable), `"scratch"`) || isTrue(got, v1alpha1.VirtualMachineInstanceIsMigratable) {
+		t.Errorf("LiveMigratable condition %+v: want False naming \"scratch\"", condition(got, v1alpha1.VirtualMachineInstanceIsMigratable))
+	}
+	// Read the disk, not the page cache that a migration carries along in the guest's memory.
+	reader := con
+	if got.Status.NodeName == nodeB.node {
+		reader = nodeB.console(got)
+	}
+	from := len(reader.Text())
+	reader.Send(t, "sync; echo 3 > /proc/sys/vm/drop_caches; head -c 13 /dev/vda; echo; echo READ-$((1+1))")
+	end := reader.Expect(t, from, "READ-2", 30*time.Second)
+	if !strings.Contains(reader.Text()[from:end], "QVIRT-MARK-42") {
+		t.Errorf("the guest lost its marker on the emptyDisk (node %s): %q", got.Status.NodeName, reader.Text()[from:end])
+	}
+}
+
+// attemptMigration creates a migration of v to node n, runs its target pod if the controller
+// creates one, and returns the migration once it succeeded or failed.
+func (e *env) attemptMigration(v *v1alpha1.VirtualMachineInstance, name string, n *nodeAgent) *v1alpha1.VirtualMachineInstanceMigration {
+	e.t.Helper()
+	ctx := context.Background()
+	vmim := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: v.Name}}
+	if err := e.c.Create(ctx, vmim); err != nil {
+		e.t.Fatal(err)
+	}
+	targetRun := false
+	testutil.Eventually(e.t, 2*time.Minute, "migration "+name+" ended", func() bool {
+		_ = e.c.Get(ctx, client.ObjectKeyFromObject(vmim), vmim)
+		if !targetRun && vmim.Status.Phase == v1alpha1.MigrationScheduling {
+			n.kubelet.runTarget(v, string(vmim.UID))
+			targetRun = true
+		}
+		return vmim.Status.Phase == v1alpha1.MigrationSucceeded || vmim.Status.Phase == v1alpha1.MigrationFailed
+	}, func() string { return fmt.Sprintf("migration status %+v", vmim.Status) })
+	return vmim
 }
 
 // TestMigrationCancel deletes a migration while it runs (slowed to 1 MiB/s by the configuration):
@@ -1043,11 +1104,17 @@ func TestDiskHotplug(t *testing.T) {
 // addDisk adds a virtio disk with its volume to the VMI's spec, as `qvirtctl addvolume` does.
 func (e *env) addDisk(vmi, name string, src v1alpha1.VolumeSource) {
 	e.t.Helper()
+	e.addDiskTarget(vmi, name, src, &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio})
+}
+
+// addDiskTarget hot-plugs src as a disk attached as target.
+func (e *env) addDiskTarget(vmi, name string, src v1alpha1.VolumeSource, target *v1alpha1.DiskTarget) {
+	e.t.Helper()
 	cur := e.get(vmi)
 	base := cur.DeepCopy()
 	cur.Spec.Volumes = append(cur.Spec.Volumes, v1alpha1.Volume{Name: name, VolumeSource: src})
 	cur.Spec.Domain.Devices.Disks = append(cur.Spec.Domain.Devices.Disks,
-		v1alpha1.Disk{Name: name, Serial: name, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
+		v1alpha1.Disk{Name: name, Serial: name, Disk: target})
 	if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
 		e.t.Fatalf("add volume %s to %s: %v", name, vmi, err)
 	}
@@ -1175,4 +1242,20 @@ func waitHTTP(t *testing.T, ip, what string) {
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// migrationMessage is the messages of vmim's conditions, which say why it failed.
+func migrationMessage(vmim *v1alpha1.VirtualMachineInstanceMigration) string {
+	var msgs []string
+	for _, c := range vmim.Status.Conditions {
+		msgs = append(msgs, c.Message)
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func conditionMessage(v *v1alpha1.VirtualMachineInstance, t string) string {
+	if c := condition(v, t); c != nil {
+		return c.Message
+	}
+	return ""
 }

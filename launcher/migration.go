@@ -19,6 +19,13 @@ import (
 // parameters and runs migrate. Progress comes from MIGRATION events plus query-migrate. On success
 // the guest goes on in the run state it had (see finishIncoming) and the source QEMU quits, ending
 // with ExitMigrated.
+//
+// The source gives up its guest only once the target holds it: with the return-path capability
+// the target QEMU acknowledges over the migration connection (MIG_RP_MSG_SHUT) after it has loaded
+// the whole state and started the guest, and the source QEMU reports completed only after that
+// acknowledgement. A target that fails to load, is killed or loses the connection before then
+// makes the source report failed; QEMU then restarts the source's vCPUs, and resumeAfterFailure
+// makes sure of it, so the guest keeps running here with its state.
 
 // progressInterval is how often query-migrate refreshes progress while a migration is active. A
 // terminal status seen there ends the wait as the MIGRATION event does, whichever comes first:
@@ -46,7 +53,8 @@ func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (s
 	}
 	uri := "tcp:" + net.JoinHostPort(host, port)
 	mon := p.Monitor()
-	if err := mon.MigrateSetCapabilities(ctx, []qmp.MigrationCapabilityStatus{{Capability: qmp.CapEvents, State: true}}); err != nil {
+	caps := []qmp.MigrationCapabilityStatus{{Capability: qmp.CapEvents, State: true}, {Capability: qmp.CapReturnPath, State: true}}
+	if err := mon.MigrateSetCapabilities(ctx, caps); err != nil {
 		return "", fmt.Errorf("prepare migration target: %w", err)
 	}
 	done := mon.NewWaiter(qmp.EventMigration, migrationFinished)
@@ -115,9 +123,14 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) erro
 	if active {
 		return &ConflictError{Msg: "a migration is already running"}
 	}
+	before, err := p.currentState(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
 	mon := p.Monitor()
 	caps := []qmp.MigrationCapabilityStatus{
 		{Capability: qmp.CapEvents, State: true},
+		{Capability: qmp.CapReturnPath, State: true}, // see the contract at the top of this file
 		{Capability: qmp.CapAutoConverge, State: req.AutoConverge},
 		{Capability: qmp.CapPostcopyRAM, State: req.PostCopy},
 	}
@@ -135,7 +148,7 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) erro
 		return fmt.Errorf("migrate to %s: %w", req.URI, err)
 	}
 	l.setMigration(&MigrationInfo{Role: "source", Status: string(qmp.MigrationSetup)})
-	go l.followOutgoing(p, done)
+	go l.followOutgoing(p, done, before == qmp.StateRunning)
 	return nil
 }
 
@@ -169,8 +182,9 @@ func migrationParameters(req *MigrationSource) (qmp.MigrateParameters, bool) {
 }
 
 // followOutgoing refreshes progress until the migration ends, then quits the source QEMU after a
-// success: the guest now runs on the target.
-func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter) {
+// success (the guest now runs on the target: the return path said so), or makes sure a guest
+// that ran before the migration runs again after a failure.
+func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, wasRunning bool) {
 	mon := p.Monitor()
 	finished := make(chan gqmp.Event, 1)
 	go func() {
@@ -192,13 +206,37 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter) {
 			return
 		}
 		waitMigrationSettled(mon)
-		if info := l.refreshMigration(mon); info != nil && info.Status == string(qmp.MigrationCompleted) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		info := l.refreshMigration(mon)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		switch {
+		case info != nil && info.Status == string(qmp.MigrationCompleted):
 			_ = mon.Quit(ctx)
-			cancel()
+		case wasRunning:
+			l.resumeAfterFailure(ctx, p, info)
 		}
+		cancel()
 		return
 	}
+}
+
+// resumeAfterFailure restarts the guest's vCPUs if a failed or cancelled migration left them
+// stopped. QEMU 7.2 does so itself when the guest ran before the migration; this guards the
+// guest against a QEMU that does not, since the guest's only copy is here.
+func (l *Launcher) resumeAfterFailure(ctx context.Context, p *Process, info *MigrationInfo) {
+	state, err := p.currentState(ctx)
+	if err == nil && state != qmp.StateRunning {
+		err = p.Resume(ctx)
+	}
+	if err == nil || info == nil {
+		return
+	}
+	failed := *info
+	msg := "resume the guest on the source: " + err.Error()
+	if failed.Error != "" {
+		msg = failed.Error + "; " + msg
+	}
+	failed.Error = msg
+	l.setMigration(&failed)
 }
 
 // waitMigrationSettled waits (briefly) for QEMU to leave finish-migrate: QEMU 7.2 sends the

@@ -30,5 +30,34 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 			return false, HostDiskNotSharedReason, fmt.Sprintf("volume %q is a host disk that is not marked shared", v.Name)
 		}
 	}
+	if name, kind := localWritableVolume(spec); name != "" {
+		return false, DisksNotLiveMigratableReason, fmt.Sprintf("volume %q is %s written on this node only and qvirt does not migrate disk contents yet: "+
+			"the guest would find it blank or stale on the target (attach it read-only, or use a persistentVolumeClaim)", name, kind)
+	}
 	return true, MigratableReason, "the instance can be live-migrated"
+}
+
+// localWritableVolume names the first volume whose written data exists only in a file on the
+// instance's node, and what kind of volume it is; "" when there is none. Without block migration
+// the target starts such a disk afresh (a blank emptyDisk, a new overlay on the image), so the
+// guest would lose what it wrote while it keeps running.
+func localWritableVolume(spec *VirtualMachineInstanceSpec) (name, kind string) {
+	readOnly := map[string]bool{}
+	for _, d := range spec.Domain.Devices.Disks {
+		readOnly[d.Name] = d.CDRom != nil || (d.Disk != nil && d.Disk.ReadOnly)
+	}
+	for _, v := range spec.Volumes {
+		if readOnly[v.Name] {
+			continue
+		}
+		switch {
+		case v.EmptyDisk != nil:
+			return v.Name, "an emptyDisk,"
+		case v.ContainerDisk != nil:
+			return v.Name, "a writable containerDisk, whose overlay is"
+		case v.Ephemeral != nil:
+			return v.Name, "a writable ephemeral volume, whose overlay is"
+		}
+	}
+	return "", ""
 }

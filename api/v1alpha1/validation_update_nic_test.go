@@ -159,7 +159,9 @@ func TestLiveMigratableWithHotpluggedNIC(t *testing.T) {
 	old := nicVMI()
 	old.Spec.Domain.Devices.Interfaces, old.Spec.Networks = nil, nil
 	old.Status.Interfaces = nil
-	old.Spec.Volumes[2].HostDisk.Shared = ptr.To(true) // so that only the NIC decides
+	// So that only the NIC decides: shared host disk, read-only root.
+	old.Spec.Volumes[2].HostDisk.Shared = ptr.To(true)
+	old.Spec.Domain.Devices.Disks[0].Disk.ReadOnly = true
 	if ok, reason, _ := LiveMigratable(&old.Spec); !ok {
 		t.Fatalf("an instance without NICs is not migratable: %s", reason)
 	}
