@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -141,18 +140,9 @@ const (
 	maxSocketLen = 107
 )
 
-var (
-	serialRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
-	uuidRE   = regexp.MustCompile(`^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$`)
-	// nameRE is a DNS-1123 label, the shape of every device name in the API.
-	nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	// subdomainRE is a DNS-1123 subdomain, the shape of a VMI's name.
-	subdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-)
-
 // checkName requires a DNS-1123 label (at most 63 bytes).
 func checkName(p machine.Path, v string) *machine.FieldError {
-	if len(v) > 63 || !nameRE.MatchString(v) {
+	if len(v) > 63 || !isLabel(v) {
 		return machine.Invalid(p, v, "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', starting and ending with a letter or digit")
 	}
 	return nil
@@ -246,11 +236,11 @@ func (b *builder) unique(p machine.Path, kind, name string) bool {
 // identity: the QEMU process's name and the guest's UUID.
 func (b *builder) identity() {
 	m := b.m
-	if len(m.Name) > 253 || !subdomainRE.MatchString(m.Name) {
+	if len(m.Name) > 253 || !isSubdomain(m.Name) {
 		b.fail(machine.Invalid(machinePath.Child("name"), m.Name, "must be a DNS-1123 subdomain"))
 	}
 	b.fail(checkName(machinePath.Child("namespace"), m.Namespace))
-	if !uuidRE.MatchString(m.UUID) {
+	if !isUUID(m.UUID) {
 		b.fail(machine.Invalid(machinePath.Child("uuid"), m.UUID, "must be a UUID such as 6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"))
 	}
 	b.add("-name", "guest="+optEscape(m.Namespace+"_"+m.Name)+",debug-threads=on",

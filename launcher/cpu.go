@@ -2,7 +2,6 @@ package launcher
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
 
 	"github.com/qvirt/qvirt/machine"
@@ -12,15 +11,13 @@ import (
 // fixed when QEMU starts (the launcher hot-plugs neither vCPUs nor memory), so it has only a cold
 // form.
 
-var cpuModelRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+-]*$`)
-
 // cpuMemory: -cpu, -smp and -m. The model arrives decided (package machine); the host model is
 // refused without KVM rather than left for QEMU to reject after it started.
 func (b *builder) cpuMemory() {
 	m := b.m
 	cpu, cp := m.CPU, machinePath.Child("cpu")
 	switch {
-	case !cpuModelRE.MatchString(cpu.Model):
+	case !isCPUModel(cpu.Model):
 		b.fail(machine.Invalid(cp.Child("model"), cpu.Model, "must be a QEMU CPU model name such as host or qemu64"))
 	case cpu.Model == "host" && m.Accel != machine.AccelKVM:
 		b.fail(machine.Invalid(cp.Child("model"), cpu.Model, "the host CPU model needs KVM"))

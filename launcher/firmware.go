@@ -1,7 +1,6 @@
 package launcher
 
 import (
-	"regexp"
 	"strings"
 
 	"github.com/qvirt/qvirt/machine"
@@ -12,13 +11,11 @@ import (
 // (-kernel, -initrd, -append) or, without one, the machine type's BIOS booting from the disks'
 // boot indexes (disk.go). All of it is fixed when QEMU starts, so it has only a cold form.
 
-var mtypeRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`)
-
 // smbios: the SMBIOS type 1 (system) table, when the machine has a serial number. Its UUID is the
 // machine's, as -uuid sets it for the table without a serial.
 func (b *builder) smbios() {
 	m := b.m
-	if m.SMBIOSSerial != "" && !serialRE.MatchString(m.SMBIOSSerial) {
+	if m.SMBIOSSerial != "" && !isSerial(m.SMBIOSSerial) {
 		b.fail(machine.Invalid(machinePath.Child("smbiosSerial"), m.SMBIOSSerial, "may hold only letters, digits and _.+-"))
 	}
 	if m.SMBIOSSerial != "" {
@@ -29,7 +26,7 @@ func (b *builder) smbios() {
 // machineType: machine type, accelerator, ACPI.
 func (b *builder) machineType() {
 	m := b.m
-	if !mtypeRE.MatchString(m.Type) {
+	if !isMachineType(m.Type) {
 		b.fail(machine.Invalid(machinePath.Child("type"), m.Type, "must be a QEMU machine type such as q35"))
 	}
 	if m.Accel != machine.AccelKVM && m.Accel != machine.AccelTCG {
