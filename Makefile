@@ -19,9 +19,15 @@ deps: ## Install the Debian packages the tests and the demo need (QEMU, busybox,
 
 all: build
 
+# The launcher runs once per VM, so it is built static: it then maps neither libc nor ld.so,
+# 1.4 MiB of resident memory per launcher (BenchmarkLauncherRSS builds it the same way). cgo
+# would serve only package net's host name resolver, and the pure Go one does as well for it.
+STATIC_CMDS := $(filter qvirt-launcher,$(CMDS))
+
 build: ## Build every binary into bin/.
 	@mkdir -p $(BIN)
-	@if [ -n "$(CMDS)" ]; then $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(CMDS)); fi
+	@if [ -n "$(filter-out $(STATIC_CMDS),$(CMDS))" ]; then $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(filter-out $(STATIC_CMDS),$(CMDS))); fi
+	@if [ -n "$(STATIC_CMDS)" ]; then CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(STATIC_CMDS)); fi
 
 generate: ## Generate deepcopy functions.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,29 +69,14 @@ type DiskImage struct {
 	Ephemeral bool
 }
 
-// Socket and pid file paths inside RunDir (see Dir); the supervisor and tests use these too.
-
-// QMPSocket is the launcher's own QMP control socket.
-func (m *Machine) QMPSocket() string { return Dir(m.RunDir).QMP() }
-
-// ShellQMPSocket is the QMP socket for the operator shell.
-func (m *Machine) ShellQMPSocket() string { return Dir(m.RunDir).ShellQMP() }
-
-// SerialSocket is the guest's serial console (ttyS0).
-func (m *Machine) SerialSocket() string { return Dir(m.RunDir).Serial() }
-
-// VNCSocket is the VNC display, when a graphics device is attached.
-func (m *Machine) VNCSocket() string { return Dir(m.RunDir).VNC() }
-
-// PIDFile is where QEMU writes its pid.
+// PIDFile is where QEMU writes its pid, inside RunDir (see Dir). The sockets are with the devices
+// they belong to (console.go, graphics.go); the supervisor and tests use these paths too.
 func (m *Machine) PIDFile() string { return Dir(m.RunDir).PIDFile() }
 
-// Device, block node and bus names BuildArgv gives, for the supervisor's QMP commands.
+// Device, block node and bus names BuildArgv gives, for the supervisor's QMP commands (the
+// chardevs' are in console.go).
 const (
-	QMPChardevID      = "qmp"
-	ShellQMPChardevID = "qmp-shell"
-	SerialChardevID   = "serial0"
-	SCSIControllerID  = "scsi0"
+	SCSIControllerID = "scsi0"
 	// SpareRootPortPrefix + N (from 0) names the empty root ports for hotplug.
 	SpareRootPortPrefix = "hotplug"
 )
@@ -148,7 +132,6 @@ func (e *InvalidMachineError) Unwrap() []error { return e.Errs.Unwrap() }
 
 // Limits of the q35 layout above.
 const (
-	vgaSlot       = 0x01
 	firstPortSlot = 0x02
 	lastFreeSlot  = 0x1e // 0x1f holds the ICH9 functions
 	freeSlots     = lastFreeSlot - firstPortSlot + 1
@@ -157,20 +140,9 @@ const (
 	maxSocketLen = 107
 )
 
-var (
-	serialRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
-	uuidRE   = regexp.MustCompile(`^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$`)
-	// nameRE is a DNS-1123 label, the shape of every device name in the API.
-	nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	// subdomainRE is a DNS-1123 subdomain, the shape of a VMI's name.
-	subdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-	cpuModelRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+-]*$`)
-	mtypeRE     = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`)
-)
-
 // checkName requires a DNS-1123 label (at most 63 bytes).
 func checkName(p machine.Path, v string) *machine.FieldError {
-	if len(v) > 63 || !nameRE.MatchString(v) {
+	if len(v) > 63 || !isLabel(v) {
 		return machine.Invalid(p, v, "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', starting and ending with a letter or digit")
 	}
 	return nil
@@ -208,12 +180,17 @@ func BuildArgv(m *Machine) ([]string, error) {
 		return nil, &InvalidMachineError{Errs: machine.FieldErrors{machine.Required(machinePath, "no machine")}}
 	}
 	b := &builder{m: m, nodes: map[string]string{}, hotPorts: map[string]string{}, macs: map[string]string{}, names: map[string]bool{}}
-	b.identity()
-	b.machineType()
-	b.kernelBoot()
-	b.controlAndConsoles()
-	b.disks()
-	b.nics()
+	// The order of these calls is the order of the command line (and of the errors).
+	b.identity()    // argv.go
+	b.smbios()      // firmware.go
+	b.process()     // argv.go
+	b.machineType() // firmware.go
+	b.cpuMemory()   // cpu.go
+	b.kernelBoot()  // firmware.go
+	b.consoles()    // console.go
+	b.graphics()    // graphics.go
+	b.disks()       // disk.go
+	b.nics()        // nic.go
 	b.spares()
 	b.checkUnused()
 	if len(b.errs) > 0 {
@@ -256,19 +233,24 @@ func (b *builder) unique(p machine.Path, kind, name string) bool {
 	return true
 }
 
-// identity: name, UUID, SMBIOS, process settings.
+// identity: the QEMU process's name and the guest's UUID.
 func (b *builder) identity() {
 	m := b.m
-	if len(m.Name) > 253 || !subdomainRE.MatchString(m.Name) {
+	if len(m.Name) > 253 || !isSubdomain(m.Name) {
 		b.fail(machine.Invalid(machinePath.Child("name"), m.Name, "must be a DNS-1123 subdomain"))
 	}
 	b.fail(checkName(machinePath.Child("namespace"), m.Namespace))
-	if !uuidRE.MatchString(m.UUID) {
+	if !isUUID(m.UUID) {
 		b.fail(machine.Invalid(machinePath.Child("uuid"), m.UUID, "must be a UUID such as 6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"))
 	}
-	if m.SMBIOSSerial != "" && !serialRE.MatchString(m.SMBIOSSerial) {
-		b.fail(machine.Invalid(machinePath.Child("smbiosSerial"), m.SMBIOSSerial, "may hold only letters, digits and _.+-"))
-	}
+	b.add("-name", "guest="+optEscape(m.Namespace+"_"+m.Name)+",debug-threads=on",
+		"-uuid", m.UUID)
+}
+
+// process: how QEMU itself runs (no defaults, sandbox, pid file, start paused), and the socket
+// paths every device file derives from RunDir.
+func (b *builder) process() {
+	m := b.m
 	if m.GracePeriodSeconds < 0 {
 		b.fail(machine.Invalid(machinePath.Child("gracePeriodSeconds"), m.GracePeriodSeconds, "must be 0 or more"))
 	}
@@ -278,12 +260,6 @@ func (b *builder) identity() {
 			b.fail(machine.Invalid(machinePath.Child("runDir"), m.RunDir, fmt.Sprintf("too long: socket path %s exceeds the %d bytes of a unix socket address", s, maxSocketLen)))
 			break
 		}
-	}
-
-	b.add("-name", "guest="+optEscape(m.Namespace+"_"+m.Name)+",debug-threads=on",
-		"-uuid", m.UUID)
-	if m.SMBIOSSerial != "" {
-		b.add("-smbios", "type=1,serial="+optEscape(m.SMBIOSSerial)+",uuid="+m.UUID)
 	}
 	b.add("-no-user-config", "-nodefaults",
 		// spawn=deny: QEMU may not fork or exec (taps use script=no; no exec: migration).
@@ -296,85 +272,6 @@ func (b *builder) identity() {
 		// migration target runs without -S: QEMU then gives the guest the run state it had on the
 		// source (running, paused, or prelaunch if it never ran) once the migration completes.
 		b.add("-S")
-	}
-}
-
-// machineType: machine type, accelerator, ACPI, CPU, topology, memory.
-func (b *builder) machineType() {
-	m := b.m
-	if !mtypeRE.MatchString(m.Type) {
-		b.fail(machine.Invalid(machinePath.Child("type"), m.Type, "must be a QEMU machine type such as q35"))
-	}
-	if m.Accel != machine.AccelKVM && m.Accel != machine.AccelTCG {
-		b.fail(machine.NotSupported(machinePath.Child("accel"), m.Accel, []string{string(machine.AccelKVM), string(machine.AccelTCG)}))
-	}
-	mopt := m.Type + ",accel=" + string(m.Accel)
-	if m.NoACPI {
-		mopt += ",acpi=off"
-	}
-	b.add("-machine", mopt)
-
-	cpu, cp := m.CPU, machinePath.Child("cpu")
-	switch {
-	case !cpuModelRE.MatchString(cpu.Model):
-		b.fail(machine.Invalid(cp.Child("model"), cpu.Model, "must be a QEMU CPU model name such as host or qemu64"))
-	case cpu.Model == "host" && m.Accel != machine.AccelKVM:
-		b.fail(machine.Invalid(cp.Child("model"), cpu.Model, "the host CPU model needs KVM"))
-	}
-	if cpu.Sockets == 0 || cpu.Cores == 0 || cpu.Threads == 0 || uint64(cpu.VCPUs) != uint64(cpu.Sockets)*uint64(cpu.Cores)*uint64(cpu.Threads) {
-		b.fail(machine.Invalid(cp.Child("vcpus"), cpu.VCPUs, fmt.Sprintf("must be sockets*cores*threads (%d*%d*%d), each at least 1", cpu.Sockets, cpu.Cores, cpu.Threads)))
-	}
-	b.add("-cpu", cpu.Model)
-	b.add("-smp", fmt.Sprintf("cpus=%d,sockets=%d,cores=%d,threads=%d", cpu.VCPUs, cpu.Sockets, cpu.Cores, cpu.Threads))
-	if m.MemoryMiB <= 0 {
-		b.fail(machine.Invalid(machinePath.Child("memoryMiB"), m.MemoryMiB, "must be positive"))
-	}
-	b.add("-m", strconv.FormatInt(m.MemoryMiB, 10))
-}
-
-func (b *builder) kernelBoot() {
-	kb, kp := b.m.Kernel, machinePath.Child("kernel")
-	if kb == nil {
-		if b.m.KernelFile != "" || b.m.InitrdFile != "" {
-			b.fail(machine.Forbidden(kp, "a kernel or initrd was resolved but the machine boots no kernel"))
-		}
-		return
-	}
-	if b.m.KernelFile == "" {
-		b.fail(machine.Required(kp.Child("kernelPath"), "no kernel was resolved"))
-	} else {
-		b.checkAbs(kp.Child("kernelPath"), b.m.KernelFile)
-	}
-	if b.m.InitrdFile == "" && kb.InitrdPath != "" {
-		b.fail(machine.Required(kp.Child("initrdPath"), "no initrd was resolved"))
-	} else if b.m.InitrdFile != "" {
-		b.checkAbs(kp.Child("initrdPath"), b.m.InitrdFile)
-	}
-	if strings.IndexByte(kb.Args, 0) >= 0 {
-		b.fail(machine.Invalid(kp.Child("args"), kb.Args, "must not contain a NUL byte"))
-	}
-	b.add("-kernel", b.m.KernelFile)
-	if b.m.InitrdFile != "" {
-		b.add("-initrd", b.m.InitrdFile)
-	}
-	if kb.Args != "" {
-		b.add("-append", kb.Args)
-	}
-}
-
-func (b *builder) controlAndConsoles() {
-	m := b.m
-	for _, c := range []struct{ id, path string }{{QMPChardevID, m.QMPSocket()}, {ShellQMPChardevID, m.ShellQMPSocket()}} {
-		b.add("-chardev", "socket,id="+c.id+",path="+optEscape(c.path)+",server=on,wait=off",
-			"-mon", "chardev="+c.id+",mode=control")
-	}
-	if m.SerialConsole {
-		b.add("-chardev", "socket,id="+SerialChardevID+",path="+optEscape(m.SerialSocket())+",server=on,wait=off",
-			"-serial", "chardev:"+SerialChardevID)
-	}
-	if m.Graphics {
-		b.add("-vnc", "unix:"+optEscape(m.VNCSocket()),
-			"-device", fmt.Sprintf("VGA,id=video0,bus=pcie.0,addr=%#x", vgaSlot))
 	}
 }
 

@@ -281,6 +281,42 @@ func (l *Launcher) Reset(ctx context.Context) error {
 	return p.Reset(ctx)
 }
 
+// pausedRefusal is the refusal of a soft reboot while the vCPUs are stopped: the keys would wait in
+// the keyboard controller and reboot the guest at some later unpause, which nobody expects.
+const pausedRefusal = "VMI is paused; unpause it first"
+
+// SoftReboot asks the guest to reboot itself by pressing Ctrl+Alt+Del on its keyboard; there is no
+// guest agent. Linux hands the keys to init (busybox and systemd reboot cleanly), so the guest
+// syncs and restarts its own way; it returns once the keys are sent, not when the guest is back.
+// Until the guest's init has claimed the keys (busybox init and systemd do so at start), the
+// Linux kernel's default is an immediate restart, without a clean shutdown.
+// QEMU runs without -no-reboot, so the guest's reset is a RESET event and QEMU, the launcher's
+// phase and the run state stay as they are.
+func (l *Launcher) SoftReboot(ctx context.Context) error {
+	p, err := l.process()
+	if err != nil {
+		return err
+	}
+	// Ask QEMU rather than the event-tracked state: a pause from the operator QMP shell may not
+	// have been seen yet.
+	st, err := p.Monitor().QueryStatus(ctx)
+	if err != nil {
+		return fmt.Errorf("soft reboot: %w", err)
+	}
+	switch st.Status {
+	case qmp.StateRunning:
+	case qmp.StatePaused, qmp.StatePrelaunch:
+		return &ConflictError{Msg: pausedRefusal}
+	default:
+		return &ConflictError{Msg: fmt.Sprintf("the guest is not running (QEMU run state %q): nothing to reboot", st.Status)}
+	}
+	if err := p.Monitor().SendKey(ctx, "ctrl", "alt", "delete"); err != nil {
+		return fmt.Errorf("soft reboot: send Ctrl+Alt+Del: %w", err)
+	}
+	l.opts.Log.Info("soft reboot: Ctrl+Alt+Del sent to the guest")
+	return nil
+}
+
 // Kill ends QEMU at once.
 func (l *Launcher) Kill(context.Context) error {
 	p, err := l.process()

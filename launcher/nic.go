@@ -3,7 +3,6 @@ package launcher
 import (
 	"fmt"
 	"net"
-	"regexp"
 	"strings"
 
 	"github.com/qvirt/qvirt/machine"
@@ -26,14 +25,9 @@ var nicDrivers = map[machine.NICModel]struct {
 	machine.NICRTL8139: {"rtl8139", false},
 }
 
-var (
-	tapRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$`)
-	macRE = regexp.MustCompile(`^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$`)
-)
-
 // parseMAC accepts what the API accepts and returns QEMU's form (lower case, colons).
 func parseMAC(mac string) (string, error) {
-	if !macRE.MatchString(mac) {
+	if !isMAC(mac) {
 		return "", fmt.Errorf("must be six hex octets such as 02:00:00:00:00:01")
 	}
 	hw, err := net.ParseMAC(strings.ReplaceAll(mac, "-", ":"))
@@ -52,7 +46,7 @@ func checkNIC(p machine.Path, n *machine.NIC) (string, machine.FieldErrors) {
 	if err := checkName(p.Child("name"), n.Name); err != nil {
 		errs = append(errs, err)
 	}
-	if !tapRE.MatchString(n.Tap) || n.Tap == "." || n.Tap == ".." {
+	if !isTapName(n.Tap) || n.Tap == "." || n.Tap == ".." {
 		errs = append(errs, machine.Invalid(p.Child("tap"), n.Tap, "must be a network interface name: 1-15 letters, digits or _.-"))
 	}
 	drv, ok := nicDrivers[n.Model]
@@ -66,7 +60,7 @@ func checkNIC(p machine.Path, n *machine.NIC) (string, machine.FieldErrors) {
 	if err != nil {
 		errs = append(errs, machine.Invalid(p.Child("mac"), n.MAC, err.Error()))
 	}
-	if n.DHCP != nil && !tapRE.MatchString(n.DHCP.Interface) {
+	if n.DHCP != nil && !isTapName(n.DHCP.Interface) {
 		errs = append(errs, machine.Invalid(p.Child("dhcp", "interface"), n.DHCP.Interface, "must be a network interface name of 1 to 15 characters"))
 	}
 	return hw, errs
