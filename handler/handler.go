@@ -38,8 +38,9 @@ import (
 type Options struct {
 	// NodeName is the node this agent serves (the pod's spec.nodeName, from the downward API).
 	NodeName string
-	// SocketDir is where launchers make their per-instance directories (podlayout.SocketDir).
-	SocketDir string
+	// PodsDir is the kubelet's pods directory (podlayout.KubeletPodsDir, a hostPath of the agent's
+	// pod), where each launcher pod's own sockets volume is.
+	PodsDir string
 	// ImageCacheDir is the node's image cache (podlayout.ImageCacheDir, a hostPath of every launcher
 	// pod), made here owned by the launchers' uid; left alone when empty.
 	ImageCacheDir string
@@ -115,11 +116,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if opts.NodeName == "" {
 		return fmt.Errorf("node name: required (flag --node-name or env NODE_NAME)")
 	}
-	if opts.SocketDir == "" {
-		return fmt.Errorf("socket directory: required")
-	}
-	if err := prepareLauncherDir(opts.SocketDir, "socket directory"); err != nil {
-		return err
+	if opts.PodsDir == "" {
+		return fmt.Errorf("pods directory: required (flag --pods-dir)")
 	}
 	if opts.ImageCacheDir != "" {
 		if err := prepareLauncherDir(opts.ImageCacheDir, "image cache"); err != nil {
@@ -142,7 +140,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return err
 	}
 	r := &vmisync.Reconciler{
-		Client: mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, SocketDir: opts.SocketDir,
+		Client: mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, PodsDir: opts.PodsDir,
 		Targets:      targets,
 		Launcher:     opts.LauncherLimits,
 		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &crhandler.EnqueueRequestForObject{}),
@@ -171,7 +169,7 @@ func setupNode(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(hb); err != nil {
 		return err
 	}
-	collector := metrics.NewCollector(mgr.GetClient(), opts.NodeName, opts.SocketDir, mgr.GetLogger().WithName("metrics"))
+	collector := metrics.NewCollector(mgr.GetClient(), opts.NodeName, opts.PodsDir, mgr.GetLogger().WithName("metrics"))
 	reg := opts.Registry
 	if reg == nil {
 		reg = crmetrics.Registry
@@ -200,7 +198,7 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("stream server: advertise address %q: want host:port where qvirt-api reaches this node: %w", so.AdvertiseAddress, err)
 	}
 	sopts := streams.Options{
-		Reader: mgr.GetClient(), NodeName: opts.NodeName, SocketDir: opts.SocketDir,
+		Reader: mgr.GetClient(), NodeName: opts.NodeName, PodsDir: opts.PodsDir,
 		AllowedClientNames: so.AllowedClientNames, Addr: so.Addr, Log: mgr.GetLogger().WithName("streams"),
 	}
 	if so.TLSSecret != "" {

@@ -35,6 +35,7 @@ import (
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/podnet"
@@ -93,13 +94,13 @@ type env struct {
 	limits launcher.ClientOptions
 }
 
-// nodeAgent is a node: its socket directory, its qvirt-handler and its kubelet stand-in.
+// nodeAgent is a node: its kubelet pods directory, its qvirt-handler and its kubelet stand-in.
 type nodeAgent struct {
-	t         *testing.T
-	limits    launcher.ClientOptions
-	node      string
-	socketDir string
-	kubelet   *kubelet
+	t       *testing.T
+	limits  launcher.ClientOptions
+	node    string
+	podsDir string
+	kubelet *kubelet
 
 	// registry holds the node agent's per-instance metrics.
 	registry *prometheus.Registry
@@ -136,13 +137,9 @@ func newEnvWithLimits(t *testing.T, limits launcher.ClientOptions) *env {
 // addNode starts another node's agent and kubelet stand-in.
 func (e *env) addNode() *nodeAgent {
 	t := e.t
-	socketDir, err := os.MkdirTemp("", "qvh-") // unix socket paths must stay under 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(socketDir) })
-	n := &nodeAgent{t: t, limits: e.limits, node: "node-" + rand.String(5), socketDir: socketDir}
-	n.kubelet = &kubelet{t: t, c: e.c, node: n.node, socketDir: socketDir, net: e.net}
+	podsDir := t.TempDir()
+	n := &nodeAgent{t: t, limits: e.limits, node: "node-" + rand.String(5), podsDir: podsDir}
+	n.kubelet = &kubelet{t: t, c: e.c, node: n.node, podsDir: podsDir, net: e.net, dirs: map[types.UID]string{}}
 	n.startHandler()
 	return n
 }
@@ -181,7 +178,7 @@ func (n *nodeAgent) startHandler() {
 		t.Fatal(err)
 	}
 	n.registry = prometheus.NewRegistry()
-	opts2 := handler.Options{NodeName: n.node, SocketDir: n.socketDir, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits}
+	opts2 := handler.Options{NodeName: n.node, PodsDir: n.podsDir, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits}
 	if err := handler.Setup(context.Background(), mgr, opts2); err != nil {
 		t.Fatal(err)
 	}
@@ -285,22 +282,35 @@ func (e *env) waitEvent(name, reason, contains string, d time.Duration) {
 
 // kubelet stands in for the node's kubelet: see the comment at the top.
 type kubelet struct {
-	t         *testing.T
-	c         client.Client
-	node      string
-	socketDir string
-	net       *podnet.Network
+	t       *testing.T
+	c       client.Client
+	node    string
+	podsDir string
+	net     *podnet.Network
+
+	mu sync.Mutex
+	// dirs are the socket volumes (their real, short directories) of the pods run here, by VMI.
+	dirs map[types.UID]string
+}
+
+// dir is the socket directory of the VMI's launcher in the pod last run here for it.
+func (k *kubelet) dir(uid types.UID) launcher.Dir {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return launcher.VMIDir(k.dirs[uid], uid)
 }
 
 // pod is one launcher pod's process.
 type pod struct {
 	name, ns string
-	net      *podnet.NS
-	cmd      *exec.Cmd
-	out      testutil.SyncBuffer
-	exited   chan struct{}
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	// sockets is the real directory of the pod's sockets volume.
+	sockets string
+	net     *podnet.NS
+	cmd     *exec.Cmd
+	out     testutil.SyncBuffer
+	exited  chan struct{}
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
 // run waits for the VMI's launcher pod, binds it to the node and runs it (its process too when
@@ -337,7 +347,11 @@ func (k *kubelet) runPod(v *v1alpha1.VirtualMachineInstance, migrationUID string
 	if err := k.c.SubResource("binding").Create(ctx, &po, binding); err != nil {
 		t.Fatalf("bind pod %s: %v", po.Name, err)
 	}
-	p := &pod{name: po.Name, ns: po.Namespace, net: k.net.NewNS(t), exited: make(chan struct{}), stop: make(chan struct{})}
+	p := &pod{name: po.Name, ns: po.Namespace, net: k.net.NewNS(t), exited: make(chan struct{}), stop: make(chan struct{}),
+		sockets: testutil.PodSocketDir(t, k.podsDir, po.UID)}
+	k.mu.Lock()
+	k.dirs[v.UID] = p.sockets
+	k.mu.Unlock()
 	if withProcess {
 		k.start(p, string(v.UID))
 	}
@@ -356,12 +370,18 @@ func (k *kubelet) runPod(v *v1alpha1.VirtualMachineInstance, migrationUID string
 	return p
 }
 
-// start runs `qvirt-launcher serve` inside the pod's network namespace and follows the pod.
+// start runs `qvirt-launcher serve` inside the pod's network namespace and a mount namespace of
+// its own where the pod's sockets volume is at podlayout.SocketDir, as a container sees it, and
+// follows the pod.
 func (k *kubelet) start(p *pod, uid string) {
 	t := k.t
 	termLog := filepath.Join(t.TempDir(), "termination-log")
-	p.cmd = exec.Command("ip", "netns", "exec", p.net.Name, launcherBin, "serve",
-		"--socket-dir", k.socketDir, "--vmi-uid", uid, "--emulation", "--scratch-dir", t.TempDir(),
+	if err := os.MkdirAll(podlayout.SocketDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd = exec.Command("unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", `mount --bind "$0" "$1" && shift && exec "$@"`,
+		p.sockets, podlayout.SocketDir, "ip", "netns", "exec", p.net.Name, launcherBin, "serve",
+		"--socket-dir", podlayout.SocketDir, "--vmi-uid", uid, "--emulation", "--scratch-dir", t.TempDir(),
 		"--termination-log", termLog, "--linger", "2s")
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
@@ -427,11 +447,11 @@ func (k *kubelet) follow(p *pod) {
 }
 
 func (n *nodeAgent) console(v *v1alpha1.VirtualMachineInstance) *testutil.Console {
-	return testutil.AttachConsole(n.t, launcher.VMIDir(n.socketDir, v.UID).Serial())
+	return testutil.AttachConsole(n.t, n.kubelet.dir(v.UID).Serial())
 }
 
 func (n *nodeAgent) launcherClient(v *v1alpha1.VirtualMachineInstance) *launcher.Client {
-	c := launcher.NewClient(launcher.VMIDir(n.socketDir, v.UID).Command())
+	c := launcher.NewClient(n.kubelet.dir(v.UID).Command())
 	n.t.Cleanup(c.Close)
 	return c
 }
@@ -538,7 +558,7 @@ func TestInstanceLifecycle(t *testing.T) {
 		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 			t.Errorf("launcher exit code %d, want 0 (guest shut down cleanly)", code)
 		}
-		if dir := string(launcher.VMIDir(e.socketDir, v.UID)); fileExists(dir) {
+		if dir := string(e.kubelet.dir(v.UID)); fileExists(dir) {
 			t.Errorf("the launcher left its socket directory %s on the node", dir)
 		}
 		e.waitEvent("vm1", vmisync.EventGuestEnded, "guest shutdown", 10*time.Second)
@@ -658,7 +678,15 @@ func TestBadLaunchers(t *testing.T) {
 	stranger := e.guestVMI("stranger")
 	e.create(stranger)
 	e.kubelet.run(stranger, false)
-	synced := standInLauncher(t, e.kubelet.socketDir, e.get("stranger").UID, "99")
+	synced := standInLauncher(t, e.kubelet.dir(e.get("stranger").UID), "99")
+
+	// A process that is not of the pod (here: on the host, as another pod's or a stray process
+	// would be) serving the pod's launcher socket, speaking the right protocol: the agent must not
+	// wire networking into its namespaces nor send it the machine.
+	impostor := e.guestVMI("impostor")
+	e.create(impostor)
+	e.kubelet.run(impostor, false)
+	fooled := standInLauncher(t, e.kubelet.dir(e.get("impostor").UID), machine.Protocol)
 
 	v := e.waitVMI("bad-image", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
 		c := condition(v, vmisync.ConditionSynchronized)
@@ -693,7 +721,19 @@ func TestBadLaunchers(t *testing.T) {
 		t.Errorf("the node agent sent %d requests besides info and status to a launcher it cannot speak to", n)
 	}
 
-	for _, name := range []string{"silent", "bad-image", "stranger"} {
+	v = e.waitVMI("impostor", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+		c := condition(v, vmisync.ConditionSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonForeignLauncher || !strings.Contains(c.Message, "not of the VMI's launcher pod") {
+		t.Errorf("Synchronized condition %+v: want reason %s", c, vmisync.ReasonForeignLauncher)
+	}
+	e.waitEvent("impostor", vmisync.EventForeignLauncher, "not of the VMI's launcher pod", 10*time.Second)
+	if n := fooled.Load(); n != 0 {
+		t.Errorf("the node agent sent %d requests besides info and status to a process outside the launcher pod", n)
+	}
+
+	for _, name := range []string{"silent", "bad-image", "stranger", "impostor"} {
 		if v := e.get(name); v.Status.Phase != v1alpha1.Scheduled {
 			t.Errorf("%s: phase %s, want it left Scheduled while the agent retries", name, v.Status.Phase)
 		}
@@ -722,9 +762,8 @@ func TestBadLaunchers(t *testing.T) {
 
 // standInLauncher serves a launcher's socket for the VMI with uid that speaks only protocol
 // version proto: it answers info and status (Waiting) and counts every other request.
-func standInLauncher(t *testing.T, socketDir string, uid types.UID, proto string) *atomic.Int32 {
+func standInLauncher(t *testing.T, dir launcher.Dir, proto string) *atomic.Int32 {
 	t.Helper()
-	dir := launcher.VMIDir(socketDir, uid)
 	if err := os.MkdirAll(string(dir), 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -770,14 +809,14 @@ func TestHungLaunchers(t *testing.T) {
 		name := fmt.Sprintf("hung-%d", i)
 		v := e.guestVMI(name)
 		e.create(v)
-		hungLauncher(t, e.kubelet.socketDir, e.get(name).UID, nil)
 		e.kubelet.run(v, false)
+		hungLauncher(t, e.kubelet.dir(e.get(name).UID), nil)
 		hung = append(hung, name)
 	}
 	endless := e.guestVMI("endless")
 	e.create(endless)
-	hungLauncher(t, e.kubelet.socketDir, e.get("endless").UID, []byte(`{"phase":"`+strings.Repeat("x", 1<<20)))
 	e.kubelet.run(endless, false)
+	hungLauncher(t, e.kubelet.dir(e.get("endless").UID), []byte(`{"phase":"`+strings.Repeat("x", 1<<20)))
 
 	good := e.guestVMI("good")
 	e.create(good)
@@ -821,9 +860,8 @@ func TestHungLaunchers(t *testing.T) {
 // hungLauncher serves a launcher's socket for the VMI with uid that reads each request and answers
 // nothing, or, with a prefix, answers 200 with prefix and then nothing more, the body never ending.
 // The connections stay open until the test ends.
-func hungLauncher(t *testing.T, socketDir string, uid types.UID, prefix []byte) {
+func hungLauncher(t *testing.T, dir launcher.Dir, prefix []byte) {
 	t.Helper()
-	dir := launcher.VMIDir(socketDir, uid)
 	if err := os.MkdirAll(string(dir), 0o750); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/qvirt/qvirt/internal/unixsock"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -116,8 +117,7 @@ func NewClient(socket string) *Client {
 func NewClientWithOptions(socket string, opts ClientOptions) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
+			return unixsock.Dial(ctx, socket)
 		},
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,

@@ -3,8 +3,9 @@ package launcher
 import "path/filepath"
 
 // Dir is one VMI's socket directory, <socket-dir>/<vmi-uid>: the launcher creates it and its
-// sockets; the node agent finds them here. The launcher pod mounts the node's socket directory
-// (podlayout.SocketDir) from the host, so both see the same files.
+// sockets in its pod's own sockets volume (podlayout.SocketDir); the node agent finds them through
+// the kubelet's pod directory (podlayout.HostSocketDir), a path too long for a socket address, so
+// it dials with internal/unixsock.
 type Dir string
 
 // VMIDir is the directory of the VMI with uid under socketDir.

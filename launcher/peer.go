@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/qvirt/qvirt/internal/unixsock"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,8 +22,7 @@ func (p Peer) NetNSPath() string { return fmt.Sprintf("/proc/%d/ns/net", p.PID) 
 
 // PeerOf connects to the launcher's command socket and reports who serves it.
 func PeerOf(ctx context.Context, socket string) (Peer, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
+	conn, err := unixsock.Dial(ctx, socket)
 	if err != nil {
 		return Peer{}, err
 	}

@@ -24,7 +24,7 @@ import (
 func main() {
 	opts := handler.Options{}
 	flag.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	flag.StringVar(&opts.SocketDir, "socket-dir", podlayout.SocketDir, "directory of the launchers' per-instance sockets")
+	flag.StringVar(&opts.PodsDir, "pods-dir", podlayout.KubeletPodsDir, "the kubelet's pods directory, where each launcher pod's sockets volume is")
 	flag.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMap qvirt-config")
 	flag.StringVar(&opts.ImageCacheDir, "image-cache-dir", podlayout.ImageCacheDir, "the node's image cache, shared by its launchers")
 	flag.BoolVar(&opts.DevicePlugin, "device-plugin", true, "serve the kubelet device plugin for devices.qvirt.io/kvm and /tun (off in local mode)")

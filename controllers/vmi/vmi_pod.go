@@ -23,7 +23,7 @@ const (
 	// time to quit QEMU and clean up after the ACPI shutdown window ends, before the kubelet kills it.
 	GracePeriodMarginSeconds int64 = 15
 
-	socketsVolume = "sockets"
+	socketsVolume = podlayout.SocketsVolume
 	privateVolume = "private"
 	imagesVolume  = "images"
 )
@@ -95,9 +95,9 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 				},
 			}},
 			Volumes: []corev1.Volume{
-				{Name: socketsVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-					Path: podlayout.SocketDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate),
-				}}},
+				// The pod's own: no other pod sees its sockets; the node agent reaches them through
+				// the kubelet's pod directory (podlayout.HostSocketDir).
+				{Name: socketsVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 				{Name: privateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 				// The node agent makes it, owned by the launchers' uid (see handler.Options.ImageCacheDir).
 				{Name: imagesVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{

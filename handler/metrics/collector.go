@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
 )
 
@@ -37,20 +38,20 @@ const (
 
 // Collector is a prometheus.Collector for the VMIs of one node. Safe for concurrent scrapes.
 type Collector struct {
-	reader    client.Reader
-	node      string
-	socketDir string
-	log       logr.Logger
+	reader  client.Reader
+	node    string
+	podsDir string
+	log     logr.Logger
 	// scrapeErrors counts VMIs skipped because their launcher did not answer, and failed lists.
 	scrapeErrors atomic.Uint64
 }
 
 // NewCollector returns the collector for node nodeName. reader lists VMIs (the node agent's cache,
 // which holds only this node's; VMIs whose status.nodeName is another node are ignored anyway);
-// socketDir is where the per-VMI launcher sockets are (podlayout.SocketDir on a node). log gets one
+// podsDir is the kubelet's pods directory, where the launcher pods' sockets are. log gets one
 // line per launcher that failed to answer, at V(1) since the counter already tells.
-func NewCollector(reader client.Reader, nodeName, socketDir string, log logr.Logger) prometheus.Collector {
-	return &Collector{reader: reader, node: nodeName, socketDir: socketDir, log: log}
+func NewCollector(reader client.Reader, nodeName, podsDir string, log logr.Logger) prometheus.Collector {
+	return &Collector{reader: reader, node: nodeName, podsDir: podsDir, log: log}
 }
 
 // Describe implements prometheus.Collector.
@@ -147,7 +148,11 @@ func (c *Collector) gather(vmis []*v1alpha1.VirtualMachineInstance) <-chan resul
 func (c *Collector) stats(vmi *v1alpha1.VirtualMachineInstance) (launcher.Stats, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), launcherTimeout)
 	defer cancel()
-	cl := launcher.NewClient(launcher.VMIDir(c.socketDir, vmi.UID).Command())
+	dir, err := podsockets.Running(c.podsDir, c.node, vmi)
+	if err != nil {
+		return launcher.Stats{}, err
+	}
+	cl := launcher.NewClient(dir.Command())
 	defer cl.Close()
 	return cl.Stats(ctx)
 }

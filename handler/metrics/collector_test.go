@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -58,7 +59,7 @@ const node = "node-a"
 func TestScrapeReportsRunningVMIs(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t)
-	socketDir := socketDir(t)
+	socketDir := podsDir(t)
 
 	vm := createVMI(t, ns, "guest", node, v1alpha1.Running)
 	l := startLauncher(t, socketDir, vm)
@@ -159,7 +160,7 @@ func TestScrapeReportsRunningVMIs(t *testing.T) {
 }
 
 func TestScrapeSurvivesAListError(t *testing.T) {
-	c := metrics.NewCollector(failingReader{}, node, socketDir(t), testr.New(t))
+	c := metrics.NewCollector(failingReader{}, node, podsDir(t), testr.New(t))
 	got := scrape(t, serve(t, c))
 	if v := got.must(t, "qvirt_handler_scrape_errors_total", nil); v != 1 {
 		t.Fatalf("scrape errors %v, want 1", v)
@@ -170,7 +171,7 @@ func TestScrapeSurvivesAListError(t *testing.T) {
 // an informer cache as in the node agent; BenchmarkLauncherStats is the launcher's share of it.
 func BenchmarkScrape(b *testing.B) {
 	ns := namespace(b)
-	dir := socketDir(b)
+	dir := podsDir(b)
 	vm := createVMI(b, ns, "bench", node, v1alpha1.Running)
 	startLauncher(b, dir, vm)
 	srv := serve(b, metrics.NewCollector(informerCache(b), node, dir, logr.Discard()))
@@ -190,7 +191,7 @@ func BenchmarkScrape(b *testing.B) {
 
 func BenchmarkLauncherStats(b *testing.B) {
 	vm := createVMI(b, namespace(b), "bench", node, v1alpha1.Running)
-	l := startLauncher(b, socketDir(b), vm)
+	l := startLauncher(b, podsDir(b), vm)
 	b.ResetTimer()
 	for b.Loop() {
 		if _, err := l.client.Stats(context.Background()); err != nil {
@@ -231,15 +232,14 @@ func namespace(t testing.TB) string {
 }
 
 // socketDir is a short directory of our own: unix socket paths are limited to 107 bytes.
-func socketDir(t testing.TB) string {
+// podsDir is a node's kubelet pods directory.
+func podsDir(t testing.TB) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "qvm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
+	return t.TempDir()
 }
+
+// podOf is the UID of the launcher pod createVMI records for the VMI named name.
+func podOf(name string) types.UID { return types.UID("pod-of-" + name) }
 
 // guestSpec is the test guest with a 16 MiB scratch virtio disk.
 func guestSpec(t testing.TB) v1alpha1.VirtualMachineInstanceSpec {
@@ -266,6 +266,7 @@ func createVMI(t testing.TB, ns, name, nodeName string, phase v1alpha1.VirtualMa
 	}
 	vmi.Status.Phase = phase
 	vmi.Status.NodeName = nodeName
+	vmi.Status.ActivePods = map[types.UID]string{podOf(name): nodeName}
 	if err := cp.Client.Status().Update(ctx, vmi); err != nil {
 		t.Fatalf("set status of VMI %s: %v", name, err)
 	}
@@ -279,9 +280,9 @@ type runningLauncher struct {
 
 // startLauncher serves a launcher at the VMI's socket directory and starts its guest; cleanup
 // kills QEMU (by its PID) and stops serving.
-func startLauncher(t testing.TB, socketDir string, vmi *v1alpha1.VirtualMachineInstance) *runningLauncher {
+func startLauncher(t testing.TB, podsDir string, vmi *v1alpha1.VirtualMachineInstance) *runningLauncher {
 	t.Helper()
-	dir := launcher.VMIDir(socketDir, vmi.UID)
+	dir := launcher.VMIDir(qvtest.PodSocketDir(t, podsDir, podOf(vmi.Name)), vmi.UID)
 	if err := os.MkdirAll(string(dir), 0o700); err != nil {
 		t.Fatal(err)
 	}

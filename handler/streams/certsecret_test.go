@@ -70,12 +70,12 @@ func TestServerTakesCertificatesFromSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := streams.New(streams.Options{Reader: cp.Client, NodeName: nodeName, SocketDir: "/nonexistent", Addr: "127.0.0.1:0",
+	if _, err := streams.New(streams.Options{Reader: cp.Client, NodeName: nodeName, PodsDir: "/nonexistent", Addr: "127.0.0.1:0",
 		Certs: src, CertFile: "/etc/tls.crt", Log: testr.New(t)}); err == nil {
 		t.Error("Options.Certs with Options.CertFile: no error")
 	}
 
-	s, err := streams.New(streams.Options{Reader: cp.Client, NodeName: nodeName, SocketDir: newSocketDir(t), Addr: "127.0.0.1:0",
+	s, err := streams.New(streams.Options{Reader: cp.Client, NodeName: nodeName, PodsDir: t.TempDir(), Addr: "127.0.0.1:0",
 		Certs: src, AllowedClientNames: []string{certs.APIName}, Log: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)

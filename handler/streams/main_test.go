@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/go-logr/logr/testr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -61,18 +62,18 @@ func fuzzing() bool {
 // server is a running stream server and what a client needs to reach it.
 type server struct {
 	*streams.Server
-	pki       *pki
-	socketDir string
-	base      string // https://127.0.0.1:port
-	stop      context.CancelFunc
-	stopped   chan error
-	once      sync.Once
+	pki     *pki
+	podsDir string
+	base    string // https://127.0.0.1:port
+	stop    context.CancelFunc
+	stopped chan error
+	once    sync.Once
 }
 
-func startServer(t *testing.T, socketDir string, p *pki, edit func(*streams.Options)) *server {
+func startServer(t *testing.T, podsDir string, p *pki, edit func(*streams.Options)) *server {
 	t.Helper()
 	opts := streams.Options{
-		Reader: cp.Client, NodeName: nodeName, SocketDir: socketDir,
+		Reader: cp.Client, NodeName: nodeName, PodsDir: podsDir,
 		CertFile: p.certFile, KeyFile: p.keyFile, ClientCAFile: p.caFile,
 		Addr: "127.0.0.1:0", Log: testr.New(t),
 	}
@@ -84,7 +85,7 @@ func startServer(t *testing.T, socketDir string, p *pki, edit func(*streams.Opti
 		t.Fatalf("streams.New: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := &server{Server: s, pki: p, socketDir: socketDir, stop: cancel, stopped: make(chan error, 1)}
+	srv := &server{Server: s, pki: p, podsDir: podsDir, stop: cancel, stopped: make(chan error, 1)}
 	go func() { srv.stopped <- s.Start(ctx) }()
 	t.Cleanup(func() { srv.shutdown(t) })
 	waitFor(t, 5*time.Second, "the server to listen", func() bool { return s.Addr() != nil })
@@ -200,17 +201,6 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	}
 }
 
-// newSocketDir is a node's socket directory; short, since unix socket paths are limited to 107 bytes.
-func newSocketDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "qvs-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
-
 // createVMI creates a VMI like the test guest and sets its status as the handler would.
 func createVMI(t *testing.T, name string, edit func(*v1alpha1.VirtualMachineInstance)) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
@@ -222,6 +212,7 @@ func createVMI(t *testing.T, name string, edit func(*v1alpha1.VirtualMachineInst
 	req.Spec.Domain.Devices.AutoattachGraphicsDevice = ptr.To(true)
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: req.Spec}
 	vmi.Status.NodeName, vmi.Status.Phase = nodeName, v1alpha1.Running
+	vmi.Status.ActivePods = map[types.UID]string{podOf(vmi.Name): nodeName}
 	if edit != nil {
 		edit(vmi)
 	}
@@ -244,11 +235,14 @@ type guest struct {
 	client *launcher.Client
 }
 
-// bootGuest starts a launcher for vmi under socketDir and syncs it; the guest is still booting
-// when it returns (QVIRT-GUEST-READY comes some seconds later).
-func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInstance) *guest {
+// podOf is the UID of the launcher pod createVMI records for the VMI named name.
+func podOf(name string) types.UID { return types.UID("pod-of-" + name) }
+
+// bootGuest starts a launcher for vmi in its pod's sockets volume under podsDir and syncs it; the
+// guest is still booting when it returns (QVIRT-GUEST-READY comes some seconds later).
+func bootGuest(t *testing.T, podsDir string, vmi *v1alpha1.VirtualMachineInstance) *guest {
 	t.Helper()
-	dir := launcher.VMIDir(socketDir, vmi.UID)
+	dir := launcher.VMIDir(testutil.PodSocketDir(t, podsDir, podOf(vmi.Name)), vmi.UID)
 	if err := os.MkdirAll(string(dir), 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 // these VMIs has a launcher.
 func TestRefusals(t *testing.T) {
 	p := newPKI(t)
-	srv := startServer(t, newSocketDir(t), p, nil)
+	srv := startServer(t, t.TempDir(), p, nil)
 	here := createVMI(t, "refusals-here", nil)
 	elsewhere := createVMI(t, "refusals-elsewhere", func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = "node-b" })
 	scheduled := createVMI(t, "refusals-scheduled", func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase = v1alpha1.Scheduled })
@@ -42,7 +42,7 @@ func TestRefusals(t *testing.T) {
 	})
 
 	t.Run("AllowedClientNames refuses other names from the right CA", func(t *testing.T) {
-		strict := startServer(t, newSocketDir(t), p, func(o *streams.Options) { o.AllowedClientNames = []string{"qvirt-api"} })
+		strict := startServer(t, t.TempDir(), p, func(o *streams.Options) { o.AllowedClientNames = []string{"qvirt-api"} })
 		intruder := p.ca.issue(t, "some-workload", false)
 		if _, _, err := strict.do(t, http.MethodPut, pathOf(unknown, streams.Pause), alice, &intruder.tls); err == nil || !strings.Contains(err.Error(), "tls") {
 			t.Fatalf("certificate CN=some-workload: %v, want a TLS error", err)
@@ -103,7 +103,7 @@ func TestRefusals(t *testing.T) {
 // the new one, without restarting the server.
 func TestCertificateReload(t *testing.T) {
 	p := newPKI(t)
-	srv := startServer(t, newSocketDir(t), p, nil)
+	srv := startServer(t, t.TempDir(), p, nil)
 	unknown := pathOf(&v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "nope"}}, streams.Pause)
 	servedSerial := func() string {
 		req, _ := http.NewRequest(http.MethodPut, srv.base+unknown, nil)

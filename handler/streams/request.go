@@ -15,7 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/internal/apistatus"
+	"github.com/qvirt/qvirt/internal/unixsock"
 	"github.com/qvirt/qvirt/launcher"
 )
 
@@ -85,7 +87,11 @@ func (s *Server) lookup(ctx context.Context, r *http.Request) (target, error) {
 	case st.Phase != v1alpha1.Running:
 		return target{}, apierrors.NewConflict(vmiResource, key.Name, fmt.Errorf("it is %s, not Running", phaseOf(st.Phase)))
 	}
-	return target{vmi: vmi, dir: launcher.VMIDir(s.opts.SocketDir, vmi.UID)}, nil
+	dir, err := podsockets.Running(s.opts.PodsDir, s.opts.NodeName, vmi)
+	if err != nil {
+		return target{}, apierrors.NewConflict(vmiResource, key.Name, err)
+	}
+	return target{vmi: vmi, dir: dir}, nil
 }
 
 func phaseOf(p v1alpha1.VirtualMachineInstancePhase) string {
@@ -97,8 +103,7 @@ func phaseOf(p v1alpha1.VirtualMachineInstancePhase) string {
 
 // dial connects to one of the VMI's unix sockets; what names the socket in the error.
 func dial(ctx context.Context, t target, what, socket string) (net.Conn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
+	conn, err := unixsock.Dial(ctx, socket)
 	if err == nil {
 		return conn, nil
 	}

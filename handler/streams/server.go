@@ -20,15 +20,16 @@ import (
 	"github.com/qvirt/qvirt/certs"
 )
 
-// Options configure the stream server. Reader, NodeName, SocketDir, Addr and either the three
+// Options configure the stream server. Reader, NodeName, PodsDir, Addr and either the three
 // files or Certs are required.
 type Options struct {
 	// Reader finds VMIs by namespace and name; the handler's cache, which holds its node's VMIs.
 	Reader client.Reader
 	// NodeName is the handler's node; VMIs elsewhere are refused with 409.
 	NodeName string
-	// SocketDir holds one directory per VMI UID (launcher.VMIDir); podlayout.SocketDir on a node.
-	SocketDir string
+	// PodsDir is the kubelet's pods directory, where each launcher pod's sockets are
+	// (podsockets.Running).
+	PodsDir string
 	// CertFile and KeyFile are the serving certificate (PEM) and its key.
 	CertFile, KeyFile string
 	// ClientCAFile is the PEM bundle of CAs whose client certificates are accepted.
@@ -69,7 +70,7 @@ type Server struct {
 // New checks opts and loads the certificates (a bad file fails here, not at the first handshake).
 func New(opts Options) (*Server, error) {
 	for _, f := range []struct{ name, v string }{
-		{"NodeName", opts.NodeName}, {"SocketDir", opts.SocketDir}, {"Addr", opts.Addr},
+		{"NodeName", opts.NodeName}, {"PodsDir", opts.PodsDir}, {"Addr", opts.Addr},
 	} {
 		if f.v == "" {
 			return nil, fmt.Errorf("streams: Options.%s is required", f.name)

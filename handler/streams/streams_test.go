@@ -21,10 +21,10 @@ const bootTimeout = 3 * time.Minute
 // stream server, in order (later steps rely on the guest state earlier ones left).
 func TestGuestStreams(t *testing.T) {
 	p := newPKI(t)
-	socketDir := newSocketDir(t)
-	srv := startServer(t, socketDir, p, nil)
+	podsDir := t.TempDir()
+	srv := startServer(t, podsDir, p, nil)
 	vmi := createVMI(t, "guest-streams", nil)
-	g := bootGuest(t, socketDir, vmi)
+	g := bootGuest(t, podsDir, vmi)
 	ctx := context.Background()
 
 	// Attach right away: the guest prints its banner once, some seconds into the boot.
@@ -224,7 +224,7 @@ func TestGuestStreams(t *testing.T) {
 		// (The takeover subtest's cleanup may already have closed it.)
 		_ = con.Conn.Close(websocket.StatusNormalClosure, "done")
 		<-con.Closed()
-		other := startServer(t, socketDir, p, nil)
+		other := startServer(t, podsDir, p, nil)
 		c := read(other.mustDial(t, vmi, streams.Console, alice, streams.SubprotocolPlain))
 		c.Send(t, websocket.MessageBinary, "echo other-$((2+3))\n")
 		c.Expect(t, 0, "other-5", time.Minute)

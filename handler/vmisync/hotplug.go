@@ -154,7 +154,7 @@ func (r *Reconciler) syncNICs(ctx context.Context, v *v1alpha1.VirtualMachineIns
 }
 
 func (r *Reconciler) plugNIC(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, in v1alpha1.Interface) error {
-	peer, err := launcher.PeerOf(ctx, launcher.VMIDir(r.SocketDir, v.UID).Command())
+	peer, err := r.peer(ctx, v)
 	if err != nil {
 		return fmt.Errorf("find the launcher process: %w", err)
 	}
@@ -180,7 +180,7 @@ func (r *Reconciler) unplugNIC(ctx context.Context, v *v1alpha1.VirtualMachineIn
 	if err := c.UnplugNIC(ctx, name); err != nil {
 		return err
 	}
-	peer, err := launcher.PeerOf(ctx, launcher.VMIDir(r.SocketDir, v.UID).Command())
+	peer, err := r.peer(ctx, v)
 	if err != nil {
 		return fmt.Errorf("find the launcher process: %w", err)
 	}

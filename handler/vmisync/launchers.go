@@ -19,12 +19,13 @@ import (
 // kept as the latest and queues the instance for reconciling, so the reconciler reacts to QEMU's
 // events instead of polling. Safe for concurrent use.
 type launchers struct {
-	socketDir string
 	opts      launcher.ClientOptions
 	events    chan event.TypedGenericEvent[client.Object]
 	log       logr.Logger
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// dirs are the socket directories of the instances' launcher pods here, set by place.
+	dirs     map[types.UID]launcher.Dir
 	streams  map[types.UID]*stream
 	progress map[types.UID]time.Time
 	failures map[types.UID]string
@@ -42,14 +43,34 @@ type stream struct {
 	shuttingDown bool
 }
 
-func newLaunchers(socketDir string, opts launcher.ClientOptions, log logr.Logger) *launchers {
-	return &launchers{socketDir: socketDir, opts: opts, log: log, streams: map[types.UID]*stream{}, progress: map[types.UID]time.Time{}, failures: map[types.UID]string{},
+func newLaunchers(opts launcher.ClientOptions, log logr.Logger) *launchers {
+	return &launchers{opts: opts, log: log, dirs: map[types.UID]launcher.Dir{}, streams: map[types.UID]*stream{},
+		progress: map[types.UID]time.Time{}, failures: map[types.UID]string{},
 		events: make(chan event.TypedGenericEvent[client.Object], 1024)}
 }
 
-// client is the launcher client of an instance, with the node agent's limits.
+// place records where the instance's launcher pod on this node keeps its sockets.
+func (ls *launchers) place(uid types.UID, dir launcher.Dir) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.dirs[uid] = dir
+}
+
+// dir is the instance's socket directory recorded by place ("" when none is).
+func (ls *launchers) dir(uid types.UID) launcher.Dir {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.dirs[uid]
+}
+
+// client is the launcher client of an instance placed here, with the node agent's limits. An
+// instance never placed gets a client whose calls fail: there is no socket to reach.
 func (ls *launchers) client(uid types.UID) *launcher.Client {
-	return launcher.NewClientWithOptions(launcher.VMIDir(ls.socketDir, uid).Command(), ls.opts)
+	socket := "" // dials fail: "missing address"
+	if d := ls.dir(uid); d != "" {
+		socket = d.Command()
+	}
+	return launcher.NewClientWithOptions(socket, ls.opts)
 }
 
 // latest is the instance's last streamed status; ok is false when no stream is live (none
@@ -139,6 +160,7 @@ func (ls *launchers) forget(uid types.UID) {
 	defer ls.mu.Unlock()
 	delete(ls.progress, uid)
 	delete(ls.failures, uid)
+	delete(ls.dirs, uid)
 	if s := ls.streams[uid]; s != nil {
 		s.cancel()
 		delete(ls.streams, uid)
@@ -178,6 +200,7 @@ func (ls *launchers) forgetKey(key client.ObjectKey) {
 			s.cancel()
 			delete(ls.streams, uid)
 			delete(ls.progress, uid)
+			delete(ls.dirs, uid)
 		}
 	}
 }

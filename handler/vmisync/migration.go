@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/qmp"
 )
@@ -83,6 +84,7 @@ func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMac
 // prepareTarget starts the target launcher waiting for the guest and makes it listen; it returns
 // the address the source migrates to.
 func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) (string, error) {
+	r.launchers.place(v.UID, podsockets.Dir(r.PodsDir, pod.UID, v.UID))
 	c := r.launchers.client(v.UID)
 	defer c.Close()
 	st, err := c.Status(ctx)

@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher"
@@ -48,6 +49,8 @@ const (
 	EventSyncFailed          = "SyncFailed"
 	EventNetworkSetupFailed  = "NetworkSetupFailed"
 	EventKilledLeftover      = "KilledLeftoverGuest"
+	// EventForeignLauncher: the process serving the launcher socket is not of the VMI's pod.
+	EventForeignLauncher = "ForeignLauncher"
 )
 
 // Workers is how many of the node's instances are reconciled at once.
@@ -59,8 +62,9 @@ type Reconciler struct {
 	Recorder record.EventRecorder
 	// NodeName is this node; instances elsewhere are ignored.
 	NodeName string
-	// SocketDir holds the per-instance launcher directories (v1alpha1.SocketDir on a node).
-	SocketDir string
+	// PodsDir is the kubelet's pods directory (podlayout.KubeletPodsDir on a node), where each
+	// launcher pod's sockets volume is (podsockets.Dir).
+	PodsDir string
 	// Targets reads the instances migrating to this node (see TargetCacheOptions); their
 	// status.nodeName is still the source's.
 	Targets client.Reader
@@ -82,7 +86,7 @@ type Reconciler struct {
 // SetupWithManager registers the reconciler. The manager's cache must hold only this node's
 // instances and launcher pods (see CacheOptions).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.launchers = newLaunchers(r.SocketDir, r.Launcher, mgr.GetLogger().WithName("launchers"))
+	r.launchers = newLaunchers(r.Launcher, mgr.GetLogger().WithName("launchers"))
 	if err := mgr.Add(stopStreams{r.launchers}); err != nil {
 		return err
 	}
@@ -153,6 +157,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// The pod watch brings the instance back when its pod runs.
 		return ctrl.Result{}, err
 	}
+	r.launchers.place(v.UID, podsockets.Dir(r.PodsDir, pod.UID, v.UID))
 	log := logr.FromContextOrDiscard(ctx).WithValues("pod", pod.Name)
 	ctx = logr.NewContext(ctx, log)
 
@@ -261,7 +266,7 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 				return nil, nil
 			}
 			return nil, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable,
-				fmt.Errorf("launcher of pod %s at %s: %w", pod.Name, launcher.VMIDir(r.SocketDir, v.UID).Command(), err))
+				fmt.Errorf("launcher of pod %s at %s: %w", pod.Name, r.launchers.dir(v.UID).Command(), err))
 		}
 		if st.Phase == launcher.PhaseWaiting && v.DeletionTimestamp.IsZero() {
 			if st, err = r.startLauncher(ctx, v, pod, c, false); err != nil {
@@ -312,7 +317,11 @@ func (r *Reconciler) startedRecently(pod *corev1.Pod) bool {
 // while this node was unresponsive, say. The instance's outcome is decided; a second copy of the
 // guest must not run on.
 func (r *Reconciler) stopLeftover(ctx context.Context, v *v1alpha1.VirtualMachineInstance) error {
-	c := r.launchers.client(v.UID)
+	dir, err := podsockets.Running(r.PodsDir, r.NodeName, v)
+	if err != nil {
+		return nil // no launcher pod here
+	}
+	c := launcher.NewClientWithOptions(dir.Command(), r.Launcher)
 	defer c.Close()
 	st, err := c.Status(ctx)
 	if err != nil || st.UID != string(v.UID) || st.Exit != nil {
@@ -361,12 +370,16 @@ func migratedAway(v *v1alpha1.VirtualMachineInstance, st *launcher.Status) bool 
 // startLauncher sets up the guest's network and sends the launcher the instance to run, or, for
 // a migration target (incoming), to wait for.
 func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, c *launcher.Client, incoming bool) (launcher.Status, error) {
-	peer, err := launcher.PeerOf(ctx, launcher.VMIDir(r.SocketDir, v.UID).Command())
-	if err != nil {
-		return launcher.Status{}, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("find the launcher process: %w", err))
-	}
 	if err := speaksProtocol(ctx, c); err != nil {
 		return launcher.Status{}, r.syncFailed(v, ReasonProtocolMismatch, EventSyncFailed, err)
+	}
+	// Before its namespaces are touched or it is sent anything: is it the pod's?
+	peer, err := r.peer(ctx, v)
+	if errors.Is(err, podsockets.ErrForeignPeer) {
+		return launcher.Status{}, r.syncFailed(v, ReasonForeignLauncher, EventForeignLauncher, err)
+	}
+	if err != nil {
+		return launcher.Status{}, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("find the launcher process: %w", err))
 	}
 	nics, err := setupNetwork(v, pod, peer)
 	if err != nil {
@@ -387,6 +400,20 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventStarted, "QEMU started in pod %s", pod.Name)
 	}
 	return st, nil
+}
+
+// peer is the process serving the instance's launcher socket, checked to be of its launcher pod
+// before the node agent wires networking into its namespaces or sends it anything.
+func (r *Reconciler) peer(ctx context.Context, v *v1alpha1.VirtualMachineInstance) (launcher.Peer, error) {
+	dir := r.launchers.dir(v.UID)
+	peer, err := launcher.PeerOf(ctx, dir.Command())
+	if err != nil {
+		return launcher.Peer{}, err
+	}
+	if err := podsockets.VerifyPeer(peer, dir); err != nil {
+		return launcher.Peer{}, err
+	}
+	return peer, nil
 }
 
 // speaksProtocol checks that the launcher speaks the protocol this node agent sends machines in. A

@@ -32,6 +32,8 @@ const (
 	ReasonNetworkSetupFailed  = "NetworkSetupFailed"
 	// ReasonProtocolMismatch: the launcher does not speak this node agent's protocol version.
 	ReasonProtocolMismatch = "LauncherProtocolMismatch"
+	// ReasonForeignLauncher: the process serving the launcher socket is not of the VMI's pod.
+	ReasonForeignLauncher = "ForeignLauncher"
 	// ReasonLauncherTimeout: the launcher accepted a call and did not answer it in time.
 	ReasonLauncherTimeout = "LauncherTimeout"
 	// ReasonLauncherReplyTooLarge: the launcher answered with more than the node agent reads.

@@ -14,9 +14,16 @@ const (
 	// LauncherUID is the unprivileged user (and group) the launcher and QEMU run as, as in KubeVirt.
 	LauncherUID = 107
 
-	// SocketDir is the host directory holding one subdirectory per VMI UID with launcher.sock and
-	// QEMU's sockets (launcher.Dir), shared by the launcher pod (hostPath) and the node agent.
+	// SocketDir is where the launcher pod mounts its own sockets volume (SocketsVolume, an emptyDir):
+	// one subdirectory for its VMI's UID with launcher.sock and QEMU's sockets (launcher.Dir). No
+	// other pod sees it; the node agent reaches it on the host through the kubelet's pod directory
+	// (HostSocketDir).
 	SocketDir = "/var/run/qvirt/sockets"
+	// SocketsVolume is the name of the launcher pod's emptyDir mounted at SocketDir.
+	SocketsVolume = "sockets"
+	// KubeletPodsDir is where a kubelet keeps its pods' volumes; the node agent mounts it (hostPath)
+	// to reach launcher sockets.
+	KubeletPodsDir = "/var/lib/kubelet/pods"
 	// ImageCacheDir is the host directory where launchers keep the registry images they pulled
 	// (kernelBoot and containerDisk images), shared by the node's launchers and owned by their uid.
 	ImageCacheDir = "/var/lib/qvirt/images"
@@ -33,3 +40,14 @@ const (
 	FlagImageCache       = "image-cache"
 	FlagInsecureRegistry = "insecure-registry"
 )
+
+// EmptyDir is where a node keeps pod podUID's emptyDir volume under podsDir (KubeletPodsDir on a
+// kubelet's node; a virtual node lays out its pods the same way under its own state directory).
+func EmptyDir(podsDir, podUID, volume string) string {
+	return podsDir + "/" + podUID + "/volumes/kubernetes.io~empty-dir/" + volume
+}
+
+// HostSocketDir is the launcher pod podUID's SocketDir as the node agent sees it on the host.
+func HostSocketDir(podsDir, podUID string) string {
+	return EmptyDir(podsDir, podUID, SocketsVolume)
+}

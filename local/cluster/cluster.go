@@ -19,8 +19,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/scheme"
+	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler/nodeagent"
+	"github.com/qvirt/qvirt/handler/podsockets"
+	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
@@ -98,17 +101,19 @@ type Cluster struct {
 // NodeName is the name of virtual node i (from 1).
 func NodeName(i int) string { return fmt.Sprintf("qvirt-node-%d", i) }
 
-// nodeRunDir stands for node i's /var/run/qvirt. It is kept short: unix socket paths under it
-// (sockets/<vmi-uid>/qmp-shell.sock) must stay under 108 bytes, so Dir must be at most 40.
-func nodeRunDir(dir string, i int) string { return filepath.Join(dir, "run", "n"+strconv.Itoa(i)) }
+// nodeStateDir is virtual node i's state: its pods with their volumes, network namespaces, logs.
+func nodeStateDir(dir string, i int) string { return filepath.Join(dir, "nodes", NodeName(i)) }
 
 // nodeImageCache stands for node i's /var/lib/qvirt/images, where its launchers keep pulled images.
 func nodeImageCache(dir string, i int) string {
-	return filepath.Join(dir, "nodes", NodeName(i), "images")
+	return filepath.Join(nodeStateDir(dir, i), "images")
 }
 
-// NodeSocketDir is where node i's launchers and node agent meet.
-func NodeSocketDir(dir string, i int) string { return filepath.Join(nodeRunDir(dir, i), "sockets") }
+// LauncherDir is where virtual node i's agent reaches vmi's launcher: the sockets volume of the
+// VMI's active launcher pod on that node.
+func LauncherDir(dir string, i int, vmi *v1alpha1.VirtualMachineInstance) (launcher.Dir, error) {
+	return podsockets.Running(provider.PodsDir(nodeStateDir(dir, i)), NodeName(i), vmi)
+}
 
 // Up brings the whole cluster up: control plane, qvirt's API and controller, then each virtual
 // node with its node agent. What a crashed earlier run left in Dir is cleaned first.
@@ -231,7 +236,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 // nodeOptions are virtual node i's: its own bridge and pod subnet, and its own /var/run/qvirt.
 func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provider.Options {
 	name := NodeName(i)
-	dir := filepath.Join(c.opts.Dir, "nodes", name)
+	dir := nodeStateDir(c.opts.Dir, i)
 	cfg := rest.CopyConfig(restCfg)
 	// A kubelet's pod status updates are not throttled like a controller's: with client-go's
 	// default 5 QPS a burst of launcher pods waits seconds for its status writes.
@@ -243,7 +248,7 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 		// Pods see none of the cluster's state (PKI, etcd, the nodes' pods, sockets and caches)
 		// but their own volumes.
 		HiddenPaths:   []string{c.opts.Dir},
-		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), podlayout.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
+		HostPathRoots: map[string]string{podlayout.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
 		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
 			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
 	}
@@ -255,7 +260,7 @@ func (c *Cluster) handler(i int) supervise.Component {
 	probe := "127.0.0.1:" + strconv.Itoa(9450+i)
 	streams := net.JoinHostPort(apiAddress.String(), strconv.Itoa(c.streamsPort(i)))
 	return supervise.Component{Name: "qvirt-handler-" + name, Path: filepath.Join(c.opts.Bin, "qvirt-handler"),
-		Args: []string{"--node-name=" + name, "--socket-dir=" + NodeSocketDir(c.opts.Dir, i), "--namespace=" + Namespace,
+		Args: []string{"--node-name=" + name, "--pods-dir=" + provider.PodsDir(nodeStateDir(c.opts.Dir, i)), "--namespace=" + Namespace,
 			"--image-cache-dir=" + nodeImageCache(c.opts.Dir, i), "--device-plugin=false",
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
 			"--streams-tls-secret=" + certs.HandlerSecret,

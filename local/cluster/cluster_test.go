@@ -21,7 +21,6 @@ import (
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
-	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -139,7 +138,11 @@ func TestLocalCluster(t *testing.T) {
 	if cached, _ := os.ReadDir(nodeImageCache(dir, 1)); len(cached) == 0 {
 		t.Errorf("node %s's image cache %s is empty: the demo image was not pulled there", NodeName(1), nodeImageCache(dir, 1))
 	}
-	con := testutil.AttachConsole(t, launcher.VMIDir(NodeSocketDir(dir, 1), got.UID).Serial())
+	ld, err := LauncherDir(dir, 1, &got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	con := testutil.AttachConsole(t, ld.Serial())
 	con.Run(t, "echo HELLO-$((6*7))", "HELLO-42", 2*time.Minute)
 
 	hc := http.Client{Timeout: 5 * time.Second}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/podinit"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -526,7 +527,7 @@ func readTail(path string, n int64, tail bool) string {
 // (/var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>) under the node's state
 // directory, so the node agent finds a launcher's sockets the same way on both kinds of node.
 func EmptyDirPath(stateDir string, podUID types.UID, volume string) string {
-	return filepath.Join(PodsDir(stateDir), string(podUID), "volumes", "kubernetes.io~empty-dir", volume)
+	return podlayout.EmptyDir(PodsDir(stateDir), string(podUID), volume)
 }
 
 // PodsDir is a virtual node's counterpart of the kubelet's /var/lib/kubelet/pods.

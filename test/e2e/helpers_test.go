@@ -154,7 +154,12 @@ func nodeIndex(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) int {
 
 // vmiDir is the VMI's launcher directory on its node.
 func vmiDir(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) launcher.Dir {
-	return launcher.VMIDir(cluster.NodeSocketDir(dir, nodeIndex(t, vmi)), vmi.UID)
+	t.Helper()
+	d, err := cluster.LauncherDir(dir, nodeIndex(t, vmi), vmi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // console attaches to the VMI's serial console.

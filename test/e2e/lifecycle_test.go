@@ -9,11 +9,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/launcher"
-	"github.com/qvirt/qvirt/local/cluster"
+	"github.com/qvirt/qvirt/handler/podsockets"
+	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/test/envtest"
 )
 
@@ -69,7 +70,7 @@ func launcherPod(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) *corev1.Pod
 func waitGone(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, pid int, podUID string) {
 	t.Helper()
 	netns := filepath.Join(dir, "nodes", vmi.Status.NodeName, "netns", podUID)
-	sockets := string(launcher.VMIDir(cluster.NodeSocketDir(dir, nodeIndex(t, vmi)), vmi.UID))
+	sockets := string(podsockets.Dir(provider.PodsDir(filepath.Join(dir, "nodes", vmi.Status.NodeName)), types.UID(podUID), vmi.UID))
 	deadline := time.Now().Add(time.Minute)
 	for {
 		var pods corev1.PodList

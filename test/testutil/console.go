@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"regexp"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/qvirt/qvirt/internal/unixsock"
 )
 
 // Console reads a guest's serial socket (the test guest's protocol is in test/guest/README.md)
@@ -27,7 +30,7 @@ func AttachConsole(t testing.TB, path string) *Console {
 	var conn net.Conn
 	Eventually(t, 30*time.Second, "serial socket "+path, func() bool {
 		var err error
-		conn, err = net.Dial("unix", path)
+		conn, err = unixsock.Dial(context.Background(), path)
 		return err == nil
 	})
 	c := &Console{conn: conn}

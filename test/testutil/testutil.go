@@ -3,7 +3,14 @@ package testutil
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"sync"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 // SyncBuffer is a bytes.Buffer safe to write from a process's output copier while a test reads it.
@@ -24,4 +31,25 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// PodSocketDir makes launcher pod podUID's sockets volume under podsDir, as a kubelet lays it out
+// (podlayout.HostSocketDir), and returns where its files really are: a short directory the
+// volume's path links to, since the volume's own path is too long for the sockets a launcher
+// running outside a pod's mount namespace binds there.
+func PodSocketDir(t testing.TB, podsDir string, podUID types.UID) string {
+	t.Helper()
+	real, err := os.MkdirTemp("", "qvp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(real) })
+	vol := podlayout.HostSocketDir(podsDir, string(podUID))
+	if err := os.MkdirAll(filepath.Dir(vol), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, vol); err != nil {
+		t.Fatal(err)
+	}
+	return real
 }
