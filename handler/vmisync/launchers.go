@@ -19,9 +19,9 @@ import (
 // kept as the latest and queues the instance for reconciling, so the reconciler reacts to QEMU's
 // events instead of polling. Safe for concurrent use.
 type launchers struct {
-	opts      launcher.ClientOptions
-	events    chan event.TypedGenericEvent[client.Object]
-	log       logr.Logger
+	opts   launcher.ClientOptions
+	events chan event.TypedGenericEvent[client.Object]
+	log    logr.Logger
 
 	mu sync.Mutex
 	// dirs are the socket directories of the instances' launcher pods here, set by place.
