@@ -71,12 +71,8 @@ func (c Cache) Rootfs(ctx context.Context, image string, policy PullPolicy) (str
 	if err != nil {
 		return "", err
 	}
-	switch policy {
-	case "":
-		policy = defaultPolicy(ref)
-	case PullAlways, PullIfNotPresent, PullNever:
-	default:
-		return "", fmt.Errorf("unknown imagePullPolicy %q: want Always, IfNotPresent or Never", policy)
+	if policy, err = effectivePolicy(ref, policy); err != nil {
+		return "", err
 	}
 	if policy != PullAlways {
 		if dir, ok := c.cached(ref); ok {
@@ -95,16 +91,30 @@ func (c Cache) Rootfs(ctx context.Context, image string, policy PullPolicy) (str
 	return c.pull(ctx, ref)
 }
 
-func (c Cache) parse(image string) (name.Reference, error) {
+func (c Cache) parse(image string) (name.Reference, error) { return parseRef(image, c.Insecure) }
+
+// parseRef parses an image reference, allowing plain HTTP for the registries in insecure only.
+func parseRef(image string, insecure []string) (name.Reference, error) {
 	ref, err := name.ParseReference(image)
 	if err != nil {
 		return nil, fmt.Errorf("not an image reference: %w", err)
 	}
-	if slices.Contains(c.Insecure, ref.Context().RegistryStr()) {
+	if slices.Contains(insecure, ref.Context().RegistryStr()) {
 		// Lets go-containerregistry fall back to HTTP; insecureTransport allows it.
 		return name.ParseReference(image, name.Insecure)
 	}
 	return ref, nil
+}
+
+// effectivePolicy checks policy and gives an empty one Kubernetes' default for ref.
+func effectivePolicy(ref name.Reference, policy PullPolicy) (PullPolicy, error) {
+	switch policy {
+	case "":
+		return defaultPolicy(ref), nil
+	case PullAlways, PullIfNotPresent, PullNever:
+		return policy, nil
+	}
+	return "", fmt.Errorf("unknown imagePullPolicy %q: want Always, IfNotPresent or Never", policy)
 }
 
 func defaultPolicy(ref name.Reference) PullPolicy {
@@ -176,8 +186,12 @@ func (c Cache) pull(ctx context.Context, ref name.Reference) (string, error) {
 }
 
 // unpack writes img's flattened filesystem to a temporary directory and renames it to final.
-func (c Cache) unpack(img v1.Image, final string) error {
-	tmp, err := os.MkdirTemp(c.Dir, "tmp-")
+func (c Cache) unpack(img v1.Image, final string) error { return unpackImage(img, c.Dir, final) }
+
+// unpackImage writes img's flattened filesystem to final/rootfs through a temporary directory in
+// dir, renamed into place once complete.
+func unpackImage(img v1.Image, dir, final string) error {
+	tmp, err := os.MkdirTemp(dir, "tmp-")
 	if err != nil {
 		return err
 	}
@@ -203,8 +217,10 @@ func (c Cache) unpack(img v1.Image, final string) error {
 }
 
 // transport refuses plain HTTP to any registry not listed in Insecure.
-func (c Cache) transport() http.RoundTripper {
-	return insecureTransport{next: remote.DefaultTransport, allowed: c.Insecure}
+func (c Cache) transport() http.RoundTripper { return newTransport(c.Insecure) }
+
+func newTransport(insecure []string) http.RoundTripper {
+	return insecureTransport{next: remote.DefaultTransport, allowed: insecure}
 }
 
 type insecureTransport struct {
