@@ -39,9 +39,6 @@ type Options struct {
 	NodeName string
 	// SocketDir is where launchers make their per-instance directories (podlayout.SocketDir).
 	SocketDir string
-	// ImageCacheDir is the node's image cache (podlayout.ImageCacheDir, a hostPath of every launcher
-	// pod), made here owned by the launchers' uid; left alone when empty.
-	ImageCacheDir string
 	// Namespace is the install namespace holding the qvirt-config ConfigMap.
 	Namespace string
 	// QEMU is the emulator the capability probe runs (the launchers' is in their image); from PATH
@@ -116,11 +113,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	}
 	if err := prepareLauncherDir(opts.SocketDir, "socket directory"); err != nil {
 		return err
-	}
-	if opts.ImageCacheDir != "" {
-		if err := prepareLauncherDir(opts.ImageCacheDir, "image cache"); err != nil {
-			return err
-		}
 	}
 	//lint:ignore SA1019 the reconcilers record with the core/v1 Events API, as qvirt-controller's
 	rec := mgr.GetEventRecorderFor("qvirt-handler")
@@ -221,7 +213,7 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 func streamsOn(so StreamsOptions) bool { return so.Addr != "" && so.Addr != "0" }
 
 // prepareLauncherDir makes a node directory the launchers write in: the socket directory, where
-// each launcher creates its instance's directory, and the image cache. Launchers run as
+// each launcher creates its instance's directory. Launchers run as
 // podlayout.LauncherUID, with no other privilege.
 func prepareLauncherDir(dir, what string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -1,7 +1,11 @@
 // Package imagepull pulls container images (kernelBoot and containerDisk) from OCI registries with
-// go-containerregistry and unpacks them into a node-wide cache. It runs in its own short-lived
-// process (cmd/qvirt-pull, exec'd by the launcher): linking go-containerregistry into the
-// long-lived qvirt-launcher costs about 1.4 MiB of RSS per VM even when nothing is pulled.
+// go-containerregistry and unpacks them. Two caches use it:
+//
+//   - Store, a node's cache kept by one trusted process: a virtual node's provider implements the
+//     launcher pods' image volumes with it, as the kubelet does on a real node.
+//   - Cache, a user's cache for `qvirt-launcher run` outside Kubernetes, shared by that user's
+//     launchers through cmd/qvirt-pull, a short-lived process: linking go-containerregistry into
+//     the long-lived qvirt-launcher costs about 1.4 MiB of RSS per VM even when nothing is pulled.
 package imagepull
 
 import (
@@ -26,8 +30,9 @@ import (
 )
 
 // Cache pulls container images (kernelBoot and containerDisk) from registries and keeps
-// them unpacked under Dir, one directory per image digest, so every launcher on a node shares one
-// copy and a VM started again does not pull again:
+// them unpacked under Dir, one directory per image digest, so a user's launchers share one copy
+// and a VM started again does not pull again. Everyone who can write Dir is trusted by everyone
+// using it: it is one user's, never a node's (see Store):
 //
 //	Dir/sha256-<hex>/rootfs   the image's filesystem, complete once the directory exists
 //	Dir/refs/<escaped ref>    the digest a reference resolved to (for IfNotPresent and Never)

@@ -44,5 +44,3 @@ const (
 
 // ContainerDiskMount is where the launcher pod mounts containerDisk volume's image.
 func ContainerDiskMount(volume string) string { return ContainerDiskDir + "/" + volume }
-
-const ImageCacheDir = "/var/lib/qvirt/images" // TEMP

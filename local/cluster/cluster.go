@@ -21,7 +21,6 @@ import (
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler/nodeagent"
-	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/local/supervise"
@@ -102,10 +101,16 @@ func NodeName(i int) string { return fmt.Sprintf("qvirt-node-%d", i) }
 // (sockets/<vmi-uid>/qmp-shell.sock) must stay under 108 bytes, so Dir must be at most 40.
 func nodeRunDir(dir string, i int) string { return filepath.Join(dir, "run", "n"+strconv.Itoa(i)) }
 
-// nodeImageCache stands for node i's /var/lib/qvirt/images, where its launchers keep pulled images.
+// nodeImageCache is virtual node i's image cache, where its provider keeps the images of the
+// launcher pods' image volumes (the kubelet's image store on a real node). It is root's and, under
+// Dir, hidden from every pod.
 func nodeImageCache(dir string, i int) string {
 	return filepath.Join(dir, "nodes", NodeName(i), "images")
 }
+
+// nodeImageCacheBytes caps each virtual node's image cache: room for the demo images many times
+// over, while a long-lived local cluster does not fill the disk with images no VM uses.
+const nodeImageCacheBytes = 8 << 30
 
 // NodeSocketDir is where node i's launchers and node agent meet.
 func NodeSocketDir(dir string, i int) string { return filepath.Join(nodeRunDir(dir, i), "sockets") }
@@ -183,8 +188,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.startRegistry(ctx, nodeCtx); err != nil {
 		return nil, err
 	}
-	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage,
-		"insecureRegistries": c.Registry}
+	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage}
 	if p.Webhook == 0 {
 		p.Webhook = 9443
 	}
@@ -243,7 +247,10 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 		// Pods see none of the cluster's state (PKI, etcd, the nodes' pods, sockets and caches)
 		// but their own volumes.
 		HiddenPaths:   []string{c.opts.Dir},
-		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i), podlayout.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
+		HostPathRoots: map[string]string{"/var/run/qvirt": nodeRunDir(c.opts.Dir, i)},
+		ImageCache:    nodeImageCache(c.opts.Dir, i), ImageCacheMaxBytes: nodeImageCacheBytes,
+		// The local registry serves plain HTTP on the API bridge.
+		InsecureRegistries: []string{c.Registry},
 		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
 			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
 	}
@@ -256,7 +263,7 @@ func (c *Cluster) handler(i int) supervise.Component {
 	streams := net.JoinHostPort(apiAddress.String(), strconv.Itoa(c.streamsPort(i)))
 	return supervise.Component{Name: "qvirt-handler-" + name, Path: filepath.Join(c.opts.Bin, "qvirt-handler"),
 		Args: []string{"--node-name=" + name, "--socket-dir=" + NodeSocketDir(c.opts.Dir, i), "--namespace=" + Namespace,
-			"--image-cache-dir=" + nodeImageCache(c.opts.Dir, i), "--device-plugin=false",
+			"--device-plugin=false",
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
 			"--streams-tls-secret=" + certs.HandlerSecret,
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
