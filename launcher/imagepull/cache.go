@@ -260,10 +260,26 @@ func lockFile(path string) (func(), error) {
 	return func() { _ = f.Close() }, nil
 }
 
+// writeAtomic replaces path with data, readable by all, through a temporary file of its own (two
+// writers of one path, processes or goroutines, never share one).
 func writeAtomic(path string, data []byte) error {
-	tmp := path + ".tmp-" + fmt.Sprint(os.Getpid())
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
 }
