@@ -41,9 +41,6 @@ type Options struct {
 	// PodsDir is the kubelet's pods directory (podlayout.KubeletPodsDir, a hostPath of the agent's
 	// pod), where each launcher pod's own sockets volume is.
 	PodsDir string
-	// ImageCacheDir is the node's image cache (podlayout.ImageCacheDir, a hostPath of every launcher
-	// pod), made here owned by the launchers' uid; left alone when empty.
-	ImageCacheDir string
 	// Namespace is the install namespace holding the qvirt-config ConfigMap.
 	Namespace string
 	// QEMU is the emulator the capability probe runs (the launchers' is in their image); from PATH
@@ -118,11 +115,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	}
 	if opts.PodsDir == "" {
 		return fmt.Errorf("pods directory: required (flag --pods-dir)")
-	}
-	if opts.ImageCacheDir != "" {
-		if err := prepareLauncherDir(opts.ImageCacheDir, "image cache"); err != nil {
-			return err
-		}
 	}
 	//lint:ignore SA1019 the reconcilers record with the core/v1 Events API, as qvirt-controller's
 	rec := mgr.GetEventRecorderFor("qvirt-handler")
@@ -224,7 +216,7 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 func streamsOn(so StreamsOptions) bool { return so.Addr != "" && so.Addr != "0" }
 
 // prepareLauncherDir makes a node directory the launchers write in: the socket directory, where
-// each launcher creates its instance's directory, and the image cache. Launchers run as
+// each launcher creates its instance's directory. Launchers run as
 // podlayout.LauncherUID, with no other privilege.
 func prepareLauncherDir(dir, what string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {

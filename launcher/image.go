@@ -22,13 +22,14 @@ const PullerName = "qvirt-pull"
 // pullTimeout bounds one pull, including the wait for another launcher pulling the same image.
 const pullTimeout = 10 * time.Minute
 
-// pullImage gets image into the node's image cache (h.ImageCache) through the puller and returns
-// the directory of its filesystem. Concurrent launchers on the node share the cache; the puller
-// locks per digest.
+// pullImage gets image into the user's image cache (h.ImageCache) through the puller and returns
+// the directory of its filesystem: `qvirt-launcher run` only, outside Kubernetes, where the user
+// running the launcher owns the cache. Concurrent launchers share the cache; the puller locks per
+// digest.
 func (h HostResolver) pullImage(ref machine.ImageRef) (string, error) {
 	image, policy := ref.Ref, ref.PullPolicy
 	if ref.PullSecret != "" {
-		return "", errors.New("imagePullSecret is not supported yet: the launcher pulls anonymously")
+		return "", errors.New("imagePullSecret needs a cluster: `qvirt-launcher run` pulls anonymously")
 	}
 	if h.ImageCache == "" {
 		return "", errors.New("this launcher has no image cache (--image-cache), so it can only use file:// images")
@@ -81,6 +82,44 @@ func checkPulledDir(dir, cache string) (string, error) {
 	}
 	if rel, err := filepath.Rel(cache, dir); err != nil || !filepath.IsAbs(dir) || rel == "." || strings.HasPrefix(rel, "..") {
 		return "", fmt.Errorf("image puller answered %q, not a directory inside the image cache %s", dir, cache)
+	}
+	return dir, nil
+}
+
+// ImageMounts are where a launcher pod mounts its images, read-only (podlayout.KernelBootDir and
+// podlayout.ContainerDiskDir in a pod).
+type ImageMounts struct {
+	// KernelBoot is the kernelBoot image's mount.
+	KernelBoot string
+	// ContainerDisks holds each containerDisk volume's image at ContainerDisks/<volume name>.
+	ContainerDisks string
+}
+
+// The disk of a containerDisk volume shares its name (KubeVirt's convention, kept by the
+// translation), so the disk's name finds its volume's mount.
+func (m *ImageMounts) containerDisk(disk string) string {
+	if m == nil {
+		return ""
+	}
+	return filepath.Join(m.ContainerDisks, filepath.Base(filepath.Clean("/"+disk)))
+}
+
+func (m *ImageMounts) kernelBoot() string {
+	if m == nil {
+		return ""
+	}
+	return m.KernelBoot
+}
+
+// mountedImage is the mount of ref's image volume; a file:// reference has none, since in a pod
+// only trusted code provides images.
+func mountedImage(ref machine.ImageRef, mount string) (string, error) {
+	if strings.HasPrefix(ref.Ref, "file://") {
+		return "", errors.New("file:// images are for `qvirt-launcher run` only: a launcher pod reads its images from image volumes")
+	}
+	dir, err := existingDir(mount)
+	if err != nil {
+		return "", fmt.Errorf("image %s is not mounted in this launcher pod: %w", ref.Ref, err)
 	}
 	return dir, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/qvirt/qvirt/machine"
@@ -12,10 +13,15 @@ import (
 
 // HostResolver resolves a machine description against the filesystem the launcher sees: for
 // `qvirt-launcher run` the host's, for `qvirt-launcher serve` the launcher pod's (whose hostDisk
-// volumes are hostPath mounts). A container image reference of the form file://DIR names an image
-// already unpacked at DIR (a leading ~ is the user's home), so a machine that boots from a kernel or
-// container disk image runs without a container runtime, as in local mode.
+// volumes are hostPath mounts and whose images are image volumes, see Images). In run mode a
+// container image reference of the form file://DIR names an image already unpacked at DIR (a
+// leading ~ is the user's home), so a machine that boots from a kernel or container disk image runs
+// without a container runtime; other references are pulled into ImageCache.
 type HostResolver struct {
+	// Images, when set, are where the launcher pod mounts its images (podlayout): they are read
+	// from there only. Nothing is pulled and file:// is refused, since images in a pod come from
+	// trusted code (the kubelet, or a virtual node's provider), never from the launcher.
+	Images *ImageMounts
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
 	// ScratchDir holds emptyDisk images; the run directory when empty.
@@ -35,7 +41,7 @@ func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, e
 	var errs machine.FieldErrors
 	if kb := desc.Kernel; kb != nil {
 		p := machinePath.Child("kernel")
-		root, err := h.imageRoot(kb.Image)
+		root, err := h.imageRoot(kb.Image, h.Images.kernelBoot())
 		if err != nil {
 			return nil, machine.Invalid(p.Child("image", "ref"), kb.Image.Ref, err.Error())
 		}
@@ -69,7 +75,7 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 	case src.HostFile != nil:
 		return hostFile(src.HostFile, sp.Child("hostFile"))
 	case src.Container != nil:
-		return h.containerDisk(src.Container, sp.Child("container"))
+		return h.containerDisk(src.Container, h.Images.containerDisk(d.Name), sp.Child("container"))
 	case src.Empty != nil:
 		scratch := h.ScratchDir
 		if scratch == "" {
@@ -111,8 +117,8 @@ func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldEr
 	return DiskImage{Path: hf.Path, Format: hf.Format}, nil
 }
 
-func (h HostResolver) containerDisk(cd *machine.Container, p machine.Path) (DiskImage, *machine.FieldError) {
-	root, err := h.imageRoot(cd.Image)
+func (h HostResolver) containerDisk(cd *machine.Container, mount string, p machine.Path) (DiskImage, *machine.FieldError) {
+	root, err := h.imageRoot(cd.Image, mount)
 	if err != nil {
 		return DiskImage{}, machine.Invalid(p.Child("image", "ref"), cd.Image.Ref, err.Error())
 	}
@@ -159,9 +165,12 @@ func singleDiskFile(root string) (string, error) {
 	return "/disk/" + entries[0].Name(), nil
 }
 
-// imageRoot is the directory of an image: a file:// reference names it, any other is pulled into
-// the node's image cache (image.go).
-func (h HostResolver) imageRoot(ref machine.ImageRef) (string, error) {
+// imageRoot is the directory of an image: its volume's mount in a launcher pod, else the directory
+// a file:// reference names, else the image pulled into the user's image cache (image.go).
+func (h HostResolver) imageRoot(ref machine.ImageRef, mount string) (string, error) {
+	if h.Images != nil {
+		return mountedImage(ref, mount)
+	}
 	dir, ok := strings.CutPrefix(ref.Ref, "file://")
 	if !ok {
 		return h.pullImage(ref)
@@ -176,6 +185,10 @@ func (h HostResolver) imageRoot(ref machine.ImageRef) (string, error) {
 	if !filepath.IsAbs(dir) {
 		return "", errors.New("file:// image needs an absolute directory")
 	}
+	return existingDir(dir)
+}
+
+func existingDir(dir string) (string, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
 		return "", err
@@ -186,12 +199,27 @@ func (h HostResolver) imageRoot(ref machine.ImageRef) (string, error) {
 	return dir, nil
 }
 
-// existingFile joins an in-image path to the image root, refusing paths that leave it.
+// existingFile joins an in-image path to the image root and resolves its links, refusing a path
+// that leaves the root by "..", or by a link (of the image, or of whoever wrote it) that leads
+// outside. The result is the resolved path, so QEMU opens what was checked.
 func existingFile(root, inImage string) (string, error) {
 	if inImage == "" {
 		return "", nil
 	}
-	path := filepath.Join(root, filepath.Clean("/"+inImage))
+	if slices.Contains(strings.Split(filepath.ToSlash(inImage), "/"), "..") {
+		return "", fmt.Errorf("%s leads outside the image: no .. components", inImage)
+	}
+	realRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return "", err
+	}
+	path, err := filepath.EvalSymlinks(filepath.Join(realRoot, filepath.Clean("/"+inImage)))
+	if err != nil {
+		return "", err
+	}
+	if rel, err := filepath.Rel(realRoot, path); err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", fmt.Errorf("%s leads outside the image (to %s)", inImage, path)
+	}
 	st, err := os.Stat(path)
 	if err != nil {
 		return "", err

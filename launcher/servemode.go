@@ -25,9 +25,9 @@ type ServeOptions struct {
 	SpareRootPorts int
 	// ScratchDir holds emptyDisk images (the pod's private emptyDir).
 	ScratchDir string
-	// Images is where registry images are pulled to (HostResolver's ImageCache, InsecureRegistries
-	// and Puller; its other fields are ignored).
-	Images HostResolver
+	// Images are the pod's image volumes (podlayout.KernelBootDir and ContainerDiskDir): the
+	// launcher in a pod reads images there and never pulls.
+	Images ImageMounts
 	// Linger is how long the command socket keeps answering after the guest ended on its own, so
 	// the node agent reads the final status; it is cut short by ctx.
 	Linger time.Duration
@@ -56,8 +56,8 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
 			opts.Log.Error(err, "clean up the socket directory", "dir", string(dir))
 		}
 	}()
-	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir,
-		ImageCache: opts.Images.ImageCache, InsecureRegistries: opts.Images.InsecureRegistries, Puller: opts.Images.Puller},
+	images := opts.Images
+	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir, Images: &images},
 		uid: opts.VMIUID, emulation: opts.Emulation}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	ln, err := Listen(dir.Command())

@@ -43,9 +43,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		case c.KernelPath == "":
 			no(kp.Child("kernelPath"), "booting an initrd without a kernel", "")
 		}
-		if c := fw.KernelBoot.Container; c != nil && c.ImagePullSecret != "" {
-			no(kp.Child("imagePullSecret"), "imagePullSecret", "; images are pulled anonymously")
-		}
 	}
 	for i := range spec.Volumes {
 		v, vp := &spec.Volumes[i], p.Child("volumes").Index(i)
@@ -56,8 +53,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 			no(vp.Child("persistentVolumeClaim"), "the persistentVolumeClaim volume", "; use hostDisk, containerDisk or emptyDisk")
 		case v.Ephemeral != nil:
 			no(vp.Child("ephemeral"), "the ephemeral volume", "; use hostDisk, containerDisk or emptyDisk")
-		case v.ContainerDisk != nil && v.ContainerDisk.ImagePullSecret != "":
-			no(vp.Child("containerDisk", "imagePullSecret"), "imagePullSecret", "; images are pulled anonymously")
 		}
 	}
 	for i := 1; i < len(spec.Domain.Devices.Interfaces); i++ {

@@ -17,7 +17,7 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			CPU:    &CPU{Cores: 2, Model: "host-passthrough"},
 			Memory: &Memory{Guest: ptr.To(resource.MustParse("256Mi"))},
 			Firmware: &Firmware{KernelBoot: &KernelBoot{KernelArgs: "console=ttyS0", Container: &KernelBootContainer{
-				Image: "example/guest:1", KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"}}},
+				Image: "example/guest:1", ImagePullSecret: "regcred", KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"}}},
 			Devices: Devices{
 				Disks: []Disk{
 					{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1)},
@@ -28,7 +28,7 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			},
 		},
 		Volumes: []Volume{
-			{Name: "root", VolumeSource: VolumeSource{ContainerDisk: &ContainerDiskSource{Image: "example/disk:1"}}},
+			{Name: "root", VolumeSource: VolumeSource{ContainerDisk: &ContainerDiskSource{Image: "example/disk:1", ImagePullSecret: "regcred"}}},
 			{Name: "scratch", VolumeSource: VolumeSource{EmptyDisk: &EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}},
 			{Name: "data", VolumeSource: VolumeSource{HostDisk: &HostDisk{Path: "/var/lib/qvirt/data.img", Type: HostDiskExists}}},
 		},
@@ -61,12 +61,6 @@ func TestNotRealised(t *testing.T) {
 		{"initrd without a kernel", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware.KernelBoot.Container.KernelPath = ""
 		}, "spec.domain.firmware.kernelBoot.container.kernelPath"},
-		{"kernel image pull secret", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Firmware.KernelBoot.Container.ImagePullSecret = "regcred"
-		}, "spec.domain.firmware.kernelBoot.container.imagePullSecret"},
-		{"container disk pull secret", func(s *VirtualMachineInstanceSpec) {
-			s.Volumes[0].ContainerDisk.ImagePullSecret = "regcred"
-		}, "spec.volumes[0].containerDisk.imagePullSecret"},
 		{"cloudInitNoCloud", func(s *VirtualMachineInstanceSpec) {
 			s.Volumes[1].VolumeSource = VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{UserData: "#cloud-config\n"}}
 		}, "spec.volumes[1].cloudInitNoCloud"},

@@ -26,7 +26,6 @@ func main() {
 	flag.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&opts.PodsDir, "pods-dir", podlayout.KubeletPodsDir, "the kubelet's pods directory, where each launcher pod's sockets volume is")
 	flag.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMap qvirt-config")
-	flag.StringVar(&opts.ImageCacheDir, "image-cache-dir", podlayout.ImageCacheDir, "the node's image cache, shared by its launchers")
 	flag.BoolVar(&opts.DevicePlugin, "device-plugin", true, "serve the kubelet device plugin for devices.qvirt.io/kvm and /tun (off in local mode)")
 	flag.StringVar(&opts.Streams.Addr, "streams-bind-address", ":8186", "address of the mTLS stream server for qvirt-api (0 disables it)")
 	flag.StringVar(&opts.Streams.TLSSecret, "streams-tls-secret", "", "Secret (in --namespace) with the stream server's tls.crt, tls.key and ca.crt, instead of the files; e.g. "+certs.HandlerSecret)

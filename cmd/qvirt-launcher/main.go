@@ -66,7 +66,7 @@ func serve(args []string) int {
 	fs.StringVar(&opts.ScratchDir, "scratch-dir", podlayout.PrivateDir, "directory for emptyDisk images")
 	fs.DurationVar(&opts.Linger, "linger", 10*time.Second, "keep answering the node agent this long after the guest ended")
 	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")
-	imageFlags(fs, &opts.Images, podlayout.ImageCacheDir)
+	opts.Images = launcher.ImageMounts{KernelBoot: podlayout.KernelBootDir, ContainerDisks: podlayout.ContainerDiskDir}
 	verbose := fs.Int("v", 0, "log verbosity")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
@@ -163,9 +163,10 @@ func (e escapeReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// imageFlags are where images that are not file:// references are pulled to (by qvirt-pull).
+// imageFlags are where run mode pulls images that are not file:// references to (by qvirt-pull);
+// serve mode never pulls: its images are the pod's image volumes.
 func imageFlags(fs *flag.FlagSet, h *launcher.HostResolver, cache string) {
-	fs.StringVar(&h.ImageCache, podlayout.FlagImageCache, cache, "node-wide directory of pulled images (empty: only file:// images)")
+	fs.StringVar(&h.ImageCache, podlayout.FlagImageCache, cache, "directory of pulled images (empty: only file:// images)")
 	fs.Func(podlayout.FlagInsecureRegistry, "registry HOST:PORT that may be reached over plain HTTP (repeatable)", func(s string) error {
 		h.InsecureRegistries = append(h.InsecureRegistries, s)
 		return nil

@@ -1,6 +1,8 @@
-// Command qvirt-pull pulls a container image into the node's image cache and prints the directory
-// holding its filesystem. qvirt-launcher execs it for kernelBoot and containerDisk images that are
-// not file:// references, so that the long-lived launcher does not link the registry client.
+// Command qvirt-pull pulls a container image into a user's image cache and prints the directory
+// holding its filesystem. `qvirt-launcher run` (outside Kubernetes) execs it for kernelBoot and
+// containerDisk images that are not file:// references, so that the long-lived launcher does not
+// link the registry client. In a cluster nothing runs it: launcher pods get their images as image
+// volumes, pulled by the kubelet or a virtual node's provider (imagepull.Store).
 package main
 
 import (

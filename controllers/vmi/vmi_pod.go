@@ -3,6 +3,7 @@ package vmi
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,9 +24,9 @@ const (
 	// time to quit QEMU and clean up after the ACPI shutdown window ends, before the kubelet kills it.
 	GracePeriodMarginSeconds int64 = 15
 
-	socketsVolume = podlayout.SocketsVolume
-	privateVolume = "private"
-	imagesVolume  = "images"
+	socketsVolume    = podlayout.SocketsVolume
+	privateVolume    = "private"
+	kernelBootVolume = "kernel-boot"
 )
 
 // RenderLauncherPod renders the launcher pod of an instance: everything but the owner reference,
@@ -51,10 +52,6 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 	args := []string{podlayout.LauncherBinary, "serve", "--" + podlayout.FlagSocketDir, podlayout.SocketDir, "--" + podlayout.FlagVMIUID, string(vmi.UID)}
 	if cfg.UseEmulation {
 		args = append(args, "--"+podlayout.FlagEmulation)
-	}
-	args = append(args, "--"+podlayout.FlagImageCache, podlayout.ImageCacheDir)
-	for _, r := range cfg.InsecureRegistries {
-		args = append(args, "--"+podlayout.FlagInsecureRegistry, r)
 	}
 	grace := v1alpha1.TerminationGracePeriodSeconds(spec)
 	hostname := spec.Hostname
@@ -82,7 +79,6 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: socketsVolume, MountPath: podlayout.SocketDir},
 					{Name: privateVolume, MountPath: podlayout.PrivateDir},
-					{Name: imagesVolume, MountPath: podlayout.ImageCacheDir},
 				},
 				SecurityContext: &corev1.SecurityContext{
 					RunAsNonRoot:             ptr.To(true),
@@ -99,10 +95,6 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 				// the kubelet's pod directory (podlayout.HostSocketDir).
 				{Name: socketsVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 				{Name: privateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-				// The node agent makes it, owned by the launchers' uid (see handler.Options.ImageCacheDir).
-				{Name: imagesVolume, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-					Path: podlayout.ImageCacheDir, Type: ptr.To(corev1.HostPathDirectory),
-				}}},
 			},
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  ptr.To(false),
@@ -118,7 +110,51 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 	for i := range spec.Tolerations {
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *spec.Tolerations[i].DeepCopy())
 	}
+	addImageVolumes(pod, spec)
 	return pod, nil
+}
+
+// imageVolume is one container image the launcher reads files from, as the pod mounts it.
+type imageVolume struct {
+	volume, mountPath, image, pullSecret string
+	policy                               corev1.PullPolicy
+}
+
+// instanceImages are the kernelBoot image and the containerDisk images of spec, in spec order.
+// Pod volume names are by position: a VMI volume name may already be 63 bytes, the longest a
+// pod volume name may be, so it cannot take a prefix.
+func instanceImages(spec *v1alpha1.VirtualMachineInstanceSpec) []imageVolume {
+	var out []imageVolume
+	if fw := spec.Domain.Firmware; fw != nil && fw.KernelBoot != nil && fw.KernelBoot.Container != nil {
+		c := fw.KernelBoot.Container
+		out = append(out, imageVolume{volume: kernelBootVolume, mountPath: podlayout.KernelBootDir,
+			image: c.Image, pullSecret: c.ImagePullSecret, policy: c.ImagePullPolicy})
+	}
+	for i := range spec.Volumes {
+		v := &spec.Volumes[i]
+		if c := v.ContainerDisk; c != nil {
+			out = append(out, imageVolume{volume: fmt.Sprintf("containerdisk-%d", i), mountPath: podlayout.ContainerDiskMount(v.Name),
+				image: c.Image, pullSecret: c.ImagePullSecret, policy: c.ImagePullPolicy})
+		}
+	}
+	return out
+}
+
+// addImageVolumes mounts the instance's images into the compute container as read-only image
+// volumes, and gives the pod their pull secrets: the kubelet (or a virtual node's provider) pulls
+// and unpacks them with the pod's own credentials, so neither the launcher nor the node agent ever
+// pulls or sees a tenant's Secret, and no image files are shared writable between pods.
+func addImageVolumes(pod *corev1.Pod, spec *v1alpha1.VirtualMachineInstanceSpec) {
+	c := &pod.Spec.Containers[0]
+	for _, img := range instanceImages(spec) {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: img.volume, VolumeSource: corev1.VolumeSource{
+			Image: &corev1.ImageVolumeSource{Reference: img.image, PullPolicy: img.policy}}})
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: img.volume, MountPath: img.mountPath, ReadOnly: true})
+		ref := corev1.LocalObjectReference{Name: img.pullSecret}
+		if img.pullSecret != "" && !slices.Contains(pod.Spec.ImagePullSecrets, ref) {
+			pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, ref)
+		}
+	}
 }
 
 // LauncherPodLabels are the labels of an instance's launcher pod: the instance's own labels (so a

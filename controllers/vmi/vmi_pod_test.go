@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 var update = flag.Bool("update", false, "rewrite controllers/vmi/testdata/*.yaml from RenderLauncherPod's output")
@@ -228,6 +230,71 @@ func TestSanitizeHostname(t *testing.T) {
 	} {
 		if got := sanitizeHostname(in); got != want {
 			t.Errorf("sanitizeHostname(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// An instance's images are the pod's image volumes: the kubelet pulls them with the pod's own pull
+// secrets and the launcher reads them read-only; no node-wide cache is shared between pods.
+func TestRenderLauncherPodImageVolumes(t *testing.T) {
+	v := baseVMI()
+	v.Spec.Domain.Firmware = &v1alpha1.Firmware{KernelBoot: &v1alpha1.KernelBoot{Container: &v1alpha1.KernelBootContainer{
+		Image: "registry.test/kernel:1", ImagePullSecret: "kernel-creds", ImagePullPolicy: corev1.PullAlways, KernelPath: "/boot/vmlinuz",
+	}}}
+	v.Spec.Volumes = []v1alpha1.Volume{
+		{Name: "root", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{
+			Image: "registry.test/disk@sha256:" + strings.Repeat("a", 64), ImagePullSecret: "disk-creds"}}},
+		{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}},
+		{Name: "data", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{
+			Image: "registry.test/data:2", ImagePullSecret: "disk-creds", ImagePullPolicy: corev1.PullIfNotPresent}}},
+	}
+	cfg := config.Default()
+	cfg.InsecureRegistries = []string{"registry.test"}
+	pod, err := RenderLauncherPod(v, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		ref    string
+		policy corev1.PullPolicy
+	}{
+		podlayout.KernelBootDir:              {"registry.test/kernel:1", corev1.PullAlways},
+		podlayout.ContainerDiskMount("root"): {"registry.test/disk@sha256:" + strings.Repeat("a", 64), ""},
+		podlayout.ContainerDiskMount("data"): {"registry.test/data:2", corev1.PullIfNotPresent},
+	}
+	vols := map[string]corev1.Volume{}
+	for _, vol := range pod.Spec.Volumes {
+		vols[vol.Name] = vol
+		if vol.HostPath != nil && strings.Contains(vol.HostPath.Path, "images") {
+			t.Errorf("volume %s is a hostPath image cache %s", vol.Name, vol.HostPath.Path)
+		}
+	}
+	c := pod.Spec.Containers[0]
+	got := 0
+	for _, m := range c.VolumeMounts {
+		w, ok := want[m.MountPath]
+		if !ok {
+			continue
+		}
+		got++
+		vol := vols[m.Name]
+		if vol.Image == nil || vol.Image.Reference != w.ref || vol.Image.PullPolicy != w.policy {
+			t.Errorf("mount %s: volume %s = %+v, want an image volume of %s (policy %q)", m.MountPath, m.Name, vol.VolumeSource, w.ref, w.policy)
+		}
+		if !m.ReadOnly {
+			t.Errorf("image volume %s is mounted read-write at %s", m.Name, m.MountPath)
+		}
+	}
+	if got != len(want) {
+		t.Errorf("%d of %d image mounts found in %+v", got, len(want), c.VolumeMounts)
+	}
+	secrets := []corev1.LocalObjectReference{{Name: "kernel-creds"}, {Name: "disk-creds"}}
+	if !slices.Equal(pod.Spec.ImagePullSecrets, secrets) {
+		t.Errorf("imagePullSecrets = %v, want %v (each once)", pod.Spec.ImagePullSecrets, secrets)
+	}
+	for _, a := range c.Command {
+		if strings.Contains(a, "image-cache") || strings.Contains(a, "insecure-registry") {
+			t.Errorf("serve mode still gets pull flags: %v", c.Command)
 		}
 	}
 }

@@ -1,7 +1,11 @@
 // Package imagepull pulls container images (kernelBoot and containerDisk) from OCI registries with
-// go-containerregistry and unpacks them into a node-wide cache. It runs in its own short-lived
-// process (cmd/qvirt-pull, exec'd by the launcher): linking go-containerregistry into the
-// long-lived qvirt-launcher costs about 1.4 MiB of RSS per VM even when nothing is pulled.
+// go-containerregistry and unpacks them. Two caches use it:
+//
+//   - Store, a node's cache kept by one trusted process: a virtual node's provider implements the
+//     launcher pods' image volumes with it, as the kubelet does on a real node.
+//   - Cache, a user's cache for `qvirt-launcher run` outside Kubernetes, shared by that user's
+//     launchers through cmd/qvirt-pull, a short-lived process: linking go-containerregistry into
+//     the long-lived qvirt-launcher costs about 1.4 MiB of RSS per VM even when nothing is pulled.
 package imagepull
 
 import (
@@ -26,8 +30,9 @@ import (
 )
 
 // Cache pulls container images (kernelBoot and containerDisk) from registries and keeps
-// them unpacked under Dir, one directory per image digest, so every launcher on a node shares one
-// copy and a VM started again does not pull again:
+// them unpacked under Dir, one directory per image digest, so a user's launchers share one copy
+// and a VM started again does not pull again. Everyone who can write Dir is trusted by everyone
+// using it: it is one user's, never a node's (see Store):
 //
 //	Dir/sha256-<hex>/rootfs   the image's filesystem, complete once the directory exists
 //	Dir/refs/<escaped ref>    the digest a reference resolved to (for IfNotPresent and Never)
@@ -71,12 +76,8 @@ func (c Cache) Rootfs(ctx context.Context, image string, policy PullPolicy) (str
 	if err != nil {
 		return "", err
 	}
-	switch policy {
-	case "":
-		policy = defaultPolicy(ref)
-	case PullAlways, PullIfNotPresent, PullNever:
-	default:
-		return "", fmt.Errorf("unknown imagePullPolicy %q: want Always, IfNotPresent or Never", policy)
+	if policy, err = effectivePolicy(ref, policy); err != nil {
+		return "", err
 	}
 	if policy != PullAlways {
 		if dir, ok := c.cached(ref); ok {
@@ -95,16 +96,30 @@ func (c Cache) Rootfs(ctx context.Context, image string, policy PullPolicy) (str
 	return c.pull(ctx, ref)
 }
 
-func (c Cache) parse(image string) (name.Reference, error) {
+func (c Cache) parse(image string) (name.Reference, error) { return parseRef(image, c.Insecure) }
+
+// parseRef parses an image reference, allowing plain HTTP for the registries in insecure only.
+func parseRef(image string, insecure []string) (name.Reference, error) {
 	ref, err := name.ParseReference(image)
 	if err != nil {
 		return nil, fmt.Errorf("not an image reference: %w", err)
 	}
-	if slices.Contains(c.Insecure, ref.Context().RegistryStr()) {
+	if slices.Contains(insecure, ref.Context().RegistryStr()) {
 		// Lets go-containerregistry fall back to HTTP; insecureTransport allows it.
 		return name.ParseReference(image, name.Insecure)
 	}
 	return ref, nil
+}
+
+// effectivePolicy checks policy and gives an empty one Kubernetes' default for ref.
+func effectivePolicy(ref name.Reference, policy PullPolicy) (PullPolicy, error) {
+	switch policy {
+	case "":
+		return defaultPolicy(ref), nil
+	case PullAlways, PullIfNotPresent, PullNever:
+		return policy, nil
+	}
+	return "", fmt.Errorf("unknown imagePullPolicy %q: want Always, IfNotPresent or Never", policy)
 }
 
 func defaultPolicy(ref name.Reference) PullPolicy {
@@ -176,8 +191,12 @@ func (c Cache) pull(ctx context.Context, ref name.Reference) (string, error) {
 }
 
 // unpack writes img's flattened filesystem to a temporary directory and renames it to final.
-func (c Cache) unpack(img v1.Image, final string) error {
-	tmp, err := os.MkdirTemp(c.Dir, "tmp-")
+func (c Cache) unpack(img v1.Image, final string) error { return unpackImage(img, c.Dir, final) }
+
+// unpackImage writes img's flattened filesystem to final/rootfs through a temporary directory in
+// dir, renamed into place once complete.
+func unpackImage(img v1.Image, dir, final string) error {
+	tmp, err := os.MkdirTemp(dir, "tmp-")
 	if err != nil {
 		return err
 	}
@@ -203,8 +222,10 @@ func (c Cache) unpack(img v1.Image, final string) error {
 }
 
 // transport refuses plain HTTP to any registry not listed in Insecure.
-func (c Cache) transport() http.RoundTripper {
-	return insecureTransport{next: remote.DefaultTransport, allowed: c.Insecure}
+func (c Cache) transport() http.RoundTripper { return newTransport(c.Insecure) }
+
+func newTransport(insecure []string) http.RoundTripper {
+	return insecureTransport{next: remote.DefaultTransport, allowed: insecure}
 }
 
 type insecureTransport struct {
@@ -239,10 +260,26 @@ func lockFile(path string) (func(), error) {
 	return func() { _ = f.Close() }, nil
 }
 
+// writeAtomic replaces path with data, readable by all, through a temporary file of its own (two
+// writers of one path, processes or goroutines, never share one).
 func writeAtomic(path string, data []byte) error {
-	tmp := path + ".tmp-" + fmt.Sprint(os.Getpid())
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
 }

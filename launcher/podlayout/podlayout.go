@@ -24,9 +24,13 @@ const (
 	// KubeletPodsDir is where a kubelet keeps its pods' volumes; the node agent mounts it (hostPath)
 	// to reach launcher sockets.
 	KubeletPodsDir = "/var/lib/kubelet/pods"
-	// ImageCacheDir is the host directory where launchers keep the registry images they pulled
-	// (kernelBoot and containerDisk images), shared by the node's launchers and owned by their uid.
-	ImageCacheDir = "/var/lib/qvirt/images"
+	// ContainerDiskDir holds one read-only image volume per containerDisk volume of the VMI, at
+	// ContainerDiskDir/<volume name> (ContainerDiskMount). The kubelet (or a virtual node's
+	// provider) pulls and unpacks the image with the pod's own imagePullSecrets; the launcher only
+	// reads files from it and never pulls.
+	ContainerDiskDir = "/var/run/qvirt/container-disks"
+	// KernelBootDir is the read-only image volume of spec.domain.firmware.kernelBoot.container.
+	KernelBootDir = "/var/run/qvirt/kernel-boot"
 	// PrivateDir is a writable emptyDir for the launcher's own files, such as emptyDisk images (the
 	// root filesystem is read-only).
 	PrivateDir = "/var/run/qvirt/private"
@@ -34,9 +38,13 @@ const (
 
 // Flags of `qvirt-launcher serve` that the pod renderer passes.
 const (
-	FlagSocketDir        = "socket-dir"
-	FlagVMIUID           = "vmi-uid"
-	FlagEmulation        = "emulation"
+	FlagSocketDir = "socket-dir"
+	FlagVMIUID    = "vmi-uid"
+	FlagEmulation = "emulation"
+)
+
+// Flags of `qvirt-launcher run` (outside Kubernetes), where the launcher still pulls its images.
+const (
 	FlagImageCache       = "image-cache"
 	FlagInsecureRegistry = "insecure-registry"
 )
@@ -51,3 +59,5 @@ func EmptyDir(podsDir, podUID, volume string) string {
 func HostSocketDir(podsDir, podUID string) string {
 	return EmptyDir(podsDir, podUID, SocketsVolume)
 }
+// ContainerDiskMount is where the launcher pod mounts containerDisk volume's image.
+func ContainerDiskMount(volume string) string { return ContainerDiskDir + "/" + volume }

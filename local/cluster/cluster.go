@@ -24,7 +24,6 @@ import (
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
-	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/local/supervise"
@@ -104,7 +103,9 @@ func NodeName(i int) string { return fmt.Sprintf("qvirt-node-%d", i) }
 // nodeStateDir is virtual node i's state: its pods with their volumes, network namespaces, logs.
 func nodeStateDir(dir string, i int) string { return filepath.Join(dir, "nodes", NodeName(i)) }
 
-// nodeImageCache stands for node i's /var/lib/qvirt/images, where its launchers keep pulled images.
+// nodeImageCache is virtual node i's image cache, where its provider keeps the images of the
+// launcher pods' image volumes (the kubelet's image store on a real node). It is root's and, under
+// Dir, hidden from every pod.
 func nodeImageCache(dir string, i int) string {
 	return filepath.Join(nodeStateDir(dir, i), "images")
 }
@@ -114,6 +115,10 @@ func nodeImageCache(dir string, i int) string {
 func LauncherDir(dir string, i int, vmi *v1alpha1.VirtualMachineInstance) (launcher.Dir, error) {
 	return podsockets.Running(provider.PodsDir(nodeStateDir(dir, i)), NodeName(i), vmi)
 }
+
+// nodeImageCacheBytes caps each virtual node's image cache: room for the demo images many times
+// over, while a long-lived local cluster does not fill the disk with images no VM uses.
+const nodeImageCacheBytes = 8 << 30
 
 // Up brings the whole cluster up: control plane, qvirt's API and controller, then each virtual
 // node with its node agent. What a crashed earlier run left in Dir is cleaned first.
@@ -188,8 +193,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.startRegistry(ctx, nodeCtx); err != nil {
 		return nil, err
 	}
-	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage,
-		"insecureRegistries": c.Registry}
+	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage}
 	if p.Webhook == 0 {
 		p.Webhook = 9443
 	}
@@ -247,8 +251,10 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 		InitBinary: filepath.Join(c.opts.Dir, "bin", "qvirt-pod-init"),
 		// Pods see none of the cluster's state (PKI, etcd, the nodes' pods, sockets and caches)
 		// but their own volumes.
-		HiddenPaths:   []string{c.opts.Dir},
-		HostPathRoots: map[string]string{podlayout.ImageCacheDir: nodeImageCache(c.opts.Dir, i)},
+		HiddenPaths: []string{c.opts.Dir},
+		ImageCache:  nodeImageCache(c.opts.Dir, i), ImageCacheMaxBytes: nodeImageCacheBytes,
+		// The local registry serves plain HTTP on the API bridge.
+		InsecureRegistries: []string{c.Registry},
 		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
 			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
 	}
@@ -261,7 +267,7 @@ func (c *Cluster) handler(i int) supervise.Component {
 	streams := net.JoinHostPort(apiAddress.String(), strconv.Itoa(c.streamsPort(i)))
 	return supervise.Component{Name: "qvirt-handler-" + name, Path: filepath.Join(c.opts.Bin, "qvirt-handler"),
 		Args: []string{"--node-name=" + name, "--pods-dir=" + provider.PodsDir(nodeStateDir(c.opts.Dir, i)), "--namespace=" + Namespace,
-			"--image-cache-dir=" + nodeImageCache(c.opts.Dir, i), "--device-plugin=false",
+			"--device-plugin=false",
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
 			"--streams-tls-secret=" + certs.HandlerSecret,
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},

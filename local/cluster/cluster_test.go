@@ -15,12 +15,14 @@ import (
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -138,6 +140,9 @@ func TestLocalCluster(t *testing.T) {
 	if cached, _ := os.ReadDir(nodeImageCache(dir, 1)); len(cached) == 0 {
 		t.Errorf("node %s's image cache %s is empty: the demo image was not pulled there", NodeName(1), nodeImageCache(dir, 1))
 	}
+	if ref := kernelImageRef(t, ctx, cl, got.UID); !strings.Contains(ref, "@sha256:") {
+		t.Errorf("launcher pod status: kernelBoot image volume's imageRef = %q, want the image by digest", ref)
+	}
 	ld, err := LauncherDir(dir, 1, &got)
 	if err != nil {
 		t.Fatal(err)
@@ -172,4 +177,24 @@ func TestLocalCluster(t *testing.T) {
 			t.Errorf("link %s left after Down", l)
 		}
 	}
+}
+
+// kernelImageRef is the digest the node reported for the kernelBoot image volume of the instance's
+// launcher pod.
+func kernelImageRef(t *testing.T, ctx context.Context, cl client.Client, uid types.UID) string {
+	t.Helper()
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.MatchingLabels{v1alpha1.VMIUIDLabel: string(uid)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		for _, cs := range p.Status.ContainerStatuses {
+			for _, m := range cs.VolumeMounts {
+				if m.MountPath == podlayout.KernelBootDir && m.VolumeStatus != nil && m.VolumeStatus.Image != nil {
+					return m.VolumeStatus.Image.ImageRef
+				}
+			}
+		}
+	}
+	return ""
 }

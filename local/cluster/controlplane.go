@@ -182,6 +182,9 @@ func (cp *ControlPlane) apiserver() supervise.Component {
 			"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
 			"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 			"--proxy-client-cert-file=" + p("front-proxy-client.crt"), "--proxy-client-key-file=" + p("front-proxy-client.key"),
+			// The virtual nodes report the digest of a launcher pod's images in its status
+			// (volumeMounts[].volumeStatus.image.imageRef); without the gate it is dropped.
+			"--feature-gates=ImageVolumeWithDigest=true",
 		},
 		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.APIServerPort)+"/readyz", cp.adminTLS)}
 }

@@ -15,11 +15,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qvirt/qvirt/launcher/imagepull"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/podinit"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1"
+	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -54,6 +55,7 @@ type podRun struct {
 	pod          *corev1.Pod
 	procs        []*os.Process // by container index; nil when not running
 	netns        string
+	leases       []*imagepull.Lease // of the pod's image volumes, released when the pod is gone
 	sandboxReady bool
 	stopping     bool
 	deleteObject bool
@@ -148,6 +150,7 @@ func (r *podRun) run() {
 	if err := r.p.net.del(ctx, uid); err != nil {
 		log.Error(err, "pod network teardown")
 	}
+	r.releaseImages()
 	_ = os.RemoveAll(r.dir)
 	r.mu.Lock()
 	r.sandboxReady = false
@@ -537,6 +540,10 @@ func PodsDir(stateDir string) string { return filepath.Join(stateDir, podsDir) }
 type volume struct {
 	path string
 	file bool
+	// readOnly binds it read-only whatever the mount says (an image volume).
+	readOnly bool
+	// imageRef is an image volume's image by digest, for the container statuses.
+	imageRef string
 }
 
 // prepareVolumes makes the pod's directories and resolves its volumes: hostPath is the host path
@@ -566,11 +573,73 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 			// World-writable like the kubelet's, whatever runAsUser the containers have.
 			_ = os.Chmod(dir, 0o777)
 			vols[v.Name] = volume{path: dir}
+		case v.Image != nil:
+			vol, err := r.imageVolume(v.Image)
+			if err != nil {
+				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
+			}
+			vols[v.Name] = vol
 		default:
-			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath and emptyDir are supported by the local node provider", i, v.Name)
+			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath, emptyDir and image are supported by the local node provider", i, v.Name)
 		}
 	}
+	r.reportVolumeMounts(vols)
 	return vols, nil
+}
+
+// imageVolume pulls (or finds in the node's cache, checked) the image of an image volume with the
+// pod's imagePullSecrets, as the kubelet does, and holds it until the pod is gone.
+func (r *podRun) imageVolume(src *corev1.ImageVolumeSource) (volume, error) {
+	if r.p.images == nil {
+		return volume{}, fmt.Errorf("image %s: this node has no image cache (provider Options.ImageCache)", src.Reference)
+	}
+	auth, skipped := podKeychain(r.pod, r.p.secrets)
+	for _, err := range skipped {
+		r.p.log.Info("pulling without an imagePullSecret", "pod", r.key, "image", src.Reference, "reason", err.Error())
+	}
+	lease, err := r.p.images.Acquire(context.Background(), src.Reference, imagepull.PullPolicy(src.PullPolicy), auth)
+	if err != nil {
+		return volume{}, err
+	}
+	if lease.Discarded != nil {
+		r.p.log.Info("cached image changed after unpacking: pulled again", "pod", r.key, "image", src.Reference, "reason", lease.Discarded.Error())
+	}
+	r.mu.Lock()
+	r.leases = append(r.leases, lease)
+	r.mu.Unlock()
+	return volume{path: lease.Dir, readOnly: true, imageRef: lease.ImageRef}, nil
+}
+
+func (r *podRun) releaseImages() {
+	r.mu.Lock()
+	leases := r.leases
+	r.leases = nil
+	r.mu.Unlock()
+	for _, l := range leases {
+		l.Release()
+	}
+}
+
+// reportVolumeMounts puts each container's mounts in its status, with the digest of the image of
+// an image volume, as the kubelet reports them.
+func (r *podRun) reportVolumeMounts(vols map[string]volume) {
+	r.update(func(st *corev1.PodStatus) {
+		for i, c := range r.pod.Spec.Containers {
+			var out []corev1.VolumeMountStatus
+			for _, m := range c.VolumeMounts {
+				v, ok := vols[m.Name]
+				if !ok {
+					continue
+				}
+				ms := corev1.VolumeMountStatus{Name: m.Name, MountPath: m.MountPath, ReadOnly: m.ReadOnly || v.readOnly}
+				if v.imageRef != "" {
+					ms.VolumeStatus = &corev1.VolumeStatus{Image: &corev1.ImageVolumeStatus{ImageRef: v.imageRef}}
+				}
+				out = append(out, ms)
+			}
+			st.ContainerStatuses[i].VolumeMounts = out
+		}
+	})
 }
 
 func hostPathVolume(hp *corev1.HostPathVolumeSource, roots map[string]string) (volume, error) {
@@ -628,7 +697,7 @@ func containerMounts(c *corev1.Container, vols map[string]volume) []bindMount {
 		}
 		fi, err := os.Stat(src)
 		file := err == nil && !fi.IsDir()
-		out = append(out, bindMount{source: src, target: m.MountPath, readOnly: m.ReadOnly, file: file})
+		out = append(out, bindMount{source: src, target: m.MountPath, readOnly: m.ReadOnly || v.readOnly, file: file})
 	}
 	return out
 }

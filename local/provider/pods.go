@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/qvirt/qvirt/launcher/imagepull"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -24,14 +25,16 @@ type pods struct {
 	client     kubernetes.Interface
 	configMaps corev1listers.ConfigMapLister
 	secrets    corev1listers.SecretLister
+	// images pulls and keeps the images of image volumes; nil when Options.ImageCache is empty.
+	images *imagepull.Store
 
 	mu     sync.Mutex
 	byKey  map[string]*podRun
 	notify func(*corev1.Pod)
 }
 
-func newPods(opts Options, net *network, log logr.Logger) *pods {
-	return &pods{opts: opts, net: net, log: log, byKey: map[string]*podRun{}, notify: func(*corev1.Pod) {}}
+func newPods(opts Options, net *network, images *imagepull.Store, log logr.Logger) *pods {
+	return &pods{opts: opts, net: net, images: images, log: log, byKey: map[string]*podRun{}, notify: func(*corev1.Pod) {}}
 }
 
 func podKey(namespace, name string) string { return namespace + "/" + name }

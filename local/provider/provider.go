@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/qvirt/qvirt/launcher/imagepull"
 	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
 	vkslog "github.com/virtual-kubelet/virtual-kubelet/log/slog"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
@@ -105,6 +106,16 @@ type Options struct {
 	// holds every pod's volumes and sockets. A container's own volumes and binary are bound after,
 	// so they stay reachable even from under a hidden path.
 	HiddenPaths []string
+
+	// ImageCache is the node's cache of the images of image volumes (corev1.ImageVolumeSource),
+	// which the provider pulls and unpacks itself as a kubelet would. It belongs to root (the
+	// provider) and should sit under a hidden path. Pods with image volumes fail without it.
+	ImageCache string
+	// ImageCacheMaxBytes caps the cache's unpacked size: past it, the least recently used images
+	// that no pod of this node uses are removed. Zero means no cap.
+	ImageCacheMaxBytes int64
+	// InsecureRegistries may be reached over plain HTTP (host:port, as image references name them).
+	InsecureRegistries []string
 }
 
 // Device resources every node offers, so launcher pods that request them schedule.
@@ -192,8 +203,13 @@ func Run(ctx context.Context, opts Options) (retErr error) {
 		releaseIPForward()
 		return err
 	}
+	images, err := openImageStore(opts, log)
+	if err != nil {
+		releaseIPForward()
+		return err
+	}
 	// Teardown runs on every exit from here on, after the controllers stopped.
-	p := newPods(opts, net, log)
+	p := newPods(opts, net, images, log)
 	defer func() {
 		p.shutdown(context.WithoutCancel(ctx))
 		if err := teardownState(opts.StateDir); err != nil && retErr == nil {
@@ -205,6 +221,23 @@ func Run(ctx context.Context, opts Options) (retErr error) {
 		return err
 	}
 	return serve(ctx, opts, p, net, log)
+}
+
+// openImageStore opens the node's image cache, verifying what it holds; nil without one. An image
+// that fails verification is only removed (and pulled again when a pod needs it), so it does not
+// stop the node.
+func openImageStore(opts Options, log logr.Logger) (*imagepull.Store, error) {
+	if opts.ImageCache == "" {
+		return nil, nil
+	}
+	s, err := imagepull.OpenStore(imagepull.StoreOptions{Dir: opts.ImageCache, Insecure: opts.InsecureRegistries, MaxBytes: opts.ImageCacheMaxBytes})
+	if s == nil {
+		return nil, fmt.Errorf("image cache: %w", err)
+	}
+	if err != nil {
+		log.Error(err, "image cache: entries that failed verification could not all be removed", "dir", opts.ImageCache)
+	}
+	return s, nil
 }
 
 // serve runs virtual-kubelet's node and pod controllers until ctx ends or one of them fails.

@@ -89,7 +89,7 @@ var podInit = sync.OnceValues(func() (string, error) {
 	return out, nil
 })
 
-func startNode(t *testing.T, ctx context.Context, name, cidr, bridge, binDir string, log logr.Logger) *node {
+func startNode(t *testing.T, ctx context.Context, name, cidr, bridge, binDir string, log logr.Logger, mods ...func(*provider.Options)) *node {
 	t.Helper()
 	initBin, err := podInit()
 	if err != nil {
@@ -111,6 +111,9 @@ func startNode(t *testing.T, ctx context.Context, name, cidr, bridge, binDir str
 		// As the local cluster hides its state directory.
 		InitBinary:  initBin,
 		HiddenPaths: []string{state},
+	}
+	for _, m := range mods {
+		m(&opts)
 	}
 	go func() { n.done <- provider.Run(ctx, opts) }()
 	return n

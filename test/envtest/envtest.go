@@ -99,6 +99,11 @@ type Options struct {
 // Start starts a control plane with the CRDs from config/crd/bases installed.
 func Start() (*ControlPlane, error) { return StartWith(Options{}) }
 
+// FeatureGates are the kube-apiserver feature gates local mode turns on: ImageVolumeWithDigest
+// (alpha) keeps containerStatuses[].volumeMounts[].volumeStatus.image.imageRef, where a node
+// reports the digest of an image volume's image (a launcher pod's containerDisk and kernelBoot).
+const FeatureGates = "ImageVolumeWithDigest=true"
+
 // StartWith starts a control plane with the CRDs installed and what opts asks for.
 func StartWith(opts Options) (*ControlPlane, error) {
 	assets, err := Assets()
@@ -124,6 +129,9 @@ func StartWith(opts Options) (*ControlPlane, error) {
 	if opts.Webhooks {
 		env.WebhookInstallOptions.Paths = []string{filepath.Join(RepoRoot(), "config", "webhook")}
 	}
+	// As local mode's kube-apiserver (local/cluster/controlplane.go): pod status keeps the digest
+	// of an image volume's image.
+	env.ControlPlane.GetAPIServer().Configure().Set("feature-gates", FeatureGates)
 	var pkiDir string
 	if opts.Aggregation {
 		if pkiDir, err = aggregationFlags(env); err != nil {
