@@ -16,8 +16,8 @@ func TestStreamRefusals(t *testing.T) {
 	edit := e.users["edit"]
 	createNode(t, "node-bare", "")
 	rogueNode := "node-rogue"
-	socketDir := t.TempDir()
-	createNode(t, rogueNode, startHandlerWithCert(t, e, rogueNode, socketDir, "rogue"))
+	podsDir := t.TempDir()
+	createNode(t, rogueNode, startHandlerWithCert(t, e, rogueNode, podsDir, "rogue"))
 	testVMI(t, "pending", "", v1alpha1.Pending)
 	testVMI(t, "bare", "node-bare", v1alpha1.Running)
 	testVMI(t, "rogue", rogueNode, v1alpha1.Running)

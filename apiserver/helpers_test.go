@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -94,18 +95,18 @@ func createNode(t *testing.T, name, addr string) {
 	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), n) })
 }
 
-// startHandler runs the handler's stream server for node over socketDir, trusting qvirt-api's
+// startHandler runs the handler's stream server for node over podsDir, trusting qvirt-api's
 // client certificate.
-func startHandler(t *testing.T, e *env, node, socketDir string) string {
+func startHandler(t *testing.T, e *env, node, podsDir string) string {
 	t.Helper()
-	return startHandlerWithCert(t, e, node, socketDir, "handler")
+	return startHandlerWithCert(t, e, node, podsDir, "handler")
 }
 
 // startHandlerWithCert is startHandler serving the certificate cert (a leaf of the test PKI).
-func startHandlerWithCert(t *testing.T, e *env, node, socketDir, cert string) string {
+func startHandlerWithCert(t *testing.T, e *env, node, podsDir, cert string) string {
 	t.Helper()
 	s, err := streams.New(streams.Options{
-		Reader: cp.Client, NodeName: node, SocketDir: socketDir,
+		Reader: cp.Client, NodeName: node, PodsDir: podsDir,
 		CertFile: e.pki.file(cert + ".crt"), KeyFile: e.pki.file(cert + ".key"), ClientCAFile: e.pki.file("ca.crt"),
 		AllowedClientNames: []string{"qvirt-api"}, Addr: "127.0.0.1:0", Log: testr.New(t).WithName("handler"),
 	})
@@ -143,17 +144,21 @@ func testVMI(t *testing.T, name, node string, phase v1alpha1.VirtualMachineInsta
 	}
 	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), vmi) })
 	vmi.Status.NodeName, vmi.Status.Phase = node, phase
+	vmi.Status.ActivePods = map[types.UID]string{podOf(name): node}
 	if err := cp.Client.Status().Update(ctx, vmi); err != nil {
 		t.Fatalf("update status of VMI %s: %v", name, err)
 	}
 	return vmi
 }
 
-// bootGuest starts a real launcher for vmi under socketDir and syncs it (the guest boots); it
+// podOf is the UID of the launcher pod testVMI records for the VMI named name.
+func podOf(name string) types.UID { return types.UID("pod-of-" + name) }
+
+// bootGuest starts a real launcher for vmi in its pod's sockets volume under podsDir and syncs it (the guest boots); it
 // returns the launcher's client.
-func bootGuest(t *testing.T, socketDir string, vmi *v1alpha1.VirtualMachineInstance) *launcher.Client {
+func bootGuest(t *testing.T, podsDir string, vmi *v1alpha1.VirtualMachineInstance) *launcher.Client {
 	t.Helper()
-	dir := launcher.VMIDir(socketDir, vmi.UID)
+	dir := launcher.VMIDir(testutil.PodSocketDir(t, podsDir, podOf(vmi.Name)), vmi.UID)
 	if err := os.MkdirAll(string(dir), 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"image/png"
 	"net/http"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,15 +23,11 @@ import (
 // unpause and screenshot, all through kube-apiserver and qvirt-api to a real handler.
 func TestStreams(t *testing.T) {
 	e := setup(t)
-	socketDir, err := os.MkdirTemp("", "qva-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(socketDir) })
+	podsDir := t.TempDir()
 	const node = "node-streams"
-	createNode(t, node, startHandler(t, e, node, socketDir))
+	createNode(t, node, startHandler(t, e, node, podsDir))
 	vmi := testVMI(t, "guest", node, v1alpha1.Running)
-	guest := bootGuest(t, socketDir, vmi)
+	guest := bootGuest(t, podsDir, vmi)
 	view, edit, admin := e.users["view"], e.users["edit"], e.users["admin"]
 
 	t.Run("view is refused the console", func(t *testing.T) {
