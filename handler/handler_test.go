@@ -35,6 +35,7 @@ import (
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/podnet"
@@ -362,6 +363,7 @@ func (k *kubelet) start(p *pod, uid string) {
 	termLog := filepath.Join(t.TempDir(), "termination-log")
 	p.cmd = exec.Command("ip", "netns", "exec", p.net.Name, launcherBin, "serve",
 		"--socket-dir", k.socketDir, "--vmi-uid", uid, "--emulation", "--scratch-dir", t.TempDir(),
+		"--"+podlayout.FlagAllowFileImagesForTests, // guestVMI boots a file:// image
 		"--termination-log", termLog, "--linger", "2s")
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {

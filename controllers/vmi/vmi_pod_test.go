@@ -18,6 +18,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 var update = flag.Bool("update", false, "rewrite controllers/vmi/testdata/*.yaml from RenderLauncherPod's output")
@@ -186,6 +187,24 @@ func TestRenderLauncherPodResources(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(pod.Spec.Containers[0].Command, " "), "--emulation") {
 		t.Errorf("emulation not passed to the launcher: %v", pod.Spec.Containers[0].Command)
+	}
+}
+
+// The launcher's test-only switch for file:// images is never in a launcher pod, whatever the
+// VMI and configuration: a pod must not boot from a path on the node.
+func TestRenderLauncherPodNeverAllowsFileImages(t *testing.T) {
+	for _, tc := range goldenCases() {
+		pod, err := RenderLauncherPod(tc.vmi, tc.cfg)
+		if err != nil {
+			t.Fatalf("%s: RenderLauncherPod: %v", tc.name, err)
+		}
+		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+			for _, arg := range append(c.Command, c.Args...) {
+				if strings.Contains(arg, podlayout.FlagAllowFileImagesForTests) {
+					t.Errorf("%s: container %s has %q", tc.name, c.Name, arg)
+				}
+			}
+		}
 	}
 }
 

@@ -33,3 +33,7 @@ const (
 	FlagImageCache       = "image-cache"
 	FlagInsecureRegistry = "insecure-registry"
 )
+
+// FlagAllowFileImagesForTests lets `qvirt-launcher serve` use file:// images, for tests that run
+// serve-mode launchers on a prepared directory. The pod renderer never passes it (its test checks).
+const FlagAllowFileImagesForTests = "allow-file-images"
