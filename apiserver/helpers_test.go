@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -108,7 +110,8 @@ func startHandlerWithCert(t *testing.T, e *env, node, podsDir, cert string) stri
 	s, err := streams.New(streams.Options{
 		Reader: cp.Client, NodeName: node, PodsDir: podsDir,
 		CertFile: e.pki.file(cert + ".crt"), KeyFile: e.pki.file(cert + ".key"), ClientCAFile: e.pki.file("ca.crt"),
-		AllowedClientNames: []string{"qvirt-api"}, Addr: "127.0.0.1:0", Log: testr.New(t).WithName("handler"),
+		AllowedClientNames: []string{"qvirt-api"}, Addr: "127.0.0.1:0",
+		Log: funcr.New(func(prefix, args string) { fmt.Fprintf(e.handlerLogs, "%s %s\n", prefix, args) }, funcr.Options{}).WithName("handler"),
 	})
 	if err != nil {
 		t.Fatalf("streams.New: %v", err)

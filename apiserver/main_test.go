@@ -71,9 +71,11 @@ func fuzzing() bool {
 // env is what every test shares: qvirt-api registered and Available, the PKI of the handler link
 // and the three users.
 type env struct {
-	pki   *testPKI
-	logs  *testutil.SyncBuffer
-	users map[string]*rest.Config // view, edit, admin
+	pki  *testPKI
+	logs *testutil.SyncBuffer
+	// handlerLogs are the handler stream servers' logs.
+	handlerLogs *testutil.SyncBuffer
+	users       map[string]*rest.Config // view, edit, admin
 }
 
 var (
@@ -157,7 +159,7 @@ func start() (*env, error) {
 	if err := register(ctx, ip, port, p.servingCA); err != nil {
 		return nil, err
 	}
-	e := &env{pki: p, logs: logs, users: map[string]*rest.Config{}}
+	e := &env{pki: p, logs: logs, handlerLogs: &testutil.SyncBuffer{}, users: map[string]*rest.Config{}}
 	for _, role := range []string{"view", "edit", "admin"} {
 		if e.users[role], err = addUser(ctx, role); err != nil {
 			return nil, err

@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/qvirt/qvirt/handler/streams"
 )
 
-// qmpAudit logs every QMP command a user sends with the outcome of its reply. The handler
+// qmpAudit logs every QMP command a user sends, with its arguments and the outcome of its reply. The handler
 // answers every message the client sends exactly once, in order (refusals and malformed messages
 // included), and events carry no reply, so replies are matched to commands by position.
 type qmpAudit struct {
@@ -21,14 +23,17 @@ type qmpAudit struct {
 type qmpCommand struct {
 	name string
 	id   json.RawMessage
+	// args are the log values of the command's arguments (streams.AuditArguments).
+	args []any
 	sent time.Time
 }
 
 // qmpRequest is what the audit reads of a client message.
 type qmpRequest struct {
-	Execute string          `json:"execute"`
-	ExecOOB string          `json:"exec-oob"`
-	ID      json.RawMessage `json:"id"`
+	Execute   string          `json:"execute"`
+	ExecOOB   string          `json:"exec-oob"`
+	ID        json.RawMessage `json:"id"`
+	Arguments json.RawMessage `json:"arguments"`
 }
 
 // qmpResponse is what the audit reads of a handler message.
@@ -42,27 +47,29 @@ type qmpResponse struct {
 	} `json:"error"`
 }
 
-// parseQMPRequest names the command of a client message; "" for one that is not a QMP command
-// (the handler answers it with an error, which is logged against it).
-func parseQMPRequest(data []byte) (name string, id json.RawMessage) {
+// parseQMPRequest reads the command of a client message; its name is "" for one that is not a
+// QMP command (the handler answers it with an error, which is logged against it).
+func parseQMPRequest(data []byte) qmpCommand {
 	var req qmpRequest
 	if err := json.Unmarshal(data, &req); err != nil {
-		return "", nil
+		return qmpCommand{}
 	}
-	if req.Execute != "" {
-		return req.Execute, req.ID
+	name := req.Execute
+	if name == "" {
+		name = req.ExecOOB
 	}
-	return req.ExecOOB, req.ID
+	return qmpCommand{name: name, id: req.ID, args: streams.AuditArguments(name, req.Arguments)}
 }
 
 func (q *qmpAudit) command(data []byte) {
-	name, id := parseQMPRequest(data)
-	if name == "" {
-		name = "(malformed)"
+	cmd := parseQMPRequest(data)
+	if cmd.name == "" {
+		cmd.name = "(malformed)"
 	}
+	cmd.sent = time.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.pending = append(q.pending, qmpCommand{name: name, id: id, sent: time.Now()})
+	q.pending = append(q.pending, cmd)
 }
 
 func (q *qmpAudit) reply(data []byte) {
@@ -83,6 +90,7 @@ func (q *qmpAudit) reply(data []byte) {
 	if cmd.id != nil {
 		kv = append(kv, "id", string(cmd.id))
 	}
+	kv = append(kv, cmd.args...)
 	if resp.Error != nil {
 		kv = append(kv, "errorClass", resp.Error.Class, "error", resp.Error.Desc)
 	}
@@ -94,7 +102,8 @@ func (q *qmpAudit) unanswered() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, c := range q.pending {
-		q.log.Info("QMP command", "command", c.name, "errorClass", "NoReply", "error", "the session ended before the reply")
+		kv := append([]any{"command", c.name}, c.args...)
+		q.log.Info("QMP command", append(kv, "errorClass", "NoReply", "error", "the session ended before the reply")...)
 	}
 	q.pending = nil
 }

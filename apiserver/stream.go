@@ -20,13 +20,6 @@ import (
 	"github.com/qvirt/qvirt/handler/streams"
 )
 
-// Read limits per message. QMP replies can be large (query-qmp-schema is over 100 KiB); console
-// and VNC frames are what the handler read from a socket at once.
-const (
-	qmpReadLimit   = 16 << 20
-	plainReadLimit = 1 << 20
-)
-
 // stream serves the console, vnc or qmp subresource: it checks the VMI and the node, opens the
 // handler's websocket first (so a refusal reaches the user as an HTTP error with the handler's
 // status) and then accepts the user's websocket with the subprotocol the handler chose.
@@ -90,7 +83,7 @@ func offeredSubprotocols(r *http.Request) []string {
 }
 
 func (a *API) serveStream(w http.ResponseWriter, r *http.Request, t target, endpoint string, u user.Info, write bool) {
-	log := a.log.WithValues("vmi", t.key(), "stream", endpoint, "user", u.GetName(), "groups", u.GetGroups())
+	log := a.log.WithValues("vmi", t.key(), "namespace", t.vmi.Namespace, "stream", endpoint, "user", u.GetName(), "groups", u.GetGroups())
 	offered := offeredSubprotocols(r)
 	backend, err := a.dialHandler(r.Context(), t, endpoint, userHeaders(u, write), offered)
 	if err != nil {
@@ -111,12 +104,13 @@ func (a *API) serveStream(w http.ResponseWriter, r *http.Request, t target, endp
 		return
 	}
 	defer front.CloseNow()
-	limit := int64(plainReadLimit)
+	// The user's messages are bounded as the handler bounds them (sub.MaxClientMessage), so what
+	// passes here passes there; QMP replies may be larger.
+	front.SetReadLimit(sub.MaxClientMessage)
+	backend.SetReadLimit(sub.MaxClientMessage)
 	if endpoint == sub.QMP {
-		limit = qmpReadLimit
+		backend.SetReadLimit(sub.MaxQMPMessage)
 	}
-	front.SetReadLimit(limit)
-	backend.SetReadLimit(limit)
 	log.Info("stream opened", "subprotocol", front.Subprotocol(), "qmpWrite", write)
 	p := &pipe{front: front, back: backend, log: log, ping: a.opts.PingInterval, pingTimeout: a.opts.PingTimeout}
 	if endpoint == sub.QMP {

@@ -71,6 +71,11 @@ func TestStreams(t *testing.T) {
 		s3 := read(c3)
 		s3.Send(t, websocket.MessageBinary, "echo again-$((1+1))\n")
 		s3.Expect(t, 0, "again-2", 30*time.Second)
+		// A message above coder/websocket's default 32 KiB read limit but within qvirt-api's
+		// reaches the guest (a large paste): both sides accept the same size.
+		big := strings.Repeat(": "+strings.Repeat("p", 98)+"\n", 400) // 40,000 bytes of no-op lines
+		s3.Send(t, websocket.MessageBinary, big+"echo pasted-$((3*4))\n")
+		s3.Expect(t, 0, "pasted-12", 90*time.Second)
 		_ = c3.Close(websocket.StatusNormalClosure, "done")
 	})
 
@@ -116,7 +121,19 @@ func TestStreams(t *testing.T) {
 		}
 		q.Send(t, websocket.MessageText, `{"execute":"cont","id":"c"}`)
 		q.Reply(t, "c")
+		q.Send(t, websocket.MessageText, `{"execute":"human-monitor-command","arguments":{"command-line":"stop"},"id":"h"}`)
+		q.Reply(t, "h")
+		q.Send(t, websocket.MessageText, `{"execute":"cont","id":"c2"}`)
+		q.Reply(t, "c2")
 		_ = q.Conn.Close(websocket.StatusNormalClosure, "done")
+		// Both qvirt-api and the handler audit what a write carried, not only its name: the
+		// arguments as JSON and an HMP command line on its own.
+		for side, logs := range map[string]string{"qvirt-api": e.logs.String(), "handler": e.handlerLogs.String()} {
+			if !logLine(logs, `"user"="admin-user"`, `"groups"=[`, `"namespace"="default"`, `"vmi"="default/guest"`,
+				`"command"="human-monitor-command"`, `"commandLine"="stop"`, `"arguments"="{\"command-line\":\"stop\"}"`) {
+				t.Errorf("no %s audit line naming admin-user, the VMI, human-monitor-command and its arguments in:\n%s", side, testutil.Tail(logs, 4000))
+			}
+		}
 	})
 
 	t.Run("pause, unpause and screenshot through the handler", func(t *testing.T) {

@@ -382,6 +382,7 @@ func (k *kubelet) start(p *pod, uid string) {
 	p.cmd = exec.Command("unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", `mount --bind "$0" "$1" && shift && exec "$@"`,
 		p.sockets, podlayout.SocketDir, "ip", "netns", "exec", p.net.Name, launcherBin, "serve",
 		"--socket-dir", podlayout.SocketDir, "--vmi-uid", uid, "--emulation", "--scratch-dir", t.TempDir(),
+		"--"+podlayout.FlagAllowFileImagesForTests, // guestVMI boots a file:// image
 		"--termination-log", termLog, "--linger", "2s")
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {

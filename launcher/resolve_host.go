@@ -22,6 +22,9 @@ type HostResolver struct {
 	// from there only. Nothing is pulled and file:// is refused, since images in a pod come from
 	// trusted code (the kubelet, or a virtual node's provider), never from the launcher.
 	Images *ImageMounts
+	// FileImagesInPod accepts file:// images besides Images: for tests that run serve-mode
+	// launchers on a prepared directory (--allow-file-images); never in a launcher pod.
+	FileImagesInPod bool
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
 	// ScratchDir holds emptyDisk images; the run directory when empty.
@@ -168,7 +171,7 @@ func singleDiskFile(root string) (string, error) {
 // imageRoot is the directory of an image: its volume's mount in a launcher pod, else the directory
 // a file:// reference names, else the image pulled into the user's image cache (image.go).
 func (h HostResolver) imageRoot(ref machine.ImageRef, mount string) (string, error) {
-	if h.Images != nil {
+	if h.Images != nil && !(h.FileImagesInPod && strings.HasPrefix(ref.Ref, "file://")) {
 		return mountedImage(ref, mount)
 	}
 	dir, ok := strings.CutPrefix(ref.Ref, "file://")

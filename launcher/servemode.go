@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,6 +29,10 @@ type ServeOptions struct {
 	// Images are the pod's image volumes (podlayout.KernelBootDir and ContainerDiskDir): the
 	// launcher in a pod reads images there and never pulls.
 	Images ImageMounts
+	// AllowFileImages lets machines use file:// images, which a launcher pod otherwise refuses:
+	// for tests that run serve-mode launchers on a prepared directory (flag
+	// --allow-file-images). The pod renderer never sets it.
+	AllowFileImages bool
 	// Linger is how long the command socket keeps answering after the guest ended on its own, so
 	// the node agent reads the final status; it is cut short by ctx.
 	Linger time.Duration
@@ -57,8 +62,8 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
 		}
 	}()
 	images := opts.Images
-	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir, Images: &images},
-		uid: opts.VMIUID, emulation: opts.Emulation}
+	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir, Images: &images,
+		FileImagesInPod: opts.AllowFileImages}, uid: opts.VMIUID, emulation: opts.Emulation, allowFileImages: opts.AllowFileImages}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	ln, err := Listen(dir.Command())
 	if err != nil {
@@ -139,11 +144,15 @@ func writeTerminationLog(path string, exit Exit, log logr.Logger) {
 	}
 }
 
-// podResolver is HostResolver for the one VMI this pod was made for.
+// podResolver is HostResolver for the one VMI this pod was made for. Unless allowFileImages,
+// it refuses file:// images: in a cluster such a reference names a directory on the node (or in
+// the launcher image), chosen by whoever wrote the VMI, and images there are checked by no one.
+// Images come from a registry, pulled by trusted code.
 type podResolver struct {
-	host      HostResolver
-	uid       string
-	emulation bool
+	host            HostResolver
+	uid             string
+	emulation       bool
+	allowFileImages bool
 }
 
 func (p podResolver) Resolve(m *machine.Machine, runDir string) (*Machine, error) {
@@ -153,11 +162,40 @@ func (p podResolver) Resolve(m *machine.Machine, runDir string) (*Machine, error
 	if want := p.accel(); m.Accel != want {
 		return nil, machine.Invalid(machinePath.Child("accel"), m.Accel, fmt.Sprintf("this launcher pod runs its guest with %s (its --emulation flag)", want))
 	}
+	if m.Kernel != nil {
+		if err := p.checkImage(m.Kernel.Image, machinePath.Child("kernel", "image", "ref")); err != nil {
+			return nil, err
+		}
+	}
+	for i := range m.Disks {
+		if err := p.checkDisk(&m.Disks[i], machinePath.Child("disks").Index(i)); err != nil {
+			return nil, err
+		}
+	}
 	return p.host.Resolve(m, runDir)
 }
 
 func (p podResolver) ResolveDisk(d *machine.Disk, runDir string, path machine.Path) (DiskImage, *machine.FieldError) {
+	if err := p.checkDisk(d, path); err != nil {
+		return DiskImage{}, err
+	}
 	return p.host.ResolveDisk(d, runDir, path)
+}
+
+func (p podResolver) checkDisk(d *machine.Disk, path machine.Path) *machine.FieldError {
+	if d.Source.Container == nil {
+		return nil
+	}
+	return p.checkImage(d.Source.Container.Image, path.Child("source", "container", "image", "ref"))
+}
+
+// checkImage refuses a file:// image unless this launcher allows them.
+func (p podResolver) checkImage(ref machine.ImageRef, path machine.Path) *machine.FieldError {
+	if p.allowFileImages || !strings.HasPrefix(ref.Ref, "file://") {
+		return nil
+	}
+	return machine.Invalid(path, ref.Ref, "file:// images are for `qvirt-launcher run` outside Kubernetes; a launcher pod "+
+		"boots only images from a registry (a file:// reference would name a path on the node)")
 }
 
 func (p podResolver) accel() machine.Accel {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +102,35 @@ func TestPodResolverAndInfo(t *testing.T) {
 	}
 	if err != nil || !slices.Equal(info.Protocols, []string{machine.Protocol}) {
 		t.Fatalf("info %+v, %v; want protocols [%s]", info, err, machine.Protocol)
+	}
+}
+
+// A launcher pod refuses file:// images, kernel and containerDisk alike: in a cluster such a
+// reference names a path on the node, which the tenant does not own. Only the test-only
+// allowFileImages (flag --allow-file-images, which the pod renderer never sets) lets them through.
+func TestPodResolverRefusesFileImages(t *testing.T) {
+	const uid = "0f8fad5b-d9cb-469f-a165-70867728950e"
+	img := t.TempDir()
+	if err := os.WriteFile(filepath.Join(img, "vmlinuz"), []byte("k"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	file := machine.ImageRef{Ref: "file://" + img}
+	kernel := machine.Machine{UID: uid, Accel: machine.AccelTCG, Kernel: &machine.KernelBoot{Image: file, KernelPath: "/vmlinuz"}}
+	disk := machine.Disk{Name: "root", Source: machine.Source{Container: &machine.Container{Image: file, Path: "/vmlinuz"}}}
+
+	refusing := podResolver{uid: uid, emulation: true}
+	_, err := refusing.Resolve(&kernel, t.TempDir())
+	var fe *machine.FieldError
+	if !errors.As(err, &fe) || fe.Field != "machine.kernel.image.ref" || !strings.Contains(fe.Error(), "file://") {
+		t.Errorf("kernel from a file:// image: want an error at machine.kernel.image.ref naming file://, got %v", err)
+	}
+	_, fe = refusing.ResolveDisk(&disk, t.TempDir(), machinePath.Child("disks").Index(0))
+	if fe == nil || fe.Field != "machine.disks[0].source.container.image.ref" {
+		t.Errorf("containerDisk from a file:// image: want an error at machine.disks[0].source.container.image.ref, got %v", fe)
+	}
+
+	allowing := podResolver{uid: uid, emulation: true, allowFileImages: true}
+	if _, err := allowing.Resolve(&kernel, t.TempDir()); err != nil {
+		t.Errorf("with allowFileImages: %v", err)
 	}
 }

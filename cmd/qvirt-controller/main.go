@@ -18,11 +18,13 @@ import (
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/controllers/nodehealth"
+	"github.com/qvirt/qvirt/internal/metricsauth"
 )
 
 func main() {
 	var (
-		metricsAddr = flag.String("metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables it)")
+		metricsAddr = flag.String("metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint, HTTPS for scrapers bound to ClusterRole qvirt-metrics-reader (0 disables it)")
+		metricsCert = flag.String("metrics-cert-dir", "", "directory with tls.crt and tls.key for /metrics (empty: a self-signed certificate)")
 		probeAddr   = flag.String("health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", false, "elect one active controller among the replicas")
 		namespace   = flag.String("namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMap qvirt-config")
@@ -35,13 +37,13 @@ func main() {
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(*metricsAddr, *probeAddr, *leaderElect, *namespace, *webhooks, *webhookPort, *certDir, *nodeTimeout); err != nil {
+	if err := run(metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr, *leaderElect, *namespace, *webhooks, *webhookPort, *certDir, *nodeTimeout); err != nil {
 		ctrl.Log.Error(err, "qvirt-controller failed")
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, probeAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certDir string, nodeTimeout time.Duration) error {
+func run(metrics server.Options, probeAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certDir string, nodeTimeout time.Duration) error {
 	sch, err := scheme.New()
 	if err != nil {
 		return err
@@ -49,7 +51,7 @@ func run(metricsAddr, probeAddr string, leaderElect bool, namespace string, webh
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  sch,
 		Cache:                   controllers.CacheOptions(namespace),
-		Metrics:                 server.Options{BindAddress: metricsAddr},
+		Metrics:                 metrics,
 		HealthProbeBindAddress:  probeAddr,
 		LeaderElection:          leaderElect,
 		LeaderElectionID:        "qvirt-controller.qvirt.io",

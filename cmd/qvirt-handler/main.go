@@ -18,6 +18,7 @@ import (
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler"
+	"github.com/qvirt/qvirt/internal/metricsauth"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
@@ -34,7 +35,8 @@ func main() {
 	flag.StringVar(&opts.Streams.ClientCAFile, "streams-client-ca-file", "/etc/qvirt/handler-tls/ca.crt", "CA of the clients (qvirt-api) the stream server accepts")
 	flag.StringVar(&opts.Streams.AdvertiseAddress, "streams-advertise-address", "", "host:port where qvirt-api reaches the stream server (default $POD_IP and the bind address's port)")
 	allowed := flag.String("streams-allowed-client-names", "qvirt-api", "comma-separated client certificate names accepted (empty: any the CA signed)")
-	metricsAddr := flag.String("metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint (0 disables it)")
+	metricsAddr := flag.String("metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint, HTTPS for scrapers bound to ClusterRole qvirt-metrics-reader (0 disables it)")
+	metricsCert := flag.String("metrics-cert-dir", "", "directory with tls.crt and tls.key for /metrics (empty: a self-signed certificate)")
 	probeAddr := flag.String("health-probe-bind-address", ":8444", "address of /healthz and /readyz")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -48,13 +50,13 @@ func main() {
 		opts.Streams.AllowedClientNames = strings.Split(*allowed, ",")
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(opts, *metricsAddr, *probeAddr); err != nil {
+	if err := run(opts, metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr); err != nil {
 		ctrl.Log.Error(err, "qvirt-handler failed")
 		os.Exit(1)
 	}
 }
 
-func run(opts handler.Options, metricsAddr, probeAddr string) error {
+func run(opts handler.Options, metrics server.Options, probeAddr string) error {
 	sch, err := scheme.New()
 	if err != nil {
 		return err
@@ -66,7 +68,7 @@ func run(opts handler.Options, metricsAddr, probeAddr string) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 sch,
 		Cache:                  handler.CacheOptions(opts.NodeName, opts.Namespace),
-		Metrics:                server.Options{BindAddress: metricsAddr},
+		Metrics:                metrics,
 		HealthProbeBindAddress: probeAddr,
 	})
 	if err != nil {

@@ -67,6 +67,7 @@ func serve(args []string) int {
 	fs.DurationVar(&opts.Linger, "linger", 10*time.Second, "keep answering the node agent this long after the guest ended")
 	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")
 	opts.Images = launcher.ImageMounts{KernelBoot: podlayout.KernelBootDir, ContainerDisks: podlayout.ContainerDiskDir}
+	fs.BoolVar(&opts.AllowFileImages, podlayout.FlagAllowFileImagesForTests, false, "TESTS ONLY: accept file:// images, which a launcher pod refuses")
 	verbose := fs.Int("v", 0, "log verbosity")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {

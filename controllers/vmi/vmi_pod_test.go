@@ -191,6 +191,24 @@ func TestRenderLauncherPodResources(t *testing.T) {
 	}
 }
 
+// The launcher's test-only switch for file:// images is never in a launcher pod, whatever the
+// VMI and configuration: a pod must not boot from a path on the node.
+func TestRenderLauncherPodNeverAllowsFileImages(t *testing.T) {
+	for _, tc := range goldenCases() {
+		pod, err := RenderLauncherPod(tc.vmi, tc.cfg)
+		if err != nil {
+			t.Fatalf("%s: RenderLauncherPod: %v", tc.name, err)
+		}
+		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+			for _, arg := range append(c.Command, c.Args...) {
+				if strings.Contains(arg, podlayout.FlagAllowFileImagesForTests) {
+					t.Errorf("%s: container %s has %q", tc.name, c.Name, arg)
+				}
+			}
+		}
+	}
+}
+
 func TestRenderLauncherPodRefuses(t *testing.T) {
 	cases := []struct {
 		name   string

@@ -10,6 +10,8 @@ import (
 	"github.com/coder/websocket"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+
+	subresources "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 )
 
 // takeoverWait bounds how long a new console session waits for the one it replaces to let go of
@@ -119,6 +121,9 @@ func (s *Server) serveBytes(w http.ResponseWriter, r *http.Request, sess *sessio
 		sess.cancel(err)
 		return // Accept has answered the request
 	}
+	// qvirt-api's limit, not coder/websocket's default of 32 KiB: a paste qvirt-api passed on
+	// must not end the session here.
+	ws.SetReadLimit(subresources.MaxClientMessage)
 	sess.ws = ws
 	log := s.opts.Log.WithValues("vmi", t.key(), "user", caller.User, "stream", what)
 	log.V(1).Info("stream opened")

@@ -65,6 +65,10 @@
 // console session: a new one takes over and the old one is closed with status 4001
 // (StatusTakenOver) and a reason naming the new session's user.
 //
+// A client message (console or VNC input, a QMP command) may be up to
+// subresources.MaxClientMessage (1 MiB), qvirt-api's limit too; a larger one closes the stream
+// with 1009.
+//
 // Close codes the handler sends: 1000 when QEMU closed the socket (the VM stopped), 1001 when the
 // handler shuts down, 4001 when taken over; 1008 for a QMP client that lets more than 1024 replies
 // pile up unread. The handler pings every PingInterval and drops a peer that does not answer

@@ -13,6 +13,8 @@ import (
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+
+	subresources "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 )
 
 const (
@@ -20,8 +22,6 @@ const (
 	// serves one client at a time, so a greeting that does not come usually means another client
 	// (outside this handler) holds it.
 	negotiateTimeout = 10 * time.Second
-	// qmpReadLimit bounds one client message; commands are small.
-	qmpReadLimit = 1 << 20
 	// maxInFlight bounds the replies a session may owe its client; a client that sends more
 	// without reading is dropped rather than buffered without end.
 	maxInFlight = 1024
@@ -55,11 +55,11 @@ func (s *Server) qmp(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // Accept has answered the request
 	}
-	ws.SetReadLimit(qmpReadLimit)
+	ws.SetReadLimit(subresources.MaxClientMessage)
 	sess.ws = ws
 
 	p := &qmpProxy{sess: sess, conn: conn, dec: dec, caller: caller,
-		log: s.opts.Log.WithValues("vmi", t.key(), "user", caller.User, "groups", caller.Groups, "client", caller.Client, "qmpWrite", caller.QMPWrite)}
+		log: s.opts.Log.WithValues("vmi", t.key(), "namespace", t.vmi.Namespace, "user", caller.User, "groups", caller.Groups, "client", caller.Client, "qmpWrite", caller.QMPWrite)}
 	p.log.Info("QMP shell opened")
 	p.send(greeting)
 	var wg sync.WaitGroup
@@ -204,7 +204,7 @@ func (p *qmpProxy) handle(v verdict) {
 // forward queues v's reply slot and sends it to QEMU. The write is outside mu: QEMU may be busy
 // writing a large reply that fromQEMU, which takes mu, must read first.
 func (p *qmpProxy) forward(v verdict) {
-	p.log.Info("QMP command", "command", v.cmd, "id", string(v.id))
+	p.log.Info("QMP command", p.audit(v)...)
 	p.mu.Lock()
 	if len(p.queue) >= maxInFlight {
 		p.mu.Unlock()
@@ -216,6 +216,20 @@ func (p *qmpProxy) forward(v verdict) {
 	if _, err := p.conn.Write(append(v.wire, '\n')); err != nil {
 		p.sess.cancel(&closeCause{code: websocket.StatusNormalClosure, reason: "the QMP monitor closed: QEMU exited"})
 	}
+}
+
+// audit is what the log says of a forwarded command: its name, id, arguments (what QEMU
+// receives, re-encoded) and whether it needed the write permission. The session's values (user,
+// groups, namespace, VMI) are on p.log already.
+func (p *qmpProxy) audit(v verdict) []any {
+	_, readOnly := readOnlyAllows(v.cmd, v.args)
+	kv := []any{"command", v.cmd, "id", string(v.id), "write", !readOnly}
+	if len(v.args) > 0 {
+		// Re-encoding what the decoder produced cannot fail.
+		args, _ := json.Marshal(v.args)
+		kv = append(kv, AuditArguments(v.cmd, args)...)
+	}
+	return kv
 }
 
 // answer sends the proxy's own reply to v, after the replies still due from QEMU.

@@ -61,3 +61,7 @@ func HostSocketDir(podsDir, podUID string) string {
 }
 // ContainerDiskMount is where the launcher pod mounts containerDisk volume's image.
 func ContainerDiskMount(volume string) string { return ContainerDiskDir + "/" + volume }
+
+// FlagAllowFileImagesForTests lets `qvirt-launcher serve` use file:// images, for tests that run
+// serve-mode launchers on a prepared directory. The pod renderer never passes it (its test checks).
+const FlagAllowFileImagesForTests = "allow-file-images"

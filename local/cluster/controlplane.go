@@ -105,6 +105,12 @@ func (cp *ControlPlane) writePKI() error {
 	if err != nil {
 		return err
 	}
+	// etcd has a CA of its own: a certificate of the cluster CA (every Kubernetes client holds
+	// one) must not open the database, which bypasses all of the API server's authorisation.
+	etcdCA, err := pki.LoadOrCreateCA(dir, "etcd-ca")
+	if err != nil {
+		return err
+	}
 	svcIP, err := firstServiceIP(cp.opts.ServiceCIDR)
 	if err != nil {
 		return err
@@ -121,6 +127,10 @@ func (cp *ControlPlane) writePKI() error {
 		{ca, "controller-manager", pki.Leaf{CommonName: "system:kube-controller-manager", Client: true}},
 		{ca, "scheduler", pki.Leaf{CommonName: "system:kube-scheduler", Client: true}},
 		{front, "front-proxy-client", pki.Leaf{CommonName: "front-proxy-client", Client: true}},
+		// Server and client: etcd presents it on its client and peer URLs and to its peer.
+		{etcdCA, "etcd-server", pki.Leaf{CommonName: "etcd", Server: true, Client: true,
+			DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}},
+		{etcdCA, "apiserver-etcd-client", pki.Leaf{CommonName: "kube-apiserver-etcd-client", Client: true}},
 	}
 	for _, l := range leaves {
 		if err := l.ca.Issue(dir, l.name, l.leaf); err != nil {
@@ -151,22 +161,40 @@ func (cp *ControlPlane) writeKubeconfig(file, user string) error {
 	return clientcmd.WriteToFile(*cfg, file)
 }
 
+// etcd listens on loopback, which any process of the host shares, so it serves only clients
+// with a certificate of its own CA (the API server's), on both its client and peer URLs.
 func (cp *ControlPlane) etcd() supervise.Component {
-	url := "http://127.0.0.1:" + strconv.Itoa(cp.opts.EtcdPort)
-	peer := "http://127.0.0.1:" + strconv.Itoa(cp.opts.EtcdPort+1)
+	p := cp.pki
+	url := cp.etcdURL()
+	peer := "https://127.0.0.1:" + strconv.Itoa(cp.opts.EtcdPort+1)
 	return supervise.Component{Name: "etcd", Path: filepath.Join(cp.opts.Tools, "etcd"),
 		Args: []string{"--name=qvirt-local", "--data-dir=" + filepath.Join(cp.opts.Dir, "etcd"),
 			"--listen-client-urls=" + url, "--advertise-client-urls=" + url,
+			"--cert-file=" + p("etcd-server.crt"), "--key-file=" + p("etcd-server.key"),
+			"--client-cert-auth", "--trusted-ca-file=" + p("etcd-ca.crt"),
 			"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+			"--peer-cert-file=" + p("etcd-server.crt"), "--peer-key-file=" + p("etcd-server.key"),
+			"--peer-client-cert-auth", "--peer-trusted-ca-file=" + p("etcd-ca.crt"),
 			"--initial-cluster=qvirt-local=" + peer, "--unsafe-no-fsync"},
-		Ready: httpReady(url+"/health", nil)}
+		Ready: httpReady(url+"/health", cp.etcdClientTLS)}
+}
+
+func (cp *ControlPlane) etcdURL() string {
+	return "https://127.0.0.1:" + strconv.Itoa(cp.opts.EtcdPort)
+}
+
+// etcdClientTLS is the API server's etcd client identity, for etcd's readiness check.
+func (cp *ControlPlane) etcdClientTLS() (*tls.Config, error) {
+	return clientTLS(cp.pki("apiserver-etcd-client.crt"), cp.pki("apiserver-etcd-client.key"), cp.pki("etcd-ca.crt"))
 }
 
 func (cp *ControlPlane) apiserver() supervise.Component {
 	p := cp.pki
 	return supervise.Component{Name: "kube-apiserver", Path: filepath.Join(cp.opts.Tools, "kube-apiserver"),
 		Args: []string{
-			"--etcd-servers=http://127.0.0.1:" + strconv.Itoa(cp.opts.EtcdPort),
+			"--etcd-servers=" + cp.etcdURL(),
+			"--etcd-cafile=" + p("etcd-ca.crt"),
+			"--etcd-certfile=" + p("apiserver-etcd-client.crt"), "--etcd-keyfile=" + p("apiserver-etcd-client.key"),
 			"--bind-address=0.0.0.0", "--secure-port=" + strconv.Itoa(cp.opts.APIServerPort),
 			"--advertise-address=" + cp.opts.Address.String(),
 			"--service-cluster-ip-range=" + cp.opts.ServiceCIDR,
@@ -209,16 +237,23 @@ func (cp *ControlPlane) scheduler() supervise.Component {
 
 // adminTLS authenticates as the cluster admin and verifies the API server.
 func (cp *ControlPlane) adminTLS() (*tls.Config, error) {
-	pair, err := tls.LoadX509KeyPair(cp.pki("admin.crt"), cp.pki("admin.key"))
+	return clientTLS(cp.pki("admin.crt"), cp.pki("admin.key"), cp.pki("ca.crt"))
+}
+
+// clientTLS presents the certificate in certFile and keyFile and trusts the CA in caFile.
+func clientTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, err
 	}
-	caPEM, err := os.ReadFile(cp.pki("ca.crt"))
+	caPEM, err := os.ReadFile(caFile)
 	if err != nil {
 		return nil, err
 	}
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("%s: no PEM certificate", caFile)
+	}
 	return &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool}, nil
 }
 

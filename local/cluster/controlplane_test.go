@@ -2,7 +2,10 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,8 +72,9 @@ func TestControlPlane(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	started := time.Now()
+	etcdPort := freePort(t)
 	cp, err := StartControlPlane(ctx, sup, ControlPlaneOptions{Dir: dir, Tools: tools,
-		Address: pods.Gateway.AsSlice(), APIServerPort: freePort(t), EtcdPort: freePort(t),
+		Address: pods.Gateway.AsSlice(), APIServerPort: freePort(t), EtcdPort: etcdPort,
 		ControllerManagerPort: freePort(t), SchedulerPort: freePort(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +92,10 @@ func TestControlPlane(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the admin kubeconfig at %s does not work: %v", cp.Server, err)
 	}
+
+	t.Run("etcd serves only clients with its CA's certificate", func(t *testing.T) {
+		checkEtcdRefusesStrangers(t, cp, etcdPort)
+	})
 
 	t.Run("qvirt installs and its controller serves the webhook", func(t *testing.T) {
 		installAndRunController(ctx, t, cp, sup, pods.Gateway.AsSlice())
@@ -189,5 +197,49 @@ func installAndRunController(ctx context.Context, t *testing.T, cp *ControlPlane
 			t.Fatalf("qvirt-controller made no instance for VM %s; its log: %s", vm.Name, sup.LogPath("qvirt-controller"))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// checkEtcdRefusesStrangers reads etcd's keys through its gRPC gateway as a process on the host
+// would: over plain HTTP, over TLS without a client certificate and with a certificate of the
+// cluster's CA (which every Kubernetes client of the local cluster holds), all refused; only the
+// API server's etcd client certificate gets an answer.
+func checkEtcdRefusesStrangers(t *testing.T, cp *ControlPlane, port int) {
+	t.Helper()
+	rangeAll := `{"key":"AA==","range_end":"AA==","keys_only":true}` // every key
+	post := func(url string, cfg *tls.Config) (int, error) {
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+		resp, err := hc.Post(url, "application/json", strings.NewReader(rangeAll))
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	addr := "127.0.0.1:" + itoa(port)
+	etcdCA := x509.NewCertPool()
+	caPEM, err := os.ReadFile(cp.pki("etcd-ca.crt"))
+	if err != nil || !etcdCA.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("etcd's CA: %v", err)
+	}
+	admin, err := tls.LoadX509KeyPair(cp.pki("admin.crt"), cp.pki("admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, err := post("http://"+addr+"/v3/kv/range", nil); err == nil && code == http.StatusOK {
+		t.Errorf("etcd answered a plain HTTP client")
+	}
+	if code, err := post("https://"+addr+"/v3/kv/range", &tls.Config{RootCAs: etcdCA}); err == nil {
+		t.Errorf("etcd answered %d to a client without a certificate", code)
+	}
+	if code, err := post("https://"+addr+"/v3/kv/range", &tls.Config{RootCAs: etcdCA, Certificates: []tls.Certificate{admin}}); err == nil {
+		t.Errorf("etcd answered %d to the cluster admin's certificate, which is not its CA's", code)
+	}
+	client, err := tls.LoadX509KeyPair(cp.pki("apiserver-etcd-client.crt"), cp.pki("apiserver-etcd-client.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, err := post("https://"+addr+"/v3/kv/range", &tls.Config{RootCAs: etcdCA, Certificates: []tls.Certificate{client}}); err != nil || code != http.StatusOK {
+		t.Errorf("etcd refused the API server's client certificate: %d %v", code, err)
 	}
 }

@@ -1,6 +1,6 @@
 // Package pki writes the certificates of a local cluster as PEM files under its state directory:
-// one CA for the API server and its clients, one for the aggregation layer's front proxy, and the
-// leaf certificates signed by them. The certificates themselves are made by package certs (ECDSA
+// one CA for the API server and its clients, one for the aggregation layer's front proxy, one
+// for etcd and its only client (the API server), and the leaf certificates signed by them. The certificates themselves are made by package certs (ECDSA
 // P-256); this package only decides their lifetimes and where they live on disk.
 package pki
 

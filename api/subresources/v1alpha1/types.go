@@ -74,6 +74,19 @@ const (
 	SubprotocolQMP = "qmp.qvirt.io"
 )
 
+// Websocket message limits of the streams, one set for qvirt-api and the handler's stream server
+// alike: a message that passes one passes the other, so a user never sees qvirt-api accept what
+// the handler then drops.
+const (
+	// MaxClientMessage bounds one message from the user on any stream: console and VNC input (a
+	// paste, a VNC clipboard), a QMP command. 1 MiB: far above what a person types or a VNC client
+	// sends at once, small enough that a session cannot make either side buffer much.
+	MaxClientMessage = 1 << 20
+	// MaxQMPMessage bounds one QMP message to the user: replies can be large (query-qmp-schema
+	// is over 100 KiB). Console and VNC output comes in frames of at most 32 KiB.
+	MaxQMPMessage = 16 << 20
+)
+
 // Path is the absolute path of a subresource of the named object, without scheme and host.
 func Path(namespace, resource, name, subresource string) string {
 	return path.Join("/apis", GroupVersion.Group, GroupVersion.Version, "namespaces", namespace, resource, name, subresource)
