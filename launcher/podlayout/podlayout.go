@@ -59,6 +59,7 @@ func EmptyDir(podsDir, podUID, volume string) string {
 func HostSocketDir(podsDir, podUID string) string {
 	return EmptyDir(podsDir, podUID, SocketsVolume)
 }
+
 // ContainerDiskMount is where the launcher pod mounts containerDisk volume's image.
 func ContainerDiskMount(volume string) string { return ContainerDiskDir + "/" + volume }
 
