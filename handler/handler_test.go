@@ -94,6 +94,13 @@ type env struct {
 	limits launcher.ClientOptions
 }
 
+// The node agents beat every agentBeat, and qvirt-controller marks a node unschedulable after
+// heartbeatTimeout without a beat.
+const (
+	agentBeat        = 500 * time.Millisecond
+	heartbeatTimeout = 4 * time.Second
+)
+
 // nodeAgent is a node: its kubelet pods directory, its qvirt-handler and its kubelet stand-in.
 type nodeAgent struct {
 	t       *testing.T
@@ -139,6 +146,12 @@ func (e *env) addNode() *nodeAgent {
 	t := e.t
 	podsDir := t.TempDir()
 	n := &nodeAgent{t: t, limits: e.limits, node: "node-" + rand.String(5), podsDir: podsDir}
+	// The Node the agent beats on, as its kubelet would have registered it.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.node}}
+	if err := e.c.Create(context.Background(), node); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.c.Delete(context.Background(), node) })
 	n.kubelet = &kubelet{t: t, c: e.c, node: n.node, podsDir: podsDir, net: e.net, dirs: map[types.UID]string{}}
 	n.startHandler()
 	return n
@@ -154,7 +167,9 @@ func (e *env) startController() {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if _, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: "qvirt-system"}); err != nil {
+	// A short heartbeat timeout (the agents beat every agentBeat), so a test can stop an agent for
+	// longer than it.
+	if _, err := controllers.Setup(ctx, mgr, controllers.Options{Namespace: "qvirt-system", NodeHeartbeatTimeout: heartbeatTimeout}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -178,7 +193,7 @@ func (n *nodeAgent) startHandler() {
 		t.Fatal(err)
 	}
 	n.registry = prometheus.NewRegistry()
-	opts2 := handler.Options{NodeName: n.node, PodsDir: n.podsDir, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits}
+	opts2 := handler.Options{NodeName: n.node, PodsDir: n.podsDir, HeartbeatInterval: agentBeat, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits}
 	if err := handler.Setup(context.Background(), mgr, opts2); err != nil {
 		t.Fatal(err)
 	}
@@ -608,7 +623,24 @@ func TestHandlerRestartKeepsGuests(t *testing.T) {
 	if err := e.launcherClient(vmis["vm-a"]).Pause(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// The agent stays away for longer than the heartbeat timeout: qvirt-controller stops
+	// scheduling onto the node, but an agent outage is not a guest failure.
+	var lastBeat time.Time
+	testutil.Eventually(t, 3*heartbeatTimeout, "node "+e.node+"'s heartbeat older than the timeout", func() bool {
+		var n corev1.Node
+		if err := e.c.Get(context.Background(), client.ObjectKey{Name: e.node}, &n); err != nil {
+			return false
+		}
+		lastBeat, _ = time.Parse(time.RFC3339, n.Annotations[v1alpha1.NodeHeartbeatAnnotation])
+		return time.Since(lastBeat) > heartbeatTimeout+time.Second
+	})
+	// Time for qvirt-controller to act on the stale heartbeat, as it did before: fail the guests.
 	time.Sleep(2 * time.Second)
+	for _, name := range names {
+		if v := e.get(name); v.Status.Phase != v1alpha1.Running {
+			t.Errorf("%s is %s (%s) while its agent is away, want Running: the guest still runs", name, v.Status.Phase, v.Status.Reason)
+		}
+	}
 	if err := e.launcherClient(vmis["vm-a"]).Resume(context.Background()); err != nil {
 		t.Fatal(err)
 	}
