@@ -142,7 +142,7 @@ const (
 
 // checkName requires a DNS-1123 label (at most 63 bytes).
 func checkName(p machine.Path, v string) *machine.FieldError {
-	if len(v) > 63 || !isLabel(v) {
+	if len(v) > 63 || !machine.IsLabel(v) {
 		return machine.Invalid(p, v, "must be a DNS-1123 label: at most 63 lower-case letters, digits or '-', starting and ending with a letter or digit")
 	}
 	return nil
@@ -236,11 +236,11 @@ func (b *builder) unique(p machine.Path, kind, name string) bool {
 // identity: the QEMU process's name and the guest's UUID.
 func (b *builder) identity() {
 	m := b.m
-	if len(m.Name) > 253 || !isSubdomain(m.Name) {
+	if len(m.Name) > 253 || !machine.IsSubdomain(m.Name) {
 		b.fail(machine.Invalid(machinePath.Child("name"), m.Name, "must be a DNS-1123 subdomain"))
 	}
 	b.fail(checkName(machinePath.Child("namespace"), m.Namespace))
-	if !isUUID(m.UUID) {
+	if !machine.IsUUID(m.UUID) {
 		b.fail(machine.Invalid(machinePath.Child("uuid"), m.UUID, "must be a UUID such as 6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"))
 	}
 	b.add("-name", "guest="+optEscape(m.Namespace+"_"+m.Name)+",debug-threads=on",

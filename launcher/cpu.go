@@ -17,7 +17,7 @@ func (b *builder) cpuMemory() {
 	m := b.m
 	cpu, cp := m.CPU, machinePath.Child("cpu")
 	switch {
-	case !isCPUModel(cpu.Model):
+	case !machine.IsCPUModel(cpu.Model):
 		b.fail(machine.Invalid(cp.Child("model"), cpu.Model, "must be a QEMU CPU model name such as host or qemu64"))
 	case cpu.Model == "host" && m.Accel != machine.AccelKVM:
 		b.fail(machine.Invalid(cp.Child("model"), cpu.Model, "the host CPU model needs KVM"))

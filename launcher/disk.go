@@ -86,7 +86,7 @@ func checkDisk(p machine.Path, d *machine.Disk) machine.FieldErrors {
 	default:
 		errs = append(errs, machine.NotSupported(p.Child("io"), d.IO, []string{"threads", "native"}))
 	}
-	if d.Serial != "" && (len(d.Serial) > 20 || !isSerial(d.Serial)) {
+	if d.Serial != "" && (len(d.Serial) > 20 || !machine.IsSerial(d.Serial)) {
 		errs = append(errs, machine.Invalid(p.Child("serial"), d.Serial, "must be at most 20 letters, digits or _.+-"))
 	}
 	if d.CDROM && !d.ReadOnly {

@@ -15,7 +15,7 @@ import (
 // machine's, as -uuid sets it for the table without a serial.
 func (b *builder) smbios() {
 	m := b.m
-	if m.SMBIOSSerial != "" && !isSerial(m.SMBIOSSerial) {
+	if m.SMBIOSSerial != "" && !machine.IsSerial(m.SMBIOSSerial) {
 		b.fail(machine.Invalid(machinePath.Child("smbiosSerial"), m.SMBIOSSerial, "may hold only letters, digits and _.+-"))
 	}
 	if m.SMBIOSSerial != "" {
@@ -26,7 +26,7 @@ func (b *builder) smbios() {
 // machineType: machine type, accelerator, ACPI.
 func (b *builder) machineType() {
 	m := b.m
-	if !isMachineType(m.Type) {
+	if !machine.IsMachineType(m.Type) {
 		b.fail(machine.Invalid(machinePath.Child("type"), m.Type, "must be a QEMU machine type such as q35"))
 	}
 	if m.Accel != machine.AccelKVM && m.Accel != machine.AccelTCG {

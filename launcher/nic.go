@@ -27,7 +27,7 @@ var nicDrivers = map[machine.NICModel]struct {
 
 // parseMAC accepts what the API accepts and returns QEMU's form (lower case, colons).
 func parseMAC(mac string) (string, error) {
-	if !isMAC(mac) {
+	if !machine.IsMAC(mac) {
 		return "", fmt.Errorf("must be six hex octets such as 02:00:00:00:00:01")
 	}
 	hw, err := net.ParseMAC(strings.ReplaceAll(mac, "-", ":"))
@@ -46,7 +46,7 @@ func checkNIC(p machine.Path, n *machine.NIC) (string, machine.FieldErrors) {
 	if err := checkName(p.Child("name"), n.Name); err != nil {
 		errs = append(errs, err)
 	}
-	if !isTapName(n.Tap) || n.Tap == "." || n.Tap == ".." {
+	if !machine.IsTapName(n.Tap) || n.Tap == "." || n.Tap == ".." {
 		errs = append(errs, machine.Invalid(p.Child("tap"), n.Tap, "must be a network interface name: 1-15 letters, digits or _.-"))
 	}
 	drv, ok := nicDrivers[n.Model]
@@ -60,7 +60,7 @@ func checkNIC(p machine.Path, n *machine.NIC) (string, machine.FieldErrors) {
 	if err != nil {
 		errs = append(errs, machine.Invalid(p.Child("mac"), n.MAC, err.Error()))
 	}
-	if n.DHCP != nil && !isTapName(n.DHCP.Interface) {
+	if n.DHCP != nil && !machine.IsTapName(n.DHCP.Interface) {
 		errs = append(errs, machine.Invalid(p.Child("dhcp", "interface"), n.DHCP.Interface, "must be a network interface name of 1 to 15 characters"))
 	}
 	return hw, errs

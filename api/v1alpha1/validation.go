@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/qvirt/qvirt/machine"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -22,12 +23,10 @@ import (
 const MaxVCPUs = 255
 
 var (
-	dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	macRE    = regexp.MustCompile(`^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$`)
-	machRE   = regexp.MustCompile(`^(q35|pc-q35-[0-9.]+)$`)
-	cpuRE    = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
-	serialRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
-	uuidRE   = regexp.MustCompile(`^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$`)
+	// The API admits fewer machine types and CPU models than a machine description may name; the
+	// shapes both check (names, MACs, serials, UUIDs) are machine's.
+	machRE = regexp.MustCompile(`^(q35|pc-q35-[0-9.]+)$`)
+	cpuRE  = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
 )
 
 // SATAPorts is how many sata disks and cdroms a q35 guest has room for: ICH9's AHCI controller has
@@ -143,10 +142,10 @@ func GuestMemory(d *DomainSpec) *resource.Quantity {
 
 func validateFirmware(fw *Firmware, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	if fw.Serial != "" && !serialRE.MatchString(fw.Serial) {
+	if fw.Serial != "" && !machine.IsSerial(fw.Serial) {
 		errs = append(errs, field.Invalid(p.Child("serial"), fw.Serial, "may hold only letters, digits and _.+-"))
 	}
-	if fw.UUID != "" && !uuidRE.MatchString(string(fw.UUID)) {
+	if fw.UUID != "" && !machine.IsUUID(string(fw.UUID)) {
 		errs = append(errs, field.Invalid(p.Child("uuid"), fw.UUID, "must be a UUID such as 6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"))
 	}
 	kb := fw.KernelBoot
@@ -216,7 +215,7 @@ func validateDisk(d *Disk, dp *field.Path, names map[string]bool, boot map[uint3
 		}
 		boot[*d.BootOrder] = d.Name
 	}
-	if d.Serial != "" && (len(d.Serial) > 20 || !serialRE.MatchString(d.Serial)) {
+	if d.Serial != "" && (len(d.Serial) > 20 || !machine.IsSerial(d.Serial)) {
 		errs = append(errs, field.Invalid(dp.Child("serial"), d.Serial, "must be at most 20 letters, digits or _.+-"))
 	}
 	if d.Cache != "" {
@@ -286,7 +285,7 @@ func validateInterfaces(ifaces []Interface, p *field.Path) field.ErrorList {
 }
 
 func validateMAC(p *field.Path, mac string, seen map[string]bool) field.ErrorList {
-	if !macRE.MatchString(mac) {
+	if !machine.IsMAC(mac) {
 		return field.ErrorList{field.Invalid(p, mac, "must be six hex octets such as 02:00:00:00:00:01")}
 	}
 	hw, err := net.ParseMAC(strings.ReplaceAll(mac, "-", ":"))
@@ -473,7 +472,7 @@ func validateName(p *field.Path, name string, seen map[string]bool) field.ErrorL
 	if name == "" {
 		return field.ErrorList{field.Required(p, "a name")}
 	}
-	if len(name) > 63 || !dnsLabel.MatchString(name) {
+	if len(name) > 63 || !machine.IsLabel(name) {
 		return field.ErrorList{field.Invalid(p, name, "must be a DNS label: lower-case letters, digits and '-', at most 63")}
 	}
 	if seen[name] {
@@ -484,7 +483,7 @@ func validateName(p *field.Path, name string, seen map[string]bool) field.ErrorL
 }
 
 func validateOptionalLabel(p *field.Path, v string) field.ErrorList {
-	if v == "" || (len(v) <= 63 && dnsLabel.MatchString(v)) {
+	if v == "" || (len(v) <= 63 && machine.IsLabel(v)) {
 		return nil
 	}
 	return field.ErrorList{field.Invalid(p, v, "must be a DNS label: lower-case letters, digits and '-', at most 63")}

@@ -1,8 +1,9 @@
-package launcher
+package machine
 
 import "strings"
 
-// The shapes of the strings the launcher puts on QEMU's command line. They are plain byte loops
+// The shapes of the strings a machine description puts on QEMU's command line, checked by the
+// launcher and by the API's validation alike, so the two cannot disagree. They are plain byte loops
 // rather than regular expressions: package regexp (330 KB of binary) and the eight expressions
 // compiled at start-up (63 KB of heap, 2.4 ms) cost every launcher about 0.5 MiB of resident
 // memory (BenchmarkLauncherRSS) for a handful of ASCII checks. shapes_test.go holds each one
@@ -48,26 +49,26 @@ var (
 	hexSet         = charset(hexDigits)
 )
 
-// isSerial: ^[A-Za-z0-9_.+-]+$ (serial numbers of disks and of the SMBIOS table).
-func isSerial(s string) bool { return s != "" && serialSet.all(s) }
+// IsSerial: ^[A-Za-z0-9_.+-]+$ (serial numbers of disks and of the SMBIOS table).
+func IsSerial(s string) bool { return s != "" && serialSet.all(s) }
 
-// isLabel: ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$, a DNS-1123 label without its length limit.
-func isLabel(s string) bool {
+// IsLabel: ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$, a DNS-1123 label without its length limit.
+func IsLabel(s string) bool {
 	return s != "" && s[0] != '-' && s[len(s)-1] != '-' && labelSet.all(s)
 }
 
-// isSubdomain: DNS-1123 labels joined by dots, without the length limits.
-func isSubdomain(s string) bool {
+// IsSubdomain: DNS-1123 labels joined by dots, without the length limits.
+func IsSubdomain(s string) bool {
 	for label := range strings.SplitSeq(s, ".") {
-		if !isLabel(label) {
+		if !IsLabel(label) {
 			return false
 		}
 	}
 	return true
 }
 
-// isUUID: ^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$.
-func isUUID(s string) bool {
+// IsUUID: ^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$.
+func IsUUID(s string) bool {
 	if len(s) != 36 {
 		return false
 	}
@@ -86,21 +87,21 @@ func isUUID(s string) bool {
 	return true
 }
 
-// isCPUModel: ^[A-Za-z0-9][A-Za-z0-9_.+-]*$.
-func isCPUModel(s string) bool { return s != "" && alnumSet.has(s[0]) && serialSet.all(s) }
+// IsCPUModel: ^[A-Za-z0-9][A-Za-z0-9_.+-]*$.
+func IsCPUModel(s string) bool { return s != "" && alnumSet.has(s[0]) && serialSet.all(s) }
 
-// isMachineType: ^[a-z0-9][a-z0-9_.-]*$.
-func isMachineType(s string) bool {
+// IsMachineType: ^[a-z0-9][a-z0-9_.-]*$.
+func IsMachineType(s string) bool {
 	return s != "" && lowerDigitSet.has(s[0]) && machineTypeSet.all(s)
 }
 
-// isTapName: ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$, an interface name (IFNAMSIZ less the NUL).
-func isTapName(s string) bool {
+// IsTapName: ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$, an interface name (IFNAMSIZ less the NUL).
+func IsTapName(s string) bool {
 	return s != "" && len(s) <= 15 && tapFirstSet.has(s[0]) && tapSet.all(s)
 }
 
-// isMAC: ^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$ (each separator ':' or '-').
-func isMAC(s string) bool {
+// IsMAC: ^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$ (each separator ':' or '-').
+func IsMAC(s string) bool {
 	if len(s) != 17 {
 		return false
 	}

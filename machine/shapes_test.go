@@ -1,4 +1,4 @@
-package launcher
+package machine
 
 import (
 	"math/rand/v2"
@@ -14,14 +14,14 @@ func TestShapesMatchTheirExpressions(t *testing.T) {
 		re   *regexp.Regexp
 		fn   func(string) bool
 	}{
-		{"serial", regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`), isSerial},
-		{"uuid", regexp.MustCompile(`^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$`), isUUID},
-		{"label", regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`), isLabel},
-		{"subdomain", regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`), isSubdomain},
-		{"cpu model", regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+-]*$`), isCPUModel},
-		{"machine type", regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`), isMachineType},
-		{"tap", regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$`), isTapName},
-		{"mac", regexp.MustCompile(`^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$`), isMAC},
+		{"serial", regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`), IsSerial},
+		{"uuid", regexp.MustCompile(`^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$`), IsUUID},
+		{"label", regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`), IsLabel},
+		{"subdomain", regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`), IsSubdomain},
+		{"cpu model", regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+-]*$`), IsCPUModel},
+		{"machine type", regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`), IsMachineType},
+		{"tap", regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$`), IsTapName},
+		{"mac", regexp.MustCompile(`^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$`), IsMAC},
 	}
 	fixed := []string{"", "a", "-", ".", "a-", "-a", "a.b", "a..b", ".a", "a.", "A", "_", "+", "a\n", "\na",
 		"é", "a\x00", "q35", "pc-q35-7.2", "host", "Skylake-Server-v4", "qvtap0", "0123456789abcde", "0123456789abcdef",
