@@ -33,7 +33,7 @@ func TestCleanupAfterCrash(t *testing.T) {
 	}
 	stateDir := filepath.Join(t.TempDir(), "node")
 	opts := Options{NodeName: "crashed", Config: &rest.Config{}, StateDir: stateDir, PodCIDR: "10.231.9.0/24",
-		Bridge: "qvt-test-crash", CNIBinDir: binDir, Log: logr.Discard()}
+		Bridge: "qvt-test-crash", CNIBinDir: binDir, InitBinary: "/nonexistent/qvirt-pod-init", Log: logr.Discard()}
 	if err := opts.validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -74,30 +74,31 @@ func readHostState(t *testing.T) hostState {
 	return hostState{links: names, ipForward: strings.TrimSpace(string(fwd))}
 }
 
-// podInit builds qvirt-pod-init once per test binary.
-var podInit = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "qvirt-pod-init-")
-	if err != nil {
-		return "", err
-	}
-	out := filepath.Join(dir, "qvirt-pod-init")
+// podInit builds qvirt-pod-init into the test's temporary directory (go's build cache makes all but
+// the first build quick).
+func podInit(t *testing.T) (string, error) {
+	out := filepath.Join(t.TempDir(), "qvirt-pod-init")
 	build := exec.Command("go", "build", "-o", out, "./cmd/qvirt-pod-init")
 	build.Dir = envtest.RepoRoot()
 	if b, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build qvirt-pod-init: %w\n%s", err, b)
 	}
 	return out, nil
-})
+}
 
 func startNode(t *testing.T, ctx context.Context, name, cidr, bridge, binDir string, log logr.Logger, mods ...func(*provider.Options)) *node {
 	t.Helper()
-	initBin, err := podInit()
+	initBin, err := podInit(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(initBin)) })
 	state := t.TempDir()
 	n := &node{name: name, stateDir: filepath.Join(state, name), bridge: bridge, cidr: cidr, done: make(chan error, 1)}
+	// A stopped node's Node stays Ready here (no node lifecycle controller): remove it, or a later
+	// test's scheduler may place pods on it.
+	t.Cleanup(func() {
+		_ = kubernetes.NewForConfigOrDie(cp.Config).CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 	ctx, n.cancel = context.WithCancel(ctx)
 	opts := provider.Options{
 		NodeName:  name,
