@@ -267,6 +267,16 @@ func isTrue(v *v1alpha1.VirtualMachineInstance, t string) bool {
 	return c != nil && c.Status == metav1.ConditionTrue
 }
 
+// waitNotSynchronized waits for the VMI's Synchronized condition to turn False and returns it.
+func (e *env) waitNotSynchronized(name string) *metav1.Condition {
+	e.t.Helper()
+	v := e.waitVMI(name, 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
+		c := condition(v, vmisync.ConditionSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	return condition(v, vmisync.ConditionSynchronized)
+}
+
 // events are the messages of the VMI's Events with reason.
 func (e *env) events(name, reason string) []string {
 	e.t.Helper()
@@ -721,11 +731,7 @@ func TestBadLaunchers(t *testing.T) {
 	e.kubelet.run(impostor, false)
 	fooled := standInLauncher(t, e.kubelet.dir(e.get("impostor").UID), machine.Protocol)
 
-	v := e.waitVMI("bad-image", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, vmisync.ConditionSynchronized)
-		return c != nil && c.Status == metav1.ConditionFalse
-	})
-	c := condition(v, vmisync.ConditionSynchronized)
+	c := e.waitNotSynchronized("bad-image")
 	if c.Reason != vmisync.ReasonSyncFailed || !strings.Contains(c.Message, "machine.kernel.image.ref") {
 		t.Errorf("Synchronized condition %+v: want reason %s naming the image field", c, vmisync.ReasonSyncFailed)
 	}
@@ -733,20 +739,12 @@ func TestBadLaunchers(t *testing.T) {
 
 	// The silent pod's container started just now: the agent waits launcherStartGrace (10 s)
 	// before it calls the launcher unreachable.
-	v = e.waitVMI("silent", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, vmisync.ConditionSynchronized)
-		return c != nil && c.Status == metav1.ConditionFalse
-	})
-	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherUnreachable || !strings.Contains(c.Message, "launcher.sock") {
+	if c := e.waitNotSynchronized("silent"); c.Reason != vmisync.ReasonLauncherUnreachable || !strings.Contains(c.Message, "launcher.sock") {
 		t.Errorf("Synchronized condition %+v: want reason %s naming the socket", c, vmisync.ReasonLauncherUnreachable)
 	}
 	e.waitEvent("silent", vmisync.EventLauncherUnreachable, "launcher.sock", 10*time.Second)
 
-	v = e.waitVMI("stranger", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, vmisync.ConditionSynchronized)
-		return c != nil && c.Status == metav1.ConditionFalse
-	})
-	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonProtocolMismatch ||
+	if c := e.waitNotSynchronized("stranger"); c.Reason != vmisync.ReasonProtocolMismatch ||
 		!strings.Contains(c.Message, "protocol version(s) 99") || !strings.Contains(c.Message, "speaks "+machine.Protocol) {
 		t.Errorf("Synchronized condition %+v: want reason %s naming versions 99 and %s", c, vmisync.ReasonProtocolMismatch, machine.Protocol)
 	}
@@ -754,11 +752,7 @@ func TestBadLaunchers(t *testing.T) {
 		t.Errorf("the node agent sent %d requests besides info and status to a launcher it cannot speak to", n)
 	}
 
-	v = e.waitVMI("impostor", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, vmisync.ConditionSynchronized)
-		return c != nil && c.Status == metav1.ConditionFalse
-	})
-	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonForeignLauncher || !strings.Contains(c.Message, "not of the VMI's launcher pod") {
+	if c := e.waitNotSynchronized("impostor"); c.Reason != vmisync.ReasonForeignLauncher || !strings.Contains(c.Message, "not of the VMI's launcher pod") {
 		t.Errorf("Synchronized condition %+v: want reason %s", c, vmisync.ReasonForeignLauncher)
 	}
 	e.waitEvent("impostor", vmisync.EventForeignLauncher, "not of the VMI's launcher pod", 10*time.Second)
@@ -771,7 +765,7 @@ func TestBadLaunchers(t *testing.T) {
 			t.Errorf("%s: phase %s, want it left Scheduled while the agent retries", name, v.Status.Phase)
 		}
 	}
-	v = e.waitVMI("good", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
+	v := e.waitVMI("good", bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady) &&
 			isTrue(v, vmisync.ConditionSynchronized)
 	})
@@ -859,19 +853,11 @@ func TestHungLaunchers(t *testing.T) {
 	})
 
 	for _, name := range hung {
-		v := e.waitVMI(name, 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-			c := condition(v, vmisync.ConditionSynchronized)
-			return c != nil && c.Status == metav1.ConditionFalse
-		})
-		if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherTimeout || !strings.Contains(c.Message, "did not answer") {
+		if c := e.waitNotSynchronized(name); c.Reason != vmisync.ReasonLauncherTimeout || !strings.Contains(c.Message, "did not answer") {
 			t.Errorf("%s: Synchronized condition %+v: want reason %s saying the launcher did not answer", name, c, vmisync.ReasonLauncherTimeout)
 		}
 	}
-	v := e.waitVMI("endless", 30*time.Second, "Synchronized=False", func(v *v1alpha1.VirtualMachineInstance) bool {
-		c := condition(v, vmisync.ConditionSynchronized)
-		return c != nil && c.Status == metav1.ConditionFalse
-	})
-	if c := condition(v, vmisync.ConditionSynchronized); c.Reason != vmisync.ReasonLauncherReplyTooLarge || !strings.Contains(c.Message, "launcher.sock") {
+	if c := e.waitNotSynchronized("endless"); c.Reason != vmisync.ReasonLauncherReplyTooLarge || !strings.Contains(c.Message, "launcher.sock") {
 		t.Errorf("endless: Synchronized condition %+v: want reason %s naming the launcher's socket", c, vmisync.ReasonLauncherReplyTooLarge)
 	}
 
