@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,7 +29,6 @@ import (
 	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/launcher"
-	"github.com/qvirt/qvirt/launcher/podlayout"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -214,16 +212,3 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 }
 
 func streamsOn(so StreamsOptions) bool { return so.Addr != "" && so.Addr != "0" }
-
-// prepareLauncherDir makes a node directory the launchers write in: the socket directory, where
-// each launcher creates its instance's directory. Launchers run as
-// podlayout.LauncherUID, with no other privilege.
-func prepareLauncherDir(dir, what string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	if err := os.Chown(dir, podlayout.LauncherUID, podlayout.LauncherUID); err != nil {
-		return fmt.Errorf("%s %s: let launchers (uid %d) write in it: %w", what, dir, podlayout.LauncherUID, err)
-	}
-	return nil
-}
