@@ -1,5 +1,6 @@
-// Package certs makes and serves the certificates of the one mutual TLS link qvirt runs itself:
-// qvirt-api (client) → qvirt-handler's stream server (server). It has pure functions to make a
+// Package certs makes and serves the certificates of the mutual TLS links qvirt runs itself:
+// qvirt-api (client) → qvirt-handler's stream server (server), and qvirt-handler (client) →
+// another node's qvirt-handler migration endpoint (server, handler/migproxy). It has pure functions to make a
 // CA and leaves (ECDSA P-256), encode and decode them as PEM, and decide when one must be
 // replaced; a Source that watches one Secret; and the server and client tls.Configs built on it.
 // The reconciler that keeps the Secrets is controllers/certs, in qvirt-controller.
@@ -11,8 +12,9 @@
 //
 //	Secret               tls.crt                         tls.key      ca.crt (trust bundle)     read by
 //	qvirt-ca             CA certificate (CN qvirt-ca)    CA key       current CA [+ previous]   qvirt-controller only
-//	qvirt-handler-certs  server leaf, CN and DNS SAN     leaf key     current CA [+ previous]   every qvirt-handler
-//	                     qvirt-handler, serverAuth
+//	qvirt-handler-certs  leaf, CN and DNS SAN            leaf key     current CA [+ previous]   every qvirt-handler
+//	                     qvirt-handler, serverAuth and
+//	                     clientAuth
 //	qvirt-api-certs      client leaf, CN qvirt-api,      leaf key     current CA [+ previous]   qvirt-api
 //	                     clientAuth
 //
@@ -22,7 +24,8 @@
 // DNS SAN is qvirt-handler (ClientConfig with server name qvirt-handler). The address qvirt-api
 // dials, a node IP from the node's annotation, is not checked: no certificate could name every
 // node's IP, and the CA is private to this link, so "signed by our CA and named qvirt-handler"
-// is the identity. Nobody but the controller reads qvirt-ca (it holds the CA key); RBAC can
+// is the identity. Between node agents the same holds both ways, with qvirt-handler as the only
+// client name the migration endpoint accepts (qvirt-api's certificate is refused there). Nobody but the controller reads qvirt-ca (it holds the CA key); RBAC can
 // limit each reader to its one Secret by name (resourceNames), since Source lists and watches
 // with the field selector metadata.name.
 //

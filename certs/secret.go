@@ -35,7 +35,8 @@ const (
 
 // HandlerSpec and APISpec are the two leaves the controller issues.
 var (
-	HandlerSpec = LeafSpec{CommonName: HandlerName, DNSNames: []string{HandlerName}, Server: true}
+	// A node agent is also a client: of the other node agents' migration endpoints (handler/migproxy).
+	HandlerSpec = LeafSpec{CommonName: HandlerName, DNSNames: []string{HandlerName}, Server: true, Client: true}
 	APISpec     = LeafSpec{CommonName: APIName, Client: true}
 )
 

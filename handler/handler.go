@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +25,7 @@ import (
 	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler/deviceplugin"
 	"github.com/qvirt/qvirt/handler/metrics"
+	"github.com/qvirt/qvirt/handler/migproxy"
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/handler/streams"
 	"github.com/qvirt/qvirt/handler/vmisync"
@@ -58,6 +60,21 @@ type Options struct {
 	// DevicePlugin serves the kubelet device plugin for devices.qvirt.io/kvm and /tun: on real
 	// nodes only (local mode has no kubelet).
 	DevicePlugin bool
+	Migration    MigrationOptions
+}
+
+// MigrationOptions are the node agent's migration endpoint (handler/migproxy): mutual TLS between
+// node agents with the handlers' certificates, which must carry both server and client usage.
+type MigrationOptions struct {
+	// Addr is the endpoint's listen address; off when "" or "0" (the node can then be neither
+	// source nor target of a migration).
+	Addr string
+	// AdvertiseAddress is host:port where other node agents reach the endpoint; the listener's
+	// address when empty.
+	AdvertiseAddress string
+	// Certs yields the node agent's certificate and the handlers' CA; the stream server's
+	// (Streams.TLSSecret or its files) when nil.
+	Certs certs.Provider
 }
 
 // StreamsOptions are the stream server's listener and certificates (see handler/streams).
@@ -129,8 +146,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(targets); err != nil {
 		return err
 	}
+	tunnel, err := setupMigrations(mgr, opts)
+	if err != nil {
+		return err
+	}
 	r := &vmisync.Reconciler{
-		Client: mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, PodsDir: opts.PodsDir,
+		Migrations: tunnel,
+		Client:     mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, PodsDir: opts.PodsDir,
 		Targets:      targets,
 		Launcher:     opts.LauncherLimits,
 		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &crhandler.EnqueueRequestForObject{}),
@@ -144,6 +166,70 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	}
 	return setupNode(ctx, mgr, opts)
 }
+
+// setupMigrations starts the migration endpoint when configured; nil when off.
+func setupMigrations(mgr ctrl.Manager, opts Options) (vmisync.MigrationTunnel, error) {
+	mo := opts.Migration
+	if mo.Addr == "" || mo.Addr == "0" {
+		return nil, nil
+	}
+	p, err := migrationCerts(mgr, opts)
+	if err != nil {
+		return nil, fmt.Errorf("migration endpoint certificates: %w", err)
+	}
+	log := mgr.GetLogger().WithName("migration")
+	srv, err := migproxy.Listen(mo.Addr, p, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(srv); err != nil {
+		return nil, err
+	}
+	adv := mo.AdvertiseAddress
+	if adv == "" {
+		adv = srv.Addr()
+	}
+	return &tunnel{Server: srv, Tunnel: migproxy.NewTunnel(p, log), address: adv}, nil
+}
+
+// migrationCerts is the certificate source of the migration endpoint: its own, the handler
+// Secret's (watched), or the stream server's files read once (a rotation takes a restart).
+func migrationCerts(mgr ctrl.Manager, opts Options) (certs.Provider, error) {
+	if opts.Migration.Certs != nil {
+		return opts.Migration.Certs, nil
+	}
+	so := opts.Streams
+	if so.TLSSecret != "" {
+		cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return nil, err
+		}
+		src := certs.NewSource(cs, opts.Namespace, so.TLSSecret)
+		return src, mgr.Add(src)
+	}
+	data := map[string][]byte{}
+	for k, f := range map[string]string{certs.KeyCert: so.CertFile, certs.KeyPrivate: so.KeyFile, certs.KeyCA: so.ClientCAFile} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		data[k] = b
+	}
+	m, err := certs.ParseMaterial(data)
+	if err != nil {
+		return nil, err
+	}
+	return certs.Fixed(m), nil
+}
+
+// tunnel is the node's migration endpoint and its outgoing side.
+type tunnel struct {
+	*migproxy.Server
+	*migproxy.Tunnel
+	address string
+}
+
+func (t *tunnel) Address() string { return t.address }
 
 // setupNode adds what the agent does for its node rather than for one instance.
 func setupNode(ctx context.Context, mgr ctrl.Manager, opts Options) error {

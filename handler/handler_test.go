@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/handler"
 	"github.com/qvirt/qvirt/handler/translate"
@@ -92,6 +93,8 @@ type env struct {
 
 	// limits are the node agents' limits on launcher calls; the production ones when zero.
 	limits launcher.ClientOptions
+	// pki is the CA of the handlers' certificates (certs.HandlerSecret's, in a cluster).
+	pki *testPKI
 }
 
 // The node agents beat every agentBeat, and qvirt-controller marks a node unschedulable after
@@ -105,6 +108,7 @@ const (
 type nodeAgent struct {
 	t       *testing.T
 	limits  launcher.ClientOptions
+	pki     *testPKI
 	node    string
 	podsDir string
 	kubelet *kubelet
@@ -125,7 +129,7 @@ func newEnv(t *testing.T) *env {
 func newEnvWithLimits(t *testing.T, limits launcher.ClientOptions) *env {
 	t.Helper()
 	ctx := context.Background()
-	e := &env{t: t, c: cp.Client, ns: "h-" + rand.String(5), net: podnet.NewNetwork(t), limits: limits}
+	e := &env{t: t, c: cp.Client, ns: "h-" + rand.String(5), net: podnet.NewNetwork(t), limits: limits, pki: newTestPKI(t)}
 	for _, ns := range []string{e.ns, "qvirt-system"} {
 		if err := client.IgnoreAlreadyExists(e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})); err != nil {
 			t.Fatal(err)
@@ -145,7 +149,7 @@ func newEnvWithLimits(t *testing.T, limits launcher.ClientOptions) *env {
 func (e *env) addNode() *nodeAgent {
 	t := e.t
 	podsDir := t.TempDir()
-	n := &nodeAgent{t: t, limits: e.limits, node: "node-" + rand.String(5), podsDir: podsDir}
+	n := &nodeAgent{t: t, limits: e.limits, pki: e.pki, node: "node-" + rand.String(5), podsDir: podsDir}
 	// The Node the agent beats on, as its kubelet would have registered it.
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.node}}
 	if err := e.c.Create(context.Background(), node); err != nil {
@@ -193,7 +197,8 @@ func (n *nodeAgent) startHandler() {
 		t.Fatal(err)
 	}
 	n.registry = prometheus.NewRegistry()
-	opts2 := handler.Options{NodeName: n.node, PodsDir: n.podsDir, HeartbeatInterval: agentBeat, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits}
+	opts2 := handler.Options{NodeName: n.node, PodsDir: n.podsDir, HeartbeatInterval: agentBeat, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits,
+		Migration: handler.MigrationOptions{Addr: "127.0.0.1:0", Certs: certs.Fixed(n.pki.material(t, certs.HandlerSpec))}}
 	if err := handler.Setup(context.Background(), mgr, opts2); err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,8 @@ type ShutdownRequest struct {
 
 // MigrationTarget tells an incoming QEMU where to listen.
 type MigrationTarget struct {
-	// Listen is a host:port the source can reach; port 0 picks a free port, reported in the reply.
+	// Listen is ListenUnix (a socket in the launcher's directory, for the node agent), or a host:port the
+	// source can reach where port 0 picks a free port; the reply has the URI.
 	Listen string `json:"listen"`
 }
 

@@ -2,6 +2,7 @@ package launcher_test
 
 import (
 	"context"
+	"crypto/x509"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/qvirt/qvirt/certs"
+	"github.com/qvirt/qvirt/handler/migproxy"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/qmp"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -159,11 +162,16 @@ func statusMiB(b *testing.B, pid int, field string) float64 {
 // same with bare QEMU and QMP, side by side, uncapped bandwidth. The guest has no kernel or disk:
 // the firmware finds nothing to boot and halts, so the guest is idle from the start (a booting
 // kernel under TCG dirties memory at a rate that depends on the moment and makes figures noise).
+//
+// QVIRT_BENCH_MIGRATION_TLS=1 sends the launchers' stream as a cluster does: from a unix socket of
+// the source node agent, over the node agents' mutual TLS (handler/migproxy), to the target's
+// socket; the bare QEMU anchor stays plain TCP.
 func BenchmarkMigration(b *testing.B) {
 	var viaLauncher, bare time.Duration
 	var downtime int64
+	tunnel := os.Getenv("QVIRT_BENCH_MIGRATION_TLS") == "1"
 	for i := 0; i < b.N; i++ {
-		d, dt := migrateViaLaunchers(b)
+		d, dt := migrateViaLaunchers(b, tunnel)
 		viaLauncher += d
 		downtime += dt
 		bare += migrateBare(b)
@@ -174,7 +182,7 @@ func BenchmarkMigration(b *testing.B) {
 	b.ReportMetric(float64(downtime)/float64(b.N), "downtime-ms")
 }
 
-func migrateViaLaunchers(b *testing.B) (time.Duration, int64) {
+func migrateViaLaunchers(b *testing.B, tunnel bool) (time.Duration, int64) {
 	ctx := context.Background()
 	mk := func(incoming bool) *launcher.Launcher {
 		dir, err := os.MkdirTemp("", "qvb-")
@@ -194,11 +202,18 @@ func migrateViaLaunchers(b *testing.B) (time.Duration, int64) {
 	}
 	src, dst := mk(false), mk(true)
 	time.Sleep(500 * time.Millisecond)
-	uri, err := dst.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	listen := "127.0.0.1:0"
+	if tunnel {
+		listen = launcher.ListenUnix
+	}
+	uri, err := dst.PrepareMigrationTarget(ctx, listen)
 	if err != nil {
 		b.Fatal(err)
 	}
 	start := time.Now()
+	if tunnel {
+		uri = tunnelTo(b, strings.TrimPrefix(uri, "unix:"))
+	}
 	if err := src.MigrateSource(ctx, &launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
 		b.Fatal(err)
 	}
@@ -303,3 +318,41 @@ func idleSpec(b *testing.B) *launcher.SyncRequest {
 }
 
 func idleMachine(b *testing.B) *launcher.Machine { return machineFor(b, idleSpec(b)) }
+
+// tunnelTo runs the node agents' migration endpoint and tunnel (handler/migproxy) on loopback to
+// the target socket and returns the source's URI, the tunnel's socket.
+func tunnelTo(b *testing.B, target string) string {
+	now := time.Now()
+	ca, err := certs.NewCA("bench-ca", now.Add(-time.Minute), now.Add(time.Hour))
+	if err != nil {
+		b.Fatal(err)
+	}
+	leaf, err := ca.Issue(certs.HandlerSpec, now.Add(-time.Minute), now.Add(time.Hour))
+	if err != nil {
+		b.Fatal(err)
+	}
+	data, err := certs.MaterialData(leaf, []*x509.Certificate{ca.Cert})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := certs.ParseMaterial(data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := migproxy.Listen("127.0.0.1:0", certs.Fixed(m), logr.Discard())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	go func() { _ = srv.Start(ctx) }()
+	const uid = "bench-migration"
+	srv.Expect(uid, target)
+	out := filepath.Join(b.TempDir(), "out.sock")
+	stop, err := migproxy.NewTunnel(certs.Fixed(m), logr.Discard()).Forward(out, os.Getuid(), srv.Addr(), uid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(stop)
+	return "unix:" + out
+}

@@ -2,8 +2,11 @@ package launcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -32,12 +35,17 @@ import (
 // the guest stays paused until the source has finished.
 const progressInterval = 20 * time.Millisecond
 
-// PrepareMigrationTarget makes an incoming QEMU listen on listen (host:port; port 0 picks a free
-// one) and returns the URI the source must use.
+// ListenUnix asks PrepareMigrationTarget for a unix socket in the launcher's own directory
+// (Dir.MigrationIn) instead of a TCP port: nothing outside the pod but the node agent reaches it,
+// and the agent brings the stream there over the node agents' mutual TLS.
+const ListenUnix = "unix"
+
+// PrepareMigrationTarget makes an incoming QEMU listen on listen (ListenUnix, or host:port where
+// port 0 picks a free one) and returns the URI the source must use.
 func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (string, error) {
-	host, port, err := net.SplitHostPort(listen)
-	if err != nil || net.ParseIP(host) == nil {
-		return "", machine.Invalid("listen", listen, "must be IP:PORT")
+	uri, err := l.incomingURI(listen)
+	if err != nil {
+		return "", err
 	}
 	p, err := l.process()
 	if err != nil {
@@ -46,12 +54,6 @@ func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (s
 	if !p.Machine().Incoming {
 		return "", &ConflictError{Msg: "this launcher was not started for an incoming migration"}
 	}
-	if port == "0" {
-		if port, err = freePort(host); err != nil {
-			return "", err
-		}
-	}
-	uri := "tcp:" + net.JoinHostPort(host, port)
 	mon := p.Monitor()
 	caps := []qmp.MigrationCapabilityStatus{{Capability: qmp.CapEvents, State: true}, {Capability: qmp.CapReturnPath, State: true}}
 	if err := mon.MigrateSetCapabilities(ctx, caps); err != nil {
@@ -65,6 +67,28 @@ func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (s
 	l.setMigration(&MigrationInfo{Role: "target", Status: string(qmp.MigrationSetup)})
 	go l.finishIncoming(p, done)
 	return uri, nil
+}
+
+// incomingURI is the migrate-incoming URI for listen.
+func (l *Launcher) incomingURI(listen string) (string, error) {
+	if listen == ListenUnix {
+		path := Dir(l.runDir).MigrationIn()
+		// A socket left by an earlier attempt would make QEMU's bind fail.
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("prepare migration target: %w", err)
+		}
+		return "unix:" + path, nil
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil || net.ParseIP(host) == nil {
+		return "", machine.Invalid("listen", listen, "must be IP:PORT or "+ListenUnix)
+	}
+	if port == "0" {
+		if port, err = freePort(host); err != nil {
+			return "", err
+		}
+	}
+	return "tcp:" + net.JoinHostPort(host, port), nil
 }
 
 // freePort asks the kernel for a free TCP port on host. QEMU binds it moments later; the window
@@ -153,10 +177,16 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) erro
 }
 
 func validateMigrationSource(req *MigrationSource) error {
-	addr, isTCP := strings.CutPrefix(req.URI, "tcp:")
-	host, port, err := net.SplitHostPort(addr)
-	if !isTCP || err != nil || net.ParseIP(host) == nil || port == "" || port == "0" {
-		return machine.Invalid("uri", req.URI, "must be tcp:IP:PORT")
+	if path, isUnix := strings.CutPrefix(req.URI, "unix:"); isUnix {
+		if !filepath.IsAbs(path) {
+			return machine.Invalid("uri", req.URI, "must be unix:/ABSOLUTE/PATH or tcp:IP:PORT")
+		}
+	} else {
+		addr, isTCP := strings.CutPrefix(req.URI, "tcp:")
+		host, port, err := net.SplitHostPort(addr)
+		if !isTCP || err != nil || net.ParseIP(host) == nil || port == "" || port == "0" {
+			return machine.Invalid("uri", req.URI, "must be tcp:IP:PORT or unix:/ABSOLUTE/PATH")
+		}
 	}
 	if req.DowntimeLimit < 0 {
 		return machine.Invalid("downtimeLimit", req.DowntimeLimit, "must be 0 or more")

@@ -30,3 +30,10 @@ func (d Dir) VNC() string { return filepath.Join(string(d), "vnc.sock") }
 
 // PIDFile is where QEMU writes its pid.
 func (d Dir) PIDFile() string { return filepath.Join(string(d), "qemu.pid") }
+
+// MigrationIn is where a migration target's QEMU listens for the guest. Only the pod and the node
+// agent reach it: the agent carries the stream there from the source node's agent (handler/migproxy).
+func (d Dir) MigrationIn() string { return filepath.Join(string(d), "migration-in.sock") }
+
+// MigrationOut is where the source node's agent listens for the source QEMU's outgoing stream.
+func (d Dir) MigrationOut() string { return filepath.Join(string(d), "migration-out.sock") }

@@ -35,6 +35,8 @@ func main() {
 	flag.StringVar(&opts.Streams.ClientCAFile, "streams-client-ca-file", "/etc/qvirt/handler-tls/ca.crt", "CA of the clients (qvirt-api) the stream server accepts")
 	flag.StringVar(&opts.Streams.AdvertiseAddress, "streams-advertise-address", "", "host:port where qvirt-api reaches the stream server (default $POD_IP and the bind address's port)")
 	allowed := flag.String("streams-allowed-client-names", "qvirt-api", "comma-separated client certificate names accepted (empty: any the CA signed)")
+	flag.StringVar(&opts.Migration.Addr, "migration-bind-address", ":8187", "address of the mTLS migration endpoint other node agents send guests to, with the stream server's certificates (0 disables migrations to and from this node)")
+	flag.StringVar(&opts.Migration.AdvertiseAddress, "migration-advertise-address", "", "host:port where other node agents reach the migration endpoint (default $POD_IP and the bind address's port)")
 	metricsAddr := flag.String("metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint, HTTPS for scrapers bound to ClusterRole qvirt-metrics-reader (0 disables it)")
 	metricsCert := flag.String("metrics-cert-dir", "", "directory with tls.crt and tls.key for /metrics (empty: a self-signed certificate)")
 	probeAddr := flag.String("health-probe-bind-address", ":8444", "address of /healthz and /readyz")
@@ -44,6 +46,11 @@ func main() {
 	if opts.Streams.AdvertiseAddress == "" && os.Getenv("POD_IP") != "" {
 		if _, port, err := net.SplitHostPort(opts.Streams.Addr); err == nil {
 			opts.Streams.AdvertiseAddress = net.JoinHostPort(os.Getenv("POD_IP"), port)
+		}
+	}
+	if opts.Migration.AdvertiseAddress == "" && os.Getenv("POD_IP") != "" {
+		if _, port, err := net.SplitHostPort(opts.Migration.Addr); err == nil {
+			opts.Migration.AdvertiseAddress = net.JoinHostPort(os.Getenv("POD_IP"), port)
 		}
 	}
 	if *allowed != "" {

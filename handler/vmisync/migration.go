@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +16,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/qmp"
 )
 
@@ -27,9 +27,21 @@ import (
 // migration (startTimestamp), reports its progress, and ends it with completed or failed
 // (endTimestamp, failureReason). The controller then moves the instance to the target.
 
-// MigrationPort is where a target launcher listens for the guest, inside its pod's network
-// namespace. The masquerade binding keeps it in the pod (it is not forwarded to the guest).
-const MigrationPort = 49152
+// MigrationTunnel carries migration streams between node agents (handler/migproxy): no launcher
+// pod listens on the network for a guest, so only the source node's agent, with a handler
+// certificate, can feed a target.
+type MigrationTunnel interface {
+	// Address is where source agents reach this node's endpoint (host:port).
+	Address() string
+	// Expect opens this node's endpoint for one stream of migration uid, to socket (a host path).
+	Expect(uid types.UID, socket string)
+	// Forward listens on socket (a host path, handed to owner) for the source QEMU's one stream and
+	// carries it to the target endpoint at addr as migration uid; stop ends the wait.
+	Forward(socket string, owner int, addr string, uid types.UID) (stop func(), err error)
+}
+
+// errNoTunnel is a node agent started without its migration endpoint.
+var errNoTunnel = errors.New("this node agent has no migration endpoint (its migration TLS is not configured)")
 
 // progressInterval bounds how often a running migration's progress is written to the instance.
 const progressInterval = time.Second
@@ -52,12 +64,16 @@ func openMigration(v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineI
 }
 
 // reconcileTarget prepares this node's target launcher for an incoming migration: network, an
-// incoming QEMU with the source's device set, a listener on MigrationPort, then targetReady. A
+// incoming QEMU with the source's device set, listening in its pod for this node's migration endpoint, then targetReady. A
 // target that cannot be prepared fails the migration, recorded in migrationState: the guest
 // stays on the source, and the migration's owner sees why instead of a migration pending forever.
 func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMachineInstance) error {
 	ms := openMigration(v)
-	if ms == nil || ms.TargetNode != r.NodeName || ms.TargetReady {
+	if ms == nil || ms.TargetNode != r.NodeName {
+		return nil
+	}
+	if ms.TargetReady {
+		r.reopenTarget(v, ms)
 		return nil
 	}
 	pod, err := r.targetPod(ctx, v, ms)
@@ -81,8 +97,20 @@ func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMac
 	return r.patchStatus(ctx, before, v)
 }
 
-// prepareTarget starts the target launcher waiting for the guest and makes it listen; it returns
-// the address the source migrates to.
+// reopenTarget opens the endpoint again for a target made ready before this agent restarted, as
+// long as the source has not started (the endpoint refuses a second stream of a migration anyway).
+func (r *Reconciler) reopenTarget(v *v1alpha1.VirtualMachineInstance, ms *v1alpha1.VirtualMachineInstanceMigrationState) {
+	if r.Migrations == nil || ms.StartTimestamp != nil {
+		return
+	}
+	if d := r.launchers.dir(v.UID); d != "" {
+		r.Migrations.Expect(ms.MigrationUID, d.MigrationIn())
+	}
+}
+
+// prepareTarget starts the target launcher waiting for the guest on a socket in its pod and opens
+// this node's migration endpoint for it; it returns the endpoint's address, where the source's
+// agent sends to.
 func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) (string, error) {
 	r.launchers.place(v.UID, podsockets.Dir(r.PodsDir, pod.UID, v.UID))
 	c := r.launchers.client(v.UID)
@@ -99,13 +127,16 @@ func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachi
 			return "", err
 		}
 	}
-	listen := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(MigrationPort))
+	if r.Migrations == nil {
+		return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, errNoTunnel)
+	}
 	if st.Migration == nil || st.Migration.Role != "target" {
-		if _, err := c.PrepareMigrationTarget(ctx, listen); err != nil {
+		if _, err := c.PrepareMigrationTarget(ctx, launcher.ListenUnix); err != nil {
 			return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
 		}
 	}
-	return listen, nil
+	r.Migrations.Expect(v.Status.MigrationState.MigrationUID, r.launchers.dir(v.UID).MigrationIn())
+	return r.Migrations.Address(), nil
 }
 
 // failTargetMigration ends the migration for a target that cannot take the guest.
@@ -166,15 +197,38 @@ func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.Virtua
 		r.failSourceMigration(v, err.Error())
 		return nil
 	}
-	c := r.launchers.client(v.UID)
-	defer c.Close()
-	req := launcher.MigrationSource{URI: "tcp:" + ms.TargetNodeAddress, BandwidthBytesPerSecond: r.migrationBandwidth()}
-	if err := c.MigrateSource(ctx, req); err != nil {
+	if err := r.startOutgoing(ctx, v, ms); err != nil {
 		r.failSourceMigration(v, fmt.Sprintf("start: %v", err))
 		return nil
 	}
 	ms.StartTimestamp = ptr.To(metav1.NewTime(r.now().Time))
 	r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationStarted, "Migrating to node %s at %s", ms.TargetNode, ms.TargetNodeAddress)
+	return nil
+}
+
+// startOutgoing opens the tunnel to the target node's endpoint on a socket in the source pod and
+// has the source QEMU send there.
+func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachineInstance, ms *v1alpha1.VirtualMachineInstanceMigrationState) error {
+	if r.Migrations == nil {
+		return errNoTunnel
+	}
+	hostDir := r.launchers.dir(v.UID)
+	if hostDir == "" {
+		return fmt.Errorf("the source launcher's socket directory is unknown")
+	}
+	stop, err := r.Migrations.Forward(hostDir.MigrationOut(), podlayout.LauncherUID, ms.TargetNodeAddress, ms.MigrationUID)
+	if err != nil {
+		return fmt.Errorf("open the migration tunnel: %w", err)
+	}
+	// The launcher sees its socket directory at podlayout.SocketDir.
+	inPod := launcher.VMIDir(podlayout.SocketDir, v.UID).MigrationOut()
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	req := launcher.MigrationSource{URI: "unix:" + inPod, BandwidthBytesPerSecond: r.migrationBandwidth()}
+	if err := c.MigrateSource(ctx, req); err != nil {
+		stop()
+		return err
+	}
 	return nil
 }
 

@@ -46,8 +46,9 @@ func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer laun
 }
 
 func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, p *field.Path) (map[string]machine.NIC, error) {
-	// A migration target's QEMU listens in the pod: that port is not the guest's.
-	m := netsetup.Masquerade{TapOwner: peer.UID, TapGroup: peer.GID, PodPorts: []netsetup.Port{{Protocol: "TCP", Port: MigrationPort}}}
+	// Migration streams reach a target through the node agent and a socket in the pod, never a
+	// port of the pod: the pod keeps no port of its own from the guest.
+	m := netsetup.Masquerade{TapOwner: peer.UID, TapGroup: peer.GID}
 	for i, port := range in.Ports {
 		if port.Port < 1 || port.Port > 65535 {
 			return nil, field.Invalid(p.Child("ports").Index(i).Child("port"), port.Port, "must be 1-65535")

@@ -73,6 +73,9 @@ type Reconciler struct {
 	// MigrationBandwidth is the configured bandwidth per migration in bytes per second (0:
 	// unlimited); unlimited when nil.
 	MigrationBandwidth func() int64
+	// Migrations carries this node's migration streams between node agents over mutual TLS
+	// (handler/migproxy); without it the node can be neither source nor target.
+	Migrations MigrationTunnel
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 	// Launcher limits each call to a launcher and each reply (launcher.ClientOptions); the

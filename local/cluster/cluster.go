@@ -265,11 +265,14 @@ func (c *Cluster) handler(i int) supervise.Component {
 	name := NodeName(i)
 	probe := "127.0.0.1:" + strconv.Itoa(9450+i)
 	streams := net.JoinHostPort(apiAddress.String(), strconv.Itoa(c.streamsPort(i)))
+	// Other node agents send migrating guests here; 1000 above the stream server's port.
+	migration := net.JoinHostPort(apiAddress.String(), strconv.Itoa(c.streamsPort(i)+1000))
 	return supervise.Component{Name: "qvirt-handler-" + name, Path: filepath.Join(c.opts.Bin, "qvirt-handler"),
 		Args: []string{"--node-name=" + name, "--pods-dir=" + provider.PodsDir(nodeStateDir(c.opts.Dir, i)), "--namespace=" + Namespace,
 			"--device-plugin=false",
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
 			"--streams-tls-secret=" + certs.HandlerSecret,
+			"--migration-bind-address=" + migration, "--migration-advertise-address=" + migration,
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
 		Env:   []string{"KUBECONFIG=" + c.Kubeconfig},
 		Ready: httpReady("http://"+probe+"/readyz", nil)}
