@@ -119,17 +119,26 @@ type MigrationSource struct {
 	PostCopy      bool          `json:"postCopy,omitempty"`
 }
 
+// MigrationRole is which side of a migration a launcher is.
+type MigrationRole string
+
+// Migration roles.
+const (
+	RoleSource MigrationRole = "source"
+	RoleTarget MigrationRole = "target"
+)
+
 // MigrationInfo is the progress of the current or last migration.
 type MigrationInfo struct {
-	Role             string  `json:"role"` // source or target
-	Status           string  `json:"status"`
-	TotalBytes       int64   `json:"totalBytes,omitempty"`
-	TransferredBytes int64   `json:"transferredBytes,omitempty"`
-	RemainingBytes   int64   `json:"remainingBytes,omitempty"`
-	ThroughputMbps   float64 `json:"throughputMbps,omitempty"`
-	DowntimeMs       int64   `json:"downtimeMs,omitempty"`
-	TotalTimeMs      int64   `json:"totalTimeMs,omitempty"`
-	Error            string  `json:"error,omitempty"`
+	Role             MigrationRole `json:"role"`
+	Status           string        `json:"status"`
+	TotalBytes       int64         `json:"totalBytes,omitempty"`
+	TransferredBytes int64         `json:"transferredBytes,omitempty"`
+	RemainingBytes   int64         `json:"remainingBytes,omitempty"`
+	ThroughputMbps   float64       `json:"throughputMbps,omitempty"`
+	DowntimeMs       int64         `json:"downtimeMs,omitempty"`
+	TotalTimeMs      int64         `json:"totalTimeMs,omitempty"`
+	Error            string        `json:"error,omitempty"`
 }
 
 // ErrorResponse is the body of every failed request.

@@ -64,7 +64,7 @@ func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (s
 		done.Cancel()
 		return "", fmt.Errorf("prepare migration target: %w", err)
 	}
-	l.setMigration(&MigrationInfo{Role: "target", Status: string(qmp.MigrationSetup)})
+	l.setMigration(&MigrationInfo{Role: RoleTarget, Status: string(qmp.MigrationSetup)})
 	go l.finishIncoming(p, done)
 	return uri, nil
 }
@@ -116,7 +116,7 @@ func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
 		return // QEMU went away; the process's exit says why
 	}
 	status, _ := ev.Data["status"].(string)
-	info := &MigrationInfo{Role: "target", Status: status}
+	info := &MigrationInfo{Role: RoleTarget, Status: status}
 	if status == string(qmp.MigrationCompleted) {
 		// No event tells a guest that arrived paused: ask.
 		if err := p.refreshState(context.Background()); err != nil {
@@ -142,7 +142,7 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) erro
 		return err
 	}
 	l.mu.Lock()
-	active := l.migration != nil && l.migration.Role == "source" && !migrationDone(l.migration.Status)
+	active := l.migration != nil && l.migration.Role == RoleSource && !migrationDone(l.migration.Status)
 	l.mu.Unlock()
 	if active {
 		return &ConflictError{Msg: "a migration is already running"}
@@ -171,7 +171,7 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) erro
 		done.Cancel()
 		return fmt.Errorf("migrate to %s: %w", req.URI, err)
 	}
-	l.setMigration(&MigrationInfo{Role: "source", Status: string(qmp.MigrationSetup)})
+	l.setMigration(&MigrationInfo{Role: RoleSource, Status: string(qmp.MigrationSetup)})
 	go l.followOutgoing(p, done, before == qmp.StateRunning)
 	return nil
 }
@@ -290,7 +290,7 @@ func (l *Launcher) refreshMigration(mon *qmp.Monitor) *MigrationInfo {
 	if err != nil {
 		return nil
 	}
-	info := &MigrationInfo{Role: "source", Status: string(mi.Status), DowntimeMs: mi.Downtime,
+	info := &MigrationInfo{Role: RoleSource, Status: string(mi.Status), DowntimeMs: mi.Downtime,
 		TotalTimeMs: mi.TotalTime, Error: mi.ErrorDesc}
 	if mi.RAM != nil {
 		info.TotalBytes, info.TransferredBytes, info.RemainingBytes = mi.RAM.Total, mi.RAM.Transferred, mi.RAM.Remaining

@@ -130,7 +130,7 @@ func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachi
 	if r.Migrations == nil {
 		return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, errNoTunnel)
 	}
-	if st.Migration == nil || st.Migration.Role != "target" {
+	if st.Migration == nil || st.Migration.Role != launcher.RoleTarget {
 		if _, err := c.PrepareMigrationTarget(ctx, launcher.ListenUnix); err != nil {
 			return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
 		}
@@ -172,7 +172,7 @@ func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.Virtua
 		return nil
 	}
 	info := st.Migration
-	ours := info != nil && info.Role == "source" && ms.StartTimestamp != nil
+	ours := info != nil && info.Role == launcher.RoleSource && ms.StartTimestamp != nil
 	switch {
 	case ours && migrationEnded(info.Status):
 		r.finishSourceMigration(v, info)

@@ -363,7 +363,7 @@ func migratedAway(v *v1alpha1.VirtualMachineInstance, st *launcher.Status) bool 
 	if st.Exit != nil && st.Exit.Reason == launcher.ExitMigrated {
 		return true
 	}
-	if st.Migration != nil && st.Migration.Role == "source" && st.Migration.Status == "completed" {
+	if st.Migration != nil && st.Migration.Role == launcher.RoleSource && st.Migration.Status == "completed" {
 		return true
 	}
 	ms := v.Status.MigrationState
