@@ -89,6 +89,40 @@ type VirtualMachineInstanceStatus struct {
 	// ActivePods maps the UIDs of the instance's launcher pods to their nodes.
 	// +optional
 	ActivePods map[types.UID]string `json:"activePods,omitempty"`
+
+	// KernelBootStatus is the kernelBoot container's image as the launcher pod pulled it. The name
+	// is KubeVirt's; imageRef is qvirt's. Only the VMI reconciler writes it.
+	// +optional
+	KernelBootStatus *KernelBootStatus `json:"kernelBootStatus,omitempty"`
+
+	// ContainerDiskStatus is each containerDisk volume's image as the launcher pod pulled it. It is
+	// a list of its own rather than KubeVirt's volumeStatus[].containerDiskVolume because the node
+	// agent rewrites volumeStatus whole on every sync: a second writer there would see its entries
+	// dropped. Only the VMI reconciler writes it.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	ContainerDiskStatus []ContainerDiskStatus `json:"containerDiskStatus,omitempty"`
+}
+
+// KernelBootStatus is what was pulled for spec.domain.firmware.kernelBoot.container.
+type KernelBootStatus struct {
+	// ImageRef is the image by digest (repo@sha256:...) as the node reported it for the launcher
+	// pod's image volume. A migration target pulls this digest, not the spec's tag, so both sides
+	// boot the same bytes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	ImageRef string `json:"imageRef,omitempty"`
+}
+
+// ContainerDiskStatus is what was pulled for one containerDisk volume.
+type ContainerDiskStatus struct {
+	// Name is the volume's name in spec.volumes.
+	Name string `json:"name"`
+	// ImageRef is the image by digest, as KernelBootStatus.ImageRef.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	ImageRef string `json:"imageRef,omitempty"`
 }
 
 // VirtualMachineInstancePhaseTransitionTimestamp is when a phase was entered.

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -227,12 +228,18 @@ func (r *Reconciler) apply(ctx context.Context, vmim *v1alpha1.VirtualMachineIns
 			r.fail(vmim, ReasonSourcePodNotFound, fmt.Sprintf("no launcher pod of %s runs on node %s", vmi.Name, vmi.Status.NodeName))
 			return ctrl.Result{}, nil
 		}
-		pod := renderTargetPod(vmim, vmi, source)
+		pod, unpinned := renderTargetPod(vmim, vmi, source)
 		if err := r.Client.Create(ctx, pod); err != nil {
 			r.event(vmim, corev1.EventTypeWarning, ReasonFailedCreateTargetPod, "create target pod: %v", err)
 			return ctrl.Result{}, fmt.Errorf("create target pod for migration %s: %w", vmim.Name, err)
 		}
 		log.Info("created target pod", "pod", pod.Name, "sourceNode", source.Spec.NodeName)
+		if len(unpinned) > 0 {
+			msg := fmt.Sprintf("target pod %s pulls %s by tag: the instance's status records no digest for it, so the target may get other bytes than the source runs",
+				pod.Name, strings.Join(unpinned, ", "))
+			r.event(vmim, corev1.EventTypeWarning, ReasonImagesNotPinned, "%s", msg)
+			log.Info("target pod images not pinned to a digest", "pod", pod.Name, "images", unpinned)
+		}
 		r.setCondition(vmim, ConditionAdmitted, metav1.ConditionTrue, ReasonAdmitted, "within the parallel migration limits", false)
 		vmim.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{
 			MigrationUID: vmim.UID, SourceNode: source.Spec.NodeName, SourcePod: source.Name, TargetPod: pod.Name,

@@ -42,6 +42,9 @@ const (
 	ReasonMigrationSucceeded    = "MigrationSucceeded"
 	ReasonFailedCreateTargetPod = "FailedCreateTargetPod"
 	ReasonMigrationStateLost    = "MigrationStateLost"
+	// ReasonImagesNotPinned: the target pod pulls an image by the spec's tag, for want of a digest
+	// in the instance's status (an instance from before digests were recorded).
+	ReasonImagesNotPinned = "ImagesNotPinned"
 )
 
 // action is what the reconciler must do for a decision before the decided phase holds.

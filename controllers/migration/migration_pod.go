@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	vmictrl "github.com/qvirt/qvirt/controllers/vmi"
 )
 
 // hostnameLabel is the node label the target pod's anti-affinity uses.
@@ -21,7 +22,11 @@ const hostnameLabel = corev1.LabelHostname
 // affinity (the instance's spec.affinity plus hostname NotIn [source node]) that keeps it off the
 // source node. It is owned by the instance (as the contract asks of
 // every launcher pod), not by the migration, so it outlives a successful migration.
-func renderTargetPod(vmim *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, source *corev1.Pod) *corev1.Pod {
+//
+// Its image volumes pull the digests pinned in the instance's status, not the spec's tags, which
+// may name other bytes by now; unpinned names the images left on their tag for want of a digest.
+func renderTargetPod(vmim *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance,
+	source *corev1.Pod) (pod *corev1.Pod, unpinned []string) {
 	spec := source.Spec.DeepCopy()
 	spec.NodeName = ""
 	spec.EphemeralContainers = nil
@@ -46,7 +51,7 @@ func renderTargetPod(vmim *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alph
 			annotations[k] = v
 		}
 	}
-	return &corev1.Pod{
+	pod = &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: "qvirt-launcher-" + vmi.Name + "-",
 			Namespace:    vmi.Namespace,
@@ -63,6 +68,7 @@ func renderTargetPod(vmim *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alph
 		},
 		Spec: *spec,
 	}
+	return pod, vmictrl.PinImageVolumes(pod, &vmi.Status)
 }
 
 // withNodeNotIn returns a copy of aff whose required node affinity also excludes node. Required

@@ -66,7 +66,10 @@ func TestRenderTargetPod(t *testing.T) {
 			Containers: []corev1.Container{{Name: "launcher", Image: "img:1"}},
 		},
 	}
-	pod := renderTargetPod(vmim, vmi, source)
+	pod, unpinned := renderTargetPod(vmim, vmi, source)
+	if len(unpinned) != 0 {
+		t.Errorf("unpinned = %v for a pod without image volumes", unpinned)
+	}
 	if pod.Spec.NodeName != "" || pod.Spec.Priority != nil || pod.Spec.PriorityClassName != "high" {
 		t.Errorf("spec: nodeName %q priority %v class %q", pod.Spec.NodeName, pod.Spec.Priority, pod.Spec.PriorityClassName)
 	}

@@ -132,8 +132,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 		return ctrl.Result{RequeueAfter: wait}, outcome{}, nil
 	}
 
-	o := podOutcome(vmi.Status.Phase, launcherPod(vmi, pods))
+	pod := launcherPod(vmi, pods)
+	o := podOutcome(vmi.Status.Phase, pod)
 	applyOutcome(&vmi.Status, o, r.now())
+	recordImages(&vmi.Status, pod)
 	if vmi.Status.Phase != v1alpha1.Pending || len(pods) > 0 {
 		return ctrl.Result{}, o, nil
 	}

@@ -140,9 +140,15 @@ func TestLocalCluster(t *testing.T) {
 	if cached, _ := os.ReadDir(nodeImageCache(dir, 1)); len(cached) == 0 {
 		t.Errorf("node %s's image cache %s is empty: the demo image was not pulled there", NodeName(1), nodeImageCache(dir, 1))
 	}
-	if ref := kernelImageRef(t, ctx, cl, got.UID); !strings.Contains(ref, "@sha256:") {
+	ref := kernelImageRef(t, ctx, cl, got.UID)
+	if !strings.Contains(ref, "@sha256:") {
 		t.Errorf("launcher pod status: kernelBoot image volume's imageRef = %q, want the image by digest", ref)
 	}
+	// The digest is pinned in the instance's status, where a migration target takes it from.
+	testutil.Eventually(t, 30*time.Second, "VMI status.kernelBootStatus.imageRef "+ref, func() bool {
+		_ = cl.Get(ctx, client.ObjectKeyFromObject(vmi), &got)
+		return got.Status.KernelBootStatus != nil && got.Status.KernelBootStatus.ImageRef == ref
+	}, func() string { return fmt.Sprintf("kernelBootStatus %+v", got.Status.KernelBootStatus) })
 	ld, err := LauncherDir(dir, 1, &got)
 	if err != nil {
 		t.Fatal(err)
