@@ -98,17 +98,6 @@ func (a *API) readVM(ctx context.Context, key types.NamespacedName) (vmRequest, 
 	return vmRequest{vm: vm, vmi: vmi}, nil
 }
 
-// runStrategy is the strategy the VM asks for, as the VM controller reads it: spec.runStrategy,
-// else spec.running (true is Always), else Halted.
-func runStrategy(vm *v1alpha1.VirtualMachine) v1alpha1.RunStrategy {
-	if vm.Spec.RunStrategy != nil && *vm.Spec.RunStrategy != "" {
-		return *vm.Spec.RunStrategy
-	}
-	if vm.Spec.Running != nil && *vm.Spec.Running {
-		return v1alpha1.RunStrategyAlways
-	}
-	return v1alpha1.RunStrategyHalted
-}
 
 // active is an instance that runs or is on its way: not being deleted, not Succeeded or Failed.
 func active(vmi *v1alpha1.VirtualMachineInstance) bool {
@@ -140,7 +129,7 @@ func (a *API) start(ctx context.Context, r vmRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch rs := runStrategy(r.vm); {
+	switch rs := r.vm.EffectiveRunStrategy(); {
 	case rs == v1alpha1.RunStrategyHalted:
 		return nil, conflict(r, "VM %s has runStrategy Halted, which keeps it stopped: set spec.runStrategy to Always, RerunOnFailure or Manual to start it", r.key())
 	case active(r.vmi) && !pendingStop(r.vm):
@@ -163,7 +152,7 @@ func (a *API) stop(ctx context.Context, r vmRequest) (any, error) {
 		return nil, err
 	}
 	if !active(r.vmi) {
-		return nil, conflict(r, "VM %s is not running (runStrategy %s, no running VMI); nothing to stop", r.key(), runStrategy(r.vm))
+		return nil, conflict(r, "VM %s is not running (runStrategy %s, no running VMI); nothing to stop", r.key(), r.vm.EffectiveRunStrategy())
 	}
 	if !o.Force && r.vmi.Status.Phase != v1alpha1.Running {
 		return nil, conflict(r, "VMI %s is still starting (phase %s); wait until it runs, or stop with force", r.key(), phaseOf(r.vmi))
@@ -185,7 +174,7 @@ func (a *API) restart(ctx context.Context, r vmRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if runStrategy(r.vm) == v1alpha1.RunStrategyHalted {
+	if r.vm.EffectiveRunStrategy() == v1alpha1.RunStrategyHalted {
 		return nil, conflict(r, "VM %s has runStrategy Halted, which keeps it stopped: set spec.runStrategy to Always, RerunOnFailure or Manual first", r.key())
 	}
 	if !active(r.vmi) {

@@ -187,3 +187,16 @@ type VirtualMachineStartFailure struct {
 	// +optional
 	RetryAfterTimestamp *metav1.Time `json:"retryAfterTimestamp,omitempty"`
 }
+
+// EffectiveRunStrategy is the strategy vm asks for: spec.runStrategy when set, else spec.running
+// (true is Always, false or unset is Halted). The VM controller and qvirt-api's VM actions both
+// read it here.
+func (vm *VirtualMachine) EffectiveRunStrategy() RunStrategy {
+	if vm.Spec.RunStrategy != nil && *vm.Spec.RunStrategy != "" {
+		return *vm.Spec.RunStrategy
+	}
+	if vm.Spec.Running != nil && *vm.Spec.Running {
+		return RunStrategyAlways
+	}
+	return RunStrategyHalted
+}

@@ -28,6 +28,9 @@ const (
 	Unknown VirtualMachineInstancePhase = "Unknown"
 )
 
+// Final reports whether the phase is an end: Succeeded or Failed, never left again.
+func (p VirtualMachineInstancePhase) Final() bool { return p == Succeeded || p == Failed }
+
 // Condition types of an instance.
 const (
 	// VirtualMachineInstanceReady is true while the guest runs and is not paused.

@@ -190,7 +190,7 @@ func (r *Reconciler) failInstances(ctx context.Context, nodeName, why string, no
 }
 
 func (r *Reconciler) failInstance(ctx context.Context, inst *v1alpha1.VirtualMachineInstance, nodeName, why string, now time.Time) error {
-	if isFinal(inst.Status.Phase) {
+	if inst.Status.Phase.Final() {
 		return nil
 	}
 	status := patch.NewStatus(r.Client, inst)
@@ -311,7 +311,7 @@ func readyStatus(n *corev1.Node) corev1.ConditionStatus {
 func placedOnNode() predicate.Predicate {
 	onNode := func(o client.Object) bool {
 		inst, ok := o.(*v1alpha1.VirtualMachineInstance)
-		return ok && inst.Status.NodeName != "" && !isFinal(inst.Status.Phase)
+		return ok && inst.Status.NodeName != "" && !inst.Status.Phase.Final()
 	}
 	return predicate.Funcs{
 		CreateFunc: func(e event.CreateEvent) bool { return onNode(e.Object) },
@@ -333,9 +333,6 @@ func vmiNode(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: inst.Status.NodeName}}}
 }
 
-func isFinal(p v1alpha1.VirtualMachineInstancePhase) bool {
-	return p == v1alpha1.Succeeded || p == v1alpha1.Failed
-}
 
 func (r *Reconciler) timeout() time.Duration {
 	if r.Timeout > 0 {

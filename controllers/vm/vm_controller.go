@@ -165,7 +165,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 	}
 
 	in := decisionInput{
-		Strategy: runStrategy(vm), Entered: vm.Status.RunStrategy, Held: held(vm),
+		Strategy: vm.EffectiveRunStrategy(), Entered: vm.Status.RunStrategy, Held: held(vm),
 		Requests: vm.Status.StateChangeRequests, VMI: vmi, StartFailure: sf, Now: now,
 	}
 	d := decide(in)

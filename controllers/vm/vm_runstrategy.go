@@ -102,17 +102,6 @@ type Decision struct {
 	StartPaused bool
 }
 
-// runStrategy is the strategy a VirtualMachine asks for: spec.runStrategy when set, else
-// spec.running (true is Always, false or unset is Halted).
-func runStrategy(vm *v1alpha1.VirtualMachine) v1alpha1.RunStrategy {
-	if vm.Spec.RunStrategy != nil && *vm.Spec.RunStrategy != "" {
-		return *vm.Spec.RunStrategy
-	}
-	if vm.Spec.Running != nil && *vm.Spec.Running {
-		return v1alpha1.RunStrategyAlways
-	}
-	return v1alpha1.RunStrategyHalted
-}
 
 // vmiEnded is true for an instance whose guest is gone for good (Succeeded or Failed).
 func vmiEnded(vmi *v1alpha1.VirtualMachineInstance) bool {

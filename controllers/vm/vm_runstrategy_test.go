@@ -214,7 +214,7 @@ func TestRunStrategy(t *testing.T) {
 	}
 	for _, tc := range cases {
 		vm := &v1alpha1.VirtualMachine{Spec: v1alpha1.VirtualMachineSpec{RunStrategy: tc.strategy, Running: tc.running}}
-		if got := runStrategy(vm); got != tc.want {
+		if got := vm.EffectiveRunStrategy(); got != tc.want {
 			t.Errorf("%s: runStrategy = %s, want %s", tc.name, got, tc.want)
 		}
 	}

@@ -49,10 +49,6 @@ type outcome struct {
 	EventType, EventReason, EventMessage string
 }
 
-// isFinal reports whether a phase is terminal: such an instance never gets a new pod.
-func isFinal(p v1alpha1.VirtualMachineInstancePhase) bool {
-	return p == v1alpha1.Succeeded || p == v1alpha1.Failed
-}
 
 // podOutcome decides the instance's phase from its current phase and its launcher pod (nil when it
 // has none). The reconciler owns Pending, Scheduling and Scheduled, and ends an instance whose pod
@@ -60,7 +56,7 @@ func isFinal(p v1alpha1.VirtualMachineInstancePhase) bool {
 // must not call it for a missing pod while a create is in flight (see Expectations).
 func podOutcome(cur v1alpha1.VirtualMachineInstancePhase, pod *corev1.Pod) outcome {
 	same := outcome{Phase: cur}
-	if isFinal(cur) {
+	if cur.Final() {
 		return same
 	}
 	if pod == nil {

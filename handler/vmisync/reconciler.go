@@ -151,7 +151,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return r.reconcileIncoming(ctx, req)
 	}
-	if isFinal(v.Status.Phase) {
+	if v.Status.Phase.Final() {
 		r.launchers.forget(v.UID)
 		return ctrl.Result{}, r.stopLeftover(ctx, &v)
 	}
@@ -488,9 +488,6 @@ func (r *Reconciler) patchStatus(ctx context.Context, before, v *v1alpha1.Virtua
 	return client.IgnoreNotFound(err)
 }
 
-func isFinal(p v1alpha1.VirtualMachineInstancePhase) bool {
-	return p == v1alpha1.Succeeded || p == v1alpha1.Failed
-}
 
 func (r *Reconciler) now() metav1.Time {
 	if r.Now != nil {
