@@ -98,7 +98,6 @@ func (a *API) readVM(ctx context.Context, key types.NamespacedName) (vmRequest, 
 	return vmRequest{vm: vm, vmi: vmi}, nil
 }
 
-
 // active is an instance that runs or is on its way: not being deleted, not Succeeded or Failed.
 func active(vmi *v1alpha1.VirtualMachineInstance) bool {
 	return vmi != nil && vmi.DeletionTimestamp == nil && vmi.Status.Phase != v1alpha1.Succeeded && vmi.Status.Phase != v1alpha1.Failed

@@ -333,7 +333,6 @@ func vmiNode(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: inst.Status.NodeName}}}
 }
 
-
 func (r *Reconciler) timeout() time.Duration {
 	if r.Timeout > 0 {
 		return r.Timeout

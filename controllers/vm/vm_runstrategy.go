@@ -102,7 +102,6 @@ type Decision struct {
 	StartPaused bool
 }
 
-
 // vmiEnded is true for an instance whose guest is gone for good (Succeeded or Failed).
 func vmiEnded(vmi *v1alpha1.VirtualMachineInstance) bool {
 	return vmi != nil && (vmi.Status.Phase == v1alpha1.Succeeded || vmi.Status.Phase == v1alpha1.Failed)

@@ -49,7 +49,6 @@ type outcome struct {
 	EventType, EventReason, EventMessage string
 }
 
-
 // podOutcome decides the instance's phase from its current phase and its launcher pod (nil when it
 // has none). The reconciler owns Pending, Scheduling and Scheduled, and ends an instance whose pod
 // failed or vanished; the node agent owns Running, Succeeded and Failed from the guest. The caller

@@ -488,7 +488,6 @@ func (r *Reconciler) patchStatus(ctx context.Context, before, v *v1alpha1.Virtua
 	return client.IgnoreNotFound(err)
 }
 
-
 func (r *Reconciler) now() metav1.Time {
 	if r.Now != nil {
 		return metav1.NewTime(r.Now().Truncate(time.Second))
