@@ -168,18 +168,34 @@ func console(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) *testutil.Conso
 	return testutil.AttachConsole(t, vmiDir(t, vmi).Serial())
 }
 
-// qemuPID is the VMI's QEMU process.
+// qemuPID is the host PID of the VMI's QEMU: the child of its active launcher pod's process (the
+// pod's container ID is process://<host pid>). The launcher and its pid file see QEMU's PID in the
+// pod's own PID namespace, which means nothing on the host.
 func qemuPID(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) int {
 	t.Helper()
-	data, err := os.ReadFile(vmiDir(t, vmi).PIDFile())
-	if err != nil {
-		t.Fatalf("QEMU of VMI %s: %v", vmi.Name, err)
+	var pods corev1.PodList
+	if err := cl.List(context.Background(), &pods, client.InNamespace(vmi.Namespace),
+		client.MatchingLabels{v1alpha1.VMIUIDLabel: string(vmi.UID)}); err != nil {
+		t.Fatal(err)
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatalf("QEMU pid file of VMI %s: %v", vmi.Name, err)
+	for _, p := range pods.Items {
+		if _, active := vmi.Status.ActivePods[p.UID]; !active || len(p.Status.ContainerStatuses) == 0 {
+			continue
+		}
+		launcher, err := strconv.Atoi(strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "process://"))
+		if err != nil {
+			t.Fatalf("launcher pod %s: container ID %q", p.Name, p.Status.ContainerStatuses[0].ContainerID)
+		}
+		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", launcher, launcher))
+		for _, c := range strings.Fields(string(children)) {
+			if exe, _ := os.Readlink("/proc/" + c + "/exe"); strings.HasSuffix(exe, "/qemu-system-x86_64") {
+				pid, _ := strconv.Atoi(c)
+				return pid
+			}
+		}
 	}
-	return pid
+	t.Fatalf("QEMU of VMI %s: no QEMU child of its active launcher pod's process", vmi.Name)
+	return 0
 }
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
