@@ -186,8 +186,14 @@ func qemuPID(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) int {
 		if err != nil {
 			t.Fatalf("launcher pod %s: container ID %q", p.Name, p.Status.ContainerStatuses[0].ContainerID)
 		}
-		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", launcher, launcher))
-		for _, c := range strings.Fields(string(children)) {
+		// A child belongs to the thread that forked it: read every thread's.
+		files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", launcher))
+		var children []string
+		for _, f := range files {
+			b, _ := os.ReadFile(f)
+			children = append(children, strings.Fields(string(b))...)
+		}
+		for _, c := range children {
 			if exe, _ := os.Readlink("/proc/" + c + "/exe"); strings.HasSuffix(exe, "/qemu-system-x86_64") {
 				pid, _ := strconv.Atoi(c)
 				return pid
