@@ -21,20 +21,7 @@ import (
 func TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource(t *testing.T) {
 	src, srcConsole := boot(t)
 	ctx := context.Background()
-	srcConsole.Send(t, "tick 100000 &")
-	srcConsole.Expect(t, 0, "tick 3", time.Minute)
-	srcStatus, err := src.client.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	dst := newLauncher(t)
-	req := guestSpec(t)
-	req.Machine.UID = srcStatus.UID
-	req.Incoming = true
-	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != launcher.PhaseIncoming {
-		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
-	}
+	dst := countingTarget(t, src, srcConsole)
 	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -147,6 +147,28 @@ func attach(t *testing.T, runDir string) *console {
 
 const bootTimeout = 3 * time.Minute
 
+// countingTarget starts the guest's counter on src and a launcher waiting for src's guest, with
+// the disks hot-plugged on src in its machine, as the node agent describes a migration target.
+func countingTarget(t *testing.T, src *vm, srcConsole *console) *vm {
+	t.Helper()
+	ctx := context.Background()
+	srcConsole.Send(t, "tick 100000 &")
+	srcConsole.Expect(t, 0, "tick 3", time.Minute)
+	srcStatus, err := src.client.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := newLauncher(t)
+	req := guestSpec(t)
+	req.Machine.UID = srcStatus.UID
+	req.Incoming = true
+	req.Machine.Disks = append(req.Machine.Disks, srcStatus.Hotplugged...)
+	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != launcher.PhaseIncoming {
+		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
+	}
+	return dst
+}
+
 func boot(t *testing.T) (*vm, *console) {
 	t.Helper()
 	v := newLauncher(t)
@@ -325,21 +347,7 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 	if _, err := src.client.HotplugDisk(ctx, fileDisk("hot", img, "qcow2")); err != nil {
 		t.Fatal(err)
 	}
-	srcConsole.Send(t, "tick 100000 &")
-	srcConsole.Expect(t, 0, "tick 3", time.Minute)
-	srcStatus, err := src.client.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	dst := newLauncher(t)
-	req := guestSpec(t)
-	req.Machine.UID = srcStatus.UID
-	req.Incoming = true
-	req.Machine.Disks = append(req.Machine.Disks, srcStatus.Hotplugged...)
-	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != launcher.PhaseIncoming {
-		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
-	}
+	dst := countingTarget(t, src, srcConsole)
 	dstConsole := attach(t, dst.runDir)
 	beforeSwitch := migrate(t, src, dst, srcConsole)
 	waitFor(t, 2*time.Minute, "the source to exit as migrated", func() bool {
