@@ -37,6 +37,7 @@ import (
 	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/podnet"
@@ -809,7 +810,7 @@ func standInLauncher(t *testing.T, dir launcher.Dir, proto string) *atomic.Int32
 		_ = json.NewEncoder(w).Encode(machine.Info{Protocols: []string{proto}})
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode(launcher.Status{Phase: launcher.PhaseWaiting})
+		_ = json.NewEncoder(w).Encode(protocol.Status{Phase: protocol.PhaseWaiting})
 		if r.URL.Query().Get("watch") == "true" {
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()

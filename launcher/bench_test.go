@@ -18,6 +18,7 @@ import (
 	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler/migproxy"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/qmp"
 	"github.com/qvirt/qvirt/test/testutil"
 )
@@ -39,7 +40,7 @@ func BenchmarkStartToRunning(b *testing.B) {
 func benchMachine(b *testing.B) *launcher.Machine { return machineFor(b, guestSpec(b)) }
 
 // machineFor resolves req in a new run directory removed when the benchmark ends.
-func machineFor(b *testing.B, req *launcher.SyncRequest) *launcher.Machine {
+func machineFor(b *testing.B, req *protocol.SyncRequest) *launcher.Machine {
 	b.Helper()
 	dir, err := os.MkdirTemp("", "qvb-")
 	if err != nil {
@@ -214,12 +215,12 @@ func migrateViaLaunchers(b *testing.B, tunnel bool) (time.Duration, int64) {
 	if tunnel {
 		uri = tunnelTo(b, strings.TrimPrefix(uri, "unix:"))
 	}
-	if err := src.MigrateSource(ctx, &launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+	if err := src.MigrateSource(ctx, &protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
 		b.Fatal(err)
 	}
 	exit, err := src.Wait(ctx)
 	elapsed := time.Since(start)
-	if err != nil || exit.Reason != launcher.ExitMigrated {
+	if err != nil || exit.Reason != protocol.ExitMigrated {
 		b.Fatalf("source ended %v %v", exit, err)
 	}
 	st, _ := src.Status(ctx)
@@ -310,7 +311,7 @@ func dialWhenListening(b *testing.B, path string) *qmp.Monitor {
 }
 
 // idleSpec is the test guest's VMI without kernel or disks: 256 MiB of RAM and firmware that halts.
-func idleSpec(b *testing.B) *launcher.SyncRequest {
+func idleSpec(b *testing.B) *protocol.SyncRequest {
 	vmi := guestVMI(b)
 	vmi.Spec.Domain.Firmware = nil
 	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, nil

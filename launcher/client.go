@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/internal/unixsock"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -197,7 +198,7 @@ func (c *Client) readReply(body io.Reader, call string) ([]byte, error) {
 
 // apiError reads a refusal's ErrorResponse.
 func apiError(status int, body []byte) error {
-	var er ErrorResponse
+	var er protocol.ErrorResponse
 	_ = json.Unmarshal(body, &er)
 	return &APIError{Status: status, Field: er.Field, Msg: er.Error}
 }
@@ -215,14 +216,14 @@ func (c *Client) Info(ctx context.Context) (machine.Info, error) {
 }
 
 // Sync starts the VM; it answers once QEMU started (within opts.SyncTimeout).
-func (c *Client) Sync(ctx context.Context, req *SyncRequest) (Status, error) {
-	var st Status
+func (c *Client) Sync(ctx context.Context, req *protocol.SyncRequest) (protocol.Status, error) {
+	var st protocol.Status
 	return st, c.doWithin(ctx, c.opts.SyncTimeout, http.MethodPost, "/v1/sync", req, &st)
 }
 
 // Status returns the launcher's status.
-func (c *Client) Status(ctx context.Context) (Status, error) {
-	var st Status
+func (c *Client) Status(ctx context.Context) (protocol.Status, error) {
+	var st protocol.Status
 	return st, c.do(ctx, http.MethodGet, "/v1/status", nil, &st)
 }
 
@@ -230,7 +231,7 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 // the launcher goes away. A stream silent for opts.WatchIdleTimeout (the launcher repeats its
 // status every WatchHeartbeat) ends with a *TimeoutError, a status over opts.MaxReplyBytes with a
 // *ReplyTooLargeError; a repeated status is not passed to fn again.
-func (c *Client) Watch(ctx context.Context, fn func(Status) bool) error {
+func (c *Client) Watch(ctx context.Context, fn func(protocol.Status) bool) error {
 	const call = "GET /v1/status?watch=true"
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -243,7 +244,7 @@ func (c *Client) Watch(ctx context.Context, fn func(Status) bool) error {
 	return err
 }
 
-func (c *Client) watch(ctx context.Context, call string, idle *idleTimer, fn func(Status) bool) error {
+func (c *Client) watch(ctx context.Context, call string, idle *idleTimer, fn func(protocol.Status) bool) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://launcher/v1/status?"+url.Values{"watch": {"true"}}.Encode(), nil)
 	if err != nil {
 		return err
@@ -270,7 +271,7 @@ func (c *Client) watch(ctx context.Context, call string, idle *idleTimer, fn fun
 			continue // a heartbeat
 		}
 		last = append(last[:0], sc.Bytes()...)
-		var st Status
+		var st protocol.Status
 		if err := json.Unmarshal(sc.Bytes(), &st); err != nil {
 			return fmt.Errorf("launcher %s: %w", call, err)
 		}
@@ -358,9 +359,9 @@ func (c *Client) Kill(ctx context.Context) error {
 
 // Shutdown stops the guest gracefully and returns how QEMU ended. It lasts as long as the guest
 // takes, up to the grace period: ctx bounds it, not opts.CallTimeout.
-func (c *Client) Shutdown(ctx context.Context, gracePeriodSeconds *int64) (Exit, error) {
-	var exit Exit
-	return exit, c.doWithin(ctx, 0, http.MethodPost, "/v1/shutdown", ShutdownRequest{GracePeriodSeconds: gracePeriodSeconds}, &exit)
+func (c *Client) Shutdown(ctx context.Context, gracePeriodSeconds *int64) (protocol.Exit, error) {
+	var exit protocol.Exit
+	return exit, c.doWithin(ctx, 0, http.MethodPost, "/v1/shutdown", protocol.ShutdownRequest{GracePeriodSeconds: gracePeriodSeconds}, &exit)
 }
 
 // HotplugDisk attaches a disk, its image resolved by the launcher as at start; the reply is the
@@ -389,13 +390,13 @@ func (c *Client) UnplugNIC(ctx context.Context, name string) error {
 
 // PrepareMigrationTarget makes an incoming launcher listen and returns the URI for the source.
 func (c *Client) PrepareMigrationTarget(ctx context.Context, listen string) (string, error) {
-	var out MigrationTargetReply
-	err := c.do(ctx, http.MethodPost, "/v1/migration/target", MigrationTarget{Listen: listen}, &out)
+	var out protocol.MigrationTargetReply
+	err := c.do(ctx, http.MethodPost, "/v1/migration/target", protocol.MigrationTarget{Listen: listen}, &out)
 	return out.URI, err
 }
 
 // MigrateSource starts an outgoing migration.
-func (c *Client) MigrateSource(ctx context.Context, req MigrationSource) error {
+func (c *Client) MigrateSource(ctx context.Context, req protocol.MigrationSource) error {
 	return c.do(ctx, http.MethodPost, "/v1/migration/source", req, nil)
 }
 

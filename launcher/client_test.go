@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // fakeLauncher serves socket with a raw handler of each connection's first request.
@@ -79,7 +81,7 @@ func TestClientBoundsLaunchers(t *testing.T) {
 		}
 	})
 	t.Run("watch: a status too large", func(t *testing.T) {
-		err := NewClientWithOptions(endless, opts).Watch(ctx, func(Status) bool { return true })
+		err := NewClientWithOptions(endless, opts).Watch(ctx, func(protocol.Status) bool { return true })
 		var tl *ReplyTooLargeError
 		if !errors.As(err, &tl) {
 			t.Fatalf("error %v: want a *ReplyTooLargeError", err)
@@ -87,7 +89,7 @@ func TestClientBoundsLaunchers(t *testing.T) {
 	})
 	t.Run("watch: silence after a status, repeated statuses passed once", func(t *testing.T) {
 		n := 0
-		err := NewClientWithOptions(oneStatus, opts).Watch(ctx, func(Status) bool { n++; return true })
+		err := NewClientWithOptions(oneStatus, opts).Watch(ctx, func(protocol.Status) bool { n++; return true })
 		var te *TimeoutError
 		if !errors.As(err, &te) || !strings.Contains(err.Error(), oneStatus) {
 			t.Fatalf("error %v: want a *TimeoutError naming %s", err, oneStatus)

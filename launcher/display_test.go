@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // TestSoftRebootAndScreenshot boots one guest with a VGA display and, in order: takes a
@@ -51,13 +52,13 @@ func TestSoftRebootAndScreenshot(t *testing.T) {
 	t.Run("soft reboot boots the guest again in the same QEMU, the launcher staying Running", func(t *testing.T) {
 		var (
 			mu   sync.Mutex
-			seen []launcher.Status
+			seen []protocol.Status
 		)
 		watchCtx, stopWatch := context.WithCancel(ctx)
 		watched := make(chan struct{})
 		go func() {
 			defer close(watched)
-			_ = v.client.Watch(watchCtx, func(s launcher.Status) bool {
+			_ = v.client.Watch(watchCtx, func(s protocol.Status) bool {
 				mu.Lock()
 				defer mu.Unlock()
 				seen = append(seen, s)
@@ -80,14 +81,14 @@ func TestSoftRebootAndScreenshot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.PID != pid || st.Phase != launcher.PhaseRunning || st.RunState != "running" || st.Exit != nil {
+		if st.PID != pid || st.Phase != protocol.PhaseRunning || st.RunState != "running" || st.Exit != nil {
 			t.Fatalf("after the reboot: pid %d (was %d) phase %s runState %s exit %+v; want the same QEMU, Running",
 				st.PID, pid, st.Phase, st.RunState, st.Exit)
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		for _, s := range seen {
-			if s.Phase != launcher.PhaseRunning || s.Exit != nil {
+			if s.Phase != protocol.PhaseRunning || s.Exit != nil {
 				t.Fatalf("during the reboot the launcher reported phase %s exit %+v", s.Phase, s.Exit)
 			}
 		}

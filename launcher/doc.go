@@ -1,7 +1,7 @@
 // Package launcher runs one virtual machine: it resolves a machine description (package machine,
 // sent by the node agent or read by `qvirt-launcher run`) against the filesystem it sees, builds
 // QEMU's command line, execs and supervises QEMU over QMP, serves the guest's DHCP lease and
-// answers the node agent's commands on launcher.sock (api.go). It links no Kubernetes package and
+// answers the node agent's commands on launcher.sock (package launcher/protocol). It links no Kubernetes package and
 // makes no spec decision: defaults, MACs, the grace period and the CPU model arrive decided.
 //
 // Devices are units: one file per device kind holds everything QEMU needs for it, cold (its

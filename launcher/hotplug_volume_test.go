@@ -15,6 +15,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -78,7 +79,7 @@ func TestVolumeHotplug(t *testing.T) {
 			t.Errorf("the refused request touched the booted disk's image: %v", err)
 		}
 		st, err := v.client.Status(ctx)
-		if err != nil || st.Phase != launcher.PhaseRunning || st.RunState != "running" || len(st.Hotplugged) != 0 {
+		if err != nil || st.Phase != protocol.PhaseRunning || st.RunState != "running" || len(st.Hotplugged) != 0 {
 			t.Fatalf("after the refusals: %v, phase %s, run state %s, hotplugged %v", err, st.Phase, st.RunState, st.Hotplugged)
 		}
 		from := len(c.Text())

@@ -25,6 +25,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/test/testutil"
 )
@@ -114,7 +115,7 @@ func registryVMI(t *testing.T, imgs registry.Images) *v1alpha1.VirtualMachineIns
 	return vmi
 }
 
-func registrySpec(t *testing.T, imgs registry.Images) *launcher.SyncRequest {
+func registrySpec(t *testing.T, imgs registry.Images) *protocol.SyncRequest {
 	return testutil.SyncRequest(t, registryVMI(t, imgs), nil)
 }
 

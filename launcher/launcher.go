@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/qmp"
 )
@@ -30,11 +31,11 @@ type Launcher struct {
 	opts     Options
 
 	mu        sync.Mutex
-	req       *SyncRequest
+	req       *protocol.SyncRequest
 	proc      *Process
-	phase     Phase
+	phase     protocol.Phase
 	startErr  string
-	migration *MigrationInfo
+	migration *protocol.MigrationInfo
 	hotplug   map[string]hotDisk
 	nics      map[string]hotNIC
 	changed   chan struct{}
@@ -45,7 +46,7 @@ type Launcher struct {
 
 // New returns a launcher that keeps QEMU's sockets in runDir.
 func New(runDir string, resolver Resolver, opts Options) *Launcher {
-	return &Launcher{runDir: runDir, resolver: resolver, opts: opts, phase: PhaseWaiting,
+	return &Launcher{runDir: runDir, resolver: resolver, opts: opts, phase: protocol.PhaseWaiting,
 		hotplug: map[string]hotDisk{}, nics: map[string]hotNIC{}, changed: make(chan struct{})}
 }
 
@@ -56,7 +57,7 @@ func (e *ConflictError) Error() string { return e.Msg }
 
 // Sync starts the VM described by req. A second Sync for the same UID is a no-op; one for another
 // UID is a conflict, since a launcher runs exactly one VM in its life.
-func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
+func (l *Launcher) Sync(ctx context.Context, req *protocol.SyncRequest) error {
 	l.mu.Lock()
 	if l.req != nil {
 		running := l.req.Machine.UID
@@ -78,7 +79,7 @@ func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
 		return err
 	}
 	l.req = req
-	l.phase = PhaseStarting
+	l.phase = protocol.PhaseStarting
 	for _, d := range m.Disks {
 		if d.Port != "" {
 			l.hotplug[d.Name] = hotDisk{Disk: d, img: m.Images[d.Name]}
@@ -93,14 +94,14 @@ func (l *Launcher) Sync(ctx context.Context, req *SyncRequest) error {
 	defer l.notifyLocked()
 	if err != nil {
 		stopNICDHCP(placedNICs)
-		l.phase, l.startErr = PhaseFailed, err.Error()
+		l.phase, l.startErr = protocol.PhaseFailed, err.Error()
 		return err
 	}
 	l.proc = proc
 	l.adoptNICs(proc, placedNICs)
-	l.phase = PhaseRunning
+	l.phase = protocol.PhaseRunning
 	if req.Incoming {
-		l.phase = PhaseIncoming
+		l.phase = protocol.PhaseIncoming
 	}
 	go l.follow(proc)
 	l.serveDHCP(proc, m.NICs)
@@ -138,12 +139,12 @@ func (l *Launcher) follow(p *Process) {
 		state, exit, changed := p.State()
 		l.mu.Lock()
 		if exit != nil {
-			l.phase = PhaseFailed
+			l.phase = protocol.PhaseFailed
 			if exit.Reason.Clean() {
-				l.phase = PhaseSucceeded
+				l.phase = protocol.PhaseSucceeded
 			}
-		} else if l.phase == PhaseIncoming && state == qmp.StateRunning {
-			l.phase = PhaseRunning
+		} else if l.phase == protocol.PhaseIncoming && state == qmp.StateRunning {
+			l.phase = protocol.PhaseRunning
 		}
 		l.notifyLocked()
 		l.mu.Unlock()
@@ -160,9 +161,9 @@ func (l *Launcher) notifyLocked() {
 }
 
 // Status reports the VM's state and a channel closed at the next change.
-func (l *Launcher) Status(ctx context.Context) (Status, <-chan struct{}) {
+func (l *Launcher) Status(ctx context.Context) (protocol.Status, <-chan struct{}) {
 	l.mu.Lock()
-	st := Status{Phase: l.phase, StartError: l.startErr, Migration: l.migration}
+	st := protocol.Status{Phase: l.phase, StartError: l.startErr, Migration: l.migration}
 	if l.req != nil {
 		st.UID = l.req.Machine.UID
 	}
@@ -184,30 +185,30 @@ func (l *Launcher) Status(ctx context.Context) (Status, <-chan struct{}) {
 	return st, changed
 }
 
-func (l *Launcher) devices(p *Process) ([]DiskStatus, []NICStatus) {
+func (l *Launcher) devices(p *Process) ([]protocol.DiskStatus, []protocol.NICStatus) {
 	m := p.Machine()
-	var disks []DiskStatus
-	var nics []NICStatus
+	var disks []protocol.DiskStatus
+	var nics []protocol.NICStatus
 	for _, d := range m.Disks {
 		if d.Port == "" {
-			disks = append(disks, DiskStatus{Name: d.Name})
+			disks = append(disks, protocol.DiskStatus{Name: d.Name})
 		}
 	}
 	for _, n := range m.NICs {
 		if n.Port == "" {
-			nics = append(nics, NICStatus{Name: n.Name, MAC: n.MAC})
+			nics = append(nics, protocol.NICStatus{Name: n.Name, MAC: n.MAC})
 		}
 	}
 	cold := len(nics)
 	l.mu.Lock()
 	for name := range l.hotplug {
-		disks = append(disks, DiskStatus{Name: name, Hotplugged: true})
+		disks = append(disks, protocol.DiskStatus{Name: name, Hotplugged: true})
 	}
 	for name, n := range l.nics {
-		nics = append(nics, NICStatus{Name: name, MAC: n.MAC, Hotplugged: true, Port: n.Port})
+		nics = append(nics, protocol.NICStatus{Name: name, MAC: n.MAC, Hotplugged: true, Port: n.Port})
 	}
 	l.mu.Unlock()
-	slices.SortFunc(nics[cold:], func(a, b NICStatus) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(nics[cold:], func(a, b protocol.NICStatus) int { return strings.Compare(a.Name, b.Name) })
 	return disks, nics
 }
 
@@ -328,10 +329,10 @@ func (l *Launcher) Kill(context.Context) error {
 
 // Shutdown stops the guest gracefully; grace nil means the machine's grace period. It returns once
 // QEMU is gone.
-func (l *Launcher) Shutdown(ctx context.Context, grace *int64) (Exit, error) {
+func (l *Launcher) Shutdown(ctx context.Context, grace *int64) (protocol.Exit, error) {
 	p, err := l.process()
 	if err != nil {
-		return Exit{}, err
+		return protocol.Exit{}, err
 	}
 	return p.Shutdown(ctx, GracePeriod(p.Machine(), grace))
 }
@@ -345,10 +346,10 @@ func GracePeriod(m *Machine, override *int64) time.Duration {
 }
 
 // Wait blocks until QEMU has exited (after a successful Sync) or ctx ends.
-func (l *Launcher) Wait(ctx context.Context) (Exit, error) {
+func (l *Launcher) Wait(ctx context.Context) (protocol.Exit, error) {
 	p, err := l.anyProcess()
 	if err != nil {
-		return Exit{}, err
+		return protocol.Exit{}, err
 	}
 	return p.Wait(ctx)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	gqmp "github.com/digitalocean/go-qemu/qmp"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 
 	"github.com/qvirt/qvirt/qmp"
@@ -64,7 +65,7 @@ func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (s
 		done.Cancel()
 		return "", fmt.Errorf("prepare migration target: %w", err)
 	}
-	l.setMigration(&MigrationInfo{Role: RoleTarget, Status: string(qmp.MigrationSetup)})
+	l.setMigration(&protocol.MigrationInfo{Role: protocol.RoleTarget, Status: string(qmp.MigrationSetup)})
 	go l.finishIncoming(p, done)
 	return uri, nil
 }
@@ -116,15 +117,15 @@ func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
 		return // QEMU went away; the process's exit says why
 	}
 	status, _ := ev.Data["status"].(string)
-	info := &MigrationInfo{Role: RoleTarget, Status: status}
+	info := &protocol.MigrationInfo{Role: protocol.RoleTarget, Status: status}
 	if status == string(qmp.MigrationCompleted) {
 		// No event tells a guest that arrived paused: ask.
 		if err := p.refreshState(context.Background()); err != nil {
 			info.Error = err.Error()
 		}
 		l.mu.Lock()
-		if l.phase == PhaseIncoming {
-			l.phase = PhaseRunning
+		if l.phase == protocol.PhaseIncoming {
+			l.phase = protocol.PhaseRunning
 		}
 		l.mu.Unlock()
 	}
@@ -133,7 +134,7 @@ func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
 
 // MigrateSource starts sending the guest to req.URI and returns once QEMU accepted the command;
 // Status reports progress.
-func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) error {
+func (l *Launcher) MigrateSource(ctx context.Context, req *protocol.MigrationSource) error {
 	if err := validateMigrationSource(req); err != nil {
 		return err
 	}
@@ -142,7 +143,7 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) erro
 		return err
 	}
 	l.mu.Lock()
-	active := l.migration != nil && l.migration.Role == RoleSource && !migrationDone(l.migration.Status)
+	active := l.migration != nil && l.migration.Role == protocol.RoleSource && !migrationDone(l.migration.Status)
 	l.mu.Unlock()
 	if active {
 		return &ConflictError{Msg: "a migration is already running"}
@@ -171,12 +172,12 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *MigrationSource) erro
 		done.Cancel()
 		return fmt.Errorf("migrate to %s: %w", req.URI, err)
 	}
-	l.setMigration(&MigrationInfo{Role: RoleSource, Status: string(qmp.MigrationSetup)})
+	l.setMigration(&protocol.MigrationInfo{Role: protocol.RoleSource, Status: string(qmp.MigrationSetup)})
 	go l.followOutgoing(p, done, before == qmp.StateRunning)
 	return nil
 }
 
-func validateMigrationSource(req *MigrationSource) error {
+func validateMigrationSource(req *protocol.MigrationSource) error {
 	if path, isUnix := strings.CutPrefix(req.URI, "unix:"); isUnix {
 		if !filepath.IsAbs(path) {
 			return machine.Invalid("uri", req.URI, "must be unix:/ABSOLUTE/PATH or tcp:IP:PORT")
@@ -196,7 +197,7 @@ func validateMigrationSource(req *MigrationSource) error {
 
 // migrationParameters maps the request to migrate-set-parameters; a negative bandwidth lifts
 // QEMU's default cap.
-func migrationParameters(req *MigrationSource) (qmp.MigrateParameters, bool) {
+func migrationParameters(req *protocol.MigrationSource) (qmp.MigrateParameters, bool) {
 	var p qmp.MigrateParameters
 	set := false
 	switch {
@@ -252,7 +253,7 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, wasRunning bool)
 // resumeAfterFailure restarts the guest's vCPUs if a failed or cancelled migration left them
 // stopped. QEMU 7.2 does so itself when the guest ran before the migration; this guards the
 // guest against a QEMU that does not, since the guest's only copy is here.
-func (l *Launcher) resumeAfterFailure(ctx context.Context, p *Process, info *MigrationInfo) {
+func (l *Launcher) resumeAfterFailure(ctx context.Context, p *Process, info *protocol.MigrationInfo) {
 	state, err := p.currentState(ctx)
 	if err == nil && state != qmp.StateRunning {
 		err = p.Resume(ctx)
@@ -283,14 +284,14 @@ func waitMigrationSettled(mon *qmp.Monitor) {
 	}
 }
 
-func (l *Launcher) refreshMigration(mon *qmp.Monitor) *MigrationInfo {
+func (l *Launcher) refreshMigration(mon *qmp.Monitor) *protocol.MigrationInfo {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	mi, err := mon.QueryMigrate(ctx)
 	if err != nil {
 		return nil
 	}
-	info := &MigrationInfo{Role: RoleSource, Status: string(mi.Status), DowntimeMs: mi.Downtime,
+	info := &protocol.MigrationInfo{Role: protocol.RoleSource, Status: string(mi.Status), DowntimeMs: mi.Downtime,
 		TotalTimeMs: mi.TotalTime, Error: mi.ErrorDesc}
 	if mi.RAM != nil {
 		info.TotalBytes, info.TransferredBytes, info.RemainingBytes = mi.RAM.Total, mi.RAM.Transferred, mi.RAM.Remaining
@@ -320,7 +321,7 @@ func (l *Launcher) CancelMigration(ctx context.Context) error {
 	return nil
 }
 
-func (l *Launcher) setMigration(info *MigrationInfo) {
+func (l *Launcher) setMigration(info *protocol.MigrationInfo) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.migration = info

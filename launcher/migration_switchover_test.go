@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource kills the target QEMU right at switch-over:
@@ -28,10 +28,10 @@ func TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource(t *testing.T) {
 	}
 	proxy := holdReturnPath(t, strings.TrimPrefix(uri, "tcp:"))
 	booted := strings.Count(srcConsole.Text(), "QVIRT-GUEST-READY")
-	if err := src.client.MigrateSource(ctx, launcher.MigrationSource{URI: "tcp:" + proxy, BandwidthBytesPerSecond: -1}); err != nil {
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: "tcp:" + proxy, BandwidthBytesPerSecond: -1}); err != nil {
 		t.Fatal(err)
 	}
-	var dstStatus launcher.Status
+	var dstStatus protocol.Status
 	waitFor(t, 2*time.Minute, "the target to have loaded the guest", func() bool {
 		dstStatus, err = dst.client.Status(ctx)
 		return err == nil && dstStatus.Migration != nil && dstStatus.Migration.Status == "completed"
@@ -40,7 +40,7 @@ func TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var st launcher.Status
+	var st protocol.Status
 	waitFor(t, time.Minute, "the source's migration to end", func() bool {
 		st, err = src.client.Status(ctx)
 		return err == nil && (st.Exit != nil || st.Migration != nil && (st.Migration.Status == "failed" || st.Migration.Status == "completed"))
@@ -50,7 +50,7 @@ func TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "the guest to run on the source", func() bool {
 		st, err = src.client.Status(ctx)
-		return err == nil && st.Phase == launcher.PhaseRunning && st.RunState == "running"
+		return err == nil && st.Phase == protocol.PhaseRunning && st.RunState == "running"
 	})
 	last := srcConsole.LastTick()
 	waitFor(t, time.Minute, "the counter to go on on the source", func() bool { return srcConsole.LastTick() > last+1 })

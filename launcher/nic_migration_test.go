@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -63,7 +64,7 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 	dst := newLauncher(t)
 	nic := machine.NIC{Port: srcNIC.Port, Name: "extra", Tap: dstTap, MAC: srcNIC.MAC, Model: machine.NICVirtio,
 		DHCP: &machine.DHCP{Interface: dstTap, IP: netip.MustParsePrefix("10.213.80.2/30"), Gateway: netip.MustParseAddr("10.213.80.1")}}
-	target := func(mutate func(*machine.NIC)) *launcher.SyncRequest {
+	target := func(mutate func(*machine.NIC)) *protocol.SyncRequest {
 		req := guestSpec(t)
 		req.Machine.UID, req.Incoming = srcStatus.UID, true
 		req.Machine.Disks = append(req.Machine.Disks, srcStatus.Hotplugged...)
@@ -103,7 +104,7 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 		}
 	})
 
-	if st, err := dst.client.Sync(ctx, target(nil)); err != nil || st.Phase != launcher.PhaseIncoming {
+	if st, err := dst.client.Sync(ctx, target(nil)); err != nil || st.Phase != protocol.PhaseIncoming {
 		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
 	}
 	dstConsole := attach(t, dst.runDir)
@@ -112,13 +113,13 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 		st, err := src.client.Status(ctx)
 		return err == nil && (st.Exit != nil || st.Migration != nil && st.Migration.Status == "failed")
 	})
-	if st, _ := src.client.Status(ctx); st.Exit == nil || st.Exit.Reason != launcher.ExitMigrated {
+	if st, _ := src.client.Status(ctx); st.Exit == nil || st.Exit.Reason != protocol.ExitMigrated {
 		dstSt, _ := dst.client.Status(ctx)
 		t.Fatalf("source ended %+v, migration %+v; want migrated. Target: %+v", st.Exit, st.Migration, dstSt.Exit)
 	}
 	waitFor(t, 30*time.Second, "the target to run", func() bool {
 		st, err := dst.client.Status(ctx)
-		return err == nil && st.Phase == launcher.PhaseRunning && st.RunState == "running"
+		return err == nil && st.Phase == protocol.PhaseRunning && st.RunState == "running"
 	})
 
 	t.Run("the guest keeps running with the NIC and its MAC", func(t *testing.T) {
@@ -158,7 +159,7 @@ func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
 	t.Logf("tick %d before the switch, %d on the target", beforeSwitch, dstConsole.LastTick())
 }
 
-func nicNamed(t *testing.T, st launcher.Status, name string) launcher.NICStatus {
+func nicNamed(t *testing.T, st protocol.Status, name string) protocol.NICStatus {
 	t.Helper()
 	for _, n := range st.NICs {
 		if n.Name == name {
@@ -166,7 +167,7 @@ func nicNamed(t *testing.T, st launcher.Status, name string) launcher.NICStatus 
 		}
 	}
 	t.Fatalf("no NIC %q in the status: %+v", name, st.NICs)
-	return launcher.NICStatus{}
+	return protocol.NICStatus{}
 }
 
 func fieldOf(e *launcher.APIError) string {

@@ -13,7 +13,7 @@ func VMIDir[UID ~string](socketDir string, uid UID) Dir {
 	return Dir(filepath.Join(socketDir, string(uid)))
 }
 
-// Command is the launcher's command socket (the protocol in api.go).
+// Command is the launcher's command socket (package launcher/protocol).
 func (d Dir) Command() string { return filepath.Join(string(d), SocketName) }
 
 // QMP is the launcher's own QMP control socket; only the launcher uses it.

@@ -16,43 +16,9 @@ import (
 	gqmp "github.com/digitalocean/go-qemu/qmp"
 	"github.com/go-logr/logr"
 
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/qmp"
 )
-
-// ExitReason says why QEMU ended.
-type ExitReason string
-
-// Exit reasons, as reported in Status and by `qvirt-launcher run`.
-const (
-	// ExitGuestShutdown: the guest powered itself off (on its own or after the ACPI power button).
-	ExitGuestShutdown ExitReason = "guest shutdown"
-	// ExitGuestPanicked: the guest kernel panicked.
-	ExitGuestPanicked ExitReason = "guest panicked"
-	// ExitQuit: QEMU was told to quit (a stop whose grace period ran out, or an operator).
-	ExitQuit ExitReason = "quit"
-	// ExitMigrated: the guest now runs on the migration target; this QEMU is done.
-	ExitMigrated ExitReason = "migrated"
-	// ExitKilled: QEMU died from a signal.
-	ExitKilled ExitReason = "killed"
-	// ExitCrashed: QEMU exited with an error of its own.
-	ExitCrashed ExitReason = "crashed"
-	// ExitFailedToStart: QEMU exited before its monitor answered; Detail holds its stderr.
-	ExitFailedToStart ExitReason = "failed to start"
-)
-
-// Clean reports whether the guest ended in a way that loses no data and needs no restart under
-// RerunOnFailure.
-func (r ExitReason) Clean() bool {
-	return r == ExitGuestShutdown || r == ExitQuit || r == ExitMigrated
-}
-
-// Exit describes how QEMU ended.
-type Exit struct {
-	Reason ExitReason `json:"reason"`
-	// Detail is QEMU's exit code or signal and, for failures, the tail of its stderr.
-	Detail string    `json:"detail,omitempty"`
-	At     time.Time `json:"at"`
-}
 
 // StartError is returned by Start when QEMU cannot be started or exits before it runs the guest.
 type StartError struct {
@@ -101,7 +67,7 @@ type Process struct {
 	shutdown  string // reason of the last SHUTDOWN event
 	panicked  bool
 	migrated  bool
-	exit      *Exit
+	exit      *protocol.Exit
 	version   string
 	changed   chan struct{} // closed and replaced on every state change
 	closeOnce sync.Once
@@ -354,41 +320,41 @@ func (p *Process) onExit(waitErr error) {
 }
 
 // classify says why QEMU ended from its wait status and the events it sent before.
-func (p *Process) classify(waitErr error) Exit {
+func (p *Process) classify(waitErr error) protocol.Exit {
 	p.mu.Lock()
 	shutdown, panicked, migrated, connected := p.shutdown, p.panicked, p.migrated, p.mon != nil
 	p.mu.Unlock()
-	e := Exit{At: time.Now()}
+	e := protocol.Exit{At: time.Now()}
 	var ee *exec.ExitError
 	switch {
 	case errors.As(waitErr, &ee) && ee.ProcessState != nil:
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			e.Reason, e.Detail = ExitKilled, "signal "+ws.Signal().String()
+			e.Reason, e.Detail = protocol.ExitKilled, "signal "+ws.Signal().String()
 			return e
 		}
 		e.Detail = fmt.Sprintf("exit code %d: %s", ee.ExitCode(), strings.TrimSpace(p.stderr.String()))
-		e.Reason = ExitCrashed
+		e.Reason = protocol.ExitCrashed
 		if !connected {
-			e.Reason = ExitFailedToStart
+			e.Reason = protocol.ExitFailedToStart
 		}
 		return e
 	case waitErr != nil:
-		e.Reason, e.Detail = ExitCrashed, waitErr.Error()
+		e.Reason, e.Detail = protocol.ExitCrashed, waitErr.Error()
 		return e
 	}
 	switch {
 	case panicked:
-		e.Reason = ExitGuestPanicked
+		e.Reason = protocol.ExitGuestPanicked
 	case migrated:
-		e.Reason = ExitMigrated
+		e.Reason = protocol.ExitMigrated
 	case shutdown == "guest-shutdown":
-		e.Reason = ExitGuestShutdown
+		e.Reason = protocol.ExitGuestShutdown
 	case shutdown != "":
-		e.Reason, e.Detail = ExitQuit, shutdown
+		e.Reason, e.Detail = protocol.ExitQuit, shutdown
 	case !connected:
-		e.Reason, e.Detail = ExitFailedToStart, strings.TrimSpace(p.stderr.String())
+		e.Reason, e.Detail = protocol.ExitFailedToStart, strings.TrimSpace(p.stderr.String())
 	default:
-		e.Reason, e.Detail = ExitQuit, "exit code 0"
+		e.Reason, e.Detail = protocol.ExitQuit, "exit code 0"
 	}
 	return e
 }
@@ -409,22 +375,22 @@ func (p *Process) QEMUVersion() string { return p.version }
 func (p *Process) Done() <-chan struct{} { return p.done }
 
 // Wait blocks until QEMU exits or ctx ends, and returns how it ended.
-func (p *Process) Wait(ctx context.Context) (Exit, error) {
+func (p *Process) Wait(ctx context.Context) (protocol.Exit, error) {
 	select {
 	case <-p.done:
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return *p.exit, nil
 	case <-ctx.Done():
-		return Exit{}, ctx.Err()
+		return protocol.Exit{}, ctx.Err()
 	}
 }
 
 // State is the current run state and a channel closed at the next change.
-func (p *Process) State() (qmp.RunState, *Exit, <-chan struct{}) {
+func (p *Process) State() (qmp.RunState, *protocol.Exit, <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var exit *Exit
+	var exit *protocol.Exit
 	if p.exit != nil {
 		e := *p.exit
 		exit = &e
@@ -486,7 +452,7 @@ func (p *Process) Kill() error {
 
 // Shutdown presses the ACPI power button and waits up to grace for the guest to power off; then it
 // tells QEMU to quit, and kills it if that does not work either. It returns once QEMU is gone.
-func (p *Process) Shutdown(ctx context.Context, grace time.Duration) (Exit, error) {
+func (p *Process) Shutdown(ctx context.Context, grace time.Duration) (protocol.Exit, error) {
 	select {
 	case <-p.done:
 		return p.Wait(ctx)
@@ -506,7 +472,7 @@ func (p *Process) Shutdown(ctx context.Context, grace time.Duration) (Exit, erro
 		return p.Wait(ctx)
 	case <-time.After(grace):
 	case <-ctx.Done():
-		return Exit{}, ctx.Err()
+		return protocol.Exit{}, ctx.Err()
 	}
 	p.log.Info("guest did not power off within the grace period; quitting", "grace", grace)
 	quitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -519,7 +485,7 @@ func (p *Process) Shutdown(ctx context.Context, grace time.Duration) (Exit, erro
 		}
 	}
 	if err := p.Kill(); err != nil {
-		return Exit{}, err
+		return protocol.Exit{}, err
 	}
 	return p.Wait(ctx)
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 
 	"github.com/go-logr/logr"
+
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // RunOptions configure `qvirt-launcher run`: one VM in the foreground, outside Kubernetes.
@@ -33,15 +35,15 @@ type RunOptions struct {
 // Run boots the VM of opts.File and returns when QEMU exits. Cancelling ctx stops the guest
 // gracefully (ACPI power button, quit after the grace period). The error is non-nil when the spec
 // is refused or QEMU cannot start; otherwise Exit says how the guest ended.
-func Run(ctx context.Context, opts RunOptions) (Exit, error) {
+func Run(ctx context.Context, opts RunOptions) (protocol.Exit, error) {
 	req, err := LoadMachine(opts.File)
 	if err != nil {
-		return Exit{}, err
+		return protocol.Exit{}, err
 	}
 	runDir := opts.RunDir
 	if runDir == "" {
 		if runDir, err = os.MkdirTemp("", "qvirt-launcher-"); err != nil {
-			return Exit{}, err
+			return protocol.Exit{}, err
 		}
 		defer os.RemoveAll(runDir)
 	}
@@ -56,7 +58,7 @@ func Run(ctx context.Context, opts RunOptions) (Exit, error) {
 		}
 	}()
 	if err := l.Sync(ctx, req); err != nil {
-		return Exit{}, err
+		return protocol.Exit{}, err
 	}
 	opts.Log.Info("guest started", "runDir", runDir, "commandSocket", filepath.Join(runDir, SocketName))
 	if opts.Console != nil {
@@ -65,7 +67,7 @@ func Run(ctx context.Context, opts RunOptions) (Exit, error) {
 	return waitOrStop(ctx, l)
 }
 
-func waitOrStop(ctx context.Context, l *Launcher) (Exit, error) {
+func waitOrStop(ctx context.Context, l *Launcher) (protocol.Exit, error) {
 	exit, err := l.Wait(ctx)
 	if err == nil {
 		return exit, nil
@@ -92,7 +94,7 @@ func attachConsole(l *Launcher, rw io.ReadWriter, log logr.Logger) {
 }
 
 // LoadMachine reads a machine description strictly (unknown fields are errors).
-func LoadMachine(file string) (*SyncRequest, error) {
+func LoadMachine(file string) (*protocol.SyncRequest, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
@@ -100,7 +102,7 @@ func LoadMachine(file string) (*SyncRequest, error) {
 	defer f.Close()
 	dec := json.NewDecoder(f)
 	dec.DisallowUnknownFields()
-	var req SyncRequest
+	var req protocol.SyncRequest
 	if err := dec.Decode(&req.Machine); err != nil {
 		return nil, fmt.Errorf("%s: a machine description (qvirtctl machine -f VMI.yaml prints one): %w", file, err)
 	}
@@ -108,8 +110,8 @@ func LoadMachine(file string) (*SyncRequest, error) {
 }
 
 // ExitCode is the process exit status for an Exit: 0 for a guest that powered off cleanly.
-func ExitCode(e Exit) int {
-	if e.Reason == ExitGuestShutdown {
+func ExitCode(e protocol.Exit) int {
+	if e.Reason == protocol.ExitGuestShutdown {
 		return 0
 	}
 	return 1

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -44,7 +45,7 @@ type ServeOptions struct {
 
 // ServeVM runs the launcher pod's VM. Cancelling ctx (SIGTERM: the pod is being deleted) stops the
 // guest gracefully within its terminationGracePeriodSeconds. Without a Sync, ctx's end just returns.
-func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
+func ServeVM(ctx context.Context, opts ServeOptions) (*protocol.Exit, error) {
 	if opts.VMIUID == "" {
 		return nil, fmt.Errorf("--vmi-uid is required")
 	}
@@ -97,7 +98,7 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*Exit, error) {
 
 // waitForEnd returns how the guest ended, nil when ctx ended before any Sync. started is called
 // once, when QEMU runs.
-func waitForEnd(ctx context.Context, l *Launcher, served <-chan error, started func()) (*Exit, error) {
+func waitForEnd(ctx context.Context, l *Launcher, served <-chan error, started func()) (*protocol.Exit, error) {
 	for {
 		st, changed := l.Status(ctx)
 		if st.PID > 0 && started != nil {
@@ -107,15 +108,15 @@ func waitForEnd(ctx context.Context, l *Launcher, served <-chan error, started f
 		if st.Exit != nil {
 			return st.Exit, nil
 		}
-		if st.Phase == PhaseFailed {
-			return &Exit{Reason: ExitFailedToStart, Detail: st.StartError, At: time.Now()}, nil
+		if st.Phase == protocol.PhaseFailed {
+			return &protocol.Exit{Reason: protocol.ExitFailedToStart, Detail: st.StartError, At: time.Now()}, nil
 		}
 		select {
 		case <-changed:
 		case err := <-served:
 			return nil, fmt.Errorf("command server: %w", err)
 		case <-ctx.Done():
-			if st.Phase == PhaseWaiting {
+			if st.Phase == protocol.PhaseWaiting {
 				return nil, nil
 			}
 			exit, err := l.Shutdown(context.Background(), nil)
@@ -131,7 +132,7 @@ func waitForEnd(ctx context.Context, l *Launcher, served <-chan error, started f
 	}
 }
 
-func writeTerminationLog(path string, exit Exit, log logr.Logger) {
+func writeTerminationLog(path string, exit protocol.Exit, log logr.Logger) {
 	if path == "" {
 		return
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -22,7 +23,7 @@ const SocketName = "launcher.sock"
 // maxBody bounds request bodies; a VMI spec is far smaller.
 const maxBody = 4 << 20
 
-// Handler serves the command protocol described in api.go for l.
+// Handler serves the command protocol of package launcher/protocol for l.
 func Handler(l *Launcher, log logr.Logger) http.Handler {
 	s := &server{l: l, log: log}
 	mux := http.NewServeMux()
@@ -93,7 +94,7 @@ type server struct {
 }
 
 func (s *server) sync(w http.ResponseWriter, r *http.Request) {
-	var req SyncRequest
+	var req protocol.SyncRequest
 	if !decode(w, r, &req) {
 		return
 	}
@@ -173,7 +174,7 @@ func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) shutdown(w http.ResponseWriter, r *http.Request) {
-	var req ShutdownRequest
+	var req protocol.ShutdownRequest
 	if r.ContentLength != 0 && !decode(w, r, &req) {
 		return
 	}
@@ -236,7 +237,7 @@ func (s *server) unplugNIC(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) migrationTarget(w http.ResponseWriter, r *http.Request) {
-	var req MigrationTarget
+	var req protocol.MigrationTarget
 	if !decode(w, r, &req) {
 		return
 	}
@@ -245,11 +246,11 @@ func (s *server) migrationTarget(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, MigrationTargetReply{URI: uri})
+	writeJSON(w, http.StatusOK, protocol.MigrationTargetReply{URI: uri})
 }
 
 func (s *server) migrationSource(w http.ResponseWriter, r *http.Request) {
-	var req MigrationSource
+	var req protocol.MigrationSource
 	if !decode(w, r, &req) {
 		return
 	}
@@ -266,7 +267,7 @@ func decode(w http.ResponseWriter, r *http.Request, into any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(into); err != nil {
-		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: "decode request body: " + err.Error()})
+		writeJSON(w, http.StatusBadRequest, protocol.ErrorResponse{Error: "decode request body: " + err.Error()})
 		return false
 	}
 	return true
@@ -281,11 +282,11 @@ func writeError(w http.ResponseWriter, err error) {
 	)
 	switch {
 	case errors.As(err, &fe):
-		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error(), Field: fe.Field})
+		writeJSON(w, http.StatusBadRequest, protocol.ErrorResponse{Error: err.Error(), Field: fe.Field})
 	case errors.As(err, &conflict):
-		writeJSON(w, http.StatusConflict, ErrorResponse{Error: err.Error()})
+		writeJSON(w, http.StatusConflict, protocol.ErrorResponse{Error: err.Error()})
 	default:
-		writeJSON(w, http.StatusInternalServerError, ErrorResponse{Error: err.Error()})
+		writeJSON(w, http.StatusInternalServerError, protocol.ErrorResponse{Error: err.Error()})
 	}
 }
 

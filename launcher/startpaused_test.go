@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // spec.startStrategy Paused (`qvirtctl start --paused`): QEMU starts and the launcher reports the
@@ -23,7 +24,7 @@ func TestStartPaused(t *testing.T) {
 	if err != nil {
 		t.Fatalf("sync: %v", err)
 	}
-	if st.Phase != launcher.PhaseRunning || !st.Paused || st.RunState != "prelaunch" {
+	if st.Phase != protocol.PhaseRunning || !st.Paused || st.RunState != "prelaunch" {
 		t.Fatalf("after a paused start: phase %s paused=%v runState=%s, want Running, paused, prelaunch", st.Phase, st.Paused, st.RunState)
 	}
 	srcConsole := attach(t, src.runDir)
@@ -33,7 +34,7 @@ func TestStartPaused(t *testing.T) {
 	dst := newLauncher(t)
 	target := *req
 	target.Incoming = true
-	if st, err := dst.client.Sync(ctx, &target); err != nil || st.Phase != launcher.PhaseIncoming {
+	if st, err := dst.client.Sync(ctx, &target); err != nil || st.Phase != protocol.PhaseIncoming {
 		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
 	}
 	dstConsole := attach(t, dst.runDir)
@@ -42,12 +43,12 @@ func TestStartPaused(t *testing.T) {
 		st, err := src.client.Status(ctx)
 		return err == nil && st.Exit != nil
 	})
-	if st, _ := src.client.Status(ctx); st.Exit.Reason != launcher.ExitMigrated {
+	if st, _ := src.client.Status(ctx); st.Exit.Reason != protocol.ExitMigrated {
 		t.Fatalf("source ended %+v, want migrated", st.Exit)
 	}
 	waitFor(t, 30*time.Second, "the target to report the migrated guest", func() bool {
 		st, err := dst.client.Status(ctx)
-		return err == nil && st.Phase == launcher.PhaseRunning
+		return err == nil && st.Phase == protocol.PhaseRunning
 	})
 	if st, _ := dst.client.Status(ctx); !st.Paused || st.RunState != "prelaunch" {
 		t.Fatalf("the target after the migration: paused=%v runState=%s, want still paused in prelaunch", st.Paused, st.RunState)

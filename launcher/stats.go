@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/qmp"
 )
 
@@ -28,101 +29,29 @@ import (
 // only the standard library and golang.org/x/sys, which the launcher links already, so the
 // launcher's memory stays where it was.
 
-// Stats is a snapshot of one VM's cumulative counters. Counters only grow while the same QEMU runs;
-// they start again from zero in a new QEMU (after a restart or on a migration target).
-type Stats struct {
-	// Time is when the snapshot was taken.
-	Time time.Time `json:"time"`
-	// PID is QEMU's process id, so a consumer sees when the counters restarted.
-	PID int `json:"pid"`
-	// CPU is the whole QEMU process's CPU time: vCPUs plus emulator, I/O and exited threads.
-	CPU CPUTime `json:"cpu"`
-	// VCPUs is each vCPU thread's CPU time, by vCPU index.
-	VCPUs []VCPUStats `json:"vcpus"`
-	// MemoryResidentBytes is QEMU's resident set size (VmRSS): guest RAM touched so far plus
-	// QEMU's own memory.
-	MemoryResidentBytes int64 `json:"memoryResidentBytes"`
-	// Disks are the block I/O counters of each spec and hotplugged disk, by disk name.
-	Disks []DiskStats `json:"disks"`
-	// Interfaces are each NIC's traffic as the guest sees it, by interface name.
-	Interfaces []InterfaceStats `json:"interfaces"`
-}
-
-// CPUTime is CPU time split by mode, in nanoseconds in JSON. The kernel accounts it in clock ticks
-// (USER_HZ, 100 per second on every Linux Go runs on), so the resolution is 10 ms.
-type CPUTime struct {
-	User   time.Duration `json:"userNs"`
-	System time.Duration `json:"systemNs"`
-}
-
-// Total is user plus system time.
-func (c CPUTime) Total() time.Duration { return c.User + c.System }
-
-// VCPUStats is one vCPU's host thread's CPU time. The time a vCPU spent halted (the guest idle)
-// is not counted: the thread sleeps then. Under single-threaded TCG all vCPUs share one thread,
-// and each reports that thread's time.
-type VCPUStats struct {
-	ID       int     `json:"id"`
-	ThreadID int     `json:"threadID"`
-	Time     CPUTime `json:"time"`
-}
-
-// DiskStats are one disk's I/O counters from QEMU (query-blockstats): requests the guest made to
-// the virtual device, whatever the host cache did with them. Times are the summed latencies of
-// completed requests.
-type DiskStats struct {
-	Name       string        `json:"name"`
-	Hotplugged bool          `json:"hotplugged,omitempty"`
-	ReadBytes  int64         `json:"readBytes"`
-	WriteBytes int64         `json:"writeBytes"`
-	ReadOps    int64         `json:"readOps"`
-	WriteOps   int64         `json:"writeOps"`
-	FlushOps   int64         `json:"flushOps"`
-	ReadTime   time.Duration `json:"readTimeNs"`
-	WriteTime  time.Duration `json:"writeTimeNs"`
-	FlushTime  time.Duration `json:"flushTimeNs"`
-}
-
-// InterfaceStats is one NIC's traffic from the guest's point of view. It is read from the host
-// side of the NIC, its tap, whose directions are the guest's swapped: what the tap transmits the
-// guest receives.
-type InterfaceStats struct {
-	Name       string `json:"name"`
-	Tap        string `json:"tap"`
-	Hotplugged bool   `json:"hotplugged,omitempty"`
-	RxBytes    uint64 `json:"rxBytes"`
-	RxPackets  uint64 `json:"rxPackets"`
-	RxErrors   uint64 `json:"rxErrors"`
-	RxDropped  uint64 `json:"rxDropped"`
-	TxBytes    uint64 `json:"txBytes"`
-	TxPackets  uint64 `json:"txPackets"`
-	TxErrors   uint64 `json:"txErrors"`
-	TxDropped  uint64 `json:"txDropped"`
-}
-
 // Stats gathers the VM's counters. It fails with a ConflictError when no QEMU runs.
-func (l *Launcher) Stats(ctx context.Context) (Stats, error) {
+func (l *Launcher) Stats(ctx context.Context) (protocol.Stats, error) {
 	p, err := l.process()
 	if err != nil {
-		return Stats{}, err
+		return protocol.Stats{}, err
 	}
 	hotDisks, hotTaps := l.hotplugged()
 	pid := p.Pid()
-	st := Stats{Time: time.Now(), PID: pid}
+	st := protocol.Stats{Time: time.Now(), PID: pid}
 	if st.CPU, err = readProcessCPU(procPath(pid, "stat")); err != nil {
-		return Stats{}, err
+		return protocol.Stats{}, err
 	}
 	if st.VCPUs, err = vcpuStats(ctx, p); err != nil {
-		return Stats{}, err
+		return protocol.Stats{}, err
 	}
 	if st.MemoryResidentBytes, err = readResident(procPath(pid, "status")); err != nil {
-		return Stats{}, err
+		return protocol.Stats{}, err
 	}
 	if st.Disks, err = diskStats(ctx, p.Monitor(), p.Machine(), hotDisks); err != nil {
-		return Stats{}, err
+		return protocol.Stats{}, err
 	}
 	if st.Interfaces, err = interfaceStats(p.Pid(), p.Machine().coldTaps(), hotTaps); err != nil {
-		return Stats{}, err
+		return protocol.Stats{}, err
 	}
 	return st, nil
 }
@@ -168,25 +97,25 @@ func vcpuList(ctx context.Context, p *Process) ([]qmp.CPUInfoFast, error) {
 	return cpus, nil
 }
 
-func vcpuStats(ctx context.Context, p *Process) ([]VCPUStats, error) {
+func vcpuStats(ctx context.Context, p *Process) ([]protocol.VCPUStats, error) {
 	cpus, err := vcpuList(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	pid := p.Pid()
-	out := make([]VCPUStats, 0, len(cpus))
+	out := make([]protocol.VCPUStats, 0, len(cpus))
 	for _, c := range cpus {
 		t, err := readProcessCPU(procPath(pid, "task", strconv.Itoa(c.ThreadID), "stat"))
 		if err != nil {
 			return nil, fmt.Errorf("vCPU %d: %w", c.CPUIndex, err)
 		}
-		out = append(out, VCPUStats{ID: c.CPUIndex, ThreadID: c.ThreadID, Time: t})
+		out = append(out, protocol.VCPUStats{ID: c.CPUIndex, ThreadID: c.ThreadID, Time: t})
 	}
-	slices.SortFunc(out, func(a, b VCPUStats) int { return a.ID - b.ID })
+	slices.SortFunc(out, func(a, b protocol.VCPUStats) int { return a.ID - b.ID })
 	return out, nil
 }
 
-func diskStats(ctx context.Context, mon *qmp.Monitor, m *Machine, hotplugged []string) ([]DiskStats, error) {
+func diskStats(ctx context.Context, mon *qmp.Monitor, m *Machine, hotplugged []string) ([]protocol.DiskStats, error) {
 	raw, err := mon.QueryBlockstats(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("query-blockstats: %w", err)
@@ -201,7 +130,7 @@ func diskStats(ctx context.Context, mon *qmp.Monitor, m *Machine, hotplugged []s
 			byDevice[id] = s
 		}
 	}
-	var out []DiskStats
+	var out []protocol.DiskStats
 	add := func(name string, hot bool) {
 		s, ok := byNode[DriveNode(name)]
 		if !ok {
@@ -240,8 +169,8 @@ func qdevID(qdev string) string {
 	return id
 }
 
-func diskFromQMP(name string, hot bool, s qmp.BlockDeviceStats) DiskStats {
-	return DiskStats{
+func diskFromQMP(name string, hot bool, s qmp.BlockDeviceStats) protocol.DiskStats {
+	return protocol.DiskStats{
 		Name: name, Hotplugged: hot,
 		ReadBytes: s.RdBytes, WriteBytes: s.WrBytes,
 		ReadOps: s.RdOperations, WriteOps: s.WrOperations, FlushOps: s.FlushOperations,
@@ -254,7 +183,7 @@ func diskFromQMP(name string, hot bool, s qmp.BlockDeviceStats) DiskStats {
 // pod's and the one QEMU opened its taps in. /proc/PID/net/dev is read rather than
 // /sys/class/net, whose view is the namespace of whoever mounted sysfs, not the reader's; and
 // QEMU's rather than /proc/self's, whose view is the launcher's main thread's.
-func interfaceStats(qemuPID int, taps, hotTaps map[string]string) ([]InterfaceStats, error) {
+func interfaceStats(qemuPID int, taps, hotTaps map[string]string) ([]protocol.InterfaceStats, error) {
 	if len(taps)+len(hotTaps) == 0 {
 		return nil, nil
 	}
@@ -266,14 +195,14 @@ func interfaceStats(qemuPID int, taps, hotTaps map[string]string) ([]InterfaceSt
 	if err != nil {
 		return nil, err
 	}
-	var out []InterfaceStats
+	var out []protocol.InterfaceStats
 	add := func(all map[string]string, hot bool) {
 		for _, name := range slices.Sorted(maps.Keys(all)) {
 			c, ok := counters[all[name]]
 			if !ok {
 				continue // the tap is gone: the node agent is tearing the NIC down
 			}
-			out = append(out, InterfaceStats{
+			out = append(out, protocol.InterfaceStats{
 				Name: name, Tap: all[name], Hotplugged: hot,
 				RxBytes: c.TxBytes, RxPackets: c.TxPackets, RxErrors: c.TxErrors, RxDropped: c.TxDropped,
 				TxBytes: c.RxBytes, TxPackets: c.RxPackets, TxErrors: c.RxErrors, TxDropped: c.RxDropped,
@@ -328,17 +257,17 @@ func parseNetDev(data []byte) (map[string]linkCounters, error) {
 	return out, nil
 }
 
-func readProcessCPU(path string) (CPUTime, error) {
+func readProcessCPU(path string) (protocol.CPUTime, error) {
 	var utime, stime uint64
 	err := readProc(path, func(data []byte) (err error) {
 		utime, stime, err = parseStatTimes(data)
 		return err
 	})
 	if err != nil {
-		return CPUTime{}, err
+		return protocol.CPUTime{}, err
 	}
 	tick := clockTick()
-	return CPUTime{User: time.Duration(utime) * tick, System: time.Duration(stime) * tick}, nil
+	return protocol.CPUTime{User: time.Duration(utime) * tick, System: time.Duration(stime) * tick}, nil
 }
 
 // parseStatTimes returns utime and stime, in clock ticks, from a /proc/<pid>/stat or
@@ -499,8 +428,8 @@ func (s *server) stats(w http.ResponseWriter, r *http.Request) {
 }
 
 // Stats returns the VM's counters; an APIError with status 409 when no QEMU runs.
-func (c *Client) Stats(ctx context.Context) (Stats, error) {
-	var st Stats
+func (c *Client) Stats(ctx context.Context) (protocol.Stats, error) {
+	var st protocol.Stats
 	return st, c.do(ctx, http.MethodGet, "/v1/stats", nil, &st)
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -92,7 +93,7 @@ func TestStatsFollowTheGuest(t *testing.T) {
 			_, _ = conn.Write(payload)
 		}
 		_ = conn.Close()
-		var nic launcher.InterfaceStats
+		var nic protocol.InterfaceStats
 		waitFor(t, 10*time.Second, "the datagrams in the guest's receive counters", func() bool {
 			nic = interfaceNamed(t, stats(t, v), "extra")
 			return nic.RxBytes > 20*1400
@@ -124,7 +125,7 @@ func TestStatsFollowTheGuest(t *testing.T) {
 	})
 }
 
-func stats(t *testing.T, v *vm) launcher.Stats {
+func stats(t *testing.T, v *vm) protocol.Stats {
 	t.Helper()
 	st, err := v.client.Stats(context.Background())
 	if err != nil {
@@ -133,7 +134,7 @@ func stats(t *testing.T, v *vm) launcher.Stats {
 	return st
 }
 
-func diskNamed(t *testing.T, st launcher.Stats, name string) launcher.DiskStats {
+func diskNamed(t *testing.T, st protocol.Stats, name string) protocol.DiskStats {
 	t.Helper()
 	for _, d := range st.Disks {
 		if d.Name == name {
@@ -141,10 +142,10 @@ func diskNamed(t *testing.T, st launcher.Stats, name string) launcher.DiskStats 
 		}
 	}
 	t.Fatalf("no disk %q in %+v", name, st.Disks)
-	return launcher.DiskStats{}
+	return protocol.DiskStats{}
 }
 
-func interfaceNamed(t *testing.T, st launcher.Stats, name string) launcher.InterfaceStats {
+func interfaceNamed(t *testing.T, st protocol.Stats, name string) protocol.InterfaceStats {
 	t.Helper()
 	for _, in := range st.Interfaces {
 		if in.Name == name {
@@ -152,7 +153,7 @@ func interfaceNamed(t *testing.T, st launcher.Stats, name string) launcher.Inter
 		}
 	}
 	t.Fatalf("no interface %q in %+v", name, st.Interfaces)
-	return launcher.InterfaceStats{}
+	return protocol.InterfaceStats{}
 }
 
 func run(t *testing.T, name string, args ...string) {

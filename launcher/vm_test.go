@@ -19,6 +19,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/test/testutil"
 )
@@ -58,7 +59,7 @@ func guestVMI(t testing.TB) *v1alpha1.VirtualMachineInstance {
 }
 
 // guestSpec is the node agent's request to start guestVMI under emulation.
-func guestSpec(t testing.TB) *launcher.SyncRequest { return testutil.SyncRequest(t, guestVMI(t), nil) }
+func guestSpec(t testing.TB) *protocol.SyncRequest { return testutil.SyncRequest(t, guestVMI(t), nil) }
 
 // guestMachineFile writes the test guest's machine description, as `qvirtctl machine --emulation
 // -f test/guest/vmi.yaml` prints it, for `qvirt-launcher run`.
@@ -163,7 +164,7 @@ func countingTarget(t *testing.T, src *vm, srcConsole *console) *vm {
 	req.Machine.UID = srcStatus.UID
 	req.Incoming = true
 	req.Machine.Disks = append(req.Machine.Disks, srcStatus.Hotplugged...)
-	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != launcher.PhaseIncoming {
+	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != protocol.PhaseIncoming {
 		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
 	}
 	return dst
@@ -177,7 +178,7 @@ func boot(t *testing.T) (*vm, *console) {
 	if err != nil {
 		t.Fatalf("sync: %v", err)
 	}
-	if st.Phase != launcher.PhaseRunning || !strings.HasPrefix(st.QEMUVersion, "7.") && !strings.HasPrefix(st.QEMUVersion, "8.") && !strings.HasPrefix(st.QEMUVersion, "9.") {
+	if st.Phase != protocol.PhaseRunning || !strings.HasPrefix(st.QEMUVersion, "7.") && !strings.HasPrefix(st.QEMUVersion, "8.") && !strings.HasPrefix(st.QEMUVersion, "9.") {
 		t.Fatalf("after sync: phase %s qemu %q, want Running on QEMU 7+", st.Phase, st.QEMUVersion)
 	}
 	c := attach(t, v.runDir)
@@ -273,10 +274,10 @@ func TestGuestLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if exit.Reason != launcher.ExitGuestShutdown {
-			t.Fatalf("exit reason %q (%s), want %q", exit.Reason, exit.Detail, launcher.ExitGuestShutdown)
+		if exit.Reason != protocol.ExitGuestShutdown {
+			t.Fatalf("exit reason %q (%s), want %q", exit.Reason, exit.Detail, protocol.ExitGuestShutdown)
 		}
-		if st, _ := v.client.Status(ctx); st.Phase != launcher.PhaseSucceeded {
+		if st, _ := v.client.Status(ctx); st.Phase != protocol.PhaseSucceeded {
 			t.Fatalf("phase after shutdown %s, want Succeeded", st.Phase)
 		}
 	})
@@ -294,7 +295,7 @@ func migrate(t *testing.T, src, dst *vm, srcConsole *console) int {
 		t.Fatal(err)
 	}
 	beforeSwitch := srcConsole.LastTick()
-	if err := src.client.MigrateSource(ctx, launcher.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
 		t.Fatal(err)
 	}
 	return beforeSwitch
@@ -309,9 +310,9 @@ func TestKilledQEMUIsReportedAtOnce(t *testing.T) {
 	}
 	watchCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	seen := make(chan launcher.Status, 1)
+	seen := make(chan protocol.Status, 1)
 	go func() {
-		_ = v.client.Watch(watchCtx, func(s launcher.Status) bool {
+		_ = v.client.Watch(watchCtx, func(s protocol.Status) bool {
 			if s.Exit != nil {
 				seen <- s
 				return false
@@ -327,7 +328,7 @@ func TestKilledQEMUIsReportedAtOnce(t *testing.T) {
 	select {
 	case s := <-seen:
 		t.Logf("reported %s after %s", s.Exit.Reason, time.Since(killed))
-		if s.Phase != launcher.PhaseFailed || s.Exit.Reason != launcher.ExitKilled {
+		if s.Phase != protocol.PhaseFailed || s.Exit.Reason != protocol.ExitKilled {
 			t.Fatalf("phase %s reason %q, want Failed/killed", s.Phase, s.Exit.Reason)
 		}
 	case <-watchCtx.Done():
@@ -355,12 +356,12 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 		return err == nil && st.Exit != nil
 	})
 	st, _ := src.client.Status(ctx)
-	if st.Exit.Reason != launcher.ExitMigrated || st.Migration == nil || st.Migration.Status != "completed" {
+	if st.Exit.Reason != protocol.ExitMigrated || st.Migration == nil || st.Migration.Status != "completed" {
 		t.Fatalf("source ended %+v, migration %+v; want migrated/completed", st.Exit, st.Migration)
 	}
 	waitFor(t, 30*time.Second, "the target to run", func() bool {
 		st, err := dst.client.Status(ctx)
-		return err == nil && st.Phase == launcher.PhaseRunning && st.RunState == "running"
+		return err == nil && st.Phase == protocol.PhaseRunning && st.RunState == "running"
 	})
 	// The counter goes on from where it was: same guest, no reboot.
 	dstConsole.Expect(t, 0, "tick ", time.Minute)

@@ -22,6 +22,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/netsetup"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -104,7 +105,7 @@ func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lea
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(runDir) })
 	l := launcher.New(runDir, launcher.HostResolver{SpareRootPorts: 1}, launcher.Options{QEMU: wrapper, Log: testr.New(t)})
-	if err := l.Sync(context.Background(), &launcher.SyncRequest{Machine: *m}); err != nil {
+	if err := l.Sync(context.Background(), &protocol.SyncRequest{Machine: *m}); err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 	g := &guestVM{l: l, dhcpDone: dhcpDone, stopDHCP: cancel}
@@ -130,7 +131,7 @@ func (g *guestVM) shutdown(t *testing.T) {
 	if err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
-	if exit.Reason != launcher.ExitGuestShutdown {
+	if exit.Reason != protocol.ExitGuestShutdown {
 		t.Errorf("exit = %+v, want a guest shutdown", exit)
 	}
 	g.stopDHCP()

@@ -24,6 +24,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 const (
@@ -115,7 +116,7 @@ func (c *Collector) collectPhases(ch chan<- prometheus.Metric, vmis []*v1alpha1.
 
 type result struct {
 	vmi   *v1alpha1.VirtualMachineInstance
-	stats launcher.Stats
+	stats protocol.Stats
 	err   error
 }
 
@@ -145,12 +146,12 @@ func (c *Collector) gather(vmis []*v1alpha1.VirtualMachineInstance) <-chan resul
 	return out
 }
 
-func (c *Collector) stats(vmi *v1alpha1.VirtualMachineInstance) (launcher.Stats, error) {
+func (c *Collector) stats(vmi *v1alpha1.VirtualMachineInstance) (protocol.Stats, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), launcherTimeout)
 	defer cancel()
 	dir, err := podsockets.Running(c.podsDir, c.node, vmi)
 	if err != nil {
-		return launcher.Stats{}, err
+		return protocol.Stats{}, err
 	}
 	cl := launcher.NewClient(dir.Command())
 	defer cl.Close()
@@ -162,7 +163,7 @@ func (c *Collector) labels(vmi *v1alpha1.VirtualMachineInstance) []string {
 }
 
 // emitVMI sends one VMI's series; base is its node, namespace and name label values.
-func emitVMI(ch chan<- prometheus.Metric, base []string, st *launcher.Stats) {
+func emitVMI(ch chan<- prometheus.Metric, base []string, st *protocol.Stats) {
 	counter := func(d *prometheus.Desc, v float64, extra ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, append(base[:len(base):len(base)], extra...)...)
 	}

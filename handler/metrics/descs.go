@@ -3,7 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // The series, named after KubeVirt's kubevirt_vmi_* with the prefix qvirt_.
@@ -38,7 +38,7 @@ var (
 
 type diskMetric struct {
 	desc  *prometheus.Desc
-	value func(*launcher.DiskStats) float64
+	value func(*protocol.DiskStats) float64
 }
 
 func driveDesc(name, help string) *prometheus.Desc { return vmiDesc(name, help, "drive") }
@@ -46,26 +46,26 @@ func driveDesc(name, help string) *prometheus.Desc { return vmiDesc(name, help, 
 // diskMetrics are per drive; drive is the disk's name in the VMI spec.
 var diskMetrics = []diskMetric{
 	{driveDesc("qvirt_vmi_storage_read_traffic_bytes_total", "Total bytes the guest read from the drive."),
-		func(d *launcher.DiskStats) float64 { return float64(d.ReadBytes) }},
+		func(d *protocol.DiskStats) float64 { return float64(d.ReadBytes) }},
 	{driveDesc("qvirt_vmi_storage_write_traffic_bytes_total", "Total bytes the guest wrote to the drive."),
-		func(d *launcher.DiskStats) float64 { return float64(d.WriteBytes) }},
+		func(d *protocol.DiskStats) float64 { return float64(d.WriteBytes) }},
 	{driveDesc("qvirt_vmi_storage_iops_read_total", "Total read operations on the drive."),
-		func(d *launcher.DiskStats) float64 { return float64(d.ReadOps) }},
+		func(d *protocol.DiskStats) float64 { return float64(d.ReadOps) }},
 	{driveDesc("qvirt_vmi_storage_iops_write_total", "Total write operations on the drive."),
-		func(d *launcher.DiskStats) float64 { return float64(d.WriteOps) }},
+		func(d *protocol.DiskStats) float64 { return float64(d.WriteOps) }},
 	{driveDesc("qvirt_vmi_storage_flush_requests_total", "Total flush requests on the drive."),
-		func(d *launcher.DiskStats) float64 { return float64(d.FlushOps) }},
+		func(d *protocol.DiskStats) float64 { return float64(d.FlushOps) }},
 	{driveDesc("qvirt_vmi_storage_read_times_seconds_total", "Total time spent on the drive's read operations."),
-		func(d *launcher.DiskStats) float64 { return d.ReadTime.Seconds() }},
+		func(d *protocol.DiskStats) float64 { return d.ReadTime.Seconds() }},
 	{driveDesc("qvirt_vmi_storage_write_times_seconds_total", "Total time spent on the drive's write operations."),
-		func(d *launcher.DiskStats) float64 { return d.WriteTime.Seconds() }},
+		func(d *protocol.DiskStats) float64 { return d.WriteTime.Seconds() }},
 	{driveDesc("qvirt_vmi_storage_flush_times_seconds_total", "Total time spent on the drive's flush requests."),
-		func(d *launcher.DiskStats) float64 { return d.FlushTime.Seconds() }},
+		func(d *protocol.DiskStats) float64 { return d.FlushTime.Seconds() }},
 }
 
 type nicMetric struct {
 	desc  *prometheus.Desc
-	value func(*launcher.InterfaceStats) float64
+	value func(*protocol.InterfaceStats) float64
 }
 
 func ifaceDesc(name, help string) *prometheus.Desc { return vmiDesc(name, help, "interface") }
@@ -73,21 +73,21 @@ func ifaceDesc(name, help string) *prometheus.Desc { return vmiDesc(name, help, 
 // nicMetrics are per interface, in the guest's direction; interface is the spec's interface name.
 var nicMetrics = []nicMetric{
 	{ifaceDesc("qvirt_vmi_network_receive_bytes_total", "Total bytes the guest received on the interface."),
-		func(n *launcher.InterfaceStats) float64 { return float64(n.RxBytes) }},
+		func(n *protocol.InterfaceStats) float64 { return float64(n.RxBytes) }},
 	{ifaceDesc("qvirt_vmi_network_transmit_bytes_total", "Total bytes the guest transmitted on the interface."),
-		func(n *launcher.InterfaceStats) float64 { return float64(n.TxBytes) }},
+		func(n *protocol.InterfaceStats) float64 { return float64(n.TxBytes) }},
 	{ifaceDesc("qvirt_vmi_network_receive_packets_total", "Total packets the guest received on the interface."),
-		func(n *launcher.InterfaceStats) float64 { return float64(n.RxPackets) }},
+		func(n *protocol.InterfaceStats) float64 { return float64(n.RxPackets) }},
 	{ifaceDesc("qvirt_vmi_network_transmit_packets_total", "Total packets the guest transmitted on the interface."),
-		func(n *launcher.InterfaceStats) float64 { return float64(n.TxPackets) }},
+		func(n *protocol.InterfaceStats) float64 { return float64(n.TxPackets) }},
 	{ifaceDesc("qvirt_vmi_network_receive_errors_total", "Total receive errors on the interface."),
-		func(n *launcher.InterfaceStats) float64 { return float64(n.RxErrors) }},
+		func(n *protocol.InterfaceStats) float64 { return float64(n.RxErrors) }},
 	{ifaceDesc("qvirt_vmi_network_transmit_errors_total", "Total transmit errors on the interface."),
-		func(n *launcher.InterfaceStats) float64 { return float64(n.TxErrors) }},
+		func(n *protocol.InterfaceStats) float64 { return float64(n.TxErrors) }},
 	{ifaceDesc("qvirt_vmi_network_receive_packets_dropped_total", "Total packets for the guest dropped on the interface."),
-		func(n *launcher.InterfaceStats) float64 { return float64(n.RxDropped) }},
+		func(n *protocol.InterfaceStats) float64 { return float64(n.RxDropped) }},
 	{ifaceDesc("qvirt_vmi_network_transmit_packets_dropped_total", "Total packets from the guest dropped on the interface."),
-		func(n *launcher.InterfaceStats) float64 { return float64(n.TxDropped) }},
+		func(n *protocol.InterfaceStats) float64 { return float64(n.TxDropped) }},
 }
 
 func allDescs() []*prometheus.Desc {

@@ -25,6 +25,7 @@ import (
 	"github.com/qvirt/qvirt/handler/streams"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
 )
@@ -268,7 +269,7 @@ func bootGuest(t *testing.T, podsDir string, vmi *v1alpha1.VirtualMachineInstanc
 	if err != nil {
 		t.Fatalf("sync: %v", err)
 	}
-	if st.Phase != launcher.PhaseRunning {
+	if st.Phase != protocol.PhaseRunning {
 		t.Fatalf("after sync: phase %s (%s)", st.Phase, st.StartError)
 	}
 	return g

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/handler/streams"
-	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 const bootTimeout = 3 * time.Minute
@@ -214,7 +214,7 @@ func TestGuestStreams(t *testing.T) {
 		end = c.Expect(t, end, "QVIRT-GUEST-READY", bootTimeout)
 		c.Expect(t, end, "# ", time.Minute) // the shell is back for the next subtests
 		after, err := g.client.Status(ctx)
-		if err != nil || after.PID != before.PID || after.Phase != launcher.PhaseRunning || after.RunState != "running" {
+		if err != nil || after.PID != before.PID || after.Phase != protocol.PhaseRunning || after.RunState != "running" {
 			t.Fatalf("after the soft reboot: %+v (%v); want QEMU %d still Running", after, err, before.PID)
 		}
 	})

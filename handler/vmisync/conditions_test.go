@@ -8,14 +8,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // TestConditionsCarryGeneration: every condition the node agent sets says which generation of the
 // spec it describes, so a reader can tell "synchronized" about the current spec from a stale one.
 func TestConditionsCarryGeneration(t *testing.T) {
 	now := metav1.Now()
-	paused := launcher.Status{Phase: launcher.PhaseRunning, Paused: true, RunState: "paused"}
+	paused := protocol.Status{Phase: protocol.PhaseRunning, Paused: true, RunState: "paused"}
 	for name, set := range map[string]func(v *v1alpha1.VirtualMachineInstance) []string{
 		"Synchronized True": func(v *v1alpha1.VirtualMachineInstance) []string {
 			setSynchronized(v, nil, "", now)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
-	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -32,11 +32,11 @@ type hotplugFailures map[string]string
 // syncDisks attaches the spec's disks the launcher lacks and detaches hot-plugged disks the spec no
 // longer has. A failure is recorded for its disk (and an Event when it is new) and does not stop
 // the others; the returned error makes the reconcile retry with backoff.
-func (r *Reconciler) syncDisks(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *launcher.Status) (hotplugFailures, error) {
-	if st.Phase != launcher.PhaseRunning || !v.DeletionTimestamp.IsZero() || openMigration(v) != nil {
+func (r *Reconciler) syncDisks(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *protocol.Status) (hotplugFailures, error) {
+	if st.Phase != protocol.PhaseRunning || !v.DeletionTimestamp.IsZero() || openMigration(v) != nil {
 		return nil, nil
 	}
-	attached := map[string]launcher.DiskStatus{}
+	attached := map[string]protocol.DiskStatus{}
 	for _, d := range st.Disks {
 		attached[d.Name] = d
 	}
@@ -121,8 +121,8 @@ const (
 // most one, so it can only be hot-plugged into an instance that had none) after setting up its
 // host side in the pod, and detaches a hot-plugged NIC the spec no longer has, then tears its host
 // side down so the pod network is whole again. Failures are recorded as Events and retried.
-func (r *Reconciler) syncNICs(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status) error {
-	if st.Phase != launcher.PhaseRunning || !v.DeletionTimestamp.IsZero() || openMigration(v) != nil {
+func (r *Reconciler) syncNICs(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status) error {
+	if st.Phase != protocol.PhaseRunning || !v.DeletionTimestamp.IsZero() || openMigration(v) != nil {
 		return nil
 	}
 	attached := map[string]bool{}

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -63,7 +63,7 @@ func TestPlaceHotplugged(t *testing.T) {
 // status, where the target node's agent reads it.
 func TestInterfacesCarryTheRootPort(t *testing.T) {
 	v := &v1alpha1.VirtualMachineInstance{}
-	st := &launcher.Status{NICs: []launcher.NICStatus{{Name: "cold", MAC: "02:00:00:00:00:01"},
+	st := &protocol.Status{NICs: []protocol.NICStatus{{Name: "cold", MAC: "02:00:00:00:00:01"},
 		{Name: "hot", MAC: "02:00:00:00:00:02", Hotplugged: true, Port: "hotplug1"}}}
 	got := interfaces(v, nil, st)
 	want := []v1alpha1.VirtualMachineInstanceNetworkInterface{{Name: "cold", MAC: "02:00:00:00:00:01"},
@@ -79,19 +79,19 @@ func TestUnplugPendingBlocksMigration(t *testing.T) {
 	v := &v1alpha1.VirtualMachineInstance{}
 	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}, {Name: "new"}}
 	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default"}}
-	st := &launcher.Status{
-		Disks: []launcher.DiskStatus{{Name: "root"}},
-		NICs:  []launcher.NICStatus{{Name: "default", Hotplugged: true}},
+	st := &protocol.Status{
+		Disks: []protocol.DiskStatus{{Name: "root"}},
+		NICs:  []protocol.NICStatus{{Name: "default", Hotplugged: true}},
 	}
 	if err := unplugPending(v, st); err != nil {
 		t.Errorf("nothing being unplugged: %v", err)
 	}
-	st.Disks = append(st.Disks, launcher.DiskStatus{Name: "old", Hotplugged: true})
+	st.Disks = append(st.Disks, protocol.DiskStatus{Name: "old", Hotplugged: true})
 	if err := unplugPending(v, st); err == nil || !strings.Contains(err.Error(), `disk "old" is still being unplugged`) {
 		t.Errorf("a disk being unplugged: %v", err)
 	}
 	st.Disks = st.Disks[:1]
-	st.NICs = append(st.NICs, launcher.NICStatus{Name: "gone", Hotplugged: true})
+	st.NICs = append(st.NICs, protocol.NICStatus{Name: "gone", Hotplugged: true})
 	if err := unplugPending(v, st); err == nil || !strings.Contains(err.Error(), `interface "gone" is still being unplugged`) {
 		t.Errorf("an interface being unplugged: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // launchers holds one status stream per instance on this node: each status the launcher pushes is
@@ -36,7 +37,7 @@ type stream struct {
 	key    client.ObjectKey
 	cancel context.CancelFunc
 	// latest is the last status received; nil before the first.
-	latest *launcher.Status
+	latest *protocol.Status
 	// ended is set when the stream is over (the launcher went away or the handler stops).
 	ended bool
 	// shuttingDown is set once a graceful shutdown was asked for.
@@ -76,15 +77,15 @@ func (ls *launchers) client(uid types.UID) *launcher.Client {
 // latest is the instance's last streamed status; ok is false when no stream is live (none
 // started, or it ended before the guest did), so the caller asks the launcher directly and calls
 // follow. A stream that ended after the guest's end keeps reporting it: the launcher may be gone.
-func (ls *launchers) latest(uid types.UID) (st launcher.Status, ok bool) {
+func (ls *launchers) latest(uid types.UID) (st protocol.Status, ok bool) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	s := ls.streams[uid]
 	if s == nil || s.latest == nil {
-		return launcher.Status{}, false
+		return protocol.Status{}, false
 	}
-	if s.ended && s.latest.Exit == nil && s.latest.Phase != launcher.PhaseFailed {
-		return launcher.Status{}, false
+	if s.ended && s.latest.Exit == nil && s.latest.Phase != protocol.PhaseFailed {
+		return protocol.Status{}, false
 	}
 	return *s.latest, true
 }
@@ -107,7 +108,7 @@ func (ls *launchers) follow(vmi *v1alpha1.VirtualMachineInstance) {
 func (ls *launchers) run(ctx context.Context, s *stream, key *v1alpha1.VirtualMachineInstance) {
 	c := ls.client(key.UID)
 	defer c.Close()
-	err := c.Watch(ctx, func(st launcher.Status) bool {
+	err := c.Watch(ctx, func(st protocol.Status) bool {
 		ls.mu.Lock()
 		s.latest = &st
 		ls.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/qmp"
 )
 
@@ -122,7 +123,7 @@ func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachi
 		}
 		return "", r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("target launcher of pod %s: %w", pod.Name, err))
 	}
-	if st.Phase == launcher.PhaseWaiting {
+	if st.Phase == protocol.PhaseWaiting {
 		if _, err := r.startLauncher(ctx, v, pod, c, true); err != nil {
 			return "", err
 		}
@@ -130,7 +131,7 @@ func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachi
 	if r.Migrations == nil {
 		return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, errNoTunnel)
 	}
-	if st.Migration == nil || st.Migration.Role != launcher.RoleTarget {
+	if st.Migration == nil || st.Migration.Role != protocol.RoleTarget {
 		if _, err := c.PrepareMigrationTarget(ctx, launcher.ListenUnix); err != nil {
 			return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
 		}
@@ -166,13 +167,13 @@ func (r *Reconciler) targetPod(ctx context.Context, v *v1alpha1.VirtualMachineIn
 // syncSourceMigration drives the source side from the launcher's status st: start the outgoing
 // migration once the target is ready, cancel it when an abort is requested, and record progress
 // and the outcome in migrationState.
-func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *launcher.Status) error {
+func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *protocol.Status) error {
 	ms := openMigration(v)
 	if ms == nil || ms.SourceNode != r.NodeName {
 		return nil
 	}
 	info := st.Migration
-	ours := info != nil && info.Role == launcher.RoleSource && ms.StartTimestamp != nil
+	ours := info != nil && info.Role == protocol.RoleSource && ms.StartTimestamp != nil
 	switch {
 	case ours && migrationEnded(info.Status):
 		r.finishSourceMigration(v, info)
@@ -190,7 +191,7 @@ func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.Virtua
 	case ours:
 		r.recordProgress(v, info)
 		return nil
-	case !ms.TargetReady || ms.TargetNodeAddress == "" || st.Phase != launcher.PhaseRunning:
+	case !ms.TargetReady || ms.TargetNodeAddress == "" || st.Phase != protocol.PhaseRunning:
 		return nil
 	}
 	if err := unplugPending(v, st); err != nil {
@@ -224,7 +225,7 @@ func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachi
 	inPod := launcher.VMIDir(podlayout.SocketDir, v.UID).MigrationOut()
 	c := r.launchers.client(v.UID)
 	defer c.Close()
-	req := launcher.MigrationSource{URI: "unix:" + inPod, BandwidthBytesPerSecond: r.migrationBandwidth()}
+	req := protocol.MigrationSource{URI: "unix:" + inPod, BandwidthBytesPerSecond: r.migrationBandwidth()}
 	if err := c.MigrateSource(ctx, req); err != nil {
 		stop()
 		return err
@@ -252,7 +253,7 @@ func migrationEnded(status string) bool {
 	return false
 }
 
-func (r *Reconciler) finishSourceMigration(v *v1alpha1.VirtualMachineInstance, info *launcher.MigrationInfo) {
+func (r *Reconciler) finishSourceMigration(v *v1alpha1.VirtualMachineInstance, info *protocol.MigrationInfo) {
 	ms := v.Status.MigrationState
 	setProgress(ms, info)
 	ms.EndTimestamp = ptr.To(metav1.NewTime(r.now().Time))
@@ -279,14 +280,14 @@ func (r *Reconciler) failSourceMigration(v *v1alpha1.VirtualMachineInstance, rea
 }
 
 // recordProgress writes the transfer counters, at most once per progressInterval per instance.
-func (r *Reconciler) recordProgress(v *v1alpha1.VirtualMachineInstance, info *launcher.MigrationInfo) {
+func (r *Reconciler) recordProgress(v *v1alpha1.VirtualMachineInstance, info *protocol.MigrationInfo) {
 	if !r.launchers.progressDue(v.UID, progressInterval) {
 		return
 	}
 	setProgress(v.Status.MigrationState, info)
 }
 
-func setProgress(ms *v1alpha1.VirtualMachineInstanceMigrationState, info *launcher.MigrationInfo) {
+func setProgress(ms *v1alpha1.VirtualMachineInstanceMigrationState, info *protocol.MigrationInfo) {
 	if info.TotalBytes > 0 {
 		ms.DataTotalBytes = ptr.To(info.TotalBytes)
 		ms.DataProcessedBytes = ptr.To(info.TransferredBytes)
@@ -301,7 +302,7 @@ func setProgress(ms *v1alpha1.VirtualMachineInstanceMigrationState, info *launch
 // that the spec no longer has: the guest has not let go of it yet, the target (which starts from
 // the spec) would lack it and QEMU would refuse the migration stream with an error naming only
 // a device.
-func unplugPending(v *v1alpha1.VirtualMachineInstance, st *launcher.Status) error {
+func unplugPending(v *v1alpha1.VirtualMachineInstance, st *protocol.Status) error {
 	for _, d := range st.Disks {
 		if d.Hotplugged && !hasDisk(v, d.Name) {
 			return field.Forbidden(field.NewPath("spec", "domain", "devices", "disks"),

@@ -37,6 +37,7 @@ import (
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -184,7 +185,7 @@ type syncState struct {
 	pod *corev1.Pod
 	// st is the launcher's status, set by the launcher phase; nil when the launcher cannot be
 	// reached or is gone with its pod, which ends the phases.
-	st *launcher.Status
+	st *protocol.Status
 	// failures are the hotplug failures per volume, for the instance's volumeStatus.
 	failures hotplugFailures
 }
@@ -253,7 +254,7 @@ func (r *Reconciler) applyStatus(s *syncState) {
 // stream and, for a deleted instance, asks for the graceful shutdown. It returns the launcher's
 // status, nil when the launcher cannot be reached; its error is recorded in the Synchronized
 // condition and an Event, and retried with backoff.
-func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) (*launcher.Status, error) {
+func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) (*protocol.Status, error) {
 	st, streaming := r.launchers.latest(v.UID)
 	if !streaming {
 		c := r.launchers.client(v.UID)
@@ -271,7 +272,7 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 			return nil, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable,
 				fmt.Errorf("launcher of pod %s at %s: %w", pod.Name, r.launchers.dir(v.UID).Command(), err))
 		}
-		if st.Phase == launcher.PhaseWaiting && v.DeletionTimestamp.IsZero() {
+		if st.Phase == protocol.PhaseWaiting && v.DeletionTimestamp.IsZero() {
 			if st, err = r.startLauncher(ctx, v, pod, c, false); err != nil {
 				return nil, err
 			}
@@ -283,7 +284,7 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 			fmt.Errorf("the launcher in pod %s runs VMI %s, not this one", pod.Name, st.UID))
 	}
 	setSynchronized(v, nil, "", r.now())
-	if !v.DeletionTimestamp.IsZero() && (st.Phase == launcher.PhaseRunning || st.Phase == launcher.PhaseStarting) {
+	if !v.DeletionTimestamp.IsZero() && (st.Phase == protocol.PhaseRunning || st.Phase == protocol.PhaseStarting) {
 		if r.launchers.shutdown(v.UID, stopGracePeriod(v), shutdownWithin(v)) {
 			r.Recorder.Event(v, corev1.EventTypeNormal, EventShuttingDown, "The instance is being deleted: powering the guest off")
 		}
@@ -330,7 +331,7 @@ func (r *Reconciler) stopLeftover(ctx context.Context, v *v1alpha1.VirtualMachin
 	if err != nil || st.UID != string(v.UID) || st.Exit != nil {
 		return nil // no launcher, or its guest already ended
 	}
-	if st.Phase != launcher.PhaseRunning && st.Phase != launcher.PhaseStarting && st.Phase != launcher.PhaseIncoming {
+	if st.Phase != protocol.PhaseRunning && st.Phase != protocol.PhaseStarting && st.Phase != protocol.PhaseIncoming {
 		return nil
 	}
 	if err := c.Kill(ctx); err != nil {
@@ -359,11 +360,11 @@ func (r *Reconciler) reconcileIncoming(ctx context.Context, req ctrl.Request) (c
 
 // migratedAway reports whether the guest left for a migration target: from then on the target's
 // agent reports the guest, and the source's paused, quitting QEMU must not.
-func migratedAway(v *v1alpha1.VirtualMachineInstance, st *launcher.Status) bool {
-	if st.Exit != nil && st.Exit.Reason == launcher.ExitMigrated {
+func migratedAway(v *v1alpha1.VirtualMachineInstance, st *protocol.Status) bool {
+	if st.Exit != nil && st.Exit.Reason == protocol.ExitMigrated {
 		return true
 	}
-	if st.Migration != nil && st.Migration.Role == launcher.RoleSource && st.Migration.Status == "completed" {
+	if st.Migration != nil && st.Migration.Role == protocol.RoleSource && st.Migration.Status == "completed" {
 		return true
 	}
 	ms := v.Status.MigrationState
@@ -372,32 +373,32 @@ func migratedAway(v *v1alpha1.VirtualMachineInstance, st *launcher.Status) bool 
 
 // startLauncher sets up the guest's network and sends the launcher the instance to run, or, for
 // a migration target (incoming), to wait for.
-func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, c *launcher.Client, incoming bool) (launcher.Status, error) {
+func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, c *launcher.Client, incoming bool) (protocol.Status, error) {
 	if err := speaksProtocol(ctx, c); err != nil {
-		return launcher.Status{}, r.syncFailed(v, ReasonProtocolMismatch, EventSyncFailed, err)
+		return protocol.Status{}, r.syncFailed(v, ReasonProtocolMismatch, EventSyncFailed, err)
 	}
 	// Before its namespaces are touched or it is sent anything: is it the pod's?
 	peer, err := r.peer(ctx, v)
 	if errors.Is(err, podsockets.ErrForeignPeer) {
-		return launcher.Status{}, r.syncFailed(v, ReasonForeignLauncher, EventForeignLauncher, err)
+		return protocol.Status{}, r.syncFailed(v, ReasonForeignLauncher, EventForeignLauncher, err)
 	}
 	if err != nil {
-		return launcher.Status{}, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("find the launcher process: %w", err))
+		return protocol.Status{}, r.syncFailed(v, ReasonLauncherUnreachable, EventLauncherUnreachable, fmt.Errorf("find the launcher process: %w", err))
 	}
 	nics, err := setupNetwork(v, pod, peer)
 	if err != nil {
-		return launcher.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
+		return protocol.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
 	}
 	m, err := translate.Machine(v, translate.Host{Emulation: launcherEmulation(pod), NICs: nics, SkipNotRealised: incoming})
 	if err == nil && incoming {
 		err = placeHotplugged(v, m)
 	}
 	if err != nil {
-		return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("describe the machine: %w", err))
+		return protocol.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("describe the machine: %w", err))
 	}
-	st, err := c.Sync(ctx, &launcher.SyncRequest{Machine: *m, Incoming: incoming})
+	st, err := c.Sync(ctx, &protocol.SyncRequest{Machine: *m, Incoming: incoming})
 	if err != nil {
-		return launcher.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the VM: %w", err))
+		return protocol.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the VM: %w", err))
 	}
 	if !incoming {
 		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventStarted, "QEMU started in pod %s", pod.Name)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/patch"
-	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
 // Condition types and reasons the node agent sets on an instance. Ready and Paused are KubeVirt's;
@@ -41,18 +41,18 @@ const (
 )
 
 // Reasons on a final instance: how the guest ended, from the launcher's exit reason.
-var exitReasons = map[launcher.ExitReason]string{
-	launcher.ExitGuestShutdown: "GuestShutdown",
-	launcher.ExitGuestPanicked: "GuestPanicked",
-	launcher.ExitQuit:          "Stopped",
-	launcher.ExitMigrated:      "Migrated",
-	launcher.ExitKilled:        "Killed",
-	launcher.ExitCrashed:       "QEMUCrashed",
-	launcher.ExitFailedToStart: "FailedToStart",
+var exitReasons = map[protocol.ExitReason]string{
+	protocol.ExitGuestShutdown: "GuestShutdown",
+	protocol.ExitGuestPanicked: "GuestPanicked",
+	protocol.ExitQuit:          "Stopped",
+	protocol.ExitMigrated:      "Migrated",
+	protocol.ExitKilled:        "Killed",
+	protocol.ExitCrashed:       "QEMUCrashed",
+	protocol.ExitFailedToStart: "FailedToStart",
 }
 
 // exitReason is the instance's status.reason for an exit.
-func exitReason(e *launcher.Exit) string {
+func exitReason(e *protocol.Exit) string {
 	if r, ok := exitReasons[e.Reason]; ok {
 		return r
 	}
@@ -61,18 +61,18 @@ func exitReason(e *launcher.Exit) string {
 
 // guestOutcome is the phase the launcher's status puts the instance in ("" when it leaves the
 // phase alone: QEMU is still starting) and, for a final phase, the reason and the Event message.
-func guestOutcome(st *launcher.Status) (phase v1alpha1.VirtualMachineInstancePhase, reason, message string) {
+func guestOutcome(st *protocol.Status) (phase v1alpha1.VirtualMachineInstancePhase, reason, message string) {
 	switch st.Phase {
-	case launcher.PhaseRunning:
+	case protocol.PhaseRunning:
 		return v1alpha1.Running, "", ""
-	case launcher.PhaseSucceeded, launcher.PhaseFailed:
+	case protocol.PhaseSucceeded, protocol.PhaseFailed:
 		phase = v1alpha1.Failed
-		if st.Phase == launcher.PhaseSucceeded {
+		if st.Phase == protocol.PhaseSucceeded {
 			phase = v1alpha1.Succeeded
 		}
 		exit := st.Exit
 		if exit == nil {
-			exit = &launcher.Exit{Reason: launcher.ExitFailedToStart, Detail: st.StartError}
+			exit = &protocol.Exit{Reason: protocol.ExitFailedToStart, Detail: st.StartError}
 		}
 		message = "The guest ended: " + string(exit.Reason)
 		if exit.Detail != "" {
@@ -87,7 +87,7 @@ func guestOutcome(st *launcher.Status) (phase v1alpha1.VirtualMachineInstancePha
 // launcher versions, Ready and Paused conditions, interfaces (reached at the pod's addresses, the
 // masquerade binding's and, for the bridge binding, the guest's own) and volumes. It returns the
 // Event message when the guest ended ("" otherwise). It is pure: now is the transition time.
-func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status, failures hotplugFailures, now metav1.Time) (ended string) {
+func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status, failures hotplugFailures, now metav1.Time) (ended string) {
 	status := &v.Status
 	phase, reason, msg := guestOutcome(st)
 	if phase != "" && status.Phase != phase {
@@ -137,9 +137,9 @@ func launcherEmulation(pod *corev1.Pod) bool {
 
 // setGuestConditions sets Ready (the guest runs and is not paused) and Paused (present only while
 // paused, as in KubeVirt).
-func setGuestConditions(v *v1alpha1.VirtualMachineInstance, st *launcher.Status, startPaused bool, now metav1.Time) {
+func setGuestConditions(v *v1alpha1.VirtualMachineInstance, st *protocol.Status, startPaused bool, now metav1.Time) {
 	status := &v.Status
-	running := st.Phase == launcher.PhaseRunning
+	running := st.Phase == protocol.PhaseRunning
 	ready := metav1.Condition{Type: v1alpha1.VirtualMachineInstanceReady, Status: metav1.ConditionFalse,
 		Reason: ReasonGuestNotRunning, Message: fmt.Sprintf("The launcher reports %s", st.Phase), LastTransitionTime: now}
 	switch {
@@ -185,7 +185,7 @@ func camel(s string) string {
 
 // interfaces are the guest NICs with the addresses they are reached at (the pod's) and, for a
 // hot-plugged one, the root port it sits on, which a migration target recreates.
-func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *launcher.Status) []v1alpha1.VirtualMachineInstanceNetworkInterface {
+func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status) []v1alpha1.VirtualMachineInstanceNetworkInterface {
 	var out []v1alpha1.VirtualMachineInstanceNetworkInterface
 	for _, nic := range st.NICs {
 		in := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: nic.Name, MAC: nic.MAC, Hotplugged: nic.Hotplugged, RootPort: nic.Port}
@@ -213,15 +213,15 @@ func isPodNetwork(v *v1alpha1.VirtualMachineInstance, name string) bool {
 // has it), Failed with the reason when hotplug failed, Pending while a spec disk waits to be
 // attached, Detaching while a hot-plugged disk no longer in the spec is still attached. Hot-plugged
 // disks carry the pcie-root-port they sit on as their target, which a migration target recreates.
-func volumes(v *v1alpha1.VirtualMachineInstance, st *launcher.Status, failures hotplugFailures) []v1alpha1.VolumeStatus {
-	attached := map[string]launcher.DiskStatus{}
+func volumes(v *v1alpha1.VirtualMachineInstance, st *protocol.Status, failures hotplugFailures) []v1alpha1.VolumeStatus {
+	attached := map[string]protocol.DiskStatus{}
 	for _, d := range st.Disks {
 		attached[d.Name] = d
 	}
 	var out []v1alpha1.VolumeStatus
 	for _, d := range v.Spec.Domain.Devices.Disks {
 		// A disk the running guest lacks can only be a hotplug: cold disks come with QEMU.
-		vs := v1alpha1.VolumeStatus{Name: d.Name, Phase: v1alpha1.VolumePending, Hotplugged: st.Phase == launcher.PhaseRunning}
+		vs := v1alpha1.VolumeStatus{Name: d.Name, Phase: v1alpha1.VolumePending, Hotplugged: st.Phase == protocol.PhaseRunning}
 		if a, ok := attached[d.Name]; ok {
 			vs.Phase, vs.Hotplugged = v1alpha1.VolumeReady, a.Hotplugged
 			vs.Target = hotplugPort(st, d.Name)
@@ -245,7 +245,7 @@ func volumes(v *v1alpha1.VirtualMachineInstance, st *launcher.Status, failures h
 }
 
 // hotplugPort is the root port of a hot-plugged disk, "" for others.
-func hotplugPort(st *launcher.Status, name string) string {
+func hotplugPort(st *protocol.Status, name string) string {
 	for _, h := range st.Hotplugged {
 		if h.Name == name {
 			return h.Port

@@ -10,7 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -20,21 +20,21 @@ func TestApplyLauncherStatus(t *testing.T) {
 		Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "compute", Image: "qvirt-launcher:v1"}}},
 		Status: corev1.PodStatus{PodIP: "10.0.0.7", PodIPs: []corev1.PodIP{{IP: "10.0.0.7"}}},
 	}
-	running := launcher.Status{Phase: launcher.PhaseRunning, RunState: "running", QEMUVersion: "7.2.15",
-		NICs:  []launcher.NICStatus{{Name: "default", MAC: "02:00:00:00:00:01"}},
-		Disks: []launcher.DiskStatus{{Name: "root"}}}
+	running := protocol.Status{Phase: protocol.PhaseRunning, RunState: "running", QEMUVersion: "7.2.15",
+		NICs:  []protocol.NICStatus{{Name: "default", MAC: "02:00:00:00:00:01"}},
+		Disks: []protocol.DiskStatus{{Name: "root"}}}
 	paused := running
 	paused.Paused, paused.RunState = true, "paused"
 	ioError := paused
 	ioError.RunState = "io-error"
 	startedPaused := paused
 	startedPaused.RunState = "prelaunch"
-	shutdown := launcher.Status{Phase: launcher.PhaseSucceeded, Exit: &launcher.Exit{Reason: launcher.ExitGuestShutdown}}
-	crashed := launcher.Status{Phase: launcher.PhaseFailed, Exit: &launcher.Exit{Reason: launcher.ExitCrashed, Detail: "signal 11"}}
-	starting := launcher.Status{Phase: launcher.PhaseStarting}
+	shutdown := protocol.Status{Phase: protocol.PhaseSucceeded, Exit: &protocol.Exit{Reason: protocol.ExitGuestShutdown}}
+	crashed := protocol.Status{Phase: protocol.PhaseFailed, Exit: &protocol.Exit{Reason: protocol.ExitCrashed, Detail: "signal 11"}}
+	starting := protocol.Status{Phase: protocol.PhaseStarting}
 
 	cases := map[string]struct {
-		st                     launcher.Status
+		st                     protocol.Status
 		phase                  v1alpha1.VirtualMachineInstancePhase
 		reason                 string
 		ready                  metav1.ConditionStatus
@@ -75,7 +75,7 @@ func TestApplyLauncherStatus(t *testing.T) {
 			} else if tc.pausedReason != "" {
 				t.Errorf("no Paused condition, want reason %q", tc.pausedReason)
 			}
-			if tc.st.Phase == launcher.PhaseRunning {
+			if tc.st.Phase == protocol.PhaseRunning {
 				want := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: "default", MAC: "02:00:00:00:00:01", IP: "10.0.0.7", IPs: []string{"10.0.0.7"}}
 				if len(v.Status.Interfaces) != 1 || v.Status.Interfaces[0].IP != want.IP || v.Status.Interfaces[0].MAC != want.MAC {
 					t.Errorf("interfaces %+v, want %+v", v.Status.Interfaces, want)
@@ -91,8 +91,8 @@ func TestApplyLauncherStatus(t *testing.T) {
 func TestVolumes(t *testing.T) {
 	v := &v1alpha1.VirtualMachineInstance{}
 	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}, {Name: "hot"}, {Name: "new"}, {Name: "bad"}}
-	st := &launcher.Status{Phase: launcher.PhaseRunning,
-		Disks:      []launcher.DiskStatus{{Name: "root"}, {Name: "hot", Hotplugged: true}, {Name: "gone", Hotplugged: true}},
+	st := &protocol.Status{Phase: protocol.PhaseRunning,
+		Disks:      []protocol.DiskStatus{{Name: "root"}, {Name: "hot", Hotplugged: true}, {Name: "gone", Hotplugged: true}},
 		Hotplugged: []machine.Disk{{Name: "hot", Port: "hotplug1"}, {Name: "gone", Port: "hotplug0"}}}
 	got := volumes(v, st, hotplugFailures{"bad": "attach volume \"bad\": no such file"})
 	want := []v1alpha1.VolumeStatus{

@@ -1,4 +1,8 @@
-package launcher
+// Package protocol is the launcher's command protocol: the requests the node agent sends a
+// launcher and what the launcher answers (status, exits, migrations, stats). Its version is
+// machine.Protocol. Standard library only, plus package machine: the launcher links it and no
+// Kubernetes package, and the node agent speaks it to launchers of every version it supports.
+package protocol
 
 import (
 	"time"
@@ -146,4 +150,111 @@ type ErrorResponse struct {
 	Error string `json:"error"`
 	// Field names the request field at fault, for 400 replies.
 	Field string `json:"field,omitempty"`
+}
+
+// ExitReason says why QEMU ended.
+type ExitReason string
+
+// Exit reasons, as reported in Status and by `qvirt-launcher run`.
+const (
+	// ExitGuestShutdown: the guest powered itself off (on its own or after the ACPI power button).
+	ExitGuestShutdown ExitReason = "guest shutdown"
+	// ExitGuestPanicked: the guest kernel panicked.
+	ExitGuestPanicked ExitReason = "guest panicked"
+	// ExitQuit: QEMU was told to quit (a stop whose grace period ran out, or an operator).
+	ExitQuit ExitReason = "quit"
+	// ExitMigrated: the guest now runs on the migration target; this QEMU is done.
+	ExitMigrated ExitReason = "migrated"
+	// ExitKilled: QEMU died from a signal.
+	ExitKilled ExitReason = "killed"
+	// ExitCrashed: QEMU exited with an error of its own.
+	ExitCrashed ExitReason = "crashed"
+	// ExitFailedToStart: QEMU exited before its monitor answered; Detail holds its stderr.
+	ExitFailedToStart ExitReason = "failed to start"
+)
+
+// Clean reports whether the guest ended in a way that loses no data and needs no restart under
+// RerunOnFailure.
+func (r ExitReason) Clean() bool {
+	return r == ExitGuestShutdown || r == ExitQuit || r == ExitMigrated
+}
+
+// Exit describes how QEMU ended.
+type Exit struct {
+	Reason ExitReason `json:"reason"`
+	// Detail is QEMU's exit code or signal and, for failures, the tail of its stderr.
+	Detail string    `json:"detail,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// Stats is a snapshot of one VM's cumulative counters. Counters only grow while the same QEMU runs;
+// they start again from zero in a new QEMU (after a restart or on a migration target).
+type Stats struct {
+	// Time is when the snapshot was taken.
+	Time time.Time `json:"time"`
+	// PID is QEMU's process id, so a consumer sees when the counters restarted.
+	PID int `json:"pid"`
+	// CPU is the whole QEMU process's CPU time: vCPUs plus emulator, I/O and exited threads.
+	CPU CPUTime `json:"cpu"`
+	// VCPUs is each vCPU thread's CPU time, by vCPU index.
+	VCPUs []VCPUStats `json:"vcpus"`
+	// MemoryResidentBytes is QEMU's resident set size (VmRSS): guest RAM touched so far plus
+	// QEMU's own memory.
+	MemoryResidentBytes int64 `json:"memoryResidentBytes"`
+	// Disks are the block I/O counters of each spec and hotplugged disk, by disk name.
+	Disks []DiskStats `json:"disks"`
+	// Interfaces are each NIC's traffic as the guest sees it, by interface name.
+	Interfaces []InterfaceStats `json:"interfaces"`
+}
+
+// CPUTime is CPU time split by mode, in nanoseconds in JSON. The kernel accounts it in clock ticks
+// (USER_HZ, 100 per second on every Linux Go runs on), so the resolution is 10 ms.
+type CPUTime struct {
+	User   time.Duration `json:"userNs"`
+	System time.Duration `json:"systemNs"`
+}
+
+// Total is user plus system time.
+func (c CPUTime) Total() time.Duration { return c.User + c.System }
+
+// VCPUStats is one vCPU's host thread's CPU time. The time a vCPU spent halted (the guest idle)
+// is not counted: the thread sleeps then. Under single-threaded TCG all vCPUs share one thread,
+// and each reports that thread's time.
+type VCPUStats struct {
+	ID       int     `json:"id"`
+	ThreadID int     `json:"threadID"`
+	Time     CPUTime `json:"time"`
+}
+
+// DiskStats are one disk's I/O counters from QEMU (query-blockstats): requests the guest made to
+// the virtual device, whatever the host cache did with them. Times are the summed latencies of
+// completed requests.
+type DiskStats struct {
+	Name       string        `json:"name"`
+	Hotplugged bool          `json:"hotplugged,omitempty"`
+	ReadBytes  int64         `json:"readBytes"`
+	WriteBytes int64         `json:"writeBytes"`
+	ReadOps    int64         `json:"readOps"`
+	WriteOps   int64         `json:"writeOps"`
+	FlushOps   int64         `json:"flushOps"`
+	ReadTime   time.Duration `json:"readTimeNs"`
+	WriteTime  time.Duration `json:"writeTimeNs"`
+	FlushTime  time.Duration `json:"flushTimeNs"`
+}
+
+// InterfaceStats is one NIC's traffic from the guest's point of view. It is read from the host
+// side of the NIC, its tap, whose directions are the guest's swapped: what the tap transmits the
+// guest receives.
+type InterfaceStats struct {
+	Name       string `json:"name"`
+	Tap        string `json:"tap"`
+	Hotplugged bool   `json:"hotplugged,omitempty"`
+	RxBytes    uint64 `json:"rxBytes"`
+	RxPackets  uint64 `json:"rxPackets"`
+	RxErrors   uint64 `json:"rxErrors"`
+	RxDropped  uint64 `json:"rxDropped"`
+	TxBytes    uint64 `json:"txBytes"`
+	TxPackets  uint64 `json:"txPackets"`
+	TxErrors   uint64 `json:"txErrors"`
+	TxDropped  uint64 `json:"txDropped"`
 }
