@@ -50,3 +50,17 @@ func TestHandlerLinksNoClusterReconciler(t *testing.T) {
 		forbid(t, pkg, "github.com/qvirt/qvirt/controllers")
 	}
 }
+
+// The wire contract between the node agent and launchers (the machine description and the command
+// protocol) is standard library only: both sides link it, and launchers of several versions
+// speak it with one node agent.
+func TestWireContractIsStandardLibraryOnly(t *testing.T) {
+	for _, pkg := range []string{"github.com/qvirt/qvirt/machine", "github.com/qvirt/qvirt/launcher/protocol"} {
+		for _, d := range deps(t, pkg) {
+			if strings.Contains(strings.SplitN(d, "/", 2)[0], ".") && !strings.HasPrefix(d, "github.com/qvirt/qvirt/machine") &&
+				!strings.HasPrefix(d, "github.com/qvirt/qvirt/launcher/protocol") {
+				t.Errorf("%s links %s: the wire contract may link only the standard library", pkg, d)
+			}
+		}
+	}
+}
