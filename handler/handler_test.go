@@ -738,7 +738,7 @@ func TestBadLaunchers(t *testing.T) {
 	fooled := standInLauncher(t, e.kubelet.dir(e.get("impostor").UID), machine.Protocol)
 
 	c := e.waitNotSynchronized("bad-image")
-	if c.Reason != vmisync.ReasonSyncFailed || !strings.Contains(c.Message, "machine.kernel.image.ref") {
+	if c.Reason != vmisync.ReasonSyncFailed || !strings.Contains(c.Message, "spec.domain.firmware.kernelBoot.container.image: ") {
 		t.Errorf("Synchronized condition %+v: want reason %s naming the image field", c, vmisync.ReasonSyncFailed)
 	}
 	e.waitEvent("bad-image", vmisync.EventSyncFailed, "/nonexistent/qvirt-image", 10*time.Second)

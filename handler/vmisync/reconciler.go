@@ -398,7 +398,7 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	}
 	st, err := c.Sync(ctx, &protocol.SyncRequest{Machine: *m, Incoming: incoming})
 	if err != nil {
-		return protocol.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the VM: %w", err))
+		return protocol.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("start the VM: %s%w", specFieldOf(v, err), err))
 	}
 	if !incoming {
 		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventStarted, "QEMU started in pod %s", pod.Name)
@@ -418,6 +418,19 @@ func (r *Reconciler) peer(ctx context.Context, v *v1alpha1.VirtualMachineInstanc
 		return launcher.Peer{}, err
 	}
 	return peer, nil
+}
+
+// specFieldOf is "<spec field>: " for a launcher's refusal of a machine field translated from one
+// field of v's spec, so the condition names what the user wrote; "" otherwise.
+func specFieldOf(v *v1alpha1.VirtualMachineInstance, err error) string {
+	var apiErr *launcher.APIError
+	if !errors.As(err, &apiErr) {
+		return ""
+	}
+	if f := translate.SpecField(v, apiErr.Field); f != "" {
+		return f + ": "
+	}
+	return ""
 }
 
 // speaksProtocol checks that the launcher speaks the protocol this node agent sends machines in. A

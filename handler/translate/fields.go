@@ -1,0 +1,65 @@
+package translate
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// machineIndexed matches a machine path into the disk or NIC lists: machine.disks[2].bus.
+var machineIndexed = regexp.MustCompile(`^machine\.(disks|nics)\[(\d+)\](.*)$`)
+
+// machineFields maps the machine paths that come from one spec field to that field.
+var machineFields = []struct{ machine, spec string }{
+	{"machine.kernel.image", "spec.domain.firmware.kernelBoot.container.image"},
+	{"machine.kernel.kernelPath", "spec.domain.firmware.kernelBoot.container.kernelPath"},
+	{"machine.kernel.initrdPath", "spec.domain.firmware.kernelBoot.container.initrdPath"},
+	{"machine.kernel.args", "spec.domain.firmware.kernelBoot.kernelArgs"},
+	{"machine.kernel", "spec.domain.firmware.kernelBoot"},
+	{"machine.cpu", "spec.domain.cpu"},
+	{"machine.memoryMiB", "spec.domain.memory.guest"},
+	{"machine.uuid", "spec.domain.firmware.uuid"},
+	{"machine.smbiosSerial", "spec.domain.firmware.serial"},
+	{"machine.type", "spec.domain.machine.type"},
+	{"machine.graphics", "spec.domain.devices.autoattachGraphicsDevice"},
+	{"machine.serialConsole", "spec.domain.devices.autoattachSerialConsole"},
+}
+
+// SpecField is the field of v's spec that the machine description's field (a launcher's refusal
+// names it, e.g. "machine.kernel.image.ref") was translated from, so a condition can name what the
+// user wrote; "" when no single spec field is behind it. Machine disks and NICs are the spec's
+// disks and interfaces in order (Machine keeps it): a disk's source is its volume.
+func SpecField(v *v1alpha1.VirtualMachineInstance, field string) string {
+	if m := machineIndexed.FindStringSubmatch(field); m != nil {
+		return indexedField(v, m[1], m[2], m[3])
+	}
+	for _, f := range machineFields {
+		if field == f.machine || strings.HasPrefix(field, f.machine+".") {
+			return f.spec
+		}
+	}
+	return ""
+}
+
+func indexedField(v *v1alpha1.VirtualMachineInstance, list, index, rest string) string {
+	i, err := strconv.Atoi(index)
+	if err != nil {
+		return ""
+	}
+	devs := v.Spec.Domain.Devices
+	if list == "nics" {
+		if i >= len(devs.Interfaces) {
+			return ""
+		}
+		return "spec.domain.devices.interfaces[" + index + "]"
+	}
+	if i >= len(devs.Disks) {
+		return ""
+	}
+	if strings.HasPrefix(rest, ".source") {
+		return "spec.volumes[" + devs.Disks[i].Name + "]"
+	}
+	return "spec.domain.devices.disks[" + index + "]"
+}
