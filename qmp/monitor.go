@@ -131,21 +131,32 @@ func (m *Monitor) handshake(ctx context.Context) error {
 	return nil
 }
 
+// maxEventsBeforeGreeting bounds the events readGreeting passes over. QEMU should send none before
+// its greeting, yet one was seen once under load (the probe's QEMU, -machine none): an event
+// carries no state the handshake needs, so it is skipped rather than failing the connection.
+const maxEventsBeforeGreeting = 8
+
 func (m *Monitor) readGreeting(ctx context.Context) (greeting, error) {
 	stop := interruptOnDone(ctx, m.conn.SetReadDeadline)
 	defer stop()
-	var raw json.RawMessage
-	if err := m.dec.Decode(&raw); err != nil {
-		return greeting{}, fmt.Errorf("read greeting: %w", contextCause(ctx, err))
-	}
-	msg, err := decodeMessage(raw)
-	if err != nil {
-		return greeting{}, fmt.Errorf("read greeting: %w", err)
-	}
-	if msg.kind != kindGreeting {
+	for range maxEventsBeforeGreeting + 1 {
+		var raw json.RawMessage
+		if err := m.dec.Decode(&raw); err != nil {
+			return greeting{}, fmt.Errorf("read greeting: %w", contextCause(ctx, err))
+		}
+		msg, err := decodeMessage(raw)
+		if err != nil {
+			return greeting{}, fmt.Errorf("read greeting: %w", err)
+		}
+		switch msg.kind {
+		case kindGreeting:
+			return msg.greeting, nil
+		case kindEvent:
+			continue
+		}
 		return greeting{}, fmt.Errorf("read greeting: got a %s message first", msg.kind)
 	}
-	return msg.greeting, nil
+	return greeting{}, fmt.Errorf("read greeting: more than %d events and no greeting", maxEventsBeforeGreeting)
 }
 
 // Version is QEMU's version as announced in the greeting.

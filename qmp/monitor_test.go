@@ -95,6 +95,40 @@ func TestDialHandshake(t *testing.T) {
 	}
 }
 
+// An event ahead of the greeting is passed over: the handshake completes and nothing is lost.
+func TestDialSkipsEventsBeforeGreeting(t *testing.T) {
+	ctx := testContext(t)
+	srv := qmptest.NewServer(t, qmptest.WithoutHandshake())
+	scripted := async(func() error {
+		c, err := srv.Accept(ctx)
+		if err != nil {
+			return err
+		}
+		if err := c.SendEvent("RESUME", nil); err != nil {
+			return err
+		}
+		if err := c.WriteRaw([]byte(`{"QMP": {"version": {"qemu": {"major": 7, "minor": 2, "micro": 0}, "package": ""}, "capabilities": []}}`)); err != nil {
+			return err
+		}
+		req, err := c.ReadRequest()
+		if err != nil {
+			return err
+		}
+		return c.Reply(req, struct{}{})
+	})
+	m, err := qmp.Dial(ctx, srv.Path)
+	if err != nil {
+		t.Fatalf("Dial with an event before the greeting: %v", err)
+	}
+	defer m.Close()
+	if v := m.Version(); v.String() != "7.2.0" {
+		t.Errorf("Version() = %s, want 7.2.0", v)
+	}
+	if err := receive(t, scripted); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestDialRejectsBadHandshake(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -105,6 +139,18 @@ func TestDialRejectsBadHandshake(t *testing.T) {
 			name:   "reply before greeting",
 			script: func(c *qmptest.Conn) error { return c.WriteRaw([]byte(`{"return": {}}`)) },
 			want:   "got a return message first",
+		},
+		{
+			name: "only events",
+			script: func(c *qmptest.Conn) error {
+				for range 9 {
+					if err := c.WriteRaw([]byte(`{"event": "STOP", "timestamp": {"seconds": 1, "microseconds": 0}}`)); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			want: "more than 8 events and no greeting",
 		},
 		{
 			name:   "not JSON",
