@@ -64,7 +64,7 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*protocol.Exit, error) {
 	}()
 	images := opts.Images
 	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir, Images: &images,
-		FileImagesInPod: opts.AllowFileImages}, uid: opts.VMIUID, emulation: opts.Emulation, allowFileImages: opts.AllowFileImages}
+		FileImagesInPod: opts.AllowFileImages}, uid: opts.VMIUID, emulation: opts.Emulation}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	ln, err := Listen(dir.Command())
 	if err != nil {
@@ -145,15 +145,14 @@ func writeTerminationLog(path string, exit protocol.Exit, log logr.Logger) {
 	}
 }
 
-// podResolver is HostResolver for the one VMI this pod was made for. Unless allowFileImages,
+// podResolver is HostResolver for the one VMI this pod was made for. Unless host.FileImagesInPod,
 // it refuses file:// images: in a cluster such a reference names a directory on the node (or in
 // the launcher image), chosen by whoever wrote the VMI, and images there are checked by no one.
 // Images come from a registry, pulled by trusted code.
 type podResolver struct {
-	host            HostResolver
-	uid             string
-	emulation       bool
-	allowFileImages bool
+	host      HostResolver
+	uid       string
+	emulation bool
 }
 
 func (p podResolver) Resolve(m *machine.Machine, runDir string) (*Machine, error) {
@@ -192,7 +191,7 @@ func (p podResolver) checkDisk(d *machine.Disk, path machine.Path) *machine.Fiel
 
 // checkImage refuses a file:// image unless this launcher allows them.
 func (p podResolver) checkImage(ref machine.ImageRef, path machine.Path) *machine.FieldError {
-	if p.allowFileImages || !strings.HasPrefix(ref.Ref, "file://") {
+	if p.host.FileImagesInPod || !strings.HasPrefix(ref.Ref, "file://") {
 		return nil
 	}
 	return machine.Invalid(path, ref.Ref, "file:// images are for `qvirt-launcher run` outside Kubernetes; a launcher pod "+

@@ -107,7 +107,7 @@ func TestPodResolverAndInfo(t *testing.T) {
 
 // A launcher pod refuses file:// images, kernel and containerDisk alike: in a cluster such a
 // reference names a path on the node, which the tenant does not own. Only the test-only
-// allowFileImages (flag --allow-file-images, which the pod renderer never sets) lets them through.
+// host.FileImagesInPod (flag --allow-file-images, which the pod renderer never sets) lets them through.
 func TestPodResolverRefusesFileImages(t *testing.T) {
 	const uid = "0f8fad5b-d9cb-469f-a165-70867728950e"
 	img := t.TempDir()
@@ -129,8 +129,8 @@ func TestPodResolverRefusesFileImages(t *testing.T) {
 		t.Errorf("containerDisk from a file:// image: want an error at machine.disks[0].source.container.image.ref, got %v", fe)
 	}
 
-	allowing := podResolver{uid: uid, emulation: true, allowFileImages: true}
+	allowing := podResolver{host: HostResolver{FileImagesInPod: true}, uid: uid, emulation: true}
 	if _, err := allowing.Resolve(&kernel, t.TempDir()); err != nil {
-		t.Errorf("with allowFileImages: %v", err)
+		t.Errorf("with FileImagesInPod: %v", err)
 	}
 }
