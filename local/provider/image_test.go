@@ -215,7 +215,9 @@ func TestImageVolumes(t *testing.T) {
 		}
 		tc.waitFor("later", "pulling again", func(p *corev1.Pod) bool { return waitingReason(p) == "ErrImagePull" })
 		pushDisk(t, later, "tenant", "s3cret", "pushed later")
-		got = tc.waitFor("later", "finished", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed })
+		got = tc.waitFor("later", "finished", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		})
 		if term := got.Status.ContainerStatuses[0].State.Terminated; got.Status.Phase != corev1.PodSucceeded || term == nil || term.Message != "pushed later" {
 			t.Errorf("after the push: phase %s, container %+v; want it to run and read the image", got.Status.Phase, got.Status.ContainerStatuses[0].State)
 		}
