@@ -27,7 +27,7 @@ type HostResolver struct {
 	FileImagesInPod bool
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk images; the run directory when empty.
+	// ScratchDir holds emptyDisk images and containerDisk overlays; the run directory when empty.
 	ScratchDir string
 	// ImageCache is the node's image cache directory (image.go); without it only file:// images
 	// can be used.
