@@ -259,6 +259,7 @@ func TestControllerBinaryRunsAVMAndDeletesItInOrder(t *testing.T) {
 	})
 
 	checkMetricsAuth(t, metrics)
+	checkImagePullStatus(t)
 
 	// Deleting the VM removes the pod first, then the VMI, then the VM.
 	if err := c.Delete(ctx, vm); err != nil {
@@ -286,4 +287,82 @@ func TestControllerBinaryRunsAVMAndDeletesItInOrder(t *testing.T) {
 	if vmiGone.Before(podGone) || vmGone.Before(vmiGone) {
 		t.Fatalf("deletion out of order: pod %s, VMI %s, VM %s", podGone.Format(time.StampMilli), vmiGone.Format(time.StampMilli), vmGone.Format(time.StampMilli))
 	}
+}
+
+// checkImagePullStatus: a VM whose containerDisk image cannot be pulled shows ErrImagePull, then
+// ImagePullBackOff, as its STATUS, from the launcher pod's container status as a kubelet writes it
+// (for an image volume's failed pull too); its VMI's Synchronized condition names the volume. Once
+// the kubelet pulls the image, the VM is Starting again and the condition is gone.
+func checkImagePullStatus(t *testing.T) {
+	ctx := context.Background()
+	c := cp.Client
+	const image = "registry.example/qvirt/missing:1"
+	rs := v1alpha1.RunStrategyAlways
+	vm := &v1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: "broken", Namespace: "demo"},
+		Spec: v1alpha1.VirtualMachineSpec{RunStrategy: &rs, Template: v1alpha1.VirtualMachineInstanceTemplateSpec{
+			Spec: v1alpha1.VirtualMachineInstanceSpec{
+				Domain: v1alpha1.DomainSpec{
+					Memory:  &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("128Mi"))},
+					Devices: v1alpha1.Devices{Disks: []v1alpha1.Disk{{Name: "rootdisk", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}}}},
+				},
+				Volumes: []v1alpha1.Volume{{Name: "rootdisk", VolumeSource: v1alpha1.VolumeSource{
+					ContainerDisk: &v1alpha1.ContainerDiskSource{Image: image}}}},
+			},
+		}},
+	}
+	if err := c.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	var pod corev1.Pod
+	eventually(t, 30*time.Second, "the broken VM's launcher pod", func() bool {
+		var pods corev1.PodList
+		_ = c.List(ctx, &pods, client.InNamespace("demo"), client.MatchingLabels{v1alpha1.VMINameLabel: "broken"})
+		if len(pods.Items) != 1 {
+			return false
+		}
+		pod = pods.Items[0]
+		return true
+	})
+	if err := c.SubResource("binding").Create(ctx, &pod, &corev1.Binding{Target: corev1.ObjectReference{Kind: "Node", Name: "node-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	// Playing the kubelet: the compute container waits for the image volume's image.
+	kubelet := func(phase corev1.PodPhase, state corev1.ContainerState) {
+		t.Helper()
+		eventually(t, 10*time.Second, "the pod status to be written", func() bool {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(&pod), &pod); err != nil {
+				return false
+			}
+			pod.Status.Phase = phase
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "compute", Image: pod.Spec.Containers[0].Image, State: state}}
+			return c.Status().Update(ctx, &pod) == nil
+		})
+	}
+	waiting := func(reason, msg string) corev1.ContainerState {
+		return corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}
+	}
+	vmStatus := func(want v1alpha1.PrintableStatus, cond func(*metav1.Condition) bool) {
+		t.Helper()
+		var got v1alpha1.VirtualMachine
+		var vmi v1alpha1.VirtualMachineInstance
+		eventually(t, 30*time.Second, "the VM to show "+string(want), func() bool {
+			if c.Get(ctx, client.ObjectKeyFromObject(vm), &got) != nil || c.Get(ctx, client.ObjectKeyFromObject(vm), &vmi) != nil {
+				return false
+			}
+			return got.Status.PrintableStatus == want && cond(meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized))
+		})
+	}
+	names := func(reason, text string) func(*metav1.Condition) bool {
+		return func(s *metav1.Condition) bool {
+			return s != nil && s.Status == metav1.ConditionFalse && s.Reason == reason &&
+				strings.Contains(s.Message, "spec.volumes[rootdisk].containerDisk.image") && strings.Contains(s.Message, text)
+		}
+	}
+	kubelet(corev1.PodPending, waiting("ErrImagePull", `failed to pull and unpack image "`+image+`": not found`))
+	vmStatus(v1alpha1.PrintableStatusErrImagePull, names(v1alpha1.ReasonErrImagePull, "not found"))
+	kubelet(corev1.PodPending, waiting("ImagePullBackOff", `Back-off pulling image "`+image+`": ErrImagePull: not found`))
+	vmStatus(v1alpha1.PrintableStatusImagePullBackOff, names(v1alpha1.ReasonImagePullBackOff, "Back-off pulling image"))
+	kubelet(corev1.PodRunning, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}})
+	vmStatus(v1alpha1.PrintableStatusStarting, func(s *metav1.Condition) bool { return s == nil })
 }

@@ -109,7 +109,9 @@ func argvCases(root, runDir string) []argvCase {
 				{Name: "default", Pod: &v1alpha1.PodNetwork{}},
 				{Name: "storage", Multus: &v1alpha1.MultusNetwork{NetworkName: "default/storage"}},
 			}
-			h.m.Images["root"] = DiskImage{Path: img("root.qcow2"), Format: "qcow2"}
+			// The writable containerDisk as the launcher resolves it: its overlay over the image.
+			h.m.Images["root"] = DiskImage{Path: filepath.Join(runDir, "overlay-root.qcow2"), Format: "qcow2", Ephemeral: true,
+				Backing: &DiskImage{Path: img("root.qcow2"), Format: "qcow2", ReadOnly: true}}
 			h.m.Images["data"] = DiskImage{Path: img("data.raw"), Format: "raw"}
 			h.m.Images["cidata"] = DiskImage{Path: img("cidata.iso"), Format: "raw", ReadOnly: true}
 			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:01"}

@@ -111,10 +111,11 @@ func (l *Launcher) attachDisk(ctx context.Context, p *Process, hot *hotDisk) err
 	return nil
 }
 
-// removeEphemeral deletes the image the launcher created for disk name (an emptyDisk). Only files
-// named as the resolver names emptyDisk images are touched.
+// removeEphemeral deletes the image the launcher created for disk name (an emptyDisk, or the
+// overlay of a writable containerDisk). Only files named as the resolver names those images are
+// touched.
 func removeEphemeral(name string, img DiskImage) {
-	if !img.Ephemeral || !strings.HasSuffix(img.Path, "/"+emptyDiskFile(name)) {
+	if !img.Ephemeral || !strings.HasSuffix(img.Path, "/"+emptyDiskFile(name)) && !strings.HasSuffix(img.Path, "/"+overlayFile(name)) {
 		return
 	}
 	_ = os.Remove(img.Path)

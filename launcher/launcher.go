@@ -133,7 +133,8 @@ func (l *Launcher) serveDHCP(p *Process, nics []machine.NIC) {
 	}
 }
 
-// follow forwards the process's state changes to watchers until QEMU exits.
+// follow forwards the process's state changes to watchers until QEMU exits, then discards the
+// images the launcher created for the VM.
 func (l *Launcher) follow(p *Process) {
 	for {
 		state, exit, changed := p.State()
@@ -149,9 +150,27 @@ func (l *Launcher) follow(p *Process) {
 		l.notifyLocked()
 		l.mu.Unlock()
 		if exit != nil {
+			l.removeEphemeralImages(p)
 			return
 		}
 		<-changed
+	}
+}
+
+// removeEphemeralImages deletes the emptyDisk images and containerDisk overlays of a VM whose QEMU
+// has exited: what the guest wrote there ends with it, as in KubeVirt, and the node's disk space
+// comes back now rather than when the pod is deleted (a finished pod keeps its emptyDirs).
+func (l *Launcher) removeEphemeralImages(p *Process) {
+	m := p.Machine()
+	for name, img := range m.Images {
+		removeEphemeral(name, img)
+	}
+	l.volumes.Lock()
+	defer l.volumes.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, d := range l.hotplug {
+		removeEphemeral(name, d.img)
 	}
 }
 

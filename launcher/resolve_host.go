@@ -27,7 +27,7 @@ type HostResolver struct {
 	FileImagesInPod bool
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk images; the run directory when empty.
+	// ScratchDir holds emptyDisk images and containerDisk overlays; the run directory when empty.
 	ScratchDir string
 	// ImageCache is the node's image cache directory (image.go); without it only file:// images
 	// can be used.
@@ -78,16 +78,16 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 	case src.HostFile != nil:
 		return hostFile(src.HostFile, sp.Child("hostFile"))
 	case src.Container != nil:
-		return h.containerDisk(src.Container, h.Images.containerDisk(d.Name), sp.Child("container"))
-	case src.Empty != nil:
-		scratch := h.ScratchDir
-		if scratch == "" {
-			scratch = runDir
+		img, size, err := h.containerDisk(src.Container, h.Images.containerDisk(d.Name), sp.Child("container"))
+		if err != nil || d.ReadOnly || d.CDROM {
+			return img, err
 		}
+		return h.containerOverlay(d, img, size, runDir, p)
+	case src.Empty != nil:
 		if err := checkName(p.Child("name"), d.Name); err != nil {
 			return DiskImage{}, err
 		}
-		path := filepath.Join(scratch, emptyDiskFile(d.Name))
+		path := filepath.Join(h.scratch(runDir), emptyDiskFile(d.Name))
 		if err := createSparse(path, src.Empty.CapacityBytes); err != nil {
 			return DiskImage{}, machine.Invalid(sp.Child("empty", "capacityBytes"), src.Empty.CapacityBytes, err.Error())
 		}
@@ -98,6 +98,35 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 
 // emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.
 func emptyDiskFile(volume string) string { return "empty-" + volume + ".img" }
+
+// overlayFile is the file name of a writable containerDisk's overlay in the scratch directory.
+func overlayFile(volume string) string { return "overlay-" + volume + ".qcow2" }
+
+// scratch is the directory of the images the launcher creates: the pod's own emptyDir in a
+// launcher pod, else the run directory.
+func (h HostResolver) scratch(runDir string) string {
+	if h.ScratchDir != "" {
+		return h.ScratchDir
+	}
+	return runDir
+}
+
+// containerOverlay makes a container disk the guest may write to writable as KubeVirt does: a new,
+// empty qcow2 overlay in the scratch directory over the read-only image. The guest's writes go to
+// the overlay, the image stays as pulled (it is a read-only image volume), and the overlay, so
+// every write, goes with the VM. The overlay's backing is named to QEMU explicitly with its format
+// (blockNodes), never taken from the overlay's header.
+func (h HostResolver) containerOverlay(d *machine.Disk, base DiskImage, size uint64, runDir string, p machine.Path) (DiskImage, *machine.FieldError) {
+	if err := checkName(p.Child("name"), d.Name); err != nil {
+		return DiskImage{}, err
+	}
+	path := filepath.Join(h.scratch(runDir), overlayFile(d.Name))
+	if err := createOverlay(path, &base, size); err != nil {
+		return DiskImage{}, machine.Invalid(p.Child("source", "container"), d.Name,
+			fmt.Sprintf("create the writable overlay %s over the image: %v", path, err))
+	}
+	return DiskImage{Path: path, Format: "qcow2", Backing: &base, Ephemeral: true}, nil
+}
 
 // hostFile is an image file the launcher sees (KubeVirt's hostDisk), created sparse when asked.
 func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldError) {
@@ -120,27 +149,36 @@ func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldEr
 	return DiskImage{Path: hf.Path, Format: hf.Format}, nil
 }
 
-func (h HostResolver) containerDisk(cd *machine.Container, mount string, p machine.Path) (DiskImage, *machine.FieldError) {
+// containerDisk is the image file of a container disk, read-only, and its virtual size. A qcow2
+// image's header is checked (ParseQcow2Header): it came from a registry, and QEMU must not be led
+// to a file it names.
+func (h HostResolver) containerDisk(cd *machine.Container, mount string, p machine.Path) (DiskImage, uint64, *machine.FieldError) {
 	root, err := h.imageRoot(cd.Image, mount)
 	if err != nil {
-		return DiskImage{}, machine.Invalid(p.Child("image", "ref"), cd.Image.Ref, err.Error())
+		return DiskImage{}, 0, machine.Invalid(p.Child("image", "ref"), cd.Image.Ref, err.Error())
 	}
 	path := cd.Path
 	if path == "" {
 		if path, err = singleDiskFile(root); err != nil {
-			return DiskImage{}, machine.Invalid(p.Child("path"), cd.Path, err.Error())
+			return DiskImage{}, 0, machine.Invalid(p.Child("path"), cd.Path, err.Error())
 		}
 	}
 	file, err := existingFile(root, path)
 	if err != nil {
-		return DiskImage{}, machine.Invalid(p.Child("path"), path, err.Error())
+		return DiskImage{}, 0, machine.Invalid(p.Child("path"), path, err.Error())
 	}
 	format, err := FormatFromName(file)
 	if err != nil {
-		return DiskImage{}, machine.Invalid(p.Child("path"), path, err.Error())
+		return DiskImage{}, 0, machine.Invalid(p.Child("path"), path, err.Error())
 	}
-	// A container disk is shared by every VM using the image: never write to it.
-	return DiskImage{Path: file, Format: format, ReadOnly: true}, nil
+	// The image is the pod's read-only image volume (shared with nothing writable, but never
+	// written): a writable disk gets an overlay over it.
+	img := DiskImage{Path: file, Format: format, ReadOnly: true}
+	size, err := imageVirtualSize(&img)
+	if err != nil {
+		return DiskImage{}, 0, machine.Invalid(p.Child("path"), path, err.Error())
+	}
+	return img, size, nil
 }
 
 // FormatFromName is a container disk's format from its file name (.qcow2, or .img/.raw/.iso for
@@ -156,14 +194,32 @@ func FormatFromName(path string) (string, error) {
 	return "", fmt.Errorf("cannot tell the image format of %s: name it .qcow2, .img, .raw or .iso", filepath.Base(path))
 }
 
-// singleDiskFile is the one file under the image's /disk directory, KubeVirt's convention.
+// singleDiskFile is the one file under the image's /disk directory, KubeVirt's convention for a
+// containerDisk image without a path.
 func singleDiskFile(root string) (string, error) {
+	const want = "a containerDisk image holds one disk image file under /disk/ (KubeVirt's layout), or the volume names the file with containerDisk.path"
 	entries, err := os.ReadDir(filepath.Join(root, "disk"))
-	if err != nil {
-		return "", fmt.Errorf("no path given and no /disk directory in the image: %w", err)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("the image has no /disk directory: %s", want)
 	}
-	if len(entries) != 1 || entries[0].IsDir() {
-		return "", fmt.Errorf("no path given and /disk holds %d entries, want exactly one file", len(entries))
+	if err != nil {
+		return "", fmt.Errorf("read /disk in the image: %w", err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	switch {
+	case len(entries) == 0:
+		return "", fmt.Errorf("the image's /disk directory is empty: %s", want)
+	case len(entries) > 1:
+		shown := names
+		if len(shown) > 8 {
+			shown = append(shown[:8:8], "...")
+		}
+		return "", fmt.Errorf("the image's /disk directory holds %d entries (%s), so which is the disk is not clear: set containerDisk.path", len(entries), strings.Join(shown, ", "))
+	case entries[0].IsDir():
+		return "", fmt.Errorf("/disk/%s in the image is a directory: %s", names[0], want)
 	}
 	return "/disk/" + entries[0].Name(), nil
 }

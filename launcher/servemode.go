@@ -25,7 +25,7 @@ type ServeOptions struct {
 	Emulation      bool
 	QEMU           string
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk images (the pod's private emptyDir).
+	// ScratchDir holds emptyDisk images and containerDisk overlays (the pod's private emptyDir).
 	ScratchDir string
 	// Images are the pod's image volumes (podlayout.KernelBootDir and ContainerDiskDir): the
 	// launcher in a pod reads images there and never pulls.

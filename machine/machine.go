@@ -154,8 +154,9 @@ type HostFile struct {
 	CreateBytes int64 `json:"createBytes,omitempty"`
 }
 
-// Container is a disk image inside a container image (KubeVirt's containerDisk), attached
-// read-only: every VM on the node shares it.
+// Container is a disk image inside a container image (KubeVirt's containerDisk). The image itself
+// is never written: a disk that is not ReadOnly (nor a cdrom) gets a qcow2 overlay the launcher
+// creates over it, which takes the guest's writes and goes with the VM.
 type Container struct {
 	Image ImageRef `json:"image"`
 	// Path is the image file inside the image; the one file under /disk when empty.

@@ -39,6 +39,19 @@ const (
 	VirtualMachineInstancePaused = "Paused"
 	// VirtualMachineInstanceIsMigratable says whether the instance can live-migrate, and why not.
 	VirtualMachineInstanceIsMigratable = "LiveMigratable"
+	// VirtualMachineInstanceSynchronized is false while the instance cannot be brought to its
+	// spec: its launcher pod's images cannot be pulled (reasons ErrImagePull and
+	// ImagePullBackOff, set by qvirt-controller as KubeVirt's virt-controller does), or the node
+	// agent cannot start or reach its launcher (the node agent's reasons).
+	VirtualMachineInstanceSynchronized = "Synchronized"
+)
+
+// Reasons of a false Synchronized condition from the launcher pod's images, the kubelet's waiting
+// reasons for a container whose image (or image volume) cannot be pulled. A VirtualMachine prints
+// them as its status.
+const (
+	ReasonErrImagePull     = "ErrImagePull"
+	ReasonImagePullBackOff = "ImagePullBackOff"
 )
 
 // VirtualMachineInstanceStatus is the observed state of an instance.

@@ -149,6 +149,10 @@ func printableStatus(vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineIn
 		return v1alpha1.PrintableStatusUnknown
 	case unschedulable(vmi):
 		return v1alpha1.PrintableStatusUnschedulable
+	case imagePull(vmi, v1alpha1.ReasonErrImagePull):
+		return v1alpha1.PrintableStatusErrImagePull
+	case imagePull(vmi, v1alpha1.ReasonImagePullBackOff):
+		return v1alpha1.PrintableStatusImagePullBackOff
 	default: // "", Pending, Scheduling, Scheduled
 		return v1alpha1.PrintableStatusStarting
 	}
@@ -157,6 +161,13 @@ func printableStatus(vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineIn
 func migrating(vmi *v1alpha1.VirtualMachineInstance) bool {
 	ms := vmi.Status.MigrationState
 	return ms != nil && !ms.Completed && !ms.Failed
+}
+
+// imagePull says whether the instance's launcher pod cannot pull an image for reason (the VMI
+// reconciler's Synchronized condition), as KubeVirt decides ErrImagePull and ImagePullBackOff.
+func imagePull(vmi *v1alpha1.VirtualMachineInstance, reason string) bool {
+	c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == reason
 }
 
 func unschedulable(vmi *v1alpha1.VirtualMachineInstance) bool {

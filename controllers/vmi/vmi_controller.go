@@ -135,6 +135,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 	pod := launcherPod(vmi, pods)
 	o := podOutcome(vmi.Status.Phase, pod)
 	applyOutcome(&vmi.Status, o, r.now())
+	setImagePullCondition(vmi, pod)
 	recordImages(&vmi.Status, pod)
 	if vmi.Status.Phase != v1alpha1.Pending || len(pods) > 0 {
 		return ctrl.Result{}, o, nil

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -151,6 +152,63 @@ func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance) {
 	patch.SetCondition(&vmi.Status.Conditions, vmi, metav1.Condition{
 		Type: v1alpha1.VirtualMachineInstanceIsMigratable, Status: status, Reason: reason, Message: msg,
 	})
+}
+
+// imagePullCondition is the Synchronized condition the launcher pod's images call for: false with
+// the kubelet's waiting reason (ErrImagePull, ImagePullBackOff) and its message while a container
+// of the pod waits for an image or an image volume, nil while none does. KubeVirt's virt-controller
+// reports a launcher pod's image errors the same way; the VirtualMachine shows the reason as its
+// status. The kubelet (or a virtual node) retries the pull with back-off meanwhile.
+func imagePullCondition(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) *metav1.Condition {
+	if pod == nil {
+		return nil
+	}
+	statuses := append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...)
+	for _, cs := range statuses {
+		w := cs.State.Waiting
+		if w == nil || (w.Reason != v1alpha1.ReasonErrImagePull && w.Reason != v1alpha1.ReasonImagePullBackOff) {
+			continue
+		}
+		msg := fmt.Sprintf("launcher pod %s, container %s: %s", pod.Name, cs.Name, w.Message)
+		if fields := imageFields(&vmi.Spec, w.Message); len(fields) > 0 {
+			msg = strings.Join(fields, ", ") + ": " + msg
+		}
+		return &metav1.Condition{Type: v1alpha1.VirtualMachineInstanceSynchronized, Status: metav1.ConditionFalse, Reason: w.Reason, Message: msg}
+	}
+	return nil
+}
+
+// imageFields are the spec fields whose image a kubelet's pull message names, so the condition
+// says which volume's image cannot be had. The kubelet names the image, not the volume.
+func imageFields(spec *v1alpha1.VirtualMachineInstanceSpec, message string) []string {
+	var out []string
+	if fw := spec.Domain.Firmware; fw != nil && fw.KernelBoot != nil && fw.KernelBoot.Container != nil &&
+		strings.Contains(message, fw.KernelBoot.Container.Image) {
+		out = append(out, "spec.domain.firmware.kernelBoot.container.image")
+	}
+	for _, v := range spec.Volumes {
+		if v.ContainerDisk != nil && v.ContainerDisk.Image != "" && strings.Contains(message, v.ContainerDisk.Image) {
+			out = append(out, "spec.volumes["+v.Name+"].containerDisk.image")
+		}
+	}
+	return out
+}
+
+// setImagePullCondition records imagePullCondition on an instance that has not ended. Once the pod
+// no longer waits for an image, a Synchronized condition of those reasons is removed; the node
+// agent owns the condition's other reasons (and sets it true once it runs the launcher).
+func setImagePullCondition(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) {
+	if vmi.Status.Phase.Final() {
+		return
+	}
+	if c := imagePullCondition(vmi, pod); c != nil {
+		patch.SetCondition(&vmi.Status.Conditions, vmi, *c)
+		return
+	}
+	cur := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+	if cur != nil && (cur.Reason == v1alpha1.ReasonErrImagePull || cur.Reason == v1alpha1.ReasonImagePullBackOff) {
+		meta.RemoveStatusCondition(&vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+	}
 }
 
 // launcherPod picks the instance's own launcher pod from the pods carrying its UID label: the one on

@@ -1,6 +1,7 @@
 package vmi
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -186,5 +187,72 @@ func TestExpectations(t *testing.T) {
 	now = now.Add(31 * time.Second)
 	if ok, _ := e.Satisfied("a"); !ok || e.Len() != 0 {
 		t.Fatalf("expired expectation must satisfy and be dropped; len %d", e.Len())
+	}
+}
+
+// The launcher pod's image pulls, as a kubelet reports them, become the Synchronized condition
+// naming the spec field of the image; the condition goes once the pod no longer waits for an
+// image, and the node agent's own reasons are left alone.
+func TestSetImagePullCondition(t *testing.T) {
+	const kernelImage, diskImage = "registry.example/kernel:1", "registry.example/disk:1"
+	vmi := func(conds ...metav1.Condition) *v1alpha1.VirtualMachineInstance {
+		v := &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.Scheduling, Conditions: conds}}
+		v.Spec.Domain.Firmware = &v1alpha1.Firmware{KernelBoot: &v1alpha1.KernelBoot{Container: &v1alpha1.KernelBootContainer{Image: kernelImage}}}
+		v.Spec.Volumes = []v1alpha1.Volume{{Name: "root", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: diskImage}}}}
+		return v
+	}
+	waiting := func(init bool, reason, msg string) *corev1.Pod {
+		p := testPod(corev1.PodPending, "node-1")
+		cs := []corev1.ContainerStatus{{Name: "c", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}}}
+		if init {
+			p.Status.InitContainerStatuses = cs
+		} else {
+			p.Status.ContainerStatuses = cs
+		}
+		return p
+	}
+	sync := func(reason string) metav1.Condition {
+		return metav1.Condition{Type: v1alpha1.VirtualMachineInstanceSynchronized, Status: metav1.ConditionFalse, Reason: reason, Message: "m"}
+	}
+	cases := []struct {
+		name       string
+		vmi        *v1alpha1.VirtualMachineInstance
+		pod        *corev1.Pod
+		wantReason string // "" for no condition
+		wantFields []string
+	}{
+		{"containerDisk image", vmi(), waiting(false, "ErrImagePull", `failed to pull image "`+diskImage+`"`), "ErrImagePull",
+			[]string{"spec.volumes[root].containerDisk.image"}},
+		{"kernelBoot image, backing off", vmi(), waiting(false, "ImagePullBackOff", `Back-off pulling image "`+kernelImage+`"`), "ImagePullBackOff",
+			[]string{"spec.domain.firmware.kernelBoot.container.image"}},
+		{"init container", vmi(), waiting(true, "ErrImagePull", "x"), "ErrImagePull", nil},
+		{"other waiting reasons say nothing", vmi(), waiting(false, "ContainerCreating", diskImage), "", nil},
+		{"pulled at last", vmi(sync("ImagePullBackOff")), testPod(corev1.PodRunning, "node-1"), "", nil},
+		{"the node agent's reason stays", vmi(sync("SyncFailed")), testPod(corev1.PodRunning, "node-1"), "SyncFailed", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			setImagePullCondition(c.vmi, c.pod)
+			got := meta.FindStatusCondition(c.vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+			if c.wantReason == "" {
+				if got != nil {
+					t.Fatalf("condition %+v, want none", got)
+				}
+				return
+			}
+			if got == nil || got.Reason != c.wantReason || got.Status != metav1.ConditionFalse {
+				t.Fatalf("condition %+v, want False with reason %s", got, c.wantReason)
+			}
+			for _, f := range c.wantFields {
+				if !strings.Contains(got.Message, f+": launcher pod ") {
+					t.Errorf("message %q does not name %s", got.Message, f)
+				}
+			}
+		})
+	}
+	final := vmi()
+	final.Status.Phase = v1alpha1.Failed
+	if setImagePullCondition(final, waiting(false, "ErrImagePull", "x")); len(final.Status.Conditions) != 0 {
+		t.Errorf("an ended instance got %+v", final.Status.Conditions)
 	}
 }

@@ -184,10 +184,8 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Dis
 	if vol.PersistentVolumeClaim != nil && vol.PersistentVolumeClaim.ReadOnly {
 		out.ReadOnly = true
 	}
-	if src.Container != nil {
-		// A container disk is shared by every VM using the image: never written to.
-		out.ReadOnly = true
-	}
+	// A writable containerDisk is written through an overlay the launcher creates; the image
+	// itself is never written.
 	return out, nil
 }
 

@@ -45,7 +45,8 @@ func TestDefaults(t *testing.T) {
 		Name: "vm1", Namespace: "default", UID: uid, UUID: uid, Type: "q35", Accel: machine.AccelTCG,
 		CPU:       machine.CPU{Model: "qemu64", VCPUs: 1, Sockets: 1, Cores: 1, Threads: 1},
 		MemoryMiB: 128, SerialConsole: true, Graphics: true, GracePeriodSeconds: 180,
-		Disks: []machine.Disk{{Name: "root", Bus: machine.BusVirtio, ReadOnly: true, Cache: machine.CacheNone, IO: machine.IOThreads,
+		// A containerDisk is writable unless the spec says readonly: the launcher puts an overlay on it.
+		Disks: []machine.Disk{{Name: "root", Bus: machine.BusVirtio, Cache: machine.CacheNone, IO: machine.IOThreads,
 			Source: machine.Source{Container: &machine.Container{Image: machine.ImageRef{Ref: "example.com/disk:1"}}}}},
 		NICs: []machine.NIC{{Name: "default", Tap: "tap0", MAC: "02:00:00:00:00:01", Model: machine.NICVirtio}},
 	}

@@ -18,7 +18,7 @@ import (
 // Condition types and reasons the node agent sets on an instance. Ready and Paused are KubeVirt's;
 // Synchronized says whether the node agent could bring the launcher to the spec.
 const (
-	ConditionSynchronized = "Synchronized"
+	ConditionSynchronized = v1alpha1.VirtualMachineInstanceSynchronized
 
 	ReasonGuestRunning        = "GuestRunning"
 	ReasonGuestNotRunning     = "GuestNotRunning"

@@ -31,8 +31,8 @@ const (
 	ContainerDiskDir = "/var/run/qvirt/container-disks"
 	// KernelBootDir is the read-only image volume of spec.domain.firmware.kernelBoot.container.
 	KernelBootDir = "/var/run/qvirt/kernel-boot"
-	// PrivateDir is a writable emptyDir for the launcher's own files, such as emptyDisk images (the
-	// root filesystem is read-only).
+	// PrivateDir is a writable emptyDir for the launcher's own files, such as emptyDisk images and
+	// containerDisk overlays (the root filesystem is read-only).
 	PrivateDir = "/var/run/qvirt/private"
 )
 

@@ -125,6 +125,7 @@ func TestImageVolumes(t *testing.T) {
 	n := startNode(t, ctx, "vnode-img", "10.231.9.0/24", "qvt-test-img", binDir, log, func(o *provider.Options) {
 		o.ImageCache = cache
 		o.InsecureRegistries = []string{addr}
+		o.ImagePullBackoff = time.Second
 	})
 	defer n.stop(t)
 	tc := &testCluster{t: t, ctx: ctx, client: client, ns: ns.Name}
@@ -135,8 +136,8 @@ func TestImageVolumes(t *testing.T) {
 		pod := imagePod(name, ref, "creds")
 		pod.Spec.NodeName = n.name
 		tc.create(pod)
-		return tc.waitFor(name, "finished", func(p *corev1.Pod) bool {
-			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		return tc.waitFor(name, "finished or failing to pull", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || waitingReason(p) == "ErrImagePull"
 		})
 	}
 
@@ -187,24 +188,63 @@ func TestImageVolumes(t *testing.T) {
 		switch {
 		case pod.Status.Phase == corev1.PodSucceeded && term != nil && term.Message == "original":
 			// Re-pulled.
-		case pod.Status.Phase == corev1.PodFailed && strings.Contains(pod.Status.Message, ref):
-			t.Logf("refused: %s", pod.Status.Message)
+		case waitingReason(pod) == "ErrImagePull" && strings.Contains(cs.State.Waiting.Message, ref):
+			t.Logf("refused: %s", cs.State.Waiting.Message)
 		default:
 			t.Errorf("after tampering: phase %s, message %q, container %+v; want the original content or a refusal naming %s",
 				pod.Status.Phase, pod.Status.Message, cs.State, ref)
 		}
 	})
 
-	t.Run("without the pull secret the pull is refused", func(t *testing.T) {
+	// As a kubelet: the pod stays Pending, its container waiting with ErrImagePull (the pull's
+	// error), then ImagePullBackOff while the provider waits to pull again, and so on; once the
+	// image can be had, the pod runs.
+	t.Run("a failed pull is retried with back-off, reported as a kubelet reports it", func(t *testing.T) {
+		tc.t = t
+		later := addr + "/tenant/disk:later"
+		pod := imagePod("later", later, "creds")
+		pod.Spec.NodeName = n.name
+		tc.create(pod)
+		got := tc.waitFor("later", "waiting with ErrImagePull", func(p *corev1.Pod) bool { return waitingReason(p) == "ErrImagePull" })
+		if msg := got.Status.ContainerStatuses[0].State.Waiting.Message; got.Status.Phase != corev1.PodPending || !strings.Contains(msg, later) {
+			t.Errorf("phase %s, message %q; want Pending with the pull's error naming %s", got.Status.Phase, msg, later)
+		}
+		got = tc.waitFor("later", "waiting with ImagePullBackOff", func(p *corev1.Pod) bool { return waitingReason(p) == "ImagePullBackOff" })
+		if msg := got.Status.ContainerStatuses[0].State.Waiting.Message; got.Status.Phase != corev1.PodPending || !strings.HasPrefix(msg, `Back-off pulling image "`+later+`": `) {
+			t.Errorf("phase %s, message %q; want Pending, backing off from pulling %s", got.Status.Phase, msg, later)
+		}
+		tc.waitFor("later", "pulling again", func(p *corev1.Pod) bool { return waitingReason(p) == "ErrImagePull" })
+		pushDisk(t, later, "tenant", "s3cret", "pushed later")
+		got = tc.waitFor("later", "finished", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		})
+		if term := got.Status.ContainerStatuses[0].State.Terminated; got.Status.Phase != corev1.PodSucceeded || term == nil || term.Message != "pushed later" {
+			t.Errorf("after the push: phase %s, container %+v; want it to run and read the image", got.Status.Phase, got.Status.ContainerStatuses[0].State)
+		}
+	})
+
+	t.Run("without the pull secret the pull is refused, and the pod can be deleted meanwhile", func(t *testing.T) {
 		tc.t = t
 		pod := imagePod("anonymous", addr+"/tenant/disk:1", "")
 		pod.Spec.ImagePullSecrets = nil
 		pod.Spec.Volumes[0].Image.PullPolicy = corev1.PullAlways
 		pod.Spec.NodeName = n.name
 		tc.create(pod)
-		got := tc.waitFor("anonymous", "failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-		if !strings.Contains(got.Status.Message, ref) {
-			t.Errorf("message %q, want one naming %s", got.Status.Message, ref)
+		got := tc.waitFor("anonymous", "waiting with ErrImagePull", func(p *corev1.Pod) bool { return waitingReason(p) == "ErrImagePull" })
+		if msg := got.Status.ContainerStatuses[0].State.Waiting.Message; !strings.Contains(msg, ref) {
+			t.Errorf("message %q, want one naming %s", msg, ref)
 		}
+		if err := client.CoreV1().Pods(tc.ns).Delete(ctx, "anonymous", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tc.waitGone("anonymous")
 	})
+}
+
+// waitingReason is the reason the pod's first container waits, "" when it does not.
+func waitingReason(p *corev1.Pod) string {
+	if len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Waiting == nil {
+		return ""
+	}
+	return p.Status.ContainerStatuses[0].State.Waiting.Reason
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,13 +27,14 @@ import (
 
 // Container state reasons, as the kubelet writes them.
 const (
-	reasonCreating    = "ContainerCreating"
-	reasonBackOff     = "CrashLoopBackOff"
-	reasonImage       = "ErrImagePull"
-	reasonCompleted   = "Completed"
-	reasonError       = "Error"
-	reasonStartError  = "StartError"
-	reasonSandboxFail = "SandboxSetupFailed"
+	reasonCreating     = "ContainerCreating"
+	reasonBackOff      = "CrashLoopBackOff"
+	reasonImage        = "ErrImagePull"
+	reasonImageBackOff = "ImagePullBackOff"
+	reasonCompleted    = "Completed"
+	reasonError        = "Error"
+	reasonStartError   = "StartError"
+	reasonSandboxFail  = "SandboxSetupFailed"
 
 	// maxTerminationMessage is the kubelet's cap on a termination message.
 	maxTerminationMessage = 4096
@@ -131,7 +133,17 @@ func (r *podRun) run() {
 	if err == nil {
 		err = r.setupNetwork(ctx, uid)
 	}
-	if err != nil {
+	if errors.Is(err, errStopped) {
+		// Stopped while an image could not be pulled: no container ever ran. The kubelet reports
+		// such a container as below.
+		r.update(func(st *corev1.PodStatus) {
+			for i := range st.ContainerStatuses {
+				st.ContainerStatuses[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+					ExitCode: 137, Reason: "ContainerStatusUnknown", FinishedAt: v1.Now(),
+					Message: "the pod stopped before the container started: an image could not be pulled"}}
+			}
+		})
+	} else if err != nil {
 		log.Error(err, "pod sandbox")
 		r.update(func(st *corev1.PodStatus) {
 			st.Phase, st.Reason, st.Message = corev1.PodFailed, reasonSandboxFail, err.Error()
@@ -574,7 +586,10 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 			_ = os.Chmod(dir, 0o777)
 			vols[v.Name] = volume{path: dir}
 		case v.Image != nil:
-			vol, err := r.imageVolume(v.Image)
+			vol, err := r.pullImageVolume(&r.pod.Spec.Volumes[i])
+			if errors.Is(err, errStopped) {
+				return nil, err
+			}
 			if err != nil {
 				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
 			}
@@ -587,8 +602,72 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 	return vols, nil
 }
 
+// errStopped ends a pod's preparation when the pod is stopped while it waits to pull an image again.
+var errStopped = errors.New("the pod stopped before its volumes were ready")
+
+// pullError is a failed pull of an image volume's image, which a kubelet retries.
+type pullError struct{ err error }
+
+func (e *pullError) Error() string { return e.err.Error() }
+func (e *pullError) Unwrap() error { return e.err }
+
+// pullImageVolume gets the image of image volume v as a kubelet does. A failed pull leaves the
+// containers that mount the volume waiting with reason ErrImagePull and the pull's error, then
+// ImagePullBackOff ("Back-off pulling image ...") until the provider pulls again: after
+// ImagePullBackoff, doubling up to MaxImagePullBackoff, for as long as the pod exists. The pod
+// stays Pending meanwhile; it does not fail.
+func (r *podRun) pullImageVolume(v *corev1.Volume) (volume, error) {
+	backoff := r.p.opts.ImagePullBackoff
+	for {
+		vol, err := r.imageVolume(v.Image)
+		var pe *pullError
+		if !errors.As(err, &pe) {
+			if err == nil {
+				r.setImageWaiting(v.Name, reasonCreating, "")
+			}
+			return vol, err
+		}
+		r.p.log.Info("image volume pull failed", "pod", r.key, "volume", v.Name, "retryIn", backoff, "error", err.Error())
+		// A kubelet shows ErrImagePull until its next look at the pod, then ImagePullBackOff for
+		// the rest of the back-off.
+		r.setImageWaiting(v.Name, reasonImage, err.Error())
+		shown := min(backoff/2, 2*time.Second)
+		if !r.wait(shown) {
+			return volume{}, errStopped
+		}
+		r.setImageWaiting(v.Name, reasonImageBackOff, fmt.Sprintf("Back-off pulling image %q: %v", v.Image.Reference, err))
+		if !r.wait(backoff - shown) {
+			return volume{}, errStopped
+		}
+		backoff = min(2*backoff, MaxImagePullBackoff)
+	}
+}
+
+// wait sleeps for d unless the pod stops first; it reports whether the pod is still to run.
+func (r *podRun) wait(d time.Duration) bool {
+	select {
+	case <-r.stopCh:
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// setImageWaiting sets the waiting reason and message of each container that mounts volume.
+func (r *podRun) setImageWaiting(volume, reason, message string) {
+	r.update(func(st *corev1.PodStatus) {
+		for i, c := range r.pod.Spec.Containers {
+			if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == volume }) {
+				continue
+			}
+			st.ContainerStatuses[i].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: message}}
+		}
+	})
+}
+
 // imageVolume pulls (or finds in the node's cache, checked) the image of an image volume with the
-// pod's imagePullSecrets, as the kubelet does, and holds it until the pod is gone.
+// pod's imagePullSecrets, as the kubelet does, and holds it until the pod is gone. A failed pull
+// is a *pullError.
 func (r *podRun) imageVolume(src *corev1.ImageVolumeSource) (volume, error) {
 	if r.p.images == nil {
 		return volume{}, fmt.Errorf("image %s: this node has no image cache (provider Options.ImageCache)", src.Reference)
@@ -599,7 +678,7 @@ func (r *podRun) imageVolume(src *corev1.ImageVolumeSource) (volume, error) {
 	}
 	lease, err := r.p.images.Acquire(context.Background(), src.Reference, imagepull.PullPolicy(src.PullPolicy), auth)
 	if err != nil {
-		return volume{}, err
+		return volume{}, &pullError{err}
 	}
 	if lease.Discarded != nil {
 		r.p.log.Info("cached image changed after unpacking: pulled again", "pod", r.key, "image", src.Reference, "reason", lease.Discarded.Error())

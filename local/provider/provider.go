@@ -96,6 +96,9 @@ type Options struct {
 	// RestartBackoff is the first delay before a container is restarted; it doubles up to
 	// MaxRestartBackoff and resets after a container ran for 10 minutes. Default 1 s.
 	RestartBackoff time.Duration
+	// ImagePullBackoff is the first delay before an image volume whose pull failed is pulled again;
+	// it doubles up to MaxImagePullBackoff. Default 10 s, as the kubelet's.
+	ImagePullBackoff time.Duration
 	// ShutdownGrace caps each pod's termination grace period when Run ends. Default 10 s.
 	ShutdownGrace time.Duration
 	// InitBinary is qvirt-pod-init (local/podinit): each container starts as it, in a PID namespace
@@ -126,6 +129,8 @@ const (
 	DefaultDeviceCapacity = 1000
 	// MaxRestartBackoff caps the delay between restarts of a crashing container.
 	MaxRestartBackoff = 5 * time.Minute
+	// MaxImagePullBackoff caps the delay between pulls of an image that failed, as the kubelet's.
+	MaxImagePullBackoff = 5 * time.Minute
 	// syncWorkers is how many pods virtual-kubelet syncs concurrently.
 	syncWorkers = 4
 )
@@ -155,6 +160,9 @@ func (o *Options) validate() error {
 	}
 	if o.RestartBackoff <= 0 {
 		o.RestartBackoff = time.Second
+	}
+	if o.ImagePullBackoff <= 0 {
+		o.ImagePullBackoff = 10 * time.Second
 	}
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = 10 * time.Second
