@@ -168,4 +168,3 @@ func FuzzCheckHandlerCSR(f *testing.F) {
 		}
 	})
 }
-

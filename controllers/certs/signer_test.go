@@ -153,7 +153,9 @@ func submit(t *testing.T, cs kubernetes.Interface, tmpl *x509.CertificateRequest
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: name}}) })
+	t.Cleanup(func() {
+		_ = cp.Client.Delete(context.Background(), &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	})
 	return name
 }
 
