@@ -280,7 +280,7 @@ func (c *Cluster) handler(i int) supervise.Component {
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
 			"--migration-bind-address=" + migration, "--migration-advertise-address=" + migration,
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
-		Env:   []string{"KUBECONFIG=" + handlerKubeconfig(c.opts.Dir, i)},
+		Env:   []string{"KUBECONFIG=" + HandlerKubeconfig(c.opts.Dir, i)},
 		Ready: httpReady("http://"+probe+"/readyz", nil)}
 }
 

@@ -36,7 +36,8 @@ func handlerTokenFile(dir string, i int) string {
 	return filepath.Join(nodeStateDir(dir, i), "handler.token")
 }
 
-func handlerKubeconfig(dir string, i int) string {
+// HandlerKubeconfig is the kubeconfig node i's agent runs with (its node-bound token).
+func HandlerKubeconfig(dir string, i int) string {
 	return filepath.Join(nodeStateDir(dir, i), "handler.kubeconfig")
 }
 
@@ -58,7 +59,7 @@ func (c *Cluster) handlerCredentials(ctx context.Context, i int) error {
 	cfg.AuthInfos[handlerServiceAccount] = &clientcmdapi.AuthInfo{TokenFile: handlerTokenFile(c.opts.Dir, i)}
 	cfg.Contexts["qvirt-local"] = &clientcmdapi.Context{Cluster: "qvirt-local", AuthInfo: handlerServiceAccount}
 	cfg.CurrentContext = "qvirt-local"
-	return clientcmd.WriteToFile(*cfg, handlerKubeconfig(c.opts.Dir, i))
+	return clientcmd.WriteToFile(*cfg, HandlerKubeconfig(c.opts.Dir, i))
 }
 
 // writeHandlerToken requests a token of qvirt-handler bound to node and replaces node i's token
