@@ -138,7 +138,13 @@ func (n *NodeCertificate) WaitReady(ctx context.Context) error {
 func (n *NodeCertificate) Start(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithValues("node", n.node, "signer", HandlerSignerName)
 	pause := retryMin
+	var obtained time.Time
 	for {
+		// A certificate due as soon as it came (a signer cutting lifetimes to almost nothing)
+		// is asked for again after a pause, not in a loop.
+		if wait := time.Until(obtained.Add(retryMin)); wait > 0 && !sleep(ctx, wait) {
+			return nil
+		}
 		if why := n.due(); why != "" {
 			log.Info("requesting a certificate", "why", why)
 			if err := n.obtain(ctx, log); err != nil {
@@ -155,7 +161,7 @@ func (n *NodeCertificate) Start(ctx context.Context) error {
 				pause = min(2*pause, retryMax)
 				continue
 			}
-			pause = retryMin
+			pause, obtained = retryMin, time.Now()
 		}
 		n.mu.RLock()
 		wait := n.renewAt.Sub(n.now())
