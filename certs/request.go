@@ -145,6 +145,8 @@ func (n *NodeCertificate) Start(ctx context.Context) error {
 		if wait := time.Until(obtained.Add(retryMin)); wait > 0 && !sleep(ctx, wait) {
 			return nil
 		}
+		// Taken before due() looks at the bundle, so that a change after that wakes the wait.
+		changed := n.bundle.Changed()
 		if why := n.due(); why != "" {
 			log.Info("requesting a certificate", "why", why)
 			if err := n.obtain(ctx, log); err != nil {
@@ -172,7 +174,7 @@ func (n *NodeCertificate) Start(ctx context.Context) error {
 			timer.Stop()
 			return nil
 		case <-timer.C:
-		case <-n.bundle.Changed():
+		case <-changed:
 			timer.Stop()
 		}
 	}
