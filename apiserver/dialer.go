@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"slices"
+
+	"github.com/qvirt/qvirt/certs"
 )
 
 // HandlerServerName is the name a qvirt-handler's serving certificate must carry, as subject CN
 // or DNS SAN. Handler certificates are not issued for node addresses, so qvirt-api checks this
-// name instead of the dialled host.
-const HandlerServerName = "qvirt-handler"
+// name instead of the dialled host, and then that the certificate names the VMI's node (forNode).
+const HandlerServerName = certs.HandlerName
 
 // TLSConfigSource gives the TLS client configuration for one dial to a handler: qvirt-api's
 // client certificate and the verification of the handler's. It is called for every dial, so a
@@ -54,6 +56,26 @@ func HandlerTLSConfig(cert tls.Certificate, roots *x509.CertPool) *tls.Config {
 			return verifyHandler(cs.PeerCertificates, roots)
 		},
 	}
+}
+
+// forNode is cfg (whose VerifyConnection checks the handler's chain and name) that also
+// requires the handler's certificate to name node, the VMI's: a handler of another node, even
+// with a valid certificate of ours, is refused with a *certs.WrongNodeError.
+func forNode(cfg *tls.Config, node string) *tls.Config {
+	cfg = cfg.Clone()
+	verify := cfg.VerifyConnection
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if verify != nil {
+			if err := verify(cs); err != nil {
+				return err
+			}
+		}
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("qvirt-handler presented no certificate")
+		}
+		return certs.CheckHandlerNode(cs.PeerCertificates[0], node)
+	}
+	return cfg
 }
 
 // verifyHandler checks the handler's chain against roots and its leaf's name.

@@ -27,6 +27,7 @@ import (
 
 	sub "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler/streams"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
@@ -35,10 +36,12 @@ import (
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
-// testPKI holds the files of the handler link (one CA signing the handler's serving certificate
-// and qvirt-api's client certificate) and qvirt-api's serving certificate, for the APIService.
+// testPKI holds the files of the handler link (one CA signing the handlers' certificates, one per
+// node, and qvirt-api's client certificate) and qvirt-api's serving certificate, for the
+// APIService.
 type testPKI struct {
 	dir       string
+	ca        *pki.CA
 	servingCA []byte
 }
 
@@ -48,9 +51,8 @@ func newTestPKI(dir string) (*testPKI, error) {
 		return nil, err
 	}
 	for name, leaf := range map[string]pki.Leaf{
-		"handler": {CommonName: "qvirt-handler", DNSNames: []string{"qvirt-handler"}, Server: true},
-		"api":     {CommonName: "qvirt-api", Client: true},
-		"rogue":   {CommonName: "not-the-handler", DNSNames: []string{"localhost"}, Server: true},
+		"api":   {CommonName: "qvirt-api", Client: true},
+		"rogue": {CommonName: "not-the-handler", DNSNames: []string{"localhost"}, Server: true},
 	} {
 		if err := ca.Issue(dir, name, leaf); err != nil {
 			return nil, err
@@ -68,7 +70,18 @@ func newTestPKI(dir string) (*testPKI, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &testPKI{dir: dir, servingCA: servingCA}, nil
+	return &testPKI{dir: dir, ca: ca, servingCA: servingCA}, nil
+}
+
+// handlerCert issues node's qvirt-handler certificate, as qvirt-controller signs it, and returns
+// its name for startHandlerWithCert.
+func (p *testPKI) handlerCert(t *testing.T, node string) string {
+	t.Helper()
+	name := "handler-" + node
+	if err := p.ca.Issue(p.dir, name, certs.HandlerNodeSpec(node)); err != nil {
+		t.Fatal(err)
+	}
+	return name
 }
 
 func (p *testPKI) file(name string) string { return filepath.Join(p.dir, name) }
@@ -98,11 +111,11 @@ func createNode(t *testing.T, name, addr string) {
 	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), n) })
 }
 
-// startHandler runs the handler's stream server for node over podsDir, trusting qvirt-api's
-// client certificate.
+// startHandler runs the handler's stream server for node over podsDir, with node's certificate,
+// trusting qvirt-api's client certificate.
 func startHandler(t *testing.T, e *env, node, podsDir string) string {
 	t.Helper()
-	return startHandlerWithCert(t, e, node, podsDir, "handler")
+	return startHandlerWithCert(t, e, node, podsDir, e.pki.handlerCert(t, node))
 }
 
 // startHandlerWithCert is startHandler serving the certificate cert (a leaf of the test PKI).

@@ -24,6 +24,7 @@ import (
 
 	sub "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/certs"
 )
 
 // DefaultPort is where qvirt-api listens; its Service maps 443 to it.
@@ -78,7 +79,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of qvirt-api's own client; in-cluster configuration when empty")
 	fs.StringVar(&o.HandlerClientCertFile, "handler-client-cert-file", o.HandlerClientCertFile, "PEM client certificate qvirt-api presents to qvirt-handlers")
 	fs.StringVar(&o.HandlerClientKeyFile, "handler-client-key-file", o.HandlerClientKeyFile, "PEM key of --handler-client-cert-file")
-	fs.StringVar(&o.HandlerCAFile, "handler-ca-file", o.HandlerCAFile, "PEM CA bundle that signs qvirt-handler serving certificates (which must name "+HandlerServerName+")")
+	fs.StringVar(&o.HandlerCAFile, "handler-ca-file", o.HandlerCAFile, "PEM CA bundle that signs qvirt-handler serving certificates (which must name "+HandlerServerName+" and, in a "+certs.HandlerNodeScheme+":// URI, the node of the VMI dialled for)")
 	fs.DurationVar(&o.PingInterval, "stream-ping-interval", o.PingInterval, "websocket keep-alive ping interval (30s when 0)")
 }
 

@@ -123,7 +123,7 @@ func (a *API) serveStream(w http.ResponseWriter, r *http.Request, t target, endp
 // dialHandler opens the handler's websocket; a refusal before the upgrade comes back as the
 // handler's metav1.Status.
 func (a *API) dialHandler(ctx context.Context, t target, endpoint string, h http.Header, protos []string) (*websocket.Conn, error) {
-	hc, err := a.handlerClient()
+	hc, err := a.handlerClient(t)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler/streams"
 )
 
@@ -97,15 +98,15 @@ func (a *API) streamsAddress(ctx context.Context, nodeName string) (string, erro
 	return addr, nil
 }
 
-// handlerClient is an HTTP client for one call to a handler, with a fresh TLS configuration from
-// the source.
-func (a *API) handlerClient() (*http.Client, error) {
+// handlerClient is an HTTP client for one call to the handler of t's node, with a fresh TLS
+// configuration from the source that accepts only a certificate naming that node.
+func (a *API) handlerClient(t target) (*http.Client, error) {
 	cfg, err := a.tls()
 	if err != nil {
 		return nil, apierrors.NewInternalError(fmt.Errorf("TLS configuration for qvirt-handler: %w", err))
 	}
 	tr := &http.Transport{
-		TLSClientConfig:     cfg,
+		TLSClientConfig:     forNode(cfg, t.vmi.Status.NodeName),
 		TLSHandshakeTimeout: 10 * time.Second,
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
 		ForceAttemptHTTP2:   false, // websockets need HTTP/1.1
@@ -113,11 +114,18 @@ func (a *API) handlerClient() (*http.Client, error) {
 	return &http.Client{Transport: tr}, nil
 }
 
-// unreachable is the error for a handler that cannot be reached at all.
+// unreachable is the error for a handler that cannot be reached at all, or that is not the
+// handler of the VMI's node.
 func unreachable(t target, err error) error {
 	var se apierrors.APIStatus
 	if errors.As(err, &se) {
 		return err
+	}
+	var wrong *certs.WrongNodeError
+	if errors.As(err, &wrong) {
+		return apierrors.NewServiceUnavailable(fmt.Sprintf("refused the qvirt-handler at %s for VMI %s on node %s: %v; "+
+			"the address comes from node %s's %s annotation, which should point at that node's own qvirt-handler",
+			t.addr, t.key(), t.vmi.Status.NodeName, wrong, t.vmi.Status.NodeName, v1alpha1.NodeStreamsAddressAnnotation))
 	}
 	return apierrors.NewServiceUnavailable(fmt.Sprintf("qvirt-handler of node %s at %s for VMI %s cannot be reached: %v", t.vmi.Status.NodeName, t.addr, t.key(), err))
 }

@@ -34,7 +34,7 @@ func (a *API) vmiAction(endpoint, method string) connectFunc {
 
 func (a *API) relay(w http.ResponseWriter, r *http.Request, t target, endpoint, method string, u user.Info) {
 	log := a.log.WithValues("vmi", t.key(), "action", endpoint, "user", u.GetName(), "groups", u.GetGroups())
-	hc, err := a.handlerClient()
+	hc, err := a.handlerClient(t)
 	if err != nil {
 		writeError(w, err)
 		return

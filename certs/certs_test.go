@@ -18,6 +18,9 @@ import (
 
 var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// handlerSpec is node-a's node agent leaf.
+var handlerSpec = certs.HandlerNodeSpec("node-a")
+
 func mustCA(t *testing.T, name string, from time.Time, life time.Duration) *certs.Pair {
 	t.Helper()
 	ca, err := certs.NewCA(name, from, from.Add(life))
@@ -47,12 +50,15 @@ func pemOf(t *testing.T, p *certs.Pair) (crt, key []byte) {
 
 func TestIssueCutsLeafToCA(t *testing.T) {
 	ca := mustCA(t, "ca", t0, time.Hour)
-	leaf := mustIssue(t, ca, certs.HandlerSpec, t0, 10*time.Hour)
+	leaf := mustIssue(t, ca, handlerSpec, t0, 10*time.Hour)
 	if !leaf.Cert.NotAfter.Equal(ca.Cert.NotAfter) {
 		t.Errorf("leaf notAfter %s, want the CA's %s", leaf.Cert.NotAfter, ca.Cert.NotAfter)
 	}
 	if leaf.Cert.Subject.CommonName != certs.HandlerName || len(leaf.Cert.DNSNames) != 1 || leaf.Cert.DNSNames[0] != certs.HandlerName {
 		t.Errorf("leaf names CN=%s SANs=%v", leaf.Cert.Subject.CommonName, leaf.Cert.DNSNames)
+	}
+	if len(leaf.Cert.URIs) != 1 || leaf.Cert.URIs[0].String() != "qvirt-handler://node-a" {
+		t.Errorf("leaf URIs %v, want [qvirt-handler://node-a]", leaf.Cert.URIs)
 	}
 	if err := certs.SignedBy(leaf.Cert, ca.Cert); err != nil {
 		t.Error(err)
@@ -97,11 +103,12 @@ func TestRenewAt(t *testing.T) {
 func TestCheckLeaf(t *testing.T) {
 	ca := mustCA(t, "ca", t0, 100*time.Hour)
 	other := mustCA(t, "other", t0, 100*time.Hour)
-	good := mustIssue(t, ca, certs.HandlerSpec, t0, 10*time.Hour)
+	good := mustIssue(t, ca, handlerSpec, t0, 10*time.Hour)
 	crt, key := pemOf(t, good)
-	_, otherKey := pemOf(t, mustIssue(t, ca, certs.HandlerSpec, t0, 10*time.Hour))
-	foreignCrt, foreignKey := pemOf(t, mustIssue(t, other, certs.HandlerSpec, t0, 10*time.Hour))
+	_, otherKey := pemOf(t, mustIssue(t, ca, handlerSpec, t0, 10*time.Hour))
+	foreignCrt, foreignKey := pemOf(t, mustIssue(t, other, handlerSpec, t0, 10*time.Hour))
 	clientCrt, clientKey := pemOf(t, mustIssue(t, ca, certs.APISpec, t0, 10*time.Hour))
+	nodeBCrt, nodeBKey := pemOf(t, mustIssue(t, ca, certs.HandlerNodeSpec("node-b"), t0, 10*time.Hour))
 	for _, tc := range []struct {
 		name     string
 		crt, key []byte
@@ -120,9 +127,10 @@ func TestCheckLeaf(t *testing.T) {
 		{"key of another cert", crt, otherKey, t0, certs.Corrupt, certs.KeyPrivate},
 		{"other CA", foreignCrt, foreignKey, t0, certs.WrongCA, certs.KeyCert},
 		{"client cert where a server one is wanted", clientCrt, clientKey, t0, certs.WrongNames, certs.KeyCert},
+		{"another node's", nodeBCrt, nodeBKey, t0, certs.WrongNames, certs.KeyCert},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := certs.CheckLeaf(tc.crt, tc.key, certs.HandlerSpec, ca.Cert, tc.now)
+			v := certs.CheckLeaf(tc.crt, tc.key, handlerSpec, ca.Cert, tc.now)
 			if v.Reason != tc.want {
 				t.Fatalf("reason %q (%v), want %q", v.Reason, v.Err, tc.want)
 			}
@@ -267,7 +275,7 @@ func handshake(addr string, cfg *tls.Config) (string, error) {
 func TestHandshake(t *testing.T) {
 	ca := mustCA(t, "ca", time.Now().Add(-time.Hour), 10*time.Hour)
 	foreign := mustCA(t, "foreign", time.Now().Add(-time.Hour), 10*time.Hour)
-	server := material(t, ca, certs.HandlerSpec, ca.Cert)
+	server := material(t, ca, handlerSpec, ca.Cert)
 	addr := serve(t, certs.ServerConfig(certs.Fixed(server), []string{certs.APIName}))
 
 	ok := certs.ClientConfig(certs.Fixed(material(t, ca, certs.APISpec, ca.Cert)), certs.HandlerName)
@@ -289,6 +297,54 @@ func TestHandshake(t *testing.T) {
 			t.Errorf("%s: handshake succeeded", name)
 		} else {
 			t.Logf("%s: %v", name, err)
+		}
+	}
+}
+
+// A client that means node-a's agent accepts node-a's certificate and refuses node-b's, though
+// both are valid certificates of the same CA: the error is a WrongNodeError naming both.
+func TestHandlerClientConfigChecksTheNode(t *testing.T) {
+	ca := mustCA(t, "ca", time.Now().Add(-time.Hour), 10*time.Hour)
+	api := certs.Fixed(material(t, ca, certs.APISpec, ca.Cert))
+	nodeA := serve(t, certs.ServerConfig(certs.Fixed(material(t, ca, certs.HandlerNodeSpec("node-a"), ca.Cert)), []string{certs.APIName}))
+	nodeB := serve(t, certs.ServerConfig(certs.Fixed(material(t, ca, certs.HandlerNodeSpec("node-b"), ca.Cert)), []string{certs.APIName}))
+	shared := serve(t, certs.ServerConfig(certs.Fixed(material(t, ca, certs.LeafSpec{CommonName: certs.HandlerName,
+		DNSNames: []string{certs.HandlerName}, Server: true, Client: true}, ca.Cert)), []string{certs.APIName}))
+
+	if _, err := handshake(nodeA, certs.HandlerClientConfig(api, "node-a")); err != nil {
+		t.Fatalf("node-a's agent for node-a: %v", err)
+	}
+	_, err := handshake(nodeB, certs.HandlerClientConfig(api, "node-a"))
+	var wrong *certs.WrongNodeError
+	if !errors.As(err, &wrong) || wrong.Want != "node-a" || wrong.Got != "node-b" {
+		t.Fatalf("node-b's agent for node-a: %v, want a WrongNodeError for node-b instead of node-a", err)
+	}
+	if msg := err.Error(); msg != "qvirt-handler certificate is for node node-b, not for node node-a" {
+		t.Errorf("message %q", msg)
+	}
+	// The certificate all agents shared before names no node: refused too.
+	if _, err := handshake(shared, certs.HandlerClientConfig(api, "node-a")); !errors.As(err, &wrong) || wrong.Got != "" {
+		t.Errorf("a certificate naming no node: %v, want a WrongNodeError", err)
+	} else {
+		t.Logf("shared certificate: %v", err)
+	}
+}
+
+func TestHandlerNodeOf(t *testing.T) {
+	ca := mustCA(t, "ca", t0, time.Hour)
+	two := handlerSpec
+	two.URIs = append(two.URIs, certs.HandlerNodeURI("node-b"))
+	for name, tc := range map[string]struct {
+		spec certs.LeafSpec
+		want string
+	}{
+		"one node":  {handlerSpec, "node-a"},
+		"no node":   {certs.APISpec, ""},
+		"two nodes": {two, ""},
+	} {
+		got, err := certs.HandlerNodeOf(mustIssue(t, ca, tc.spec, t0, time.Hour).Cert)
+		if got != tc.want || (err == nil) != (tc.want != "") {
+			t.Errorf("%s: %q, %v; want %q", name, got, err, tc.want)
 		}
 	}
 }

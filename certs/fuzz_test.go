@@ -62,7 +62,7 @@ func FuzzCheckLeaf(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	leaf, err := ca.Issue(certs.HandlerSpec, now, now.Add(time.Hour))
+	leaf, err := ca.Issue(certs.HandlerNodeSpec("node-a"), now, now.Add(time.Hour))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func FuzzCheckLeaf(f *testing.F) {
 	f.Add(leaf.CertPEM(), key, int64(time.Hour))
 	f.Add(ca.CertPEM(), key, int64(0))
 	f.Fuzz(func(t *testing.T, crt, key []byte, offset int64) {
-		v := certs.CheckLeaf(crt, key, certs.HandlerSpec, ca.Cert, now.Add(time.Duration(offset)))
+		v := certs.CheckLeaf(crt, key, certs.HandlerNodeSpec("node-a"), ca.Cert, now.Add(time.Duration(offset)))
 		if v.Keep() && v.Pair == nil {
 			t.Fatal("kept without a parsed certificate")
 		}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"slices"
 	"time"
 )
@@ -40,6 +41,8 @@ type LeafSpec struct {
 	DNSNames      []string
 	// IPs are IP address SANs, for a server reached by address rather than by name.
 	IPs []net.IP
+	// URIs are URI SANs: identities rather than addresses (a node agent's node, HandlerNodeURI).
+	URIs []*url.URL
 	// Server and Client select the extended key usages serverAuth and clientAuth.
 	Server, Client bool
 }
@@ -76,11 +79,25 @@ func NewCA(commonName string, notBefore, notAfter time.Time) (*Pair, error) {
 // Issue signs a leaf for spec with a new ECDSA P-256 key. notAfter is cut to the CA's own
 // notAfter: a leaf never outlives the certificate that vouches for it.
 func (ca *Pair) Issue(spec LeafSpec, notBefore, notAfter time.Time) (*Pair, error) {
-	if spec.CommonName == "" {
-		return nil, errors.New("issue leaf: empty common name")
+	if err := checkLeafSpec(spec); err != nil {
+		return nil, err
 	}
-	if !spec.Server && !spec.Client {
-		return nil, fmt.Errorf("issue %s: neither a server nor a client certificate", spec.CommonName)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("issue %s: generate key: %w", spec.CommonName, err)
+	}
+	cert, err := ca.Sign(spec, key.Public(), notBefore, notAfter)
+	if err != nil {
+		return nil, err
+	}
+	return &Pair{Cert: cert, Key: key}, nil
+}
+
+// Sign signs a leaf for spec certifying pub, a key someone else holds (the public key of a
+// certificate signing request). notAfter is cut to the CA's own notAfter, as in Issue.
+func (ca *Pair) Sign(spec LeafSpec, pub crypto.PublicKey, notBefore, notAfter time.Time) (*x509.Certificate, error) {
+	if err := checkLeafSpec(spec); err != nil {
+		return nil, err
 	}
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
@@ -91,10 +108,6 @@ func (ca *Pair) Issue(spec LeafSpec, notBefore, notAfter time.Time) (*Pair, erro
 	if !notAfter.After(notBefore) {
 		return nil, fmt.Errorf("issue %s: no validity left (CA %s expires %s)", spec.CommonName, ca.Cert.Subject.CommonName, ca.Cert.NotAfter)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("issue %s: generate key: %w", spec.CommonName, err)
-	}
 	serial, err := newSerial()
 	if err != nil {
 		return nil, err
@@ -104,12 +117,31 @@ func (ca *Pair) Issue(spec LeafSpec, notBefore, notAfter time.Time) (*Pair, erro
 		Subject:      pkix.Name{CommonName: spec.CommonName, Organization: slices.Clone(spec.Organizations)},
 		DNSNames:     slices.Clone(spec.DNSNames),
 		IPAddresses:  slices.Clone(spec.IPs),
+		URIs:         slices.Clone(spec.URIs),
 		NotBefore:    notBefore,
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  extKeyUsages(spec),
 	}
-	return sign(tmpl, ca.Cert, key, ca.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("sign certificate %s: %w", spec.CommonName, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse certificate %s just signed: %w", spec.CommonName, err)
+	}
+	return cert, nil
+}
+
+func checkLeafSpec(spec LeafSpec) error {
+	if spec.CommonName == "" {
+		return errors.New("issue leaf: empty common name")
+	}
+	if !spec.Server && !spec.Client {
+		return fmt.Errorf("issue %s: neither a server nor a client certificate", spec.CommonName)
+	}
+	return nil
 }
 
 func extKeyUsages(spec LeafSpec) []x509.ExtKeyUsage {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"slices"
 	"time"
 )
@@ -121,6 +122,9 @@ func matchSpec(c *x509.Certificate, spec LeafSpec) error {
 	if !slices.Equal(ipStrings(c.IPAddresses), ipStrings(spec.IPs)) {
 		return fmt.Errorf("%s: IP addresses %v, want %v", describe(c), c.IPAddresses, spec.IPs)
 	}
+	if !slices.Equal(uriStrings(c.URIs), uriStrings(spec.URIs)) {
+		return fmt.Errorf("%s: URIs %v, want %v", describe(c), uriStrings(c.URIs), uriStrings(spec.URIs))
+	}
 	if !slices.Equal(c.ExtKeyUsage, extKeyUsages(spec)) {
 		return fmt.Errorf("%s: extended key usages %v, want server=%t client=%t", describe(c), c.ExtKeyUsage, spec.Server, spec.Client)
 	}
@@ -133,6 +137,16 @@ func ipStrings(ips []net.IP) []string {
 	out := make([]string, 0, len(ips))
 	for _, ip := range ips {
 		out = append(out, ip.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// uriStrings is uris in their text form, sorted.
+func uriStrings(uris []*url.URL) []string {
+	out := make([]string, 0, len(uris))
+	for _, u := range uris {
+		out = append(out, u.String())
 	}
 	slices.Sort(out)
 	return out

@@ -9,36 +9,44 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// The Secrets the controller keeps in qvirt's install namespace, and the names in the leaves.
+// The objects the controller keeps in qvirt's install namespace, and the names in the leaves.
 const (
 	// CASecret holds the CA: tls.crt (current CA certificate), tls.key (its key) and ca.crt (the
 	// trust bundle: the current CA, then the previous one during a rotation's overlap).
 	CASecret = "qvirt-ca"
-	// HandlerSecret holds qvirt-handler's stream server certificate, its key and the bundle.
-	HandlerSecret = "qvirt-handler-certs"
 	// APISecret holds qvirt-api's client certificate, its key and the bundle.
 	APISecret = "qvirt-api-certs"
+	// BundleConfigMap holds the trust bundle alone, in key ca.crt, for the node agents: a
+	// ConfigMap, since it is public. A node agent's own key never leaves its memory; its
+	// certificate comes from a CertificateSigningRequest (HandlerSignerName).
+	BundleConfigMap = "qvirt-ca-bundle"
+	// LegacyHandlerSecret held the one serving certificate and key every node agent shared
+	// before each got its own; the controller deletes it where an earlier version left it.
+	LegacyHandlerSecret = "qvirt-handler-certs"
 
-	// HandlerName is the CN and only DNS SAN of the handler's serving certificate: the name
-	// qvirt-api checks (handlers are reached by node IP, which no certificate names).
+	// HandlerSignerName is the signerName of a node agent's CertificateSigningRequest. Only
+	// qvirt-controller signs for it, and only for the node the requester's token is bound to.
+	HandlerSignerName = "qvirt.io/handler"
+
+	// HandlerName is the CN and DNS SAN of every node agent's certificate: the name the peers
+	// check first (handlers are reached by node IP, which no certificate names). The node comes
+	// with it in a URI SAN (HandlerNodeURI), checked against the node meant.
 	HandlerName = "qvirt-handler"
 	// APIName is the CN of qvirt-api's client certificate: the name the handler allows.
 	APIName = "qvirt-api"
 )
 
-// Keys of the Secrets (the kubernetes.io/tls layout, plus ca.crt).
+// Keys of the Secrets (the kubernetes.io/tls layout, plus ca.crt) and of the bundle ConfigMap
+// (ca.crt).
 const (
 	KeyCert    = corev1.TLSCertKey       // tls.crt
 	KeyPrivate = corev1.TLSPrivateKeyKey // tls.key
 	KeyCA      = "ca.crt"
 )
 
-// HandlerSpec and APISpec are the two leaves the controller issues.
-var (
-	// A node agent is also a client: of the other node agents' migration endpoints (handler/migproxy).
-	HandlerSpec = LeafSpec{CommonName: HandlerName, DNSNames: []string{HandlerName}, Server: true, Client: true}
-	APISpec     = LeafSpec{CommonName: APIName, Client: true}
-)
+// APISpec is the leaf the controller issues into APISecret; node agents' leaves are
+// HandlerNodeSpec, one per node, signed from certificate signing requests.
+var APISpec = LeafSpec{CommonName: APIName, Client: true}
 
 // Material is what a TLS peer needs from a leaf Secret: its certificate chain and key, and the
 // CAs it trusts for the other side.

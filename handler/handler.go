@@ -7,7 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
+	"net/http"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crhandler "sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,10 +62,16 @@ type Options struct {
 	// nodes only (local mode has no kubelet).
 	DevicePlugin bool
 	Migration    MigrationOptions
+	// Certs yields this node agent's certificate, which names its node (certs.HandlerNodeSpec),
+	// and the trust bundle, for the stream server and both ends of the migration tunnel. When
+	// nil, Setup requests one from qvirt-controller (certs.NodeCertificate: a key made in
+	// memory, a CertificateSigningRequest with the agent's pod-bound token) with the bundle of
+	// ConfigMap certs.BundleConfigMap in Namespace, and the manager's readiness waits for it.
+	Certs certs.Provider
 }
 
 // MigrationOptions are the node agent's migration endpoint (handler/migproxy): mutual TLS between
-// node agents with the handlers' certificates, which must carry both server and client usage.
+// node agents, each with the certificate of its own node (Options.Certs).
 type MigrationOptions struct {
 	// Addr is the endpoint's listen address; off when "" or "0" (the node can then be neither
 	// source nor target of a migration).
@@ -72,22 +79,15 @@ type MigrationOptions struct {
 	// AdvertiseAddress is host:port where other node agents reach the endpoint; the listener's
 	// address when empty.
 	AdvertiseAddress string
-	// Certs yields the node agent's certificate and the handlers' CA; the stream server's
-	// (Streams.TLSSecret or its files) when nil.
-	Certs certs.Provider
 }
 
-// StreamsOptions are the stream server's listener and certificates (see handler/streams).
+// StreamsOptions are the stream server's listener (see handler/streams); its certificate is
+// Options.Certs.
 type StreamsOptions struct {
 	Addr string
 	// AdvertiseAddress is host:port where qvirt-api reaches the server, published on the Node
 	// (NodeStreamsAddressAnnotation); required when the server is on.
-	AdvertiseAddress                string
-	CertFile, KeyFile, ClientCAFile string
-	// TLSSecret, instead of the files, names the Secret in the install namespace holding the
-	// certificate, key and client CA bundle (certs.HandlerSecret, kept by qvirt-controller),
-	// watched so rotations apply without a restart.
-	TLSSecret          string
+	AdvertiseAddress   string
 	AllowedClientNames []string
 }
 
@@ -146,6 +146,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(targets); err != nil {
 		return err
 	}
+	if opts.Certs == nil && (streamsOn(opts.Streams) || migrationsOn(opts.Migration)) {
+		nc, err := setupNodeCertificate(mgr, opts)
+		if err != nil {
+			return err
+		}
+		opts.Certs = nc
+	}
 	tunnel, err := setupMigrations(mgr, opts)
 	if err != nil {
 		return err
@@ -167,18 +174,36 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	return setupNode(ctx, mgr, opts)
 }
 
+// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=create;get;list;watch
+
+// setupNodeCertificate adds the node agent's own certificate (requested from qvirt-controller)
+// and the trust bundle it is used with, and a readiness check that holds until it is issued.
+func setupNodeCertificate(mgr ctrl.Manager, opts Options) (*certs.NodeCertificate, error) {
+	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return nil, fmt.Errorf("node certificate: %w", err)
+	}
+	bundle := certs.NewBundleSource(cs, opts.Namespace, certs.BundleConfigMap)
+	nc := certs.NewNodeCertificate(cs, opts.NodeName, bundle, 0)
+	for _, r := range []manager.Runnable{bundle, nc} {
+		if err := mgr.Add(r); err != nil {
+			return nil, err
+		}
+	}
+	if err := mgr.AddReadyzCheck("node-certificate", func(*http.Request) error { return nc.Ready() }); err != nil {
+		return nil, err
+	}
+	return nc, nil
+}
+
 // setupMigrations starts the migration endpoint when configured; nil when off.
 func setupMigrations(mgr ctrl.Manager, opts Options) (vmisync.MigrationTunnel, error) {
 	mo := opts.Migration
-	if mo.Addr == "" || mo.Addr == "0" {
+	if !migrationsOn(mo) {
 		return nil, nil
 	}
-	p, err := migrationCerts(mgr, opts)
-	if err != nil {
-		return nil, fmt.Errorf("migration endpoint certificates: %w", err)
-	}
 	log := mgr.GetLogger().WithName("migration")
-	srv, err := migproxy.Listen(mo.Addr, p, log)
+	srv, err := migproxy.Listen(mo.Addr, opts.Certs, log)
 	if err != nil {
 		return nil, err
 	}
@@ -189,38 +214,10 @@ func setupMigrations(mgr ctrl.Manager, opts Options) (vmisync.MigrationTunnel, e
 	if adv == "" {
 		adv = srv.Addr()
 	}
-	return &tunnel{Server: srv, Tunnel: migproxy.NewTunnel(p, log), address: adv}, nil
+	return &tunnel{Server: srv, Tunnel: migproxy.NewTunnel(opts.Certs, log), address: adv}, nil
 }
 
-// migrationCerts is the certificate source of the migration endpoint: its own, the handler
-// Secret's (watched), or the stream server's files read once (a rotation takes a restart).
-func migrationCerts(mgr ctrl.Manager, opts Options) (certs.Provider, error) {
-	if opts.Migration.Certs != nil {
-		return opts.Migration.Certs, nil
-	}
-	so := opts.Streams
-	if so.TLSSecret != "" {
-		cs, err := kubernetes.NewForConfig(mgr.GetConfig())
-		if err != nil {
-			return nil, err
-		}
-		src := certs.NewSource(cs, opts.Namespace, so.TLSSecret)
-		return src, mgr.Add(src)
-	}
-	data := map[string][]byte{}
-	for k, f := range map[string]string{certs.KeyCert: so.CertFile, certs.KeyPrivate: so.KeyFile, certs.KeyCA: so.ClientCAFile} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		data[k] = b
-	}
-	m, err := certs.ParseMaterial(data)
-	if err != nil {
-		return nil, err
-	}
-	return certs.Fixed(m), nil
-}
+func migrationsOn(mo MigrationOptions) bool { return mo.Addr != "" && mo.Addr != "0" }
 
 // tunnel is the node's migration endpoint and its outgoing side.
 type tunnel struct {
@@ -274,21 +271,8 @@ func setupStreams(mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("stream server: advertise address %q: want host:port where qvirt-api reaches this node: %w", so.AdvertiseAddress, err)
 	}
 	sopts := streams.Options{
-		Reader: mgr.GetClient(), NodeName: opts.NodeName, PodsDir: opts.PodsDir,
+		Reader: mgr.GetClient(), NodeName: opts.NodeName, PodsDir: opts.PodsDir, Certs: opts.Certs,
 		AllowedClientNames: so.AllowedClientNames, Addr: so.Addr, Log: mgr.GetLogger().WithName("streams"),
-	}
-	if so.TLSSecret != "" {
-		cs, err := kubernetes.NewForConfig(mgr.GetConfig())
-		if err != nil {
-			return fmt.Errorf("stream server certificates: %w", err)
-		}
-		src := certs.NewSource(cs, opts.Namespace, so.TLSSecret)
-		if err := mgr.Add(src); err != nil {
-			return err
-		}
-		sopts.Certs = src
-	} else {
-		sopts.CertFile, sopts.KeyFile, sopts.ClientCAFile = so.CertFile, so.KeyFile, so.ClientCAFile
 	}
 	srv, err := streams.New(sopts)
 	if err != nil {

@@ -94,7 +94,7 @@ type env struct {
 
 	// limits are the node agents' limits on launcher calls; the production ones when zero.
 	limits launcher.ClientOptions
-	// pki is the CA of the handlers' certificates (certs.HandlerSecret's, in a cluster).
+	// pki is the CA of the handlers' certificates (qvirt-controller's CA, in a cluster).
 	pki *testPKI
 }
 
@@ -199,7 +199,7 @@ func (n *nodeAgent) startHandler() {
 	}
 	n.registry = prometheus.NewRegistry()
 	opts2 := handler.Options{NodeName: n.node, PodsDir: n.podsDir, HeartbeatInterval: agentBeat, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits,
-		Migration: handler.MigrationOptions{Addr: "127.0.0.1:0", Certs: certs.Fixed(n.pki.material(t, certs.HandlerSpec))}}
+		Migration: handler.MigrationOptions{Addr: "127.0.0.1:0"}, Certs: certs.Fixed(n.pki.material(t, certs.HandlerNodeSpec(n.node)))}
 	if err := handler.Setup(context.Background(), mgr, opts2); err != nil {
 		t.Fatal(err)
 	}

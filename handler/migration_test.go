@@ -49,9 +49,10 @@ func (p *testPKI) material(t *testing.T, spec certs.LeafSpec) *certs.Material {
 // TestStrayMigrationConnections connects to a migration target from outside while it waits for
 // the guest (the source node's agent is stopped meanwhile) and sends garbage: to the target pod's
 // old migration port in the clear, and to the target node's migration endpoint over TLS without a
-// client certificate, with qvirt-api's certificate (same CA, not a node agent) and with a node
-// agent's certificate naming another migration. None may reach the incoming QEMU: the real
-// migration afterwards succeeds and the guest goes on counting.
+// client certificate, with qvirt-api's certificate (same CA, not a node agent), with the source
+// node agent's certificate naming another migration, and with valid certificates of node agents
+// of other nodes than the source naming this migration. None may reach the incoming QEMU: the
+// real migration afterwards succeeds and the guest goes on counting.
 func TestStrayMigrationConnections(t *testing.T) {
 	e := newEnv(t)
 	nodeB := e.addNode()
@@ -73,15 +74,20 @@ func TestStrayMigrationConnections(t *testing.T) {
 		t.Errorf("the target pod accepts plain TCP on the old migration port")
 	}
 	api := e.pki.material(t, certs.APISpec)
-	handlerB := e.pki.material(t, certs.HandlerSpec)
+	source := e.pki.material(t, certs.HandlerNodeSpec(e.node))
+	otherNode := e.pki.material(t, certs.HandlerNodeSpec("node-elsewhere"))
+	targetAgent := e.pki.material(t, certs.HandlerNodeSpec(nodeB.node))
+	uid := string(ready.Status.MigrationState.MigrationUID) + "\n"
 	for _, tc := range []struct {
 		name   string
 		cert   *certs.Material
 		header string
 	}{
-		{"no client certificate", nil, string(ready.Status.MigrationState.MigrationUID) + "\n"},
-		{"qvirt-api's certificate", api, string(ready.Status.MigrationState.MigrationUID) + "\n"},
-		{"a node agent's certificate, another migration", handlerB, "00000000-0000-0000-0000-000000000000\n"},
+		{"no client certificate", nil, uid},
+		{"qvirt-api's certificate", api, uid},
+		{"the source node agent's certificate, another migration", source, "00000000-0000-0000-0000-000000000000\n"},
+		{"another node's agent, this migration", otherNode, uid},
+		{"the target node's own agent, this migration", targetAgent, uid},
 	} {
 		if fed := strayTLS(t, addr, tc.cert, tc.header, garbage); fed {
 			t.Errorf("%s: the target accepted the garbage and kept the connection open", tc.name)

@@ -1,17 +1,19 @@
 // Package certs is qvirt-controller's certificate reconciler: it keeps, in qvirt's install
-// namespace, the CA (Secret qvirt-ca) and the two leaves of the qvirt-api → qvirt-handler mutual
-// TLS link (Secrets qvirt-handler-certs and qvirt-api-certs), issuing, rotating and repairing
-// them. What the Secrets hold, who reads which and the rotation timeline are in the package
-// documentation of github.com/qvirt/qvirt/certs.
+// namespace, the CA (Secret qvirt-ca), qvirt-api's client certificate (Secret qvirt-api-certs)
+// and the trust bundle the node agents read (ConfigMap qvirt-ca-bundle), issuing, rotating and
+// repairing them; and it signs each node agent's own certificate, for its node only, from the
+// agent's CertificateSigningRequest (signer qvirt.io/handler, signer.go). What each object holds,
+// who reads which and the rotation timeline are in the package documentation of
+// github.com/qvirt/qvirt/certs.
 //
-// The three Secrets are reconciled together, as one request: a CA change must reach both leaves
-// in the same pass. There is no polling: the request is queued when one of the Secrets changes
-// or disappears, and requeued at the next deadline (a certificate at 80% of its lifetime, the end
-// of a CA rotation's trust delay, the end of its overlap).
+// The CA, the leaf and the bundle are reconciled together, as one request: a CA change must reach
+// every bundle in the same pass. There is no polling: the request is queued when one of them
+// changes or disappears, and requeued at the next deadline (a certificate at 80% of its lifetime,
+// the end of a CA rotation's trust delay, the end of its overlap).
 //
 // The reconciler never lists or watches Secrets through the manager's cache, which would cache
 // every Secret of the cluster: it watches metadata only, through a cache of its own limited to
-// the install namespace and the label ManagedLabel, and reads the three Secrets by name.
+// the install namespace and the label ManagedLabel, and reads its objects by name.
 package certs
 
 import (
@@ -48,8 +50,8 @@ const (
 	// DefaultBackdate is how far before now certificates start, for peers whose clock is behind.
 	DefaultBackdate = time.Minute
 
-	// ManagedLabel marks the Secrets this reconciler owns; its value is the Secret's role (ca,
-	// handler, api). The reconciler's watch selects on it.
+	// ManagedLabel marks the Secrets and the ConfigMap this reconciler owns; its value is the
+	// object's role (ca, api, bundle). The reconciler's watch selects on it.
 	ManagedLabel = "qvirt.io/certificates"
 
 	// Event reasons, on the Secret concerned.
@@ -58,6 +60,9 @@ const (
 	ReasonRepaired      = "CertificateRepaired"
 	ReasonBundleUpdated = "TrustBundleUpdated"
 	ReasonFailed        = "CertificateFailed"
+	// ReasonLegacyDeleted: the shared node agent Secret of earlier versions was deleted (on the
+	// CA Secret, since the deleted one is gone).
+	ReasonLegacyDeleted = "SharedHandlerCertificateDeleted"
 )
 
 // Reconciler keeps the CA and leaf Secrets. Client, Recorder and Namespace are required.
@@ -68,7 +73,8 @@ type Reconciler struct {
 	// manager's cached client: a Get through it starts a cluster-wide Secret informer.
 	Reader   client.Reader
 	Recorder record.EventRecorder
-	// Namespace is qvirt's install namespace, where the three Secrets live.
+	// Namespace is qvirt's install namespace, where the Secrets and the bundle live; node
+	// agents are its ServiceAccount qvirt-handler.
 	Namespace string
 	// CAValidity and LeafValidity are the certificates' lifetimes (qcerts.DefaultCAValidity and
 	// qcerts.DefaultLeafValidity when zero).
@@ -90,9 +96,11 @@ type leafSecret struct {
 }
 
 var leaves = []leafSecret{
-	{qcerts.HandlerSecret, "handler", qcerts.HandlerSpec},
 	{qcerts.APISecret, "api", qcerts.APISpec},
 }
+
+// bundleRole is the bundle ConfigMap's ManagedLabel value.
+const bundleRole = "bundle"
 
 // Lifetimes are the effective lifetimes, defaults applied.
 func (r *Reconciler) Lifetimes() Lifetimes {
@@ -113,8 +121,9 @@ func (r *Reconciler) Lifetimes() Lifetimes {
 }
 
 // SetupWithManager registers the reconciler, with a metadata-only watch on the install
-// namespace's Secrets labelled ManagedLabel (its own cache, added to mgr), and queues one
-// reconcile at start so missing Secrets are created.
+// namespace's Secrets and ConfigMaps labelled ManagedLabel (its own cache, added to mgr), queues
+// one reconcile at start so missing objects are created, and registers the signer of the node
+// agents' certificate signing requests.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Namespace == "" {
 		return errors.New("certs: Reconciler.Namespace is required")
@@ -141,19 +150,25 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	req := r.request()
-	meta := &metav1.PartialObjectMetadata{}
-	meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
-	onSecret := handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *metav1.PartialObjectMetadata) []reconcile.Request {
+	secretMeta := &metav1.PartialObjectMetadata{}
+	secretMeta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	configMapMeta := &metav1.PartialObjectMetadata{}
+	configMapMeta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+	onObject := handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *metav1.PartialObjectMetadata) []reconcile.Request {
 		return []reconcile.Request{req}
 	})
 	atStart := source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 		q.Add(req)
 		return nil
 	})
-	return ctrl.NewControllerManagedBy(mgr).Named("certs").
-		WatchesRawSource(source.Kind(c, meta, onSecret)).
+	if err := ctrl.NewControllerManagedBy(mgr).Named("certs").
+		WatchesRawSource(source.Kind(c, secretMeta, onObject)).
+		WatchesRawSource(source.Kind(c, configMapMeta, onObject)).
 		WatchesRawSource(atStart).
-		Complete(r)
+		Complete(r); err != nil {
+		return err
+	}
+	return r.setupSigner(mgr)
 }
 
 // request is the one request all three Secrets map to.
@@ -162,10 +177,12 @@ func (r *Reconciler) request() reconcile.Request {
 }
 
 // +kubebuilder:rbac:groups="",namespace=qvirt-system,resources=secrets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",namespace=qvirt-system,resources=secrets,resourceNames=qvirt-handler-certs,verbs=delete
+// +kubebuilder:rbac:groups="",namespace=qvirt-system,resources=configmaps,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",namespace=qvirt-system,resources=events,verbs=create;patch
 
-// Reconcile brings the CA, then both leaves, to their wanted state and requeues at the earliest
-// deadline. A Secret write that lost to a newer version is requeued (patch.Result).
+// Reconcile brings the CA, then the leaf and the bundle, to their wanted state and requeues at
+// the earliest deadline. A write that lost to a newer version is requeued (patch.Result).
 func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	return patch.Result(r.reconcile(ctx))
 }
@@ -187,11 +204,26 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 			salvage = append(salvage, bundle...)
 		}
 	}
+	bundleCM, err := r.getBundle(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if bundleCM != nil {
+		if bundle, err := qcerts.DecodeCerts([]byte(bundleCM.Data[qcerts.KeyCA])); err == nil {
+			salvage = append(salvage, bundle...)
+		}
+	}
 	ca, u, err := planCA(caSec, salvage, l, now)
 	if err != nil {
 		return ctrl.Result{}, r.failed(ctx, caSec, qcerts.CASecret, err)
 	}
 	if err := r.apply(ctx, caSec, qcerts.CASecret, "ca", u); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.applyBundle(ctx, bundleCM, ca.bundle); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.deleteLegacy(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
 	next := ca.next
@@ -221,6 +253,68 @@ func (r *Reconciler) get(ctx context.Context, name string) (*corev1.Secret, erro
 		return nil, fmt.Errorf("read Secret %s/%s: %w", r.Namespace, name, err)
 	}
 	return sec, nil
+}
+
+// getBundle reads the bundle ConfigMap; nil when it does not exist.
+func (r *Reconciler) getBundle(ctx context.Context) (*corev1.ConfigMap, error) {
+	cm := &corev1.ConfigMap{}
+	err := r.Reader.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: qcerts.BundleConfigMap}, cm)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read ConfigMap %s/%s: %w", r.Namespace, qcerts.BundleConfigMap, err)
+	}
+	return cm, nil
+}
+
+// applyBundle creates or updates the node agents' bundle ConfigMap when its ca.crt or label
+// differ from bundle. Its changes follow the CA Secret's, whose Events tell of them.
+func (r *Reconciler) applyBundle(ctx context.Context, cm *corev1.ConfigMap, bundle []*x509.Certificate) error {
+	want := string(qcerts.EncodeCerts(bundle...))
+	if cm != nil && cm.Data[qcerts.KeyCA] == want && cm.Labels[ManagedLabel] == bundleRole {
+		return nil
+	}
+	created := cm == nil
+	if created {
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: qcerts.BundleConfigMap}}
+	}
+	cm.Labels = maps.Clone(cm.Labels)
+	if cm.Labels == nil {
+		cm.Labels = map[string]string{}
+	}
+	cm.Labels[ManagedLabel] = bundleRole
+	cm.Data = map[string]string{qcerts.KeyCA: want}
+	var err error
+	if created {
+		err = r.Client.Create(ctx, cm)
+	} else {
+		err = r.Client.Update(ctx, cm)
+	}
+	if err != nil {
+		return fmt.Errorf("write ConfigMap %s/%s: %w", r.Namespace, qcerts.BundleConfigMap, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("trust bundle for the node agents written", "configMap", r.Namespace+"/"+qcerts.BundleConfigMap, "trustedCAs", len(bundle), "created", created)
+	return nil
+}
+
+// deleteLegacy deletes the serving certificate and key every node agent shared before each got
+// its own, where an earlier version left it (only if this reconciler made it: it carries
+// ManagedLabel). No peer accepts it any more (it names no node), but its key must not linger.
+func (r *Reconciler) deleteLegacy(ctx context.Context) error {
+	sec, err := r.get(ctx, qcerts.LegacyHandlerSecret)
+	if err != nil || sec == nil || sec.Labels[ManagedLabel] == "" {
+		return err
+	}
+	if err := r.Client.Delete(ctx, sec, client.Preconditions{UID: &sec.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the shared node agent Secret %s/%s: %w", r.Namespace, sec.Name, err)
+	}
+	msg := fmt.Sprintf("deleted Secret %s/%s, the serving key all node agents shared before each got a certificate for its own node", r.Namespace, sec.Name)
+	ctrl.LoggerFrom(ctx).Info(msg)
+	if ca, err := r.get(ctx, qcerts.CASecret); err == nil && ca != nil {
+		r.Recorder.Event(ca, corev1.EventTypeNormal, ReasonLegacyDeleted, msg)
+	}
+	return nil
 }
 
 // apply creates or updates the Secret when its data, type or label differ, and says so in an

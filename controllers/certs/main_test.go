@@ -150,17 +150,39 @@ func getSecret(t *testing.T, ns, name string) *corev1.Secret {
 	return sec
 }
 
-// waitSecrets waits for the three Secrets and returns them by name.
+// waitSecrets waits for the CA and api Secrets and returns them by name.
 func waitSecrets(t *testing.T, ns string) map[string]*corev1.Secret {
 	t.Helper()
 	out := map[string]*corev1.Secret{}
-	waitFor(t, "the three Secrets", func() bool {
-		for _, n := range []string{qcerts.CASecret, qcerts.HandlerSecret, qcerts.APISecret} {
+	waitFor(t, "the CA and api Secrets", func() bool {
+		for _, n := range []string{qcerts.CASecret, qcerts.APISecret} {
 			if out[n] = getSecret(t, ns, n); out[n] == nil {
 				return false
 			}
 		}
 		return true
+	})
+	return out
+}
+
+// waitBundle waits for the bundle ConfigMap to hold a bundle ok accepts, and returns it.
+func waitBundle(t *testing.T, ns string, ok func([]*x509.Certificate) bool) []*x509.Certificate {
+	t.Helper()
+	var out []*x509.Certificate
+	waitFor(t, "ConfigMap "+qcerts.BundleConfigMap, func() bool {
+		cm := &corev1.ConfigMap{}
+		if err := cp.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: qcerts.BundleConfigMap}, cm); err != nil {
+			return false
+		}
+		if cm.Labels[certs.ManagedLabel] != "bundle" {
+			t.Errorf("ConfigMap %s labels %v", cm.Name, cm.Labels)
+		}
+		b, err := qcerts.DecodeCerts([]byte(cm.Data[qcerts.KeyCA]))
+		if err != nil {
+			t.Fatalf("ConfigMap %s ca.crt: %v", cm.Name, err)
+		}
+		out = b
+		return ok(b)
 	})
 	return out
 }
@@ -184,8 +206,8 @@ func bundleOf(t *testing.T, sec *corev1.Secret) []*x509.Certificate {
 }
 
 // serve is a TLS server on 127.0.0.1 configured like the handler's stream server
-// (certs.ServerConfig from the Source, only qvirt-api allowed); each connection completes the
-// handshake and reads "ok".
+// (certs.ServerConfig from p, only qvirt-api allowed); each connection completes the handshake
+// and reads "ok".
 func serve(t *testing.T, p qcerts.Provider) string {
 	t.Helper()
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", qcerts.ServerConfig(p, []string{qcerts.APIName}))
@@ -236,7 +258,7 @@ func handshake(addr string, cfg *tls.Config) (*x509.Certificate, error) {
 	return c.(*tls.Conn).ConnectionState().PeerCertificates[0], nil
 }
 
-// events are the Events recorded on Secret ns/name.
+// events are the Events recorded in ns on Secret name.
 func events(t *testing.T, ns, name string) []corev1.Event {
 	t.Helper()
 	var list corev1.EventList

@@ -94,10 +94,7 @@ func planCA(sec *corev1.Secret, salvage []*x509.Certificate, l Lifetimes, now ti
 	candidates = append(candidates, salvage...)
 
 	cur := u.pair
-	// When the CA was made, from its certificate, erring late: NotBefore was now-Backdate,
-	// truncated to the second by X.509's time encoding. Erring late keeps the trust delay and
-	// the overlap at least as long as configured.
-	issuedAt := cur.Cert.NotBefore.Add(l.Backdate + time.Second)
+	issuedAt := caIssuedAt(cur.Cert, l)
 	dropAt := issuedAt.Add(l.Leaf)
 	st := caState{current: cur, bundle: []*x509.Certificate{cur.Cert}, next: qcerts.RenewAt(cur.Cert)}
 	for _, c := range candidates {
@@ -115,6 +112,13 @@ func planCA(sec *corev1.Secret, salvage []*x509.Certificate, l Lifetimes, now ti
 	}
 	u.data[qcerts.KeyCA] = qcerts.EncodeCerts(st.bundle...)
 	return st, u, nil
+}
+
+// caIssuedAt is when ca was made, from its certificate, erring late: NotBefore was
+// now-Backdate, truncated to the second by X.509's time encoding. Erring late keeps the trust
+// delay and the overlap at least as long as configured.
+func caIssuedAt(ca *x509.Certificate, l Lifetimes) time.Time {
+	return ca.NotBefore.Add(l.Backdate + time.Second)
 }
 
 // planLeaf decides a leaf Secret's data; next is when it must be looked at again.

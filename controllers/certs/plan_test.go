@@ -33,7 +33,7 @@ func (w *world) step(t *testing.T, l Lifetimes, now time.Time) (caState, time.Ti
 	for _, p := range []struct {
 		sec  **corev1.Secret
 		spec qcerts.LeafSpec
-	}{{&w.handler, qcerts.HandlerSpec}, {&w.api, qcerts.APISpec}} {
+	}{{&w.handler, qcerts.HandlerNodeSpec("node-a")}, {&w.api, qcerts.APISpec}} {
 		u, at, err := planLeaf(*p.sec, p.spec, ca, l, now)
 		if err != nil {
 			t.Fatal(err)

@@ -2,17 +2,20 @@
 // listens on the network for a guest. The target QEMU listens on a unix socket in its pod's own
 // sockets directory (launcher.Dir.MigrationIn); the source QEMU sends to a unix socket the source
 // node's agent made in the source pod's directory (launcher.Dir.MigrationOut). Between them, the
-// agents speak mutual TLS with the handlers' certificates (certs.HandlerSecret): the target's
-// Server accepts only a client certificate of the handlers' CA named qvirt-handler, reads the
-// migration's UID as the first line, and splices the connection to that migration's target
-// socket only if this node expects it, once. A stray connection, with no certificate, another
-// component's certificate or an unknown migration, is closed before any byte reaches QEMU.
+// agents speak mutual TLS, each with the certificate of its own node (certs.HandlerNodeSpec): the
+// source's Tunnel accepts only a server certificate naming the migration's target node; the
+// target's Server accepts only a client certificate of the handlers' CA named qvirt-handler,
+// reads the migration's UID as the first line, and splices the connection to that migration's
+// target socket only if this node expects it, from that migration's source node, once. A stray
+// connection, with no certificate, another component's certificate, another node's certificate
+// or an unknown migration, is closed before any byte reaches QEMU.
 package migproxy
 
 import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -53,6 +56,8 @@ type Server struct {
 
 type expectation struct {
 	socket string
+	// source is the node whose agent may send the stream.
+	source string
 	added  time.Time
 }
 
@@ -101,10 +106,10 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 }
 
-// Expect opens the endpoint for one stream of migration uid, to the target QEMU's socket (a host
-// path). A migration already connected stays closed: a handler restarting mid-migration must not
-// let a second stream into the same QEMU.
-func (s *Server) Expect(uid types.UID, socket string) {
+// Expect opens the endpoint for one stream of migration uid from the agent of node source, to
+// the target QEMU's socket (a host path). A migration already connected stays closed: a handler
+// restarting mid-migration must not let a second stream into the same QEMU.
+func (s *Server) Expect(uid types.UID, socket, source string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -112,7 +117,7 @@ func (s *Server) Expect(uid types.UID, socket string) {
 	if _, done := s.taken[uid]; done {
 		return
 	}
-	s.expected[uid] = expectation{socket: socket, added: now}
+	s.expected[uid] = expectation{socket: socket, source: source, added: now}
 }
 
 // Forget closes the endpoint to migration uid.
@@ -135,17 +140,24 @@ func (s *Server) prune(now time.Time) {
 	}
 }
 
-// take claims migration uid's target socket, once.
-func (s *Server) take(uid types.UID) (string, bool) {
+// errNotExpected is a migration no target on this node waits for.
+var errNotExpected = errors.New("no target on this node waits for it")
+
+// take claims migration uid's target socket, once, for a client whose certificate is peer: it
+// must name the migration's source node. A client of another node claims nothing.
+func (s *Server) take(uid types.UID, peer *x509.Certificate) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.expected[uid]
 	if !ok {
-		return "", false
+		return "", errNotExpected
+	}
+	if err := certs.CheckHandlerNode(peer, e.source); err != nil {
+		return "", fmt.Errorf("the migration comes from node %s: %w", e.source, err)
 	}
 	delete(s.expected, uid)
 	s.taken[uid] = time.Now()
-	return e.socket, true
+	return e.socket, nil
 }
 
 func (s *Server) serve(ctx context.Context, conn net.Conn) {
@@ -156,9 +168,9 @@ func (s *Server) serve(ctx context.Context, conn net.Conn) {
 		log.Info("refused a migration connection", "reason", err.Error())
 		return
 	}
-	socket, ok := s.take(uid)
-	if !ok {
-		log.Info("refused a migration connection", "reason", "no target on this node waits for it", "migration", uid)
+	socket, err := s.take(uid, conn.(*tls.Conn).ConnectionState().PeerCertificates[0])
+	if err != nil {
+		log.Info("refused a migration connection", "reason", err.Error(), "migration", uid, "client", peerName(conn.(*tls.Conn)))
 		return
 	}
 	target, err := unixsock.Dial(ctx, socket)
@@ -192,25 +204,28 @@ func readHeader(ctx context.Context, conn *tls.Conn) (types.UID, *bufio.Reader, 
 	return types.UID(uid), rest, nil
 }
 
+// peerName names the client in logs: its certificate's node, or its CN when it names none.
 func peerName(conn *tls.Conn) string {
-	if pc := conn.ConnectionState().PeerCertificates; len(pc) > 0 {
-		return pc[0].Subject.CommonName
+	pc := conn.ConnectionState().PeerCertificates
+	if len(pc) == 0 {
+		return ""
 	}
-	return ""
+	if node, err := certs.HandlerNodeOf(pc[0]); err == nil {
+		return "node " + node
+	}
+	return pc[0].Subject.CommonName
 }
 
 // Tunnel is the source node's side: it carries one source QEMU's stream to a target node's Server.
 type Tunnel struct {
-	tls *tls.Config
-	log logr.Logger
+	certs certs.Provider
+	log   logr.Logger
 }
 
 // NewTunnel presents the node agent's certificate from p and accepts only a target endpoint
-// whose certificate p's bundle verifies and names certs.HandlerName.
+// whose certificate p's bundle verifies and names the migration's target node.
 func NewTunnel(p certs.Provider, log logr.Logger) *Tunnel {
-	cfg := certs.ClientConfig(p, certs.HandlerName)
-	cfg.NextProtos = []string{Protocol}
-	return &Tunnel{tls: cfg, log: log}
+	return &Tunnel{certs: p, log: log}
 }
 
 // acceptTimeout bounds the wait for the source QEMU to connect once the migration was asked for.
@@ -218,9 +233,10 @@ const acceptTimeout = time.Minute
 
 // Forward listens on socket (a host path in the source pod's directory, handed to uid, the
 // launcher's user) for one connection of the source QEMU and carries it to the target endpoint at
-// addr as migration uid. It returns once listening; stop ends the wait for the connection (not a
-// stream already under way: QEMU ends that by closing its side, as a cancel does).
-func (t *Tunnel) Forward(socket string, owner int, addr string, uid types.UID) (stop func(), err error) {
+// addr, which must be node target's agent, as migration uid. It returns once listening; stop
+// ends the wait for the connection (not a stream already under way: QEMU ends that by closing
+// its side, as a cancel does).
+func (t *Tunnel) Forward(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error) {
 	ln, err := unixsock.Listen(socket)
 	if err != nil {
 		return nil, err
@@ -245,15 +261,17 @@ func (t *Tunnel) Forward(socket string, owner int, addr string, uid types.UID) (
 		if err != nil {
 			return
 		}
-		t.carry(conn, addr, uid)
+		t.carry(conn, addr, target, uid)
 	}()
 	return stop, nil
 }
 
-func (t *Tunnel) carry(conn net.Conn, addr string, uid types.UID) {
+func (t *Tunnel) carry(conn net.Conn, addr, target string, uid types.UID) {
 	defer conn.Close()
-	log := t.log.WithValues("migration", uid, "target", addr)
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 15 * time.Second}, Config: t.tls}
+	log := t.log.WithValues("migration", uid, "target", addr, "targetNode", target)
+	cfg := certs.HandlerClientConfig(t.certs, target)
+	cfg.NextProtos = []string{Protocol}
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 15 * time.Second}, Config: cfg}
 	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
 	remote, err := d.DialContext(ctx, "tcp", addr)
 	cancel()

@@ -15,8 +15,6 @@ import (
 	"github.com/qvirt/qvirt/certs"
 )
 
-// +kubebuilder:rbac:groups="",namespace=qvirt-system,resources=secrets,resourceNames=qvirt-handler-certs,verbs=get;list;watch
-
 // newTLSStore is the certificate store Options ask for: files, or a certs.Provider (a Secret).
 func newTLSStore(opts Options) (*certStore, error) {
 	files := []struct{ name, v string }{{"CertFile", opts.CertFile}, {"KeyFile", opts.KeyFile}, {"ClientCAFile", opts.ClientCAFile}}

@@ -38,9 +38,10 @@ func (p secretPKI) data(t *testing.T, spec certs.LeafSpec) map[string][]byte {
 	return data
 }
 
-// TestServerTakesCertificatesFromSecret runs the stream server on a certs.Source watching the
-// handler's Secret: qvirt-api's client (certs.ClientConfig) reaches it by IP, and a certificate
-// written to the Secret is served from the next handshake, without a restart.
+// TestServerTakesCertificatesFromSecret runs the stream server on a certs.Provider that changes
+// (a certs.Source watching a Secret): qvirt-api's client (certs.HandlerClientConfig) reaches it
+// by IP, and a certificate written to the Secret is served from the next handshake, without a
+// restart.
 func TestServerTakesCertificatesFromSecret(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
@@ -50,9 +51,9 @@ func TestServerTakesCertificatesFromSecret(t *testing.T) {
 	}
 	p := secretPKI{ca: ca}
 	sec := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: certs.HandlerSecret},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "handler-test-certs"},
 		Type:       corev1.SecretTypeTLS,
-		Data:       p.data(t, certs.HandlerSpec),
+		Data:       p.data(t, certs.HandlerNodeSpec(nodeName)),
 	}
 	if err := cp.Client.Create(ctx, sec); err != nil {
 		t.Fatal(err)
@@ -96,7 +97,7 @@ func TestServerTakesCertificatesFromSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: certs.ClientConfig(certs.Fixed(api), certs.HandlerName), DisableKeepAlives: true,
+		TLSClientConfig: certs.HandlerClientConfig(certs.Fixed(api), nodeName), DisableKeepAlives: true,
 	}}
 	// A request for a VMI the node does not have: the TLS handshake and the handler both worked
 	// when the answer is the handler's 404 Status.
@@ -124,7 +125,7 @@ func TestServerTakesCertificatesFromSecret(t *testing.T) {
 		t.Fatalf("served %s", first.Subject.CommonName)
 	}
 
-	sec.Data = p.data(t, certs.HandlerSpec)
+	sec.Data = p.data(t, certs.HandlerNodeSpec(nodeName))
 	if err := cp.Client.Update(ctx, sec); err != nil {
 		t.Fatal(err)
 	}

@@ -35,8 +35,8 @@ type Options struct {
 	// ClientCAFile is the PEM bundle of CAs whose client certificates are accepted.
 	ClientCAFile string
 	// Certs, instead of the three files, yields the serving certificate and the client CA bundle
-	// at every handshake: a certs.Source watching Secret qvirt-handler-certs (run it too, for
-	// example with the manager). The files must then be empty.
+	// at every handshake: the node agent's certs.NodeCertificate (run it too, for example with
+	// the manager). The files must then be empty.
 	Certs certs.Provider
 	// AllowedClientNames, when not empty, accepts only client certificates whose subject CN or
 	// one of whose DNS SANs is listed.

@@ -34,11 +34,13 @@ import (
 type MigrationTunnel interface {
 	// Address is where source agents reach this node's endpoint (host:port).
 	Address() string
-	// Expect opens this node's endpoint for one stream of migration uid, to socket (a host path).
-	Expect(uid types.UID, socket string)
+	// Expect opens this node's endpoint for one stream of migration uid, from the agent of node
+	// source, to socket (a host path).
+	Expect(uid types.UID, socket, source string)
 	// Forward listens on socket (a host path, handed to owner) for the source QEMU's one stream and
-	// carries it to the target endpoint at addr as migration uid; stop ends the wait.
-	Forward(socket string, owner int, addr string, uid types.UID) (stop func(), err error)
+	// carries it to the target endpoint at addr, the agent of node target, as migration uid; stop
+	// ends the wait.
+	Forward(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error)
 }
 
 // errNoTunnel is a node agent started without its migration endpoint.
@@ -105,7 +107,7 @@ func (r *Reconciler) reopenTarget(v *v1alpha1.VirtualMachineInstance, ms *v1alph
 		return
 	}
 	if d := r.launchers.dir(v.UID); d != "" {
-		r.Migrations.Expect(ms.MigrationUID, d.MigrationIn())
+		r.Migrations.Expect(ms.MigrationUID, d.MigrationIn(), ms.SourceNode)
 	}
 }
 
@@ -136,7 +138,7 @@ func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachi
 			return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
 		}
 	}
-	r.Migrations.Expect(v.Status.MigrationState.MigrationUID, r.launchers.dir(v.UID).MigrationIn())
+	r.Migrations.Expect(v.Status.MigrationState.MigrationUID, r.launchers.dir(v.UID).MigrationIn(), v.Status.MigrationState.SourceNode)
 	return r.Migrations.Address(), nil
 }
 
@@ -217,7 +219,7 @@ func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachi
 	if hostDir == "" {
 		return fmt.Errorf("the source launcher's socket directory is unknown")
 	}
-	stop, err := r.Migrations.Forward(hostDir.MigrationOut(), podlayout.LauncherUID, ms.TargetNodeAddress, ms.MigrationUID)
+	stop, err := r.Migrations.Forward(hostDir.MigrationOut(), podlayout.LauncherUID, ms.TargetNodeAddress, ms.TargetNode, ms.MigrationUID)
 	if err != nil {
 		return fmt.Errorf("open the migration tunnel: %w", err)
 	}

@@ -20,7 +20,6 @@ import (
 
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
@@ -82,9 +81,11 @@ const RegistryAddress = "10.243.0.1:5000"
 
 // Cluster is a running local cluster.
 type Cluster struct {
-	opts       Options
-	sup        *supervise.Supervisor
-	cp         *ControlPlane
+	opts Options
+	sup  *supervise.Supervisor
+	cp   *ControlPlane
+	// client is the cluster admin's.
+	client     client.Client
 	nodes      []string
 	stopNodes  context.CancelFunc
 	nodesDone  chan error
@@ -188,6 +189,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err != nil {
 		return nil, err
 	}
+	c.client = cl
 	nodeCtx, stop := context.WithCancel(context.Background())
 	c.stopNodes, c.nodesDone = stop, make(chan error, opts.Nodes)
 	if err := c.startRegistry(ctx, nodeCtx); err != nil {
@@ -230,10 +232,14 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		step("registering virtual node %s and starting its qvirt-handler", name)
 		c.nodes = append(c.nodes, name)
 		go func() { c.nodesDone <- provider.Run(nodeCtx, c.nodeOptions(i, restCfg, cniBin)) }()
+		if err := c.handlerCredentials(ctx, i); err != nil {
+			return nil, err
+		}
 		if err := sup.Start(ctx, c.handler(i)); err != nil {
 			return nil, err
 		}
 	}
+	go c.renewHandlerTokens(nodeCtx)
 	return c, nil
 }
 
@@ -260,7 +266,8 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 	}
 }
 
-// handler is node i's qvirt-handler, as its DaemonSet pod would run (here a host process).
+// handler is node i's qvirt-handler, as its DaemonSet pod would run (here a host process, with
+// its pod's identity: handlerauth.go).
 func (c *Cluster) handler(i int) supervise.Component {
 	name := NodeName(i)
 	probe := "127.0.0.1:" + strconv.Itoa(9450+i)
@@ -271,10 +278,9 @@ func (c *Cluster) handler(i int) supervise.Component {
 		Args: []string{"--node-name=" + name, "--pods-dir=" + provider.PodsDir(nodeStateDir(c.opts.Dir, i)), "--namespace=" + Namespace,
 			"--device-plugin=false",
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
-			"--streams-tls-secret=" + certs.HandlerSecret,
 			"--migration-bind-address=" + migration, "--migration-advertise-address=" + migration,
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
-		Env:   []string{"KUBECONFIG=" + c.Kubeconfig},
+		Env:   []string{"KUBECONFIG=" + HandlerKubeconfig(c.opts.Dir, i)},
 		Ready: httpReady("http://"+probe+"/readyz", nil)}
 }
 

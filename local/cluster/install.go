@@ -38,9 +38,11 @@ type InstallOptions struct {
 	WebhookPort    int
 }
 
-// Install applies qvirt's CRDs, the install namespace, the configuration and the validating
-// webhook (pointed at the controller's host address, with a certificate from the cluster CA
-// written to Dir/webhook-certs for --webhook-cert-dir), with server-side apply.
+// Install applies qvirt's CRDs, the install namespace, the configuration, the node agents'
+// ServiceAccount with its RBAC and own-node admission policy (the identity the agents run with,
+// handlerauth.go) and the validating webhook (pointed at the controller's host address, with a
+// certificate from the cluster CA written to Dir/webhook-certs for --webhook-cert-dir), with
+// server-side apply.
 func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts InstallOptions) error {
 	crds, err := filepath.Glob(filepath.Join(opts.Repo, "config", "crd", "bases", "*.yaml"))
 	if err != nil || len(crds) == 0 {
@@ -63,6 +65,11 @@ func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts Insta
 	cm := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
 		"metadata": map[string]any{"name": "qvirt-config", "namespace": opts.Namespace}, "data": cfg}}
 	objs = append(objs, ns, cm)
+	handler, err := handlerObjects(opts)
+	if err != nil {
+		return err
+	}
+	objs = append(objs, handler...)
 	hooks, err := cp.webhooks(opts)
 	if err != nil {
 		return err
@@ -107,6 +114,25 @@ func waitServed(ctx context.Context, c client.Client, objs []*unstructured.Unstr
 		}
 	}
 	return nil
+}
+
+// handlerObjects are config/handler's objects but its DaemonSet (the agents are host processes
+// here), in the install namespace as kustomize would place them.
+func handlerObjects(opts InstallOptions) ([]*unstructured.Unstructured, error) {
+	var out []*unstructured.Unstructured
+	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml", "own_node_policy.yaml"} {
+		objs, err := readObjects(filepath.Join(opts.Repo, "config", "handler", f))
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range objs {
+			if o.GetKind() == "ServiceAccount" {
+				o.SetNamespace(opts.Namespace)
+			}
+		}
+		out = append(out, objs...)
+	}
+	return out, nil
 }
 
 // WebhookCertDir holds the webhook server's tls.crt and tls.key.

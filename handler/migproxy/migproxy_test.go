@@ -1,0 +1,135 @@
+package migproxy_test
+
+import (
+	"context"
+	"crypto/x509"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/qvirt/qvirt/certs"
+	"github.com/qvirt/qvirt/handler/migproxy"
+)
+
+// agentCerts is node's agent's certificate from ca, trusting ca.
+func agentCerts(t *testing.T, ca *certs.Pair, node string) certs.Provider {
+	t.Helper()
+	now := time.Now()
+	leaf, err := ca.Issue(certs.HandlerNodeSpec(node), now.Add(-time.Minute), now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := certs.MaterialData(leaf, []*x509.Certificate{ca.Cert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := certs.ParseMaterial(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certs.Fixed(m)
+}
+
+// fakeTarget is the target QEMU's incoming socket: it reports what each connection sent.
+func fakeTarget(t *testing.T, socket string) <-chan string {
+	t.Helper()
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	got := make(chan string, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			data, _ := io.ReadAll(c)
+			_ = c.Close()
+			got <- string(data)
+		}
+	}()
+	return got
+}
+
+// send plays the source QEMU: it connects to the tunnel's socket, sends payload and waits for
+// the tunnel to close its side (it does once the stream ended or was refused).
+func send(t *testing.T, socket, payload string) {
+	t.Helper()
+	c, err := net.DialTimeout("unix", socket, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+	if _, err := io.WriteString(c, payload); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.UnixConn).CloseWrite()
+	_, _ = io.ReadAll(c)
+}
+
+// The tunnel between node agents carries a migration only between the agents of its source and
+// target nodes, though every agent's certificate is valid: a source refuses a target endpoint
+// presenting another node's certificate, and a target refuses a stream from an agent of another
+// node than the migration's source. Neither refusal uses up the migration's one stream.
+func TestTunnelChecksBothNodes(t *testing.T) {
+	now := time.Now()
+	ca, err := certs.NewCA("test-ca", now.Add(-time.Minute), now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	incoming := filepath.Join(dir, "in.sock")
+	got := fakeTarget(t, incoming)
+
+	srv, err := migproxy.Listen("127.0.0.1:0", agentCerts(t, ca, "node-b"), testr.New(t).WithName("node-b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	const uid = types.UID("3f1c2b4e-0000-4000-8000-000000000001")
+	srv.Expect(uid, incoming, "node-a")
+
+	forward := func(from, target, payload string) {
+		t.Helper()
+		out := filepath.Join(dir, from+"-out.sock")
+		tun := migproxy.NewTunnel(agentCerts(t, ca, from), testr.New(t).WithName(from))
+		stop, err := tun.Forward(out, os.Getuid(), srv.Addr(), target, uid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		send(t, out, payload)
+	}
+	// Node a's agent believes it sends to node c: node b's endpoint is refused by the source.
+	forward("node-a", "node-c", "meant for node c")
+	// Node c's agent sends to node b as if it were the source: refused by the target.
+	forward("node-c", "node-b", "from an impostor")
+	// The real source to the real target: the stream arrives, once.
+	forward("node-a", "node-b", "the guest's state")
+
+	select {
+	case data := <-got:
+		if data != "the guest's state" {
+			t.Fatalf("the target QEMU received %q, want only the real source's stream", data)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the real source's stream did not reach the target QEMU")
+	}
+	select {
+	case data := <-got:
+		t.Errorf("a second stream reached the target QEMU: %q", data)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
