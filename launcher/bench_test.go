@@ -385,7 +385,7 @@ func tunnelTo(b *testing.B, target string) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	leaf, err := ca.Issue(certs.HandlerSpec, now.Add(-time.Minute), now.Add(time.Hour))
+	leaf, err := ca.Issue(certs.HandlerNodeSpec("bench-node"), now.Add(-time.Minute), now.Add(time.Hour))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -405,9 +405,9 @@ func tunnelTo(b *testing.B, target string) string {
 	b.Cleanup(cancel)
 	go func() { _ = srv.Start(ctx) }()
 	const uid = "bench-migration"
-	srv.Expect(uid, target)
+	srv.Expect(uid, target, "bench-node")
 	out := filepath.Join(b.TempDir(), "out.sock")
-	stop, err := migproxy.NewTunnel(certs.Fixed(m), logr.Discard()).Forward(out, os.Getuid(), srv.Addr(), uid)
+	stop, err := migproxy.NewTunnel(certs.Fixed(m), logr.Discard()).Forward(out, os.Getuid(), srv.Addr(), "bench-node", uid)
 	if err != nil {
 		b.Fatal(err)
 	}
