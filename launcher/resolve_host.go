@@ -27,8 +27,12 @@ type HostResolver struct {
 	FileImagesInPod bool
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk images; the run directory when empty.
+	// ScratchDir holds emptyDisk and cloud-init images; the run directory when empty.
 	ScratchDir string
+	// CloudInitSecrets is where the pod mounts the Secret volumes of cloud-init volumes
+	// (podlayout.CloudInitSecretDir); empty outside a pod, where cloud-init data from a Secret is
+	// refused.
+	CloudInitSecrets string
 	// ImageCache is the node's image cache directory (image.go); without it only file:// images
 	// can be used.
 	ImageCache string
@@ -74,16 +78,18 @@ func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, e
 // image.
 func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path) (DiskImage, *machine.FieldError) {
 	src, sp := d.Source, p.Child("source")
+	scratch := h.ScratchDir
+	if scratch == "" {
+		scratch = runDir
+	}
 	switch {
 	case src.HostFile != nil:
 		return hostFile(src.HostFile, sp.Child("hostFile"))
 	case src.Container != nil:
 		return h.containerDisk(src.Container, h.Images.containerDisk(d.Name), sp.Child("container"))
+	case src.CloudInit != nil:
+		return h.cloudInitDisk(d, scratch, p)
 	case src.Empty != nil:
-		scratch := h.ScratchDir
-		if scratch == "" {
-			scratch = runDir
-		}
 		if err := checkName(p.Child("name"), d.Name); err != nil {
 			return DiskImage{}, err
 		}
@@ -93,7 +99,7 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 		}
 		return DiskImage{Path: path, Format: "raw", Ephemeral: true}, nil
 	}
-	return DiskImage{}, machine.Required(sp, "one of hostFile, container or empty")
+	return DiskImage{}, machine.Required(sp, "one of hostFile, container, empty or cloudInit")
 }
 
 // emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.
