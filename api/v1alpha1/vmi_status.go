@@ -39,6 +39,10 @@ const (
 	VirtualMachineInstancePaused = "Paused"
 	// VirtualMachineInstanceIsMigratable says whether the instance can live-migrate, and why not.
 	VirtualMachineInstanceIsMigratable = "LiveMigratable"
+	// VirtualMachineInstanceSynchronized says whether the instance could be brought to its spec:
+	// the node agent's once the instance is on a node; before that, False when its launcher pod
+	// cannot start (a cloud-init Secret that does not exist). A VirtualMachine shows it while False.
+	VirtualMachineInstanceSynchronized = "Synchronized"
 )
 
 // VirtualMachineInstanceStatus is the observed state of an instance.
