@@ -38,7 +38,7 @@ const secretRecheck = 10 * time.Second
 // cloudInitSecret is one Secret a cloud-init volume reads, and where the pod mounts it.
 type cloudInitSecret struct {
 	// field is the reference's path in the spec, for people.
-	field, secret string
+	field, secret     string
 	volume, mountPath string
 }
 
