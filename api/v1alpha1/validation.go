@@ -571,16 +571,6 @@ func validateAbsPath(p *field.Path, v string) field.ErrorList {
 	return nil
 }
 
-func validateBase64(p *field.Path, v string) field.ErrorList {
-	if v == "" {
-		return nil
-	}
-	if _, err := base64.StdEncoding.DecodeString(v); err != nil {
-		return field.ErrorList{field.Invalid(p, "<base64 data>", fmt.Sprintf("not valid base64: %v", err))}
-	}
-	return nil
-}
-
 func validateCIDR(p *field.Path, v string) field.ErrorList {
 	if v == "" {
 		return nil

@@ -362,12 +362,13 @@ func TestVirtualNodes(t *testing.T) {
 			}
 			return false
 		})
-		p, err := client.CoreV1().Pods(tc.ns).Get(ctx, reader.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if w := p.Status.ContainerStatuses[0].State.Waiting; p.Status.Phase != corev1.PodPending || w == nil || w.Reason != "ContainerCreating" {
-			t.Fatalf("without its Secret the pod is %s, %+v; want Pending in ContainerCreating", p.Status.Phase, p.Status.ContainerStatuses[0].State)
+		tc.waitFor(reader.Name, "Pending in ContainerCreating", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return p.Status.Phase == corev1.PodPending && len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "ContainerCreating"
+		})
+		time.Sleep(2 * time.Second) // a few retries later, still waiting
+		if p, err := client.CoreV1().Pods(tc.ns).Get(ctx, reader.Name, metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
+			t.Fatalf("without its Secret the pod is %+v (%v); want it Pending", p.Status, err)
 		}
 		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "cloud-user"}, StringData: map[string]string{"userdata": "#cloud-config\nuser: qvirt\n"}}
 		if _, err := client.CoreV1().Secrets(tc.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {

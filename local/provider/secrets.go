@@ -33,10 +33,14 @@ func secretVolumeDir(podDir, name string) string {
 // secretVolume waits for the Secret of volume name and writes it out.
 func (r *podRun) secretVolume(name string, src *corev1.SecretVolumeSource) (volume, error) {
 	backoff := secretRetryFirst
-	for {
+	for first := true; ; first = false {
 		vol, err := r.writeSecretVolume(name, src)
 		if err == nil || !errors.Is(err, errSecretNotReady) {
 			return vol, err
+		}
+		if first {
+			// Nothing else reports the pod while it waits: show it Pending, ContainerCreating.
+			r.update(func(*corev1.PodStatus) {})
 		}
 		r.p.log.Info("waiting for a Secret volume", "pod", r.key, "volume", name, "reason", err.Error())
 		r.p.event(r.snapshot(), corev1.EventTypeWarning, "FailedMount", fmt.Sprintf("MountVolume.SetUp failed for volume %q : %v", name, err))
