@@ -73,7 +73,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, 
 			return (&vm.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vm"), Config: store, APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
 		}},
 		{"vmi", func() error {
-			return (&vmi.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vmi"), Config: store}).SetupWithManager(mgr)
+			return (&vmi.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vmi"), Config: store, APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
 		}},
 		{"migration", func() error {
 			return (&migration.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-migration"), Config: store}).SetupWithManager(mgr)

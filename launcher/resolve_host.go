@@ -27,8 +27,13 @@ type HostResolver struct {
 	FileImagesInPod bool
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk images and containerDisk overlays; the run directory when empty.
+	// ScratchDir holds emptyDisk and cloud-init images and containerDisk overlays; the run
+	// directory when empty.
 	ScratchDir string
+	// CloudInitSecrets is where the pod mounts the Secret volumes of cloud-init volumes
+	// (podlayout.CloudInitSecretDir); empty outside a pod, where cloud-init data from a Secret is
+	// refused.
+	CloudInitSecrets string
 	// ImageCache is the node's image cache directory (image.go); without it only file:// images
 	// can be used.
 	ImageCache string
@@ -83,6 +88,8 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 			return img, err
 		}
 		return h.containerOverlay(d, img, size, runDir, p)
+	case src.CloudInit != nil:
+		return h.cloudInitDisk(d, h.scratch(runDir), p)
 	case src.Empty != nil:
 		if err := checkName(p.Child("name"), d.Name); err != nil {
 			return DiskImage{}, err
@@ -93,7 +100,7 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 		}
 		return DiskImage{Path: path, Format: "raw", Ephemeral: true}, nil
 	}
-	return DiskImage{}, machine.Required(sp, "one of hostFile, container or empty")
+	return DiskImage{}, machine.Required(sp, "one of hostFile, container, empty or cloudInit")
 }
 
 // emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.

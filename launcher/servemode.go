@@ -25,8 +25,11 @@ type ServeOptions struct {
 	Emulation      bool
 	QEMU           string
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk images and containerDisk overlays (the pod's private emptyDir).
+	// ScratchDir holds emptyDisk and cloud-init images and containerDisk overlays (the pod's private emptyDir).
 	ScratchDir string
+	// CloudInitSecrets is where the pod mounts its cloud-init Secret volumes
+	// (podlayout.CloudInitSecretDir).
+	CloudInitSecrets string
 	// Images are the pod's image volumes (podlayout.KernelBootDir and ContainerDiskDir): the
 	// launcher in a pod reads images there and never pulls.
 	Images ImageMounts
@@ -64,7 +67,7 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*protocol.Exit, error) {
 	}()
 	images := opts.Images
 	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir, Images: &images,
-		FileImagesInPod: opts.AllowFileImages}, uid: opts.VMIUID, emulation: opts.Emulation}
+		FileImagesInPod: opts.AllowFileImages, CloudInitSecrets: opts.CloudInitSecrets}, uid: opts.VMIUID, emulation: opts.Emulation}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	ln, err := Listen(dir.Command())
 	if err != nil {

@@ -143,6 +143,7 @@ type Source struct {
 	HostFile  *HostFile  `json:"hostFile,omitempty"`
 	Container *Container `json:"container,omitempty"`
 	Empty     *Empty     `json:"empty,omitempty"`
+	CloudInit *CloudInit `json:"cloudInit,omitempty"`
 }
 
 // HostFile is an image file the launcher can see (a hostDisk's path in the pod).
@@ -166,6 +167,44 @@ type Container struct {
 // Empty is a blank scratch disk the launcher creates, gone with the VM.
 type Empty struct {
 	CapacityBytes int64 `json:"capacityBytes"`
+}
+
+// CloudInitDataSource is the cloud-init data source a CloudInit image is laid out for.
+type CloudInitDataSource string
+
+const (
+	// CloudInitNoCloud: an ISO 9660 image labelled cidata holding user-data, meta-data and
+	// network-config.
+	CloudInitNoCloud CloudInitDataSource = "noCloud"
+	// CloudInitConfigDrive: an ISO 9660 image labelled config-2 holding
+	// openstack/latest/{meta_data.json,user_data,network_data.json}.
+	CloudInitConfigDrive CloudInitDataSource = "configDrive"
+)
+
+// CloudInit is a cloud-init data source the launcher writes as a small read-only ISO 9660 image in
+// its own directory when the VM starts. The node agent decides the meta-data; user and network data
+// are inline or, when they come from a Secret, read by the launcher from the Secret volume its pod
+// mounts for the disk (podlayout.CloudInitSecretMount): the node agent never reads Secrets.
+type CloudInit struct {
+	DataSource CloudInitDataSource `json:"dataSource"`
+	// InstanceID is meta-data's instance-id: cloud-init runs its once-per-instance modules again
+	// when it changes.
+	InstanceID string `json:"instanceID"`
+	// Hostname is the guest's hostname (NoCloud's local-hostname, ConfigDrive's hostname).
+	Hostname string `json:"hostname,omitempty"`
+	// UUID is ConfigDrive's uuid.
+	UUID        string        `json:"uuid,omitempty"`
+	UserData    CloudInitData `json:"userData,omitzero"`
+	NetworkData CloudInitData `json:"networkData,omitzero"`
+}
+
+// CloudInitData is user or network data: inline, from the pod's Secret volume, or none when
+// neither is set.
+type CloudInitData struct {
+	Inline string `json:"inline,omitempty"`
+	// FromSecret reads it from the pod's Secret volume for this disk: the key userdata (else
+	// userData) for user data, networkdata (else networkData) for network data, as in KubeVirt.
+	FromSecret bool `json:"fromSecret,omitempty"`
 }
 
 // NICModel is the guest NIC's device model.

@@ -47,8 +47,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 	for i := range spec.Volumes {
 		v, vp := &spec.Volumes[i], p.Child("volumes").Index(i)
 		switch {
-		case v.CloudInitNoCloud != nil:
-			no(vp.Child("cloudInitNoCloud"), "the cloudInitNoCloud volume", "")
 		case v.PersistentVolumeClaim != nil:
 			no(vp.Child("persistentVolumeClaim"), "the persistentVolumeClaim volume", "; use hostDisk, containerDisk or emptyDisk")
 		case v.Ephemeral != nil:

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
@@ -23,6 +24,7 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 					{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1)},
 					{Name: "scratch", Disk: &DiskTarget{Bus: DiskBusSATA}},
 					{Name: "data", Disk: &DiskTarget{Bus: DiskBusSCSI}},
+					{Name: "cidata", CDRom: &CDRomTarget{Bus: DiskBusSATA}},
 				},
 				Interfaces: []Interface{{Name: "default", Masquerade: &InterfaceMasquerade{}, Ports: []Port{{Port: 80}}}},
 			},
@@ -31,6 +33,8 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			{Name: "root", VolumeSource: VolumeSource{ContainerDisk: &ContainerDiskSource{Image: "example/disk:1", ImagePullSecret: "regcred"}}},
 			{Name: "scratch", VolumeSource: VolumeSource{EmptyDisk: &EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}},
 			{Name: "data", VolumeSource: VolumeSource{HostDisk: &HostDisk{Path: "/var/lib/qvirt/data.img", Type: HostDiskExists}}},
+			{Name: "cidata", VolumeSource: VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{
+				UserDataSecretRef: &corev1.LocalObjectReference{Name: "userdata"}, NetworkData: "version: 2\n"}}},
 		},
 		Networks: []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
 	}
@@ -41,6 +45,12 @@ func TestNotRealised(t *testing.T) {
 	p := field.NewPath("spec")
 	if errs := append(ValidateVirtualMachineInstanceSpec(base, p), NotRealised(base, p)...); len(errs) != 0 {
 		t.Fatalf("the base spec must be valid and realised, got %v", errs)
+	}
+	configDrive := realisedSpec()
+	configDrive.Volumes[3].VolumeSource = VolumeSource{CloudInitConfigDrive: &CloudInitConfigDriveSource{
+		UserDataBase64: "I2Nsb3VkLWNvbmZpZwo=", NetworkDataSecretRef: &corev1.LocalObjectReference{Name: "net"}}}
+	if errs := append(ValidateVirtualMachineInstanceSpec(configDrive, p), NotRealised(configDrive, p)...); len(errs) != 0 {
+		t.Fatalf("a cloudInitConfigDrive volume must be valid and realised, got %v", errs)
 	}
 	pvc := &PersistentVolumeClaimVolumeSource{ClaimName: "data"}
 	cases := []struct {
@@ -61,9 +71,6 @@ func TestNotRealised(t *testing.T) {
 		{"initrd without a kernel", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware.KernelBoot.Container.KernelPath = ""
 		}, "spec.domain.firmware.kernelBoot.container.kernelPath"},
-		{"cloudInitNoCloud", func(s *VirtualMachineInstanceSpec) {
-			s.Volumes[1].VolumeSource = VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{UserData: "#cloud-config\n"}}
-		}, "spec.volumes[1].cloudInitNoCloud"},
 		{"persistentVolumeClaim", func(s *VirtualMachineInstanceSpec) {
 			s.Volumes[2].VolumeSource = VolumeSource{PersistentVolumeClaim: pvc}
 		}, "spec.volumes[2].persistentVolumeClaim"},

@@ -306,26 +306,35 @@ func validateMAC(p *field.Path, mac string, seen map[string]bool) field.ErrorLis
 func validateVolumes(vols []Volume, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	names := map[string]bool{}
+	cloudInit := ""
 	for i := range vols {
 		v := &vols[i]
 		vp := p.Index(i)
 		errs = append(errs, validateName(vp.Child("name"), v.Name, names)...)
 		errs = append(errs, validateVolumeSource(&v.VolumeSource, vp)...)
+		if _, src, ok := v.CloudInit(); ok {
+			if cloudInit != "" {
+				// KubeVirt writes only the first one; a second would be silently empty.
+				errs = append(errs, field.Forbidden(vp.Child(src), "an instance has at most one cloud-init volume; "+cloudInit+" is one already"))
+			}
+			cloudInit = "volume " + v.Name
+		}
 	}
 	return errs
 }
 
 func validateVolumeSource(s *VolumeSource, p *field.Path) field.ErrorList {
-	set := countSet(s.ContainerDisk != nil, s.CloudInitNoCloud != nil, s.EmptyDisk != nil,
+	set := countSet(s.ContainerDisk != nil, s.CloudInitNoCloud != nil, s.CloudInitConfigDrive != nil, s.EmptyDisk != nil,
 		s.HostDisk != nil, s.PersistentVolumeClaim != nil, s.Ephemeral != nil)
 	if set != 1 {
-		return field.ErrorList{field.Invalid(p, set, "a volume sets exactly one source: containerDisk, cloudInitNoCloud, emptyDisk, hostDisk, persistentVolumeClaim or ephemeral")}
+		return field.ErrorList{field.Invalid(p, set, "a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim or ephemeral")}
+	}
+	if ci, name, ok := s.CloudInit(); ok {
+		return validateCloudInit(ci, p.Child(name))
 	}
 	switch {
 	case s.ContainerDisk != nil:
 		return validateContainerDisk(s.ContainerDisk, p.Child("containerDisk"))
-	case s.CloudInitNoCloud != nil:
-		return validateCloudInit(s.CloudInitNoCloud, p.Child("cloudInitNoCloud"))
 	case s.EmptyDisk != nil:
 		if s.EmptyDisk.Capacity.Sign() <= 0 {
 			return field.ErrorList{field.Invalid(p.Child("emptyDisk", "capacity"), s.EmptyDisk.Capacity.String(), "must be a positive quantity")}
@@ -359,16 +368,65 @@ func validatePullPolicy(p *field.Path, v corev1.PullPolicy) field.ErrorList {
 	return validateEnum(p, string(v), string(corev1.PullAlways), string(corev1.PullIfNotPresent), string(corev1.PullNever))
 }
 
-func validateCloudInit(c *CloudInitNoCloudSource, p *field.Path) field.ErrorList {
+// validateCloudInit checks a cloud-init volume as KubeVirt does: at most one source of user data
+// and one of network data, at least one of the two, and inline (or base64, decoded) data within
+// CloudInitMaxUserData and CloudInitMaxNetworkData bytes; larger data goes in a Secret.
+func validateCloudInit(c CloudInitSource, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	if countSet(c.UserData != "", c.UserDataBase64 != "", c.UserDataSecretRef != nil) > 1 {
+	users := countSet(c.UserData != "", c.UserDataBase64 != "", c.UserDataSecretRef != nil)
+	nets := countSet(c.NetworkData != "", c.NetworkDataBase64 != "", c.NetworkDataSecretRef != nil)
+	if users > 1 {
 		errs = append(errs, field.Forbidden(p, "set at most one of userData, userDataBase64 and secretRef"))
 	}
-	if countSet(c.NetworkData != "", c.NetworkDataBase64 != "", c.NetworkDataSecretRef != nil) > 1 {
+	if nets > 1 {
 		errs = append(errs, field.Forbidden(p, "set at most one of networkData, networkDataBase64 and networkDataSecretRef"))
 	}
-	errs = append(errs, validateBase64(p.Child("userDataBase64"), c.UserDataBase64)...)
-	return append(errs, validateBase64(p.Child("networkDataBase64"), c.NetworkDataBase64)...)
+	if users == 0 && nets == 0 {
+		errs = append(errs, field.Required(p, "one of userData, userDataBase64, secretRef, networkData, networkDataBase64 and networkDataSecretRef"))
+	}
+	errs = append(errs, validateCloudInitData(p.Child("userData"), c.UserData, false, CloudInitMaxUserData, "secretRef")...)
+	errs = append(errs, validateCloudInitData(p.Child("userDataBase64"), c.UserDataBase64, true, CloudInitMaxUserData, "secretRef")...)
+	errs = append(errs, validateCloudInitData(p.Child("networkData"), c.NetworkData, false, CloudInitMaxNetworkData, "networkDataSecretRef")...)
+	errs = append(errs, validateCloudInitData(p.Child("networkDataBase64"), c.NetworkDataBase64, true, CloudInitMaxNetworkData, "networkDataSecretRef")...)
+	errs = append(errs, validateSecretRef(p.Child("secretRef"), c.UserDataSecretRef)...)
+	return append(errs, validateSecretRef(p.Child("networkDataSecretRef"), c.NetworkDataSecretRef)...)
+}
+
+// validateCloudInitData checks inline cloud-init data (base64-encoded when encoded) against its
+// size limit in bytes, pointing at the Secret field that takes more.
+func validateCloudInitData(p *field.Path, v string, encoded bool, limit int, secretField string) field.ErrorList {
+	size := len(v)
+	if encoded && v != "" {
+		data, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			return field.ErrorList{field.Invalid(p, "<base64 data>", fmt.Sprintf("not valid base64: %v", err))}
+		}
+		size = len(data)
+	}
+	if size > limit {
+		what := "bytes"
+		if encoded {
+			what = "bytes decoded"
+		}
+		err := field.TooLong(p, "", limit)
+		err.Detail = fmt.Sprintf("%d %s is over the limit of %d bytes: put larger data in a Secret (%s)", size, what, limit, secretField)
+		return field.ErrorList{err}
+	}
+	return nil
+}
+
+// validateSecretRef checks a reference to a Secret of the instance's namespace.
+func validateSecretRef(p *field.Path, ref *corev1.LocalObjectReference) field.ErrorList {
+	if ref == nil {
+		return nil
+	}
+	if ref.Name == "" {
+		return field.ErrorList{field.Required(p.Child("name"), "the Secret's name")}
+	}
+	if msgs := validation.IsDNS1123Subdomain(ref.Name); len(msgs) > 0 {
+		return field.ErrorList{field.Invalid(p.Child("name"), ref.Name, strings.Join(msgs, "; "))}
+	}
+	return nil
 }
 
 func validateHostDisk(h *HostDisk, p *field.Path) field.ErrorList {
@@ -509,16 +567,6 @@ func validateAbsPath(p *field.Path, v string) field.ErrorList {
 		if seg == ".." {
 			return field.ErrorList{field.Invalid(p, v, "must not contain '..' segments")}
 		}
-	}
-	return nil
-}
-
-func validateBase64(p *field.Path, v string) field.ErrorList {
-	if v == "" {
-		return nil
-	}
-	if _, err := base64.StdEncoding.DecodeString(v); err != nil {
-		return field.ErrorList{field.Invalid(p, "<base64 data>", fmt.Sprintf("not valid base64: %v", err))}
 	}
 	return nil
 }

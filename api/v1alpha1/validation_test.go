@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -113,6 +114,40 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"bad base64", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Volumes[1].CloudInitNoCloud = &CloudInitNoCloudSource{UserDataBase64: "not base64!"}
 		}, "spec.template.spec.volumes[1].cloudInitNoCloud.userDataBase64"},
+		{"user data over 2048 bytes", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].CloudInitNoCloud = &CloudInitNoCloudSource{UserData: strings.Repeat("x", CloudInitMaxUserData+1)}
+		}, "spec.template.spec.volumes[1].cloudInitNoCloud.userData"},
+		{"base64 user data over 2048 bytes decoded", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].VolumeSource = VolumeSource{CloudInitConfigDrive: &CloudInitConfigDriveSource{
+				UserDataBase64: base64.StdEncoding.EncodeToString(make([]byte, CloudInitMaxUserData+1))}}
+		}, "spec.template.spec.volumes[1].cloudInitConfigDrive.userDataBase64"},
+		{"network data over 2048 bytes", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].CloudInitNoCloud.NetworkData = strings.Repeat("x", CloudInitMaxNetworkData+1)
+		}, "spec.template.spec.volumes[1].cloudInitNoCloud.networkData"},
+		{"two user data sources", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].CloudInitNoCloud.UserDataSecretRef = &corev1.LocalObjectReference{Name: "ud"}
+		}, "spec.template.spec.volumes[1].cloudInitNoCloud"},
+		{"two network data sources", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].VolumeSource = VolumeSource{CloudInitConfigDrive: &CloudInitConfigDriveSource{
+				NetworkData: "version: 2", NetworkDataSecretRef: &corev1.LocalObjectReference{Name: "nd"}}}
+		}, "spec.template.spec.volumes[1].cloudInitConfigDrive"},
+		{"no cloud-init data at all", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].CloudInitNoCloud = &CloudInitNoCloudSource{}
+		}, "spec.template.spec.volumes[1].cloudInitNoCloud"},
+		{"secretRef without a name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].CloudInitNoCloud = &CloudInitNoCloudSource{UserDataSecretRef: &corev1.LocalObjectReference{}}
+		}, "spec.template.spec.volumes[1].cloudInitNoCloud.secretRef.name"},
+		{"networkDataSecretRef with a bad name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].CloudInitNoCloud.NetworkDataSecretRef = &corev1.LocalObjectReference{Name: "Bad_Name"}
+		}, "spec.template.spec.volumes[1].cloudInitNoCloud.networkDataSecretRef.name"},
+		{"noCloud and configDrive in one volume", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[1].CloudInitConfigDrive = &CloudInitConfigDriveSource{UserData: "#cloud-config"}
+		}, "spec.template.spec.volumes[1]"},
+		{"a second cloud-init volume", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: "config", CDRom: &CDRomTarget{}})
+			s.Volumes = append(s.Volumes, Volume{Name: "config", VolumeSource: VolumeSource{
+				CloudInitConfigDrive: &CloudInitConfigDriveSource{UserData: "#cloud-config"}}})
+		}, "spec.template.spec.volumes[2].cloudInitConfigDrive"},
 		{"hostDisk relative path", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Volumes[0].VolumeSource = VolumeSource{HostDisk: &HostDisk{Path: "disk.img", Type: HostDiskExists}}
 		}, "spec.template.spec.volumes[0].hostDisk.path"},
@@ -277,6 +312,91 @@ func FuzzValidateVirtualMachine(f *testing.F) {
 		SetDefaults(&vm.Spec.Template.Spec)
 		if !equality.Semantic.DeepEqual(once, &vm.Spec.Template.Spec) {
 			t.Fatalf("defaulting is not idempotent:\n%+v\n%+v", once, vm.Spec.Template.Spec)
+		}
+	})
+}
+
+// TestCloudInitLimits: KubeVirt's limits hold to the byte (2048 accepted, 2049 refused; base64 by
+// its decoded size) and the refusal says where larger data goes.
+func TestCloudInitLimits(t *testing.T) {
+	p := field.NewPath("v")
+	for _, tc := range []struct {
+		name  string
+		src   CloudInitSource
+		field string
+		fix   string
+	}{
+		{"userData", CloudInitSource{UserData: strings.Repeat("a", CloudInitMaxUserData)}, "v.userData", "secretRef"},
+		{"userDataBase64", CloudInitSource{UserDataBase64: base64.StdEncoding.EncodeToString(make([]byte, CloudInitMaxUserData))}, "v.userDataBase64", "secretRef"},
+		{"networkData", CloudInitSource{NetworkData: strings.Repeat("a", CloudInitMaxNetworkData)}, "v.networkData", "networkDataSecretRef"},
+		{"networkDataBase64", CloudInitSource{NetworkDataBase64: base64.StdEncoding.EncodeToString(make([]byte, CloudInitMaxNetworkData))}, "v.networkDataBase64", "networkDataSecretRef"},
+	} {
+		if errs := validateCloudInit(tc.src, p); len(errs) != 0 {
+			t.Errorf("%s at the limit: %v", tc.name, errs)
+		}
+		over := tc.src
+		switch tc.name {
+		case "userData":
+			over.UserData += "a"
+		case "userDataBase64":
+			over.UserDataBase64 = base64.StdEncoding.EncodeToString(make([]byte, CloudInitMaxUserData+1))
+		case "networkData":
+			over.NetworkData += "a"
+		case "networkDataBase64":
+			over.NetworkDataBase64 = base64.StdEncoding.EncodeToString(make([]byte, CloudInitMaxNetworkData+1))
+		}
+		errs := validateCloudInit(over, p)
+		if len(errs) != 1 || errs[0].Field != tc.field || errs[0].Type != field.ErrorTypeTooLong ||
+			!strings.Contains(errs[0].Detail, "2049") || !strings.Contains(errs[0].Detail, "("+tc.fix+")") {
+			t.Errorf("%s one byte over: want one TooLong at %s naming %s, got %v", tc.name, tc.field, tc.fix, errs)
+		}
+	}
+}
+
+// FuzzValidateCloudInit: whatever a user writes in a cloud-init volume, validation names a field,
+// and what it accepts is something the launcher can write: one user data source at most, one
+// network data source at most, one of them at least, inline data decodable and within the limits.
+func FuzzValidateCloudInit(f *testing.F) {
+	f.Add("#cloud-config\n", "", "", "", "", "", uint8(0))
+	f.Add("", base64.StdEncoding.EncodeToString([]byte("#cloud-config\n")), "ud", "version: 2", "", "", uint8(1))
+	f.Add("", "", "", "", "!!", "Bad_Name", uint8(2))
+	f.Fuzz(func(t *testing.T, ud, ud64, udSecret, nd, nd64, ndSecret string, flags uint8) {
+		c := CloudInitSource{UserData: ud, UserDataBase64: ud64, NetworkData: nd, NetworkDataBase64: nd64}
+		if flags&1 != 0 {
+			c.UserDataSecretRef = &corev1.LocalObjectReference{Name: udSecret}
+		}
+		if flags&2 != 0 {
+			c.NetworkDataSecretRef = &corev1.LocalObjectReference{Name: ndSecret}
+		}
+		errs := validateCloudInit(c, field.NewPath("spec", "volumes").Index(0).Child("cloudInitNoCloud"))
+		for _, e := range errs {
+			if !strings.HasPrefix(e.Field, "spec.volumes[0].cloudInitNoCloud") {
+				t.Fatalf("error outside the volume: %v", e)
+			}
+		}
+		if len(errs) > 0 {
+			return
+		}
+		users := countSet(ud != "", ud64 != "", c.UserDataSecretRef != nil)
+		nets := countSet(nd != "", nd64 != "", c.NetworkDataSecretRef != nil)
+		if users > 1 || nets > 1 || users+nets == 0 {
+			t.Fatalf("accepted %d user and %d network data sources", users, nets)
+		}
+		for _, v := range []struct {
+			s       string
+			encoded bool
+			limit   int
+		}{{ud, false, CloudInitMaxUserData}, {ud64, true, CloudInitMaxUserData}, {nd, false, CloudInitMaxNetworkData}, {nd64, true, CloudInitMaxNetworkData}} {
+			data := []byte(v.s)
+			if v.encoded {
+				var err error
+				if data, err = base64.StdEncoding.DecodeString(v.s); err != nil {
+					t.Fatalf("accepted bad base64 %q", v.s)
+				}
+			}
+			if len(data) > v.limit {
+				t.Fatalf("accepted %d bytes over a limit of %d", len(data), v.limit)
+			}
 		}
 	})
 }

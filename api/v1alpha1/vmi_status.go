@@ -41,8 +41,10 @@ const (
 	VirtualMachineInstanceIsMigratable = "LiveMigratable"
 	// VirtualMachineInstanceSynchronized is false while the instance cannot be brought to its
 	// spec: its launcher pod's images cannot be pulled (reasons ErrImagePull and
-	// ImagePullBackOff, set by qvirt-controller as KubeVirt's virt-controller does), or the node
-	// agent cannot start or reach its launcher (the node agent's reasons).
+	// ImagePullBackOff, set by qvirt-controller as KubeVirt's virt-controller does), a cloud-init
+	// Secret it names does not exist (SecretNotFound, before it is scheduled), or the node agent
+	// cannot start or reach its launcher (the node agent's reasons). A VirtualMachine shows it
+	// while False.
 	VirtualMachineInstanceSynchronized = "Synchronized"
 )
 

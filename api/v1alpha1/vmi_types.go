@@ -566,7 +566,7 @@ type MultusNetwork struct {
 }
 
 // Volume is a storage source attached by the disk of the same name. Exactly one source is set.
-// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud), has(self.emptyDisk), has(self.hostDisk), has(self.persistentVolumeClaim), has(self.ephemeral)].filter(x, x).size() == 1",message="a volume sets exactly one source: containerDisk, cloudInitNoCloud, emptyDisk, hostDisk, persistentVolumeClaim or ephemeral"
+// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud), has(self.cloudInitConfigDrive), has(self.emptyDisk), has(self.hostDisk), has(self.persistentVolumeClaim), has(self.ephemeral)].filter(x, x).size() == 1",message="a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim or ephemeral"
 type Volume struct {
 	// Name is the volume's name; a disk of the same name attaches it.
 	// +kubebuilder:validation:MinLength=1
@@ -584,9 +584,15 @@ type VolumeSource struct {
 	// +optional
 	ContainerDisk *ContainerDiskSource `json:"containerDisk,omitempty"`
 
-	// CloudInitNoCloud is a NoCloud cloud-init data source (a small ISO labelled cidata).
+	// CloudInitNoCloud is a NoCloud cloud-init data source: a small ISO 9660 image labelled cidata
+	// holding user-data, meta-data and network-config.
 	// +optional
 	CloudInitNoCloud *CloudInitNoCloudSource `json:"cloudInitNoCloud,omitempty"`
+
+	// CloudInitConfigDrive is an OpenStack config drive cloud-init data source: a small ISO 9660
+	// image labelled config-2 holding openstack/latest/{meta_data.json,user_data,network_data.json}.
+	// +optional
+	CloudInitConfigDrive *CloudInitConfigDriveSource `json:"cloudInitConfigDrive,omitempty"`
 
 	// EmptyDisk is a blank sparse disk that lives as long as the instance.
 	// +optional
@@ -627,37 +633,103 @@ type ContainerDiskSource struct {
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 }
 
-// CloudInitNoCloudSource is NoCloud user and network data, inline or from a Secret.
+// CloudInitMaxUserData and CloudInitMaxNetworkData are KubeVirt's limits on inline (or base64,
+// decoded) cloud-init user and network data, in bytes: the data travels in the object to every
+// watcher, so larger data belongs in a Secret (secretRef, networkDataSecretRef).
+const (
+	CloudInitMaxUserData    = 2048
+	CloudInitMaxNetworkData = 2048
+)
+
+// CloudInitNoCloudSource is NoCloud user and network data, inline or from a Secret. At most one
+// source of user data and one of network data; at least one of the two.
 // +kubebuilder:validation:XValidation:rule="[has(self.userData), has(self.userDataBase64), has(self.secretRef)].filter(x, x).size() <= 1",message="set at most one of userData, userDataBase64 and secretRef"
 // +kubebuilder:validation:XValidation:rule="[has(self.networkData), has(self.networkDataBase64), has(self.networkDataSecretRef)].filter(x, x).size() <= 1",message="set at most one of networkData, networkDataBase64 and networkDataSecretRef"
 type CloudInitNoCloudSource struct {
-	// UserData is cloud-init user data.
-	// +optional
-	// +kubebuilder:validation:MaxLength=2048000
-	UserData string `json:"userData,omitempty"`
-
-	// UserDataBase64 is cloud-init user data, base64-encoded.
-	// +optional
-	// +kubebuilder:validation:MaxLength=2048000
-	UserDataBase64 string `json:"userDataBase64,omitempty"`
-
 	// UserDataSecretRef names a Secret whose userdata (or userData) key holds the user data.
 	// +optional
 	UserDataSecretRef *corev1.LocalObjectReference `json:"secretRef,omitempty"`
 
-	// NetworkData is cloud-init network configuration.
+	// UserDataBase64 is cloud-init user data, base64-encoded; at most 2048 bytes decoded.
 	// +optional
-	// +kubebuilder:validation:MaxLength=2048000
-	NetworkData string `json:"networkData,omitempty"`
+	// +kubebuilder:validation:MaxLength=2732
+	UserDataBase64 string `json:"userDataBase64,omitempty"`
 
-	// NetworkDataBase64 is cloud-init network configuration, base64-encoded.
+	// UserData is cloud-init user data; at most 2048 bytes.
 	// +optional
-	// +kubebuilder:validation:MaxLength=2048000
-	NetworkDataBase64 string `json:"networkDataBase64,omitempty"`
+	// +kubebuilder:validation:MaxLength=2048
+	UserData string `json:"userData,omitempty"`
 
-	// NetworkDataSecretRef names a Secret whose networkdata (or networkData) key holds it.
+	// NetworkDataSecretRef names a Secret whose networkdata (or networkData) key holds the
+	// network configuration.
 	// +optional
 	NetworkDataSecretRef *corev1.LocalObjectReference `json:"networkDataSecretRef,omitempty"`
+
+	// NetworkDataBase64 is cloud-init network configuration, base64-encoded; at most 2048 bytes
+	// decoded.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2732
+	NetworkDataBase64 string `json:"networkDataBase64,omitempty"`
+
+	// NetworkData is cloud-init network configuration; at most 2048 bytes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	NetworkData string `json:"networkData,omitempty"`
+}
+
+// CloudInitConfigDriveSource is config drive user and network data, inline or from a Secret, with
+// the same rules as CloudInitNoCloudSource.
+// +kubebuilder:validation:XValidation:rule="[has(self.userData), has(self.userDataBase64), has(self.secretRef)].filter(x, x).size() <= 1",message="set at most one of userData, userDataBase64 and secretRef"
+// +kubebuilder:validation:XValidation:rule="[has(self.networkData), has(self.networkDataBase64), has(self.networkDataSecretRef)].filter(x, x).size() <= 1",message="set at most one of networkData, networkDataBase64 and networkDataSecretRef"
+type CloudInitConfigDriveSource struct {
+	// UserDataSecretRef names a Secret whose userdata (or userData) key holds the user data.
+	// +optional
+	UserDataSecretRef *corev1.LocalObjectReference `json:"secretRef,omitempty"`
+
+	// UserDataBase64 is cloud-init user data, base64-encoded; at most 2048 bytes decoded.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2732
+	UserDataBase64 string `json:"userDataBase64,omitempty"`
+
+	// UserData is cloud-init user data; at most 2048 bytes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	UserData string `json:"userData,omitempty"`
+
+	// NetworkDataSecretRef names a Secret whose networkdata (or networkData) key holds the
+	// network configuration.
+	// +optional
+	NetworkDataSecretRef *corev1.LocalObjectReference `json:"networkDataSecretRef,omitempty"`
+
+	// NetworkDataBase64 is cloud-init network configuration, base64-encoded; at most 2048 bytes
+	// decoded.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2732
+	NetworkDataBase64 string `json:"networkDataBase64,omitempty"`
+
+	// NetworkData is cloud-init network configuration; at most 2048 bytes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	NetworkData string `json:"networkData,omitempty"`
+}
+
+// CloudInitSource is what both cloud-init data sources hold, whichever the volume uses.
+type CloudInitSource struct {
+	UserDataSecretRef, NetworkDataSecretRef *corev1.LocalObjectReference
+	UserData, UserDataBase64                string
+	NetworkData, NetworkDataBase64          string
+}
+
+// CloudInit is the volume's cloud-init data and the field it sits in (cloudInitNoCloud or
+// cloudInitConfigDrive); ok is false for any other volume.
+func (s *VolumeSource) CloudInit() (src CloudInitSource, field string, ok bool) {
+	if c := s.CloudInitNoCloud; c != nil {
+		return CloudInitSource{c.UserDataSecretRef, c.NetworkDataSecretRef, c.UserData, c.UserDataBase64, c.NetworkData, c.NetworkDataBase64}, "cloudInitNoCloud", true
+	}
+	if c := s.CloudInitConfigDrive; c != nil {
+		return CloudInitSource{c.UserDataSecretRef, c.NetworkDataSecretRef, c.UserData, c.UserDataBase64, c.NetworkData, c.NetworkDataBase64}, "cloudInitConfigDrive", true
+	}
+	return CloudInitSource{}, "", false
 }
 
 // EmptyDiskSource is a blank disk.

@@ -63,7 +63,8 @@ func serve(args []string) int {
 	fs.BoolVar(&opts.Emulation, podlayout.FlagEmulation, false, "allow software emulation (TCG) instead of KVM")
 	fs.StringVar(&opts.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary")
 	fs.IntVar(&opts.SpareRootPorts, "hotplug-ports", 4, "empty PCIe root ports for hotplug")
-	fs.StringVar(&opts.ScratchDir, "scratch-dir", podlayout.PrivateDir, "directory for emptyDisk images and containerDisk overlays")
+	fs.StringVar(&opts.ScratchDir, "scratch-dir", podlayout.PrivateDir, "directory for emptyDisk and cloud-init images and containerDisk overlays")
+	fs.StringVar(&opts.CloudInitSecrets, "cloud-init-secrets", podlayout.CloudInitSecretDir, "directory of the pod's cloud-init Secret volumes")
 	fs.DurationVar(&opts.Linger, "linger", 10*time.Second, "keep answering the node agent this long after the guest ended")
 	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")
 	opts.Images = launcher.ImageMounts{KernelBoot: podlayout.KernelBootDir, ContainerDisks: podlayout.ContainerDiskDir}

@@ -117,9 +117,13 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 		{"memory not in whole MiB", "vmi_testguest.yaml", "", false, func(s map[string]any) {
 			s["domain"].(map[string]any)["memory"] = map[string]any{"guest": "512M"}
 		}, "spec.domain.memory.guest", "must be a whole number of MiB"},
-		{"a cloudInitNoCloud volume", "vm_testguest.yaml", "", false, func(s map[string]any) {
-			s["volumes"] = []any{map[string]any{"name": "scratch", "cloudInitNoCloud": map[string]any{"userData": "#cloud-config"}}}
-		}, "spec.template.spec.volumes[0].cloudInitNoCloud", "not supported by this version of qvirt"},
+		{"user data over 2048 characters (the schema)", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			s["volumes"] = []any{map[string]any{"name": "scratch", "cloudInitNoCloud": map[string]any{"userData": strings.Repeat("x", 2049)}}}
+		}, "spec.template.spec.volumes[0].cloudInitNoCloud.userData", "2048"},
+		{"user data over 2048 bytes (the webhook)", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			// 1025 two-byte characters pass the schema's character count.
+			s["volumes"] = []any{map[string]any{"name": "scratch", "cloudInitConfigDrive": map[string]any{"userData": strings.Repeat("é", 1025)}}}
+		}, "spec.template.spec.volumes[0].cloudInitConfigDrive.userData", "2050 bytes is over the limit of 2048 bytes: put larger data in a Secret (secretRef)"},
 		{"the host CPU model under emulation", "vm_testguest.yaml", "", true, func(s map[string]any) {
 			s["domain"].(map[string]any)["cpu"] = map[string]any{"model": "host-passthrough"}
 		}, "spec.template.spec.domain.cpu.model", "needs KVM, and this cluster runs guests under emulation"},

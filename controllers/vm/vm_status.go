@@ -85,6 +85,14 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.VirtualMachinePaused)
 	}
 
+	// Why the instance cannot be brought to its spec (a missing cloud-init Secret, a launcher's
+	// refusal), as long as it cannot.
+	if c := mirroredCondition(vmi, v1alpha1.VirtualMachineInstanceSynchronized); c != nil && c.Status == metav1.ConditionFalse && vmiActive(vmi) {
+		set(*c)
+	} else {
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+	}
+
 	if in.Failure != nil {
 		set(metav1.Condition{Type: v1alpha1.VirtualMachineFailure, Status: metav1.ConditionTrue,
 			Reason: in.Failure.Reason, Message: in.Failure.Message})

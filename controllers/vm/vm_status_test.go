@@ -94,6 +94,7 @@ func TestComputeStatus(t *testing.T) {
 		readyCond, paused, failure, restart metav1.ConditionStatus // "" means absent
 		readyReason                         string
 		stoppedByRequest                    bool
+		synchronized                        metav1.ConditionStatus
 	}
 	cases := []struct {
 		name    string
@@ -123,6 +124,12 @@ func TestComputeStatus(t *testing.T) {
 			want{created: true, readyCond: metav1.ConditionFalse, readyReason: ReasonVMINotReady}},
 		{"create failed", vm, nil, Decision{}, failure,
 			want{readyCond: metav1.ConditionFalse, readyReason: ReasonVMINotExists, failure: metav1.ConditionTrue}},
+		{"a missing cloud-init Secret is shown", vm, testVMI(v1alpha1.Scheduling, matching(vm),
+			cond(v1alpha1.VirtualMachineInstanceSynchronized, metav1.ConditionFalse, "SecretNotFound")), Decision{}, nil,
+			want{created: true, readyCond: metav1.ConditionFalse, readyReason: ReasonVMINotReady, synchronized: metav1.ConditionFalse}},
+		{"a synchronized instance is not", vm, testVMI(v1alpha1.Running, matching(vm),
+			cond(v1alpha1.VirtualMachineInstanceSynchronized, metav1.ConditionTrue, "Synchronized")), Decision{}, nil,
+			want{created: true, readyCond: metav1.ConditionFalse, readyReason: ReasonVMINotReady}},
 		{"held by a stop", vm, nil, Decision{Held: true}, nil,
 			want{readyCond: metav1.ConditionFalse, readyReason: ReasonVMINotExists, stoppedByRequest: true}},
 	}
@@ -138,7 +145,8 @@ func TestComputeStatus(t *testing.T) {
 			got := want{created: st.Created, ready: st.Ready,
 				readyCond: status(v1alpha1.VirtualMachineReady), paused: status(v1alpha1.VirtualMachinePaused),
 				failure: status(v1alpha1.VirtualMachineFailure), restart: status(v1alpha1.VirtualMachineRestartRequired),
-				stoppedByRequest: status(ConditionStoppedByRequest) == metav1.ConditionTrue}
+				stoppedByRequest: status(ConditionStoppedByRequest) == metav1.ConditionTrue,
+				synchronized:     status(v1alpha1.VirtualMachineInstanceSynchronized)}
 			if c := meta.FindStatusCondition(st.Conditions, v1alpha1.VirtualMachineReady); c != nil {
 				got.readyReason = c.Reason
 			}

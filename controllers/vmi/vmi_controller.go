@@ -38,6 +38,9 @@ type Reconciler struct {
 	Scheme   *runtime.Scheme
 	Recorder record.EventRecorder
 	Config   *config.Store
+	// APIReader (mgr.GetAPIReader()) looks up cloud-init Secrets uncached, so the reconciler keeps
+	// no cache of the cluster's Secrets; Client when nil.
+	APIReader client.Reader
 	// Expectations track launcher pod creations not yet seen by the cache; SetupWithManager
 	// creates them when nil.
 	Expectations *Expectations
@@ -83,6 +86,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 
 // Reconcile brings one instance's launcher pod and status in line.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
@@ -137,10 +141,15 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 	applyOutcome(&vmi.Status, o, r.now())
 	setImagePullCondition(vmi, pod)
 	recordImages(&vmi.Status, pod)
-	if vmi.Status.Phase != v1alpha1.Pending || len(pods) > 0 {
-		return ctrl.Result{}, o, nil
+	recheck, err := r.checkCloudInitSecrets(ctx, vmi)
+	if err != nil {
+		return ctrl.Result{}, o, err
 	}
-	return ctrl.Result{}, o, r.createPod(ctx, vmi)
+	res := ctrl.Result{RequeueAfter: recheck}
+	if vmi.Status.Phase != v1alpha1.Pending || len(pods) > 0 {
+		return res, o, nil
+	}
+	return res, o, r.createPod(ctx, vmi)
 }
 
 // createPod creates the instance's launcher pod and moves it to Scheduling.

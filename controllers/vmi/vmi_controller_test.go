@@ -95,7 +95,7 @@ func startManager(t testing.TB, ns string, store *config.Store, cfg *rest.Config
 		t.Fatalf("new manager: %v", err)
 	}
 	r := &Reconciler{
-		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Config: store,
+		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Config: store, APIReader: mgr.GetAPIReader(),
 		//lint:ignore SA1019 the cross-controller contract uses the core/v1 events recorder
 		Recorder: mgr.GetEventRecorderFor("qvirt-vmi"),
 	}

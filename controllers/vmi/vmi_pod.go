@@ -111,6 +111,7 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *spec.Tolerations[i].DeepCopy())
 	}
 	addImageVolumes(pod, spec)
+	addCloudInitSecrets(pod, spec)
 	return pod, nil
 }
 

@@ -59,7 +59,27 @@ func indexedField(v *v1alpha1.VirtualMachineInstance, list, index, rest string) 
 		return ""
 	}
 	if strings.HasPrefix(rest, ".source") {
-		return "spec.volumes[" + devs.Disks[i].Name + "]"
+		return volumeField(v, devs.Disks[i].Name, rest)
 	}
 	return "spec.domain.devices.disks[" + index + "]"
+}
+
+// volumeField is the field of volume name that a disk's source field rest came from: a cloud-init
+// Secret reference when the launcher could not read its data, else the volume.
+func volumeField(v *v1alpha1.VirtualMachineInstance, name, rest string) string {
+	vol := "spec.volumes[" + name + "]"
+	for i := range v.Spec.Volumes {
+		if v.Spec.Volumes[i].Name != name {
+			continue
+		}
+		c, kind, ok := v.Spec.Volumes[i].CloudInit()
+		switch {
+		case !ok:
+		case strings.HasPrefix(rest, ".source.cloudInit.userData") && c.UserDataSecretRef != nil:
+			return vol + "." + kind + ".secretRef"
+		case strings.HasPrefix(rest, ".source.cloudInit.networkData") && c.NetworkDataSecretRef != nil:
+			return vol + "." + kind + ".networkDataSecretRef"
+		}
+	}
+	return vol
 }

@@ -8,8 +8,11 @@
 package translate
 
 import (
+	"encoding/base64"
 	"fmt"
+	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -81,7 +84,34 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
+	cloudInitMetaData(v, m)
 	return m, nil
+}
+
+// cloudInitMetaData fills in the meta-data of the machine's cloud-init disk with KubeVirt's rules:
+// NoCloud's instance-id is the SMBIOS UUID (the firmware UUID, which a VM keeps across restarts;
+// else the instance's UID, where KubeVirt picks a random one), ConfigDrive's is <name>.<namespace>
+// with the UUID beside it; the hostname is spec.hostname, else the name up to its first dot, cut
+// to 63 characters (KubeVirt's dns.SanitizeHostname).
+func cloudInitMetaData(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) {
+	hostname := v.Spec.Hostname
+	if hostname == "" {
+		hostname, _, _ = strings.Cut(v.Name, ".")
+		hostname = hostname[:min(len(hostname), validation.DNS1123LabelMaxLength)]
+	}
+	for i := range m.Disks {
+		ci := m.Disks[i].Source.CloudInit
+		if ci == nil {
+			continue
+		}
+		ci.Hostname = hostname
+		switch ci.DataSource {
+		case machine.CloudInitNoCloud:
+			ci.InstanceID = m.UUID
+		case machine.CloudInitConfigDrive:
+			ci.InstanceID, ci.UUID = v.Name+"."+v.Namespace, m.UUID
+		}
+	}
 }
 
 func acpiOff(f *v1alpha1.Features) bool {
@@ -216,7 +246,41 @@ func source(v *v1alpha1.Volume, p *field.Path) (machine.Source, *field.Error) {
 	case v.EmptyDisk != nil:
 		return machine.Source{Empty: &machine.Empty{CapacityBytes: v.EmptyDisk.Capacity.Value()}}, nil
 	}
-	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk and emptyDisk volumes")
+	if c, name, ok := v.CloudInit(); ok {
+		return cloudInitSource(c, name, p.Child(name))
+	}
+	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk, emptyDisk, cloudInitNoCloud and cloudInitConfigDrive volumes")
+}
+
+// cloudInitSource is a cloud-init volume's data, decoded; Machine adds the meta-data. Data from a
+// Secret stays a reference: the launcher reads it from its pod's Secret volume.
+func cloudInitSource(c v1alpha1.CloudInitSource, kind string, p *field.Path) (machine.Source, *field.Error) {
+	ci := &machine.CloudInit{DataSource: machine.CloudInitNoCloud}
+	if kind == "cloudInitConfigDrive" {
+		ci.DataSource = machine.CloudInitConfigDrive
+	}
+	var err *field.Error
+	if ci.UserData, err = cloudInitData(c.UserData, c.UserDataBase64, c.UserDataSecretRef != nil, p.Child("userDataBase64")); err != nil {
+		return machine.Source{}, err
+	}
+	if ci.NetworkData, err = cloudInitData(c.NetworkData, c.NetworkDataBase64, c.NetworkDataSecretRef != nil, p.Child("networkDataBase64")); err != nil {
+		return machine.Source{}, err
+	}
+	return machine.Source{CloudInit: ci}, nil
+}
+
+func cloudInitData(inline, encoded string, fromSecret bool, p *field.Path) (machine.CloudInitData, *field.Error) {
+	if fromSecret {
+		return machine.CloudInitData{FromSecret: true}, nil
+	}
+	if encoded == "" {
+		return machine.CloudInitData{Inline: inline}, nil
+	}
+	data, err := base64.StdEncoding.DecodeString(encoded)
+	if err != nil {
+		return machine.CloudInitData{}, field.Invalid(p, "<base64 data>", fmt.Sprintf("not valid base64: %v", err))
+	}
+	return machine.CloudInitData{Inline: string(data)}, nil
 }
 
 // NIC is one spec interface, after the API's defaults, on the host side the node agent made for it

@@ -97,6 +97,59 @@ func TestDecisions(t *testing.T) {
 	}
 }
 
+// TestCloudInit: a cloud-init volume becomes a cloud-init disk source with KubeVirt's meta-data
+// (NoCloud: the SMBIOS UUID as instance-id; ConfigDrive: <name>.<namespace> with the UUID beside it;
+// the hostname is spec.hostname, else the name up to its first dot), base64 decoded, and Secrets
+// left for the launcher to read from its pod.
+func TestCloudInit(t *testing.T) {
+	const fwUUID = "6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"
+	withVolume := func(src v1alpha1.VolumeSource, mutate func(v *v1alpha1.VirtualMachineInstance)) *machine.CloudInit {
+		t.Helper()
+		v := validVMI()
+		v.Spec.Domain.Devices.Disks = append(v.Spec.Domain.Devices.Disks, v1alpha1.Disk{Name: "cidata", CDRom: &v1alpha1.CDRomTarget{}})
+		v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: "cidata", VolumeSource: src})
+		if mutate != nil {
+			mutate(v)
+		}
+		m, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := m.Disks[1]
+		if !d.CDROM || !d.ReadOnly || d.Bus != machine.BusSATA || d.Source.CloudInit == nil {
+			t.Fatalf("disk %+v: want a read-only sata cdrom with a cloud-init source", d)
+		}
+		return d.Source.CloudInit
+	}
+
+	got := withVolume(v1alpha1.VolumeSource{CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{
+		UserDataBase64: "I2Nsb3VkLWNvbmZpZwo=", NetworkDataSecretRef: &corev1.LocalObjectReference{Name: "net"}}}, nil)
+	want := &machine.CloudInit{DataSource: machine.CloudInitNoCloud, InstanceID: uid, Hostname: "vm1",
+		UserData: machine.CloudInitData{Inline: "#cloud-config\n"}, NetworkData: machine.CloudInitData{FromSecret: true}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("noCloud:\n%+v\nwant\n%+v", got, want)
+	}
+
+	got = withVolume(v1alpha1.VolumeSource{CloudInitConfigDrive: &v1alpha1.CloudInitConfigDriveSource{
+		UserDataSecretRef: &corev1.LocalObjectReference{Name: "ud"}, NetworkData: "version: 2"}}, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Name = "web.example"
+		v.Spec.Domain.Firmware = &v1alpha1.Firmware{UUID: fwUUID}
+	})
+	want = &machine.CloudInit{DataSource: machine.CloudInitConfigDrive, InstanceID: "web.example.default", UUID: fwUUID, Hostname: "web",
+		UserData: machine.CloudInitData{FromSecret: true}, NetworkData: machine.CloudInitData{Inline: "version: 2"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("configDrive:\n%+v\nwant\n%+v", got, want)
+	}
+
+	got = withVolume(v1alpha1.VolumeSource{CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config"}}, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Hostname = "db-0"
+		v.Spec.Domain.Firmware = &v1alpha1.Firmware{UUID: fwUUID}
+	})
+	if got.InstanceID != fwUUID || got.Hostname != "db-0" || got.UserData.Inline != "#cloud-config" {
+		t.Errorf("noCloud with a firmware UUID and spec.hostname: %+v", got)
+	}
+}
+
 func TestMachineErrors(t *testing.T) {
 	cases := []struct {
 		name   string

@@ -31,6 +31,11 @@ const (
 	ContainerDiskDir = "/var/run/qvirt/container-disks"
 	// KernelBootDir is the read-only image volume of spec.domain.firmware.kernelBoot.container.
 	KernelBootDir = "/var/run/qvirt/kernel-boot"
+	// CloudInitSecretDir holds the Secret volumes of the VMI's cloud-init volume, read-only, at
+	// CloudInitSecretMount: the kubelet (or a virtual node's provider) writes the Secret's keys
+	// there, and the launcher reads them when it writes the cloud-init image. The node agent never
+	// reads them.
+	CloudInitSecretDir = "/var/run/qvirt/cloud-init-secrets"
 	// PrivateDir is a writable emptyDir for the launcher's own files, such as emptyDisk images and
 	// containerDisk overlays (the root filesystem is read-only).
 	PrivateDir = "/var/run/qvirt/private"
@@ -58,6 +63,18 @@ func EmptyDir(podsDir, podUID, volume string) string {
 // HostSocketDir is the launcher pod podUID's SocketDir as the node agent sees it on the host.
 func HostSocketDir(podsDir, podUID string) string {
 	return EmptyDir(podsDir, podUID, SocketsVolume)
+}
+
+// Which cloud-init data a Secret volume holds (CloudInitSecretMount).
+const (
+	CloudInitUserData    = "userdata"
+	CloudInitNetworkData = "networkdata"
+)
+
+// CloudInitSecretMount is where the launcher pod mounts the Secret of cloud-init volume's user
+// data (CloudInitUserData) or network data (CloudInitNetworkData).
+func CloudInitSecretMount(volume, data string) string {
+	return CloudInitSecretDir + "/" + volume + "/" + data
 }
 
 // ContainerDiskMount is where the launcher pod mounts containerDisk volume's image.

@@ -559,8 +559,8 @@ type volume struct {
 }
 
 // prepareVolumes makes the pod's directories and resolves its volumes: hostPath is the host path
-// itself (created for the *OrCreate types), emptyDir a directory under the pod's state dir. Other
-// volume sources are refused.
+// itself (created for the *OrCreate types), emptyDir a directory under the pod's state dir, image
+// the pulled image, secret the Secret's files (secrets.go). Other volume sources are refused.
 func (r *podRun) prepareVolumes() (map[string]volume, error) {
 	if len(r.pod.Spec.InitContainers) > 0 {
 		return nil, errors.New("spec.initContainers: not supported by the local node provider")
@@ -594,8 +594,14 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
 			}
 			vols[v.Name] = vol
+		case v.Secret != nil:
+			vol, err := r.secretVolume(v.Name, v.Secret)
+			if err != nil {
+				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
+			}
+			vols[v.Name] = vol
 		default:
-			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath, emptyDir and image are supported by the local node provider", i, v.Name)
+			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath, emptyDir, image and secret are supported by the local node provider", i, v.Name)
 		}
 	}
 	r.reportVolumeMounts(vols)

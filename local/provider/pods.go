@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/record"
 )
 
 // pods is the node's PodLifecycleHandler and PodNotifier: it keeps one podRun per pod it was asked
@@ -25,6 +26,7 @@ type pods struct {
 	client     kubernetes.Interface
 	configMaps corev1listers.ConfigMapLister
 	secrets    corev1listers.SecretLister
+	recorder   record.EventRecorder
 	// images pulls and keeps the images of image volumes; nil when Options.ImageCache is empty.
 	images *imagepull.Store
 
@@ -38,6 +40,13 @@ func newPods(opts Options, net *network, images *imagepull.Store, log logr.Logge
 }
 
 func podKey(namespace, name string) string { return namespace + "/" + name }
+
+// event tells the pod's users what the node is doing with it, as the kubelet's Events do.
+func (p *pods) event(pod *corev1.Pod, typ, reason, msg string) {
+	if p.recorder != nil {
+		p.recorder.Event(pod, typ, reason, msg)
+	}
+}
 
 // CreatePod starts the pod's sandbox and containers in the background; progress arrives through
 // NotifyPods.

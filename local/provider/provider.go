@@ -274,6 +274,7 @@ func serve(ctx context.Context, opts Options, p *pods, net *network, log logr.Lo
 	defer broadcaster.Shutdown()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "qvirt-local-node", Host: opts.NodeName})
+	p.recorder = recorder
 
 	pc, err := node.NewPodController(node.PodControllerConfig{
 		PodClient:                 client.CoreV1(),

@@ -338,6 +338,48 @@ func TestVirtualNodes(t *testing.T) {
 		}
 	})
 
+	t.Run("a Secret volume waits for its Secret (FailedMount), then holds its keys read-only", func(t *testing.T) {
+		tc.t = t
+		reader := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "secret-reader"},
+			Spec: corev1.PodSpec{NodeName: n1.name, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+				Name: "main", Image: busyboxImage,
+				Command: []string{"sh", "-c", "cat /secret/userdata > /dev/termination-log; touch /secret/x 2>/dev/null && echo WRITABLE >> /dev/termination-log; exit 0"},
+				// The launcher's user: the kubelet's files are root's, mode 0644.
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](107)},
+				VolumeMounts:    []corev1.VolumeMount{{Name: "ud", MountPath: "/secret", ReadOnly: true}}}},
+				Volumes: []corev1.Volume{{Name: "ud", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "cloud-user"}}}}},
+		})
+		testutil.Eventually(t, time.Minute, "a FailedMount Event naming the Secret", func() bool {
+			evs, err := client.CoreV1().Events(tc.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + reader.Name})
+			if err != nil {
+				return false
+			}
+			for _, e := range evs.Items {
+				if e.Reason == "FailedMount" && strings.Contains(e.Message, `secret "cloud-user" not found`) {
+					return true
+				}
+			}
+			return false
+		})
+		tc.waitFor(reader.Name, "Pending in ContainerCreating", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return p.Status.Phase == corev1.PodPending && len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "ContainerCreating"
+		})
+		time.Sleep(2 * time.Second) // a few retries later, still waiting
+		if p, err := client.CoreV1().Pods(tc.ns).Get(ctx, reader.Name, metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
+			t.Fatalf("without its Secret the pod is %+v (%v); want it Pending", p.Status, err)
+		}
+		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "cloud-user"}, StringData: map[string]string{"userdata": "#cloud-config\nuser: qvirt\n"}}
+		if _, err := client.CoreV1().Secrets(tc.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		reader = tc.waitPhase(reader.Name, corev1.PodSucceeded)
+		if term := reader.Status.ContainerStatuses[0].State.Terminated; term == nil || term.Message != "#cloud-config\nuser: qvirt\n" {
+			t.Errorf("container state %+v: want the Secret's userdata read back, and the volume not writable", reader.Status.ContainerStatuses[0].State)
+		}
+	})
+
 	t.Run("a process exiting 3 makes a Never pod Failed with exit code 3 and its termination message", func(t *testing.T) {
 		tc.t = t
 		pod := tc.create(&corev1.Pod{
