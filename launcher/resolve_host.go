@@ -27,8 +27,12 @@ type HostResolver struct {
 	FileImagesInPod bool
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk images; the run directory when empty.
+	// ScratchDir holds emptyDisk images and an EFI machine's variable store; the run directory
+	// when empty.
 	ScratchDir string
+	// OVMFDir holds the OVMF builds, named as Debian's ovmf package names them (see OVMFFiles);
+	// DefaultOVMFDir when empty.
+	OVMFDir string
 	// ImageCache is the node's image cache directory (image.go); without it only file:// images
 	// can be used.
 	ImageCache string
@@ -53,6 +57,12 @@ func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, e
 		}
 		if m.InitrdFile, err = existingFile(root, kb.InitrdPath); err != nil {
 			errs = append(errs, machine.Invalid(p.Child("initrdPath"), kb.InitrdPath, err.Error()))
+		}
+	}
+	if efi := desc.Firmware.EFI; efi != nil {
+		var err *machine.FieldError
+		if m.EFICode, m.EFIVars, err = h.resolveEFI(efi, h.scratch(runDir)); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	for i := range desc.Disks {
@@ -80,20 +90,25 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 	case src.Container != nil:
 		return h.containerDisk(src.Container, h.Images.containerDisk(d.Name), sp.Child("container"))
 	case src.Empty != nil:
-		scratch := h.ScratchDir
-		if scratch == "" {
-			scratch = runDir
-		}
 		if err := checkName(p.Child("name"), d.Name); err != nil {
 			return DiskImage{}, err
 		}
-		path := filepath.Join(scratch, emptyDiskFile(d.Name))
+		path := filepath.Join(h.scratch(runDir), emptyDiskFile(d.Name))
 		if err := createSparse(path, src.Empty.CapacityBytes); err != nil {
 			return DiskImage{}, machine.Invalid(sp.Child("empty", "capacityBytes"), src.Empty.CapacityBytes, err.Error())
 		}
 		return DiskImage{Path: path, Format: "raw", Ephemeral: true}, nil
 	}
 	return DiskImage{}, machine.Required(sp, "one of hostFile, container or empty")
+}
+
+// scratch is where the launcher keeps the files it makes for the machine: ScratchDir, else the run
+// directory.
+func (h HostResolver) scratch(runDir string) string {
+	if h.ScratchDir != "" {
+		return h.ScratchDir
+	}
+	return runDir
 }
 
 // emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.
