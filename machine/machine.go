@@ -53,7 +53,7 @@ type Machine struct {
 	SMM *bool `json:"smm,omitempty"`
 	// Firmware is what the guest runs before its operating system; SeaBIOS when zero.
 	Firmware Firmware `json:"firmware,omitzero"`
-	CPU    CPU  `json:"cpu"`
+	CPU      CPU      `json:"cpu"`
 	// MemoryMiB is the guest's RAM.
 	MemoryMiB int64 `json:"memoryMiB"`
 	// Kernel boots a kernel and initrd from an image instead of the firmware's boot order.
