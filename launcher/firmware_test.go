@@ -350,9 +350,9 @@ func rawImage(t *testing.T, dir, name string, head []byte) string {
 // and halts.
 func bootSector(msg string) []byte {
 	code := []byte{
-		0xfa,             // cli
-		0x31, 0xc0,       // xor ax, ax
-		0x8e, 0xd8,       // mov ds, ax
+		0xfa,       // cli
+		0x31, 0xc0, // xor ax, ax
+		0x8e, 0xd8, // mov ds, ax
 		0xfc,             // cld
 		0xbe, 0x1a, 0x7c, // mov si, 0x7c1a: the message, after this code
 		0xba, 0xf8, 0x03, // mov dx, 0x3f8: COM1's data port
