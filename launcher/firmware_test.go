@@ -57,7 +57,7 @@ const (
 	// bootModeCmd prints FW-EFI when the guest booted through UEFI, else FW-BIOS.
 	bootModeCmd = `echo "FW-$([ -d /sys/firmware/efi ] && echo E""FI || echo BI""OS)"`
 	// efivarsCmd mounts the EFI variables (efivarfs is a module of the guest's kernel).
-	efivarsCmd = `modprobe efivarfs 2>/dev/null; mount -t efivarfs efivarfs /sys/firmware/efi/efivars; echo "EFIVARS-$(ls /sys/firmware/efi/efivars | wc -l)-MOUNT""ED"`
+	efivarsCmd = `modprobe efivarfs; mount -t efivarfs efivarfs /sys/firmware/efi/efivars && echo "EFIVARS-MOUNT""ED"`
 	// testVar is an EFI variable of a GUID of our own.
 	testVar     = "/sys/firmware/efi/efivars/QvirtTest-5d2f5e4c-1b0e-4f3a-9a57-0c6e2a7d4b11"
 	testVarData = "QVIRT-NVRAM-OK"
@@ -100,7 +100,7 @@ func TestEFIGuest(t *testing.T) {
 
 	t.Run("the guest sees EFI", func(t *testing.T) {
 		c.Run(t, bootModeCmd, "FW-EFI", time.Minute)
-		c.Run(t, efivarsCmd, "-MOUNTED", time.Minute)
+		c.Run(t, efivarsCmd, "EFIVARS-MOUNTED", time.Minute)
 	})
 
 	t.Run("a variable the guest writes is in the instance's variable store", func(t *testing.T) {
@@ -122,7 +122,7 @@ func TestEFIGuest(t *testing.T) {
 		c.Send(t, "reboot -f")
 		c.Expect(t, from, "QVIRT-GUEST-READY", bootTimeout)
 		c.Run(t, bootModeCmd, "FW-EFI", time.Minute)
-		c.Run(t, efivarsCmd, "-MOUNTED", time.Minute)
+		c.Run(t, efivarsCmd, "EFIVARS-MOUNTED", time.Minute)
 		c.Run(t, readTestVarCmd, "VAR-"+testVarData, time.Minute)
 		if st, err := src.client.Status(ctx); err != nil || st.Phase != protocol.PhaseRunning {
 			t.Fatalf("after the guest's reboot: %v, phase %s; want the same QEMU running", err, st.Phase)
@@ -180,7 +180,7 @@ func TestSecureBoot(t *testing.T) {
 	t.Run("the guest sees Secure Boot on", func(t *testing.T) {
 		_, c := bootVMI(t, efiVMI(t, true))
 		c.Run(t, bootModeCmd, "FW-EFI", time.Minute)
-		c.Run(t, efivarsCmd, "-MOUNTED", time.Minute)
+		c.Run(t, efivarsCmd, "EFIVARS-MOUNTED", time.Minute)
 		c.Run(t, `echo "SB-$(tail -c 1 `+fmt.Sprintf(globalVar, "SecureBoot")+` | od -An -tu1 | tr -d ' ')-SM-$(tail -c 1 `+fmt.Sprintf(globalVar, "SetupMode")+` | od -An -tu1 | tr -d ' ')"`,
 			"SB-1-SM-0", time.Minute)
 	})
@@ -199,7 +199,7 @@ func TestSecureBoot(t *testing.T) {
 			name = "without secure boot OVMF starts it"
 		}
 		t.Run(name, func(t *testing.T) {
-			vmi := diskVMI(t, []v1alpha1.Disk{{Name: "esp", BootOrder: ptr[uint32](1)}}, map[string]string{"esp": esp})
+			vmi := espVMI(t, esp)
 			vmi.Spec.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{SecureBoot: ptr(tc.secureBoot)}}}
 			if tc.secureBoot {
 				vmi.Spec.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{}}
@@ -209,6 +209,43 @@ func TestSecureBoot(t *testing.T) {
 				func() string { return "console ends with " + strconv.Quote(testutil.Tail(c.Text(), 600)) })
 		})
 	}
+}
+
+// espVMI boots the ESP disk image esp.
+func espVMI(t *testing.T, esp string) *v1alpha1.VirtualMachineInstance {
+	return diskVMI(t, []v1alpha1.Disk{{Name: "esp", BootOrder: ptr[uint32](1)}}, map[string]string{"esp": esp})
+}
+
+// TestSecureBootStartsSignedBootloader: OVMF verifies signatures rather than refusing everything.
+// Microsoft's keys sign no test bootloader, so this test gives the launcher an OVMF directory
+// whose Secure Boot variables template enrols Debian's test key instead ("snakeoil", whose private
+// key Debian's ovmf package ships, password "snakeoil"), and boots the test guest's kernel signed
+// with it (sbsigntool) as the disk's bootloader: OVMF starts it and its EFI stub reports Secure
+// Boot on. The unsigned one is refused in TestSecureBoot.
+func TestSecureBootStartsSignedBootloader(t *testing.T) {
+	dir := t.TempDir()
+	code, tmpl := launcher.OVMFFiles(true)
+	for link, target := range map[string]string{code: code, tmpl: "OVMF_VARS_4M.snakeoil.fd"} {
+		if err := os.Symlink(filepath.Join(launcher.DefaultOVMFDir, target), filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key, cert := filepath.Join(dir, "snakeoil.key"), "/usr/share/ovmf/PkKek-1-snakeoil.pem"
+	signed := filepath.Join(dir, "bootx64.efi")
+	for _, args := range [][]string{
+		{"openssl", "rsa", "-in", "/usr/share/ovmf/PkKek-1-snakeoil.key", "-passin", "pass:snakeoil", "-out", key},
+		{"sbsign", "--key", key, "--cert", cert, "--output", signed, filepath.Join(guestDir, "vmlinuz")},
+	} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%q: %v: %s (install ovmf, openssl and sbsigntool)", args, err, out)
+		}
+	}
+	vmi := espVMI(t, espImage(t, signed))
+	vmi.Spec.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{}}}
+	vmi.Spec.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{}}
+	c := startVMIWith(t, launcher.HostResolver{SpareRootPorts: 2, OVMFDir: dir}, vmi)
+	c.Expect(t, `BdsDxe: starting Boot0001 `, bootTimeout)
+	c.Expect(t, `EFI stub: UEFI Secure Boot is enabled.`, time.Minute)
 }
 
 // TestBootOrderUnderBothFirmwares: three bootable disks, a sata one without bootOrder and two
@@ -290,7 +327,7 @@ func diskVMI(t *testing.T, disks []v1alpha1.Disk, images map[string]string) *v1a
 	t.Helper()
 	vmi := &v1alpha1.VirtualMachineInstance{}
 	vmi.Name, vmi.Namespace, vmi.UID = "firmware", "default", "3d3c8f4e-7a5b-4c2d-9e1f-0a1b2c3d4e5f"
-	vmi.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr(resource.MustParse("128Mi"))}
+	vmi.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr(resource.MustParse("256Mi"))} // the kernel's EFI stub faults in 128 MiB
 	vmi.Spec.Domain.Devices.AutoattachGraphicsDevice = ptr(false)
 	vmi.Spec.Domain.Devices.Disks = disks
 	for _, d := range disks {
@@ -305,7 +342,13 @@ func diskVMI(t *testing.T, disks []v1alpha1.Disk, images map[string]string) *v1a
 // starts paused and runs once the console is there.
 func startVMI(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) *firmwareConsole {
 	t.Helper()
-	v := newLauncher(t)
+	return startVMIWith(t, launcher.HostResolver{SpareRootPorts: 2}, vmi)
+}
+
+// startVMIWith is startVMI with a resolver of the test's choosing.
+func startVMIWith(t *testing.T, res launcher.HostResolver, vmi *v1alpha1.VirtualMachineInstance) *firmwareConsole {
+	t.Helper()
+	v := newLauncherWith(t, res)
 	vmi.Spec.StartStrategy = ptr(v1alpha1.StartStrategyPaused)
 	ctx := context.Background()
 	if _, err := v.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil {
