@@ -44,6 +44,10 @@ type Machine struct {
 	// KernelFile and InitrdFile are host paths, set exactly when Machine.Kernel is. InitrdFile is
 	// optional unless Machine.Kernel.InitrdPath is set.
 	KernelFile, InitrdFile string
+	// EFICode and EFIVars are host paths, set exactly when Machine.Firmware.EFI is: OVMF's code,
+	// opened read-only, and this machine's own copy of the build's variable store (NVRAM), which
+	// the guest writes.
+	EFICode, EFIVars string
 	// Images maps each disk name to its resolved image; every disk needs one and every entry must
 	// belong to a disk.
 	Images map[string]DiskImage

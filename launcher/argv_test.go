@@ -175,6 +175,42 @@ func argvCases(root, runDir string) []argvCase {
 			s.Domain.Devices.AutoattachSerialConsole = ptr.To(false)
 			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
 		})},
+		{"efi", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			// OVMF boots a kernel directly too (through fw_cfg); the disks' boot order is OVMF's.
+			withKernel(s, h)
+			s.Domain.Firmware.Bootloader = &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{SecureBoot: ptr.To(false)}}
+			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
+			s.Domain.Devices.Disks = []v1alpha1.Disk{
+				{Name: "data", BootOrder: ptr.To[uint32](2)},
+				{Name: "root", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}, BootOrder: ptr.To[uint32](1)},
+			}
+			s.Volumes = []v1alpha1.Volume{
+				{Name: "data", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
+				{Name: "root", VolumeSource: v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.raw", Type: v1alpha1.HostDiskExists}}},
+			}
+			h.m.Images["data"] = DiskImage{Path: img("data.raw"), Format: "raw"}
+			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
+			efiFiles(h.m, root, false)
+		})},
+		{"efi-secure-boot", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			// secureBoot is true by default, as in KubeVirt, and needs SMM.
+			s.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{}}}
+			s.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{}}
+			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)}}
+			s.Volumes = []v1alpha1.Volume{{Name: "root", VolumeSource: v1alpha1.VolumeSource{
+				HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.qcow2", Type: v1alpha1.HostDiskExists}}}}
+			h.m.Images["root"] = DiskImage{Path: img("root.qcow2"), Format: "qcow2"}
+			efiFiles(h.m, root, true)
+		})},
+		{"bios-serial", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			s.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{BIOS: &v1alpha1.BIOS{UseSerial: ptr.To(true)}}}
+			s.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}
+			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
+			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)}}
+			s.Volumes = []v1alpha1.Volume{{Name: "root", VolumeSource: v1alpha1.VolumeSource{
+				HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.raw", Type: v1alpha1.HostDiskExists}}}}
+			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
+		})},
 		{"backing-chain-and-legacy-nics", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			withKernel(s, h)
 			s.Domain.CPU = &v1alpha1.CPU{Model: "max", Cores: 4}
@@ -200,6 +236,14 @@ func argvCases(root, runDir string) []argvCase {
 			h.m.SpareRootPorts = 9 // with the two PCIe NICs and the virtio disks: two slots of root ports
 		})},
 	}
+}
+
+// efiFiles is what a launcher resolves for an EFI machine under root: OVMF's code in its
+// directory and the machine's variable store in its scratch directory.
+func efiFiles(m *Machine, root string, secureBoot bool) {
+	code, _ := OVMFFiles(secureBoot)
+	m.EFICode = filepath.Join(root, "ovmf", code)
+	m.EFIVars = filepath.Join(root, "private", EFIVarsFile)
 }
 
 func TestBuildArgvGolden(t *testing.T) {
@@ -328,6 +372,24 @@ func TestBuildArgvErrors(t *testing.T) {
 			m.Disks[0].Port, m.Disks[1].Port = "hotplug0", "hotplug0"
 		}, disks + "[1].port"},
 		{"hot-plugged sata disk", func(m *Machine) { m.Disks[2].Port = "hotplug0" }, disks + "[2].port"},
+		{"EFI without OVMF's code", func(m *Machine) {
+			m.Firmware.EFI, m.EFIVars = &machine.EFI{}, "/private/efi-vars.fd"
+		}, "machine.firmware.efi.code"},
+		{"EFI with a relative variable store", func(m *Machine) {
+			m.Firmware.EFI, m.EFICode, m.EFIVars = &machine.EFI{}, "/ovmf/code.fd", "efi-vars.fd"
+		}, "machine.firmware.efi.vars"},
+		{"secure boot without SMM", func(m *Machine) {
+			m.Firmware.EFI, m.EFICode, m.EFIVars = &machine.EFI{SecureBoot: true}, "/ovmf/code.fd", "/private/efi-vars.fd"
+		}, "machine.smm"},
+		{"secure boot with SMM off", func(m *Machine) {
+			m.Firmware.EFI, m.EFICode, m.EFIVars = &machine.EFI{SecureBoot: true}, "/ovmf/code.fd", "/private/efi-vars.fd"
+			m.SMM = ptr.To(false)
+		}, "machine.smm"},
+		{"OVMF's files for a SeaBIOS machine", func(m *Machine) { m.EFICode = "/ovmf/code.fd" }, "machine.firmware.efi"},
+		{"SeaBIOS's serial output under EFI", func(m *Machine) {
+			m.Firmware.EFI, m.EFICode, m.EFIVars = &machine.EFI{}, "/ovmf/code.fd", "/private/efi-vars.fd"
+			m.Firmware.SerialBIOS = true
+		}, "machine.firmware.serialBIOS"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -547,6 +609,17 @@ func makeFiles(t *testing.T, m *Machine) {
 	if m.InitrdFile != "" {
 		write(m.InitrdFile, make([]byte, 4096))
 	}
+	if efi := m.Firmware.EFI; efi != nil {
+		// The real OVMF build: QEMU checks the flash sizes against the machine's.
+		code, tmpl := OVMFFiles(efi.SecureBoot)
+		for path, src := range map[string]string{m.EFICode: code, m.EFIVars: tmpl} {
+			data, err := os.ReadFile(filepath.Join(DefaultOVMFDir, src))
+			if err != nil {
+				t.Fatalf("%v (install Debian's ovmf package)", err)
+			}
+			write(path, data)
+		}
+	}
 	var mk func(img *DiskImage)
 	mk = func(img *DiskImage) {
 		if img.Backing != nil {
@@ -681,6 +754,9 @@ func FuzzBuildArgv(f *testing.F) {
 		m := &Machine{Machine: desc, RunDir: "/run/qvirt/vm1", SpareRootPorts: int(spares), Images: map[string]DiskImage{}}
 		if desc.Kernel != nil {
 			m.KernelFile, m.InitrdFile = "/boot/vmlinuz", "/boot/initrd.img"
+		}
+		if desc.Firmware.EFI != nil {
+			m.EFICode, m.EFIVars = "/ovmf/code.fd", "/private/efi-vars.fd"
 		}
 		for i, d := range desc.Disks {
 			format := []string{"raw", "qcow2"}[i%2]

@@ -7,9 +7,40 @@ import (
 )
 
 // The firmware device kind: what the guest finds before its operating system runs. The machine
-// type with its accelerator and ACPI, the SMBIOS system table, and either a direct kernel boot
-// (-kernel, -initrd, -append) or, without one, the machine type's BIOS booting from the disks'
-// boot indexes (disk.go). All of it is fixed when QEMU starts, so it has only a cold form.
+// type with its accelerator, ACPI and SMM, the SMBIOS system table, the firmware (SeaBIOS, QEMU's
+// default, or OVMF on two flash chips), and either a direct kernel boot (-kernel, -initrd,
+// -append, which OVMF supports too) or, without one, the firmware booting from the disks' boot
+// indexes (disk.go). All of it is fixed when QEMU starts, so it has only a cold form.
+//
+// OVMF's flash: pflash0 is the code, read-only; pflash1 is the machine's own variable store, a
+// copy of the build's template the resolver made (resolve_host.go). QEMU carries both flash
+// chips' contents in a live migration, like RAM, and the target writes what it received to its
+// own copy of the template once the guest runs there (pflash_cfi01's post-load), so the
+// variables go with the guest. The Secure Boot build keeps its variables behind SMM: the flash is
+// "secure" (writable only from SMM) and the machine needs smm=on.
+
+// Block node names of OVMF's flash chips; disks' nodes start with "file-" or "drive-".
+const (
+	EFICodeNode = "efi-code"
+	EFIVarsNode = "efi-vars"
+)
+
+// pflashFile and pflashFormat are the -blockdev nodes of a flash chip: the file and its raw
+// format, which the machine's pflash0/pflash1 property names. The host page cache is used: the
+// variable store is small and rarely written, and it may live on a tmpfs, which refuses O_DIRECT.
+type pflashFile struct {
+	Driver   string `json:"driver"`
+	NodeName string `json:"node-name"`
+	Filename string `json:"filename"`
+	ReadOnly bool   `json:"read-only"`
+}
+
+type pflashFormat struct {
+	Driver   string `json:"driver"`
+	NodeName string `json:"node-name"`
+	File     string `json:"file"`
+	ReadOnly bool   `json:"read-only"`
+}
 
 // smbios: the SMBIOS type 1 (system) table, when the machine has a serial number. Its UUID is the
 // machine's, as -uuid sets it for the table without a serial.
@@ -23,7 +54,7 @@ func (b *builder) smbios() {
 	}
 }
 
-// machineType: machine type, accelerator, ACPI.
+// machineType: machine type, accelerator, ACPI, SMM and the firmware's flash.
 func (b *builder) machineType() {
 	m := b.m
 	if !machine.IsMachineType(m.Type) {
@@ -36,7 +67,53 @@ func (b *builder) machineType() {
 	if m.NoACPI {
 		mopt += ",acpi=off"
 	}
+	if m.SMM != nil {
+		mopt += ",smm=" + onOff(*m.SMM)
+	}
+	if m.Firmware.SerialBIOS {
+		// SeaBIOS then also writes its screen to the first serial port (its "sercon").
+		mopt += ",graphics=off"
+	}
+	if m.Firmware.EFI != nil {
+		mopt += ",pflash0=" + EFICodeNode + ",pflash1=" + EFIVarsNode
+	}
 	b.add("-machine", mopt)
+	b.efi()
+}
+
+// efi: OVMF's flash chips, whose files the caller resolved on this host; nothing for SeaBIOS.
+func (b *builder) efi() {
+	m, fp := b.m, machinePath.Child("firmware")
+	efi := m.Firmware.EFI
+	if efi == nil {
+		if m.EFICode != "" || m.EFIVars != "" {
+			b.fail(machine.Forbidden(fp.Child("efi"), "OVMF's files were resolved but the machine boots SeaBIOS"))
+		}
+		return
+	}
+	if m.Firmware.SerialBIOS {
+		b.fail(machine.Forbidden(fp.Child("serialBIOS"), "SeaBIOS's serial output needs the BIOS firmware, and the machine boots EFI"))
+	}
+	if efi.SecureBoot && (m.SMM == nil || !*m.SMM) {
+		b.fail(machine.Required(machinePath.Child("smm"), "EFI secure boot needs SMM on"))
+	}
+	ep := fp.Child("efi")
+	codeOK := b.checkAbs(ep.Child("code"), m.EFICode)
+	varsOK := b.checkAbs(ep.Child("vars"), m.EFIVars)
+	if !codeOK || !varsOK {
+		return
+	}
+	if efi.SecureBoot {
+		b.add("-global", "driver=cfi.pflash01,property=secure,value=on")
+	}
+	for _, chip := range []struct {
+		node, path string
+		readOnly   bool
+	}{{EFICodeNode, m.EFICode, true}, {EFIVarsNode, m.EFIVars, false}} {
+		file := chip.node + "-file"
+		b.add("-blockdev", jsonArg(pflashFile{Driver: "file", NodeName: file, Filename: chip.path, ReadOnly: chip.readOnly}),
+			"-blockdev", jsonArg(pflashFormat{Driver: "raw", NodeName: chip.node, File: file, ReadOnly: chip.readOnly}))
+	}
 }
 
 // kernelBoot: a direct kernel boot, whose files the caller resolved on this host; nothing without

@@ -27,13 +27,16 @@ type HostResolver struct {
 	FileImagesInPod bool
 	// SpareRootPorts is how many empty pcie-root-ports to create for hotplug.
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk and cloud-init images and containerDisk overlays; the run
-	// directory when empty.
+	// ScratchDir holds emptyDisk and cloud-init images, containerDisk overlays and an EFI
+	// machine's variable store; the run directory when empty.
 	ScratchDir string
 	// CloudInitSecrets is where the pod mounts the Secret volumes of cloud-init volumes
 	// (podlayout.CloudInitSecretDir); empty outside a pod, where cloud-init data from a Secret is
 	// refused.
 	CloudInitSecrets string
+	// OVMFDir holds the OVMF builds, named as Debian's ovmf package names them (see OVMFFiles);
+	// DefaultOVMFDir when empty.
+	OVMFDir string
 	// ImageCache is the node's image cache directory (image.go); without it only file:// images
 	// can be used.
 	ImageCache string
@@ -58,6 +61,12 @@ func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, e
 		}
 		if m.InitrdFile, err = existingFile(root, kb.InitrdPath); err != nil {
 			errs = append(errs, machine.Invalid(p.Child("initrdPath"), kb.InitrdPath, err.Error()))
+		}
+	}
+	if efi := desc.Firmware.EFI; efi != nil {
+		var err *machine.FieldError
+		if m.EFICode, m.EFIVars, err = h.resolveEFI(efi, h.scratch(runDir)); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	for i := range desc.Disks {
@@ -103,20 +112,20 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 	return DiskImage{}, machine.Required(sp, "one of hostFile, container, empty or cloudInit")
 }
 
-// emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.
-func emptyDiskFile(volume string) string { return "empty-" + volume + ".img" }
-
-// overlayFile is the file name of a writable containerDisk's overlay in the scratch directory.
-func overlayFile(volume string) string { return "overlay-" + volume + ".qcow2" }
-
-// scratch is the directory of the images the launcher creates: the pod's own emptyDir in a
-// launcher pod, else the run directory.
+// scratch is where the launcher keeps the files it makes for the machine: ScratchDir, else the run
+// directory.
 func (h HostResolver) scratch(runDir string) string {
 	if h.ScratchDir != "" {
 		return h.ScratchDir
 	}
 	return runDir
 }
+
+// emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.
+func emptyDiskFile(volume string) string { return "empty-" + volume + ".img" }
+
+// overlayFile is the file name of a writable containerDisk's overlay in the scratch directory.
+func overlayFile(volume string) string { return "overlay-" + volume + ".qcow2" }
 
 // containerOverlay makes a container disk the guest may write to writable as KubeVirt does: a new,
 // empty qcow2 overlay in the scratch directory over the read-only image. The guest's writes go to

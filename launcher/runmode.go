@@ -24,6 +24,8 @@ type RunOptions struct {
 	RunDir         string
 	QEMU           string
 	SpareRootPorts int
+	// OVMFDir holds the OVMF builds (HostResolver.OVMFDir).
+	OVMFDir string
 	// Images is where registry images are pulled to (HostResolver's ImageCache, InsecureRegistries
 	// and Puller; its other fields are ignored).
 	Images HostResolver
@@ -47,7 +49,7 @@ func Run(ctx context.Context, opts RunOptions) (protocol.Exit, error) {
 		}
 		defer os.RemoveAll(runDir)
 	}
-	res := HostResolver{SpareRootPorts: opts.SpareRootPorts, ImageCache: opts.Images.ImageCache,
+	res := HostResolver{SpareRootPorts: opts.SpareRootPorts, OVMFDir: opts.OVMFDir, ImageCache: opts.Images.ImageCache,
 		InsecureRegistries: opts.Images.InsecureRegistries, Puller: opts.Images.Puller}
 	l := New(runDir, res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	serveCtx, stopServing := context.WithCancel(context.Background())

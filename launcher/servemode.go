@@ -25,11 +25,14 @@ type ServeOptions struct {
 	Emulation      bool
 	QEMU           string
 	SpareRootPorts int
-	// ScratchDir holds emptyDisk and cloud-init images and containerDisk overlays (the pod's private emptyDir).
+	// ScratchDir holds emptyDisk and cloud-init images, containerDisk overlays and an EFI
+	// machine's variable store (the pod's private emptyDir).
 	ScratchDir string
 	// CloudInitSecrets is where the pod mounts its cloud-init Secret volumes
 	// (podlayout.CloudInitSecretDir).
 	CloudInitSecrets string
+	// OVMFDir holds the OVMF builds (HostResolver.OVMFDir).
+	OVMFDir string
 	// Images are the pod's image volumes (podlayout.KernelBootDir and ContainerDiskDir): the
 	// launcher in a pod reads images there and never pulls.
 	Images ImageMounts
@@ -66,8 +69,8 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*protocol.Exit, error) {
 		}
 	}()
 	images := opts.Images
-	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir, Images: &images,
-		FileImagesInPod: opts.AllowFileImages, CloudInitSecrets: opts.CloudInitSecrets}, uid: opts.VMIUID, emulation: opts.Emulation}
+	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir, OVMFDir: opts.OVMFDir,
+		Images: &images, FileImagesInPod: opts.AllowFileImages, CloudInitSecrets: opts.CloudInitSecrets}, uid: opts.VMIUID, emulation: opts.Emulation}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	ln, err := Listen(dir.Command())
 	if err != nil {

@@ -190,6 +190,10 @@ func TestGuestLifecycle(t *testing.T) {
 	v, c := boot(t)
 	ctx := context.Background()
 
+	t.Run("without a bootloader the guest boots through BIOS: it sees no EFI", func(t *testing.T) {
+		c.Run(t, bootModeCmd, "FW-BIOS", time.Minute)
+	})
+
 	t.Run("pause and resume stop and restart the guest", func(t *testing.T) {
 		c.Send(t, "tick 100000 &")
 		c.Expect(t, 0, "tick 3", time.Minute)

@@ -49,7 +49,11 @@ type Machine struct {
 	Accel Accel  `json:"accel"`
 	// NoACPI turns the machine's ACPI off.
 	NoACPI bool `json:"noACPI,omitempty"`
-	CPU    CPU  `json:"cpu"`
+	// SMM turns System Management Mode on (true) or off (false); QEMU's default when nil.
+	SMM *bool `json:"smm,omitempty"`
+	// Firmware is what the guest runs before its operating system; SeaBIOS when zero.
+	Firmware Firmware `json:"firmware,omitzero"`
+	CPU      CPU      `json:"cpu"`
 	// MemoryMiB is the guest's RAM.
 	MemoryMiB int64 `json:"memoryMiB"`
 	// Kernel boots a kernel and initrd from an image instead of the firmware's boot order.
@@ -66,6 +70,21 @@ type Machine struct {
 	StartPaused bool `json:"startPaused,omitempty"`
 	// GracePeriodSeconds is how long a graceful shutdown may take before QEMU is ended.
 	GracePeriodSeconds int64 `json:"gracePeriodSeconds"`
+}
+
+// Firmware is the guest's firmware: SeaBIOS, or OVMF (UEFI) when EFI is set.
+type Firmware struct {
+	// EFI boots OVMF. Its variables (NVRAM) are the launcher's own copy of the build's template,
+	// kept as long as the launcher runs the machine.
+	EFI *EFI `json:"efi,omitempty"`
+	// SerialBIOS shows SeaBIOS's output on the serial console too (KubeVirt's bios.useSerial).
+	SerialBIOS bool `json:"serialBIOS,omitempty"`
+}
+
+// EFI is OVMF.
+type EFI struct {
+	// SecureBoot runs OVMF's Secure Boot build with Microsoft's keys enrolled; it needs SMM.
+	SecureBoot bool `json:"secureBoot,omitempty"`
 }
 
 // CPU is the guest's processor.

@@ -26,12 +26,16 @@ func TerminationGracePeriodSeconds(spec *VirtualMachineInstanceSpec) int64 {
 }
 
 // SetDefaults fills what spec leaves to a default: the machine type, the grace period, each disk's
-// target and bus, a cdrom's read-only flag, each interface's model, the serial console and the
-// graphics device. It is idempotent and sets only fields that are unset.
+// target and bus, a cdrom's read-only flag, each interface's model, the serial console, the
+// graphics device and an EFI bootloader's secureBoot (true, as KubeVirt reads an unset one). It is
+// idempotent and sets only fields that are unset.
 func SetDefaults(spec *VirtualMachineInstanceSpec) {
 	d := &spec.Domain
 	if d.Machine == nil {
 		d.Machine = &Machine{}
+	}
+	if efi := EFIBootloader(d); efi != nil {
+		efi.SecureBoot = trueUnlessSet(efi.SecureBoot)
 	}
 	if d.Machine.Type == "" {
 		d.Machine.Type = DefaultMachineType

@@ -57,3 +57,21 @@ func TestSetDefaultsKeepsWhatIsSet(t *testing.T) {
 		t.Fatalf("a set field was overwritten: %+v", spec)
 	}
 }
+
+func TestSetDefaultsSecureBootWithEFI(t *testing.T) {
+	spec := VirtualMachineInstanceSpec{Domain: DomainSpec{Firmware: &Firmware{Bootloader: &Bootloader{EFI: &EFI{}}}}}
+	SetDefaults(&spec)
+	if sb := spec.Domain.Firmware.Bootloader.EFI.SecureBoot; sb == nil || !*sb {
+		t.Errorf("efi.secureBoot = %v, want true as in KubeVirt", sb)
+	}
+	off := VirtualMachineInstanceSpec{Domain: DomainSpec{Firmware: &Firmware{Bootloader: &Bootloader{EFI: &EFI{SecureBoot: ptr.To(false)}}}}}
+	SetDefaults(&off)
+	if *off.Domain.Firmware.Bootloader.EFI.SecureBoot {
+		t.Error("secureBoot: false was overwritten")
+	}
+	bios := VirtualMachineInstanceSpec{}
+	SetDefaults(&bios)
+	if bios.Domain.Firmware != nil {
+		t.Errorf("a spec without firmware got one: %+v", bios.Domain.Firmware)
+	}
+}

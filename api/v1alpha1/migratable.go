@@ -12,7 +12,9 @@ const (
 
 // LiveMigratable says whether an instance with this spec can live-migrate, and if not the reason
 // (one of the constants above) and a message for people. The controller sets the LiveMigratable
-// condition from it and a migration of a non-migratable instance fails at once with it.
+// condition from it and a migration of a non-migratable instance fails at once with it. EFI
+// firmware does not stand in the way: QEMU migrates the variable store's content with the guest
+// and the target writes it to its own store.
 func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message string) {
 	pod := map[string]bool{}
 	for _, n := range spec.Networks {

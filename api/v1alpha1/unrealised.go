@@ -32,8 +32,10 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		no(p.Child("evictionStrategy"), "evictionStrategy "+string(*es), "; only None: a drained node stops its instances")
 	}
 	dp := p.Child("domain")
-	if cpu := spec.Domain.CPU; cpu != nil && cpu.Model == "host-model" {
-		no(dp.Child("cpu", "model"), "host-model", "; use host-passthrough or a named QEMU model such as Haswell-noTSX")
+	if efi := EFIBootloader(&spec.Domain); efi != nil && efi.Persistent != nil && *efi.Persistent {
+		// KubeVirt keeps them on a backend-storage claim qvirt does not create yet.
+		no(dp.Child("firmware", "bootloader", "efi", "persistent"), "persistent EFI variables (kept across restarts of the VM)",
+			"; without it they last as long as the instance")
 	}
 	if fw := spec.Domain.Firmware; fw != nil && fw.KernelBoot != nil {
 		kp := dp.Child("firmware", "kernelBoot", "container")

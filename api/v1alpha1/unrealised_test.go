@@ -15,10 +15,12 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 	return &VirtualMachineInstanceSpec{
 		EvictionStrategy: ptr.To(EvictionStrategyNone),
 		Domain: DomainSpec{
-			CPU:    &CPU{Cores: 2, Model: "host-passthrough"},
+			CPU:    &CPU{Cores: 2, Model: "host-model"},
 			Memory: &Memory{Guest: ptr.To(resource.MustParse("256Mi"))},
-			Firmware: &Firmware{KernelBoot: &KernelBoot{KernelArgs: "console=ttyS0", Container: &KernelBootContainer{
-				Image: "example/guest:1", ImagePullSecret: "regcred", KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"}}},
+			Firmware: &Firmware{Bootloader: &Bootloader{EFI: &EFI{Persistent: ptr.To(false)}},
+				KernelBoot: &KernelBoot{KernelArgs: "console=ttyS0", Container: &KernelBootContainer{
+					Image: "example/guest:1", ImagePullSecret: "regcred", KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"}}},
+			Features: &Features{SMM: &FeatureState{}},
 			Devices: Devices{
 				Disks: []Disk{
 					{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1)},
@@ -64,7 +66,9 @@ func TestNotRealised(t *testing.T) {
 		{"evictionStrategy External", func(s *VirtualMachineInstanceSpec) {
 			s.EvictionStrategy = ptr.To(EvictionStrategyExternal)
 		}, "spec.evictionStrategy"},
-		{"host-model", func(s *VirtualMachineInstanceSpec) { s.Domain.CPU.Model = "host-model" }, "spec.domain.cpu.model"},
+		{"persistent EFI variables", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware.Bootloader.EFI.Persistent = ptr.To(true)
+		}, "spec.domain.firmware.bootloader.efi.persistent"},
 		{"kernelBoot without a container", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware.KernelBoot = &KernelBoot{}
 		}, "spec.domain.firmware.kernelBoot.container"},

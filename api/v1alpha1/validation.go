@@ -78,6 +78,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	if fw := d.Firmware; fw != nil {
 		errs = append(errs, validateFirmware(fw, p.Child("firmware"))...)
 	}
+	errs = append(errs, validateSecureBootSMM(d, p)...)
 	errs = append(errs, validateDisks(d.Devices.Disks, p.Child("devices", "disks"))...)
 	return append(errs, validateInterfaces(d.Devices.Interfaces, p.Child("devices", "interfaces"))...)
 }
@@ -148,6 +149,9 @@ func validateFirmware(fw *Firmware, p *field.Path) field.ErrorList {
 	if fw.UUID != "" && !machine.IsUUID(string(fw.UUID)) {
 		errs = append(errs, field.Invalid(p.Child("uuid"), fw.UUID, "must be a UUID such as 6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"))
 	}
+	if bl := fw.Bootloader; bl != nil && bl.BIOS != nil && bl.EFI != nil {
+		errs = append(errs, field.Forbidden(p.Child("bootloader"), "bios and efi are mutually exclusive: set at most one"))
+	}
 	kb := fw.KernelBoot
 	if kb == nil {
 		return errs
@@ -172,6 +176,43 @@ func validateFirmware(fw *Firmware, p *field.Path) field.ErrorList {
 	}
 	errs = append(errs, validateAbsPath(cp.Child("kernelPath"), kb.Container.KernelPath)...)
 	return append(errs, validateAbsPath(cp.Child("initrdPath"), kb.Container.InitrdPath)...)
+}
+
+// validateSecureBootSMM refuses EFI secure boot without SMM, as KubeVirt does: OVMF's Secure Boot
+// build keeps its variables behind SMM, and without it a guest could rewrite them. p is the
+// domain's path.
+func validateSecureBootSMM(d *DomainSpec, p *field.Path) field.ErrorList {
+	if !SecureBoot(d) {
+		return nil
+	}
+	const msg = "EFI secure boot (firmware.bootloader.efi.secureBoot, true unless set to false) needs SMM: set features.smm: {} or secureBoot: false"
+	switch f := d.Features; {
+	case f == nil || f.SMM == nil:
+		return field.ErrorList{field.Required(p.Child("features", "smm"), msg)}
+	case f.SMM.Enabled != nil && !*f.SMM.Enabled:
+		return field.ErrorList{field.Invalid(p.Child("features", "smm", "enabled"), false, msg)}
+	}
+	return nil
+}
+
+// EFIBootloader is the domain's EFI bootloader, nil when it boots through BIOS.
+func EFIBootloader(d *DomainSpec) *EFI {
+	if d.Firmware == nil || d.Firmware.Bootloader == nil {
+		return nil
+	}
+	return d.Firmware.Bootloader.EFI
+}
+
+// SecureBoot says whether the domain boots through EFI with Secure Boot: secureBoot defaults to
+// true when efi is given, as in KubeVirt.
+func SecureBoot(d *DomainSpec) bool {
+	efi := EFIBootloader(d)
+	return efi != nil && (efi.SecureBoot == nil || *efi.SecureBoot)
+}
+
+// SMMEnabled says whether features.smm turns SMM on: present, and enabled unless set to false.
+func SMMEnabled(f *Features) bool {
+	return f != nil && f.SMM != nil && (f.SMM.Enabled == nil || *f.SMM.Enabled)
 }
 
 func validateDisks(disks []Disk, p *field.Path) field.ErrorList {

@@ -189,6 +189,20 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"read-only sata disk", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks[0].Disk = &DiskTarget{Bus: DiskBusSATA, ReadOnly: true}
 		}, "spec.template.spec.domain.devices.disks[0].disk.readonly"},
+		{"bios and efi", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{Bootloader: &Bootloader{BIOS: &BIOS{}, EFI: &EFI{SecureBoot: ptr.To(false)}}}
+		}, "spec.template.spec.domain.firmware.bootloader"},
+		{"secure boot by default without smm", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{Bootloader: &Bootloader{EFI: &EFI{}}}
+		}, "spec.template.spec.domain.features.smm"},
+		{"secure boot without smm", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{Bootloader: &Bootloader{EFI: &EFI{SecureBoot: ptr.To(true)}}}
+			s.Domain.Features = &Features{ACPI: &FeatureState{}}
+		}, "spec.template.spec.domain.features.smm"},
+		{"secure boot with smm turned off", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{Bootloader: &Bootloader{EFI: &EFI{SecureBoot: ptr.To(true)}}}
+			s.Domain.Features = &Features{SMM: &FeatureState{Enabled: ptr.To(false)}}
+		}, "spec.template.spec.domain.features.smm.enabled"},
 		{"seven sata devices", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			// The cdrom at 1 is sata by default; six more sata disks overflow the AHCI ports at 7.
 			for i := range 6 {
@@ -205,6 +219,36 @@ func TestValidateVirtualMachine(t *testing.T) {
 			errs := ValidateVirtualMachine(vm)
 			if !hasPath(errs, tc.path) {
 				t.Fatalf("want an error at %s, got %v", tc.path, errs)
+			}
+		})
+	}
+}
+
+// TestFirmwareCombinationsAccepted: what KubeVirt accepts of the bootloader and SMM, qvirt accepts.
+func TestFirmwareCombinationsAccepted(t *testing.T) {
+	cases := map[string]func(s *VirtualMachineInstanceSpec){
+		"bios": func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{Bootloader: &Bootloader{BIOS: &BIOS{UseSerial: ptr.To(true)}}}
+		},
+		"efi without secure boot": func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{Bootloader: &Bootloader{EFI: &EFI{SecureBoot: ptr.To(false)}}}
+		},
+		"efi with secure boot by default and smm": func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{Bootloader: &Bootloader{EFI: &EFI{}}}
+			s.Domain.Features = &Features{SMM: &FeatureState{}}
+		},
+		"efi with secure boot and smm enabled": func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Firmware = &Firmware{Bootloader: &Bootloader{EFI: &EFI{SecureBoot: ptr.To(true)}}}
+			s.Domain.Features = &Features{SMM: &FeatureState{Enabled: ptr.To(true)}}
+		},
+		"smm without efi": func(s *VirtualMachineInstanceSpec) { s.Domain.Features = &Features{SMM: &FeatureState{}} },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			vm := validVM()
+			mutate(&vm.Spec.Template.Spec)
+			if errs := ValidateVirtualMachine(vm); len(errs) != 0 {
+				t.Fatalf("refused: %v", errs)
 			}
 		})
 	}

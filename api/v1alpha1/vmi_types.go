@@ -181,6 +181,7 @@ const (
 )
 
 // DomainSpec is the virtual hardware of the machine.
+// +kubebuilder:validation:XValidation:rule="!has(self.firmware) || !has(self.firmware.bootloader) || !has(self.firmware.bootloader.efi) || (has(self.firmware.bootloader.efi.secureBoot) && !self.firmware.bootloader.efi.secureBoot) || (has(self.features) && has(self.features.smm) && (!has(self.features.smm.enabled) || self.features.smm.enabled))",message="EFI secure boot (firmware.bootloader.efi.secureBoot, true unless set to false) needs SMM: set features.smm: {} or secureBoot: false",fieldPath=".features.smm"
 type DomainSpec struct {
 	// Resources are the launcher pod's compute requests and limits. When memory.guest is not set,
 	// the guest gets requests.memory.
@@ -199,11 +200,12 @@ type DomainSpec struct {
 	// +optional
 	Machine *Machine `json:"machine,omitempty"`
 
-	// Firmware holds the SMBIOS UUID and serial and an optional direct kernel boot.
+	// Firmware holds the bootloader (BIOS or EFI), the SMBIOS UUID and serial and an optional
+	// direct kernel boot.
 	// +optional
 	Firmware *Firmware `json:"firmware,omitempty"`
 
-	// Features are optional platform features such as ACPI.
+	// Features are optional platform features such as ACPI and SMM.
 	// +optional
 	Features *Features `json:"features,omitempty"`
 
@@ -273,12 +275,16 @@ type Machine struct {
 	Type string `json:"type,omitempty"`
 }
 
-// Firmware holds SMBIOS identity and direct kernel boot.
+// Firmware holds the bootloader, SMBIOS identity and direct kernel boot.
 type Firmware struct {
 	// UUID is the SMBIOS system UUID the guest reads. Defaults to one derived from the
 	// VirtualMachine, stable across restarts.
 	// +optional
 	UUID types.UID `json:"uuid,omitempty"`
+
+	// Bootloader is the guest's firmware: BIOS (SeaBIOS, the default) or EFI (OVMF).
+	// +optional
+	Bootloader *Bootloader `json:"bootloader,omitempty"`
 
 	// Serial is the SMBIOS system serial number.
 	// +optional
@@ -289,6 +295,41 @@ type Firmware struct {
 	// KernelBoot boots a kernel and initrd directly instead of a disk's bootloader.
 	// +optional
 	KernelBoot *KernelBoot `json:"kernelBoot,omitempty"`
+}
+
+// Bootloader selects the guest's firmware; at most one of bios and efi is set.
+// +kubebuilder:validation:XValidation:rule="!(has(self.bios) && has(self.efi))",message="bios and efi are mutually exclusive: set at most one"
+type Bootloader struct {
+	// BIOS boots the disks through a legacy BIOS (SeaBIOS); the default.
+	// +optional
+	BIOS *BIOS `json:"bios,omitempty"`
+
+	// EFI boots through UEFI (OVMF) instead of BIOS, with variables (NVRAM) of the instance's
+	// own that last as long as the instance.
+	// +optional
+	EFI *EFI `json:"efi,omitempty"`
+}
+
+// BIOS is the legacy BIOS firmware (SeaBIOS).
+type BIOS struct {
+	// UseSerial shows the BIOS's own output (boot messages, boot menu) on the serial console too.
+	// +optional
+	UseSerial *bool `json:"useSerial,omitempty"`
+}
+
+// EFI is the UEFI firmware (OVMF).
+type EFI struct {
+	// SecureBoot runs OVMF's Secure Boot build with Microsoft's keys enrolled: it boots only
+	// signed bootloaders (a distribution's shim). Requires features.smm. Defaults to true, as in
+	// KubeVirt.
+	// +optional
+	SecureBoot *bool `json:"secureBoot,omitempty"`
+
+	// Persistent would keep the EFI variables across restarts of the VirtualMachine (KubeVirt's
+	// backend storage); not supported yet: the variables live as long as the instance.
+	// Defaults to false.
+	// +optional
+	Persistent *bool `json:"persistent,omitempty"`
 }
 
 // KernelBoot boots the guest from a kernel and initrd taken from a container image.
@@ -337,6 +378,11 @@ type Features struct {
 	// shutdown cannot reach the guest.
 	// +optional
 	ACPI *FeatureState `json:"acpi,omitempty"`
+
+	// SMM turns on System Management Mode, which EFI Secure Boot needs to protect its variables.
+	// Off when absent; on when present unless enabled is false.
+	// +optional
+	SMM *FeatureState `json:"smm,omitempty"`
 }
 
 // FeatureState turns a feature on or off.

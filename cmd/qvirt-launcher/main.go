@@ -63,8 +63,9 @@ func serve(args []string) int {
 	fs.BoolVar(&opts.Emulation, podlayout.FlagEmulation, false, "allow software emulation (TCG) instead of KVM")
 	fs.StringVar(&opts.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary")
 	fs.IntVar(&opts.SpareRootPorts, "hotplug-ports", 4, "empty PCIe root ports for hotplug")
-	fs.StringVar(&opts.ScratchDir, "scratch-dir", podlayout.PrivateDir, "directory for emptyDisk and cloud-init images and containerDisk overlays")
+	fs.StringVar(&opts.ScratchDir, "scratch-dir", podlayout.PrivateDir, "directory for emptyDisk and cloud-init images, containerDisk overlays and the EFI variable store")
 	fs.StringVar(&opts.CloudInitSecrets, "cloud-init-secrets", podlayout.CloudInitSecretDir, "directory of the pod's cloud-init Secret volumes")
+	fs.StringVar(&opts.OVMFDir, "ovmf-dir", launcher.DefaultOVMFDir, "directory of the OVMF (UEFI) builds, as Debian's ovmf package installs them")
 	fs.DurationVar(&opts.Linger, "linger", 10*time.Second, "keep answering the node agent this long after the guest ended")
 	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")
 	opts.Images = launcher.ImageMounts{KernelBoot: podlayout.KernelBootDir, ContainerDisks: podlayout.ContainerDiskDir}
@@ -102,6 +103,7 @@ func run(args []string) int {
 	fs.StringVar(&opts.RunDir, "run-dir", "", "directory for the sockets (default: a new temporary directory)")
 	fs.StringVar(&opts.QEMU, "qemu", "qemu-system-x86_64", "QEMU binary")
 	fs.IntVar(&opts.SpareRootPorts, "hotplug-ports", 4, "empty PCIe root ports for hotplug")
+	fs.StringVar(&opts.OVMFDir, "ovmf-dir", launcher.DefaultOVMFDir, "directory of the OVMF (UEFI) builds, as Debian's ovmf package installs them")
 	imageFlags(fs, &opts.Images, userImageCache())
 	noConsole := fs.Bool("no-console", false, "do not attach the serial console to stdin/stdout")
 	verbose := fs.Int("v", 0, "log verbosity")

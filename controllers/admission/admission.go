@@ -112,10 +112,11 @@ func checkRunnable(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec,
 	return append(errs, validateEmulation(cfg, spec, p)...)
 }
 
-// validateEmulation refuses the host CPU model where guests run under emulation: it needs KVM.
+// validateEmulation refuses the host CPU models (host-passthrough, host-model) where guests run
+// under emulation: they need KVM.
 func validateEmulation(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
 	cpu := spec.Domain.CPU
-	if !cfg.UseEmulation || cpu == nil || (cpu.Model != "host-passthrough" && cpu.Model != "host") {
+	if !cfg.UseEmulation || cpu == nil || (cpu.Model != "host-passthrough" && cpu.Model != "host-model" && cpu.Model != "host") {
 		return nil
 	}
 	return field.ErrorList{field.Forbidden(p.Child("domain", "cpu", "model"), fmt.Sprintf(

@@ -127,6 +127,15 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 		{"the host CPU model under emulation", "vm_testguest.yaml", "", true, func(s map[string]any) {
 			s["domain"].(map[string]any)["cpu"] = map[string]any{"model": "host-passthrough"}
 		}, "spec.template.spec.domain.cpu.model", "needs KVM, and this cluster runs guests under emulation"},
+		{"host-model under emulation", "vmi_testguest.yaml", "", true, func(s map[string]any) {
+			s["domain"].(map[string]any)["cpu"] = map[string]any{"model": "host-model"}
+		}, "spec.domain.cpu.model", "host-model needs KVM, and this cluster runs guests under emulation"},
+		{"efi secure boot without smm", "vmi_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["firmware"].(map[string]any)["bootloader"] = map[string]any{"efi": map[string]any{}}
+		}, "spec.domain.features.smm", "EFI secure boot"},
+		{"bios and efi", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["firmware"].(map[string]any)["bootloader"] = map[string]any{"bios": map[string]any{}, "efi": map[string]any{"secureBoot": false}}
+		}, "spec.template.spec.domain.firmware.bootloader", "mutually exclusive"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,6 +28,10 @@ func TestSpecField(t *testing.T) {
 		"machine.kernelish":                             "",
 		"name":                                          "",
 		"machine.disks[99999999999999999999].name":      "",
+		"machine.firmware.efi":                          "spec.domain.firmware.bootloader.efi",
+		"machine.firmware.efi.secureBoot":               "spec.domain.firmware.bootloader.efi.secureBoot",
+		"machine.firmware.serialBIOS":                   "spec.domain.firmware.bootloader.bios.useSerial",
+		"machine.smm":                                   "spec.domain.features.smm",
 	} {
 		if got := SpecField(v, field); got != want {
 			t.Errorf("SpecField(%q) = %q, want %q", field, got, want)

@@ -55,7 +55,7 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 	v1alpha1.SetDefaults(spec)
 	m := &machine.Machine{
 		Name: v.Name, Namespace: v.Namespace, UID: string(v.UID), UUID: string(v.UID),
-		Type: spec.Domain.Machine.Type, Accel: machine.AccelKVM, NoACPI: acpiOff(spec.Domain.Features),
+		Type: spec.Domain.Machine.Type, Accel: machine.AccelKVM, NoACPI: acpiOff(spec.Domain.Features), SMM: smm(spec.Domain.Features),
 		GracePeriodSeconds: *spec.TerminationGracePeriodSeconds,
 		SerialConsole:      *spec.Domain.Devices.AutoattachSerialConsole,
 		Graphics:           *spec.Domain.Devices.AutoattachGraphicsDevice,
@@ -118,7 +118,21 @@ func acpiOff(f *v1alpha1.Features) bool {
 	return f != nil && f.ACPI != nil && f.ACPI.Enabled != nil && !*f.ACPI.Enabled
 }
 
+// smm is features.smm for QEMU: on when present (unless enabled is false), QEMU's default when
+// absent, as libvirt leaves it.
+func smm(f *v1alpha1.Features) *bool {
+	if f == nil || f.SMM == nil {
+		return nil
+	}
+	on := v1alpha1.SMMEnabled(f)
+	return &on
+}
+
 // cpu picks the model: the host's under KVM, qemu64 under emulation, where the host's cannot run.
+// host-passthrough and host-model both need KVM. host-model is QEMU's host CPU as QEMU migrates it
+// (the "host" model leaves out what it cannot migrate, as with libvirt's host-passthrough): qvirt
+// does not yet compute the nearest named model libvirt picks for host-model, so a migration to a
+// node with another CPU is not guarded.
 func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	var c v1alpha1.CPU
 	if d.CPU != nil {
@@ -133,13 +147,11 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 		if emulated {
 			model = "qemu64"
 		}
-	case "host-passthrough", "host":
+	case "host-passthrough", "host-model", "host":
 		if emulated {
-			return field.ErrorList{field.Invalid(modelPath, c.Model, "the host CPU model needs KVM; under emulation use a named model such as qemu64 or max")}
+			return field.ErrorList{field.Invalid(modelPath, c.Model, "the host CPU model needs KVM and this node runs guests under emulation; use a named model such as qemu64 or max")}
 		}
 		model = "host"
-	case "host-model":
-		return field.ErrorList{field.NotSupported(modelPath, c.Model, []string{"host-passthrough", "<QEMU CPU model, e.g. qemu64>"})}
 	}
 	one := func(v uint32) uint32 { return max(v, 1) }
 	m.CPU = machine.CPU{Model: model, VCPUs: uint32(v1alpha1.VCPUs(d.CPU)),
@@ -171,6 +183,13 @@ func firmware(d *v1alpha1.DomainSpec, m *machine.Machine) {
 		m.UUID = string(fw.UUID)
 	}
 	m.SMBIOSSerial = fw.Serial
+	if bl := fw.Bootloader; bl != nil {
+		if bl.EFI != nil {
+			// SetDefaults made secureBoot explicit.
+			m.Firmware.EFI = &machine.EFI{SecureBoot: *bl.EFI.SecureBoot}
+		}
+		m.Firmware.SerialBIOS = bl.BIOS != nil && bl.BIOS.UseSerial != nil && *bl.BIOS.UseSerial
+	}
 	if kb := fw.KernelBoot; kb != nil && kb.Container != nil {
 		c := kb.Container
 		m.Kernel = &machine.KernelBoot{Image: imageRef(c.Image, string(c.ImagePullPolicy), c.ImagePullSecret),

@@ -150,6 +150,50 @@ func TestCloudInit(t *testing.T) {
 	}
 }
 
+// TestFirmware: the bootloader and SMM reach the machine as KubeVirt reads them, and the host CPU
+// models need KVM.
+func TestFirmware(t *testing.T) {
+	describe := func(emulation bool, mutate func(s *v1alpha1.VirtualMachineInstanceSpec)) *machine.Machine {
+		t.Helper()
+		v := validVMI()
+		mutate(&v.Spec)
+		m, err := translate.Machine(v, translate.Host{Emulation: emulation, NICs: hostNICs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := describe(true, func(*v1alpha1.VirtualMachineInstanceSpec) {}); m.Firmware.EFI != nil || m.Firmware.SerialBIOS || m.SMM != nil {
+		t.Errorf("no bootloader: firmware %+v smm %v, want SeaBIOS and QEMU's SMM default", m.Firmware, m.SMM)
+	}
+	m := describe(true, func(s *v1alpha1.VirtualMachineInstanceSpec) {
+		s.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{}}}
+		s.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{}}
+	})
+	if m.Firmware.EFI == nil || !m.Firmware.EFI.SecureBoot || m.SMM == nil || !*m.SMM {
+		t.Errorf("efi: {} with smm: {}: firmware %+v smm %v, want secure boot (KubeVirt's default) and SMM on", m.Firmware, m.SMM)
+	}
+	m = describe(true, func(s *v1alpha1.VirtualMachineInstanceSpec) {
+		s.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{SecureBoot: ptr.To(false)}}}
+		s.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}
+	})
+	if m.Firmware.EFI == nil || m.Firmware.EFI.SecureBoot || m.SMM == nil || *m.SMM {
+		t.Errorf("efi without secure boot, smm off: firmware %+v smm %v", m.Firmware, m.SMM)
+	}
+	m = describe(true, func(s *v1alpha1.VirtualMachineInstanceSpec) {
+		s.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{BIOS: &v1alpha1.BIOS{UseSerial: ptr.To(true)}}}
+	})
+	if m.Firmware.EFI != nil || !m.Firmware.SerialBIOS {
+		t.Errorf("bios.useSerial: firmware %+v, want SeaBIOS on the serial console", m.Firmware)
+	}
+	for _, model := range []string{"host-model", "host-passthrough"} {
+		m = describe(false, func(s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.CPU = &v1alpha1.CPU{Model: model} })
+		if m.Accel != machine.AccelKVM || m.CPU.Model != "host" {
+			t.Errorf("%s under KVM: accel %s cpu %q, want QEMU's host model", model, m.Accel, m.CPU.Model)
+		}
+	}
+}
+
 func TestMachineErrors(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -167,9 +211,15 @@ func TestMachineErrors(t *testing.T) {
 		{"host-passthrough under emulation", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.Domain.CPU = &v1alpha1.CPU{Model: "host-passthrough"}
 		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.cpu.model"},
-		{"host-model", func(v *v1alpha1.VirtualMachineInstance) {
+		{"host-model under emulation", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.Domain.CPU = &v1alpha1.CPU{Model: "host-model"}
-		}, translate.Host{NICs: hostNICs}, "spec.domain.cpu.model"},
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.cpu.model: Invalid value: \"host-model\": the host CPU model needs KVM"},
+		{"secure boot without smm", func(v *v1alpha1.VirtualMachineInstance) {
+			v.Spec.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{}}}
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.features.smm"},
+		{"persistent EFI variables", func(v *v1alpha1.VirtualMachineInstance) {
+			v.Spec.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{SecureBoot: ptr.To(false), Persistent: ptr.To(true)}}}
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.firmware.bootloader.efi.persistent"},
 		{"an interface without a host side", func(*v1alpha1.VirtualMachineInstance) {}, translate.Host{Emulation: true},
 			"spec.domain.devices.interfaces[0]"},
 		{"a volume qvirt cannot run", func(v *v1alpha1.VirtualMachineInstance) {
@@ -257,6 +307,9 @@ func FuzzMachine(f *testing.F) {
 		lm := &launcher.Machine{Machine: *m, RunDir: "/run/q", Images: map[string]launcher.DiskImage{}}
 		if m.Kernel != nil {
 			lm.KernelFile, lm.InitrdFile = "/k", "/i"
+		}
+		if m.Firmware.EFI != nil {
+			lm.EFICode, lm.EFIVars = "/fw/code.fd", "/fw/vars.fd"
 		}
 		for _, d := range m.Disks {
 			lm.Images[d.Name] = launcher.DiskImage{Path: "/images/" + d.Name, Format: "raw"}

@@ -128,6 +128,31 @@ func TestSamplesAccepted(t *testing.T) {
 	}
 }
 
+// TestFirmwareAccepted: the bootloaders and SMM in KubeVirt's shape pass the schema and its rules.
+func TestFirmwareAccepted(t *testing.T) {
+	for name, firmware := range map[string]struct{ bootloader, features map[string]any }{
+		"bios on serial":                   {map[string]any{"bios": map[string]any{"useSerial": true}}, nil},
+		"efi without secure boot":          {map[string]any{"efi": map[string]any{"secureBoot": false, "persistent": false}}, nil},
+		"efi, secure boot by default":      {map[string]any{"efi": map[string]any{}}, map[string]any{"smm": map[string]any{}}},
+		"efi, secure boot and smm enabled": {map[string]any{"efi": map[string]any{"secureBoot": true}}, map[string]any{"smm": map[string]any{"enabled": true}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := load(t, "vm_testguest.yaml")
+			o.set(t, "spec.template.spec.domain.firmware.bootloader", firmware.bootloader)
+			if firmware.features != nil {
+				o.set(t, "spec.template.spec.domain.features", firmware.features)
+			}
+			manifest, err := json.Marshal(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, stderr, err := kubectl(t, manifest, "create", "--dry-run=server", "-n", "default", "-f", "-"); err != nil {
+				t.Fatalf("refused: %v: %s", err, stderr)
+			}
+		})
+	}
+}
+
 // obj is a manifest as a user writes it, edited by path in the cases below.
 type obj map[string]any
 
@@ -263,6 +288,16 @@ func TestInvalidManifestsRejected(t *testing.T) {
 			o.set(t, "spec.template.spec.volumes.0.emptyDisk", map[string]any{})
 		}, "spec.template.spec.volumes[0].emptyDisk.capacity", "Required value"},
 		{"migration without vmiName", "vmim_testvm.yaml", func(t *testing.T, o obj) { o.set(t, "spec.vmiName", nil) }, "spec.vmiName", "Required value"},
+		{"bios and efi", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.domain.firmware.bootloader", map[string]any{"bios": map[string]any{}, "efi": map[string]any{"secureBoot": false}})
+		}, "spec.template.spec.domain.firmware.bootloader", "bios and efi are mutually exclusive"},
+		{"efi secure boot (by default) without smm", vmi, func(t *testing.T, o obj) {
+			o.set(t, "spec.domain.firmware.bootloader", map[string]any{"efi": map[string]any{}})
+		}, "spec.domain.features.smm", "EFI secure boot"},
+		{"efi secure boot with smm off", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.domain.firmware.bootloader", map[string]any{"efi": map[string]any{"secureBoot": true}})
+			o.set(t, "spec.template.spec.domain.features", map[string]any{"smm": map[string]any{"enabled": false}})
+		}, "spec.template.spec.domain.features.smm", "needs SMM"},
 	}
 	if len(cases) < 20 {
 		t.Fatalf("the issue asks for at least 20 invalid manifests, have %d", len(cases))

@@ -50,7 +50,7 @@ BOOT_MODULES=(
 )
 # Modules in the image but loaded only on demand (the kernel runs modprobe for
 # `mount -t ext4`, for example).
-EXTRA_MODULES=(ext4 crc32c_generic)
+EXTRA_MODULES=(ext4 crc32c_generic efivarfs)
 
 # Recommended kernel command line, written to OUTDIR/cmdline.
 CMDLINE="console=ttyS0 quiet panic=-1"
