@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,7 +129,14 @@ func newLauncherWith(t *testing.T, res launcher.HostResolver) *vm {
 		<-served
 		_ = os.RemoveAll(runDir)
 	})
-	waitFor(t, 5*time.Second, "the command socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	// The socket file exists from bind, a moment before listen: wait until it accepts.
+	waitFor(t, 5*time.Second, "the command socket", func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	})
 	return &vm{runDir: runDir, client: launcher.NewClient(sock)}
 }
 
