@@ -79,6 +79,8 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 		return hostFile(src.HostFile, sp.Child("hostFile"))
 	case src.Container != nil:
 		return h.containerDisk(src.Container, h.Images.containerDisk(d.Name), sp.Child("container"))
+	case src.Claim != nil:
+		return h.claim(d, src.Claim, runDir, sp.Child("claim"))
 	case src.Empty != nil:
 		scratch := h.ScratchDir
 		if scratch == "" {
@@ -93,13 +95,14 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 		}
 		return DiskImage{Path: path, Format: "raw", Ephemeral: true}, nil
 	}
-	return DiskImage{}, machine.Required(sp, "one of hostFile, container or empty")
+	return DiskImage{}, machine.Required(sp, "one of hostFile, container, empty or claim")
 }
 
 // emptyDiskFile is the file name of an emptyDisk volume's image in the scratch directory.
 func emptyDiskFile(volume string) string { return "empty-" + volume + ".img" }
 
 // hostFile is an image file the launcher sees (KubeVirt's hostDisk), created sparse when asked.
+// With a Root, the file is taken by its resolved path and only if that stays within Root.
 func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldError) {
 	if err := absPath(p.Child("path"), hf.Path); err != nil {
 		return DiskImage{}, err
@@ -107,17 +110,55 @@ func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldEr
 	if hf.Format != "raw" && hf.Format != "qcow2" {
 		return DiskImage{}, machine.NotSupported(p.Child("format"), hf.Format, []string{"raw", "qcow2"})
 	}
-	_, err := os.Stat(hf.Path)
+	path := hf.Path
+	if hf.Root != "" {
+		var err error
+		if path, err = withinRoot(hf.Root, hf.Path); err != nil {
+			return DiskImage{}, machine.Invalid(p.Child("path"), hf.Path, err.Error())
+		}
+	}
+	_, err := os.Stat(path)
 	switch {
 	case err == nil:
 	case errors.Is(err, os.ErrNotExist) && hf.CreateBytes > 0 && hf.Format == "raw":
-		if err := createSparse(hf.Path, hf.CreateBytes); err != nil {
+		if err := createSparse(path, hf.CreateBytes); err != nil {
 			return DiskImage{}, machine.Invalid(p.Child("path"), hf.Path, err.Error())
 		}
 	default:
 		return DiskImage{}, machine.Invalid(p.Child("path"), hf.Path, err.Error())
 	}
-	return DiskImage{Path: hf.Path, Format: hf.Format}, nil
+	return DiskImage{Path: path, Format: hf.Format}, nil
+}
+
+// withinRoot resolves path's links (of a file not there yet, its directory's) and refuses a path
+// that leads outside root, lexically or through a link.
+func withinRoot(root, path string) (string, error) {
+	if rel, err := filepath.Rel(root, path); err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
+		return "", fmt.Errorf("%s is not under %s", path, root)
+	}
+	realRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return "", err
+	}
+	base := ""
+	resolved, err := filepath.EvalSymlinks(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if _, lerr := os.Lstat(path); lerr == nil {
+			return "", fmt.Errorf("%s is a link to nothing", path)
+		}
+		base = filepath.Base(path)
+		resolved, err = filepath.EvalSymlinks(filepath.Dir(path))
+	}
+	if err != nil {
+		return "", err
+	}
+	if rel, err := filepath.Rel(realRoot, resolved); err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", fmt.Errorf("%s leads outside %s (to %s)", path, root, resolved)
+	}
+	if base != "" {
+		resolved = filepath.Join(resolved, base)
+	}
+	return resolved, nil
 }
 
 func (h HostResolver) containerDisk(cd *machine.Container, mount string, p machine.Path) (DiskImage, *machine.FieldError) {
