@@ -39,7 +39,15 @@ const (
 	VirtualMachineInstancePaused = "Paused"
 	// VirtualMachineInstanceIsMigratable says whether the instance can live-migrate, and why not.
 	VirtualMachineInstanceIsMigratable = "LiveMigratable"
+	// VirtualMachineInstanceSynchronized says whether the instance's launcher runs its spec; before
+	// the instance has a launcher pod, the controller sets it False when a PersistentVolumeClaim its
+	// volumes name does not exist (reason PVCNotFoundReason).
+	VirtualMachineInstanceSynchronized = "Synchronized"
 )
+
+// PVCNotFoundReason is the Synchronized condition's reason while a claim of the instance is
+// missing: no launcher pod is made until it exists (KubeVirt's reason).
+const PVCNotFoundReason = "FailedPvcNotFound"
 
 // VirtualMachineInstanceStatus is the observed state of an instance.
 type VirtualMachineInstanceStatus struct {

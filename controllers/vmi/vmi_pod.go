@@ -33,7 +33,8 @@ const (
 // which the caller sets (controllerutil.SetControllerReference) because it needs a scheme. It is pure
 // and strict: what it cannot render is an error naming the field, never a silently different pod.
 // The migration reconciler renders its target pod with it too, then adds its label and affinity.
-func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) (*corev1.Pod, error) {
+// claims are the PersistentVolumeClaims the spec's volumes name (Reconciler.claims).
+func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, claims Claims) (*corev1.Pod, error) {
 	if vmi.UID == "" {
 		return nil, fmt.Errorf("metadata.uid: the instance has no UID yet")
 	}
@@ -96,6 +97,9 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 				{Name: socketsVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 				{Name: privateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 			},
+			// Claims' volumes are made writable for the launcher's group, as the kubelet does for
+			// fsGroup on the volume types that support ownership management.
+			SecurityContext:               &corev1.PodSecurityContext{FSGroup: ptr.To[int64](podlayout.LauncherUID)},
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To(grace + GracePeriodMarginSeconds),
@@ -111,6 +115,12 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *spec.Tolerations[i].DeepCopy())
 	}
 	addImageVolumes(pod, spec)
+	if err := addClaimVolumes(pod, spec, claims); err != nil {
+		return nil, err
+	}
+	if err := addHostDiskVolumes(pod, vmi.Namespace, spec, cfg); err != nil {
+		return nil, err
+	}
 	return pod, nil
 }
 

@@ -149,7 +149,7 @@ func TestMachineErrors(t *testing.T) {
 func TestHotplugDisk(t *testing.T) {
 	p := field.NewPath("spec", "domain", "devices", "disks").Index(1)
 	empty := v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}}}
-	d, err := translate.HotplugDisk(&v1alpha1.Disk{Name: "data", Serial: "D1"}, &empty, p)
+	d, err := translate.HotplugDisk(&v1alpha1.Disk{Name: "data", Serial: "D1"}, &empty, nil, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestHotplugDisk(t *testing.T) {
 		"sata bus":       {v1alpha1.Disk{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}}, empty, "spec.domain.devices.disks[1].disk.bus"},
 		"container disk": {v1alpha1.Disk{Name: "data"}, v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "x"}}}, "spec.volumes[data].containerDisk"},
 	} {
-		if _, err := translate.HotplugDisk(&tc.disk, &tc.vol, p); err == nil || !strings.Contains(err.Error(), tc.path) {
+		if _, err := translate.HotplugDisk(&tc.disk, &tc.vol, nil, p); err == nil || !strings.Contains(err.Error(), tc.path) {
 			t.Errorf("%s: want an error at %s, got %v", name, tc.path, err)
 		}
 	}
