@@ -69,7 +69,7 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 }
 
 // dataVolumesNotYet refuses CDI's DataVolumes, which qvirt has no importer for.
-const dataVolumesNotYet = "DataVolumes are not supported yet by this version of qvirt (it has no CDI importer): create a PersistentVolumeClaim and use a persistentVolumeClaim volume"
+const dataVolumesNotYet = "not supported yet: DataVolumes are " + NotRealisedMessage + " (it has no CDI importer); create a PersistentVolumeClaim and use a persistentVolumeClaim volume"
 
 // NotRealisedVM is NotRealised for a VirtualMachine's own fields (dataVolumeTemplates); its
 // template's spec is NotRealised's.
