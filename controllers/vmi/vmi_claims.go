@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -131,7 +132,15 @@ func unsharedClaim(spec *v1alpha1.VirtualMachineInstanceSpec, claims Claims) (vo
 // claim is not among claims.
 func addClaimVolumes(pod *corev1.Pod, spec *v1alpha1.VirtualMachineInstanceSpec, claims Claims) error {
 	c := &pod.Spec.Containers[0]
-	for i, cv := range v1alpha1.ClaimVolumes(spec) {
+	cvs := v1alpha1.ClaimVolumes(spec)
+	if len(cvs) > 0 {
+		// The launcher creates disk.img in a claim: its volume is made writable for the launcher's
+		// group, as the kubelet does with fsGroup for the volume types that manage ownership;
+		// only when the volume's root is not so already, as a large claim's tree takes a while.
+		onRootMismatch := corev1.FSGroupChangeOnRootMismatch
+		pod.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroup: ptr.To[int64](podlayout.LauncherUID), FSGroupChangePolicy: &onRootMismatch}
+	}
+	for i, cv := range cvs {
 		pvc := claims[cv.Claim]
 		if pvc == nil {
 			return fmt.Errorf("spec.volumes[%s]: PersistentVolumeClaim %q not found", cv.Volume, cv.Claim)

@@ -97,9 +97,6 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 				{Name: socketsVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 				{Name: privateVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 			},
-			// Claims' volumes are made writable for the launcher's group, as the kubelet does for
-			// fsGroup on the volume types that support ownership management.
-			SecurityContext:               &corev1.PodSecurityContext{FSGroup: ptr.To[int64](podlayout.LauncherUID)},
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To(grace + GracePeriodMarginSeconds),
