@@ -133,6 +133,7 @@ func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldEr
 // withinRoot resolves path's links (of a file not there yet, its directory's) and refuses a path
 // that leads outside root, lexically or through a link.
 func withinRoot(root, path string) (string, error) {
+	path = filepath.Clean(path)
 	if rel, err := filepath.Rel(root, path); err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
 		return "", fmt.Errorf("%s is not under %s", path, root)
 	}
