@@ -57,7 +57,7 @@ func TestResolveClaimAndHostFileRefusals(t *testing.T) {
 			d.ReadOnly = true
 			return d
 		}(), "claim ro has no disk.img, and a read-only claim cannot get one"},
-		"a block claim that is a file": {disk(machine.Source{Claim: &machine.Claim{Name: "blk", Device: notBlock}}), "source.claim.device: invalid value \"" + notBlock + "\": claim blk: not a block device"},
+		"a block claim that is a file":         {disk(machine.Source{Claim: &machine.Claim{Name: "blk", Device: notBlock}}), "source.claim.device: invalid value \"" + notBlock + "\": claim blk: not a block device"},
 		"a claim with both a dir and a device": {disk(machine.Source{Claim: &machine.Claim{Name: "x", Dir: dir, Device: notBlock}}), "exactly one of dir and device"},
 	} {
 		t.Run(name, func(t *testing.T) {
