@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/scheme"
@@ -377,7 +378,8 @@ func (c *Cluster) startStorage(ctx, nodeCtx context.Context, restCfg *rest.Confi
 		return err
 	}
 	c.storageDone = make(chan error, 1)
-	go func() { c.storageDone <- storage.Run(nodeCtx, kc, VolumesDir(c.opts.Dir)) }()
+	logCtx := klog.NewContext(nodeCtx, c.opts.Log.WithName("storage"))
+	go func() { c.storageDone <- storage.Run(logCtx, kc, VolumesDir(c.opts.Dir)) }()
 	return nil
 }
 

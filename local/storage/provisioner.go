@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 )
 
@@ -41,7 +40,11 @@ type Provisioner struct {
 	Dir string
 }
 
-var _ controller.Provisioner = (*Provisioner)(nil)
+var _ controller.BlockProvisioner = (*Provisioner)(nil)
+
+// SupportsBlock implements controller.BlockProvisioner: block-mode claims get a file the virtual
+// nodes attach as a loop device.
+func (p *Provisioner) SupportsBlock(context.Context) bool { return true }
 
 // ErrUnsupported is a claim this provisioner cannot answer; the library records it on the claim
 // as a ProvisioningFailed Event.
@@ -156,10 +159,11 @@ func Install(ctx context.Context, client kubernetes.Interface, dir string) error
 	return nil
 }
 
-// Run provisions the claims of the StorageClass with volumes under dir until ctx ends.
+// Run provisions the claims of the StorageClass with volumes under dir until ctx ends; the library
+// logs to ctx's logger (klog.NewContext).
 func Run(ctx context.Context, client kubernetes.Interface, dir string) error {
 	pc := controller.NewProvisionController(ctx, client, ProvisionerName, &Provisioner{Dir: dir},
 		controller.LeaderElection(false), controller.Threadiness(2))
-	pc.Run(klog.NewContext(ctx, klog.FromContext(ctx)))
+	pc.Run(ctx)
 	return nil
 }
