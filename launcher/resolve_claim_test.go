@@ -114,3 +114,25 @@ func FuzzWithinRoot(f *testing.F) {
 		}
 	})
 }
+
+// TestBlockDeviceNodes: a block claim's device is opened with QEMU's host_device driver (its file
+// driver refuses a block device), an image file with the file driver.
+func TestBlockDeviceNodes(t *testing.T) {
+	d := machine.Disk{Name: "raw", Bus: machine.BusVirtio, Cache: machine.CacheNone, IO: machine.IOThreads}
+	for _, tc := range []struct {
+		img  DiskImage
+		want string
+	}{
+		{DiskImage{Path: "/dev/qvirt-claims/raw", Format: "raw", Device: true}, `{"driver":"host_device","node-name":"file-raw","filename":"/dev/qvirt-claims/raw"`},
+		{DiskImage{Path: "/var/run/qvirt/claims/raw/disk.img", Format: "raw"}, `{"driver":"file","node-name":"file-raw","filename":"/var/run/qvirt/claims/raw/disk.img"`},
+	} {
+		chain, errs := diskChain(machinePath, d.Name, &tc.img)
+		if len(errs) > 0 {
+			t.Fatal(errs)
+		}
+		got := jsonArg(blockNodes(&d, chain)[0])
+		if !strings.HasPrefix(got, tc.want) {
+			t.Errorf("file node %s, want it to start %s", got, tc.want)
+		}
+	}
+}
