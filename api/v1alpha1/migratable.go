@@ -11,7 +11,8 @@ const (
 )
 
 // ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim or
-// ephemeral), with the claim's name and whether the instance only reads it.
+// ephemeral), with the claim's name and whether the instance only reads it. Not an API type.
+// +kubebuilder:object:generate=false
 type ClaimVolume struct {
 	Volume, Claim string
 	ReadOnly      bool
