@@ -2,7 +2,8 @@
 # Installs the Debian packages the tests and the demo need, when they are missing. Go modules come
 # through the module proxy when `go` builds; the control-plane binaries are built by build-tools.sh.
 set -euo pipefail
-pkgs=(qemu-system-x86 qemu-utils ovmf mtools sbsigntool openssl busybox-static iproute2 nftables cpio kmod)
+# mount brings losetup (the launcher test attaches a block claim as a loop device).
+pkgs=(qemu-system-x86 qemu-utils ovmf mtools sbsigntool openssl busybox-static iproute2 nftables cpio kmod mount)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

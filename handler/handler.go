@@ -159,7 +159,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	}
 	r := &vmisync.Reconciler{
 		Migrations: tunnel,
-		Client:     mgr.GetClient(), Recorder: rec, NodeName: opts.NodeName, PodsDir: opts.PodsDir,
+		Client:     mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NodeName: opts.NodeName, PodsDir: opts.PodsDir,
 		Targets:      targets,
 		Launcher:     opts.LauncherLimits,
 		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &crhandler.EnqueueRequestForObject{}),

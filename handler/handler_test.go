@@ -1139,7 +1139,9 @@ func TestDiskHotplug(t *testing.T) {
 	if vs := volumeStatus(got, "missing"); !strings.Contains(vs.Message, "/nonexistent/qvirt/disk.img") || vs.Reason != vmisync.ReasonHotplugFailed {
 		t.Errorf("volume status %+v: want reason %s naming the missing image", vs, vmisync.ReasonHotplugFailed)
 	}
-	e.waitEvent("hp", vmisync.EventHotplugFailed, "source.hostFile.path", 10*time.Second)
+	// The pod mounts no host disk directory (hostDisk is not enabled for the namespace): the
+	// translation refuses the path before the launcher is asked.
+	e.waitEvent("hp", vmisync.EventHotplugFailed, "spec.volumes[missing].hostDisk.path", 10*time.Second)
 	if vs := volumeStatus(got, "scratch"); vs == nil || vs.Phase != v1alpha1.VolumeReady || got.Status.Phase != v1alpha1.Running ||
 		!isTrue(got, v1alpha1.VirtualMachineInstanceReady) {
 		t.Errorf("the failed hotplug disturbed the rest: phase %s, scratch %+v", got.Status.Phase, vs)

@@ -71,6 +71,9 @@ type DiskImage struct {
 	Backing *DiskImage
 	// Ephemeral marks an image the launcher created (an emptyDisk): it goes with the disk.
 	Ephemeral bool
+	// Device says Path is a block device (a block-mode claim), which QEMU opens with its
+	// host_device driver.
+	Device bool
 }
 
 // PIDFile is where QEMU writes its pid, inside RunDir (see Dir). The sockets are with the devices

@@ -150,7 +150,11 @@ func blockNodes(d *machine.Disk, chain []blockLayer) []any {
 	for k := len(chain) - 1; k >= 0; k-- {
 		l := chain[k]
 		ro := readOnly || k > 0
-		nodes = append(nodes, fileNode{Driver: "file", NodeName: l.file, Filename: l.img.Path, AIO: string(d.IO), Cache: cache, ReadOnly: ro})
+		driver := "file"
+		if l.img.Device {
+			driver = "host_device"
+		}
+		nodes = append(nodes, fileNode{Driver: driver, NodeName: l.file, Filename: l.img.Path, AIO: string(d.IO), Cache: cache, ReadOnly: ro})
 		fn := formatNode{Driver: l.img.Format, NodeName: l.fmt_, File: l.file, Cache: cache, ReadOnly: ro}
 		if l.img.Format == "qcow2" {
 			// Never follow a backing file named inside an image.

@@ -111,11 +111,12 @@ func (l *Launcher) attachDisk(ctx context.Context, p *Process, hot *hotDisk) err
 	return nil
 }
 
-// removeEphemeral deletes the image the launcher created for disk name (an emptyDisk, or the
-// overlay of a writable containerDisk). Only files named as the resolver names those images are
-// touched.
+// removeEphemeral deletes the image the launcher created for disk name (an emptyDisk, the overlay
+// of a writable containerDisk, or an ephemeral volume's overlay). Only files named as the resolver
+// names those images are touched.
 func removeEphemeral(name string, img DiskImage) {
-	if !img.Ephemeral || !strings.HasSuffix(img.Path, "/"+emptyDiskFile(name)) && !strings.HasSuffix(img.Path, "/"+overlayFile(name)) {
+	if !img.Ephemeral || !strings.HasSuffix(img.Path, "/"+emptyDiskFile(name)) && !strings.HasSuffix(img.Path, "/"+overlayFile(name)) &&
+		!strings.HasSuffix(img.Path, "/"+claimOverlayFile(name)) {
 		return
 	}
 	_ = os.Remove(img.Path)

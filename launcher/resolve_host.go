@@ -97,6 +97,8 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 			return img, err
 		}
 		return h.containerOverlay(d, img, size, runDir, p)
+	case src.Claim != nil:
+		return h.claim(d, src.Claim, runDir, sp.Child("claim"))
 	case src.CloudInit != nil:
 		return h.cloudInitDisk(d, h.scratch(runDir), p)
 	case src.Empty != nil:
@@ -109,7 +111,7 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 		}
 		return DiskImage{Path: path, Format: "raw", Ephemeral: true}, nil
 	}
-	return DiskImage{}, machine.Required(sp, "one of hostFile, container, empty or cloudInit")
+	return DiskImage{}, machine.Required(sp, "one of hostFile, container, empty, claim or cloudInit")
 }
 
 // scratch is where the launcher keeps the files it makes for the machine: ScratchDir, else the run
@@ -145,6 +147,7 @@ func (h HostResolver) containerOverlay(d *machine.Disk, base DiskImage, size uin
 }
 
 // hostFile is an image file the launcher sees (KubeVirt's hostDisk), created sparse when asked.
+// With a Root, the file is taken by its resolved path and only if that stays within Root.
 func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldError) {
 	if err := absPath(p.Child("path"), hf.Path); err != nil {
 		return DiskImage{}, err
@@ -152,17 +155,56 @@ func hostFile(hf *machine.HostFile, p machine.Path) (DiskImage, *machine.FieldEr
 	if hf.Format != "raw" && hf.Format != "qcow2" {
 		return DiskImage{}, machine.NotSupported(p.Child("format"), hf.Format, []string{"raw", "qcow2"})
 	}
-	_, err := os.Stat(hf.Path)
+	path := hf.Path
+	if hf.Root != "" {
+		var err error
+		if path, err = withinRoot(hf.Root, hf.Path); err != nil {
+			return DiskImage{}, machine.Invalid(p.Child("path"), hf.Path, err.Error())
+		}
+	}
+	_, err := os.Stat(path)
 	switch {
 	case err == nil:
 	case errors.Is(err, os.ErrNotExist) && hf.CreateBytes > 0 && hf.Format == "raw":
-		if err := createSparse(hf.Path, hf.CreateBytes); err != nil {
+		if err := createSparse(path, hf.CreateBytes); err != nil {
 			return DiskImage{}, machine.Invalid(p.Child("path"), hf.Path, err.Error())
 		}
 	default:
 		return DiskImage{}, machine.Invalid(p.Child("path"), hf.Path, err.Error())
 	}
-	return DiskImage{Path: hf.Path, Format: hf.Format}, nil
+	return DiskImage{Path: path, Format: hf.Format}, nil
+}
+
+// withinRoot resolves path's links (of a file not there yet, its directory's) and refuses a path
+// that leads outside root, lexically or through a link.
+func withinRoot(root, path string) (string, error) {
+	path = filepath.Clean(path)
+	if rel, err := filepath.Rel(root, path); err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
+		return "", fmt.Errorf("%s is not under %s", path, root)
+	}
+	realRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return "", err
+	}
+	base := ""
+	resolved, err := filepath.EvalSymlinks(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if _, lerr := os.Lstat(path); lerr == nil {
+			return "", fmt.Errorf("%s is a link to nothing", path)
+		}
+		base = filepath.Base(path)
+		resolved, err = filepath.EvalSymlinks(filepath.Dir(path))
+	}
+	if err != nil {
+		return "", err
+	}
+	if rel, err := filepath.Rel(realRoot, resolved); err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", fmt.Errorf("%s leads outside %s (to %s)", path, root, resolved)
+	}
+	if base != "" {
+		resolved = filepath.Join(resolved, base)
+	}
+	return resolved, nil
 }
 
 // containerDisk is the image file of a container disk, read-only, and its virtual size. A qcow2

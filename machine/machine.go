@@ -163,6 +163,7 @@ type Source struct {
 	Container *Container `json:"container,omitempty"`
 	Empty     *Empty     `json:"empty,omitempty"`
 	CloudInit *CloudInit `json:"cloudInit,omitempty"`
+	Claim     *Claim     `json:"claim,omitempty"`
 }
 
 // HostFile is an image file the launcher can see (a hostDisk's path in the pod).
@@ -172,6 +173,45 @@ type HostFile struct {
 	Format string `json:"format"`
 	// CreateBytes, when positive, creates a sparse raw file of that size if none exists.
 	CreateBytes int64 `json:"createBytes,omitempty"`
+	// Root, when set, is the directory Path must stay within once its links are resolved: a
+	// hostDisk's namespace directory as the launcher pod mounts it, so a link planted there cannot
+	// lead QEMU to another tenant's image.
+	Root string `json:"root,omitempty"`
+}
+
+// FilesystemOverhead is the share of a filesystem-mode claim's capacity kept free for the
+// filesystem's own needs: disk.img is created at the capacity less this (KubeVirt's and CDI's
+// default, 5.5%).
+const FilesystemOverhead = 0.055
+
+// ClaimImageBytes is the size of the disk.img created in a filesystem-mode claim of capacity bytes:
+// the capacity less FilesystemOverhead (rounded up), aligned down to a MiB. Zero or less when the
+// claim is too small to hold one.
+func ClaimImageBytes(capacity int64) int64 {
+	const mib = 1 << 20
+	overhead := capacity/1000*55 + (capacity%1000*55+999)/1000
+	return (capacity - overhead) / mib * mib
+}
+
+// ClaimImage is the file name of a filesystem-mode claim's disk image in its volume, as in KubeVirt.
+const ClaimImage = "disk.img"
+
+// Claim is a PersistentVolumeClaim's volume as the launcher pod holds it (KubeVirt's
+// persistentVolumeClaim and ephemeral volumes). Exactly one of Dir and Device is set.
+type Claim struct {
+	// Name is the claim's name, for messages.
+	Name string `json:"name"`
+	// Dir is a filesystem-mode claim's mount in the pod: the disk is the raw image Dir/disk.img,
+	// created sparse at ImageBytes when absent.
+	Dir string `json:"dir,omitempty"`
+	// Device is a block-mode claim's device node in the pod, attached raw.
+	Device string `json:"device,omitempty"`
+	// ImageBytes is the size of a disk.img created for a filesystem-mode claim: its capacity less
+	// FilesystemOverhead.
+	ImageBytes int64 `json:"imageBytes,omitempty"`
+	// Overlay attaches the claim read-only under a qcow2 overlay in the launcher's scratch
+	// directory that goes with the VM (an ephemeral volume): the claim is never written.
+	Overlay bool `json:"overlay,omitempty"`
 }
 
 // Container is a disk image inside a container image (KubeVirt's containerDisk). The image itself

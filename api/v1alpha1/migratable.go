@@ -10,6 +10,28 @@ const (
 	DisksNotLiveMigratableReason = "DisksNotLiveMigratable"
 )
 
+// ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim or
+// ephemeral), with the claim's name and whether the instance only reads it. Not an API type.
+// +kubebuilder:object:generate=false
+type ClaimVolume struct {
+	Volume, Claim string
+	ReadOnly      bool
+}
+
+// ClaimVolumes are spec's volumes backed by claims, in spec order.
+func ClaimVolumes(spec *VirtualMachineInstanceSpec) []ClaimVolume {
+	var out []ClaimVolume
+	for _, v := range spec.Volumes {
+		switch {
+		case v.PersistentVolumeClaim != nil:
+			out = append(out, ClaimVolume{Volume: v.Name, Claim: v.PersistentVolumeClaim.ClaimName, ReadOnly: v.PersistentVolumeClaim.ReadOnly})
+		case v.Ephemeral != nil && v.Ephemeral.PersistentVolumeClaim != nil:
+			out = append(out, ClaimVolume{Volume: v.Name, Claim: v.Ephemeral.PersistentVolumeClaim.ClaimName, ReadOnly: true})
+		}
+	}
+	return out
+}
+
 // LiveMigratable says whether an instance with this spec can live-migrate, and if not the reason
 // (one of the constants above) and a message for people. The controller sets the LiveMigratable
 // condition from it and a migration of a non-migratable instance fails at once with it. EFI

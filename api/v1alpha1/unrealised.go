@@ -49,10 +49,8 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 	for i := range spec.Volumes {
 		v, vp := &spec.Volumes[i], p.Child("volumes").Index(i)
 		switch {
-		case v.PersistentVolumeClaim != nil:
-			no(vp.Child("persistentVolumeClaim"), "the persistentVolumeClaim volume", "; use hostDisk, containerDisk or emptyDisk")
-		case v.Ephemeral != nil:
-			no(vp.Child("ephemeral"), "the ephemeral volume", "; use hostDisk, containerDisk or emptyDisk")
+		case v.DataVolume != nil:
+			errs = append(errs, field.Forbidden(vp.Child("dataVolume"), dataVolumesNotYet))
 		}
 	}
 	for i := 1; i < len(spec.Domain.Devices.Interfaces); i++ {
@@ -68,6 +66,18 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		}
 	}
 	return errs
+}
+
+// dataVolumesNotYet refuses CDI's DataVolumes, which qvirt has no importer for.
+const dataVolumesNotYet = "not supported yet: DataVolumes are " + NotRealisedMessage + " (it has no CDI importer); create a PersistentVolumeClaim and use a persistentVolumeClaim volume"
+
+// NotRealisedVM is NotRealised for a VirtualMachine's own fields (dataVolumeTemplates); its
+// template's spec is NotRealised's.
+func NotRealisedVM(spec *VirtualMachineSpec) field.ErrorList {
+	if len(spec.DataVolumeTemplates) == 0 {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(field.NewPath("spec", "dataVolumeTemplates"), dataVolumesNotYet)}
 }
 
 // isDefaultVMNetwork says whether cidr is DefaultVMNetworkCIDR, host bits aside (the node agent

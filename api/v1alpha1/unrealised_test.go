@@ -54,7 +54,6 @@ func TestNotRealised(t *testing.T) {
 	if errs := append(ValidateVirtualMachineInstanceSpec(configDrive, p), NotRealised(configDrive, p)...); len(errs) != 0 {
 		t.Fatalf("a cloudInitConfigDrive volume must be valid and realised, got %v", errs)
 	}
-	pvc := &PersistentVolumeClaimVolumeSource{ClaimName: "data"}
 	cases := []struct {
 		name   string
 		mutate func(s *VirtualMachineInstanceSpec)
@@ -75,12 +74,9 @@ func TestNotRealised(t *testing.T) {
 		{"initrd without a kernel", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware.KernelBoot.Container.KernelPath = ""
 		}, "spec.domain.firmware.kernelBoot.container.kernelPath"},
-		{"persistentVolumeClaim", func(s *VirtualMachineInstanceSpec) {
-			s.Volumes[2].VolumeSource = VolumeSource{PersistentVolumeClaim: pvc}
-		}, "spec.volumes[2].persistentVolumeClaim"},
-		{"ephemeral", func(s *VirtualMachineInstanceSpec) {
-			s.Volumes[2].VolumeSource = VolumeSource{Ephemeral: &EphemeralVolumeSource{PersistentVolumeClaim: pvc}}
-		}, "spec.volumes[2].ephemeral"},
+		{"dataVolume", func(s *VirtualMachineInstanceSpec) {
+			s.Volumes[2].VolumeSource = VolumeSource{DataVolume: &DataVolumeSource{Name: "dv"}}
+		}, "spec.volumes[2].dataVolume"},
 		{"second interface", func(s *VirtualMachineInstanceSpec) {
 			// Only one network can be the pod network, so the second is a multus one, refused too.
 			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Bridge: &InterfaceBridge{}})
@@ -112,6 +108,21 @@ func TestNotRealised(t *testing.T) {
 			}
 		})
 	}
+	t.Run("claims and ephemeral volumes are realised", func(t *testing.T) {
+		s := realisedSpec()
+		pvc := &PersistentVolumeClaimVolumeSource{ClaimName: "data"}
+		s.Volumes[2].VolumeSource = VolumeSource{PersistentVolumeClaim: pvc}
+		s.Volumes[1].VolumeSource = VolumeSource{Ephemeral: &EphemeralVolumeSource{PersistentVolumeClaim: pvc}}
+		if errs := NotRealised(s, p); len(errs) != 0 {
+			t.Fatalf("want no error, got %v", errs)
+		}
+	})
+	t.Run("a VirtualMachine's dataVolumeTemplates", func(t *testing.T) {
+		errs := NotRealisedVM(&VirtualMachineSpec{DataVolumeTemplates: []DataVolumeTemplateSpec{{}}})
+		if !hasPath(errs, "spec.dataVolumeTemplates") || !strings.Contains(errs[0].Detail, "not supported yet") {
+			t.Fatalf("want a refusal of spec.dataVolumeTemplates saying it is not supported yet, got %v", errs)
+		}
+	})
 	t.Run("the default vmNetworkCIDR with host bits", func(t *testing.T) {
 		s := realisedSpec()
 		s.Networks[0].Pod.VMNetworkCIDR = "10.0.2.7/24"

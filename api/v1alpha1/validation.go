@@ -366,9 +366,9 @@ func validateVolumes(vols []Volume, p *field.Path) field.ErrorList {
 
 func validateVolumeSource(s *VolumeSource, p *field.Path) field.ErrorList {
 	set := countSet(s.ContainerDisk != nil, s.CloudInitNoCloud != nil, s.CloudInitConfigDrive != nil, s.EmptyDisk != nil,
-		s.HostDisk != nil, s.PersistentVolumeClaim != nil, s.Ephemeral != nil)
+		s.HostDisk != nil, s.PersistentVolumeClaim != nil, s.Ephemeral != nil, s.DataVolume != nil)
 	if set != 1 {
-		return field.ErrorList{field.Invalid(p, set, "a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim or ephemeral")}
+		return field.ErrorList{field.Invalid(p, set, "a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim, ephemeral or dataVolume")}
 	}
 	if ci, name, ok := s.CloudInit(); ok {
 		return validateCloudInit(ci, p.Child(name))

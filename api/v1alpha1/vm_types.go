@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -51,6 +52,26 @@ type VirtualMachineSpec struct {
 
 	// Template is the instance the VirtualMachine creates.
 	Template VirtualMachineInstanceTemplateSpec `json:"template"`
+
+	// DataVolumeTemplates are KubeVirt's CDI DataVolumes created with the VirtualMachine. Not
+	// supported yet: admission refuses them with a message saying so (NotRealisedVM).
+	// +optional
+	DataVolumeTemplates []DataVolumeTemplateSpec `json:"dataVolumeTemplates,omitempty"`
+}
+
+// DataVolumeTemplateSpec is KubeVirt's template of a CDI DataVolume, kept in its shape so that a
+// KubeVirt manifest gets qvirt's refusal rather than an unknown-field error; its spec is not read.
+type DataVolumeTemplateSpec struct {
+	// ObjectMeta is the DataVolume's metadata.
+	// +optional
+	ObjectMeta metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the DataVolume's CDI spec, not read by this version.
+	// +optional
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	Spec runtime.RawExtension `json:"spec,omitempty"`
 }
 
 // VirtualMachineInstanceTemplateSpec is the metadata and spec of the instances a VirtualMachine creates.

@@ -42,7 +42,9 @@ const (
 	// VirtualMachineInstanceSynchronized is false while the instance cannot be brought to its
 	// spec: its launcher pod's images cannot be pulled (reasons ErrImagePull and
 	// ImagePullBackOff, set by qvirt-controller as KubeVirt's virt-controller does), a cloud-init
-	// Secret it names does not exist (SecretNotFound, before it is scheduled), or the node agent
+	// Secret it names does not exist (SecretNotFound, before it is scheduled), a
+	// PersistentVolumeClaim its volumes name does not exist (PVCNotFoundReason, before it has a
+	// launcher pod), or the node agent
 	// cannot start or reach its launcher (the node agent's reasons). A VirtualMachine shows it
 	// while False.
 	VirtualMachineInstanceSynchronized = "Synchronized"
@@ -55,6 +57,10 @@ const (
 	ReasonErrImagePull     = "ErrImagePull"
 	ReasonImagePullBackOff = "ImagePullBackOff"
 )
+
+// PVCNotFoundReason is the Synchronized condition's reason while a claim of the instance is
+// missing: no launcher pod is made until it exists (KubeVirt's reason).
+const PVCNotFoundReason = "FailedPvcNotFound"
 
 // VirtualMachineInstanceStatus is the observed state of an instance.
 type VirtualMachineInstanceStatus struct {

@@ -612,7 +612,7 @@ type MultusNetwork struct {
 }
 
 // Volume is a storage source attached by the disk of the same name. Exactly one source is set.
-// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud), has(self.cloudInitConfigDrive), has(self.emptyDisk), has(self.hostDisk), has(self.persistentVolumeClaim), has(self.ephemeral)].filter(x, x).size() == 1",message="a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim or ephemeral"
+// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud), has(self.cloudInitConfigDrive), has(self.emptyDisk), has(self.hostDisk), has(self.persistentVolumeClaim), has(self.ephemeral), has(self.dataVolume)].filter(x, x).size() == 1",message="a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim, ephemeral or dataVolume"
 type Volume struct {
 	// Name is the volume's name; a disk of the same name attaches it.
 	// +kubebuilder:validation:MinLength=1
@@ -656,6 +656,22 @@ type VolumeSource struct {
 	// Ephemeral attaches a claim read-only with a copy-on-write overlay discarded at stop.
 	// +optional
 	Ephemeral *EphemeralVolumeSource `json:"ephemeral,omitempty"`
+
+	// DataVolume is KubeVirt's CDI DataVolume. Not supported yet: admission refuses it with a
+	// message saying so (NotRealised); use a persistentVolumeClaim.
+	// +optional
+	DataVolume *DataVolumeSource `json:"dataVolume,omitempty"`
+}
+
+// DataVolumeSource names a CDI DataVolume, as KubeVirt's.
+type DataVolumeSource struct {
+	// Name is the DataVolume's name.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+
+	// Hotpluggable marks the volume as one that can be hot-plugged.
+	// +optional
+	Hotpluggable bool `json:"hotpluggable,omitempty"`
 }
 
 // ContainerDiskSource is a disk image in a container image.

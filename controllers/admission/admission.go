@@ -64,8 +64,8 @@ func (v *VMValidator) validate(vm *v1alpha1.VirtualMachine) (admission.Warnings,
 // template's paths.
 func (v *VMValidator) check(vm *v1alpha1.VirtualMachine) field.ErrorList {
 	p := field.NewPath("spec", "template", "spec")
-	errs := v1alpha1.ValidateVirtualMachine(vm)
-	return append(errs, checkRunnable(v.Config.Get(), &vm.Spec.Template.Spec, p)...)
+	errs := append(v1alpha1.ValidateVirtualMachine(vm), v1alpha1.NotRealisedVM(&vm.Spec)...)
+	return append(errs, checkRunnable(v.Config.Get(), vm.Namespace, &vm.Spec.Template.Spec, p)...)
 }
 
 // VMIValidator validates VirtualMachineInstances: the whole spec at creation; on update the disk
@@ -77,7 +77,7 @@ type VMIValidator struct{ Config *config.Store }
 func (v *VMIValidator) ValidateCreate(_ context.Context, vmi *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
 	p := field.NewPath("spec")
 	errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)
-	errs = append(errs, checkRunnable(v.Config.Get(), &vmi.Spec, p)...)
+	errs = append(errs, checkRunnable(v.Config.Get(), vmi.Namespace, &vmi.Spec, p)...)
 	return warnings(&vmi.Spec), invalid("VirtualMachineInstance", vmi.Name, errs)
 }
 
@@ -89,7 +89,7 @@ func (v *VMIValidator) ValidateCreate(_ context.Context, vmi *v1alpha1.VirtualMa
 func (v *VMIValidator) ValidateUpdate(_ context.Context, old, vmi *v1alpha1.VirtualMachineInstance) (admission.Warnings, error) {
 	p := field.NewPath("spec")
 	errs := v1alpha1.ValidateVirtualMachineInstanceUpdate(old, vmi)
-	errs = append(errs, validateHostPaths(v.Config.Get(), &vmi.Spec, p, v1alpha1.AddedVolumes(old, vmi))...)
+	errs = append(errs, validateHostPaths(v.Config.Get(), vmi.Namespace, &vmi.Spec, p, v1alpha1.AddedVolumes(old, vmi))...)
 	errs = append(errs, ratchet(v1alpha1.NotRealised(&vmi.Spec, p), v1alpha1.NotRealised(&old.Spec, p))...)
 	var warn admission.Warnings
 	if was, _, _ := v1alpha1.LiveMigratable(&old.Spec); was {
@@ -105,10 +105,11 @@ func (v *VMIValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachineI
 
 // checkRunnable refuses, beyond validation, what the launcher would refuse at start: what this
 // version does not realise (v1alpha1.NotRealised), and what the cluster's configuration rules out
-// (host disks outside the allowed host paths, the host CPU model under emulation). p is spec's path.
-func checkRunnable(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+// (host disks outside the namespace's host disk directories, the host CPU model under emulation).
+// p is spec's path.
+func checkRunnable(cfg config.Config, namespace string, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
 	errs := v1alpha1.NotRealised(spec, p)
-	errs = append(errs, validateHostPaths(cfg, spec, p, allVolumes(spec))...)
+	errs = append(errs, validateHostPaths(cfg, namespace, spec, p, allVolumes(spec))...)
 	return append(errs, validateEmulation(cfg, spec, p)...)
 }
 
@@ -151,21 +152,32 @@ func allVolumes(spec *v1alpha1.VirtualMachineInstanceSpec) []int {
 	return out
 }
 
-// validateHostPaths refuses host disks outside the cluster's allowed host paths among the volumes
-// at the indexes given.
-func validateHostPaths(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path, volumes []int) field.ErrorList {
+// validateHostPaths refuses, among the volumes at the indexes given, host disks of an instance in
+// namespace that the configuration does not allow: hostDisk must be enabled for the namespace
+// (hostDiskNamespaces), and the image must lie in the namespace's own directory under an allowed
+// host path (<allowed path>/<namespace>/), so one tenant cannot name another's images.
+func validateHostPaths(cfg config.Config, namespace string, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path, volumes []int) field.ErrorList {
 	var errs field.ErrorList
 	for _, i := range volumes {
 		v := spec.Volumes[i]
-		if v.HostDisk == nil || cfg.HostPathAllowed(v.HostDisk.Path) {
+		if v.HostDisk == nil {
 			continue
 		}
-		allowed := "none are allowed"
-		if len(cfg.AllowedHostPaths) > 0 {
-			allowed = "allowed: " + strings.Join(cfg.AllowedHostPaths, ", ")
+		if _, ok := cfg.HostDiskDir(namespace, v.HostDisk.Path); ok {
+			continue
 		}
-		errs = append(errs, field.Forbidden(p.Child("volumes").Index(i).Child("hostDisk", "path"),
-			fmt.Sprintf("%s is not under an allowed host path (%s; set allowedHostPaths in ConfigMap %s)", v.HostDisk.Path, allowed, config.ConfigMapName)))
+		fp := p.Child("volumes").Index(i).Child("hostDisk", "path")
+		dirs := cfg.HostDiskDirs(namespace)
+		var msg string
+		switch {
+		case len(dirs) == 0 && len(cfg.AllowedHostPaths) == 0:
+			msg = fmt.Sprintf("hostDisk volumes are not enabled: no allowedHostPaths in ConfigMap %s", config.ConfigMapName)
+		case len(dirs) == 0:
+			msg = fmt.Sprintf("hostDisk volumes are not enabled for namespace %q (hostDiskNamespaces in ConfigMap %s)", namespace, config.ConfigMapName)
+		default:
+			msg = fmt.Sprintf("%s is not a clean path inside this namespace's host disk directories (%s)", v.HostDisk.Path, strings.Join(dirs, "/, ")+"/")
+		}
+		errs = append(errs, field.Forbidden(fp, msg))
 	}
 	return errs
 }

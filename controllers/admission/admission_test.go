@@ -96,10 +96,25 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 	}{
 		{"host disk with no allowed paths", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["volumes"] = []any{hostDisk("/var/lib/images/disk.img")}
-		}, "spec.template.spec.volumes[0].hostDisk.path", "none are allowed"},
-		{"host disk outside the allowed paths", "vm_testguest.yaml", "/var/lib/qvirt", false, func(s map[string]any) {
+		}, "spec.template.spec.volumes[0].hostDisk.path", "hostDisk volumes are not enabled: no allowedHostPaths"},
+		{"host disk in a namespace not enabled", "vm_testguest.yaml", "/var/lib/qvirt", false, func(s map[string]any) {
+			s["volumes"] = []any{hostDisk("/var/lib/qvirt/default/disk.img")}
+		}, "spec.template.spec.volumes[0].hostDisk.path", `not enabled for namespace "default" (hostDiskNamespaces`},
+		{"host disk outside the allowed paths", "vm_testguest.yaml", "/var/lib/qvirt:default", false, func(s map[string]any) {
 			s["volumes"] = []any{hostDisk("/etc/shadow")}
-		}, "spec.template.spec.volumes[0].hostDisk.path", "allowed: /var/lib/qvirt"},
+		}, "spec.template.spec.volumes[0].hostDisk.path", "inside this namespace's host disk directories (/var/lib/qvirt/default/)"},
+		{"host disk in another namespace's directory", "vm_testguest.yaml", "/var/lib/qvirt:default,other", false, func(s map[string]any) {
+			s["volumes"] = []any{hostDisk("/var/lib/qvirt/other/disk.img")}
+		}, "spec.template.spec.volumes[0].hostDisk.path", "/var/lib/qvirt/other/disk.img is not a clean path inside this namespace's"},
+		{"host disk path that is not clean", "vm_testguest.yaml", "/var/lib/qvirt:default", false, func(s map[string]any) {
+			s["volumes"] = []any{hostDisk("/var/lib/qvirt/default/./disk.img")}
+		}, "spec.template.spec.volumes[0].hostDisk.path", "is not a clean path"},
+		{"host disk that is its namespace's directory", "vm_testguest.yaml", "/var/lib/qvirt:default", false, func(s map[string]any) {
+			s["volumes"] = []any{hostDisk("/var/lib/qvirt/default")}
+		}, "spec.template.spec.volumes[0].hostDisk.path", "is not a clean path inside"},
+		{"a dataVolume volume", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			s["volumes"] = []any{map[string]any{"name": "scratch", "dataVolume": map[string]any{"name": "dv"}}}
+		}, "spec.template.spec.volumes[0].dataVolume", "not supported yet"},
 		{"empty disk of zero capacity", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["volumes"] = []any{map[string]any{"name": "scratch", "emptyDisk": map[string]any{"capacity": "0"}}}
 		}, "spec.template.spec.volumes[0].emptyDisk.capacity", "must be a positive quantity"},
@@ -141,7 +156,11 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config.Default()
 			if tc.allowed != "" {
-				cfg.AllowedHostPaths = []string{tc.allowed}
+				dir, nss, _ := strings.Cut(tc.allowed, ":")
+				cfg.AllowedHostPaths = []string{dir}
+				if nss != "" {
+					cfg.HostDiskNamespaces = strings.Split(nss, ",")
+				}
 			}
 			cfg.UseEmulation = tc.emulation
 			store.Set(cfg)
@@ -162,13 +181,13 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 			}
 		})
 	}
-	t.Run("a host disk under an allowed path is accepted", func(t *testing.T) {
+	t.Run("a host disk in its namespace's directory is accepted", func(t *testing.T) {
 		cfg := config.Default()
-		cfg.AllowedHostPaths = []string{"/var/lib/qvirt"}
+		cfg.AllowedHostPaths, cfg.HostDiskNamespaces = []string{"/var/lib/qvirt"}, []string{"default"}
 		store.Set(cfg)
 		t.Cleanup(func() { store.Set(config.Default()) })
 		o := sample(t, "vm_testguest.yaml")
-		o["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["volumes"] = []any{hostDisk("/var/lib/qvirt/disk.img")}
+		o["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["volumes"] = []any{hostDisk("/var/lib/qvirt/default/images/disk.img")}
 		if _, stderr, err := apply(t, o, "allowed"); err != nil {
 			t.Fatalf("refused: %s", stderr)
 		}
@@ -181,7 +200,7 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 func TestWebhookHotplugUpdates(t *testing.T) {
 	startWebhook(t)
 	cfg := config.Default()
-	cfg.AllowedHostPaths = []string{"/var/lib/qvirt"}
+	cfg.AllowedHostPaths, cfg.HostDiskNamespaces = []string{"/var/lib/qvirt"}, []string{"default"}
 	store.Set(cfg)
 	t.Cleanup(func() { store.Set(config.Default()) })
 
@@ -202,7 +221,7 @@ func TestWebhookHotplugUpdates(t *testing.T) {
 	const virtio = `{"name":"data","disk":{"bus":"virtio"}}`
 	refused := []struct{ name, patch, field, msg string }{
 		{"host disk outside the allowed paths", addDisk(virtio, `{"name":"data","hostDisk":{"path":"/etc/shadow","type":"Disk"}}`),
-			"spec.volumes[1].hostDisk.path", "not under an allowed host path"},
+			"spec.volumes[1].hostDisk.path", "not a clean path inside this namespace's host disk directories"},
 		{"cdrom", addDisk(`{"name":"data","cdrom":{"bus":"sata"}}`, `{"name":"data","emptyDisk":{"capacity":"1Mi"}}`),
 			"spec.domain.devices.disks[1].cdrom", "only hard disks can be hot-plugged"},
 		{"sata disk", addDisk(`{"name":"data","disk":{"bus":"sata"}}`, `{"name":"data","emptyDisk":{"capacity":"1Mi"}}`),
@@ -224,7 +243,7 @@ func TestWebhookHotplugUpdates(t *testing.T) {
 	}
 
 	t.Run("a host disk under an allowed path is added, and removed once hot-plugged", func(t *testing.T) {
-		patch := addDisk(virtio, `{"name":"data","hostDisk":{"path":"/var/lib/qvirt/data.img","type":"Disk"}}`)
+		patch := addDisk(virtio, `{"name":"data","hostDisk":{"path":"/var/lib/qvirt/default/data.img","type":"Disk"}}`)
 		if _, stderr, err := kubectl(nil, "patch", "vmi", "hotplug", "--type=json", "-p", patch); err != nil {
 			t.Fatalf("refused: %v: %s", err, stderr)
 		}

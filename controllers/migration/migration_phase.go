@@ -5,7 +5,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/qvirt/qvirt/api/v1alpha1"
@@ -185,6 +187,10 @@ func decidePhase(in phaseInput) decision {
 	if current == v1alpha1.MigrationPending {
 		if ok, reason, msg := v1alpha1.LiveMigratable(&in.VMI.Spec); !ok {
 			return fail(reason, "%s", msg)
+		}
+		// Beyond the spec, the instance's controller judges its claims' access modes.
+		if c := meta.FindStatusCondition(in.VMI.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable); c != nil && c.Status == metav1.ConditionFalse {
+			return fail(c.Reason, "%s", c.Message)
 		}
 		if in.InProgress != "" {
 			return fail(ReasonMigrationInProgress, "migration %s of the same instance is in progress", in.InProgress)

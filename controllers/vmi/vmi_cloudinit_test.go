@@ -52,7 +52,7 @@ func cloudInitMounts(pod *corev1.Pod) map[string]string {
 func TestRenderLauncherPodCloudInitSecrets(t *testing.T) {
 	v := baseVMI()
 	withCloudInit(v, "user-secret", "net-secret")
-	pod, err := RenderLauncherPod(v, config.Default())
+	pod, err := RenderLauncherPod(v, config.Default(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestRenderLauncherPodCloudInitSecrets(t *testing.T) {
 
 	inline := baseVMI()
 	withCloudInit(inline, "", "")
-	pod, err = RenderLauncherPod(inline, config.Default())
+	pod, err = RenderLauncherPod(inline, config.Default(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
@@ -74,9 +75,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err != nil {
 		return fmt.Errorf("index pods by %s: %w", v1alpha1.VMIUIDLabel, err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.VirtualMachineInstance{}, PodClaimIndex, claimNames); err != nil {
+		return fmt.Errorf("index instances by their claims: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named("vmi").
 		For(&v1alpha1.VirtualMachineInstance{}).
 		Owns(&corev1.Pod{}).
+		Watches(&corev1.PersistentVolumeClaim{}, handler.EnqueueRequestsFromMapFunc(r.instancesOfClaim)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(r.MaxConcurrentReconciles, DefaultWorkers)}).
 		Complete(r)
 }
@@ -87,6 +92,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch
 
 // Reconcile brings one instance's launcher pod and status in line.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
@@ -123,7 +129,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 // reconcileNormal follows the launcher pod, creating it when the instance has none yet. It returns
 // the phase change it made, for the Event.
 func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (ctrl.Result, outcome, error) {
-	setLiveMigratable(vmi)
+	claims, missing, err := r.claims(ctx, vmi)
+	if err != nil {
+		return ctrl.Result{}, outcome{}, err
+	}
+	setLiveMigratable(vmi, claims)
 
 	pods, err := r.pods(ctx, vmi)
 	if err != nil {
@@ -149,12 +159,18 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 	if vmi.Status.Phase != v1alpha1.Pending || len(pods) > 0 {
 		return res, o, nil
 	}
-	return res, o, r.createPod(ctx, vmi)
+	// A missing claim waits with a condition saying so (the claim watch brings the instance
+	// back), rather than a pod the scheduler holds Pending without the instance telling why.
+	setClaimMissing(vmi, missing)
+	if missing != nil {
+		return res, o, nil
+	}
+	return res, o, r.createPod(ctx, vmi, claims)
 }
 
 // createPod creates the instance's launcher pod and moves it to Scheduling.
-func (r *Reconciler) createPod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) error {
-	pod, err := RenderLauncherPod(vmi, r.Config.Get())
+func (r *Reconciler) createPod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, claims Claims) error {
+	pod, err := RenderLauncherPod(vmi, r.Config.Get(), claims)
 	if err != nil {
 		r.Recorder.Eventf(vmi, corev1.EventTypeWarning, EventFailedCreate, "Cannot render launcher pod: %v", err)
 		// No retry: the spec is immutable, so the same spec would fail the same way. The instance

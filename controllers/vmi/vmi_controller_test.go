@@ -492,7 +492,7 @@ func TestSourcePodRemovedAfterMigrationKeepsInstance(t *testing.T) {
 
 	// Play the migration reconciler: a target pod on node-2 (rendered the same way, plus the
 	// migration label), then on success the instance moves to it and the source pod goes.
-	target, err := RenderLauncherPod(v, store.Get())
+	target, err := RenderLauncherPod(v, store.Get(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

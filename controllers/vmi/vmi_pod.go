@@ -33,7 +33,8 @@ const (
 // which the caller sets (controllerutil.SetControllerReference) because it needs a scheme. It is pure
 // and strict: what it cannot render is an error naming the field, never a silently different pod.
 // The migration reconciler renders its target pod with it too, then adds its label and affinity.
-func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) (*corev1.Pod, error) {
+// claims are the PersistentVolumeClaims the spec's volumes name (Reconciler.claims).
+func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, claims Claims) (*corev1.Pod, error) {
 	if vmi.UID == "" {
 		return nil, fmt.Errorf("metadata.uid: the instance has no UID yet")
 	}
@@ -112,6 +113,12 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config) 
 	}
 	addImageVolumes(pod, spec)
 	addCloudInitSecrets(pod, spec)
+	if err := addClaimVolumes(pod, spec, claims); err != nil {
+		return nil, err
+	}
+	if err := addHostDiskVolumes(pod, vmi.Namespace, spec, cfg); err != nil {
+		return nil, err
+	}
 	return pod, nil
 }
 

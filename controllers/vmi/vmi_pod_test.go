@@ -105,7 +105,7 @@ func TestRenderLauncherPodGolden(t *testing.T) {
 	}
 	for _, tc := range goldenCases() {
 		t.Run(tc.name, func(t *testing.T) {
-			pod, err := RenderLauncherPod(tc.vmi, tc.cfg)
+			pod, err := RenderLauncherPod(tc.vmi, tc.cfg, nil)
 			if err != nil {
 				t.Fatalf("RenderLauncherPod: %v", err)
 			}
@@ -141,7 +141,7 @@ func TestRenderLauncherPodResources(t *testing.T) {
 		return q.String()
 	}
 	// 512Mi guest, 1 vCPU, defaults: overhead = 96Mi + 4Mi*1 + 512Mi/512 = 101Mi.
-	pod, err := RenderLauncherPod(baseVMI(), config.Default())
+	pod, err := RenderLauncherPod(baseVMI(), config.Default(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestRenderLauncherPodResources(t *testing.T) {
 	}
 	cfg := config.Default()
 	cfg.UseEmulation = true
-	pod, err = RenderLauncherPod(v, cfg)
+	pod, err = RenderLauncherPod(v, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestRenderLauncherPodResources(t *testing.T) {
 // VMI and configuration: a pod must not boot from a path on the node.
 func TestRenderLauncherPodNeverAllowsFileImages(t *testing.T) {
 	for _, tc := range goldenCases() {
-		pod, err := RenderLauncherPod(tc.vmi, tc.cfg)
+		pod, err := RenderLauncherPod(tc.vmi, tc.cfg, nil)
 		if err != nil {
 			t.Fatalf("%s: RenderLauncherPod: %v", tc.name, err)
 		}
@@ -231,7 +231,7 @@ func TestRenderLauncherPodRefuses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v, cfg := baseVMI(), config.Default()
 			tc.change(v, &cfg)
-			_, err := RenderLauncherPod(v, cfg)
+			_, err := RenderLauncherPod(v, cfg, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("err = %v, want an error naming %s", err, tc.field)
 			}
@@ -268,7 +268,7 @@ func TestRenderLauncherPodImageVolumes(t *testing.T) {
 	}
 	cfg := config.Default()
 	cfg.InsecureRegistries = []string{"registry.test"}
-	pod, err := RenderLauncherPod(v, cfg)
+	pod, err := RenderLauncherPod(v, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

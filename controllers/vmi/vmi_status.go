@@ -142,9 +142,14 @@ func applyOutcome(st *v1alpha1.VirtualMachineInstanceStatus, o outcome, now meta
 	}
 }
 
-// setLiveMigratable sets the LiveMigratable condition from the spec.
-func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance) {
+// setLiveMigratable sets the LiveMigratable condition from the spec and its claims' access modes.
+func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims) {
 	ok, reason, msg := v1alpha1.LiveMigratable(&vmi.Spec)
+	if vol, claim, modes := unsharedClaim(&vmi.Spec, claims); ok && claim != "" {
+		ok, reason = false, v1alpha1.DisksNotLiveMigratableReason
+		msg = fmt.Sprintf("volume %q uses PersistentVolumeClaim %q with access modes %v: live migration needs claims that are ReadWriteMany "+
+			"(or ReadOnlyMany, attached read-only), which the target's node can attach while the source still has them", vol, claim, modes)
+	}
 	status := metav1.ConditionFalse
 	if ok {
 		status = metav1.ConditionTrue

@@ -94,14 +94,14 @@ func TestApplyOutcome(t *testing.T) {
 func TestSetLiveMigratable(t *testing.T) {
 	v := baseVMI()
 	v.Generation = 3
-	setLiveMigratable(v)
+	setLiveMigratable(v, nil)
 	c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
 	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.MigratableReason || c.ObservedGeneration != 3 {
 		t.Fatalf("condition = %+v, want True/%s", c, v1alpha1.MigratableReason)
 	}
 	v.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}
-	setLiveMigratable(v)
+	setLiveMigratable(v, nil)
 	c = meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
 	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.BridgeOnPodNetworkReason {
 		t.Fatalf("condition = %+v, want False/%s", c, v1alpha1.BridgeOnPodNetworkReason)

@@ -32,6 +32,7 @@ func LoadFile(file string) (*v1alpha1.VirtualMachineInstance, error) {
 		return nil, fmt.Errorf("%s: apiVersion %q: want %s", file, meta.APIVersion, v1alpha1.GroupVersion)
 	}
 	var vmi v1alpha1.VirtualMachineInstance
+	var vmErrs field.ErrorList
 	switch meta.Kind {
 	case "VirtualMachineInstance":
 		if err := yaml.UnmarshalStrict(data, &vmi); err != nil {
@@ -44,11 +45,13 @@ func LoadFile(file string) (*v1alpha1.VirtualMachineInstance, error) {
 		}
 		vmi.ObjectMeta = vm.ObjectMeta
 		vmi.Spec = vm.Spec.Template.Spec
+		vmErrs = v1alpha1.NotRealisedVM(&vm.Spec)
 	default:
 		return nil, fmt.Errorf("%s: kind %q: want VirtualMachineInstance or VirtualMachine", file, meta.Kind)
 	}
 	p := field.NewPath("spec")
-	if errs := append(v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p), v1alpha1.NotRealised(&vmi.Spec, p)...); len(errs) > 0 {
+	errs := append(vmErrs, v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)...)
+	if errs = append(errs, v1alpha1.NotRealised(&vmi.Spec, p)...); len(errs) > 0 {
 		return nil, fmt.Errorf("%s: %w", file, errs.ToAggregate())
 	}
 	if vmi.Namespace == "" {

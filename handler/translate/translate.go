@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -31,6 +32,28 @@ type Host struct {
 	// included), and for tests of the argv builder's layouts that the network setup cannot make yet
 	// (several NICs).
 	SkipNotRealised bool
+	// Pod is what the launcher pod holds for the spec's claims and host disks; nil outside a
+	// launcher pod (`qvirtctl machine`), where a hostDisk is the host's own path and a claim
+	// cannot be attached.
+	Pod *PodVolumes
+}
+
+// PodVolumes are the volumes a launcher pod holds for its instance's claims and host disks, as
+// the node agent found them.
+type PodVolumes struct {
+	// HostDisks maps each host directory the pod mounts for hostDisk volumes to where it is
+	// mounted in the pod.
+	HostDisks map[string]string
+	// Claims are the claims the spec names, by claim name.
+	Claims map[string]Claim
+}
+
+// Claim is what the node agent read of a PersistentVolumeClaim.
+type Claim struct {
+	// CapacityBytes is the bound claim's capacity (status.capacity.storage).
+	CapacityBytes int64
+	// Block is volumeMode Block: the pod has the claim as a device, not a mount.
+	Block bool
 }
 
 var (
@@ -72,7 +95,7 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		vols[spec.Volumes[i].Name] = &spec.Volumes[i]
 	}
 	for i := range spec.Domain.Devices.Disks {
-		d, err := Disk(&spec.Domain.Devices.Disks[i], vols[spec.Domain.Devices.Disks[i].Name], diskPath.Index(i))
+		d, err := Disk(&spec.Domain.Devices.Disks[i], vols[spec.Domain.Devices.Disks[i].Name], host.Pod, diskPath.Index(i))
 		errs = append(errs, err...)
 		m.Disks = append(m.Disks, d)
 	}
@@ -202,10 +225,10 @@ func imageRef(ref, policy, secret string) machine.ImageRef {
 }
 
 // Disk is one spec disk with its volume (nil when the spec has none), at p, after the API's
-// defaults. The node agent calls it for a hot-plug too, so a hot-plugged disk is described exactly
+// defaults; pod is what the launcher pod holds (Host.Pod). The node agent calls it for a hot-plug too, so a hot-plugged disk is described exactly
 // as a cold one. The cache and I/O mode default here, not in the API: they are the node's choice
 // of how QEMU opens the image (KubeVirt's launcher decides them too).
-func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Disk, field.ErrorList) {
+func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Disk, field.ErrorList) {
 	d := spec.DeepCopy()
 	v1alpha1.DefaultDisk(d)
 	out := machine.Disk{Name: d.Name, Serial: d.Serial, BootIndex: d.BootOrder,
@@ -225,7 +248,7 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Dis
 	if vol == nil {
 		return out, field.ErrorList{field.Required(p.Child("name"), fmt.Sprintf("no volume named %q", d.Name))}
 	}
-	src, err := source(vol, field.NewPath("spec", "volumes").Key(vol.Name))
+	src, err := source(vol, pod, field.NewPath("spec", "volumes").Key(vol.Name))
 	if err != nil {
 		return out, field.ErrorList{err}
 	}
@@ -240,35 +263,41 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Dis
 
 // HotplugDisk is a disk added to the spec of a running instance, at p: checked against what can
 // be hot-plugged (a virtio disk on a hostDisk or emptyDisk volume), then described as Disk does.
-func HotplugDisk(d *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Disk, error) {
+func HotplugDisk(d *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Disk, error) {
 	errs := v1alpha1.ValidateHotplugDisk(d, p)
 	errs = append(errs, v1alpha1.ValidateHotplugVolume(vol, field.NewPath("spec", "volumes").Key(vol.Name))...)
 	if len(errs) > 0 {
 		return machine.Disk{}, errs.ToAggregate()
 	}
-	md, errs := Disk(d, vol, p)
+	md, errs := Disk(d, vol, pod, p)
 	return md, errs.ToAggregate()
 }
 
-func source(v *v1alpha1.Volume, p *field.Path) (machine.Source, *field.Error) {
+func source(v *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Source, *field.Error) {
 	switch {
 	case v.HostDisk != nil:
-		hf := &machine.HostFile{Path: v.HostDisk.Path, Format: "raw"}
-		if v.HostDisk.Type == v1alpha1.HostDiskExistsOrCreate && v.HostDisk.Capacity != nil {
-			hf.CreateBytes = v.HostDisk.Capacity.Value()
-		}
-		return machine.Source{HostFile: hf}, nil
+		hf, err := hostFile(v.HostDisk, pod, p.Child("hostDisk", "path"))
+		return machine.Source{HostFile: hf}, err
 	case v.ContainerDisk != nil:
 		c := v.ContainerDisk
 		return machine.Source{Container: &machine.Container{
 			Image: imageRef(c.Image, string(c.ImagePullPolicy), c.ImagePullSecret), Path: c.Path}}, nil
 	case v.EmptyDisk != nil:
 		return machine.Source{Empty: &machine.Empty{CapacityBytes: v.EmptyDisk.Capacity.Value()}}, nil
+	case v.PersistentVolumeClaim != nil:
+		c, err := claim(v.Name, v.PersistentVolumeClaim.ClaimName, pod, p.Child("persistentVolumeClaim", "claimName"))
+		return machine.Source{Claim: c}, err
+	case v.Ephemeral != nil && v.Ephemeral.PersistentVolumeClaim != nil:
+		c, err := claim(v.Name, v.Ephemeral.PersistentVolumeClaim.ClaimName, pod, p.Child("ephemeral", "persistentVolumeClaim", "claimName"))
+		if c != nil {
+			c.Overlay = true
+		}
+		return machine.Source{Claim: c}, err
 	}
 	if c, name, ok := v.CloudInit(); ok {
 		return cloudInitSource(c, name, p.Child(name))
 	}
-	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk, emptyDisk, cloudInitNoCloud and cloudInitConfigDrive volumes")
+	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk, emptyDisk, persistentVolumeClaim, ephemeral, cloudInitNoCloud and cloudInitConfigDrive volumes")
 }
 
 // cloudInitSource is a cloud-init volume's data, decoded; Machine adds the meta-data. Data from a
@@ -300,6 +329,50 @@ func cloudInitData(inline, encoded string, fromSecret bool, p *field.Path) (mach
 		return machine.CloudInitData{}, field.Invalid(p, "<base64 data>", fmt.Sprintf("not valid base64: %v", err))
 	}
 	return machine.CloudInitData{Inline: string(data)}, nil
+}
+
+// hostFile is a hostDisk as the launcher sees it: in a launcher pod, under the mount of the host
+// directory holding it, and confined to that mount; outside one, the host's path itself.
+func hostFile(h *v1alpha1.HostDisk, pod *PodVolumes, p *field.Path) (*machine.HostFile, *field.Error) {
+	hf := &machine.HostFile{Path: h.Path, Format: "raw"}
+	if h.Type == v1alpha1.HostDiskExistsOrCreate && h.Capacity != nil {
+		hf.CreateBytes = h.Capacity.Value()
+	}
+	if pod == nil {
+		return hf, nil
+	}
+	best := ""
+	for dir := range pod.HostDisks {
+		if strings.HasPrefix(h.Path, strings.TrimSuffix(dir, "/")+"/") && len(dir) > len(best) {
+			best = dir
+		}
+	}
+	if best == "" {
+		return nil, field.Forbidden(p, fmt.Sprintf("%s is in no host directory the launcher pod mounts: hostDisk is not enabled for this namespace, or not under this path", h.Path))
+	}
+	mount := pod.HostDisks[best]
+	hf.Path, hf.Root = mount+strings.TrimPrefix(h.Path, strings.TrimSuffix(best, "/")), mount
+	return hf, nil
+}
+
+// claim is claim name attached as volume vol, from what the node agent found of it.
+func claim(vol, name string, pod *PodVolumes, p *field.Path) (*machine.Claim, *field.Error) {
+	if pod == nil {
+		return nil, field.Forbidden(p, "a claim is attached only in a launcher pod")
+	}
+	c, ok := pod.Claims[name]
+	if !ok {
+		return nil, field.NotFound(p, name)
+	}
+	if c.Block {
+		return &machine.Claim{Name: name, Device: podlayout.ClaimDevice(vol)}, nil
+	}
+	size := machine.ClaimImageBytes(c.CapacityBytes)
+	if size <= 0 {
+		return nil, field.Invalid(p, name, fmt.Sprintf("the claim's capacity, %d bytes, is too small for a disk image: %s takes the capacity less %.1f%% for the filesystem, at least 1 MiB",
+			c.CapacityBytes, machine.ClaimImage, machine.FilesystemOverhead*100))
+	}
+	return &machine.Claim{Name: name, Dir: podlayout.ClaimMount(vol), ImageBytes: size}, nil
 }
 
 // NIC is one spec interface, after the API's defaults, on the host side the node agent made for it

@@ -3,6 +3,7 @@ package translate_test
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -194,6 +195,80 @@ func TestFirmware(t *testing.T) {
 	}
 }
 
+// TestPodVolumes: claims and host disks are described as the launcher pod holds them: a
+// filesystem claim's disk.img in its mount at the capacity less 5.5%, a block claim's device, an
+// ephemeral volume's claim under an overlay, a host disk under its directory's mount and confined
+// to it; what the pod does not hold is an error naming the field.
+func TestPodVolumes(t *testing.T) {
+	v := validVMI()
+	disk := func(name string) v1alpha1.Disk { return v1alpha1.Disk{Name: name, Disk: &v1alpha1.DiskTarget{}} }
+	claim := func(name string) *v1alpha1.PersistentVolumeClaimVolumeSource {
+		return &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: name}
+	}
+	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{disk("root"), disk("raw"), disk("golden"), disk("data")}
+	v.Spec.Volumes = []v1alpha1.Volume{
+		{Name: "root", VolumeSource: v1alpha1.VolumeSource{PersistentVolumeClaim: claim("root-pvc")}},
+		{Name: "raw", VolumeSource: v1alpha1.VolumeSource{PersistentVolumeClaim: claim("raw-pvc")}},
+		{Name: "golden", VolumeSource: v1alpha1.VolumeSource{Ephemeral: &v1alpha1.EphemeralVolumeSource{PersistentVolumeClaim: claim("golden-pvc")}}},
+		{Name: "data", VolumeSource: v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/qvirt/default/vms/data.img",
+			Type: v1alpha1.HostDiskExistsOrCreate, Capacity: ptr.To(resource.MustParse("1Gi"))}}},
+	}
+	pod := &translate.PodVolumes{
+		HostDisks: map[string]string{"/var/lib/qvirt/default": "/var/run/qvirt/host-disks/var/lib/qvirt/default"},
+		Claims: map[string]translate.Claim{"root-pvc": {CapacityBytes: 1 << 30}, "raw-pvc": {Block: true},
+			"golden-pvc": {CapacityBytes: 64 << 20}},
+	}
+	m, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs, Pod: pod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []machine.Source{
+		{Claim: &machine.Claim{Name: "root-pvc", Dir: "/var/run/qvirt/claims/root", ImageBytes: 967 << 20}},
+		{Claim: &machine.Claim{Name: "raw-pvc", Device: "/dev/qvirt-claims/raw"}},
+		{Claim: &machine.Claim{Name: "golden-pvc", Dir: "/var/run/qvirt/claims/golden", ImageBytes: 60 << 20, Overlay: true}},
+		{HostFile: &machine.HostFile{Path: "/var/run/qvirt/host-disks/var/lib/qvirt/default/vms/data.img", Format: "raw",
+			CreateBytes: 1 << 30, Root: "/var/run/qvirt/host-disks/var/lib/qvirt/default"}},
+	}
+	for i, d := range m.Disks {
+		if !reflect.DeepEqual(d.Source, want[i]) {
+			got, _ := json.Marshal(d.Source)
+			exp, _ := json.Marshal(want[i])
+			t.Errorf("disk %s: source %s, want %s", d.Name, got, exp)
+		}
+		if d.ReadOnly {
+			t.Errorf("disk %s is read-only", d.Name)
+		}
+	}
+
+	for name, tc := range map[string]struct {
+		mutate func(v *v1alpha1.VirtualMachineInstance, pod *translate.PodVolumes)
+		want   string
+	}{
+		"a claim the node agent did not find": {func(_ *v1alpha1.VirtualMachineInstance, pod *translate.PodVolumes) {
+			delete(pod.Claims, "root-pvc")
+		}, `spec.volumes[root].persistentVolumeClaim.claimName: Not found: "root-pvc"`},
+		"a claim too small for a disk image": {func(_ *v1alpha1.VirtualMachineInstance, pod *translate.PodVolumes) {
+			pod.Claims["golden-pvc"] = translate.Claim{CapacityBytes: 1 << 20}
+		}, "spec.volumes[golden].ephemeral.persistentVolumeClaim.claimName: Invalid value: \"golden-pvc\": the claim's capacity, 1048576 bytes, is too small"},
+		"a host disk in a directory the pod does not mount": {func(v *v1alpha1.VirtualMachineInstance, _ *translate.PodVolumes) {
+			v.Spec.Volumes[3].HostDisk.Path = "/var/lib/qvirt/other/data.img"
+		}, "spec.volumes[data].hostDisk.path: Forbidden: /var/lib/qvirt/other/data.img is in no host directory the launcher pod mounts"},
+		"a host disk in a directory whose name extends the mounted one": {func(v *v1alpha1.VirtualMachineInstance, _ *translate.PodVolumes) {
+			v.Spec.Volumes[3].HostDisk.Path = "/var/lib/qvirt/default2/data.img"
+		}, "spec.volumes[data].hostDisk.path: Forbidden"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := v.DeepCopy()
+			pod := &translate.PodVolumes{HostDisks: maps.Clone(pod.HostDisks), Claims: maps.Clone(pod.Claims)}
+			tc.mutate(v, pod)
+			_, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs, Pod: pod})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want an error with %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
 func TestMachineErrors(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -222,12 +297,15 @@ func TestMachineErrors(t *testing.T) {
 		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.firmware.bootloader.efi.persistent"},
 		{"an interface without a host side", func(*v1alpha1.VirtualMachineInstance) {}, translate.Host{Emulation: true},
 			"spec.domain.devices.interfaces[0]"},
-		{"a volume qvirt cannot run", func(v *v1alpha1.VirtualMachineInstance) {
+		{"a claim outside a launcher pod", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
-		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.volumes[0].persistentVolumeClaim: Forbidden: the persistentVolumeClaim volume is not supported by this version of qvirt"},
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.volumes[root].persistentVolumeClaim.claimName: Forbidden: a claim is attached only in a launcher pod"},
+		{"a volume qvirt cannot run", func(v *v1alpha1.VirtualMachineInstance) {
+			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "dv"}}
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.volumes[0].dataVolume: Forbidden: not supported yet"},
 		{"a volume qvirt cannot run, on a migration target", func(v *v1alpha1.VirtualMachineInstance) {
 			// NotRealised is left to the source's admission; the translation still cannot describe it.
-			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
+			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "dv"}}
 		}, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}, "spec.volumes[root]"},
 		{"not realised by this version", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
@@ -253,7 +331,7 @@ func TestMachineErrors(t *testing.T) {
 func TestHotplugDisk(t *testing.T) {
 	p := field.NewPath("spec", "domain", "devices", "disks").Index(1)
 	empty := v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}}}
-	d, err := translate.HotplugDisk(&v1alpha1.Disk{Name: "data", Serial: "D1"}, &empty, p)
+	d, err := translate.HotplugDisk(&v1alpha1.Disk{Name: "data", Serial: "D1"}, &empty, nil, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +349,7 @@ func TestHotplugDisk(t *testing.T) {
 		"sata bus":       {v1alpha1.Disk{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}}, empty, "spec.domain.devices.disks[1].disk.bus"},
 		"container disk": {v1alpha1.Disk{Name: "data"}, v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "x"}}}, "spec.volumes[data].containerDisk"},
 	} {
-		if _, err := translate.HotplugDisk(&tc.disk, &tc.vol, p); err == nil || !strings.Contains(err.Error(), tc.path) {
+		if _, err := translate.HotplugDisk(&tc.disk, &tc.vol, nil, p); err == nil || !strings.Contains(err.Error(), tc.path) {
 			t.Errorf("%s: want an error at %s, got %v", name, tc.path, err)
 		}
 	}

@@ -32,7 +32,7 @@ type hotplugFailures map[string]string
 // syncDisks attaches the spec's disks the launcher lacks and detaches hot-plugged disks the spec no
 // longer has. A failure is recorded for its disk (and an Event when it is new) and does not stop
 // the others; the returned error makes the reconcile retry with backoff.
-func (r *Reconciler) syncDisks(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *protocol.Status) (hotplugFailures, error) {
+func (r *Reconciler) syncDisks(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status) (hotplugFailures, error) {
 	if st.Phase != protocol.PhaseRunning || !v.DeletionTimestamp.IsZero() || openMigration(v) != nil {
 		return nil, nil
 	}
@@ -60,7 +60,7 @@ func (r *Reconciler) syncDisks(ctx context.Context, v *v1alpha1.VirtualMachineIn
 		if vol == nil {
 			continue // the API refuses a disk without its volume
 		}
-		md, err := translate.HotplugDisk(d, vol, field.NewPath("spec", "domain", "devices", "disks").Index(i))
+		md, err := r.hotplugDisk(ctx, v, pod, d, vol, field.NewPath("spec", "domain", "devices", "disks").Index(i))
 		if err == nil {
 			_, err = c.HotplugDisk(ctx, md)
 		}
@@ -81,6 +81,24 @@ func (r *Reconciler) syncDisks(ctx context.Context, v *v1alpha1.VirtualMachineIn
 		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventVolumeDetached, "Volume %s detached from the guest", d.Name)
 	}
 	return failures, errors.Join(errs...)
+}
+
+// hotplugDisk describes disk d on volume vol for a hot-plug, its host disk image made ready for
+// the launcher.
+func (r *Reconciler) hotplugDisk(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, d *v1alpha1.Disk, vol *v1alpha1.Volume, p *field.Path) (machine.Disk, error) {
+	vols, err := r.podVolumes(ctx, v, pod)
+	if err != nil {
+		return machine.Disk{}, err
+	}
+	md, err := translate.HotplugDisk(d, vol, vols, p)
+	if err != nil || md.Source.HostFile == nil {
+		return md, err
+	}
+	peer, err := r.peer(ctx, v)
+	if err != nil {
+		return machine.Disk{}, fmt.Errorf("find the launcher process: %w", err)
+	}
+	return md, prepareHostDisks(peer, []machine.Disk{md})
 }
 
 func findVolume(v *v1alpha1.VirtualMachineInstance, name string) *v1alpha1.Volume {

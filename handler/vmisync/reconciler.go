@@ -84,6 +84,10 @@ type Reconciler struct {
 	// a timeout per retry, never the node's workers.
 	Launcher launcher.ClientOptions
 
+	// APIReader reads what the cache does not hold (the instance's PersistentVolumeClaims);
+	// Client when nil.
+	APIReader client.Reader
+
 	launchers *launchers
 }
 
@@ -130,6 +134,7 @@ func (s stopStreams) Start(ctx context.Context) error {
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get
 
 // Reconcile brings one instance's launcher in line with the instance and the instance's status in
 // line with the launcher. A status write that lost to a newer version is requeued (patch.Result).
@@ -229,7 +234,7 @@ func (r *Reconciler) launcherPhase(ctx context.Context, s *syncState) error {
 // disksPhase keeps the hotplug failures even when it fails: they are the volumes' status.
 func (r *Reconciler) disksPhase(ctx context.Context, s *syncState) error {
 	var err error
-	s.failures, err = r.syncDisks(ctx, s.v, s.st)
+	s.failures, err = r.syncDisks(ctx, s.v, s.pod, s.st)
 	return err
 }
 
@@ -389,9 +394,16 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	if err != nil {
 		return protocol.Status{}, r.syncFailed(v, ReasonNetworkSetupFailed, EventNetworkSetupFailed, err)
 	}
-	m, err := translate.Machine(v, translate.Host{Emulation: launcherEmulation(pod), NICs: nics, SkipNotRealised: incoming})
+	vols, err := r.podVolumes(ctx, v, pod)
+	if err != nil {
+		return protocol.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("the launcher pod's volumes: %w", err))
+	}
+	m, err := translate.Machine(v, translate.Host{Emulation: launcherEmulation(pod), NICs: nics, SkipNotRealised: incoming, Pod: vols})
 	if err == nil && incoming {
 		err = placeHotplugged(v, m)
+	}
+	if err == nil {
+		err = prepareHostDisks(peer, m.Disks)
 	}
 	if err != nil {
 		return protocol.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("describe the machine: %w", err))

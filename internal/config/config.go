@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -42,9 +44,14 @@ type Config struct {
 	// memoryOverheadBase (a quantity), memoryOverheadPerVCPU (a quantity), memoryOverheadGuestRatio
 	// (guest memory divided by this, e.g. 512 adds 1 MiB per 512 MiB; 0 adds nothing).
 	MemoryOverhead MemoryOverhead
-	// AllowedHostPaths are the directories hostDisk volumes may use; none when empty.
-	// Key: allowedHostPaths (comma-separated absolute paths).
+	// AllowedHostPaths are the directories under which hostDisk volumes may lie; none when empty.
+	// Each namespace has its own directory under each of them, <allowed path>/<namespace>, and an
+	// instance's host disks must be inside its namespace's (HostDiskDir). Key: allowedHostPaths
+	// (comma-separated absolute paths).
 	AllowedHostPaths []string
+	// HostDiskNamespaces are the namespaces whose instances may use hostDisk volumes; none when
+	// empty. Key: hostDiskNamespaces (comma-separated namespace names).
+	HostDiskNamespaces []string
 	// InsecureRegistries are registries (host:port) launchers may pull from over plain HTTP, such
 	// as local mode's. Key: insecureRegistries (comma-separated).
 	InsecureRegistries []string
@@ -139,12 +146,14 @@ func (c *Config) set(key, val string) error {
 		}
 	case "allowedHostPaths":
 		c.AllowedHostPaths, err = hostPaths(val)
+	case "hostDiskNamespaces":
+		c.HostDiskNamespaces, err = namespaces(val)
 	case "insecureRegistries":
 		c.InsecureRegistries, err = registries(val)
 	default:
 		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
 			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, memoryOverheadBase, " +
-			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, insecureRegistries")
+			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries")
 	}
 	return err
 }
@@ -183,15 +192,32 @@ func hostPaths(s string) ([]string, error) {
 	return out, nil
 }
 
-// HostPathAllowed reports whether path lies under one of the allowed host paths.
-func (c Config) HostPathAllowed(path string) bool {
-	clean := filepath.Clean(path)
+// HostDiskDirs are the host directories namespace's instances may take hostDisk images from:
+// <allowed path>/<namespace> for each allowed path, none when the namespace is not one of
+// HostDiskNamespaces.
+func (c Config) HostDiskDirs(namespace string) []string {
+	if namespace == "" || !slices.Contains(c.HostDiskNamespaces, namespace) {
+		return nil
+	}
+	out := make([]string, 0, len(c.AllowedHostPaths))
 	for _, dir := range c.AllowedHostPaths {
-		if clean == dir || strings.HasPrefix(clean, dir+"/") {
-			return true
+		out = append(out, filepath.Join(dir, namespace))
+	}
+	return out
+}
+
+// HostDiskDir is the directory of HostDiskDirs(namespace) that path lies strictly under, and
+// whether there is one. path must be clean: "/a/./b" or "/a//b" name no directory's file here.
+func (c Config) HostDiskDir(namespace, path string) (string, bool) {
+	if filepath.Clean(path) != path {
+		return "", false
+	}
+	for _, dir := range c.HostDiskDirs(namespace) {
+		if strings.HasPrefix(path, dir+"/") {
+			return dir, true
 		}
 	}
-	return false
+	return "", false
 }
 
 // Store holds the configuration in force. Safe for concurrent use.
@@ -257,6 +283,22 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).Named("config").
 		For(&corev1.ConfigMap{}, builder.WithPredicates(only)).Complete(r)
+}
+
+// namespaces parses a comma-separated list of namespace names.
+func namespaces(s string) ([]string, error) {
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" {
+			continue
+		}
+		if msgs := validation.IsDNS1123Label(n); len(msgs) > 0 {
+			return nil, fmt.Errorf("%q is not a namespace name: %s", n, strings.Join(msgs, "; "))
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // registries parses a comma-separated list of registry host:port addresses.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -36,6 +37,7 @@ func TestParseRefusesNamingTheKey(t *testing.T) {
 		"memoryOverheadBase":                "lots",
 		"memoryOverheadGuestRatio":          "-2",
 		"allowedHostPaths":                  "relative/path",
+		"hostDiskNamespaces":                "Team_A",
 		"insecureRegistries":                "10.243.0.1",
 		"launcherImage":                     "",
 		"useEmulaton":                       "true", // a typo must not be ignored
@@ -48,17 +50,59 @@ func TestParseRefusesNamingTheKey(t *testing.T) {
 	}
 }
 
-func TestHostPathAllowed(t *testing.T) {
-	c := Default()
-	c.AllowedHostPaths = []string{"/var/lib/qvirt"}
-	for path, want := range map[string]bool{
-		"/var/lib/qvirt/a.img": true, "/var/lib/qvirt": true, "/var/lib/qvirt2/a.img": false,
-		"/var/lib/qvirt/../../etc/shadow": false, "/etc/shadow": false,
+// TestHostDiskDir: an instance's host disk must lie strictly inside its own namespace's directory
+// under an allowed path, named cleanly, and only in a namespace hostDisk is enabled for.
+func TestHostDiskDir(t *testing.T) {
+	c, err := Parse(map[string]string{"allowedHostPaths": "/var/lib/qvirt,/data", "hostDiskNamespaces": "team-a, team-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		ns, path, dir string
+	}{
+		{"team-a", "/var/lib/qvirt/team-a/disk.img", "/var/lib/qvirt/team-a"},
+		{"team-a", "/data/team-a/vms/a/disk.img", "/data/team-a"},
+		{"team-b", "/var/lib/qvirt/team-b/x.img", "/var/lib/qvirt/team-b"},
+		{"team-a", "/var/lib/qvirt/team-b/x.img", ""},           // another tenant's
+		{"team-c", "/var/lib/qvirt/team-c/x.img", ""},           // not enabled
+		{"team-a", "/var/lib/qvirt/team-a", ""},                 // the directory itself
+		{"team-a", "/var/lib/qvirt/team-a/", ""},                // not clean
+		{"team-a", "/var/lib/qvirt/team-a/../team-b/x.img", ""}, // not clean
+		{"team-a", "/var/lib/qvirt/team-a/./x.img", ""},         // not clean
+		{"team-a", "/var/lib/qvirt/team-a2/x.img", ""},          // a prefix, not a directory
+		{"team-a", "/var/lib/qvirt/x.img", ""},
+		{"team-a", "/etc/shadow", ""},
+		{"", "/var/lib/qvirt//x.img", ""},
 	} {
-		if got := c.HostPathAllowed(path); got != want {
-			t.Errorf("HostPathAllowed(%q) = %v, want %v", path, got, want)
+		dir, ok := c.HostDiskDir(tc.ns, tc.path)
+		if dir != tc.dir || ok != (tc.dir != "") {
+			t.Errorf("HostDiskDir(%q, %q) = %q, %v; want %q", tc.ns, tc.path, dir, ok, tc.dir)
 		}
 	}
+	if dirs := Default().HostDiskDirs("team-a"); len(dirs) != 0 {
+		t.Errorf("the default configuration enables host disks: %v", dirs)
+	}
+}
+
+// FuzzHostDiskDir: whatever the path, a directory HostDiskDir accepts it under is the namespace's
+// own under an allowed path, and the path is clean and strictly inside it.
+func FuzzHostDiskDir(f *testing.F) {
+	f.Add("team-a", "/var/lib/qvirt/team-a/disk.img")
+	f.Add("team-a", "/var/lib/qvirt/team-a/../team-b/disk.img")
+	f.Add("team-b", "/var/lib/qvirt/team-b")
+	c, err := Parse(map[string]string{"allowedHostPaths": "/var/lib/qvirt", "hostDiskNamespaces": "team-a,team-b"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, ns, path string) {
+		dir, ok := c.HostDiskDir(ns, path)
+		if !ok {
+			return
+		}
+		if dir != "/var/lib/qvirt/"+ns || filepath.Clean(path) != path || !strings.HasPrefix(path, dir+"/") {
+			t.Fatalf("HostDiskDir(%q, %q) accepted it under %q", ns, path, dir)
+		}
+	})
 }
 
 // FuzzParse: any ConfigMap content parses or is refused with the key named; never a panic.

@@ -36,8 +36,18 @@ const (
 	// there, and the launcher reads them when it writes the cloud-init image. The node agent never
 	// reads them.
 	CloudInitSecretDir = "/var/run/qvirt/cloud-init-secrets"
-	// PrivateDir is a writable emptyDir for the launcher's own files, such as emptyDisk images and
-	// containerDisk overlays (the root filesystem is read-only).
+	// ClaimsDir holds one mount per filesystem-mode PersistentVolumeClaim volume of the VMI, at
+	// ClaimsDir/<volume name> (ClaimMount); the disk is the raw disk.img in it, as in KubeVirt.
+	ClaimsDir = "/var/run/qvirt/claims"
+	// ClaimDevicesDir holds the device node of each block-mode claim volume, at
+	// ClaimDevicesDir/<volume name> (ClaimDevice): a directory of qvirt's own, so no volume name
+	// can shadow a device the launcher needs (/dev/kvm, /dev/net/tun).
+	ClaimDevicesDir = "/dev/qvirt-claims"
+	// HostDisksDir holds the host directories of hostDisk volumes: the pod mounts host directory D
+	// at HostDisksDir+D (HostDiskMount).
+	HostDisksDir = "/var/run/qvirt/host-disks"
+	// PrivateDir is a writable emptyDir for the launcher's own files, such as emptyDisk images (the
+	// root filesystem is read-only).
 	PrivateDir = "/var/run/qvirt/private"
 )
 
@@ -76,6 +86,15 @@ const (
 func CloudInitSecretMount(volume, data string) string {
 	return CloudInitSecretDir + "/" + volume + "/" + data
 }
+
+// ClaimMount is where the launcher pod mounts filesystem-mode claim volume's volume.
+func ClaimMount(volume string) string { return ClaimsDir + "/" + volume }
+
+// ClaimDevice is where the launcher pod has block-mode claim volume's device.
+func ClaimDevice(volume string) string { return ClaimDevicesDir + "/" + volume }
+
+// HostDiskMount is where the launcher pod mounts host directory dir (absolute, clean).
+func HostDiskMount(dir string) string { return HostDisksDir + dir }
 
 // ContainerDiskMount is where the launcher pod mounts containerDisk volume's image.
 func ContainerDiskMount(volume string) string { return ContainerDiskDir + "/" + volume }

@@ -14,8 +14,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netlink"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/scheme"
@@ -25,6 +27,7 @@ import (
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
+	"github.com/qvirt/qvirt/local/storage"
 	"github.com/qvirt/qvirt/local/supervise"
 )
 
@@ -96,7 +99,13 @@ type Cluster struct {
 	Images   registry.Images
 	// registryDone reports the registry's end once stopNodes cancelled it.
 	registryDone chan error
+	// storageDone reports the provisioner's end once stopNodes cancelled it.
+	storageDone chan error
 }
+
+// VolumesDir is where local mode's provisioner keeps the volumes of claims (local/storage): under
+// the state directory, hidden from pods but for the volumes each pod is given.
+func VolumesDir(dir string) string { return filepath.Join(dir, "volumes") }
 
 // NodeName is the name of virtual node i (from 1).
 func NodeName(i int) string { return fmt.Sprintf("qvirt-node-%d", i) }
@@ -206,6 +215,10 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		WebhookAddress: apiAddress, WebhookPort: p.Webhook}); err != nil {
 		return nil, err
 	}
+	step("starting the storage provisioner (StorageClass %s, the default; volumes in %s)", storage.ClassName, VolumesDir(opts.Dir))
+	if err := c.startStorage(ctx, nodeCtx, restCfg); err != nil {
+		return nil, err
+	}
 	step("starting qvirt-controller")
 	if err := sup.Start(ctx, c.cp.Controller(ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),
 		Namespace: Namespace, WebhookPort: p.Webhook, ProbePort: p.ControllerProbe})); err != nil {
@@ -296,6 +309,9 @@ func (c *Cluster) Down() {
 	if c.registryDone != nil {
 		<-c.registryDone
 	}
+	if c.storageDone != nil {
+		<-c.storageDone
+	}
 	c.sup.Stop(30 * time.Second)
 	_ = delBridge(apiBridge)
 }
@@ -356,6 +372,21 @@ func (c *Cluster) streamsPort(i int) int {
 		base = 8186
 	}
 	return base + i
+}
+
+// startStorage runs the provisioner of local mode's default StorageClass until nodeCtx ends.
+func (c *Cluster) startStorage(ctx, nodeCtx context.Context, restCfg *rest.Config) error {
+	kc, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	if err := storage.Install(ctx, kc, VolumesDir(c.opts.Dir)); err != nil {
+		return err
+	}
+	c.storageDone = make(chan error, 1)
+	logCtx := klog.NewContext(nodeCtx, c.opts.Log.WithName("storage"))
+	go func() { c.storageDone <- storage.Run(logCtx, kc, VolumesDir(c.opts.Dir)) }()
+	return nil
 }
 
 // startRegistry serves the local registry on the API bridge until nodeCtx ends, and seeds it with

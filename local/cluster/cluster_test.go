@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
@@ -24,6 +26,7 @@ import (
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/registry"
+	"github.com/qvirt/qvirt/local/storage"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
 )
@@ -110,6 +113,34 @@ func TestLocalCluster(t *testing.T) {
 	kb.Image, kb.KernelPath, kb.InitrdPath = c.Images.KernelBoot, registry.KernelPath, registry.InitrdPath
 	vmi.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
 	vmi.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	// Two claims of the default StorageClass, which local mode's provisioner binds: a filesystem
+	// one (the guest's vda, disk.img in it) and a block one (vdb, a loop device).
+	claims := []*corev1.PersistentVolumeClaim{newClaim("demo-fs", "64Mi", corev1.PersistentVolumeFilesystem),
+		newClaim("demo-block", "16Mi", corev1.PersistentVolumeBlock)}
+	for i, pvc := range claims {
+		if err := cl.Create(ctx, pvc); err != nil {
+			t.Fatal(err)
+		}
+		vol := "data" + strconv.Itoa(i)
+		vmi.Spec.Domain.Devices.Disks = append(vmi.Spec.Domain.Devices.Disks, v1alpha1.Disk{Name: vol, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
+		vmi.Spec.Volumes = append(vmi.Spec.Volumes, v1alpha1.Volume{Name: vol, VolumeSource: v1alpha1.VolumeSource{
+			PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: pvc.Name}}})
+	}
+	pvPaths := map[string]string{}
+	for _, pvc := range claims {
+		testutil.Eventually(t, time.Minute, "claim "+pvc.Name+" Bound by the provisioner", func() bool {
+			_ = cl.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)
+			return pvc.Status.Phase == corev1.ClaimBound
+		}, func() string { return fmt.Sprintf("claim status %+v", pvc.Status) })
+		var pv corev1.PersistentVolume
+		if err := cl.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv); err != nil {
+			t.Fatal(err)
+		}
+		if pv.Spec.StorageClassName != storage.ClassName || pv.Spec.HostPath == nil || !strings.HasPrefix(pv.Spec.HostPath.Path, VolumesDir(dir)+"/") {
+			t.Fatalf("claim %s bound to %+v: want a %s hostPath volume under %s", pvc.Name, pv.Spec, storage.ClassName, VolumesDir(dir))
+		}
+		pvPaths[pvc.Name] = pv.Spec.HostPath.Path
+	}
 	created := time.Now()
 	if err := cl.Create(ctx, vmi); err != nil {
 		t.Fatal(err)
@@ -155,6 +186,16 @@ func TestLocalCluster(t *testing.T) {
 	}
 	con := testutil.AttachConsole(t, ld.Serial())
 	con.Run(t, "echo HELLO-$((6*7))", "HELLO-42", 2*time.Minute)
+	// 64Mi less the 5.5% filesystem overhead is 60 MiB (122880 sectors); the block claim is its 16Mi.
+	con.Run(t, `echo "SIZES-$(cat /sys/block/vda/size)-$(cat /sys/block/vdb/size)"; printf QVIRT-PVC-MARK > /dev/vda; sync; echo WROTE-$((1+1))`,
+		"WROTE-2", time.Minute)
+	if !strings.Contains(con.Text(), "SIZES-122880-32768") {
+		t.Errorf("the guest's claim disks are not 60 MiB and 16 MiB:\n%s", testutil.Tail(con.Text(), 500))
+	}
+	img, err := os.ReadFile(filepath.Join(pvPaths["demo-fs"], "disk.img"))
+	if err != nil || !strings.HasPrefix(string(img), "QVIRT-PVC-MARK") {
+		t.Errorf("the filesystem claim's disk.img does not hold what the guest wrote: %v", err)
+	}
 
 	hc := http.Client{Timeout: 5 * time.Second}
 	url := "http://" + got.Status.Interfaces[0].IP + "/"
@@ -175,6 +216,18 @@ func TestLocalCluster(t *testing.T) {
 		err := cl.Get(ctx, client.ObjectKeyFromObject(vmi), &got)
 		return client.IgnoreNotFound(err) == nil && err != nil
 	})
+	if dev := loopBackedBy(pvPaths["demo-block"]); dev != "" {
+		t.Errorf("%s is still attached to the block claim's file after its pod ended", dev)
+	}
+	for _, pvc := range claims {
+		if err := cl.Delete(ctx, pvc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, time.Minute, "the claims' volumes deleted by the provisioner", func() bool {
+		entries, err := os.ReadDir(VolumesDir(dir))
+		return err == nil && len(entries) == 0
+	})
 	c.Down()
 	downed = true
 	out, _ := exec.Command("ip", "-o", "link", "show").Output()
@@ -183,6 +236,23 @@ func TestLocalCluster(t *testing.T) {
 			t.Errorf("link %s left after Down", l)
 		}
 	}
+}
+
+func newClaim(name, size string, mode corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, VolumeMode: &mode,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}}}}
+}
+
+// loopBackedBy is the loop device attached to file, or "".
+func loopBackedBy(file string) string {
+	links, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, l := range links {
+		if b, err := os.ReadFile(l); err == nil && strings.TrimSpace(string(b)) == file {
+			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(l)))
+		}
+	}
+	return ""
 }
 
 // kernelImageRef is the digest the node reported for the kernelBoot image volume of the instance's

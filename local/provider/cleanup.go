@@ -66,6 +66,7 @@ func Cleanup(stateDir string) error {
 	}
 	var errs []error
 	errs = append(errs, killLeftovers(filepath.Join(stateDir, podsDir)))
+	errs = append(errs, detachLeftoverLoops(filepath.Join(stateDir, podsDir)))
 	errs = append(errs, removeNetNSes(filepath.Join(stateDir, netnsDir)))
 	errs = append(errs, teardownState(stateDir))
 	errs = append(errs, restoreIPForward(stateDir))
@@ -159,6 +160,20 @@ func procStartTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("process %d: short stat", pid)
 	}
 	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// detachLeftoverLoops detaches the loop devices the pods under dir recorded; their processes are
+// gone.
+func detachLeftoverLoops(dir string) error {
+	pods, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range pods {
+		errs = append(errs, detachRecordedLoops(p))
+	}
+	return errors.Join(errs...)
 }
 
 func killLeftovers(dir string) error {

@@ -162,6 +162,9 @@ func (r *podRun) run() {
 	if err := r.p.net.del(ctx, uid); err != nil {
 		log.Error(err, "pod network teardown")
 	}
+	if err := detachRecordedLoops(r.dir); err != nil {
+		log.Error(err, "detach the pod's loop devices")
+	}
 	r.releaseImages()
 	_ = os.RemoveAll(r.dir)
 	r.mu.Lock()
@@ -383,6 +386,11 @@ func (r *podRun) sandbox(c *corev1.Container, initBin, bin, termFile string, vol
 		return sandbox{}, err
 	}
 	sb.mounts = append(sb.mounts, devs...)
+	blocks, err := r.blockDeviceMounts(c, vols)
+	if err != nil {
+		return sandbox{}, err
+	}
+	sb.mounts = append(sb.mounts, blocks...)
 	return sb, nil
 }
 
@@ -556,6 +564,8 @@ type volume struct {
 	readOnly bool
 	// imageRef is an image volume's image by digest, for the container statuses.
 	imageRef string
+	// rdev is the device number of a block-mode claim's loop device; path is then the device.
+	rdev uint64
 }
 
 // prepareVolumes makes the pod's directories and resolves its volumes: hostPath is the host path
@@ -600,8 +610,14 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
 			}
 			vols[v.Name] = vol
+		case v.PersistentVolumeClaim != nil:
+			vol, err := r.claimVolume(v.PersistentVolumeClaim)
+			if err != nil {
+				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
+			}
+			vols[v.Name] = vol
 		default:
-			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath, emptyDir, image and secret are supported by the local node provider", i, v.Name)
+			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath, emptyDir, image, secret and persistentVolumeClaim are supported by the local node provider", i, v.Name)
 		}
 	}
 	r.reportVolumeMounts(vols)

@@ -253,9 +253,9 @@ func TestInvalidManifestsRejected(t *testing.T) {
 		{"KubeVirt-only field gpus", vm, func(t *testing.T, o obj) {
 			o.set(t, td+".gpus", []any{map[string]any{"name": "gpu1", "deviceName": "nvidia.com/GP102GL"}})
 		}, "spec.template.spec.domain.devices.gpus", "unknown field"},
-		{"KubeVirt-only field dataVolumeTemplates", vm, func(t *testing.T, o obj) {
-			o.set(t, "spec.dataVolumeTemplates", []any{map[string]any{"metadata": map[string]any{"name": "dv"}}})
-		}, "spec.dataVolumeTemplates", "unknown field"},
+		{"KubeVirt-only field dataVolumeTemplates[].status", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.dataVolumeTemplates", []any{map[string]any{"metadata": map[string]any{"name": "dv"}, "status": map[string]any{}}})
+		}, "spec.dataVolumeTemplates[0].status", "unknown field"},
 		{"unknown bus", vm, func(t *testing.T, o obj) { o.set(t, td+".disks.0.disk.bus", "ide") }, "spec.template.spec.domain.devices.disks[0].disk.bus", `Unsupported value: "ide"`},
 		{"cdrom on virtio", vm, func(t *testing.T, o obj) {
 			o.set(t, td+".disks.0", map[string]any{"name": "scratch", "cdrom": map[string]any{"bus": "virtio"}})
