@@ -2,7 +2,10 @@
 # Installs the Debian packages the tests and the demo need, when they are missing. Go modules come
 # through the module proxy when `go` builds; the control-plane binaries are built by build-tools.sh.
 set -euo pipefail
-pkgs=(qemu-system-x86 qemu-utils busybox-static iproute2 nftables cpio kmod)
+# mmdebstrap, dosfstools, mtools and fdisk build the cloud image (test/guest/cloud/build.sh);
+# ovmf is the UEFI firmware the tests boot it with.
+pkgs=(qemu-system-x86 qemu-utils busybox-static iproute2 nftables cpio kmod
+  mmdebstrap dosfstools mtools fdisk debian-archive-keyring ovmf)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
