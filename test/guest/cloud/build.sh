@@ -25,7 +25,7 @@
 # from the mirror, so the image stays the same from run to run. The versions chosen for
 # the packages named below are pinned and part of the inputs hash.
 #
-# Caching: nothing is done when OUTDIR/stamp records the hash of this directory's files
+# Caching: nothing is done when OUTDIR/stamp records the hash of this script, of rootfs/
 # and of the pinned versions and disk.qcow2 exists. Downloaded .debs are kept in
 # OUTDIR/.debs. Concurrent runs serialise on OUTDIR/.lock; the image is built in a temp dir
 # inside OUTDIR and renamed into place, the stamp last. Needs root (mmdebstrap writes a
@@ -140,7 +140,13 @@ EOF
 for f in "$SOURCES" "$APT_CONFIG_FILE"; do
 	cmp -s "$f.new" "$f" && rm "$f.new" || mv "$f.new" "$f"
 done
-aptc() { APT_CONFIG=$APT_CONFIG_FILE "$@"; }
+# aptc APT-COMMAND ARGS...: run apt with the lists above. The binary caches are named on the
+# command line because Debian's container images turn them off in apt.conf.d (docker-clean),
+# which apt reads after APT_CONFIG; without them every run parses the lists anew (1 s each).
+aptc() {
+	APT_CONFIG=$APT_CONFIG_FILE "$1" -o Dir::Cache::pkgcache=pkgcache.bin \
+		-o Dir::Cache::srcpkgcache=srcpkgcache.bin "${@:2}"
+}
 
 APT_UPDATED=0
 apt_update() {
@@ -150,16 +156,23 @@ apt_update() {
 	aptc apt-get update -q >&2 || die "apt-get update (for $SUITE) failed"
 }
 
-# resolve FILE: write "PKG VERSION ARCH" for every package the image is made of.
+# resolve FILE: write "PKG VERSION" for every package the image is made of: the candidate
+# versions, read from apt's binary cache (apt-cache show would read the lists themselves).
 resolve() {
 	local kpkg
 	kpkg=$(aptc apt-cache depends linux-image-cloud-amd64 2>/dev/null |
 		sed -n 's/^ *|\{0,1\}Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)$/\1/p' | head -n1)
 	[ -n "$kpkg" ] || return 1
-	aptc apt-cache show --no-all-versions "${PACKAGES[@]}" "$kpkg" "${EFI_PACKAGES[@]}" 2>/dev/null |
-		awk '/^Package:/ {p=$2} /^Version:/ {v=$2} /^Architecture:/ {a=$2}
-			/^$/ {if (p) print p, v, a; p=""} END {if (p) print p, v, a}' >"$1" || return 1
+	aptc apt-cache policy "${PACKAGES[@]}" "$kpkg" "${EFI_PACKAGES[@]}" 2>/dev/null |
+		awk '/^[^ ]/ {p=$1; sub(/:$/, "", p)} /^  Candidate: / && $2 != "(none)" {print p, $2}' >"$1" || return 1
 	[ "$(wc -l <"$1")" = $((${#PACKAGES[@]} + 1 + ${#EFI_PACKAGES[@]})) ]
+}
+
+# efi_deb PKG: the downloaded .deb of PKG at its pinned version ("" if there is none).
+efi_deb() {
+	local v
+	v=$(awk -v p="$1" '$1 == p {print $2}' "$VERSIONS")
+	compgen -G "$DEBS/${1}_${v//:/%3a}_*.deb" | head -n1 || true
 }
 
 VERSIONS=$OUT/.versions
@@ -169,7 +182,8 @@ resolve "$VERSIONS" || { apt_update && resolve "$VERSIONS"; } ||
 
 inputs_hash() {
 	{
-		cd "$HERE"
+		sha256sum <"$SELF"
+		cd "$HERE/rootfs"
 		find . \( -type f -o -type l \) -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
 		find . -type f -perm -u+x | LC_ALL=C sort
 		cat "$VERSIONS"
@@ -216,11 +230,11 @@ mkdir -p "$DEBS"
 
 # fetch_efi: download the signed boot chain .debs (pinned) into $DEBS.
 fetch_efi() {
-	local p v a
+	local p
 	for p in "${EFI_PACKAGES[@]}"; do
-		read -r _ v a < <(grep "^$p " "$VERSIONS")
-		[ -s "$DEBS/${p}_${v//:/%3a}_$a.deb" ] && continue
-		(cd "$DEBS" && aptc apt-get download -q "$p=$v" >&2) || return 1
+		[ -n "$(efi_deb "$p")" ] && continue
+		(cd "$DEBS" && aptc apt-get download -q "$p=$(awk -v p="$p" '$1 == p {print $2}' "$VERSIONS")" >&2) || return 1
+		[ -n "$(efi_deb "$p")" ] || return 1
 	done
 }
 
@@ -330,8 +344,7 @@ rm -rf "${ROOT:?}"/tmp/* "${ROOT:?}"/var/tmp/* "${ROOT:?}"/var/log/*.log "${ROOT
 EFI=$TMP/efi
 mkdir -p "$EFI/x"
 for p in "${EFI_PACKAGES[@]}"; do
-	read -r _ v a < <(grep "^$p " "$VERSIONS")
-	dpkg-deb -x "$DEBS/${p}_${v//:/%3a}_$a.deb" "$EFI/x"
+	dpkg-deb -x "$(efi_deb "$p")" "$EFI/x"
 done
 # shim is the removable-media path's loader; it loads grubx64.efi (and mmx64.efi, MOK
 # manager, when needed) from its own directory. No fbx64.efi: without it shim boots GRUB
@@ -360,7 +373,9 @@ ROOT_SECTORS=$(sfdisk -l -o Start,Sectors "$RAW" | awk -v s=$ROOT_START '$1 == s
 [ -n "$ROOT_SECTORS" ] || die "sfdisk did not create the root partition: $(sfdisk -l "$RAW")"
 
 log "writing the ESP"
-mkfs.fat -F 32 -s 1 -n ESP -i "$ESP_VOLID" --offset "$ESP_START" "$RAW" $((ESP_SECTORS / 2)) >&2
+# (With --offset, mkfs.fat warns that the file is bigger than the file system: it is.)
+out=$(mkfs.fat -F 32 -s 1 -n ESP -i "$ESP_VOLID" --offset "$ESP_START" "$RAW" $((ESP_SECTORS / 2)) 2>&1) ||
+	die "mkfs.fat: $out"
 M="$RAW@@$((ESP_START * 512))"
 mmd -i "$M" ::/EFI ::/EFI/BOOT ::/EFI/debian
 mcopy -i "$M" "$EFI/x/usr/lib/shim/shimx64.efi.signed" ::/EFI/BOOT/BOOTX64.EFI
