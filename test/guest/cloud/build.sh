@@ -252,7 +252,7 @@ bootstrap() {
 	rm -rf "$dir"
 	mkdir "$dir"
 	# The hooks read these (mmdebstrap keeps the environment).
-	export QVIRT_CLOUD_LISTS=$APTDIR/state/lists QVIRT_CLOUD_DEBS=$DEBS
+	export QVIRT_CLOUD_LISTS=$APTDIR/state/lists QVIRT_CLOUD_DEBS=$DEBS QVIRT_CLOUD_FSTAB=$TMP/fstab
 	mmdebstrap --mode=unshare --variant=minbase --format=directory \
 		--aptopt='Acquire::Languages "none"' "${opts[@]}" \
 		--include="$include" \
@@ -261,7 +261,8 @@ bootstrap() {
 			find "$QVIRT_CLOUD_LISTS" -maxdepth 1 -type f \( -name "*Packages*" -o -name "*Release*" \) -exec cp -l -t "$1/var/lib/apt/lists/" {} + &&
 			find "$QVIRT_CLOUD_DEBS" -maxdepth 1 -name "*.deb" -exec cp -l -t "$1/var/cache/apt/archives/" {} +' \
 		--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
-		--essential-hook='mkdir -p "$1/etc/initramfs-tools/conf.d" && echo RESUME=none >"$1/etc/initramfs-tools/conf.d/resume"' \
+		--essential-hook='cp "$QVIRT_CLOUD_FSTAB" "$1/etc/fstab" && mkdir -p "$1/etc/initramfs-tools/conf.d" &&
+			echo RESUME=none >"$1/etc/initramfs-tools/conf.d/resume"' \
 		--customize-hook='find "$1/var/cache/apt/archives" -maxdepth 1 -name "*.deb" -exec cp -l -f -t "$QVIRT_CLOUD_DEBS/" {} +' \
 		"$SUITE" "$dir" "$SOURCES" >&2
 }
@@ -269,11 +270,18 @@ bootstrap() {
 apt_retry() { "$@" || { apt_update && resolve "$VERSIONS" && HASH=$(inputs_hash) && "$@"; }; }
 apt_retry fetch_efi || die "cannot download ${EFI_PACKAGES[*]}"
 
-# The bootstrapped tree is kept in OUTDIR/.bootstrap (about 500 MB) while its inputs stay
+# The fstab is in place before the kernel is installed: initramfs-tools includes fsck.ext4 in
+# the initrd only when the fstab names an ext4 root. The ESP has no fsck (no dosfstools).
+cat >"$TMP/fstab" <<EOF
+UUID=$ROOT_UUID / ext4 rw,discard,errors=remount-ro 0 1
+UUID=${ESP_VOLID:0:4}-${ESP_VOLID:4:4} /boot/efi vfat umask=0077,nofail 0 0
+EOF
+
+# The bootstrapped tree is kept in OUTDIR/.bootstrap (about 400 MB) while its inputs stay
 # the same, so a change to the configuration below rebuilds in a minute.
 bootstrap_key() {
 	{
-		cat "$VERSIONS"
+		cat "$VERSIONS" "$TMP/fstab"
 		printf '%s\n' "${DPKG_EXCLUDES[@]}"
 		declare -f bootstrap
 	} | sha256sum | cut -d' ' -f1
@@ -301,10 +309,7 @@ cp -a "$HERE/rootfs/." "$ROOT/"
 # Host keys are made at first boot (cloud-init, or ssh.service's fallback), never shipped.
 rm -f "$ROOT"/etc/ssh/ssh_host_*
 rm -f "$ROOT/etc/resolv.conf" "$ROOT/etc/initramfs-tools/conf.d/resume"
-cat >"$ROOT/etc/fstab" <<EOF
-UUID=$ROOT_UUID / ext4 rw,discard,errors=remount-ro 0 1
-UUID=${ESP_VOLID:0:4}-${ESP_VOLID:4:4} /boot/efi vfat umask=0077,nofail 0 2
-EOF
+cp "$TMP/fstab" "$ROOT/etc/fstab"
 mkdir -p "$ROOT/boot/efi"
 
 # One grub.cfg for both firmwares: BIOS GRUB (core.img) and the signed UEFI GRUB (through
