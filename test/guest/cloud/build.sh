@@ -262,7 +262,8 @@ bootstrap() {
 			find "$QVIRT_CLOUD_DEBS" -maxdepth 1 -name "*.deb" -exec cp -l -t "$1/var/cache/apt/archives/" {} +' \
 		--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
 		--essential-hook='cp "$QVIRT_CLOUD_FSTAB" "$1/etc/fstab" && mkdir -p "$1/etc/initramfs-tools/conf.d" &&
-			echo RESUME=none >"$1/etc/initramfs-tools/conf.d/resume"' \
+			echo RESUME=none >"$1/etc/initramfs-tools/conf.d/resume" &&
+			echo FSTYPE=ext4 >"$1/etc/initramfs-tools/conf.d/fstype"' \
 		--customize-hook='find "$1/var/cache/apt/archives" -maxdepth 1 -name "*.deb" -exec cp -l -f -t "$QVIRT_CLOUD_DEBS/" {} +' \
 		"$SUITE" "$dir" "$SOURCES" >&2
 }
@@ -270,8 +271,9 @@ bootstrap() {
 apt_retry() { "$@" || { apt_update && resolve "$VERSIONS" && HASH=$(inputs_hash) && "$@"; }; }
 apt_retry fetch_efi || die "cannot download ${EFI_PACKAGES[*]}"
 
-# The fstab is in place before the kernel is installed: initramfs-tools includes fsck.ext4 in
-# the initrd only when the fstab names an ext4 root. The ESP has no fsck (no dosfstools).
+# The fstab is in place before the packages are installed. initramfs-tools is told the root's
+# type (FSTYPE) and that there is no swap to resume from (RESUME): in a chroot it cannot probe
+# the root device, and would leave fsck out of the initrd. The ESP has no fsck (no dosfstools).
 cat >"$TMP/fstab" <<EOF
 UUID=$ROOT_UUID / ext4 rw,discard,errors=remount-ro 0 1
 UUID=${ESP_VOLID:0:4}-${ESP_VOLID:4:4} /boot/efi vfat umask=0077,nofail 0 0
@@ -308,7 +310,7 @@ dpkg-query --admindir="$ROOT/var/lib/dpkg" -W -f '${Package} ${Version}\n' >"$TM
 cp -a "$HERE/rootfs/." "$ROOT/"
 # Host keys are made at first boot (cloud-init, or ssh.service's fallback), never shipped.
 rm -f "$ROOT"/etc/ssh/ssh_host_*
-rm -f "$ROOT/etc/resolv.conf" "$ROOT/etc/initramfs-tools/conf.d/resume"
+rm -f "$ROOT/etc/resolv.conf"
 cp "$TMP/fstab" "$ROOT/etc/fstab"
 mkdir -p "$ROOT/boot/efi"
 
