@@ -2,8 +2,11 @@
 # Installs the Debian packages the tests and the demo need, when they are missing. Go modules come
 # through the module proxy when `go` builds; the control-plane binaries are built by build-tools.sh.
 set -euo pipefail
-# mount brings losetup (the launcher test attaches a block claim as a loop device).
-pkgs=(qemu-system-x86 qemu-utils ovmf mtools sbsigntool openssl busybox-static iproute2 nftables cpio kmod mount)
+# mount brings losetup (the launcher test attaches a block claim as a loop device);
+# mmdebstrap, dosfstools, mtools and fdisk build the cloud image (test/guest/cloud/build.sh);
+# ovmf is the UEFI firmware, sbsigntool and openssl sign the secure-boot test loader.
+pkgs=(qemu-system-x86 qemu-utils ovmf mtools sbsigntool openssl busybox-static iproute2 nftables cpio kmod mount
+  mmdebstrap dosfstools fdisk debian-archive-keyring)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

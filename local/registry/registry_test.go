@@ -5,10 +5,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -140,5 +144,79 @@ func imageFiles(t *testing.T, ref string) map[string][]byte {
 			}
 			files["/"+hdr.Name] = b
 		}
+	}
+}
+
+// A containerDisk is what KubeVirt's documentation builds: one layer, the disk under /disk/
+// owned by 107 and read-only, for linux/amd64; the file is pushed byte for byte.
+func TestPushContainerDiskLaysOutTheDiskAsKubeVirtDoes(t *testing.T) {
+	disk := filepath.Join(t.TempDir(), "disk.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", disk, "16M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	want, err := os.ReadFile(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := start(t, registry.Options{})
+	ref := srv.Addr() + "/" + registry.CloudDiskRepo + ":latest"
+	if err := registry.PushContainerDisk(context.Background(), ref, disk, registry.CloudDiskPath); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(r)
+	if err != nil {
+		t.Fatalf("pull %s: %v", ref, err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.OS != "linux" || cfg.Architecture != "amd64" {
+		t.Errorf("platform %s/%s, want linux/amd64", cfg.OS, cfg.Architecture)
+	}
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("%d layers (%v), want 1", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	var entries []string
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, fmt.Sprintf("%s %o %d:%d", hdr.Name, hdr.Mode, hdr.Uid, hdr.Gid))
+		if hdr.Name == registry.CloudDiskPath[1:] {
+			got, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("%s: %d bytes differing from the %d pushed", hdr.Name, len(got), len(want))
+			}
+		}
+	}
+	if wantEntries := []string{"disk/ 755 107:107", "disk/disk.qcow2 440 107:107"}; !slices.Equal(entries, wantEntries) {
+		t.Errorf("layer holds %q, want %q", entries, wantEntries)
+	}
+}
+
+func TestPushContainerDiskRefusesAPathOutsideDisk(t *testing.T) {
+	err := registry.PushContainerDisk(context.Background(), "127.0.0.1:1/x:latest", "/nonexistent", "/boot/disk.qcow2")
+	if err == nil || !strings.Contains(err.Error(), "/disk/") {
+		t.Fatalf("push to /boot/disk.qcow2: %v, want a refusal naming /disk/", err)
 	}
 }

@@ -2,7 +2,6 @@ package registry
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -31,6 +30,14 @@ const (
 	DiskPath      = "/disk/demo.qcow2"
 	// DemoDiskSize is the virtual size of the demo disk (an empty qcow2).
 	DemoDiskSize = "64M"
+
+	// CloudDiskRepo holds the cloud image (test/guest/cloud/build.sh: Debian with cloud-init,
+	// bootable under BIOS and UEFI) as a containerDisk, its qcow2 at CloudDiskPath.
+	CloudDiskRepo = "qvirt/cloud-debian"
+	CloudDiskPath = "/disk/disk.qcow2"
+	// containerDiskOwner is the uid and gid of a containerDisk's files, as KubeVirt's
+	// documentation builds them (`ADD --chown=107:107 ... /disk/`): QEMU's user in its images.
+	containerDiskOwner = 107
 )
 
 // Images are the references Seed pushed.
@@ -64,14 +71,36 @@ func Seed(ctx context.Context, registryAddr, guestDir string) (Images, error) {
 		return Images{}, err
 	}
 	defer cleanup()
-	disk, err := imageOf(tarFile{name: DiskPath, src: diskFile, mode: 0o440, owner: 107})
-	if err != nil {
+	if err := PushContainerDisk(ctx, imgs.ContainerDisk, diskFile, DiskPath); err != nil {
 		return Images{}, fmt.Errorf("demo disk image: %w", err)
 	}
-	if err := push(ctx, imgs.ContainerDisk, disk); err != nil {
-		return Images{}, err
-	}
 	return imgs, nil
+}
+
+// PushCloudDisk pushes the cloud image in cloudDir (test/guest/cloud/build.sh's output, holding
+// disk.qcow2) as a containerDisk to <registryAddr>/qvirt/cloud-debian:latest over plain HTTP,
+// like Seed, and returns that reference. The layer is read from the file as it is pushed (the
+// image is a few hundred MiB); pushing the same image again uploads nothing.
+func PushCloudDisk(ctx context.Context, registryAddr, cloudDir string) (string, error) {
+	ref := registryAddr + "/" + CloudDiskRepo + ":latest"
+	if err := PushContainerDisk(ctx, ref, filepath.Join(cloudDir, "disk.qcow2"), CloudDiskPath); err != nil {
+		return "", fmt.Errorf("cloud image from %s: %w", cloudDir, err)
+	}
+	return ref, nil
+}
+
+// PushContainerDisk pushes a KubeVirt-layout containerDisk to ref over plain HTTP: a linux/amd64
+// image with one layer holding diskFile at path (under /disk/), read-only and owned by uid/gid
+// 107 as KubeVirt's documentation builds them.
+func PushContainerDisk(ctx context.Context, ref, diskFile, path string) error {
+	if filepath.Dir(path) != "/disk" {
+		return fmt.Errorf("containerDisk path %q: want a file directly under /disk/", path)
+	}
+	img, err := imageOf(tarFile{name: path, src: diskFile, mode: 0o440, owner: containerDiskOwner})
+	if err != nil {
+		return err
+	}
+	return push(ctx, ref, img)
 }
 
 // PushKernel pushes a kernelBoot image holding only the kernel file at KernelPath (no initrd) to
@@ -111,11 +140,25 @@ func imageOf(files ...tarFile) (v1.Image, error) {
 	return mutate.ConfigFile(img, cfg)
 }
 
-// layerOf writes the layer tar in memory (the demo files are a few MiB) with fixed timestamps, so
-// the digest depends on the content only.
+// layerOf is a layer holding files (and their parent directories) with fixed timestamps, so the
+// digest depends on the content only. Its tar is written from the files each time the layer is
+// read (go-containerregistry reads it to digest it and again to push it): a cloud image is too
+// big to hold in memory.
 func layerOf(files []tarFile) (v1.Layer, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		if _, err := os.Stat(f.src); err != nil {
+			return nil, err
+		}
+	}
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(writeTar(pw, files)) }()
+		return pr, nil
+	})
+}
+
+func writeTar(w io.Writer, files []tarFile) error {
+	tw := tar.NewWriter(w)
 	epoch := time.Unix(0, 0)
 	dirs := map[string]bool{}
 	for _, f := range files {
@@ -124,20 +167,14 @@ func layerOf(files []tarFile) (v1.Layer, error) {
 			dirs[dir] = true
 			hdr := &tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: 0o755, ModTime: epoch, Uid: f.owner, Gid: f.owner}
 			if err := tw.WriteHeader(hdr); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		if err := addFile(tw, f, epoch); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	data := buf.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(data)), nil
-	})
+	return tw.Close()
 }
 
 func addFile(tw *tar.Writer, f tarFile, mtime time.Time) error {

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -17,6 +18,24 @@ func GuestDir() (string, error) {
 	out, err := exec.Command(script).Output()
 	if err != nil {
 		return "", fmt.Errorf("build the test guest with test/guest/build.sh: %w", err)
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		return "", fmt.Errorf("qemu-system-x86_64 not found: install qemu-system-x86 (make deps)")
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// CloudImageDir builds the cloud image with test/guest/cloud/build.sh (cached; the first build
+// takes several minutes and needs root and the network) and returns the directory holding
+// disk.qcow2. Like GuestDir it checks that QEMU is installed; call it from TestMain.
+func CloudImageDir() (string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "guest", "cloud", "build.sh")
+	cmd := exec.Command(script)
+	cmd.Stderr = os.Stderr // a cold build is long: show its progress
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("build the cloud image with test/guest/cloud/build.sh: %w", err)
 	}
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		return "", fmt.Errorf("qemu-system-x86_64 not found: install qemu-system-x86 (make deps)")
