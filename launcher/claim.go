@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -50,7 +48,9 @@ func (h HostResolver) claim(d *machine.Disk, c *machine.Claim, runDir string, p 
 		scratch = runDir
 	}
 	path := filepath.Join(scratch, claimOverlayFile(d.Name))
-	if err := createQcow2Overlay(path, size); err != nil {
+	// Made afresh for each start: what the guest wrote before is gone, as with KubeVirt's
+	// ephemeral volumes.
+	if err := createOverlay(path, &base, uint64(size)); err != nil {
 		return DiskImage{}, machine.Invalid(p.Child("overlay"), true, fmt.Sprintf("create the overlay over claim %s: %v", c.Name, err))
 	}
 	return DiskImage{Path: path, Format: "qcow2", Backing: &base, Ephemeral: true}, nil
@@ -129,19 +129,4 @@ func imageSize(path string) (int64, error) {
 	}
 	defer f.Close()
 	return f.Seek(0, 2)
-}
-
-// createQcow2Overlay creates an empty qcow2 image of size bytes, naming no backing file: QEMU is
-// given the backing node explicitly (blockNodes). The overlay is the launcher's own, so it is
-// made afresh for each start: what the guest wrote before is gone, as with KubeVirt's ephemeral
-// volumes.
-func createQcow2Overlay(path string, size int64) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", path, strconv.FormatInt(size, 10)).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu-img create: %w: %s", err, out)
-	}
-	return nil
 }
