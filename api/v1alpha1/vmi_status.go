@@ -48,7 +48,14 @@ const (
 	// cannot start or reach its launcher (the node agent's reasons). A VirtualMachine shows it
 	// while False.
 	VirtualMachineInstanceSynchronized = "Synchronized"
+	// VirtualMachineInstancePodScheduled mirrors the launcher pod's PodScheduled condition while
+	// the scheduler cannot place the pod (reason Unschedulable, its message saying why), as
+	// KubeVirt's virt-controller does; a VirtualMachine then shows Unschedulable.
+	VirtualMachineInstancePodScheduled = "PodScheduled"
 )
+
+// ReasonUnschedulable is the scheduler's reason of a false PodScheduled condition.
+const ReasonUnschedulable = "Unschedulable"
 
 // Reasons of a false Synchronized condition from the launcher pod's images, the kubelet's waiting
 // reasons for a container whose image (or image volume) cannot be pulled. A VirtualMachine prints

@@ -28,12 +28,6 @@ const (
 	ReasonFailedDelete   = "FailedDelete"
 	ReasonVMIConflict    = "VMIConflict"
 	ReasonStopRequest    = "StopRequest"
-	// ReasonUnschedulable is the reason of a PodScheduled=False condition the VMI mirrors from its
-	// launcher pod, as the scheduler writes it.
-	ReasonUnschedulable = "Unschedulable"
-	// ConditionPodScheduled is the launcher pod's scheduling condition mirrored on the VMI, if the
-	// VMI reconciler mirrors it.
-	ConditionPodScheduled = "PodScheduled"
 )
 
 // statusInput is what the VirtualMachine's status is computed from.
@@ -182,8 +176,8 @@ func unschedulable(vmi *v1alpha1.VirtualMachineInstance) bool {
 	if vmi.Status.Phase != v1alpha1.Scheduling {
 		return false
 	}
-	c := meta.FindStatusCondition(vmi.Status.Conditions, ConditionPodScheduled)
-	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonUnschedulable
+	c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VirtualMachineInstancePodScheduled)
+	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.ReasonUnschedulable
 }
 
 // readyCondition mirrors the instance's Ready condition; without an instance, or while it goes away,

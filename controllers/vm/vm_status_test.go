@@ -61,7 +61,7 @@ func TestPrintableStatus(t *testing.T) {
 		{"pending", statusVM(), testVMI(v1alpha1.Pending), false, v1alpha1.PrintableStatusStarting},
 		{"scheduling", statusVM(), testVMI(v1alpha1.Scheduling), false, v1alpha1.PrintableStatusStarting},
 		{"scheduled", statusVM(), testVMI(v1alpha1.Scheduled), false, v1alpha1.PrintableStatusStarting},
-		{"unschedulable", statusVM(), testVMI(v1alpha1.Scheduling, cond(ConditionPodScheduled, metav1.ConditionFalse, ReasonUnschedulable)), false, v1alpha1.PrintableStatusUnschedulable},
+		{"unschedulable", statusVM(), testVMI(v1alpha1.Scheduling, cond(v1alpha1.VirtualMachineInstancePodScheduled, metav1.ConditionFalse, v1alpha1.ReasonUnschedulable)), false, v1alpha1.PrintableStatusUnschedulable},
 		{"image cannot be pulled", statusVM(), testVMI(v1alpha1.Scheduling, cond(v1alpha1.VirtualMachineInstanceSynchronized, metav1.ConditionFalse, v1alpha1.ReasonErrImagePull)), false, v1alpha1.PrintableStatusErrImagePull},
 		{"image pull backing off", statusVM(), testVMI(v1alpha1.Scheduling, cond(v1alpha1.VirtualMachineInstanceSynchronized, metav1.ConditionFalse, v1alpha1.ReasonImagePullBackOff)), false, v1alpha1.PrintableStatusImagePullBackOff},
 		{"the node agent's own sync failure", statusVM(), testVMI(v1alpha1.Scheduled, cond(v1alpha1.VirtualMachineInstanceSynchronized, metav1.ConditionFalse, "SyncFailed")), false, v1alpha1.PrintableStatusStarting},

@@ -150,6 +150,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 	o := podOutcome(vmi.Status.Phase, pod)
 	applyOutcome(&vmi.Status, o, r.now())
 	setImagePullCondition(vmi, pod)
+	setPodScheduledCondition(vmi, pod)
 	recordImages(&vmi.Status, pod)
 	recheck, err := r.checkCloudInitSecrets(ctx, vmi)
 	if err != nil {

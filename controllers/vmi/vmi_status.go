@@ -216,6 +216,35 @@ func setImagePullCondition(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod
 	}
 }
 
+// setPodScheduledCondition mirrors the launcher pod's PodScheduled=False condition while the
+// instance waits for a node, so the user reads why (the scheduler's message: not enough memory,
+// no node matching the selector) on the instance and the VirtualMachine says Unschedulable. Once
+// the pod is placed, or the instance has a node or has ended, the mirrored condition is removed:
+// KubeVirt's virt-controller keeps the condition only while it explains a wait.
+func setPodScheduledCondition(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) {
+	if c := unscheduledCondition(vmi, pod); c != nil {
+		patch.SetCondition(&vmi.Status.Conditions, vmi, *c)
+		return
+	}
+	meta.RemoveStatusCondition(&vmi.Status.Conditions, v1alpha1.VirtualMachineInstancePodScheduled)
+}
+
+// unscheduledCondition is the condition to mirror: the pod's own PodScheduled=False while the
+// instance is not yet placed, nil otherwise.
+func unscheduledCondition(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) *metav1.Condition {
+	if pod == nil || vmi.Status.Phase.Final() || vmi.Status.NodeName != "" {
+		return nil
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type != corev1.PodScheduled || c.Status != corev1.ConditionFalse {
+			continue
+		}
+		return &metav1.Condition{Type: v1alpha1.VirtualMachineInstancePodScheduled, Status: metav1.ConditionFalse,
+			Reason: c.Reason, Message: fmt.Sprintf("launcher pod %s: %s", pod.Name, c.Message)}
+	}
+	return nil
+}
+
 // launcherPod picks the instance's own launcher pod from the pods carrying its UID label: the one on
 // status.nodeName once a node is known (after a migration that is the target's pod, so removing the
 // source pod does not end the instance), otherwise the pod without the migration label. Among

@@ -256,3 +256,40 @@ func TestSetImagePullCondition(t *testing.T) {
 		t.Errorf("an ended instance got %+v", final.Status.Conditions)
 	}
 }
+
+func TestSetPodScheduledCondition(t *testing.T) {
+	unschedulable := func() *corev1.Pod {
+		p := testPod(corev1.PodPending, "")
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
+			Reason: "Unschedulable", Message: "0/2 nodes are available: 2 Insufficient memory."}}
+		return p
+	}
+	mirrored := metav1.Condition{Type: v1alpha1.VirtualMachineInstancePodScheduled, Status: metav1.ConditionFalse, Reason: "Unschedulable", Message: "m"}
+	cases := []struct {
+		name  string
+		phase v1alpha1.VirtualMachineInstancePhase
+		node  string
+		pod   *corev1.Pod
+		want  string // the condition's message, "" for none
+	}{
+		{"waiting for a node", v1alpha1.Scheduling, "", unschedulable(),
+			"launcher pod qvirt-launcher-demo-abcde: 0/2 nodes are available: 2 Insufficient memory."},
+		{"placed at last", v1alpha1.Scheduled, "node-1", testPod(corev1.PodRunning, "node-1"), ""},
+		{"ended", v1alpha1.Failed, "", unschedulable(), ""},
+		{"no pod", v1alpha1.Pending, "", nil, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: c.phase, NodeName: c.node,
+				Conditions: []metav1.Condition{mirrored}}}
+			setPodScheduledCondition(v, c.pod)
+			got := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstancePodScheduled)
+			switch {
+			case c.want == "" && got != nil:
+				t.Errorf("condition %+v, want none", got)
+			case c.want != "" && (got == nil || got.Message != c.want || got.Reason != v1alpha1.ReasonUnschedulable):
+				t.Errorf("condition %+v, want Unschedulable with message %q", got, c.want)
+			}
+		})
+	}
+}
