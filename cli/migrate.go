@@ -265,7 +265,11 @@ func (b *progressBar) sample(processed int64, now time.Time) {
 func (b *progressBar) summary(v migrationView) {
 	b.finish()
 	total := time.Since(b.started)
-	if st := v.state; st != nil && st.StartTimestamp != nil && st.EndTimestamp != nil {
+	switch st := v.state; {
+	case st != nil && st.TotalTimeMilliseconds != nil:
+		total = time.Duration(*st.TotalTimeMilliseconds) * time.Millisecond
+	case st != nil && st.StartTimestamp != nil && st.EndTimestamp != nil && st.EndTimestamp.Sub(st.StartTimestamp.Time) >= time.Second:
+		// Whole seconds only: below one, the time this command watched is closer.
 		total = st.EndTimestamp.Sub(st.StartTimestamp.Time)
 	}
 	downtime := "unknown"

@@ -247,6 +247,11 @@ type VirtualMachineInstanceMigrationState struct {
 	// DowntimeMilliseconds is the guest pause at switch-over.
 	// +optional
 	DowntimeMilliseconds *int64 `json:"downtimeMs,omitempty"`
+	// TotalTimeMilliseconds is how long the migration took, as the source QEMU measured it. The
+	// timestamps above have whole seconds only (the API's time format), too coarse for a
+	// migration that takes a fraction of one.
+	// +optional
+	TotalTimeMilliseconds *int64 `json:"totalTimeMs,omitempty"`
 }
 
 // VolumePhase is where a volume is in being attached.

@@ -298,6 +298,9 @@ func setProgress(ms *v1alpha1.VirtualMachineInstanceMigrationState, info *protoc
 	if info.DowntimeMs > 0 {
 		ms.DowntimeMilliseconds = ptr.To(info.DowntimeMs)
 	}
+	if info.TotalTimeMs > 0 {
+		ms.TotalTimeMilliseconds = ptr.To(info.TotalTimeMs)
+	}
 }
 
 // unplugPending refuses to start a migration while the guest still holds a hot-plugged disk or NIC
