@@ -51,6 +51,21 @@ func TestRunStrategies(t *testing.T) {
 		stays(t, ns, name, 10*time.Second, "without an instance", gone)
 	})
 
+	t.Run("Manual: a VMI whose QEMU was killed says what ended it", func(t *testing.T) {
+		const name = "killed"
+		vmi, _ := startDemo(t, ns, name, v1alpha1.RunStrategyManual)
+		pid := qemuPID(t, vmi)
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill -9 QEMU %d: %v", pid, err)
+		}
+		ended := waitVMI(t, ns, name, time.Minute, "Failed after kill -9 of QEMU", func(v *v1alpha1.VirtualMachineInstance) bool {
+			return v != nil && v.UID == vmi.UID && v.Status.Phase == v1alpha1.Failed
+		})
+		if ended.Status.Reason != "Killed" {
+			t.Errorf("status.reason = %q, want Killed (QEMU ended by a signal)", ended.Status.Reason)
+		}
+	})
+
 	t.Run("RerunOnFailure restarts after a crash, not after a poweroff", func(t *testing.T) {
 		const name = "rerun"
 		vmi, _ := startDemo(t, ns, name, v1alpha1.RunStrategyRerunOnFailure)
