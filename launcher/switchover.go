@@ -111,13 +111,7 @@ func (l *Launcher) RunMigrated(ctx context.Context, req *protocol.MigrationRun) 
 	if req.Paused {
 		return nil
 	}
-	state, err := p.currentState(ctx)
-	if err != nil {
-		return fmt.Errorf("run the migrated guest: %w", err)
-	}
-	if state == qmp.StateRunning {
-		return nil
-	}
+	// cont on a guest already running (a repeated call) changes nothing.
 	err = p.Resume(ctx)
 	var refused *qmp.Error
 	if errors.As(err, &refused) && before.Handover == protocol.HandoverHolding {
