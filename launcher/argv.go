@@ -274,12 +274,10 @@ func (b *builder) process() {
 		"-pidfile", m.PIDFile(),
 		"-display", "none",
 		"-msg", "timestamp=on")
-	if !m.Incoming {
-		// Paused until the launcher has set up and resumes it (or not: startStrategy Paused). A
-		// migration target runs without -S: QEMU then gives the guest the run state it had on the
-		// source (running, paused, or prelaunch if it never ran) once the migration completes.
-		b.add("-S")
-	}
+	// Paused until the launcher has set up and resumes it (or not: startStrategy Paused). A
+	// migration target too: it runs the guest only when the node agents hand it over
+	// (switchover.go), in the run state the guest had on the source.
+	b.add("-S")
 }
 
 func jsonArg(v any) string {

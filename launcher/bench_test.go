@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -168,25 +169,44 @@ func statusMiB(b *testing.B, pid int, field string) float64 {
 // the source node agent, over the node agents' mutual TLS (handler/migproxy), to the target's
 // socket; the bare QEMU anchor then uses QEMU's own TLS (tls-creds-x509 on both ends, the peer's
 // certificate verified), so the ratio compares encrypted with encrypted.
+//
+// downtime-ms is QEMU's own figure (the source's stop until the target acknowledged the whole
+// state); guest-pause-ms and bare-guest-pause-ms are what the guest lives through, from the
+// source's STOP event to the target's RESUME event (QMP timestamps, one host clock), which for the
+// launchers includes the handover (switchover.go) as the node agents play it: each side's status
+// change wakes the next step at once, as an agent's status stream does, so the figure is the
+// launchers' share, not the agents' API round trips.
 func BenchmarkMigration(b *testing.B) {
-	var viaLauncher, bare time.Duration
+	var viaLauncher, bare, pause, barePause time.Duration
 	var downtime int64
 	tunnel := os.Getenv("QVIRT_BENCH_MIGRATION_TLS") == "1"
 	for i := 0; i < b.N; i++ {
-		d, dt := migrateViaLaunchers(b, tunnel)
-		viaLauncher += d
-		downtime += dt
-		bare += migrateBare(b, tunnel)
+		r := migrateViaLaunchers(b, tunnel)
+		viaLauncher += r.elapsed
+		downtime += r.downtimeMs
+		pause += r.pause
+		d, p := migrateBare(b, tunnel)
+		bare += d
+		barePause += p
 	}
 	b.ReportMetric(float64(viaLauncher.Milliseconds())/float64(b.N), "launcher-ms")
 	b.ReportMetric(float64(bare.Milliseconds())/float64(b.N), "bare-qemu-ms")
 	b.ReportMetric(float64(viaLauncher)/float64(bare), "migration-ratio-vs-bare-qemu")
 	b.ReportMetric(float64(downtime)/float64(b.N), "downtime-ms")
+	b.ReportMetric(float64(pause.Microseconds())/1000/float64(b.N), "guest-pause-ms")
+	b.ReportMetric(float64(barePause.Microseconds())/1000/float64(b.N), "bare-guest-pause-ms")
 }
 
-func migrateViaLaunchers(b *testing.B, tunnel bool) (time.Duration, int64) {
+// migrationRun is one migration through the launchers.
+type migrationRun struct {
+	elapsed    time.Duration
+	downtimeMs int64
+	pause      time.Duration
+}
+
+func migrateViaLaunchers(b *testing.B, tunnel bool) migrationRun {
 	ctx := context.Background()
-	mk := func(incoming bool) *launcher.Launcher {
+	mk := func(incoming bool) (*launcher.Launcher, *runStateClock) {
 		dir, err := os.MkdirTemp("", "qvb-")
 		if err != nil {
 			b.Fatal(err)
@@ -200,9 +220,10 @@ func migrateViaLaunchers(b *testing.B, tunnel bool) (time.Duration, int64) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = l.Kill(ctx) })
-		return l
+		return l, watchRunState(b, launcher.Dir(dir).ShellQMP())
 	}
-	src, dst := mk(false), mk(true)
+	src, srcClock := mk(false)
+	dst, dstClock := mk(true)
 	time.Sleep(500 * time.Millisecond)
 	listen := "127.0.0.1:0"
 	if tunnel {
@@ -219,23 +240,100 @@ func migrateViaLaunchers(b *testing.B, tunnel bool) (time.Duration, int64) {
 	if err := src.MigrateSource(ctx, &protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
 		b.Fatal(err)
 	}
+	srcSt := waitHandover(b, src)
+	waitHandover(b, dst)
+	if err := dst.RunMigrated(ctx, &protocol.MigrationRun{Paused: srcSt.Migration.GuestPaused}); err != nil {
+		b.Fatal(err)
+	}
+	if err := src.FinishMigration(ctx); err != nil {
+		b.Fatal(err)
+	}
 	exit, err := src.Wait(ctx)
 	elapsed := time.Since(start)
 	if err != nil || exit.Reason != protocol.ExitMigrated {
 		b.Fatalf("source ended %v %v", exit, err)
 	}
 	st, _ := src.Status(ctx)
-	var downtime int64
+	r := migrationRun{elapsed: elapsed, pause: guestPause(b, srcClock, dstClock)}
 	if st.Migration != nil {
-		downtime = st.Migration.DowntimeMs
+		r.downtimeMs = st.Migration.DowntimeMs
 	}
 	_ = dst.Kill(ctx)
-	return elapsed, downtime
+	return r
 }
 
-func migrateBare(b *testing.B, withTLS bool) time.Duration {
+// waitHandover waits, woken by each status change as a node agent's stream is, until l holds the
+// migrated guest, and returns its status.
+func waitHandover(b *testing.B, l *launcher.Launcher) protocol.Status {
+	timeout := time.After(time.Minute)
+	for {
+		st, changed := l.Status(context.Background())
+		if st.Migration != nil && st.Migration.Handover == protocol.HandoverHolding {
+			return st
+		}
+		if st.Exit != nil || st.Migration != nil && st.Migration.Status == string(qmp.MigrationFailed) {
+			b.Fatalf("migration ended without a handover: exit %+v, migration %+v", st.Exit, st.Migration)
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			b.Fatalf("no handover within a minute: %+v", st.Migration)
+		}
+	}
+}
+
+// runStateClock keeps the QMP timestamps of a QEMU's last STOP event and of the first RESUME event
+// after it, read from its second (operator) monitor.
+type runStateClock struct {
+	mu           sync.Mutex
+	stop, resume time.Time
+}
+
+func watchRunState(b *testing.B, socket string) *runStateClock {
+	mon := dialWhenListening(b, socket)
+	b.Cleanup(func() { _ = mon.Close() })
+	c := &runStateClock{}
+	sub := mon.Subscribe(64)
+	go func() {
+		for ev := range sub.Events() {
+			at := time.Unix(ev.Timestamp.Seconds, ev.Timestamp.Microseconds*1000)
+			c.mu.Lock()
+			switch ev.Event {
+			case qmp.EventStop:
+				c.stop, c.resume = at, time.Time{}
+			case qmp.EventResume:
+				if c.resume.IsZero() {
+					c.resume = at
+				}
+			}
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+// guestPause is how long the guest stood still: from the source's stop to the target's resume.
+func guestPause(b *testing.B, src, dst *runStateClock) time.Duration {
+	var stop, resume time.Time
+	deadline := time.Now().Add(10 * time.Second)
+	for stop.IsZero() || resume.IsZero() {
+		if time.Now().After(deadline) {
+			b.Fatalf("no STOP on the source (%v) or RESUME on the target (%v)", stop, resume)
+		}
+		time.Sleep(5 * time.Millisecond)
+		src.mu.Lock()
+		stop = src.stop
+		src.mu.Unlock()
+		dst.mu.Lock()
+		resume = dst.resume
+		dst.mu.Unlock()
+	}
+	return resume.Sub(stop)
+}
+
+func migrateBare(b *testing.B, withTLS bool) (time.Duration, time.Duration) {
 	ctx := context.Background()
-	start := func(incoming bool) (*exec.Cmd, *qmp.Monitor) {
+	start := func(incoming bool) (*exec.Cmd, *qmp.Monitor, *runStateClock) {
 		m := idleMachine(b)
 		m.Incoming = incoming
 		argv, err := launcher.BuildArgv(m)
@@ -249,11 +347,16 @@ func migrateBare(b *testing.B, withTLS bool) time.Duration {
 		b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		mon := dialWhenListening(b, m.QMPSocket())
 		b.Cleanup(func() { _ = mon.Close() })
-		return cmd, mon
+		return cmd, mon, watchRunState(b, m.ShellQMPSocket())
 	}
-	srcCmd, src := start(false)
-	_, dst := start(true)
+	srcCmd, src, srcClock := start(false)
+	_, dst, dstClock := start(true)
 	if err := src.Cont(ctx); err != nil {
+		b.Fatal(err)
+	}
+	// The argv starts QEMU paused; plain QEMU migration runs the guest on the target as soon as it
+	// arrives (QEMU's default for a target started without -S).
+	if err := dst.Cont(ctx); err != nil {
 		b.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -295,7 +398,7 @@ func migrateBare(b *testing.B, withTLS bool) time.Duration {
 	}
 	_ = src.Quit(ctx)
 	_ = srcCmd.Wait()
-	return time.Since(begin)
+	return time.Since(begin), guestPause(b, srcClock, dstClock)
 }
 
 // qemuTLSDir writes the files QEMU's tls-creds-x509 reads from one directory (ca-cert.pem,

@@ -404,3 +404,21 @@ func (c *Client) MigrateSource(ctx context.Context, req protocol.MigrationSource
 func (c *Client) CancelMigration(ctx context.Context) error {
 	return c.do(ctx, http.MethodDelete, "/v1/migration", nil, nil)
 }
+
+// RunMigrated tells a target holding a handed-over guest to take it over, and returns its status.
+func (c *Client) RunMigrated(ctx context.Context, req protocol.MigrationRun) (protocol.Status, error) {
+	var st protocol.Status
+	return st, c.do(ctx, http.MethodPost, "/v1/migration/run", req, &st)
+}
+
+// FinishMigration tells a source holding a handed-over guest that the target runs it: it quits.
+func (c *Client) FinishMigration(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/migration/finish", nil, nil)
+}
+
+// ReclaimMigration tells a source holding a handed-over guest that the target failed before it
+// ran it: the guest runs on here. It returns the launcher's status.
+func (c *Client) ReclaimMigration(ctx context.Context, reason string) (protocol.Status, error) {
+	var st protocol.Status
+	return st, c.do(ctx, http.MethodPost, "/v1/migration/reclaim", protocol.MigrationReclaim{Reason: reason}, &st)
+}

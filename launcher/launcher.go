@@ -286,7 +286,7 @@ func (l *Launcher) pausable() (*Process, error) {
 	l.mu.Lock()
 	mig := l.migration
 	l.mu.Unlock()
-	if mig != nil && !migrationDone(mig.Status) {
+	if mig != nil && (!migrationDone(mig.Status) || mig.Handover == protocol.HandoverHolding) {
 		return nil, &ConflictError{Msg: "a migration of this VMI is under way; pause or unpause it once the migration has ended"}
 	}
 	return l.process()
@@ -352,6 +352,11 @@ func (l *Launcher) Shutdown(ctx context.Context, grace *int64) (protocol.Exit, e
 	p, err := l.process()
 	if err != nil {
 		return protocol.Exit{}, err
+	}
+	if l.handingOver() {
+		// The guest runs on neither side of a handover: nothing answers the power button, and
+		// nothing is lost by quitting now.
+		grace = ptrTo(int64(0))
 	}
 	return p.Shutdown(ctx, GracePeriod(p.Machine(), grace))
 }

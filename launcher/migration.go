@@ -20,16 +20,17 @@ import (
 
 // Live migration: the target launcher is synced with Incoming (QEMU waits under -incoming defer with
 // the source's device set), then told where to listen; the source launcher sets capabilities and
-// parameters and runs migrate. Progress comes from MIGRATION events plus query-migrate. On success
-// the guest goes on in the run state it had (see finishIncoming) and the source QEMU quits, ending
-// with ExitMigrated.
+// parameters and runs migrate. Progress comes from MIGRATION events plus query-migrate. Once QEMU
+// has moved the guest, both sides hold it paused until the node agents say which one runs it: the
+// handover (switchover.go). The source QEMU then quits, ending with ExitMigrated, or takes the
+// guest back.
 //
 // The source gives up its guest only once the target holds it: with the return-path capability
 // the target QEMU acknowledges over the migration connection (MIG_RP_MSG_SHUT) after it has loaded
-// the whole state and started the guest, and the source QEMU reports completed only after that
-// acknowledgement. A target that fails to load, is killed or loses the connection before then
-// makes the source report failed; QEMU then restarts the source's vCPUs, and resumeAfterFailure
-// makes sure of it, so the guest keeps running here with its state.
+// the whole state, and the source QEMU reports completed only after that acknowledgement. A target
+// that fails to load, is killed or loses the connection before then makes the source report
+// failed; QEMU then restarts the source's vCPUs, and resumeAfterFailure makes sure of it, so the
+// guest keeps running here with its state.
 
 // progressInterval is how often query-migrate refreshes progress while a migration is active. A
 // terminal status seen there ends the wait as the MIGRATION event does, whichever comes first:
@@ -56,8 +57,7 @@ func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (s
 		return "", &ConflictError{Msg: "this launcher was not started for an incoming migration"}
 	}
 	mon := p.Monitor()
-	caps := []qmp.MigrationCapabilityStatus{{Capability: qmp.CapEvents, State: true}, {Capability: qmp.CapReturnPath, State: true}}
-	if err := mon.MigrateSetCapabilities(ctx, caps); err != nil {
+	if err := mon.MigrateSetCapabilities(ctx, targetCapabilities); err != nil {
 		return "", fmt.Errorf("prepare migration target: %w", err)
 	}
 	done := mon.NewWaiter(qmp.EventMigration, migrationFinished)
@@ -108,9 +108,8 @@ func migrationFinished(ev gqmp.Event) bool {
 	return s == string(qmp.MigrationCompleted) || s == string(qmp.MigrationFailed) || s == string(qmp.MigrationCancelled)
 }
 
-// finishIncoming records the end of the incoming migration. On completion QEMU (started without
-// -S) has given the guest the source's run state: running, or paused (by the user) or prelaunch
-// (started paused and never unpaused) as it was; a paused guest stays paused, as in KubeVirt.
+// finishIncoming records the end of the incoming migration. On completion QEMU (started with -S)
+// holds the guest paused, or in prelaunch if it never ran on the source, until RunMigrated.
 func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
 	ev, err := done.Wait(context.Background())
 	if err != nil {
@@ -119,15 +118,11 @@ func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
 	status, _ := ev.Data["status"].(string)
 	info := &protocol.MigrationInfo{Role: protocol.RoleTarget, Status: status}
 	if status == string(qmp.MigrationCompleted) {
-		// No event tells a guest that arrived paused: ask.
+		info.Handover = protocol.HandoverHolding
+		// No event tells the run state the guest arrived in: ask.
 		if err := p.refreshState(context.Background()); err != nil {
 			info.Error = err.Error()
 		}
-		l.mu.Lock()
-		if l.phase == protocol.PhaseIncoming {
-			l.phase = protocol.PhaseRunning
-		}
-		l.mu.Unlock()
 	}
 	l.setMigration(info)
 }
@@ -212,9 +207,9 @@ func migrationParameters(req *protocol.MigrationSource) (qmp.MigrateParameters, 
 	return p, set
 }
 
-// followOutgoing refreshes progress until the migration ends, then quits the source QEMU after a
-// success (the guest now runs on the target: the return path said so), or makes sure a guest
-// that ran before the migration runs again after a failure.
+// followOutgoing refreshes progress until the migration ends, then holds the guest after a success
+// (the target loaded it: the return path said so; see holdOutgoing), or makes sure a guest that
+// ran before the migration runs again after a failure.
 func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, wasRunning bool) {
 	mon := p.Monitor()
 	finished := make(chan gqmp.Event, 1)
@@ -241,7 +236,7 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, wasRunning bool)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		switch {
 		case info != nil && info.Status == string(qmp.MigrationCompleted):
-			_ = mon.Quit(ctx)
+			l.holdOutgoing(info, wasRunning)
 		case wasRunning:
 			l.resumeAfterFailure(ctx, p, info)
 		}
@@ -309,11 +304,15 @@ func migrationDone(status string) bool {
 	return false
 }
 
-// CancelMigration cancels an outgoing migration; the guest keeps running here.
+// CancelMigration cancels an outgoing migration; the guest keeps running here. Once the guest is
+// handed over it is too late: only ReclaimMigration takes it back.
 func (l *Launcher) CancelMigration(ctx context.Context) error {
 	p, err := l.process()
 	if err != nil {
 		return err
+	}
+	if l.handingOver() {
+		return &ConflictError{Msg: "the guest was handed over to the target: it is too late to cancel"}
 	}
 	if err := p.Monitor().MigrateCancel(ctx); err != nil {
 		return fmt.Errorf("cancel migration: %w", err)

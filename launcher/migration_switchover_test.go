@@ -14,10 +14,11 @@ import (
 )
 
 // TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource kills the target QEMU right at switch-over:
-// it has received the guest's whole state and runs it, but the source has not heard so yet (a
+// it has received the guest's whole state and holds it, but the source has not heard so yet (a
 // proxy on the migration connection holds back what the target sends to the source). The source
 // must not have given up its guest: the migration fails, and the guest keeps running on the
-// source with its state (its counter goes on; it does not boot again).
+// source with its state (its counter goes on; it does not boot again). A kill after the source
+// heard is TestTargetKilledDuringHandoverKeepsTheGuestOnTheSource.
 func TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource(t *testing.T) {
 	src, srcConsole := boot(t)
 	ctx := context.Background()

@@ -45,6 +45,9 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/migration/target", s.migrationTarget)
 	mux.HandleFunc("POST /v1/migration/source", s.migrationSource)
 	mux.HandleFunc("DELETE /v1/migration", s.simple(l.CancelMigration))
+	mux.HandleFunc("POST /v1/migration/run", s.migrationRun)
+	mux.HandleFunc("POST /v1/migration/finish", s.simple(l.FinishMigration))
+	mux.HandleFunc("POST /v1/migration/reclaim", s.migrationReclaim)
 	return mux
 }
 
@@ -260,6 +263,32 @@ func (s *server) migrationSource(w http.ResponseWriter, r *http.Request) {
 	}
 	st, _ := s.l.Status(r.Context())
 	writeJSON(w, http.StatusAccepted, st)
+}
+
+func (s *server) migrationRun(w http.ResponseWriter, r *http.Request) {
+	var req protocol.MigrationRun
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := s.l.RunMigrated(r.Context(), &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	st, _ := s.l.Status(r.Context())
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *server) migrationReclaim(w http.ResponseWriter, r *http.Request) {
+	var req protocol.MigrationReclaim
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := s.l.ReclaimMigration(r.Context(), &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	st, _ := s.l.Status(r.Context())
+	writeJSON(w, http.StatusOK, st)
 }
 
 // decode reads a JSON body strictly: unknown fields are a 400 naming them.

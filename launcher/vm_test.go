@@ -297,9 +297,18 @@ func TestGuestLifecycle(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// migrate has the (incoming) target dst listen on loopback and sends src's guest there, uncapped;
+// migrate sends src's guest to dst (sendGuest) and hands it over as the node agents do (handOver);
 // it returns the guest's last tick on the source before the switch.
 func migrate(t *testing.T, src, dst *vm, srcConsole *console) int {
+	t.Helper()
+	beforeSwitch := sendGuest(t, src, dst, srcConsole)
+	handOver(t, src, dst)
+	return beforeSwitch
+}
+
+// sendGuest has the (incoming) target dst listen on loopback and starts sending src's guest there,
+// uncapped; it returns the guest's last tick on the source before the switch.
+func sendGuest(t *testing.T, src, dst *vm, srcConsole *console) int {
 	t.Helper()
 	ctx := context.Background()
 	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")

@@ -13,9 +13,12 @@ import "net/netip"
 
 // Protocol is the version of the launcher protocol this package describes. A launcher lists the
 // versions it speaks in Info (GET /v1/info); a launcher that has no /v1/info speaks ProtocolLegacy,
-// whose sync request carried the VMI spec itself.
+// whose sync request carried the VMI spec itself. Version 3 ends a live migration with a handover
+// (launcher/switchover.go): the source holds its paused copy and the target does not run the guest
+// until the node agents say which side keeps it; a version 2 source quit and a version 2 target ran
+// the guest on their own.
 const (
-	Protocol       = "2"
+	Protocol       = "3"
 	ProtocolLegacy = "1"
 )
 

@@ -42,6 +42,7 @@ const (
 	CapPostcopyRAM           MigrationCapability = "postcopy-ram"
 	CapReturnPath            MigrationCapability = "return-path"
 	CapPauseBeforeSwitchover MigrationCapability = "pause-before-switchover"
+	CapLateBlockActivate     MigrationCapability = "late-block-activate"
 	CapMultifd               MigrationCapability = "multifd"
 	CapZeroCopySend          MigrationCapability = "zero-copy-send"
 )

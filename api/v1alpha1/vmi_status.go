@@ -223,7 +223,17 @@ type VirtualMachineInstanceMigrationState struct {
 	// TargetReady is set by the target node agent once QEMU waits for the incoming migration.
 	// +optional
 	TargetReady bool `json:"targetReady,omitempty"`
-	// Completed is true once the target runs the guest.
+	// SourceHandedOver is set by the source node agent once QEMU has moved the guest's whole state
+	// and the target acknowledged loading it. From then on the source holds the guest paused, and
+	// only the target node agent decides: the target runs it (completed), or the target cannot and
+	// the source takes it back (failed).
+	// +optional
+	SourceHandedOver bool `json:"sourceHandedOver,omitempty"`
+	// HandedOverPaused is set with SourceHandedOver when the guest was not running on the source
+	// (paused, or started paused and never run): the target keeps it so.
+	// +optional
+	HandedOverPaused bool `json:"handedOverPaused,omitempty"`
+	// Completed is true once the target runs the guest (set by the target node agent).
 	// +optional
 	Completed bool `json:"completed,omitempty"`
 	// Failed is true when the migration failed; the source keeps running the guest.

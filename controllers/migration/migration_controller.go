@@ -457,6 +457,23 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vmim *v1alpha1.Virtual
 		r.setPhase(vmim, v1alpha1.MigrationSucceeded, ReasonMigrationSucceeded, "the migration completed before it could be aborted")
 		return true, ctrl.Result{}, nil
 
+	case openState(ms) && ms.SourceHandedOver:
+		// Too late to abort: the target's node agent decides who runs the guest. Only a target
+		// pod that is gone or has ended leaves it to the source (decidePhase).
+		pods, err := listTargetPods(ctx, r.apiReader(), vmim)
+		if err != nil {
+			return false, ctrl.Result{}, err
+		}
+		if tp := currentTargetPod(pods); tp != nil && !podEnded(tp) {
+			return false, ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		if err := r.finishFailed(ctx, vmim, vmi, "the target pod ended after the source handed the guest over"); err != nil {
+			return false, ctrl.Result{}, err
+		}
+		copyState(vmim, vmi)
+		r.fail(vmim, ReasonAborted, abortMsg)
+		return true, ctrl.Result{}, nil
+
 	case ms == nil && phaseOrder[vmim.Status.Phase] >= phaseOrder[v1alpha1.MigrationPreparingTarget] &&
 		!isTerminal(vmim.Status.Phase) && vmi != nil && now.Before(vmim.DeletionTimestamp.Add(r.abortGrace())):
 		// The instance's status in the cache predates the migration state this reconciler wrote.

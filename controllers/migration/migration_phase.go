@@ -143,6 +143,11 @@ func openState(ms *v1alpha1.VirtualMachineInstanceMigrationState) bool {
 	return ms != nil && ms.MigrationUID != "" && !ms.Completed && !ms.Failed
 }
 
+// podEnded reports whether all of a pod's containers have ended.
+func podEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+}
+
 // podRunningOnNode reports whether a pod was bound and runs.
 func podRunningOnNode(p *corev1.Pod) bool {
 	return p != nil && p.Spec.NodeName != "" && p.Status.Phase == corev1.PodRunning
@@ -206,12 +211,26 @@ func decidePhase(in phaseInput) decision {
 	}
 
 	tp := in.TargetPod
+	if ms != nil && ms.SourceHandedOver {
+		// The target's node agent decides now (handler/vmisync/switchover.go): failing the
+		// migration here makes the source take the guest back, so only a target pod that is gone
+		// or has ended (no launcher of it can run the guest) fails it. Timeouts and aborts are too
+		// late, and a target pod being deleted is left to its agent, which stops the target QEMU
+		// before it fails the migration.
+		switch {
+		case tp == nil:
+			return fail(ReasonTargetPodDeleted, "the target pod is gone after the source handed the guest over")
+		case podEnded(tp):
+			return fail(ReasonTargetPodFailed, "target pod %s ended (%s) after the source handed the guest over: %s", tp.Name, tp.Status.Phase, tp.Status.Message)
+		}
+		return decision{Phase: v1alpha1.MigrationRunning}
+	}
 	switch {
 	case tp == nil:
 		return fail(ReasonTargetPodDeleted, "the target pod is gone")
 	case tp.DeletionTimestamp != nil:
 		return fail(ReasonTargetPodDeleted, "target pod %s is being deleted", tp.Name)
-	case tp.Status.Phase == corev1.PodFailed || tp.Status.Phase == corev1.PodSucceeded:
+	case podEnded(tp):
 		return fail(ReasonTargetPodFailed, "target pod %s ended (%s): %s", tp.Name, tp.Status.Phase, tp.Status.Message)
 	}
 

@@ -63,6 +63,11 @@ func TestDecidePhase(t *testing.T) {
 	deleting.DeletionTimestamp = &metav1.Time{Time: t0}
 	abortAt := t0.Add(-30 * time.Second)
 	oldAbortAt := t0.Add(-5 * time.Minute)
+	handedOver := func(ms *v1alpha1.VirtualMachineInstanceMigrationState) {
+		started(ms)
+		ms.SourceHandedOver = true
+	}
+	ended := targetPod(corev1.PodFailed, "node-b")
 
 	cases := []struct {
 		name       string
@@ -163,6 +168,33 @@ func TestDecidePhase(t *testing.T) {
 			in: phaseInput{Phase: v1alpha1.MigrationRunning, UID: testUID, TargetPod: targetPod(corev1.PodRunning, "node-b"),
 				VMI: withState(started), Now: t0, CompletionTimeout: time.Minute, AbortGrace: time.Minute, AbortRequestedAt: &oldAbortAt},
 			wantPhase: v1alpha1.MigrationFailed, wantReason: ReasonCompletionTimeout, wantAction: actFail},
+		// Once the source handed the guest over, only the target's node agent decides, unless no
+		// target launcher can run the guest any more.
+		{name: "handed over: a timeout is too late to abort",
+			in: phaseInput{Phase: v1alpha1.MigrationRunning, UID: testUID, TargetPod: targetPod(corev1.PodRunning, "node-b"),
+				VMI: withState(handedOver), Now: t0, CompletionTimeout: time.Minute, AbortGrace: time.Minute},
+			wantPhase: v1alpha1.MigrationRunning},
+		{name: "handed over: an abort never confirmed does not fail it",
+			in: phaseInput{Phase: v1alpha1.MigrationRunning, UID: testUID, TargetPod: targetPod(corev1.PodRunning, "node-b"),
+				VMI: withState(handedOver), Now: t0, CompletionTimeout: time.Minute, AbortGrace: time.Minute, AbortRequestedAt: &oldAbortAt},
+			wantPhase: v1alpha1.MigrationRunning},
+		{name: "handed over: a target pod being deleted is left to its node agent",
+			in:        phaseInput{Phase: v1alpha1.MigrationRunning, UID: testUID, TargetPod: deleting, VMI: withState(handedOver)},
+			wantPhase: v1alpha1.MigrationRunning},
+		{name: "handed over: the target pod ended",
+			in:        phaseInput{Phase: v1alpha1.MigrationRunning, UID: testUID, TargetPod: ended, VMI: withState(handedOver)},
+			wantPhase: v1alpha1.MigrationFailed, wantReason: ReasonTargetPodFailed, wantAction: actFail},
+		{name: "handed over: the target pod is gone",
+			in:        phaseInput{Phase: v1alpha1.MigrationRunning, UID: testUID, VMI: withState(handedOver)},
+			wantPhase: v1alpha1.MigrationFailed, wantReason: ReasonTargetPodDeleted, wantAction: actFail},
+		{name: "handed over and completed by the target's agent",
+			in: phaseInput{Phase: v1alpha1.MigrationRunning, UID: testUID, TargetPod: targetPod(corev1.PodRunning, "node-b"),
+				VMI: withState(func(ms *v1alpha1.VirtualMachineInstanceMigrationState) { handedOver(ms); ms.Completed = true })},
+			wantPhase: v1alpha1.MigrationSucceeded, wantReason: ReasonMigrationSucceeded, wantAction: actSucceed},
+		{name: "handed over and failed by the target's agent",
+			in: phaseInput{Phase: v1alpha1.MigrationRunning, UID: testUID, TargetPod: targetPod(corev1.PodRunning, "node-b"),
+				VMI: withState(func(ms *v1alpha1.VirtualMachineInstanceMigrationState) { handedOver(ms); ms.Failed = true })},
+			wantPhase: v1alpha1.MigrationFailed, wantReason: ReasonMigrationFailed, wantAction: actFail},
 		{name: "terminal stays terminal",
 			in:        phaseInput{Phase: v1alpha1.MigrationSucceeded},
 			wantPhase: v1alpha1.MigrationSucceeded},

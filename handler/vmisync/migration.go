@@ -75,6 +75,9 @@ func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMac
 	if ms == nil || ms.TargetNode != r.NodeName {
 		return nil
 	}
+	if ms.TargetReady && ms.SourceHandedOver {
+		return r.takeOver(ctx, v) // switchover.go
+	}
 	if ms.TargetReady {
 		r.reopenTarget(v, ms)
 		return nil
@@ -170,6 +173,9 @@ func (r *Reconciler) targetPod(ctx context.Context, v *v1alpha1.VirtualMachineIn
 // migration once the target is ready, cancel it when an abort is requested, and record progress
 // and the outcome in migrationState.
 func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *protocol.Status) error {
+	if held, err := r.syncSourceHandover(ctx, v, st); held || err != nil {
+		return err // switchover.go
+	}
 	ms := openMigration(v)
 	if ms == nil || ms.SourceNode != r.NodeName {
 		return nil
@@ -258,13 +264,11 @@ func migrationEnded(status string) bool {
 func (r *Reconciler) finishSourceMigration(v *v1alpha1.VirtualMachineInstance, info *protocol.MigrationInfo) {
 	ms := v.Status.MigrationState
 	setProgress(ms, info)
-	ms.EndTimestamp = ptr.To(metav1.NewTime(r.now().Time))
 	if info.Status == string(qmp.MigrationCompleted) {
-		ms.Completed = true
-		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationCompleted, "The guest moved to node %s in %d ms (downtime %d ms)",
-			ms.TargetNode, info.TotalTimeMs, info.DowntimeMs)
+		// The target's agent completes the migration once it runs the guest (switchover.go).
 		return
 	}
+	ms.EndTimestamp = ptr.To(metav1.NewTime(r.now().Time))
 	reason := info.Status
 	if info.Error != "" {
 		reason += ": " + info.Error

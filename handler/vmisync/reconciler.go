@@ -357,22 +357,23 @@ func (r *Reconciler) reconcileIncoming(ctx context.Context, req ctrl.Request) (c
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	err := r.reconcileTarget(ctx, &v)
-	if errors.Is(err, errLauncherStarting) {
+	if errors.Is(err, errLauncherStarting) || errors.Is(err, errHandoverPending) {
 		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
 	}
 	return ctrl.Result{}, err
 }
 
-// migratedAway reports whether the guest left for a migration target: from then on the target's
-// agent reports the guest, and the source's paused, quitting QEMU must not.
+// migratedAway reports whether the guest left for a migration target, or waits at the handover
+// (switchover.go): from then on the target's agent reports the guest, and the source's stopped,
+// quitting QEMU must not; unless the target failed and the source lost its copy meanwhile.
 func migratedAway(v *v1alpha1.VirtualMachineInstance, st *protocol.Status) bool {
+	ms := v.Status.MigrationState
 	if st.Exit != nil && st.Exit.Reason == protocol.ExitMigrated {
 		return true
 	}
 	if st.Migration != nil && st.Migration.Role == protocol.RoleSource && st.Migration.Status == "completed" {
-		return true
+		return st.Exit == nil || ms == nil || !ms.Failed
 	}
-	ms := v.Status.MigrationState
 	return ms != nil && ms.Completed && ms.SourceNode == v.Status.NodeName
 }
 

@@ -30,7 +30,10 @@ import (
 //	DELETE /v1/nics/{name}                           detach it
 //	POST   /v1/migration/target     MigrationTarget  make this (incoming) QEMU listen for the guest
 //	POST   /v1/migration/source     MigrationSource  send the guest to a target
-//	DELETE /v1/migration                             cancel an outgoing migration
+//	DELETE /v1/migration                             cancel an outgoing migration (not once it holds the guest)
+//	POST   /v1/migration/run        MigrationRun     target: take over the handed-over guest (HandoverHolding)
+//	POST   /v1/migration/finish                      source: the target runs the guest; quit
+//	POST   /v1/migration/reclaim    MigrationReclaim source: the target failed before it ran the guest; run it here again
 //
 // Errors are an ErrorResponse with a 4xx status for bad requests (naming the offending field) or a
 // state conflict, and 5xx when QEMU fails the command.
@@ -143,6 +146,43 @@ type MigrationInfo struct {
 	DowntimeMs       int64         `json:"downtimeMs,omitempty"`
 	TotalTimeMs      int64         `json:"totalTimeMs,omitempty"`
 	Error            string        `json:"error,omitempty"`
+	// Handover is where the migration's last step stands once QEMU moved the guest's whole state
+	// (Status completed); "" before.
+	Handover Handover `json:"handover,omitempty"`
+	// GuestPaused (source) is true when the guest was not running when it was handed over (paused,
+	// or started paused and never run): the target keeps it that way.
+	GuestPaused bool `json:"guestPaused,omitempty"`
+}
+
+// Handover is the state of a migration's last step: who runs the guest. QEMU's return path makes
+// the source's migration complete only once the target loaded the guest's whole state; from then
+// on the guest is on both sides and runs on neither until the node agents decide.
+type Handover string
+
+// Handover states.
+const (
+	// HandoverHolding: the source keeps its paused copy until /v1/migration/finish (the target runs
+	// the guest) or /v1/migration/reclaim (the target failed before it ran it); the target keeps its
+	// loaded, paused copy until /v1/migration/run.
+	HandoverHolding Handover = "holding"
+	// HandoverDone: the target was told to run the guest (target), or the source quits because it
+	// does (source).
+	HandoverDone Handover = "done"
+	// HandoverReclaimed (source): the target failed before it ran the guest, which the source runs
+	// again (Status failed, Error saying why).
+	HandoverReclaimed Handover = "reclaimed"
+)
+
+// MigrationRun tells a target holding the guest to take it over.
+type MigrationRun struct {
+	// Paused keeps the guest paused, as it was on the source (MigrationInfo.GuestPaused).
+	Paused bool `json:"paused,omitempty"`
+}
+
+// MigrationReclaim tells a source holding the guest that the target failed before running it.
+type MigrationReclaim struct {
+	// Reason is why the target failed; the migration's Error says it.
+	Reason string `json:"reason"`
 }
 
 // ErrorResponse is the body of every failed request.
