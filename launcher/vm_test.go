@@ -297,8 +297,9 @@ func TestGuestLifecycle(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// migrate has the (incoming) target dst listen on loopback and sends src's guest there, uncapped;
-// it returns the guest's last tick on the source before the switch.
+// migrate has the (incoming) target dst listen on loopback and sends src's guest there, uncapped,
+// with its local disks (the emptyDisk) mirrored to dst's NBD server; it returns the guest's last
+// tick on the source before the switch.
 func migrate(t *testing.T, src, dst *vm, srcConsole *console) int {
 	t.Helper()
 	ctx := context.Background()
@@ -307,7 +308,7 @@ func migrate(t *testing.T, src, dst *vm, srcConsole *console) int {
 		t.Fatal(err)
 	}
 	beforeSwitch := srcConsole.LastTick()
-	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1, BlockMigration: nbdOf(dst)}); err != nil {
 		t.Fatal(err)
 	}
 	return beforeSwitch

@@ -121,6 +121,20 @@ type MigrationSource struct {
 	DowntimeLimit time.Duration `json:"downtimeLimit,omitempty"`
 	AutoConverge  bool          `json:"autoConverge,omitempty"`
 	PostCopy      bool          `json:"postCopy,omitempty"`
+	// BlockMigration is where the target exports the disks whose contents live on this node
+	// only (emptyDisks, the writable overlays of containerDisks and ephemeral claims): the source
+	// mirrors them there before it sends the guest's memory. Required when the guest has such
+	// disks; a launcher that predates it refuses the request (unknown field) rather than leave
+	// the target's disks blank.
+	BlockMigration *BlockMigration `json:"blockMigration,omitempty"`
+}
+
+// BlockMigration names the NBD server of a migration target's local disks. Its exports are
+// named after the disks.
+type BlockMigration struct {
+	// URI is unix:/ABSOLUTE/PATH: the target launcher's NBD socket (launcher.Dir.NBDIn), or the
+	// node agent's tunnel to it in the source pod (launcher.Dir.NBDOut).
+	URI string `json:"uri"`
 }
 
 // MigrationRole is which side of a migration a launcher is.
@@ -143,6 +157,11 @@ type MigrationInfo struct {
 	DowntimeMs       int64         `json:"downtimeMs,omitempty"`
 	TotalTimeMs      int64         `json:"totalTimeMs,omitempty"`
 	Error            string        `json:"error,omitempty"`
+	// DiskTotalBytes and DiskTransferredBytes are the copy of the local disks (BlockMigration)
+	// on a source: what its mirrors have to copy, which grows as the guest writes, and what
+	// they copied.
+	DiskTotalBytes       int64 `json:"diskTotalBytes,omitempty"`
+	DiskTransferredBytes int64 `json:"diskTransferredBytes,omitempty"`
 }
 
 // ErrorResponse is the body of every failed request.
