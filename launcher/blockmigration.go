@@ -37,9 +37,9 @@ import (
 //     pause-before-switchover (libvirt enables it on every source for this): in the
 //     pre-switchover state the vCPUs are stopped and block I/O still works, and the launcher ends
 //     each ready mirror with block-job-cancel, which makes the target a point-in-time copy
-//     (BLOCK_JOB_COMPLETED, offset equal to length), removes the client nodes, and only then lets
-//     the migration go on (migrate-continue). A mirror that fails at any moment cancels the
-//     migration.
+//     (BLOCK_JOB_COMPLETED, offset equal to length), and only then lets the migration go on
+//     (migrate-continue). A mirror that fails at any moment cancels the migration. The NBD client
+//     nodes go once the migration has ended.
 //  4. The target stops its NBD server once the migration completed, before anything else can
 //     write to the disks through it.
 //
@@ -247,11 +247,14 @@ func (l *Launcher) superviseMirror(p *Process, m *mirror, paused, ended *qmp.Wai
 				l.switchOver(mon, m)
 			}
 		case ev, ok := <-endedC:
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			if ok && ev.Data["status"] != string(qmp.MigrationCompleted) {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				m.abort(ctx)
-				cancel()
+			} else {
+				// Usually QEMU quits now; if it goes on, a later migration needs the names.
+				_ = m.removeClients(ctx)
 			}
+			cancel()
 			return
 		case <-changed:
 		case <-p.Done():
@@ -552,8 +555,10 @@ func (m *mirror) cancelBeforeMemory() bool {
 }
 
 // complete ends every ready mirror in sync (block-job-cancel on a ready mirror completes it with
-// the target a copy of the source as of now) and removes the client nodes. The guest must be
-// stopped, or the copies would be stale at once.
+// the target a copy of the source as of now). The guest must be stopped, or the copies would be
+// stale at once. The client nodes stay until the migration has ended: removing them takes time
+// (an NBD disconnect each) that the guest would spend paused, and nothing writes through them
+// any more.
 func (m *mirror) complete(ctx context.Context) error {
 	m.mu.Lock()
 	err := m.failureLocked()
@@ -578,10 +583,7 @@ func (m *mirror) complete(ctx context.Context) error {
 		}
 	}
 	m.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return m.removeClients(ctx)
+	return err
 }
 
 // waitEnded waits until every started job has ended.
