@@ -98,7 +98,9 @@ type ShutdownRequest struct {
 	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
 }
 
-// MigrationTarget tells an incoming QEMU where to listen.
+// MigrationTarget tells an incoming QEMU where to listen. A guest with local disks (see
+// MigrationSource.BlockMigration) also gets them exported, writable, on the NBD socket
+// launcher.Dir.NBDIn, until the guest has arrived.
 type MigrationTarget struct {
 	// Listen is ListenUnix (a socket in the launcher's directory, for the node agent), or a host:port the
 	// source can reach where port 0 picks a free port; the reply has the URI.
