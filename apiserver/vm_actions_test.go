@@ -113,17 +113,17 @@ func TestVMActions(t *testing.T) {
 		}
 	})
 
-	t.Run("migrate refuses an instance with a local writable disk, naming it", func(t *testing.T) {
+	t.Run("migrate refuses an instance with a disk only its node has, naming it", func(t *testing.T) {
 		vm := createVM(t, "scratchy", v1alpha1.RunStrategyAlways)
 		vmi := testVMI(t, vm.Name, "", v1alpha1.Running)
 		base := vmi.DeepCopy()
 		vmi.Spec.Volumes = append(vmi.Spec.Volumes, v1alpha1.Volume{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{
-			EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}}})
+			HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/scratch.img", Type: v1alpha1.HostDiskExistsOrCreate, Capacity: ptr.To(resource.MustParse("8Mi"))}}})
 		vmi.Spec.Domain.Devices.Disks = append(vmi.Spec.Domain.Devices.Disks, v1alpha1.Disk{Name: "scratch"})
 		if err := cp.Client.Patch(context.Background(), vmi, client.MergeFrom(base)); err != nil {
 			t.Fatal(err)
 		}
-		expectCode(t, edit, vm.Name, sub.Migrate, "", http.StatusConflict, `volume "scratch" is an emptyDisk`)
+		expectCode(t, edit, vm.Name, sub.Migrate, "", http.StatusConflict, `volume "scratch" is a host disk that is not marked shared`)
 		var list v1alpha1.VirtualMachineInstanceMigrationList
 		if err := cp.Client.List(context.Background(), &list, client.InNamespace(testNS)); err != nil {
 			t.Fatal(err)

@@ -51,8 +51,9 @@ func (p *testPKI) material(t *testing.T, spec certs.LeafSpec) *certs.Material {
 // old migration port in the clear, and to the target node's migration endpoint over TLS without a
 // client certificate, with qvirt-api's certificate (same CA, not a node agent), with the source
 // node agent's certificate naming another migration, and with valid certificates of node agents
-// of other nodes than the source naming this migration. None may reach the incoming QEMU: the
-// real migration afterwards succeeds and the guest goes on counting.
+// of other nodes than the source naming this migration, or its disk streams (block migration). None
+// may reach the incoming QEMU: the real migration afterwards succeeds and the guest goes on
+// counting.
 func TestStrayMigrationConnections(t *testing.T) {
 	e := newEnv(t)
 	nodeB := e.addNode()
@@ -78,6 +79,7 @@ func TestStrayMigrationConnections(t *testing.T) {
 	otherNode := e.pki.material(t, certs.HandlerNodeSpec("node-elsewhere"))
 	targetAgent := e.pki.material(t, certs.HandlerNodeSpec(nodeB.node))
 	uid := string(ready.Status.MigrationState.MigrationUID) + "\n"
+	disks := string(ready.Status.MigrationState.MigrationUID) + " disks\n"
 	for _, tc := range []struct {
 		name   string
 		cert   *certs.Material
@@ -88,6 +90,8 @@ func TestStrayMigrationConnections(t *testing.T) {
 		{"the source node agent's certificate, another migration", source, "00000000-0000-0000-0000-000000000000\n"},
 		{"another node's agent, this migration", otherNode, uid},
 		{"the target node's own agent, this migration", targetAgent, uid},
+		{"another node's agent, this migration's disks", otherNode, disks},
+		{"the source node agent's certificate, disks of a migration that copies none", source, disks},
 	} {
 		if fed := strayTLS(t, addr, tc.cert, tc.header, garbage); fed {
 			t.Errorf("%s: the target accepted the garbage and kept the connection open", tc.name)

@@ -38,6 +38,7 @@ type Launcher struct {
 	migration *protocol.MigrationInfo
 	hotplug   map[string]hotDisk
 	nics      map[string]hotNIC
+	blocks    blockState // block migration (blockmigration.go)
 	changed   chan struct{}
 
 	// volumes serialises HotplugDisk and UnplugDisk, which resolve and clean up images outside mu.

@@ -60,6 +60,9 @@ func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (s
 	if err := mon.MigrateSetCapabilities(ctx, targetCapabilities); err != nil {
 		return "", fmt.Errorf("prepare migration target: %w", err)
 	}
+	if err := l.exportLocalDisks(ctx, p); err != nil {
+		return "", fmt.Errorf("prepare migration target: %w", err)
+	}
 	done := mon.NewWaiter(qmp.EventMigration, migrationFinished)
 	if err := mon.MigrateIncoming(ctx, uri); err != nil {
 		done.Cancel()
@@ -118,6 +121,9 @@ func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
 	status, _ := ev.Data["status"].(string)
 	info := &protocol.MigrationInfo{Role: protocol.RoleTarget, Status: status}
 	if status == string(qmp.MigrationCompleted) {
+		if err := l.stopDiskExport(p); err != nil {
+			info.Error = err.Error()
+		}
 		info.Handover = protocol.HandoverHolding
 		// No event tells the run state the guest arrived in: ask.
 		if err := p.refreshState(context.Background()); err != nil {
@@ -143,6 +149,11 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *protocol.MigrationSou
 	if active {
 		return &ConflictError{Msg: "a migration is already running"}
 	}
+	disks := l.localDisks(p)
+	if err := checkBlockMigration(req, disks); err != nil {
+		return err
+	}
+	l.setMirror(nil)
 	before, err := p.currentState(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
@@ -153,6 +164,8 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *protocol.MigrationSou
 		{Capability: qmp.CapReturnPath, State: true}, // see the contract at the top of this file
 		{Capability: qmp.CapAutoConverge, State: req.AutoConverge},
 		{Capability: qmp.CapPostcopyRAM, State: req.PostCopy},
+		// Local disks are handed over while the guest is paused before the switch-over (blockmigration.go).
+		{Capability: qmp.CapPauseBeforeSwitchover, State: len(disks) > 0},
 	}
 	if err := mon.MigrateSetCapabilities(ctx, caps); err != nil {
 		return fmt.Errorf("migrate: set capabilities: %w", err)
@@ -162,13 +175,21 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *protocol.MigrationSou
 			return fmt.Errorf("migrate: set parameters: %w", err)
 		}
 	}
-	done := mon.NewWaiter(qmp.EventMigration, migrationFinished)
-	if err := mon.Migrate(ctx, qmp.MigrateOptions{URI: req.URI}); err != nil {
+	if len(disks) > 0 {
+		return l.migrateWithDisks(ctx, p, req, disks, before == qmp.StateRunning)
+	}
+	return l.startMemoryMigration(ctx, p, req.URI, before == qmp.StateRunning)
+}
+
+// startMemoryMigration sends the guest to uri and follows the migration (followOutgoing).
+func (l *Launcher) startMemoryMigration(ctx context.Context, p *Process, uri string, wasRunning bool) error {
+	done := p.Monitor().NewWaiter(qmp.EventMigration, migrationFinished)
+	if err := p.Monitor().Migrate(ctx, qmp.MigrateOptions{URI: uri}); err != nil {
 		done.Cancel()
-		return fmt.Errorf("migrate to %s: %w", req.URI, err)
+		return fmt.Errorf("migrate to %s: %w", uri, err)
 	}
 	l.setMigration(&protocol.MigrationInfo{Role: protocol.RoleSource, Status: string(qmp.MigrationSetup)})
-	go l.followOutgoing(p, done, before == qmp.StateRunning)
+	go l.followOutgoing(p, done, wasRunning)
 	return nil
 }
 
@@ -292,6 +313,7 @@ func (l *Launcher) refreshMigration(mon *qmp.Monitor) *protocol.MigrationInfo {
 		info.TotalBytes, info.TransferredBytes, info.RemainingBytes = mi.RAM.Total, mi.RAM.Transferred, mi.RAM.Remaining
 		info.ThroughputMbps = mi.RAM.Mbps
 	}
+	l.diskMigrationInfo(info)
 	l.setMigration(info)
 	return info
 }
@@ -313,6 +335,9 @@ func (l *Launcher) CancelMigration(ctx context.Context) error {
 	}
 	if l.handingOver() {
 		return &ConflictError{Msg: "the guest was handed over to the target: it is too late to cancel"}
+	}
+	if l.cancelDiskCopy() {
+		return nil
 	}
 	if err := p.Monitor().MigrateCancel(ctx); err != nil {
 		return fmt.Errorf("cancel migration: %w", err)

@@ -29,7 +29,7 @@ func TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource(t *testing.T) {
 	}
 	proxy := holdReturnPath(t, strings.TrimPrefix(uri, "tcp:"))
 	booted := strings.Count(srcConsole.Text(), "QVIRT-GUEST-READY")
-	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: "tcp:" + proxy, BandwidthBytesPerSecond: -1}); err != nil {
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: "tcp:" + proxy, BandwidthBytesPerSecond: -1, BlockMigration: nbdOf(dst)}); err != nil {
 		t.Fatal(err)
 	}
 	var dstStatus protocol.Status

@@ -37,3 +37,11 @@ func (d Dir) MigrationIn() string { return filepath.Join(string(d), "migration-i
 
 // MigrationOut is where the source node's agent listens for the source QEMU's outgoing stream.
 func (d Dir) MigrationOut() string { return filepath.Join(string(d), "migration-out.sock") }
+
+// NBDIn is where a migration target's QEMU exports the disks whose contents the source must copy
+// (block migration); like MigrationIn, only the pod and the node agent reach it.
+func (d Dir) NBDIn() string { return filepath.Join(string(d), "nbd-in.sock") }
+
+// NBDOut is where the source node's agent listens for the source QEMU's NBD connections to the
+// target's disks.
+func (d Dir) NBDOut() string { return filepath.Join(string(d), "nbd-out.sock") }

@@ -307,7 +307,8 @@ func migrate(t *testing.T, src, dst *vm, srcConsole *console) int {
 }
 
 // sendGuest has the (incoming) target dst listen on loopback and starts sending src's guest there,
-// uncapped; it returns the guest's last tick on the source before the switch.
+// uncapped, with its local disks (the emptyDisk) mirrored to dst's NBD server; it returns the
+// guest's last tick on the source before the switch.
 func sendGuest(t *testing.T, src, dst *vm, srcConsole *console) int {
 	t.Helper()
 	ctx := context.Background()
@@ -316,7 +317,7 @@ func sendGuest(t *testing.T, src, dst *vm, srcConsole *console) int {
 		t.Fatal(err)
 	}
 	beforeSwitch := srcConsole.LastTick()
-	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1, BlockMigration: nbdOf(dst)}); err != nil {
 		t.Fatal(err)
 	}
 	return beforeSwitch

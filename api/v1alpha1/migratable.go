@@ -36,7 +36,8 @@ func ClaimVolumes(spec *VirtualMachineInstanceSpec) []ClaimVolume {
 // (one of the constants above) and a message for people. The controller sets the LiveMigratable
 // condition from it and a migration of a non-migratable instance fails at once with it. EFI
 // firmware does not stand in the way: QEMU migrates the variable store's content with the guest
-// and the target writes it to its own store.
+// and the target writes it to its own store. Nor do disks whose contents live on the node only
+// (LocalDisks): a migration copies them to the target (block migration).
 func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message string) {
 	pod := map[string]bool{}
 	for _, n := range spec.Networks {
@@ -54,34 +55,24 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 			return false, HostDiskNotSharedReason, fmt.Sprintf("volume %q is a host disk that is not marked shared", v.Name)
 		}
 	}
-	if name, kind := localWritableVolume(spec); name != "" {
-		return false, DisksNotLiveMigratableReason, fmt.Sprintf("volume %q is %s written on this node only and qvirt does not migrate disk contents yet: "+
-			"the guest would find it blank or stale on the target (attach it read-only, or use a persistentVolumeClaim)", name, kind)
-	}
 	return true, MigratableReason, "the instance can be live-migrated"
 }
 
-// localWritableVolume names the first volume whose written data exists only in a file on the
-// instance's node, and what kind of volume it is; "" when there is none. Without block migration
-// the target starts such a disk afresh (a blank emptyDisk, a new overlay on the image), so the
-// guest would lose what it wrote while it keeps running.
-func localWritableVolume(spec *VirtualMachineInstanceSpec) (name, kind string) {
+// LocalDisks names, in spec order, the volumes whose written data exists only in a file on the
+// instance's node: writable emptyDisks, and the overlays of writable containerDisks and ephemeral
+// volumes. A migration copies them to the target (the node agents tunnel the copy as they do the
+// memory): the target starts such a disk afresh (a blank emptyDisk, a new overlay over the same
+// image) and the source mirrors its contents into it before the switch-over.
+func LocalDisks(spec *VirtualMachineInstanceSpec) []string {
 	readOnly := map[string]bool{}
 	for _, d := range spec.Domain.Devices.Disks {
 		readOnly[d.Name] = d.CDRom != nil || (d.Disk != nil && d.Disk.ReadOnly)
 	}
+	var out []string
 	for _, v := range spec.Volumes {
-		if readOnly[v.Name] {
-			continue
-		}
-		switch {
-		case v.EmptyDisk != nil:
-			return v.Name, "an emptyDisk,"
-		case v.ContainerDisk != nil:
-			return v.Name, "a writable containerDisk, whose overlay is"
-		case v.Ephemeral != nil:
-			return v.Name, "a writable ephemeral volume, whose overlay is"
+		if !readOnly[v.Name] && (v.EmptyDisk != nil || v.ContainerDisk != nil || v.Ephemeral != nil) {
+			out = append(out, v.Name)
 		}
 	}
-	return "", ""
+	return out
 }

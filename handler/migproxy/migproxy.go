@@ -9,6 +9,12 @@
 // target socket only if this node expects it, from that migration's source node, once. A stray
 // connection, with no certificate, another component's certificate, another node's certificate
 // or an unknown migration, is closed before any byte reaches QEMU.
+//
+// A guest with local disks (block migration) sends their copy first, as NBD connections from the
+// source QEMU to the target QEMU's NBD server (launcher.Dir.NBDOut to launcher.Dir.NBDIn): the
+// same tunnel and the same checks carry them, marked as disk streams in the header line. The
+// target accepts disk streams of a migration it expects, from its source node, up to
+// maxDiskStreams, and no more once the memory stream has arrived.
 package migproxy
 
 import (
@@ -39,6 +45,10 @@ const (
 	maxHeader = 128
 	// expectTTL drops a target nobody connected to: its migration has long ended.
 	expectTTL = 24 * time.Hour
+	// maxDiskStreams bounds the disk streams of one migration: one per local disk.
+	maxDiskStreams = 64
+	// diskStream marks a disk stream's header line: "<uid> disks".
+	diskStream = "disks"
 )
 
 // Server is the target node's migration endpoint. Safe for concurrent use.
@@ -56,6 +66,10 @@ type Server struct {
 
 type expectation struct {
 	socket string
+	// disks is the host path of the target QEMU's NBD socket, "" when the migration copies no
+	// disks; diskStreams counts the disk streams taken.
+	disks       string
+	diskStreams int
 	// source is the node whose agent may send the stream.
 	source string
 	added  time.Time
@@ -120,6 +134,17 @@ func (s *Server) Expect(uid types.UID, socket, source string) {
 	s.expected[uid] = expectation{socket: socket, source: source, added: now}
 }
 
+// ExpectDisks opens the endpoint for the disk streams of migration uid, which Expect opened, to
+// the target QEMU's NBD socket (a host path), until its memory stream arrives.
+func (s *Server) ExpectDisks(uid types.UID, socket string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.expected[uid]; ok {
+		e.disks = socket
+		s.expected[uid] = e
+	}
+}
+
 // Forget closes the endpoint to migration uid.
 func (s *Server) Forget(uid types.UID) {
 	s.mu.Lock()
@@ -144,16 +169,25 @@ func (s *Server) prune(now time.Time) {
 var errNotExpected = errors.New("no target on this node waits for it")
 
 // take claims migration uid's target socket, once, for a client whose certificate is peer: it
-// must name the migration's source node. A client of another node claims nothing.
-func (s *Server) take(uid types.UID, peer *x509.Certificate) (string, error) {
+// must name the migration's source node. A client of another node claims nothing. A disk stream
+// claims the NBD socket, up to maxDiskStreams times, until the memory stream was taken.
+func (s *Server) take(uid types.UID, disks bool, peer *x509.Certificate) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.expected[uid]
-	if !ok {
+	if !ok || disks && e.disks == "" {
 		return "", errNotExpected
 	}
 	if err := certs.CheckHandlerNode(peer, e.source); err != nil {
 		return "", fmt.Errorf("the migration comes from node %s: %w", e.source, err)
+	}
+	if disks {
+		if e.diskStreams >= maxDiskStreams {
+			return "", fmt.Errorf("the migration already sent %d disk streams", e.diskStreams)
+		}
+		e.diskStreams++
+		s.expected[uid] = e
+		return e.disks, nil
 	}
 	delete(s.expected, uid)
 	s.taken[uid] = time.Now()
@@ -163,45 +197,49 @@ func (s *Server) take(uid types.UID, peer *x509.Certificate) (string, error) {
 func (s *Server) serve(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
 	log := s.log.WithValues("remote", conn.RemoteAddr().String())
-	uid, br, err := readHeader(ctx, conn.(*tls.Conn))
+	uid, disks, br, err := readHeader(ctx, conn.(*tls.Conn))
 	if err != nil {
 		log.Info("refused a migration connection", "reason", err.Error())
 		return
 	}
-	socket, err := s.take(uid, conn.(*tls.Conn).ConnectionState().PeerCertificates[0])
+	socket, err := s.take(uid, disks, conn.(*tls.Conn).ConnectionState().PeerCertificates[0])
 	if err != nil {
-		log.Info("refused a migration connection", "reason", err.Error(), "migration", uid, "client", peerName(conn.(*tls.Conn)))
+		log.Info("refused a migration connection", "reason", err.Error(), "migration", uid, "disks", disks, "client", peerName(conn.(*tls.Conn)))
 		return
 	}
 	target, err := unixsock.Dial(ctx, socket)
 	if err != nil {
-		log.Error(err, "reach the migration target", "migration", uid)
+		log.Error(err, "reach the migration target", "migration", uid, "disks", disks)
 		return
 	}
-	log.Info("migration stream accepted", "migration", uid, "client", peerName(conn.(*tls.Conn)))
+	log.Info("migration stream accepted", "migration", uid, "disks", disks, "client", peerName(conn.(*tls.Conn)))
 	splice(conn, br, target)
 }
 
 // readHeader completes the handshake (the client certificate is checked there) and reads the
-// migration UID line; br holds whatever the client sent after it.
-func readHeader(ctx context.Context, conn *tls.Conn) (types.UID, *bufio.Reader, error) {
+// header line: the migration UID, and " disks" for a disk stream; br holds whatever the client
+// sent after it.
+func readHeader(ctx context.Context, conn *tls.Conn) (uid types.UID, disks bool, br *bufio.Reader, err error) {
 	_ = conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	if err := conn.HandshakeContext(ctx); err != nil {
-		return "", nil, fmt.Errorf("TLS handshake: %w", err)
+		return "", false, nil, fmt.Errorf("TLS handshake: %w", err)
 	}
-	br := bufio.NewReaderSize(io.LimitReader(conn, maxHeader), maxHeader)
-	line, err := br.ReadString('\n')
+	hr := bufio.NewReaderSize(io.LimitReader(conn, maxHeader), maxHeader)
+	line, err := hr.ReadString('\n')
 	if err != nil {
-		return "", nil, fmt.Errorf("read the header: %w", err)
+		return "", false, nil, fmt.Errorf("read the header: %w", err)
 	}
 	_ = conn.SetDeadline(time.Time{})
-	uid := strings.TrimSuffix(line, "\n")
-	if uid == "" {
-		return "", nil, errors.New("empty migration UID")
+	id, kind, _ := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
+	switch {
+	case id == "":
+		return "", false, nil, errors.New("empty migration UID")
+	case kind != "" && kind != diskStream:
+		return "", false, nil, fmt.Errorf("unknown stream kind %q", kind)
 	}
 	// Bytes after the header were buffered from the limited reader; the rest comes from conn.
-	rest := bufio.NewReader(io.MultiReader(br, conn))
-	return types.UID(uid), rest, nil
+	rest := bufio.NewReader(io.MultiReader(hr, conn))
+	return types.UID(id), kind == diskStream, rest, nil
 }
 
 // peerName names the client in logs: its certificate's node, or its CN when it names none.
@@ -261,14 +299,49 @@ func (t *Tunnel) Forward(socket string, owner int, addr, target string, uid type
 		if err != nil {
 			return
 		}
-		t.carry(conn, addr, target, uid)
+		t.carry(conn, addr, target, string(uid))
 	}()
 	return stop, nil
 }
 
-func (t *Tunnel) carry(conn net.Conn, addr, target string, uid types.UID) {
+// ForwardDisks is Forward for the disk streams of migration uid: it listens on socket for the
+// source QEMU's NBD connections, one per local disk, and carries each to the target endpoint. It
+// stops listening after maxDiskStreams connections, acceptTimeout, or stop.
+func (t *Tunnel) ForwardDisks(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error) {
+	ln, err := unixsock.Listen(socket)
+	if err != nil {
+		return nil, err
+	}
+	if err := unixsock.Chown(socket, owner, owner); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = ln.Close()
+			_ = unixsock.Remove(socket)
+		})
+	}
+	timer := time.AfterFunc(acceptTimeout, stop)
+	go func() {
+		defer timer.Stop()
+		defer stop()
+		for range maxDiskStreams {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go t.carry(conn, addr, target, string(uid)+" "+diskStream)
+		}
+	}()
+	return stop, nil
+}
+
+// carry sends conn's stream to the target endpoint at addr after the header line header.
+func (t *Tunnel) carry(conn net.Conn, addr, target, header string) {
 	defer conn.Close()
-	log := t.log.WithValues("migration", uid, "target", addr, "targetNode", target)
+	log := t.log.WithValues("stream", header, "target", addr, "targetNode", target)
 	cfg := certs.HandlerClientConfig(t.certs, target)
 	cfg.NextProtos = []string{Protocol}
 	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 15 * time.Second}, Config: cfg}
@@ -280,7 +353,7 @@ func (t *Tunnel) carry(conn net.Conn, addr, target string, uid types.UID) {
 		log.Error(err, "reach the target node's migration endpoint")
 		return
 	}
-	if _, err := io.WriteString(remote, string(uid)+"\n"); err != nil {
+	if _, err := io.WriteString(remote, header+"\n"); err != nil {
 		log.Error(err, "send the migration header")
 		_ = remote.Close()
 		return

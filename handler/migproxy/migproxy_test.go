@@ -133,3 +133,86 @@ func TestTunnelChecksBothNodes(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// A block migration's disk streams (the source QEMU's NBD connections) take the same tunnel with
+// the same checks: the target accepts them from the migration's source node, to the NBD socket of
+// a migration that copies disks, and no more once the memory stream has arrived.
+func TestTunnelCarriesDiskStreams(t *testing.T) {
+	now := time.Now()
+	ca, err := certs.NewCA("test-ca", now.Add(-time.Minute), now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	incoming, nbd := filepath.Join(dir, "in.sock"), filepath.Join(dir, "nbd.sock")
+	gotMemory, gotDisks := fakeTarget(t, incoming), fakeTarget(t, nbd)
+
+	srv, err := migproxy.Listen("127.0.0.1:0", agentCerts(t, ca, "node-b"), testr.New(t).WithName("node-b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	const uid = types.UID("3f1c2b4e-0000-4000-8000-000000000002")
+	const diskless = types.UID("3f1c2b4e-0000-4000-8000-000000000003")
+	srv.Expect(uid, incoming, "node-a")
+	srv.ExpectDisks(uid, nbd)
+	srv.Expect(diskless, incoming, "node-a")
+
+	disks := func(from string, id types.UID, payloads ...string) {
+		t.Helper()
+		out := filepath.Join(dir, from+"-nbd.sock")
+		stop, err := migproxy.NewTunnel(agentCerts(t, ca, from), testr.New(t).WithName(from)).ForwardDisks(out, os.Getuid(), srv.Addr(), "node-b", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		for _, p := range payloads {
+			send(t, out, p)
+		}
+	}
+	expect := func(got <-chan string, want ...string) {
+		t.Helper()
+		seen := map[string]bool{}
+		for range want {
+			select {
+			case data := <-got:
+				seen[data] = true
+			case <-time.After(10 * time.Second):
+				t.Fatalf("streams %q did not all arrive (saw %v)", want, seen)
+			}
+		}
+		for _, w := range want {
+			if !seen[w] {
+				t.Errorf("stream %q did not arrive (saw %v)", w, seen)
+			}
+		}
+	}
+	none := func(got <-chan string, what string) {
+		t.Helper()
+		select {
+		case data := <-got:
+			t.Errorf("%s reached the target QEMU: %q", what, data)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+
+	disks("node-c", uid, "disk from an impostor")
+	disks("node-a", diskless, "disk of a migration without disks")
+	none(gotDisks, "a refused disk stream")
+	disks("node-a", uid, "disk one", "disk two")
+	expect(gotDisks, "disk one", "disk two")
+
+	out := filepath.Join(dir, "mem-out.sock")
+	stop, err := migproxy.NewTunnel(agentCerts(t, ca, "node-a"), testr.New(t)).Forward(out, os.Getuid(), srv.Addr(), "node-b", uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	send(t, out, "the guest's state")
+	expect(gotMemory, "the guest's state")
+	disks("node-a", uid, "disk after the switch")
+	none(gotDisks, "a disk stream after the memory stream")
+}

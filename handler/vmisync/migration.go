@@ -41,6 +41,10 @@ type MigrationTunnel interface {
 	// carries it to the target endpoint at addr, the agent of node target, as migration uid; stop
 	// ends the wait.
 	Forward(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error)
+	// ExpectDisks and ForwardDisks are Expect and Forward for the NBD connections of a block
+	// migration, which copy the instance's local disks before its memory.
+	ExpectDisks(uid types.UID, socket string)
+	ForwardDisks(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error)
 }
 
 // errNoTunnel is a node agent started without its migration endpoint.
@@ -110,7 +114,16 @@ func (r *Reconciler) reopenTarget(v *v1alpha1.VirtualMachineInstance, ms *v1alph
 		return
 	}
 	if d := r.launchers.dir(v.UID); d != "" {
-		r.Migrations.Expect(ms.MigrationUID, d.MigrationIn(), ms.SourceNode)
+		r.expectMigration(v, ms, d)
+	}
+}
+
+// expectMigration opens this node's endpoint for the migration's streams to the target launcher
+// in d: its memory, and the copy of its local disks (v1alpha1.LocalDisks) before that.
+func (r *Reconciler) expectMigration(v *v1alpha1.VirtualMachineInstance, ms *v1alpha1.VirtualMachineInstanceMigrationState, d launcher.Dir) {
+	r.Migrations.Expect(ms.MigrationUID, d.MigrationIn(), ms.SourceNode)
+	if len(v1alpha1.LocalDisks(&v.Spec)) > 0 {
+		r.Migrations.ExpectDisks(ms.MigrationUID, d.NBDIn())
 	}
 }
 
@@ -141,7 +154,7 @@ func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachi
 			return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
 		}
 	}
-	r.Migrations.Expect(v.Status.MigrationState.MigrationUID, r.launchers.dir(v.UID).MigrationIn(), v.Status.MigrationState.SourceNode)
+	r.expectMigration(v, v.Status.MigrationState, r.launchers.dir(v.UID))
 	return r.Migrations.Address(), nil
 }
 
@@ -230,10 +243,22 @@ func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachi
 		return fmt.Errorf("open the migration tunnel: %w", err)
 	}
 	// The launcher sees its socket directory at podlayout.SocketDir.
-	inPod := launcher.VMIDir(podlayout.SocketDir, v.UID).MigrationOut()
+	inPod := launcher.VMIDir(podlayout.SocketDir, v.UID)
+	req := protocol.MigrationSource{URI: "unix:" + inPod.MigrationOut(), BandwidthBytesPerSecond: r.migrationBandwidth()}
+	if len(v1alpha1.LocalDisks(&v.Spec)) > 0 {
+		// The local disks are copied first, through the same tunnel (blockmigration.go in the
+		// launcher); a launcher too old to copy them refuses the request.
+		stopDisks, err := r.Migrations.ForwardDisks(hostDir.NBDOut(), podlayout.LauncherUID, ms.TargetNodeAddress, ms.TargetNode, ms.MigrationUID)
+		if err != nil {
+			stop()
+			return fmt.Errorf("open the tunnel for the local disks: %w", err)
+		}
+		prev := stop
+		stop = func() { prev(); stopDisks() }
+		req.BlockMigration = &protocol.BlockMigration{URI: "unix:" + inPod.NBDOut()}
+	}
 	c := r.launchers.client(v.UID)
 	defer c.Close()
-	req := protocol.MigrationSource{URI: "unix:" + inPod, BandwidthBytesPerSecond: r.migrationBandwidth()}
 	if err := c.MigrateSource(ctx, req); err != nil {
 		stop()
 		return err

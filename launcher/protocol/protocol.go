@@ -101,7 +101,9 @@ type ShutdownRequest struct {
 	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
 }
 
-// MigrationTarget tells an incoming QEMU where to listen.
+// MigrationTarget tells an incoming QEMU where to listen. A guest with local disks (see
+// MigrationSource.BlockMigration) also gets them exported, writable, on the NBD socket
+// launcher.Dir.NBDIn, until the guest has arrived.
 type MigrationTarget struct {
 	// Listen is ListenUnix (a socket in the launcher's directory, for the node agent), or a host:port the
 	// source can reach where port 0 picks a free port; the reply has the URI.
@@ -124,6 +126,20 @@ type MigrationSource struct {
 	DowntimeLimit time.Duration `json:"downtimeLimit,omitempty"`
 	AutoConverge  bool          `json:"autoConverge,omitempty"`
 	PostCopy      bool          `json:"postCopy,omitempty"`
+	// BlockMigration is where the target exports the disks whose contents live on this node
+	// only (emptyDisks, the writable overlays of containerDisks and ephemeral claims): the source
+	// mirrors them there before it sends the guest's memory. Required when the guest has such
+	// disks; a launcher that predates it refuses the request (unknown field) rather than leave
+	// the target's disks blank.
+	BlockMigration *BlockMigration `json:"blockMigration,omitempty"`
+}
+
+// BlockMigration names the NBD server of a migration target's local disks. Its exports are
+// named after the disks.
+type BlockMigration struct {
+	// URI is unix:/ABSOLUTE/PATH: the target launcher's NBD socket (launcher.Dir.NBDIn), or the
+	// node agent's tunnel to it in the source pod (launcher.Dir.NBDOut).
+	URI string `json:"uri"`
 }
 
 // MigrationRole is which side of a migration a launcher is.
@@ -146,6 +162,11 @@ type MigrationInfo struct {
 	DowntimeMs       int64         `json:"downtimeMs,omitempty"`
 	TotalTimeMs      int64         `json:"totalTimeMs,omitempty"`
 	Error            string        `json:"error,omitempty"`
+	// DiskTotalBytes and DiskTransferredBytes are the copy of the local disks (BlockMigration)
+	// on a source: what its mirrors have to copy, which grows as the guest writes, and what
+	// they copied.
+	DiskTotalBytes       int64 `json:"diskTotalBytes,omitempty"`
+	DiskTransferredBytes int64 `json:"diskTransferredBytes,omitempty"`
 	// Handover is where the migration's last step stands once QEMU moved the guest's whole state
 	// (Status completed); "" before.
 	Handover Handover `json:"handover,omitempty"`
