@@ -2,11 +2,14 @@ package launcher_test
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
@@ -86,6 +89,29 @@ func TestTargetKilledDuringHandoverKeepsTheGuestOnTheSource(t *testing.T) {
 	if strings.Contains(dstConsole.Text(), "tick") {
 		t.Errorf("the guest ran on the target: %q", dstConsole.Text())
 	}
+}
+
+// TestHandoverRefusals: the handover's commands need a launcher that holds a handed-over guest in
+// the matching role, and a reclaim says why.
+func TestHandoverRefusals(t *testing.T) {
+	v := newLauncher(t)
+	ctx := context.Background()
+	_, err := v.client.ReclaimMigration(ctx, " ")
+	var apiErr *launcher.APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest || apiErr.Field != "reason" {
+		t.Errorf("reclaim without a reason: %v, want a 400 naming reason", err)
+	}
+	_, err = v.client.RunMigrated(ctx, protocol.MigrationRun{})
+	expectConflict(t, "run without a guest", err, "no QEMU")
+	expectConflict(t, "finish without a guest", v.client.FinishMigration(ctx), "no QEMU")
+	if _, err := v.client.Sync(ctx, guestSpec(t)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = v.client.RunMigrated(ctx, protocol.MigrationRun{})
+	expectConflict(t, "run on a launcher that never migrated", err, "no migration has handed a guest over")
+	_, err = v.client.ReclaimMigration(ctx, "the target failed")
+	expectConflict(t, "reclaim on a launcher that never migrated", err, "no migration has handed a guest over")
+	expectConflict(t, "finish on a launcher that never migrated", v.client.FinishMigration(ctx), "no migration has handed a guest over")
 }
 
 // waitHolding waits until both sides hold the guest QEMU moved, and returns their statuses.
