@@ -33,7 +33,9 @@ var (
 // six ports.
 const SATAPorts = 6
 
-// ValidateVirtualMachine checks a VirtualMachine's spec.
+// ValidateVirtualMachine checks a VirtualMachine's spec. Its template is checked as given: the
+// webhook passes a copy whose template went through SetDefaults, as KubeVirt's VM admitter does,
+// so that what the instance will get by default (a disk for a volume without one) is not refused.
 func ValidateVirtualMachine(vm *VirtualMachine) field.ErrorList {
 	p := field.NewPath("spec")
 	var errs field.ErrorList
@@ -282,15 +284,9 @@ func validateDiskTarget(d *Disk, p *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(p.Child("disk", "readonly"), true, "a read-only disk cannot use the sata bus; use virtio or scsi"))
 		}
 		return errs
-	case d.CDRom != nil:
-		var errs field.ErrorList
-		if d.CDRom.Bus != "" {
-			errs = validateEnum(p.Child("cdrom", "bus"), string(d.CDRom.Bus), string(DiskBusSATA), string(DiskBusSCSI))
-		}
-		if d.CDRom.ReadOnly != nil && !*d.CDRom.ReadOnly {
-			errs = append(errs, field.Invalid(p.Child("cdrom", "readonly"), false, "a cdrom is always read-only"))
-		}
-		return errs
+	case d.CDRom != nil && d.CDRom.Bus != "":
+		// readonly: false is accepted, as KubeVirt does; the cdrom is attached read-only anyway.
+		return validateEnum(p.Child("cdrom", "bus"), string(d.CDRom.Bus), string(DiskBusSATA), string(DiskBusSCSI))
 	}
 	return nil
 }
@@ -532,6 +528,8 @@ func validateDiskVolumePairs(spec *VirtualMachineInstanceSpec, p *field.Path) fi
 			errs = append(errs, field.NotFound(p.Child("domain", "devices", "disks").Index(i).Child("name"), d.Name))
 		}
 	}
+	// After SetDefaults every volume has a disk; a spec checked without them (a hot-plug that adds
+	// a volume alone) is refused.
 	for i, v := range spec.Volumes {
 		if !disks[v.Name] {
 			errs = append(errs, field.Invalid(p.Child("volumes").Index(i).Child("name"), v.Name, "no disk attaches this volume"))

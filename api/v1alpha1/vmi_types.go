@@ -55,6 +55,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.features) == has(oldSelf.domain.features) && (!has(self.domain.features) || self.domain.features == oldSelf.domain.features)",message="spec.domain.features is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.features"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachSerialConsole) == has(oldSelf.domain.devices.autoattachSerialConsole) && (!has(self.domain.devices.autoattachSerialConsole) || self.domain.devices.autoattachSerialConsole == oldSelf.domain.devices.autoattachSerialConsole)",message="spec.domain.devices.autoattachSerialConsole is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachSerialConsole"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachGraphicsDevice) == has(oldSelf.domain.devices.autoattachGraphicsDevice) && (!has(self.domain.devices.autoattachGraphicsDevice) || self.domain.devices.autoattachGraphicsDevice == oldSelf.domain.devices.autoattachGraphicsDevice)",message="spec.domain.devices.autoattachGraphicsDevice is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachGraphicsDevice"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachPodInterface) == has(oldSelf.domain.devices.autoattachPodInterface) && (!has(self.domain.devices.autoattachPodInterface) || self.domain.devices.autoattachPodInterface == oldSelf.domain.devices.autoattachPodInterface)",message="spec.domain.devices.autoattachPodInterface is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachPodInterface"
 	// +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector) && (!has(self.nodeSelector) || self.nodeSelector == oldSelf.nodeSelector)",message="spec.nodeSelector is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".nodeSelector"
 	// +kubebuilder:validation:XValidation:rule="has(self.affinity) == has(oldSelf.affinity) && (!has(self.affinity) || self.affinity == oldSelf.affinity)",message="spec.affinity is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".affinity"
 	// +kubebuilder:validation:XValidation:rule="has(self.tolerations) == has(oldSelf.tolerations) && (!has(self.tolerations) || self.tolerations == oldSelf.tolerations)",message="spec.tolerations is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".tolerations"
@@ -64,6 +65,9 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.startStrategy) == has(oldSelf.startStrategy) && (!has(self.startStrategy) || self.startStrategy == oldSelf.startStrategy)",message="spec.startStrategy is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".startStrategy"
 	// +kubebuilder:validation:XValidation:rule="has(self.terminationGracePeriodSeconds) == has(oldSelf.terminationGracePeriodSeconds) && (!has(self.terminationGracePeriodSeconds) || self.terminationGracePeriodSeconds == oldSelf.terminationGracePeriodSeconds)",message="spec.terminationGracePeriodSeconds is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".terminationGracePeriodSeconds"
 	// +kubebuilder:validation:XValidation:rule="has(self.hostname) == has(oldSelf.hostname) && (!has(self.hostname) || self.hostname == oldSelf.hostname)",message="spec.hostname is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".hostname"
+	// Every volume is attached by a disk: admission gives one to a volume without it, so only an
+	// instance's spec, not a VirtualMachine's template, carries this rule.
+	// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.domain.devices.disks) && self.domain.devices.disks.exists(d, d.name == v.name))",message="every volume must be attached by a disk of the same name in domain.devices.disks",fieldPath=".volumes"
 	// +kubebuilder:validation:XValidation:rule="has(self.subdomain) == has(oldSelf.subdomain) && (!has(self.subdomain) || self.subdomain == oldSelf.subdomain)",message="spec.subdomain is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".subdomain"
 	Spec VirtualMachineInstanceSpec `json:"spec"`
 
@@ -85,7 +89,6 @@ type VirtualMachineInstanceList struct {
 // where it may be scheduled.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.domain.devices.disks) || self.domain.devices.disks.all(d, has(self.volumes) && self.volumes.exists(v, v.name == d.name))",message="every disk in domain.devices.disks must name a volume in volumes",fieldPath=".domain.devices.disks"
-// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.domain.devices.disks) && self.domain.devices.disks.exists(d, d.name == v.name))",message="every volume must be attached by a disk of the same name in domain.devices.disks",fieldPath=".volumes"
 // +kubebuilder:validation:XValidation:rule="!has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(self.networks) && self.networks.exists(n, n.name == i.name))",message="every interface in domain.devices.interfaces must name a network in networks",fieldPath=".domain.devices.interfaces"
 // +kubebuilder:validation:XValidation:rule="!has(self.networks) || self.networks.all(n, has(self.domain.devices.interfaces) && self.domain.devices.interfaces.exists(i, i.name == n.name))",message="every network needs exactly one interface of the same name in domain.devices.interfaces",fieldPath=".networks"
 type VirtualMachineInstanceSpec struct {
@@ -132,7 +135,8 @@ type VirtualMachineInstanceSpec struct {
 	TerminationGracePeriodSeconds *int64 `json:"terminationGracePeriodSeconds,omitempty"`
 
 	// Volumes are the storage sources the disks attach. Every volume is attached by the disk of the
-	// same name.
+	// same name; a volume without one gets a hard disk (virtio) when the instance is created, as in
+	// KubeVirt.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
@@ -188,7 +192,9 @@ type DomainSpec struct {
 	// +optional
 	Resources ResourceRequirements `json:"resources,omitempty"`
 
-	// CPU is the guest's CPU model and topology. One vCPU (1 socket, 1 core, 1 thread) when unset.
+	// CPU is the guest's CPU model and topology. When it sets no sockets, cores or threads, the
+	// instance gets 1 core and 1 thread per socket and a socket per CPU of resources.limits.cpu,
+	// else of resources.requests.cpu (rounded up), else 1 socket, as in KubeVirt.
 	// +optional
 	CPU *CPU `json:"cpu,omitempty"`
 
@@ -260,7 +266,8 @@ type CPU struct {
 
 // Memory is the guest memory.
 type Memory struct {
-	// Guest is the memory the guest sees, for example 512Mi. Defaults to resources.requests.memory.
+	// Guest is the memory the guest sees, for example 512Mi. Defaults to resources.requests.memory,
+	// else resources.limits.memory.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memory.guest must be a positive quantity"
 	Guest *resource.Quantity `json:"guest,omitempty"`
@@ -418,6 +425,12 @@ type Devices struct {
 	// `qvirtctl vnc`. Defaults to true.
 	// +optional
 	AutoattachGraphicsDevice *bool `json:"autoattachGraphicsDevice,omitempty"`
+
+	// AutoattachPodInterface gives an instance created with no interfaces and no networks an
+	// interface named default with the masquerade binding on the pod network, as KubeVirt does.
+	// Defaults to true; false leaves such an instance without a network.
+	// +optional
+	AutoattachPodInterface *bool `json:"autoattachPodInterface,omitempty"`
 }
 
 // Disk attaches the volume of the same name to the guest as a disk or a CD-ROM.
@@ -502,14 +515,14 @@ type DiskTarget struct {
 }
 
 // CDRomTarget attaches a volume as a CD-ROM.
-// +kubebuilder:validation:XValidation:rule="!has(self.readonly) || self.readonly",message="a cdrom is always read-only"
 type CDRomTarget struct {
 	// Bus is sata (the default) or scsi; a CD-ROM cannot sit on virtio.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self != 'virtio'",message="a cdrom cannot use the virtio bus; use sata or scsi"
 	Bus DiskBus `json:"bus,omitempty"`
 
-	// ReadOnly is always true for a CD-ROM.
+	// ReadOnly defaults to true. The guest cannot write to a CD-ROM: qvirt attaches it read-only
+	// even when readonly is false (accepted and kept as written, as KubeVirt does).
 	// +optional
 	ReadOnly *bool `json:"readonly,omitempty"`
 }

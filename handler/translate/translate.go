@@ -1,6 +1,6 @@
 // Package translate turns a VMI into the machine description a launcher executes
-// (package machine). It is the one place where a spec decision is made: it applies the API's
-// defaults (v1alpha1.SetDefaults) and decides what depends on the node (the CPU model under
+// (package machine). It is the one place where a spec decision is made: it fills the API's
+// field defaults (v1alpha1.FillDefaults; admission recorded the rest in the stored object) and decides what depends on the node (the CPU model under
 // emulation, cache and I/O mode), memory in MiB, the SMBIOS UUID, which volume source becomes
 // which image source. The node agent calls it for a start, a migration
 // target and a hot-plug; `qvirtctl machine` calls it for a launcher run outside Kubernetes. Errors
@@ -75,7 +75,9 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		return nil, errs.ToAggregate()
 	}
 	spec := v.Spec.DeepCopy()
-	v1alpha1.SetDefaults(spec)
+	// Only the field defaults: the devices are those admission recorded, also for an instance
+	// stored before admission recorded defaults (a migration target must get its source's).
+	v1alpha1.FillDefaults(spec)
 	m := &machine.Machine{
 		Name: v.Name, Namespace: v.Namespace, UID: string(v.UID), UUID: string(v.UID),
 		Type: spec.Domain.Machine.Type, Accel: machine.AccelKVM, NoACPI: acpiOff(spec.Domain.Features), SMM: smm(spec.Domain.Features),
@@ -208,7 +210,7 @@ func firmware(d *v1alpha1.DomainSpec, m *machine.Machine) {
 	m.SMBIOSSerial = fw.Serial
 	if bl := fw.Bootloader; bl != nil {
 		if bl.EFI != nil {
-			// SetDefaults made secureBoot explicit.
+			// FillDefaults made secureBoot explicit.
 			m.Firmware.EFI = &machine.EFI{SecureBoot: *bl.EFI.SecureBoot}
 		}
 		m.Firmware.SerialBIOS = bl.BIOS != nil && bl.BIOS.UseSerial != nil && *bl.BIOS.UseSerial
@@ -240,7 +242,8 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.P
 		out.IO = machine.IO(d.IO)
 	}
 	if d.CDRom != nil {
-		// A cdrom is always read-only: validation refuses readonly: false.
+		// A cdrom is always read-only: the guest cannot write to one, and readonly: false (which
+		// KubeVirt accepts too) does not change that.
 		out.CDROM, out.ReadOnly, out.Bus = true, true, machine.Bus(d.CDRom.Bus)
 	} else {
 		out.ReadOnly, out.Bus = d.Disk.ReadOnly, machine.Bus(d.Disk.Bus)

@@ -128,6 +128,23 @@ func TestSamplesAccepted(t *testing.T) {
 	}
 }
 
+// TestVolumeWithoutDiskInTemplateAccepted: a VM template may leave a volume without a disk, and
+// a cdrom may say readonly: false, as in KubeVirt: the schema accepts both (the instance gets a
+// disk when admission creates it, controllers/admission's TestDefaultsRecorded).
+func TestVolumeWithoutDiskInTemplateAccepted(t *testing.T) {
+	o := load(t, "vm_testguest.yaml")
+	o.appendTo(t, "spec.template.spec.volumes", map[string]any{"name": "extra", "emptyDisk": map[string]any{"capacity": "1Gi"}})
+	o.appendTo(t, "spec.template.spec.volumes", map[string]any{"name": "iso", "emptyDisk": map[string]any{"capacity": "1Mi"}})
+	o.appendTo(t, "spec.template.spec.domain.devices.disks", map[string]any{"name": "iso", "cdrom": map[string]any{"readonly": false}})
+	manifest, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := kubectl(t, manifest, "create", "--dry-run=server", "-n", "default", "-f", "-"); err != nil {
+		t.Fatalf("refused: %v: %s", err, stderr)
+	}
+}
+
 // TestFirmwareAccepted: the bootloaders and SMM in KubeVirt's shape pass the schema and its rules.
 func TestFirmwareAccepted(t *testing.T) {
 	for name, firmware := range map[string]struct{ bootloader, features map[string]any }{
@@ -227,9 +244,12 @@ func TestInvalidManifestsRejected(t *testing.T) {
 		{"disk without volume", vmi, func(t *testing.T, o obj) {
 			o.set(t, d+".disks", []any{map[string]any{"name": "orphan", "disk": map[string]any{}}})
 		}, "spec.domain.devices.disks", "must name a volume"},
-		{"volume without disk", vm, func(t *testing.T, o obj) {
-			o.appendTo(t, "spec.template.spec.volumes", map[string]any{"name": "extra", "emptyDisk": map[string]any{"capacity": "1Gi"}})
-		}, "spec.template.spec.volumes", "every volume must be attached by a disk"},
+		// Admission gives a volume without a disk one (KubeVirt's default), so that only an
+		// instance's spec must have it: here, without the webhooks, a VMI's volume without a disk is
+		// refused; a VM template's is accepted (TestVolumeWithoutDiskInTemplateAccepted).
+		{"volume without disk", vmi, func(t *testing.T, o obj) {
+			o.appendTo(t, "spec.volumes", map[string]any{"name": "extra", "emptyDisk": map[string]any{"capacity": "1Gi"}})
+		}, "spec.volumes", "every volume must be attached by a disk"},
 		{"duplicate disk names", vm, func(t *testing.T, o obj) {
 			o.appendTo(t, td+".disks", map[string]any{"name": "scratch"})
 		}, "spec.template.spec.domain.devices.disks[1]", "Duplicate value"},
