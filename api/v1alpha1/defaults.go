@@ -69,9 +69,10 @@ func SetDefaults(spec *VirtualMachineInstanceSpec) {
 }
 
 // FillDefaults fills what spec leaves unset field by field: the machine type, the grace period,
-// each disk's target and bus, a cdrom's read-only flag, each interface's model, the serial console,
-// the graphics device, an EFI bootloader's secureBoot (true, as KubeVirt reads an unset one) and
-// each present feature's enabled flag. It adds no device and is idempotent.
+// each disk's target and bus, a cdrom's read-only flag, each interface's model, each input's bus
+// and type, the watchdog's model and action, the serial console, the graphics device, an EFI
+// bootloader's secureBoot (true, as KubeVirt reads an unset one) and each present feature's
+// enabled flag. It adds no device and is idempotent.
 func FillDefaults(spec *VirtualMachineInstanceSpec) {
 	d := &spec.Domain
 	setMachineType(d)
@@ -85,6 +86,15 @@ func FillDefaults(spec *VirtualMachineInstanceSpec) {
 	if f := d.Features; f != nil {
 		defaultFeature(f.ACPI)
 		defaultFeature(f.SMM)
+		if f.APIC != nil {
+			f.APIC.Enabled = trueUnlessSet(f.APIC.Enabled) // SetDefaults_FeatureAPIC
+		}
+	}
+	for i := range d.Devices.Inputs {
+		defaultInput(&d.Devices.Inputs[i])
+	}
+	if w := d.Devices.Watchdog; w != nil {
+		defaultWatchdog(w)
 	}
 	for i := range d.Devices.Disks {
 		DefaultDisk(&d.Devices.Disks[i])
@@ -207,6 +217,26 @@ func DefaultDisk(disk *Disk) {
 func DefaultInterface(in *Interface) {
 	if in.Model == "" {
 		in.Model = DefaultInterfaceModel
+	}
+}
+
+// defaultInput is KubeVirt's setDefaults_Input: a tablet on USB.
+func defaultInput(in *Input) {
+	if in.Bus == "" {
+		in.Bus = InputBusUSB
+	}
+	if in.Type == "" {
+		in.Type = InputTypeTablet
+	}
+}
+
+// defaultWatchdog is KubeVirt's SetAmd64Watchdog: an i6300esb whose action is reset.
+func defaultWatchdog(w *Watchdog) {
+	if w.I6300ESB == nil {
+		w.I6300ESB = &I6300ESBWatchdog{}
+	}
+	if w.I6300ESB.Action == "" {
+		w.I6300ESB.Action = WatchdogActionReset
 	}
 }
 

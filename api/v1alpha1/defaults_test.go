@@ -205,6 +205,21 @@ func TestSetDefaultsKubeVirtRules(t *testing.T) {
 					t.Error("readonly: false was overwritten")
 				}
 			}},
+		{"an input is a USB tablet, a watchdog an i6300esb that resets, the APIC enabled",
+			VirtualMachineInstanceSpec{Domain: DomainSpec{Features: &Features{APIC: &FeatureAPIC{}},
+				Devices: Devices{Inputs: []Input{{Name: "t"}, {Name: "v", Bus: InputBusVirtio}}, Watchdog: &Watchdog{Name: "wd"}}}},
+			func(t *testing.T, s *VirtualMachineInstanceSpec) {
+				in := s.Domain.Devices.Inputs
+				if in[0].Bus != InputBusUSB || in[0].Type != InputTypeTablet || in[1].Bus != InputBusVirtio || in[1].Type != InputTypeTablet {
+					t.Errorf("inputs %+v, want a USB tablet and a virtio tablet", in)
+				}
+				if w := s.Domain.Devices.Watchdog; w.I6300ESB == nil || w.I6300ESB.Action != WatchdogActionReset {
+					t.Errorf("watchdog %+v, want i6300esb with action reset", w)
+				}
+				if a := s.Domain.Features.APIC; a.Enabled == nil || !*a.Enabled || a.EndOfInterrupt {
+					t.Errorf("apic %+v, want enabled without endOfInterrupt", a)
+				}
+			}},
 		{"a present feature is enabled",
 			VirtualMachineInstanceSpec{Domain: DomainSpec{Features: &Features{ACPI: &FeatureState{}}}},
 			func(t *testing.T, s *VirtualMachineInstanceSpec) {

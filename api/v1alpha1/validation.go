@@ -82,7 +82,43 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	}
 	errs = append(errs, validateSecureBootSMM(d, p)...)
 	errs = append(errs, validateDisks(d.Devices.Disks, p.Child("devices", "disks"))...)
+	errs = append(errs, validateInputs(d.Devices.Inputs, p.Child("devices", "inputs"))...)
+	errs = append(errs, validateWatchdog(d.Devices.Watchdog, p.Child("devices", "watchdog"))...)
 	return append(errs, validateInterfaces(d.Devices.Interfaces, p.Child("devices", "interfaces"))...)
+}
+
+// validateInputs checks the input devices as KubeVirt does: a tablet (the only type) on usb or
+// virtio, unset fields taking their defaults; names must be unique.
+func validateInputs(inputs []Input, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	names := map[string]bool{}
+	for i, in := range inputs {
+		ip := p.Index(i)
+		errs = append(errs, validateName(ip.Child("name"), in.Name, names)...)
+		if in.Bus != "" {
+			errs = append(errs, validateEnum(ip.Child("bus"), string(in.Bus), string(InputBusUSB), string(InputBusVirtio))...)
+		}
+		if in.Type != "" {
+			errs = append(errs, validateEnum(ip.Child("type"), string(in.Type), string(InputTypeTablet))...)
+		}
+	}
+	if len(inputs) > MaxInputs {
+		errs = append(errs, field.TooMany(p, len(inputs), MaxInputs))
+	}
+	return errs
+}
+
+// validateWatchdog checks the watchdog: a name, and an i6300esb action KubeVirt knows.
+func validateWatchdog(w *Watchdog, p *field.Path) field.ErrorList {
+	if w == nil {
+		return nil
+	}
+	errs := validateName(p.Child("name"), w.Name, map[string]bool{})
+	if e := w.I6300ESB; e != nil && e.Action != "" {
+		errs = append(errs, validateEnum(p.Child("i6300esb", "action"), string(e.Action),
+			string(WatchdogActionPoweroff), string(WatchdogActionReset), string(WatchdogActionShutdown))...)
+	}
+	return errs
 }
 
 func validateCPU(cpu *CPU, p *field.Path) field.ErrorList {

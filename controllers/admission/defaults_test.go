@@ -84,6 +84,32 @@ spec:
             password: cirros
 `
 
+// kvDevices has the devices of KubeVirt's documentation (virtual hardware, watchdog): an entropy
+// device, tablets, a watchdog and the APIC, each leaving what it can to the defaults.
+const kvDevices = `
+apiVersion: qvirt.io/v1alpha1
+kind: VirtualMachineInstance
+metadata:
+  name: kv-devices
+spec:
+  domain:
+    features:
+      apic: {}
+    memory:
+      guest: 64Mi
+    devices:
+      rng: {}
+      inputs:
+      - type: tablet
+        bus: virtio
+        name: tablet1
+      - name: tablet2
+      watchdog:
+        name: mywatchdog
+        i6300esb: {}
+      autoattachPodInterface: false
+`
+
 // TestDefaultsRecorded creates KubeVirt-shaped objects through kube-apiserver with the webhooks
 // installed and reads them back as `kubectl get -o yaml` shows them: an instance stores
 // KubeVirt's defaults, a VirtualMachine its template's machine type only (KubeVirt's VM mutator),
@@ -123,6 +149,29 @@ func TestDefaultsRecorded(t *testing.T) {
 			if c.got != c.want {
 				t.Errorf("stored spec.%s = %q, want %q", c.field, c.got, c.want)
 			}
+		}
+	})
+
+	t.Run("devices store KubeVirt's defaults", func(t *testing.T) {
+		createByKubectl(t, []byte(kvDevices), "vmi", "kv-devices")
+		var vmi v1alpha1.VirtualMachineInstance
+		get(t, "vmi", "kv-devices", &vmi)
+		d := vmi.Spec.Domain
+		var inputs []string
+		for _, in := range d.Devices.Inputs {
+			inputs = append(inputs, in.Name+":"+string(in.Bus)+":"+string(in.Type))
+		}
+		if got := strings.Join(inputs, " "); got != "tablet1:virtio:tablet tablet2:usb:tablet" {
+			t.Errorf("stored inputs %q, want tablet2 on usb by default", got)
+		}
+		if w := d.Devices.Watchdog; w == nil || w.I6300ESB == nil || w.I6300ESB.Action != v1alpha1.WatchdogActionReset {
+			t.Errorf("stored watchdog %+v, want i6300esb with action reset", w)
+		}
+		if d.Devices.Rng == nil {
+			t.Error("rng not stored")
+		}
+		if a := d.Features.APIC; a == nil || b(a.Enabled) != "true" {
+			t.Errorf("stored apic %+v, want enabled: true", a)
 		}
 	})
 

@@ -106,6 +106,7 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		errs = append(errs, err...)
 		m.NICs = append(m.NICs, n)
 	}
+	devices(&spec.Domain.Devices, m)
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
@@ -136,6 +137,18 @@ func cloudInitMetaData(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) {
 		case machine.CloudInitConfigDrive:
 			ci.InstanceID, ci.UUID = v.Name+"."+v.Namespace, m.UUID
 		}
+	}
+}
+
+// devices are the devices that need no host side: the entropy device, the input devices and the
+// watchdog, each after FillDefaults (an input's bus and type, the watchdog's model and action).
+func devices(d *v1alpha1.Devices, m *machine.Machine) {
+	m.RNG = d.Rng != nil
+	for _, in := range d.Inputs {
+		m.Inputs = append(m.Inputs, machine.Input{Name: in.Name, Bus: machine.InputBus(in.Bus), Type: machine.InputType(in.Type)})
+	}
+	if w := d.Watchdog; w != nil {
+		m.Watchdog = &machine.Watchdog{Name: w.Name, Model: machine.WatchdogI6300ESB, Action: machine.WatchdogAction(w.I6300ESB.Action)}
 	}
 }
 
@@ -181,6 +194,10 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	one := func(v uint32) uint32 { return max(v, 1) }
 	m.CPU = machine.CPU{Model: model, VCPUs: uint32(v1alpha1.VCPUs(d.CPU)),
 		Sockets: one(c.Sockets), Cores: one(c.Cores), Threads: one(c.Threads)}
+	// The APIC itself needs nothing: QEMU's x86 CPUs have one (NotRealised refuses turning it off).
+	if f := d.Features; f != nil && f.APIC != nil && f.APIC.EndOfInterrupt {
+		m.CPU.PVEOI = true
+	}
 	return nil
 }
 
