@@ -1,10 +1,10 @@
 // Package translate turns a VMI into the machine description a launcher executes
 // (package machine). It is the one place where a spec decision is made: it fills the API's
-// field defaults (v1alpha1.FillDefaults; admission recorded the rest in the stored object) and decides what depends on the node (the CPU model under
-// emulation, cache and I/O mode), memory in MiB, the SMBIOS UUID, which volume source becomes
-// which image source. The node agent calls it for a start, a migration
-// target and a hot-plug; `qvirtctl machine` calls it for a launcher run outside Kubernetes. Errors
-// name the VMI field at fault ("spec.domain.memory.guest").
+// field defaults (v1alpha1.FillDefaults; admission recorded the others in the stored object) and
+// decides what depends on the node (the CPU model under emulation, cache and I/O mode), memory in
+// MiB, the SMBIOS UUID, which volume source becomes which image source. The node agent calls it
+// for a start, a migration target and a hot-plug; `qvirtctl machine` calls it for a launcher run
+// outside Kubernetes. Errors name the VMI field at fault ("spec.domain.memory.guest").
 package translate
 
 import (
