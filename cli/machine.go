@@ -21,7 +21,8 @@ func newMachine() *cobra.Command {
 		Long: "Translate a VirtualMachineInstance (or VirtualMachine) manifest into the machine description a\n" +
 			"launcher runs, exactly as the node agent does, and print it as JSON:\n\n" +
 			"  qvirtctl machine --emulation -f test/guest/vmi.yaml > vm.json && qvirt-launcher run -f vm.json\n\n" +
-			"Interfaces need the node agent's pod networking and are refused here.",
+			"Interfaces need the node agent's pod networking and are refused here; an instance without\n" +
+			"interfaces gets one on the pod network unless it sets autoattachPodInterface: false.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" {

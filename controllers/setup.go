@@ -1,6 +1,6 @@
 // Package controllers wires qvirt-controller: the configuration, VM, VMI, migration and node health
-// reconcilers and the validating webhook, on one controller-runtime manager. The reconcilers live
-// in the sub-packages named after what they reconcile.
+// reconcilers and the admission webhooks (defaulting and validating), on one controller-runtime
+// manager. The reconcilers live in the sub-packages named after what they reconcile.
 package controllers
 
 import (
@@ -47,7 +47,7 @@ func CacheOptions(namespace string) cache.Options {
 type Options struct {
 	// Namespace is the install namespace holding the qvirt-config ConfigMap.
 	Namespace string
-	// Webhooks registers the validating webhook on the manager's webhook server.
+	// Webhooks registers the defaulting and validating webhooks on the manager's webhook server.
 	Webhooks bool
 	// NodeHeartbeatTimeout is how long a node agent may go without beating before its node is
 	// marked unschedulable, and how long a node may stay not Ready before its instances are failed;
@@ -55,7 +55,7 @@ type Options struct {
 	NodeHeartbeatTimeout time.Duration
 }
 
-// Setup loads the configuration and registers every reconciler (and the webhook) with mgr.
+// Setup loads the configuration and registers every reconciler (and the webhooks) with mgr.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, error) {
 	store, err := initialConfig(ctx, mgr.GetAPIReader(), opts.Namespace)
 	if err != nil {

@@ -23,12 +23,14 @@ import (
 //	00:01.0        VGA, when a graphics device is attached
 //	00:02.0 ...    pcie-root-ports, packed eight functions per slot (multifunction on function 0
 //	               when the slot holds more than one), in this order: the virtio-scsi controller
-//	               (if any scsi disk), virtio disks, PCIe NICs (virtio, e1000e), then the spare
-//	               ports "hotplug0".."hotplugN-1". Port i has chassis i+1 and port number
+//	               (if any scsi disk), virtio disks, PCIe NICs (virtio, e1000e), the xHCI
+//	               controller and virtio input devices in input order, the virtio-rng device, then
+//	               the spare ports "hotplug0".."hotplugN-1". Port i has chassis i+1 and port number
 //	               slot<<3|function, all unique.
-//	00:1e.0 down   conventional PCI NICs (e1000, rtl8139), one slot each, as integrated
-//	               endpoints (QEMU's docs/pcie.txt: legacy PCI devices belong on pcie.0, not
-//	               behind a root port). They cannot be unplugged.
+//	00:1e.0 down   conventional PCI devices, one slot each, as integrated endpoints (QEMU's
+//	               docs/pcie.txt: legacy PCI devices belong on pcie.0, not behind a root port):
+//	               the legacy NICs (e1000, rtl8139), then the i6300esb watchdog. They cannot be
+//	               unplugged.
 //	00:1f.x        ICH9 LPC, AHCI (ide.0..ide.5), SMBus (built in)
 //
 // Every PCIe device sits alone behind its own root port, as libvirt and KubeVirt do, so it can be
@@ -198,6 +200,9 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.graphics()    // graphics.go
 	b.disks()       // disk.go
 	b.nics()        // nic.go
+	b.inputs()      // input.go
+	b.rng()         // rng.go
+	b.watchdog()    // watchdog.go
 	b.spares()
 	b.checkUnused()
 	if len(b.errs) > 0 {

@@ -211,6 +211,23 @@ func argvCases(root, runDir string) []argvCase {
 				HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.raw", Type: v1alpha1.HostDiskExists}}}}
 			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
 		})},
+		{"devices", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			// KubeVirt's devices without a host side: an entropy device, tablets on both buses, a
+			// watchdog beside a legacy NIC (both in legacy slots), and the APIC's paravirtual EOI.
+			withKernel(s, h)
+			s.Domain.Features = &v1alpha1.Features{APIC: &v1alpha1.FeatureAPIC{EndOfInterrupt: true}}
+			s.Domain.Devices.Rng = &v1alpha1.Rng{}
+			s.Domain.Devices.Inputs = []v1alpha1.Input{
+				{Name: "tablet", Type: v1alpha1.InputTypeTablet, Bus: v1alpha1.InputBusUSB},
+				{Name: "vtablet", Bus: v1alpha1.InputBusVirtio},
+				{Name: "tablet2"},
+			}
+			s.Domain.Devices.Watchdog = &v1alpha1.Watchdog{Name: "wd", I6300ESB: &v1alpha1.I6300ESBWatchdog{Action: v1alpha1.WatchdogActionPoweroff}}
+			s.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Model: "e1000", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
+			s.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:01"}
+			h.m.SpareRootPorts = 2
+		})},
 		{"backing-chain-and-legacy-nics", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			withKernel(s, h)
 			s.Domain.CPU = &v1alpha1.CPU{Model: "max", Cores: 4}
@@ -385,6 +402,27 @@ func TestBuildArgvErrors(t *testing.T) {
 			m.Firmware.EFI, m.EFICode, m.EFIVars = &machine.EFI{SecureBoot: true}, "/ovmf/code.fd", "/private/efi-vars.fd"
 			m.SMM = ptr.To(false)
 		}, "machine.smm"},
+		{"input on a PS/2 bus", func(m *Machine) {
+			m.Inputs = []machine.Input{{Name: "kbd", Bus: "ps2", Type: machine.InputTablet}}
+		}, "machine.inputs[0].bus"},
+		{"input that is no tablet", func(m *Machine) {
+			m.Inputs = []machine.Input{{Name: "mouse", Bus: machine.InputUSB, Type: "mouse"}}
+		}, "machine.inputs[0].type"},
+		{"two inputs of one name", func(m *Machine) {
+			m.Inputs = []machine.Input{{Name: "t", Bus: machine.InputUSB, Type: machine.InputTablet}, {Name: "t", Bus: machine.InputVirtio, Type: machine.InputTablet}}
+		}, "machine.inputs[1].name"},
+		{"input name with an option", func(m *Machine) {
+			m.Inputs = []machine.Input{{Name: "t,bus=pcie.0", Bus: machine.InputUSB, Type: machine.InputTablet}}
+		}, "machine.inputs[0].name"},
+		{"unknown watchdog action", func(m *Machine) {
+			m.Watchdog = &machine.Watchdog{Name: "wd", Model: machine.WatchdogI6300ESB, Action: "inject-nmi"}
+		}, "machine.watchdog.action"},
+		{"unknown watchdog model", func(m *Machine) {
+			m.Watchdog = &machine.Watchdog{Name: "wd", Model: "diag288", Action: machine.WatchdogReset}
+		}, "machine.watchdog.model"},
+		{"watchdog name with an option", func(m *Machine) {
+			m.Watchdog = &machine.Watchdog{Name: "wd,addr=0x3", Model: machine.WatchdogI6300ESB, Action: machine.WatchdogReset}
+		}, "machine.watchdog.name"},
 		{"OVMF's files for a SeaBIOS machine", func(m *Machine) { m.EFICode = "/ovmf/code.fd" }, "machine.firmware.efi"},
 		{"SeaBIOS's serial output under EFI", func(m *Machine) {
 			m.Firmware.EFI, m.EFICode, m.EFIVars = &machine.EFI{}, "/ovmf/code.fd", "/private/efi-vars.fd"

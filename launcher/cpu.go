@@ -25,7 +25,13 @@ func (b *builder) cpuMemory() {
 	if cpu.Sockets == 0 || cpu.Cores == 0 || cpu.Threads == 0 || uint64(cpu.VCPUs) != uint64(cpu.Sockets)*uint64(cpu.Cores)*uint64(cpu.Threads) {
 		b.fail(machine.Invalid(cp.Child("vcpus"), cpu.VCPUs, fmt.Sprintf("must be sockets*cores*threads (%d*%d*%d), each at least 1", cpu.Sockets, cpu.Cores, cpu.Threads)))
 	}
-	b.add("-cpu", cpu.Model)
+	model := cpu.Model
+	if cpu.PVEOI {
+		// KubeVirt's features.apic.endOfInterrupt, as libvirt's <apic eoi='on'/>. A KVM feature:
+		// under TCG QEMU accepts it and it does nothing.
+		model += ",kvm-pv-eoi=on"
+	}
+	b.add("-cpu", model)
 	b.add("-smp", fmt.Sprintf("cpus=%d,sockets=%d,cores=%d,threads=%d", cpu.VCPUs, cpu.Sockets, cpu.Cores, cpu.Threads))
 	if m.MemoryMiB <= 0 {
 		b.fail(machine.Invalid(machinePath.Child("memoryMiB"), m.MemoryMiB, "must be positive"))

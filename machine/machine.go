@@ -69,6 +69,12 @@ type Machine struct {
 	Disks []Disk `json:"disks,omitempty"`
 	// NICs in the guest's order; those with a Port were hot-plugged, as Disks.
 	NICs []NIC `json:"nics,omitempty"`
+	// RNG gives the guest a virtio entropy device fed from the host's /dev/urandom.
+	RNG bool `json:"rng,omitempty"`
+	// Inputs are the guest's input devices, in order.
+	Inputs []Input `json:"inputs,omitempty"`
+	// Watchdog is the guest's hardware watchdog; none when nil.
+	Watchdog *Watchdog `json:"watchdog,omitempty"`
 	// StartPaused leaves QEMU in prelaunch until a resume (startStrategy Paused).
 	StartPaused bool `json:"startPaused,omitempty"`
 	// GracePeriodSeconds is how long a graceful shutdown may take before QEMU is ended.
@@ -98,6 +104,8 @@ type CPU struct {
 	Sockets uint32 `json:"sockets"`
 	Cores   uint32 `json:"cores"`
 	Threads uint32 `json:"threads"`
+	// PVEOI turns on KVM's paravirtual end-of-interrupt (kvm-pv-eoi); QEMU's default otherwise.
+	PVEOI bool `json:"pvEOI,omitempty"`
 }
 
 // KernelBoot is a kernel (and initrd) taken from a container image.
@@ -302,6 +310,51 @@ type DHCP struct {
 	DNS       []netip.Addr `json:"dns,omitempty"`
 	Hostname  string       `json:"hostname,omitempty"`
 	MTU       int          `json:"mtu,omitempty"`
+}
+
+// InputBus is where an input device is attached.
+type InputBus string
+
+const (
+	// InputUSB is a USB device on the machine's xHCI controller.
+	InputUSB InputBus = "usb"
+	// InputVirtio is a virtio-input PCI device.
+	InputVirtio InputBus = "virtio"
+)
+
+// InputType is the kind of input device.
+type InputType string
+
+// InputTablet is an absolute pointing device.
+const InputTablet InputType = "tablet"
+
+// Input is one input device.
+type Input struct {
+	Name string    `json:"name"`
+	Bus  InputBus  `json:"bus"`
+	Type InputType `json:"type"`
+}
+
+// WatchdogAction is what QEMU does when the guest's watchdog expires (its -action watchdog=).
+type WatchdogAction string
+
+const (
+	// WatchdogPoweroff ends the VM as if its power were cut.
+	WatchdogPoweroff WatchdogAction = "poweroff"
+	// WatchdogReset resets the guest.
+	WatchdogReset WatchdogAction = "reset"
+	// WatchdogShutdown presses the ACPI power button.
+	WatchdogShutdown WatchdogAction = "shutdown"
+)
+
+// WatchdogI6300ESB is the Intel 6300ESB watchdog, the only model.
+const WatchdogI6300ESB = "i6300esb"
+
+// Watchdog is the guest's hardware watchdog.
+type Watchdog struct {
+	Name   string         `json:"name"`
+	Model  string         `json:"model"`
+	Action WatchdogAction `json:"action"`
 }
 
 // Disk returns the disk named name, or nil.

@@ -32,6 +32,11 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		no(p.Child("evictionStrategy"), "evictionStrategy "+string(*es), "; only None: a drained node stops its instances")
 	}
 	dp := p.Child("domain")
+	if f := spec.Domain.Features; f != nil && f.APIC != nil && f.APIC.Enabled != nil && !*f.APIC.Enabled {
+		// QEMU's x86 CPUs have a local APIC, and KubeVirt's libvirt domain keeps it too when this is
+		// false; a guest without one would be a uniprocessor PIC-only machine.
+		no(dp.Child("features", "apic", "enabled"), "turning the APIC off", "; the guest's CPUs always have a local APIC")
+	}
 	if efi := EFIBootloader(&spec.Domain); efi != nil && efi.Persistent != nil && *efi.Persistent {
 		// KubeVirt keeps them on a backend-storage claim qvirt does not create yet.
 		no(dp.Child("firmware", "bootloader", "efi", "persistent"), "persistent EFI variables (kept across restarts of the VM)",

@@ -20,8 +20,11 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			Firmware: &Firmware{Bootloader: &Bootloader{EFI: &EFI{Persistent: ptr.To(false)}},
 				KernelBoot: &KernelBoot{KernelArgs: "console=ttyS0", Container: &KernelBootContainer{
 					Image: "example/guest:1", ImagePullSecret: "regcred", KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"}}},
-			Features: &Features{SMM: &FeatureState{}},
+			Features: &Features{SMM: &FeatureState{}, APIC: &FeatureAPIC{EndOfInterrupt: true}},
 			Devices: Devices{
+				Rng:      &Rng{},
+				Inputs:   []Input{{Name: "tablet"}, {Name: "vtablet", Bus: InputBusVirtio, Type: InputTypeTablet}},
+				Watchdog: &Watchdog{Name: "wd", I6300ESB: &I6300ESBWatchdog{Action: WatchdogActionPoweroff}},
 				Disks: []Disk{
 					{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1)},
 					{Name: "scratch", Disk: &DiskTarget{Bus: DiskBusSATA}},
@@ -89,6 +92,9 @@ func TestNotRealised(t *testing.T) {
 		{"vmNetworkCIDR", func(s *VirtualMachineInstanceSpec) {
 			s.Networks[0].Pod.VMNetworkCIDR = "10.1.0.0/24"
 		}, "spec.networks[0].pod.vmNetworkCIDR"},
+		{"APIC off", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Features.APIC.Enabled = ptr.To(false)
+		}, "spec.domain.features.apic.enabled"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

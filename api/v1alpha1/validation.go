@@ -33,7 +33,9 @@ var (
 // six ports.
 const SATAPorts = 6
 
-// ValidateVirtualMachine checks a VirtualMachine's spec.
+// ValidateVirtualMachine checks a VirtualMachine's spec. Its template is checked as given: the
+// webhook passes a copy whose template went through SetDefaults, as KubeVirt's VM admitter does,
+// so that what the instance will get by default (a disk for a volume without one) is not refused.
 func ValidateVirtualMachine(vm *VirtualMachine) field.ErrorList {
 	p := field.NewPath("spec")
 	var errs field.ErrorList
@@ -80,7 +82,43 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	}
 	errs = append(errs, validateSecureBootSMM(d, p)...)
 	errs = append(errs, validateDisks(d.Devices.Disks, p.Child("devices", "disks"))...)
+	errs = append(errs, validateInputs(d.Devices.Inputs, p.Child("devices", "inputs"))...)
+	errs = append(errs, validateWatchdog(d.Devices.Watchdog, p.Child("devices", "watchdog"))...)
 	return append(errs, validateInterfaces(d.Devices.Interfaces, p.Child("devices", "interfaces"))...)
+}
+
+// validateInputs checks the input devices as KubeVirt does: a tablet (the only type) on usb or
+// virtio, unset fields taking their defaults; names must be unique.
+func validateInputs(inputs []Input, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	names := map[string]bool{}
+	for i, in := range inputs {
+		ip := p.Index(i)
+		errs = append(errs, validateName(ip.Child("name"), in.Name, names)...)
+		if in.Bus != "" {
+			errs = append(errs, validateEnum(ip.Child("bus"), string(in.Bus), string(InputBusUSB), string(InputBusVirtio))...)
+		}
+		if in.Type != "" {
+			errs = append(errs, validateEnum(ip.Child("type"), string(in.Type), string(InputTypeTablet))...)
+		}
+	}
+	if len(inputs) > MaxInputs {
+		errs = append(errs, field.TooMany(p, len(inputs), MaxInputs))
+	}
+	return errs
+}
+
+// validateWatchdog checks the watchdog: a name, and an i6300esb action KubeVirt knows.
+func validateWatchdog(w *Watchdog, p *field.Path) field.ErrorList {
+	if w == nil {
+		return nil
+	}
+	errs := validateName(p.Child("name"), w.Name, map[string]bool{})
+	if e := w.I6300ESB; e != nil && e.Action != "" {
+		errs = append(errs, validateEnum(p.Child("i6300esb", "action"), string(e.Action),
+			string(WatchdogActionPoweroff), string(WatchdogActionReset), string(WatchdogActionShutdown))...)
+	}
+	return errs
 }
 
 func validateCPU(cpu *CPU, p *field.Path) field.ErrorList {
@@ -282,15 +320,9 @@ func validateDiskTarget(d *Disk, p *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(p.Child("disk", "readonly"), true, "a read-only disk cannot use the sata bus; use virtio or scsi"))
 		}
 		return errs
-	case d.CDRom != nil:
-		var errs field.ErrorList
-		if d.CDRom.Bus != "" {
-			errs = validateEnum(p.Child("cdrom", "bus"), string(d.CDRom.Bus), string(DiskBusSATA), string(DiskBusSCSI))
-		}
-		if d.CDRom.ReadOnly != nil && !*d.CDRom.ReadOnly {
-			errs = append(errs, field.Invalid(p.Child("cdrom", "readonly"), false, "a cdrom is always read-only"))
-		}
-		return errs
+	case d.CDRom != nil && d.CDRom.Bus != "":
+		// readonly: false is accepted, as KubeVirt does; the cdrom is attached read-only anyway.
+		return validateEnum(p.Child("cdrom", "bus"), string(d.CDRom.Bus), string(DiskBusSATA), string(DiskBusSCSI))
 	}
 	return nil
 }
@@ -532,6 +564,8 @@ func validateDiskVolumePairs(spec *VirtualMachineInstanceSpec, p *field.Path) fi
 			errs = append(errs, field.NotFound(p.Child("domain", "devices", "disks").Index(i).Child("name"), d.Name))
 		}
 	}
+	// After SetDefaults every volume has a disk; a spec checked without them (a hot-plug that adds
+	// a volume alone) is refused.
 	for i, v := range spec.Volumes {
 		if !disks[v.Name] {
 			errs = append(errs, field.Invalid(p.Child("volumes").Index(i).Child("name"), v.Name, "no disk attaches this volume"))

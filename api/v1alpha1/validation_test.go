@@ -186,6 +186,21 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"container disk pull policy", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Volumes[0].ContainerDisk.ImagePullPolicy = "always"
 		}, "spec.template.spec.volumes[0].containerDisk.imagePullPolicy"},
+		{"input on a PS/2 bus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Inputs = []Input{{Name: "kbd", Bus: "ps2"}}
+		}, "spec.template.spec.domain.devices.inputs[0].bus"},
+		{"input that is no tablet", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Inputs = []Input{{Name: "kbd", Type: "keyboard"}}
+		}, "spec.template.spec.domain.devices.inputs[0].type"},
+		{"two inputs of one name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Inputs = []Input{{Name: "t"}, {Name: "t", Bus: InputBusVirtio}}
+		}, "spec.template.spec.domain.devices.inputs[1].name"},
+		{"watchdog without a name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Watchdog = &Watchdog{}
+		}, "spec.template.spec.domain.devices.watchdog.name"},
+		{"watchdog action", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Watchdog = &Watchdog{Name: "wd", I6300ESB: &I6300ESBWatchdog{Action: "pause"}}
+		}, "spec.template.spec.domain.devices.watchdog.i6300esb.action"},
 		{"read-only sata disk", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks[0].Disk = &DiskTarget{Bus: DiskBusSATA, ReadOnly: true}
 		}, "spec.template.spec.domain.devices.disks[0].disk.readonly"},

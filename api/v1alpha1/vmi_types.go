@@ -12,6 +12,7 @@ import (
 const (
 	MaxDisks      = 64
 	MaxInterfaces = 32
+	MaxInputs     = 8
 )
 
 // VirtualMachineInstance is one running virtual machine: a QEMU process in a launcher pod. It is usually
@@ -55,6 +56,10 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.features) == has(oldSelf.domain.features) && (!has(self.domain.features) || self.domain.features == oldSelf.domain.features)",message="spec.domain.features is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.features"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachSerialConsole) == has(oldSelf.domain.devices.autoattachSerialConsole) && (!has(self.domain.devices.autoattachSerialConsole) || self.domain.devices.autoattachSerialConsole == oldSelf.domain.devices.autoattachSerialConsole)",message="spec.domain.devices.autoattachSerialConsole is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachSerialConsole"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachGraphicsDevice) == has(oldSelf.domain.devices.autoattachGraphicsDevice) && (!has(self.domain.devices.autoattachGraphicsDevice) || self.domain.devices.autoattachGraphicsDevice == oldSelf.domain.devices.autoattachGraphicsDevice)",message="spec.domain.devices.autoattachGraphicsDevice is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachGraphicsDevice"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachPodInterface) == has(oldSelf.domain.devices.autoattachPodInterface) && (!has(self.domain.devices.autoattachPodInterface) || self.domain.devices.autoattachPodInterface == oldSelf.domain.devices.autoattachPodInterface)",message="spec.domain.devices.autoattachPodInterface is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachPodInterface"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.rng) == has(oldSelf.domain.devices.rng) && (!has(self.domain.devices.rng) || self.domain.devices.rng == oldSelf.domain.devices.rng)",message="spec.domain.devices.rng is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.rng"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
 	// +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector) && (!has(self.nodeSelector) || self.nodeSelector == oldSelf.nodeSelector)",message="spec.nodeSelector is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".nodeSelector"
 	// +kubebuilder:validation:XValidation:rule="has(self.affinity) == has(oldSelf.affinity) && (!has(self.affinity) || self.affinity == oldSelf.affinity)",message="spec.affinity is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".affinity"
 	// +kubebuilder:validation:XValidation:rule="has(self.tolerations) == has(oldSelf.tolerations) && (!has(self.tolerations) || self.tolerations == oldSelf.tolerations)",message="spec.tolerations is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".tolerations"
@@ -64,6 +69,9 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.startStrategy) == has(oldSelf.startStrategy) && (!has(self.startStrategy) || self.startStrategy == oldSelf.startStrategy)",message="spec.startStrategy is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".startStrategy"
 	// +kubebuilder:validation:XValidation:rule="has(self.terminationGracePeriodSeconds) == has(oldSelf.terminationGracePeriodSeconds) && (!has(self.terminationGracePeriodSeconds) || self.terminationGracePeriodSeconds == oldSelf.terminationGracePeriodSeconds)",message="spec.terminationGracePeriodSeconds is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".terminationGracePeriodSeconds"
 	// +kubebuilder:validation:XValidation:rule="has(self.hostname) == has(oldSelf.hostname) && (!has(self.hostname) || self.hostname == oldSelf.hostname)",message="spec.hostname is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".hostname"
+	// Every volume is attached by a disk: admission gives one to a volume without it, so only an
+	// instance's spec, not a VirtualMachine's template, carries this rule.
+	// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.domain.devices.disks) && self.domain.devices.disks.exists(d, d.name == v.name))",message="every volume must be attached by a disk of the same name in domain.devices.disks",fieldPath=".volumes"
 	// +kubebuilder:validation:XValidation:rule="has(self.subdomain) == has(oldSelf.subdomain) && (!has(self.subdomain) || self.subdomain == oldSelf.subdomain)",message="spec.subdomain is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".subdomain"
 	Spec VirtualMachineInstanceSpec `json:"spec"`
 
@@ -85,7 +93,6 @@ type VirtualMachineInstanceList struct {
 // where it may be scheduled.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.domain.devices.disks) || self.domain.devices.disks.all(d, has(self.volumes) && self.volumes.exists(v, v.name == d.name))",message="every disk in domain.devices.disks must name a volume in volumes",fieldPath=".domain.devices.disks"
-// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.domain.devices.disks) && self.domain.devices.disks.exists(d, d.name == v.name))",message="every volume must be attached by a disk of the same name in domain.devices.disks",fieldPath=".volumes"
 // +kubebuilder:validation:XValidation:rule="!has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(self.networks) && self.networks.exists(n, n.name == i.name))",message="every interface in domain.devices.interfaces must name a network in networks",fieldPath=".domain.devices.interfaces"
 // +kubebuilder:validation:XValidation:rule="!has(self.networks) || self.networks.all(n, has(self.domain.devices.interfaces) && self.domain.devices.interfaces.exists(i, i.name == n.name))",message="every network needs exactly one interface of the same name in domain.devices.interfaces",fieldPath=".networks"
 type VirtualMachineInstanceSpec struct {
@@ -132,7 +139,8 @@ type VirtualMachineInstanceSpec struct {
 	TerminationGracePeriodSeconds *int64 `json:"terminationGracePeriodSeconds,omitempty"`
 
 	// Volumes are the storage sources the disks attach. Every volume is attached by the disk of the
-	// same name.
+	// same name; a volume without one gets a hard disk (virtio) when the instance is created, as in
+	// KubeVirt.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
@@ -188,7 +196,9 @@ type DomainSpec struct {
 	// +optional
 	Resources ResourceRequirements `json:"resources,omitempty"`
 
-	// CPU is the guest's CPU model and topology. One vCPU (1 socket, 1 core, 1 thread) when unset.
+	// CPU is the guest's CPU model and topology. When it sets no sockets, cores or threads, the
+	// instance gets 1 core and 1 thread per socket and a socket per CPU of resources.limits.cpu,
+	// else of resources.requests.cpu (rounded up), else 1 socket, as in KubeVirt.
 	// +optional
 	CPU *CPU `json:"cpu,omitempty"`
 
@@ -260,7 +270,8 @@ type CPU struct {
 
 // Memory is the guest memory.
 type Memory struct {
-	// Guest is the memory the guest sees, for example 512Mi. Defaults to resources.requests.memory.
+	// Guest is the memory the guest sees, for example 512Mi. Defaults to resources.requests.memory,
+	// else resources.limits.memory.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memory.guest must be a positive quantity"
 	Guest *resource.Quantity `json:"guest,omitempty"`
@@ -383,6 +394,23 @@ type Features struct {
 	// Off when absent; on when present unless enabled is false.
 	// +optional
 	SMM *FeatureState `json:"smm,omitempty"`
+
+	// APIC is the guest's local APIC, which its CPUs always have; endOfInterrupt adds KVM's
+	// paravirtual end-of-interrupt. Turning the APIC off is not supported.
+	// +optional
+	APIC *FeatureAPIC `json:"apic,omitempty"`
+}
+
+// FeatureAPIC is the local APIC feature, as KubeVirt's.
+type FeatureAPIC struct {
+	// Enabled defaults to true; false is refused: the guest's CPUs always have a local APIC.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// EndOfInterrupt turns on KVM's paravirtual end-of-interrupt (the kvm-pv-eoi CPU feature),
+	// which saves the guest an exit per interrupt under KVM. Defaults to false.
+	// +optional
+	EndOfInterrupt bool `json:"endOfInterrupt,omitempty"`
 }
 
 // FeatureState turns a feature on or off.
@@ -418,6 +446,100 @@ type Devices struct {
 	// `qvirtctl vnc`. Defaults to true.
 	// +optional
 	AutoattachGraphicsDevice *bool `json:"autoattachGraphicsDevice,omitempty"`
+
+	// AutoattachPodInterface gives an instance created with no interfaces and no networks an
+	// interface named default with the masquerade binding on the pod network, as KubeVirt does.
+	// Defaults to true; false leaves such an instance without a network.
+	// +optional
+	AutoattachPodInterface *bool `json:"autoattachPodInterface,omitempty"`
+
+	// Rng gives the guest a virtio entropy device (virtio-rng) fed from the host's /dev/urandom.
+	// +optional
+	Rng *Rng `json:"rng,omitempty"`
+
+	// Inputs are the guest's input devices: tablets (absolute pointers, so the VNC pointer and the
+	// guest's agree) on USB or virtio.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Inputs []Input `json:"inputs,omitempty"`
+
+	// Watchdog is a hardware watchdog the guest must keep feeding; when it stops, the action is
+	// taken.
+	// +optional
+	Watchdog *Watchdog `json:"watchdog,omitempty"`
+}
+
+// Rng is a virtio random number generator, as KubeVirt's (no settings).
+type Rng struct{}
+
+// InputBus is the bus an input device is attached to.
+// +kubebuilder:validation:Enum=usb;virtio
+type InputBus string
+
+// Input buses.
+const (
+	InputBusUSB    InputBus = "usb"
+	InputBusVirtio InputBus = "virtio"
+)
+
+// InputType is the kind of input device.
+// +kubebuilder:validation:Enum=tablet
+type InputType string
+
+// InputTypeTablet is an absolute pointing device, the one type KubeVirt accepts.
+const InputTypeTablet InputType = "tablet"
+
+// Input is an input device.
+type Input struct {
+	// Name is the device's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// Bus is usb (the default; a USB tablet on an xHCI controller) or virtio.
+	// +optional
+	Bus InputBus `json:"bus,omitempty"`
+
+	// Type is tablet (the default and only type).
+	// +optional
+	Type InputType `json:"type,omitempty"`
+}
+
+// Watchdog is a named hardware watchdog, as KubeVirt's: an Intel 6300ESB.
+type Watchdog struct {
+	// Name is the watchdog's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// I6300ESB is the Intel 6300ESB watchdog, the default (and only) model.
+	// +optional
+	I6300ESB *I6300ESBWatchdog `json:"i6300esb,omitempty"`
+}
+
+// WatchdogAction is what happens when the watchdog expires.
+// +kubebuilder:validation:Enum=poweroff;reset;shutdown
+type WatchdogAction string
+
+// Watchdog actions, as KubeVirt's.
+const (
+	// WatchdogActionPoweroff stops the guest at once, as pulling the plug.
+	WatchdogActionPoweroff WatchdogAction = "poweroff"
+	// WatchdogActionReset resets the guest, as the reset button.
+	WatchdogActionReset WatchdogAction = "reset"
+	// WatchdogActionShutdown presses the guest's ACPI power button.
+	WatchdogActionShutdown WatchdogAction = "shutdown"
+)
+
+// I6300ESBWatchdog is the Intel 6300ESB watchdog.
+type I6300ESBWatchdog struct {
+	// Action is poweroff, reset (the default) or shutdown.
+	// +optional
+	Action WatchdogAction `json:"action,omitempty"`
 }
 
 // Disk attaches the volume of the same name to the guest as a disk or a CD-ROM.
@@ -502,14 +624,14 @@ type DiskTarget struct {
 }
 
 // CDRomTarget attaches a volume as a CD-ROM.
-// +kubebuilder:validation:XValidation:rule="!has(self.readonly) || self.readonly",message="a cdrom is always read-only"
 type CDRomTarget struct {
 	// Bus is sata (the default) or scsi; a CD-ROM cannot sit on virtio.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self != 'virtio'",message="a cdrom cannot use the virtio bus; use sata or scsi"
 	Bus DiskBus `json:"bus,omitempty"`
 
-	// ReadOnly is always true for a CD-ROM.
+	// ReadOnly defaults to true. The guest cannot write to a CD-ROM: qvirt attaches it read-only
+	// even when readonly is false (accepted and kept as written, as KubeVirt does).
 	// +optional
 	ReadOnly *bool `json:"readonly,omitempty"`
 }

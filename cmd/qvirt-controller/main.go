@@ -1,6 +1,7 @@
 // Command qvirt-controller is the cluster-wide brain: it turns VirtualMachines into
 // VirtualMachineInstances, VMIs into launcher pods and migrations into target pods, and serves the
-// validating webhook. Configuration comes from the ConfigMap qvirt-config in its namespace.
+// admission webhooks (KubeVirt's defaults, validation). Configuration comes from the ConfigMap
+// qvirt-config in its namespace.
 package main
 
 import (
@@ -28,7 +29,7 @@ func main() {
 		probeAddr   = flag.String("health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 		leaderElect = flag.Bool("leader-elect", false, "elect one active controller among the replicas")
 		namespace   = flag.String("namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMap qvirt-config")
-		webhooks    = flag.Bool("webhooks", true, "serve the validating webhook")
+		webhooks    = flag.Bool("webhooks", true, "serve the admission webhooks (defaulting and validating)")
 		webhookPort = flag.Int("webhook-port", 9443, "port of the webhook server")
 		certDir     = flag.String("webhook-cert-dir", "", "directory with tls.crt and tls.key for the webhook server")
 		nodeTimeout = flag.Duration("node-heartbeat-timeout", nodehealth.DefaultTimeout, "how long a node agent may go without a heartbeat before its instances are failed")

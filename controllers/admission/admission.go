@@ -1,4 +1,5 @@
-// Package admission is qvirt's validating webhook: the checks the CRD schema and its CEL rules
+// Package admission is qvirt's admission webhooks. The mutating one records KubeVirt's defaults in
+// the stored object (defaults.go). The validating one checks what the CRD schema and its CEL rules
 // cannot express (the cluster's allowed host paths, base64 payloads, quantity rules the CEL cost
 // budget refuses, cross-field rules), and what the schema accepts but this version of qvirt
 // cannot run (v1alpha1.NotRealised), so that everything admitted can start. Everything it refuses
@@ -20,13 +21,16 @@ import (
 	"github.com/qvirt/qvirt/internal/config"
 )
 
-// Setup registers the VirtualMachine and VirtualMachineInstance validators with mgr's webhook server.
+// Setup registers the VirtualMachine and VirtualMachineInstance defaulters and validators with
+// mgr's webhook server.
 func Setup(mgr ctrl.Manager, store *config.Store) error {
-	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachine{}).WithValidator(&VMValidator{Config: store}).Complete(); err != nil {
-		return fmt.Errorf("register VirtualMachine webhook: %w", err)
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachine{}).WithDefaulter(VMDefaulter{}).
+		WithValidator(&VMValidator{Config: store}).Complete(); err != nil {
+		return fmt.Errorf("register VirtualMachine webhooks: %w", err)
 	}
-	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachineInstance{}).WithValidator(&VMIValidator{Config: store}).Complete(); err != nil {
-		return fmt.Errorf("register VirtualMachineInstance webhook: %w", err)
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachineInstance{}).WithDefaulter(VMIDefaulter{}).
+		WithValidator(&VMIValidator{Config: store}).Complete(); err != nil {
+		return fmt.Errorf("register VirtualMachineInstance webhooks: %w", err)
 	}
 	return nil
 }
@@ -48,7 +52,7 @@ func (v *VMValidator) ValidateCreate(_ context.Context, vm *v1alpha1.VirtualMach
 // the status subresource and do not reach this webhook.
 func (v *VMValidator) ValidateUpdate(_ context.Context, old, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
 	errs := ratchet(v.check(vm), v.check(old))
-	return warnings(&vm.Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
+	return warnings(&defaulted(vm).Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
 }
 
 // ValidateDelete implements admission.Validator.
@@ -57,15 +61,24 @@ func (v *VMValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachine) 
 }
 
 func (v *VMValidator) validate(vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
-	return warnings(&vm.Spec.Template.Spec), invalid("VirtualMachine", vm.Name, v.check(vm))
+	return warnings(&defaulted(vm).Spec.Template.Spec), invalid("VirtualMachine", vm.Name, v.check(vm))
 }
 
 // check is everything a VirtualMachine's instances would be refused for at creation, at the
-// template's paths.
+// template's paths: its template is checked with the defaults its instances will get.
 func (v *VMValidator) check(vm *v1alpha1.VirtualMachine) field.ErrorList {
+	vm = defaulted(vm)
 	p := field.NewPath("spec", "template", "spec")
 	errs := append(v1alpha1.ValidateVirtualMachine(vm), v1alpha1.NotRealisedVM(&vm.Spec)...)
 	return append(errs, checkRunnable(v.Config.Get(), vm.Namespace, &vm.Spec.Template.Spec, p)...)
+}
+
+// defaulted is a copy of vm whose template has the defaults an instance gets at creation, as
+// KubeVirt's VM admitter validates it.
+func defaulted(vm *v1alpha1.VirtualMachine) *v1alpha1.VirtualMachine {
+	vm = vm.DeepCopy()
+	v1alpha1.SetDefaults(&vm.Spec.Template.Spec)
+	return vm
 }
 
 // VMIValidator validates VirtualMachineInstances: the whole spec at creation; on update the disk
@@ -184,10 +197,16 @@ func validateHostPaths(cfg config.Config, namespace string, spec *v1alpha1.Virtu
 
 // warnings tell users about accepted specs that will not behave as they may expect.
 func warnings(spec *v1alpha1.VirtualMachineInstanceSpec) admission.Warnings {
+	var w admission.Warnings
 	if ok, _, msg := v1alpha1.LiveMigratable(spec); !ok {
-		return admission.Warnings{"this VM cannot be live-migrated: " + msg}
+		w = append(w, "this VM cannot be live-migrated: "+msg)
 	}
-	return nil
+	for _, d := range spec.Domain.Devices.Disks {
+		if c := d.CDRom; c != nil && c.ReadOnly != nil && !*c.ReadOnly {
+			w = append(w, fmt.Sprintf("cdrom %q has readonly: false, but a guest cannot write to a CD-ROM: it is attached read-only", d.Name))
+		}
+	}
+	return w
 }
 
 func invalid(kind, name string, errs field.ErrorList) error {

@@ -148,6 +148,9 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 		{"efi secure boot without smm", "vmi_testguest.yaml", "", false, func(s map[string]any) {
 			s["domain"].(map[string]any)["firmware"].(map[string]any)["bootloader"] = map[string]any{"efi": map[string]any{}}
 		}, "spec.domain.features.smm", "EFI secure boot"},
+		{"the APIC turned off", "vmi_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["features"] = map[string]any{"apic": map[string]any{"enabled": false}}
+		}, "spec.domain.features.apic.enabled", "turning the APIC off is not supported"},
 		{"bios and efi", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["domain"].(map[string]any)["firmware"].(map[string]any)["bootloader"] = map[string]any{"bios": map[string]any{}, "efi": map[string]any{"secureBoot": false}}
 		}, "spec.template.spec.domain.firmware.bootloader", "mutually exclusive"},

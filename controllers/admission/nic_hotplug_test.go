@@ -14,8 +14,12 @@ func TestWebhookNICHotplugUpdates(t *testing.T) {
 	startWebhook(t)
 	o := sample(t, "vmi_testguest.yaml")
 	spec := o["spec"].(map[string]any)
-	delete(spec["domain"].(map[string]any)["devices"].(map[string]any), "interfaces")
+	devices := spec["domain"].(map[string]any)["devices"].(map[string]any)
+	delete(devices, "interfaces")
 	delete(spec, "networks")
+	// Without this, the instance gets an interface on the pod network at creation (KubeVirt's
+	// default), and no NIC could be added on it.
+	devices["autoattachPodInterface"] = false
 	o["metadata"].(map[string]any)["name"] = "nichotplug"
 	data, _ := json.Marshal(o)
 	kubectl := kubectlDefault

@@ -114,11 +114,14 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 	return st
 }
 
-// coldSpec is a spec without its disks, volumes, interfaces and networks: those can be hot-plugged
-// into a running instance, so a difference there needs no restart. The start strategy is left out
-// too: it only says how the instance started (a `start --paused` sets it on the instance alone).
+// coldSpec is a spec with the defaults admission gives an instance (the instance's were recorded
+// when it was created, the template's are not) and without its disks, volumes, interfaces and
+// networks: those can be hot-plugged into a running instance, so a difference there needs no
+// restart. The start strategy is left out too: it only says how the instance started (a `start
+// --paused` sets it on the instance alone).
 func coldSpec(spec v1alpha1.VirtualMachineInstanceSpec) v1alpha1.VirtualMachineInstanceSpec {
 	c := *spec.DeepCopy()
+	v1alpha1.SetDefaults(&c)
 	c.Volumes, c.Domain.Devices.Disks = nil, nil
 	c.Networks, c.Domain.Devices.Interfaces = nil, nil
 	c.StartStrategy = nil

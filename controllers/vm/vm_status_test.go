@@ -34,6 +34,15 @@ func matching(vm *v1alpha1.VirtualMachine) func(*v1alpha1.VirtualMachineInstance
 	return func(vmi *v1alpha1.VirtualMachineInstance) { vmi.Spec = desiredVMISpec(vm) }
 }
 
+// admitted is an instance created from vm's template as stored by admission, which records
+// KubeVirt's defaults in it (v1alpha1.SetDefaults).
+func admitted(vm *v1alpha1.VirtualMachine) func(*v1alpha1.VirtualMachineInstance) {
+	return func(vmi *v1alpha1.VirtualMachineInstance) {
+		vmi.Spec = desiredVMISpec(vm)
+		v1alpha1.SetDefaults(&vmi.Spec)
+	}
+}
+
 func cond(typ string, status metav1.ConditionStatus, reason string) func(*v1alpha1.VirtualMachineInstance) {
 	return func(vmi *v1alpha1.VirtualMachineInstance) {
 		vmi.Status.Conditions = append(vmi.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason})
@@ -118,6 +127,8 @@ func TestComputeStatus(t *testing.T) {
 			want{created: true, readyCond: metav1.ConditionFalse, readyReason: ReasonVMINotReady}},
 		{"deleting VMI", vm, testVMI(v1alpha1.Running, matching(vm), deleting), Decision{}, nil,
 			want{created: true, readyCond: metav1.ConditionFalse, readyReason: ReasonVMIDeleting}},
+		{"the instance's recorded defaults are no template change", vm, testVMI(v1alpha1.Running, admitted(vm)), Decision{}, nil,
+			want{created: true, readyCond: metav1.ConditionFalse, readyReason: ReasonVMINotReady}},
 		{"template changed", changed, testVMI(v1alpha1.Running, matching(vm)), Decision{}, nil,
 			want{created: true, readyCond: metav1.ConditionFalse, readyReason: ReasonVMINotReady, restart: metav1.ConditionTrue}},
 		{"template changed, VMI ended: nothing to restart", changed, testVMI(v1alpha1.Succeeded, matching(vm)), Decision{}, nil,

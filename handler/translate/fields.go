@@ -8,8 +8,8 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 )
 
-// machineIndexed matches a machine path into the disk or NIC lists: machine.disks[2].bus.
-var machineIndexed = regexp.MustCompile(`^machine\.(disks|nics)\[(\d+)\](.*)$`)
+// machineIndexed matches a machine path into the disk, NIC or input lists: machine.disks[2].bus.
+var machineIndexed = regexp.MustCompile(`^machine\.(disks|nics|inputs)\[(\d+)\](.*)$`)
 
 // machineFields maps the machine paths that come from one spec field to that field.
 var machineFields = []struct{ machine, spec string }{
@@ -18,6 +18,7 @@ var machineFields = []struct{ machine, spec string }{
 	{"machine.kernel.initrdPath", "spec.domain.firmware.kernelBoot.container.initrdPath"},
 	{"machine.kernel.args", "spec.domain.firmware.kernelBoot.kernelArgs"},
 	{"machine.kernel", "spec.domain.firmware.kernelBoot"},
+	{"machine.cpu.pvEOI", "spec.domain.features.apic.endOfInterrupt"},
 	{"machine.cpu", "spec.domain.cpu"},
 	{"machine.memoryMiB", "spec.domain.memory.guest"},
 	{"machine.firmware.efi.secureBoot", "spec.domain.firmware.bootloader.efi.secureBoot"},
@@ -29,12 +30,15 @@ var machineFields = []struct{ machine, spec string }{
 	{"machine.type", "spec.domain.machine.type"},
 	{"machine.graphics", "spec.domain.devices.autoattachGraphicsDevice"},
 	{"machine.serialConsole", "spec.domain.devices.autoattachSerialConsole"},
+	{"machine.rng", "spec.domain.devices.rng"},
+	{"machine.watchdog.action", "spec.domain.devices.watchdog.i6300esb.action"},
+	{"machine.watchdog", "spec.domain.devices.watchdog"},
 }
 
 // SpecField is the field of v's spec that the machine description's field (a launcher's refusal
 // names it, e.g. "machine.kernel.image.ref") was translated from, so a condition can name what the
 // user wrote; "" when no single spec field is behind it. Machine disks and NICs are the spec's
-// disks and interfaces in order (Machine keeps it): a disk's source is its volume.
+// disks, interfaces and inputs in order (Machine keeps it): a disk's source is its volume.
 func SpecField(v *v1alpha1.VirtualMachineInstance, field string) string {
 	if m := machineIndexed.FindStringSubmatch(field); m != nil {
 		return indexedField(v, m[1], m[2], m[3])
@@ -53,6 +57,12 @@ func indexedField(v *v1alpha1.VirtualMachineInstance, list, index, rest string) 
 		return ""
 	}
 	devs := v.Spec.Domain.Devices
+	if list == "inputs" {
+		if i >= len(devs.Inputs) {
+			return ""
+		}
+		return "spec.domain.devices.inputs[" + index + "]"
+	}
 	if list == "nics" {
 		if i >= len(devs.Interfaces) {
 			return ""

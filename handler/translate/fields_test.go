@@ -12,6 +12,7 @@ func TestSpecField(t *testing.T) {
 	v := &v1alpha1.VirtualMachineInstance{Spec: v1alpha1.VirtualMachineInstanceSpec{Domain: v1alpha1.DomainSpec{Devices: v1alpha1.Devices{
 		Disks:      []v1alpha1.Disk{{Name: "root"}, {Name: "data"}, {Name: "cidata"}},
 		Interfaces: []v1alpha1.Interface{{Name: "default"}},
+		Inputs:     []v1alpha1.Input{{Name: "tablet"}},
 	}}, Volumes: []v1alpha1.Volume{{Name: "cidata", VolumeSource: v1alpha1.VolumeSource{CloudInitConfigDrive: &v1alpha1.CloudInitConfigDriveSource{
 		UserDataSecretRef: &corev1.LocalObjectReference{Name: "ud"}, NetworkData: "version: 2"}}}}}}
 	for field, want := range map[string]string{
@@ -32,6 +33,12 @@ func TestSpecField(t *testing.T) {
 		"machine.firmware.efi.secureBoot":               "spec.domain.firmware.bootloader.efi.secureBoot",
 		"machine.firmware.serialBIOS":                   "spec.domain.firmware.bootloader.bios.useSerial",
 		"machine.smm":                                   "spec.domain.features.smm",
+		"machine.inputs[0].bus":                         "spec.domain.devices.inputs[0]",
+		"machine.inputs[1].bus":                         "",
+		"machine.watchdog.action":                       "spec.domain.devices.watchdog.i6300esb.action",
+		"machine.watchdog.name":                         "spec.domain.devices.watchdog",
+		"machine.rng":                                   "spec.domain.devices.rng",
+		"machine.cpu.pvEOI":                             "spec.domain.features.apic.endOfInterrupt",
 	} {
 		if got := SpecField(v, field); got != want {
 			t.Errorf("SpecField(%q) = %q, want %q", field, got, want)

@@ -12,8 +12,9 @@ import (
 )
 
 // LoadFile reads a VirtualMachineInstance or VirtualMachine (whose template is used) manifest
-// strictly (unknown fields are errors, as with kubectl) and validates it as the API server and the
-// webhook would, refusing what this version does not realise (v1alpha1.NotRealised).
+// strictly (unknown fields are errors, as with kubectl), applies the defaults admission records
+// (v1alpha1.SetDefaults) and validates it as the API server and the webhooks would, refusing what
+// this version does not realise (v1alpha1.NotRealised).
 // A missing namespace is "default" and a missing UID a new one, so the instance can run outside a
 // cluster (`qvirtctl machine`).
 func LoadFile(file string) (*v1alpha1.VirtualMachineInstance, error) {
@@ -49,6 +50,7 @@ func LoadFile(file string) (*v1alpha1.VirtualMachineInstance, error) {
 	default:
 		return nil, fmt.Errorf("%s: kind %q: want VirtualMachineInstance or VirtualMachine", file, meta.Kind)
 	}
+	v1alpha1.SetDefaults(&vmi.Spec)
 	p := field.NewPath("spec")
 	errs := append(vmErrs, v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)...)
 	if errs = append(errs, v1alpha1.NotRealised(&vmi.Spec, p)...); len(errs) > 0 {

@@ -1,10 +1,10 @@
 // Package translate turns a VMI into the machine description a launcher executes
-// (package machine). It is the one place where a spec decision is made: it applies the API's
-// defaults (v1alpha1.SetDefaults) and decides what depends on the node (the CPU model under
-// emulation, cache and I/O mode), memory in MiB, the SMBIOS UUID, which volume source becomes
-// which image source. The node agent calls it for a start, a migration
-// target and a hot-plug; `qvirtctl machine` calls it for a launcher run outside Kubernetes. Errors
-// name the VMI field at fault ("spec.domain.memory.guest").
+// (package machine). It is the one place where a spec decision is made: it fills the API's
+// field defaults (v1alpha1.FillDefaults; admission recorded the others in the stored object) and
+// decides what depends on the node (the CPU model under emulation, cache and I/O mode), memory in
+// MiB, the SMBIOS UUID, which volume source becomes which image source. The node agent calls it
+// for a start, a migration target and a hot-plug; `qvirtctl machine` calls it for a launcher run
+// outside Kubernetes. Errors name the VMI field at fault ("spec.domain.memory.guest").
 package translate
 
 import (
@@ -75,7 +75,9 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		return nil, errs.ToAggregate()
 	}
 	spec := v.Spec.DeepCopy()
-	v1alpha1.SetDefaults(spec)
+	// Only the field defaults: the devices are those admission recorded, also for an instance
+	// stored before admission recorded defaults (a migration target must get its source's).
+	v1alpha1.FillDefaults(spec)
 	m := &machine.Machine{
 		Name: v.Name, Namespace: v.Namespace, UID: string(v.UID), UUID: string(v.UID),
 		Type: spec.Domain.Machine.Type, Accel: machine.AccelKVM, NoACPI: acpiOff(spec.Domain.Features), SMM: smm(spec.Domain.Features),
@@ -104,6 +106,7 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		errs = append(errs, err...)
 		m.NICs = append(m.NICs, n)
 	}
+	devices(&spec.Domain.Devices, m)
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
@@ -134,6 +137,18 @@ func cloudInitMetaData(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) {
 		case machine.CloudInitConfigDrive:
 			ci.InstanceID, ci.UUID = v.Name+"."+v.Namespace, m.UUID
 		}
+	}
+}
+
+// devices are the devices that need no host side: the entropy device, the input devices and the
+// watchdog, each after FillDefaults (an input's bus and type, the watchdog's model and action).
+func devices(d *v1alpha1.Devices, m *machine.Machine) {
+	m.RNG = d.Rng != nil
+	for _, in := range d.Inputs {
+		m.Inputs = append(m.Inputs, machine.Input{Name: in.Name, Bus: machine.InputBus(in.Bus), Type: machine.InputType(in.Type)})
+	}
+	if w := d.Watchdog; w != nil {
+		m.Watchdog = &machine.Watchdog{Name: w.Name, Model: machine.WatchdogI6300ESB, Action: machine.WatchdogAction(w.I6300ESB.Action)}
 	}
 }
 
@@ -179,6 +194,10 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	one := func(v uint32) uint32 { return max(v, 1) }
 	m.CPU = machine.CPU{Model: model, VCPUs: uint32(v1alpha1.VCPUs(d.CPU)),
 		Sockets: one(c.Sockets), Cores: one(c.Cores), Threads: one(c.Threads)}
+	// The APIC itself needs nothing: QEMU's x86 CPUs have one (NotRealised refuses turning it off).
+	if f := d.Features; f != nil && f.APIC != nil && f.APIC.EndOfInterrupt {
+		m.CPU.PVEOI = true
+	}
 	return nil
 }
 
@@ -208,7 +227,7 @@ func firmware(d *v1alpha1.DomainSpec, m *machine.Machine) {
 	m.SMBIOSSerial = fw.Serial
 	if bl := fw.Bootloader; bl != nil {
 		if bl.EFI != nil {
-			// SetDefaults made secureBoot explicit.
+			// FillDefaults made secureBoot explicit.
 			m.Firmware.EFI = &machine.EFI{SecureBoot: *bl.EFI.SecureBoot}
 		}
 		m.Firmware.SerialBIOS = bl.BIOS != nil && bl.BIOS.UseSerial != nil && *bl.BIOS.UseSerial
@@ -240,7 +259,8 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.P
 		out.IO = machine.IO(d.IO)
 	}
 	if d.CDRom != nil {
-		// A cdrom is always read-only: validation refuses readonly: false.
+		// A cdrom is always read-only: the guest cannot write to one, and readonly: false (which
+		// KubeVirt accepts too) does not change that.
 		out.CDROM, out.ReadOnly, out.Bus = true, true, machine.Bus(d.CDRom.Bus)
 	} else {
 		out.ReadOnly, out.Bus = d.Disk.ReadOnly, machine.Bus(d.Disk.Bus)

@@ -128,6 +128,29 @@ func TestSamplesAccepted(t *testing.T) {
 	}
 }
 
+// TestVolumeWithoutDiskInTemplateAccepted: a VM template may leave a volume without a disk, a
+// cdrom may say readonly: false, and rng, inputs, watchdog and features.apic may leave their
+// fields to the defaults, as in KubeVirt: the schema accepts them (the instance gets a disk when
+// admission creates it, controllers/admission's TestDefaultsRecorded).
+func TestVolumeWithoutDiskInTemplateAccepted(t *testing.T) {
+	o := load(t, "vm_testguest.yaml")
+	o.appendTo(t, "spec.template.spec.volumes", map[string]any{"name": "extra", "emptyDisk": map[string]any{"capacity": "1Gi"}})
+	o.appendTo(t, "spec.template.spec.volumes", map[string]any{"name": "iso", "emptyDisk": map[string]any{"capacity": "1Mi"}})
+	o.appendTo(t, "spec.template.spec.domain.devices.disks", map[string]any{"name": "iso", "cdrom": map[string]any{"readonly": false}})
+	// KubeVirt's devices with what they leave to the defaults left out.
+	o.set(t, "spec.template.spec.domain.devices.rng", map[string]any{})
+	o.set(t, "spec.template.spec.domain.devices.inputs", []any{map[string]any{"name": "tablet"}, map[string]any{"name": "vtablet", "bus": "virtio", "type": "tablet"}})
+	o.set(t, "spec.template.spec.domain.devices.watchdog", map[string]any{"name": "wd", "i6300esb": map[string]any{"action": "poweroff"}})
+	o.set(t, "spec.template.spec.domain.features", map[string]any{"apic": map[string]any{"endOfInterrupt": true}})
+	manifest, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := kubectl(t, manifest, "create", "--dry-run=server", "-n", "default", "-f", "-"); err != nil {
+		t.Fatalf("refused: %v: %s", err, stderr)
+	}
+}
+
 // TestFirmwareAccepted: the bootloaders and SMM in KubeVirt's shape pass the schema and its rules.
 func TestFirmwareAccepted(t *testing.T) {
 	for name, firmware := range map[string]struct{ bootloader, features map[string]any }{
@@ -227,9 +250,12 @@ func TestInvalidManifestsRejected(t *testing.T) {
 		{"disk without volume", vmi, func(t *testing.T, o obj) {
 			o.set(t, d+".disks", []any{map[string]any{"name": "orphan", "disk": map[string]any{}}})
 		}, "spec.domain.devices.disks", "must name a volume"},
-		{"volume without disk", vm, func(t *testing.T, o obj) {
-			o.appendTo(t, "spec.template.spec.volumes", map[string]any{"name": "extra", "emptyDisk": map[string]any{"capacity": "1Gi"}})
-		}, "spec.template.spec.volumes", "every volume must be attached by a disk"},
+		// Admission gives a volume without a disk one (KubeVirt's default), so that only an
+		// instance's spec must have it: here, without the webhooks, a VMI's volume without a disk is
+		// refused; a VM template's is accepted (TestVolumeWithoutDiskInTemplateAccepted).
+		{"volume without disk", vmi, func(t *testing.T, o obj) {
+			o.appendTo(t, "spec.volumes", map[string]any{"name": "extra", "emptyDisk": map[string]any{"capacity": "1Gi"}})
+		}, "spec.volumes", "every volume must be attached by a disk"},
 		{"duplicate disk names", vm, func(t *testing.T, o obj) {
 			o.appendTo(t, td+".disks", map[string]any{"name": "scratch"})
 		}, "spec.template.spec.domain.devices.disks[1]", "Duplicate value"},
@@ -250,6 +276,12 @@ func TestInvalidManifestsRejected(t *testing.T) {
 		{"negative memory", vm, func(t *testing.T, o obj) { o.set(t, "spec.template.spec.domain.memory.guest", "-256Mi") }, "spec.template.spec.domain.memory.guest", "positive"},
 		{"runStrategy typo", vm, func(t *testing.T, o obj) { o.set(t, "spec.runStrategy", "Allways") }, "spec.runStrategy", `Unsupported value: "Allways"`},
 		{"running and runStrategy", vm, func(t *testing.T, o obj) { o.set(t, "spec.running", true) }, "spec", "set either running (deprecated) or runStrategy"},
+		{"input on a PS/2 bus", vm, func(t *testing.T, o obj) {
+			o.set(t, td+".inputs", []any{map[string]any{"name": "kbd", "bus": "ps2"}})
+		}, "spec.template.spec.domain.devices.inputs[0].bus", `Unsupported value: "ps2"`},
+		{"watchdog action KubeVirt has not", vmi, func(t *testing.T, o obj) {
+			o.set(t, d+".watchdog", map[string]any{"name": "wd", "i6300esb": map[string]any{"action": "pause"}})
+		}, "spec.domain.devices.watchdog.i6300esb.action", `Unsupported value: "pause"`},
 		{"KubeVirt-only field gpus", vm, func(t *testing.T, o obj) {
 			o.set(t, td+".gpus", []any{map[string]any{"name": "gpu1", "deviceName": "nvidia.com/GP102GL"}})
 		}, "spec.template.spec.domain.devices.gpus", "unknown field"},

@@ -49,8 +49,10 @@ BOOT_MODULES=(
 	evdev button af_packet
 )
 # Modules in the image but loaded only on demand (the kernel runs modprobe for
-# `mount -t ext4`, for example).
-EXTRA_MODULES=(ext4 crc32c_generic efivarfs)
+# `mount -t ext4`, for example; tests modprobe the device drivers of the
+# devices they attach: the guest has no udev).
+EXTRA_MODULES=(ext4 crc32c_generic efivarfs
+	virtio_rng virtio_input xhci_pci usbhid hid_generic i6300esb)
 
 # Recommended kernel command line, written to OUTDIR/cmdline.
 CMDLINE="console=ttyS0 quiet panic=-1"

@@ -18,8 +18,8 @@ import (
 	"github.com/qvirt/qvirt/test/refused"
 )
 
-// TestRefusedAtAdmission runs the webhook's own validators (as qvirt-controller runs them, with the
-// default configuration) on every manifest here: each must be refused at exactly the fields its
+// TestRefusedAtAdmission runs the webhooks' own defaulters and validators (as qvirt-controller runs
+// them, with the default configuration) on every manifest here: each must be refused at exactly the fields its
 // "# refused at:" lines name, and run mode (`qvirtctl machine`) must refuse it too.
 func TestRefusedAtAdmission(t *testing.T) {
 	manifests, err := refused.Load()
@@ -40,10 +40,17 @@ func TestRefusedAtAdmission(t *testing.T) {
 				if err := yaml.UnmarshalStrict(m.Data, &vm); err != nil {
 					t.Fatal(err)
 				}
+				// As kube-apiserver calls them: the mutating webhook, then the validating one.
+				if err := (admission.VMDefaulter{}).Default(ctx, &vm); err != nil {
+					t.Fatal(err)
+				}
 				_, err = (&admission.VMValidator{Config: store}).ValidateCreate(ctx, &vm)
 			case "VirtualMachineInstance":
 				var vmi v1alpha1.VirtualMachineInstance
 				if err := yaml.UnmarshalStrict(m.Data, &vmi); err != nil {
+					t.Fatal(err)
+				}
+				if err := (admission.VMIDefaulter{}).Default(ctx, &vmi); err != nil {
 					t.Fatal(err)
 				}
 				_, err = (&admission.VMIValidator{Config: store}).ValidateCreate(ctx, &vmi)

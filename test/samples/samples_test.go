@@ -51,12 +51,18 @@ func TestSamplesStart(t *testing.T) {
 			if meta.Kind == "VirtualMachine" {
 				var vm v1alpha1.VirtualMachine
 				mustDecode(t, data, &vm)
+				if err := (admission.VMDefaulter{}).Default(ctx, &vm); err != nil {
+					t.Fatal(err)
+				}
 				if _, err := (&admission.VMValidator{Config: store}).ValidateCreate(ctx, &vm); err != nil {
 					t.Fatalf("the webhook refuses it: %v", err)
 				}
 			} else {
 				var vmi v1alpha1.VirtualMachineInstance
 				mustDecode(t, data, &vmi)
+				if err := (admission.VMIDefaulter{}).Default(ctx, &vmi); err != nil {
+					t.Fatal(err)
+				}
 				if _, err := (&admission.VMIValidator{Config: store}).ValidateCreate(ctx, &vmi); err != nil {
 					t.Fatalf("the webhook refuses it: %v", err)
 				}

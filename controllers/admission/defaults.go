@@ -1,0 +1,47 @@
+package admission
+
+import (
+	"context"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// The mutating webhook records KubeVirt's defaults in the stored object, as KubeVirt's
+// (pkg/virt-api/webhooks/mutating-webhook): a VirtualMachine gets its template's machine type on
+// create and update (vm-mutator.go), an instance everything else when it is created
+// (vmi-mutator.go). The API server calls it before the schema, the CEL rules and the validating
+// webhook, which therefore see the defaults: a volume without a disk has one by then.
+
+// +kubebuilder:webhook:path=/mutate-qvirt-io-v1alpha1-virtualmachine,mutating=true,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=mvm.qvirt.io,admissionReviewVersions=v1
+// +kubebuilder:webhook:path=/mutate-qvirt-io-v1alpha1-virtualmachineinstance,mutating=true,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachineinstances,verbs=create,versions=v1alpha1,name=mvmi.qvirt.io,admissionReviewVersions=v1
+
+// VMDefaulter defaults VirtualMachines: their template's machine type only (the instances a VM
+// creates get the rest), so that the machine ABI is pinned when the VM is created.
+type VMDefaulter struct{}
+
+// Default implements admission.Defaulter. A VM being deleted is left alone, as KubeVirt does, so
+// that removing its finalizers never rewrites its spec.
+func (VMDefaulter) Default(_ context.Context, vm *v1alpha1.VirtualMachine) error {
+	if vm.DeletionTimestamp != nil {
+		return nil
+	}
+	v1alpha1.SetVirtualMachineDefaults(&vm.Spec)
+	return nil
+}
+
+// VMIDefaulter defaults VirtualMachineInstances when they are created (v1alpha1.SetDefaults).
+// Updates keep the spec as stored: a hot-plugged disk gets its defaults when the node agent
+// attaches it.
+type VMIDefaulter struct{}
+
+// Default implements admission.Defaulter.
+func (VMIDefaulter) Default(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) error {
+	if req, err := admission.RequestFromContext(ctx); err == nil && req.Operation != admissionv1.Create {
+		return nil
+	}
+	v1alpha1.SetDefaults(&vmi.Spec)
+	return nil
+}

@@ -1,0 +1,76 @@
+package launcher_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher/protocol"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// TestGuestDevices boots the test guest once with KubeVirt's devices that need no host side, as
+// a KubeVirt manifest writes them (spec.domain.devices.rng, inputs, watchdog and
+// spec.domain.features.apic), translated as the node agent does, and finds each in the guest. The
+// guest has no udev, so the shell loads each driver (they are in the initramfs, test/guest).
+func TestGuestDevices(t *testing.T) {
+	vmi := guestVMI(t)
+	d := &vmi.Spec.Domain
+	d.Features = &v1alpha1.Features{APIC: &v1alpha1.FeatureAPIC{}}
+	d.Devices.Rng = &v1alpha1.Rng{}
+	d.Devices.Inputs = []v1alpha1.Input{
+		{Name: "tablet", Type: v1alpha1.InputTypeTablet}, // bus usb by default
+		{Name: "vtablet", Type: v1alpha1.InputTypeTablet, Bus: v1alpha1.InputBusVirtio},
+	}
+	d.Devices.Watchdog = &v1alpha1.Watchdog{Name: "wd", I6300ESB: &v1alpha1.I6300ESBWatchdog{Action: v1alpha1.WatchdogActionShutdown}}
+
+	v := newLauncher(t)
+	ctx := context.Background()
+	if st, err := v.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil || st.Phase != protocol.PhaseRunning {
+		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
+	}
+	c := attach(t, v.runDir)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+
+	// Each command's output differs from its echo (test/guest/README.md).
+	run := func(t *testing.T, line, want string) {
+		t.Helper()
+		from := len(c.Text())
+		c.Send(t, line)
+		c.Expect(t, from, want, time.Minute)
+	}
+	t.Run("the CPU has a local APIC", func(t *testing.T) {
+		run(t, `grep -qw apic /proc/cpuinfo && echo APIC-$((40+2))`, "APIC-42")
+	})
+	t.Run("virtio-rng is the guest's hardware RNG and gives bytes", func(t *testing.T) {
+		run(t, `modprobe virtio_rng; echo "RNG-[$(cat /sys/class/misc/hw_random/rng_available)]"`, "RNG-[virtio_rng.0")
+		run(t, `echo "RNGCUR-[$(cat /sys/class/misc/hw_random/rng_current)]"`, "RNGCUR-[virtio_rng.0]")
+		run(t, `echo "RNGREAD-$(head -c 64 /dev/hwrng | wc -c)"`, "RNGREAD-64")
+	})
+	t.Run("the USB and virtio tablets are input devices", func(t *testing.T) {
+		// The USB tablet appears once the xHCI controller has enumerated it.
+		run(t, `modprobe xhci_pci; modprobe usbhid; modprobe hid_generic; modprobe virtio_input; `+
+			`for i in $(seq 60); do [ "$(grep -c Tablet /proc/bus/input/devices)" = 2 ] && break; sleep 1; done; `+
+			`grep Name= /proc/bus/input/devices`, `N: Name="QEMU QEMU USB Tablet"`)
+		if text := c.Text(); !strings.Contains(text, `N: Name="QEMU Virtio Tablet"`) {
+			t.Fatalf("no virtio tablet in /proc/bus/input/devices; console ends with %q", testutil.Tail(text, 600))
+		}
+	})
+	t.Run("the i6300esb watchdog presses the power button when it expires", func(t *testing.T) {
+		run(t, `modprobe i6300esb heartbeat=2; echo "WDT-[$(cat /sys/class/watchdog/watchdog0/identity)]"`, "WDT-[i6300ESB timer]")
+		// Writing to the device starts it; closing it without the magic 'V' leaves it running.
+		from := len(c.Text())
+		c.Send(t, `echo 1 > /dev/watchdog`)
+		c.Expect(t, from, "QVIRT-POWERDOWN", 2*time.Minute)
+		waitFor(t, time.Minute, "QEMU to exit", func() bool {
+			st, err := v.client.Status(ctx)
+			return err == nil && st.Exit != nil
+		})
+		st, _ := v.client.Status(ctx)
+		if st.Exit.Reason != protocol.ExitGuestShutdown {
+			t.Fatalf("exit reason %q (%s), want %q: the shutdown action is the ACPI power button", st.Exit.Reason, st.Exit.Detail, protocol.ExitGuestShutdown)
+		}
+	})
+}

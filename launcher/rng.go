@@ -1,0 +1,23 @@
+package launcher
+
+// The entropy device kind: a virtio-rng PCI device on its own root port, fed by QEMU from the
+// host's /dev/urandom (KubeVirt's libvirt backend, model random). It is fixed when QEMU starts,
+// so it has only a cold form.
+
+// RNG ids: the backend object and the device.
+const (
+	RNGBackendID = "rng-urandom"
+	RNGDeviceID  = "rng"
+)
+
+// rngSource is the host file the backend reads: non-blocking, and in every container.
+const rngSource = "/dev/urandom"
+
+// rng adds the entropy device when the machine has one.
+func (b *builder) rng() {
+	if !b.m.RNG {
+		return
+	}
+	b.devs = append(b.devs, "-object", "rng-random,id="+RNGBackendID+",filename="+rngSource,
+		"-device", "virtio-rng-pci,id="+RNGDeviceID+",rng="+RNGBackendID+",bus="+b.rootPort("port-"+RNGDeviceID))
+}
