@@ -600,6 +600,14 @@ func blockMigrateViaLaunchers(b *testing.B) (time.Duration, int64) {
 	if err := src.MigrateSource(ctx, req); err != nil {
 		b.Fatal(err)
 	}
+	srcSt := waitHandover(b, src)
+	waitHandover(b, dst)
+	if err := dst.RunMigrated(ctx, &protocol.MigrationRun{Paused: srcSt.Migration.GuestPaused}); err != nil {
+		b.Fatal(err)
+	}
+	if err := src.FinishMigration(ctx); err != nil {
+		b.Fatal(err)
+	}
 	exit, err := src.Wait(ctx)
 	elapsed := time.Since(start)
 	if err != nil || exit.Reason != protocol.ExitMigrated {

@@ -40,8 +40,8 @@ import (
 //     (BLOCK_JOB_COMPLETED, offset equal to length), and only then lets the migration go on
 //     (migrate-continue). A mirror that fails at any moment cancels the migration. The NBD client
 //     nodes go once the migration has ended.
-//  4. The target stops its NBD server once the migration completed, before anything else can
-//     write to the disks through it.
+//  4. The target stops its NBD server once the migration completed, before it runs the guest
+//     (the handover, switchover.go), so that nothing else can write to the disks through it.
 //
 // A failure anywhere (a mirror that cannot reach the target, a target that goes away, a
 // cancelled migration) ends the mirrors (force-cancelled) and removes the client nodes; the
@@ -251,7 +251,8 @@ func (l *Launcher) superviseMirror(p *Process, m *mirror, paused, ended *qmp.Wai
 			if ok && ev.Data["status"] != string(qmp.MigrationCompleted) {
 				m.abort(ctx)
 			} else {
-				// Usually QEMU quits now; if it goes on, a later migration needs the names.
+				// The source holds the guest until the handover ends (switchover.go); if it takes
+				// the guest back, a later migration needs the names.
 				_ = m.removeClients(ctx)
 			}
 			cancel()

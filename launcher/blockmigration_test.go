@@ -138,12 +138,9 @@ func TestBlockMigrationCarriesLocalDisks(t *testing.T) {
 	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1, BlockMigration: nbdOf(dst)}); err != nil {
 		t.Fatal(err)
 	}
-	var st protocol.Status
-	waitFor(t, 3*time.Minute, "the source to exit as migrated", func() bool {
-		st, err = src.client.Status(ctx)
-		return err == nil && st.Exit != nil
-	})
-	if st.Exit.Reason != protocol.ExitMigrated || st.Migration == nil || st.Migration.Status != "completed" {
+	handOver(t, src, dst)
+	st, err := src.client.Status(ctx)
+	if err != nil || st.Exit == nil || st.Exit.Reason != protocol.ExitMigrated || st.Migration == nil || st.Migration.Status != "completed" {
 		t.Fatalf("source ended %+v, migration %+v; want migrated/completed", st.Exit, st.Migration)
 	}
 	if st.Migration.DiskTotalBytes <= 0 || st.Migration.DiskTransferredBytes != st.Migration.DiskTotalBytes {
@@ -256,14 +253,7 @@ func TestBlockMigrationFailureKeepsTheSourceDisks(t *testing.T) {
 	// Nothing of the failed attempt is left in the way: the next migration carries the disks.
 	next := localDiskTarget(t, src, vmi)
 	nc := attach(t, next.runDir)
-	beforeSwitch := migrate(t, src, next, c)
-	waitFor(t, 2*time.Minute, "the source to exit as migrated", func() bool {
-		st, err = src.client.Status(ctx)
-		return err == nil && st.Exit != nil
-	})
-	if st.Exit.Reason != protocol.ExitMigrated {
-		t.Fatalf("second migration: source ended %+v, migration %+v", st.Exit, st.Migration)
-	}
+	beforeSwitch := migrate(t, src, next, c) // handOver checks the source ended as migrated
 	waitFor(t, time.Minute, "the counter to go on on the new target", func() bool { return nc.LastTick() > beforeSwitch+1 })
 	for block, want := range map[int]string{2048: "QVIRT-BEFORE", 4096: "QVIRT-AFTER"} {
 		if got := read(t, nc, "SCRATCH", block); got != want {

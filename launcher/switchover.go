@@ -39,8 +39,9 @@ import (
 // the source may reclaim.
 //
 // QEMU's pause-before-switchover capability (the pre-switchover state, left with migrate-continue)
-// is not used: it stops the source before the device state is sent, when the target cannot run
-// the guest yet; it serves switching block jobs over at that point, not this handover.
+// is not used for the handover: it stops the source before the device state is sent, when the
+// target cannot run the guest yet. It serves switching block jobs over at that point, which is
+// what a block migration uses it for (blockmigration.go): the local disks' mirrors end there.
 
 // targetCapabilities are the migration capabilities of an incoming QEMU: events, the return path
 // (the acknowledgement the source waits for) and late block activation (the target opens its
