@@ -275,26 +275,12 @@ const acceptTimeout = time.Minute
 // ends the wait for the connection (not a stream already under way: QEMU ends that by closing
 // its side, as a cancel does).
 func (t *Tunnel) Forward(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error) {
-	ln, err := unixsock.Listen(socket)
+	ln, stop, err := listenFor(socket, owner)
 	if err != nil {
 		return nil, err
 	}
-	// Connecting takes write permission: the owner's only with the default umask.
-	if err := unixsock.Chown(socket, owner, owner); err != nil {
-		_ = ln.Close()
-		return nil, err
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			_ = ln.Close()
-			_ = unixsock.Remove(socket)
-		})
-	}
-	timer := time.AfterFunc(acceptTimeout, stop)
 	go func() {
 		conn, err := ln.Accept()
-		timer.Stop()
 		stop() // one stream per migration
 		if err != nil {
 			return
@@ -304,28 +290,40 @@ func (t *Tunnel) Forward(socket string, owner int, addr, target string, uid type
 	return stop, nil
 }
 
-// ForwardDisks is Forward for the disk streams of migration uid: it listens on socket for the
-// source QEMU's NBD connections, one per local disk, and carries each to the target endpoint. It
-// stops listening after maxDiskStreams connections, acceptTimeout, or stop.
-func (t *Tunnel) ForwardDisks(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error) {
+// listenFor listens on socket for the connections of the source QEMU, whose user is owner. stop
+// closes the listener and removes the socket; it comes by itself after acceptTimeout.
+func listenFor(socket string, owner int) (_ net.Listener, stop func(), _ error) {
 	ln, err := unixsock.Listen(socket)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	// Connecting takes write permission: the owner's only with the default umask.
 	if err := unixsock.Chown(socket, owner, owner); err != nil {
 		_ = ln.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	var once sync.Once
+	var timer *time.Timer
 	stop = func() {
 		once.Do(func() {
+			timer.Stop()
 			_ = ln.Close()
 			_ = unixsock.Remove(socket)
 		})
 	}
-	timer := time.AfterFunc(acceptTimeout, stop)
+	timer = time.AfterFunc(acceptTimeout, stop)
+	return ln, stop, nil
+}
+
+// ForwardDisks is Forward for the disk streams of migration uid: it listens on socket for the
+// source QEMU's NBD connections, one per local disk, and carries each to the target endpoint. It
+// stops listening after maxDiskStreams connections, acceptTimeout, or stop.
+func (t *Tunnel) ForwardDisks(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error) {
+	ln, stop, err := listenFor(socket, owner)
+	if err != nil {
+		return nil, err
+	}
 	go func() {
-		defer timer.Stop()
 		defer stop()
 		for range maxDiskStreams {
 			conn, err := ln.Accept()
