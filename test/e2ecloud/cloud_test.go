@@ -63,10 +63,9 @@ type guest struct {
 	vmi      *v1alpha1.VirtualMachineInstance
 	con      *userConsole
 	hostKey  ssh.PublicKey
-	booted   time.Duration
 }
 
-// start creates vm and waits until its guest lets the user in over SSH at the launcher pod's
+// startGuest creates vm and waits until its guest lets the user in over SSH at the launcher pod's
 // address, port 22 (the masquerade binding); the console records the boot.
 func startGuest(t *testing.T, vm *v1alpha1.VirtualMachine, key ssh.Signer) *guest {
 	t.Helper()
@@ -103,8 +102,7 @@ func (g *guest) waitUp(t *testing.T, not string, since time.Time) {
 		}
 		return err == nil
 	}, func() string { return fmt.Sprintf("last SSH error: %v\n%s", lastErr, g.con.tail()) })
-	g.booted = time.Since(since)
-	t.Logf("VM %s: SSH login %s after it was created or restarted", g.name, g.booted.Round(time.Second))
+	t.Logf("VM %s: SSH login %s after it was created or restarted", g.name, time.Since(since).Round(time.Second))
 }
 
 func (g *guest) addr() string { return g.vmi.Status.Interfaces[0].IP }
