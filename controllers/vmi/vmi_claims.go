@@ -96,9 +96,21 @@ func setClaimMissing(vmi *v1alpha1.VirtualMachineInstance, missing *v1alpha1.Cla
 	}
 	patch.SetCondition(&vmi.Status.Conditions, vmi, metav1.Condition{
 		Type: v1alpha1.VirtualMachineInstanceSynchronized, Status: metav1.ConditionFalse, Reason: v1alpha1.PVCNotFoundReason,
-		Message: fmt.Sprintf("volume %q: PersistentVolumeClaim %q does not exist in namespace %s; the launcher pod is created once it does",
-			missing.Volume, missing.Claim, vmi.Namespace),
+		Message: fmt.Sprintf("%s: PersistentVolumeClaim %q does not exist in namespace %s; the launcher pod is created once it does",
+			claimNameField(&vmi.Spec, missing.Volume), missing.Claim, vmi.Namespace),
 	})
+}
+
+// claimNameField is the path of the claim name of volume, as the other conditions name fields:
+// spec.volumes[NAME].persistentVolumeClaim.claimName, or .ephemeral.persistentVolumeClaim.claimName.
+func claimNameField(spec *v1alpha1.VirtualMachineInstanceSpec, volume string) string {
+	p := fmt.Sprintf("spec.volumes[%s].", volume)
+	for _, v := range spec.Volumes {
+		if v.Name == volume && v.Ephemeral != nil {
+			p += "ephemeral."
+		}
+	}
+	return p + "persistentVolumeClaim.claimName"
 }
 
 func findCondition(vmi *v1alpha1.VirtualMachineInstance, t string) *metav1.Condition {

@@ -117,7 +117,7 @@ func TestClaimsAndHostDisksInLauncherPod(t *testing.T) {
 }
 
 // TestMissingClaimHoldsInstanceWithCondition: an instance whose claim does not exist gets no pod
-// and says why, naming the volume and the claim; once the claim exists the pod is made and the
+// and says why, naming the claimName field and the claim; once the claim exists the pod is made and the
 // condition goes.
 func TestMissingClaimHoldsInstanceWithCondition(t *testing.T) {
 	ns := newNamespace(t)
@@ -129,7 +129,7 @@ func TestMissingClaimHoldsInstanceWithCondition(t *testing.T) {
 	eventually(t, "Synchronized=False naming the claim", func() (bool, string) {
 		c := meta.FindStatusCondition(getVMI(t, v).Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.PVCNotFoundReason &&
-			strings.Contains(c.Message, `volume "root"`) && strings.Contains(c.Message, `PersistentVolumeClaim "late-disk" does not exist`), fmt.Sprintf("condition %+v", c)
+			strings.Contains(c.Message, `spec.volumes[root].persistentVolumeClaim.claimName: PersistentVolumeClaim "late-disk" does not exist`), fmt.Sprintf("condition %+v", c)
 	})
 	if pods := podsOf(t, v); len(pods) != 0 {
 		t.Fatalf("a launcher pod was made for an instance whose claim is missing: %s", pods[0].Name)

@@ -68,21 +68,22 @@ const DisplayNameEnv = "QVIRT_LOCAL_DISPLAY_NAME"
 func newLocalUp(dir *string) *cobra.Command {
 	opts := cluster.Options{}
 	var repo string
-	var demo, emulationIfNeeded bool
+	var demo, emulationIfNeeded, cloudImage bool
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local cluster in the foreground; Ctrl-C takes it down",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Dir = *dir
-			return localUp(cmd.Context(), cmd.OutOrStdout(), repo, opts, upExtras{demo: demo, emulationIfNeeded: emulationIfNeeded})
+			return localUp(cmd.Context(), cmd.OutOrStdout(), repo, opts, upExtras{demo: demo, emulationIfNeeded: emulationIfNeeded, cloudImage: cloudImage})
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&opts.Nodes, "nodes", 2, "virtual nodes to register")
 	f.BoolVar(&opts.Emulation, "emulation", false, "run guests under software emulation (TCG) instead of KVM")
 	f.BoolVar(&emulationIfNeeded, "emulation-if-needed", false, "use emulation when the KVM check guest fails, and say so")
-	f.BoolVar(&demo, "demo", false, "apply "+demoSample+" and wait until the VM runs")
+	f.BoolVar(&demo, "demo", false, "apply "+demoSample+" and wait until the VM runs; push the cloud image for "+cloudSample+" when it is built")
+	f.BoolVar(&cloudImage, "cloud-image", false, "build the cloud image if needed (test/guest/cloud/build.sh: 5-20 minutes the first time) and push it to the local registry")
 	f.StringVar(&repo, "repo", "", "qvirt source tree (default: the one holding the current directory)")
 	f.StringVar(&opts.Bin, "bin", "", "directory with qvirt-controller, qvirt-handler, qvirt-launcher (default: REPO/bin)")
 	f.StringVar(&opts.Tools, "tools", "", "directory with the control-plane binaries (default: built by REPO/hack/build-tools.sh)")
@@ -92,6 +93,9 @@ func newLocalUp(dir *string) *cobra.Command {
 // upExtras are local up's steps around the cluster itself.
 type upExtras struct {
 	demo, emulationIfNeeded bool
+	// cloudImage builds the cloud image if needed and pushes it; demo alone pushes it only when
+	// it is already built.
+	cloudImage bool
 }
 
 func localUp(ctx context.Context, out io.Writer, repo string, opts cluster.Options, extras upExtras) error {
@@ -136,12 +140,24 @@ func localUp(ctx context.Context, out io.Writer, repo string, opts cluster.Optio
 			return err
 		}
 	}
+	cloudDir := ""
+	if extras.demo || extras.cloudImage {
+		if cloudDir, err = findCloudImage(ctx, out, repo, extras.cloudImage); err != nil {
+			return err
+		}
+	}
 	c, err := cluster.Up(ctx, opts)
 	if err != nil {
 		return err
 	}
+	if cloudDir != "" {
+		if err := pushCloudImage(ctx, out, c, cloudDir); err != nil {
+			c.Down()
+			return err
+		}
+	}
 	if extras.demo {
-		if err := runDemo(ctx, out, repo, c); err != nil {
+		if err := runDemo(ctx, out, repo, c, cloudDir != ""); err != nil {
 			c.Down()
 			return err
 		}

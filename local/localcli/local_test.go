@@ -47,3 +47,31 @@ func TestFindRepo(t *testing.T) {
 		t.Errorf("outside the tree: %v, want an error naming --repo", err)
 	}
 }
+
+// The demo pushes the cloud image only when it is already built: otherwise it says how to get
+// it, and builds nothing.
+func TestDemoCloudImageOnlyWhenBuilt(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("QVIRT_CACHE_DIR", cache)
+	repo, err := findRepo("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	dir, err := findCloudImage(t.Context(), &out, repo, false)
+	if err != nil || dir != "" || !strings.Contains(out.String(), "--cloud-image") || !strings.Contains(out.String(), cloudSample) {
+		t.Fatalf("no image built: dir %q, err %v, said %q; want nothing found and a hint naming --cloud-image and %s", dir, err, out.String(), cloudSample)
+	}
+	if entries, _ := os.ReadDir(cache); len(entries) != 0 {
+		t.Errorf("the demo started building the cloud image: the cache holds %v", entries)
+	}
+	if err := os.MkdirAll(filepath.Join(cache, "cloud"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cache, "cloud", "disk.qcow2"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if built, err := cloudImageCached(); err != nil || !built {
+		t.Errorf("with %s/cloud/disk.qcow2: cached %v, %v; want true", cache, built, err)
+	}
+}
