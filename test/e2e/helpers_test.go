@@ -1,13 +1,11 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,7 +15,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -33,46 +30,12 @@ import (
 const bootTimeout = 3 * time.Minute
 
 // namespace makes a namespace for one test and deletes it (and whatever is left in it) at the end.
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
-	if err := cl.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			dumpLogs(t)
-		}
-		_ = cl.Delete(context.Background(), ns)
-	})
-	return ns.Name
-}
+func namespace(t *testing.T) string { return ec.Namespace(t, "e2e-") }
 
-// dumpLogs logs the tail of every component's log, for a failed test.
-func dumpLogs(t *testing.T) {
-	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
-	nodeLogs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", "*"))
-	for _, f := range append(logs, nodeLogs...) {
-		if strings.Contains(f, "etcd") || strings.Contains(f, "kube-") {
-			continue
-		}
-		data, _ := os.ReadFile(f)
-		t.Logf("%s:\n%s", f, testutil.Tail(string(data), 2500))
-	}
-}
-
-// run runs a command and returns its stdout, failing the test with its stderr.
+// run runs a command against the cluster and returns its stdout, failing the test with its stderr.
 func run(t *testing.T, stdin []byte, name string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+lc.Kubeconfig)
-	cmd.Stdin = bytes.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out.String(), errb.String())
-	}
-	return out.String()
+	return ec.Run(t, stdin, name, args...)
 }
 
 // demoVM is config/samples/vm-demo.yaml renamed into ns, with the given run strategy; its guest

@@ -27,7 +27,7 @@ func TestDemoVM(t *testing.T) {
 	run(t, nil, kubectl, "apply", "-f", filepath.Join(envtest.RepoRoot(), "config", "samples", "vm-demo.yaml"))
 	t.Cleanup(func() {
 		if t.Failed() {
-			dumpLogs(t)
+			ec.DumpLogs(t)
 		}
 		run(t, nil, kubectl, "delete", "vm", name, "--ignore-not-found", "--wait=false")
 	})

@@ -73,7 +73,7 @@ func startGuest(t *testing.T, vm *v1alpha1.VirtualMachine, key ssh.Signer) *gues
 	created := time.Now()
 	apply(t, vm)
 	// An idle guest still costs CPU under emulation: the others boot faster without it.
-	t.Cleanup(func() { _, _ = runErr(nil, kubectl, "delete", "vm", g.name, "-n", g.ns, "--wait=false") })
+	t.Cleanup(func() { _, _ = ec.RunErr(nil, kubectl, "delete", "vm", g.name, "-n", g.ns, "--wait=false") })
 	g.waitUp(t, "", created)
 	return g
 }

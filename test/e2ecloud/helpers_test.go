@@ -17,7 +17,6 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -32,55 +31,12 @@ import (
 const bootTimeout = 12 * time.Minute
 
 // namespace makes a namespace for one test and deletes it (and whatever is left in it) at the end.
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "cloud-"}}
-	if err := cl.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			dumpLogs(t)
-		}
-		_ = cl.Delete(context.Background(), ns)
-	})
-	return ns.Name
-}
-
-// dumpLogs logs the tail of qvirt's components' logs, for a failed test.
-func dumpLogs(t *testing.T) {
-	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
-	nodeLogs, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", "*"))
-	for _, f := range append(logs, nodeLogs...) {
-		if strings.Contains(f, "etcd") || strings.Contains(f, "kube-") {
-			continue
-		}
-		data, _ := os.ReadFile(f)
-		t.Logf("%s:\n%s", f, testutil.Tail(string(data), 2500))
-	}
-}
+func namespace(t *testing.T) string { return ec.Namespace(t, "cloud-") }
 
 // run runs a command against the cluster and returns its stdout, failing the test with its stderr.
 func run(t testing.TB, stdin []byte, name string, args ...string) string {
 	t.Helper()
-	out, err := runErr(stdin, name, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// runErr runs a command against the cluster and returns its stdout, or an error with its stderr.
-func runErr(stdin []byte, name string, args ...string) (string, error) {
-	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+lc.Kubeconfig)
-	cmd.Stdin = bytes.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s %s: %w\n%s%s", filepath.Base(name), strings.Join(args, " "), err, out.String(), errb.String())
-	}
-	return out.String(), nil
+	return ec.Run(t, stdin, name, args...)
 }
 
 // qvirtctl runs qvirtctl against the cluster and fails the test unless it succeeds.

@@ -15,26 +15,20 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"testing"
-	"time"
 
-	"github.com/go-logr/logr/funcr"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/local/cluster"
 	"github.com/qvirt/qvirt/local/registry"
-	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/e2ecluster"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // The shared cluster.
 var (
+	ec      *e2ecluster.Cluster
 	lc      *cluster.Cluster
 	cl      client.Client
 	dir     string // the cluster's state directory
@@ -97,74 +91,16 @@ func flagGiven(name string) bool {
 	return given
 }
 
-// startCluster builds the binaries and brings a two-node cluster up with the demo images and the
-// cloud image in its registry; the returned cleanup takes it down and removes its directory, even
-// after a failure.
+// startCluster brings the shared cluster up with the cloud image in its registry.
 func startCluster() (func(), error) {
-	var undo []func()
-	cleanup := func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-	}
-	tools, err := envtest.Assets()
+	c, cleanup, err := e2ecluster.Start(e2ecluster.Options{Name: "e2ecloud", GuestDir: guestDir,
+		Ready: func(ctx context.Context, c *cluster.Cluster) (err error) {
+			cloudImage, err = registry.PushCloudDisk(ctx, c.Registry, cloudDir)
+			return err
+		}})
 	if err != nil {
 		return cleanup, err
 	}
-	kubectl = filepath.Join(tools, "kubectl")
-	if bin, err = os.MkdirTemp("", "qvc-bin-"); err != nil {
-		return cleanup, err
-	}
-	undo = append(undo, func() { os.RemoveAll(bin) })
-	repo := envtest.RepoRoot()
-	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/...")
-	build.Dir = repo
-	if out, err := build.CombinedOutput(); err != nil {
-		return cleanup, fmt.Errorf("go build ./cmd/...: %w\n%s", err, out)
-	}
-	// Short: socket paths live under it.
-	if dir, err = os.MkdirTemp("", "qvc-"); err != nil {
-		return cleanup, err
-	}
-	undo = append(undo, func() {
-		if os.Getenv("QVIRT_E2E_KEEP") == "" {
-			os.RemoveAll(dir)
-		}
-	})
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return cleanup, err
-	}
-	logFile, err := os.Create(filepath.Join(os.TempDir(), "qvirt-e2ecloud-nodes.log"))
-	if err != nil {
-		return cleanup, err
-	}
-	undo = append(undo, func() { logFile.Close() })
-	nodeLog := funcr.NewJSON(func(obj string) { fmt.Fprintln(logFile, obj) }, funcr.Options{})
-	ctrllog.SetLogger(nodeLog)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	started := time.Now()
-	lc, err = cluster.Up(ctx, cluster.Options{Dir: dir, Nodes: 2, Emulation: true, Repo: repo, Tools: tools, Bin: bin,
-		CNICache: filepath.Join(cache, "qvirt", "cni"), GuestDir: guestDir, Progress: os.Stderr,
-		Log: nodeLog})
-	if err != nil {
-		return cleanup, err
-	}
-	undo = append(undo, lc.Down)
-	if cloudImage, err = registry.PushCloudDisk(ctx, lc.Registry, cloudDir); err != nil {
-		return cleanup, err
-	}
-	fmt.Fprintf(os.Stderr, "e2ecloud: two-node local cluster up with the cloud image in %.1fs (state in %s)\n",
-		time.Since(started).Seconds(), dir)
-	cfg, err := clientcmd.BuildConfigFromFlags("", lc.Kubeconfig)
-	if err != nil {
-		return cleanup, err
-	}
-	sch, err := scheme.New()
-	if err != nil {
-		return cleanup, err
-	}
-	cl, err = client.New(cfg, client.Options{Scheme: sch})
-	return cleanup, err
+	ec, lc, cl, dir, bin, kubectl = c, c.Cluster, c.Client, c.Dir, c.Bin, c.Kubectl
+	return cleanup, nil
 }
