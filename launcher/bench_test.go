@@ -209,24 +209,11 @@ type migrationRun struct {
 
 func migrateViaLaunchers(b *testing.B, tunnel bool) migrationRun {
 	ctx := context.Background()
-	mk := func(incoming bool) (*launcher.Launcher, *runStateClock) {
-		dir, err := os.MkdirTemp("", "qvb-")
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = os.RemoveAll(dir) })
-		l := launcher.New(dir, launcher.HostResolver{SpareRootPorts: 2}, launcher.Options{Log: logr.Discard()})
-		req := idleSpec(b)
-		req.Machine.UID = "5b1ee53c-79b2-4d1c-a1c9-8d0d7d1e6b01"
-		req.Incoming = incoming
-		if err := l.Sync(ctx, req); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = l.Kill(ctx) })
-		return l, watchRunState(b, launcher.Dir(dir).ShellQMP())
-	}
-	src, srcClock := mk(false)
-	dst, dstClock := mk(true)
+	const uid = "5b1ee53c-79b2-4d1c-a1c9-8d0d7d1e6b01"
+	src, srcDir := benchLauncher(b, idleSpec(b), uid, false)
+	srcClock := watchRunState(b, launcher.Dir(srcDir).ShellQMP())
+	dst, dstDir := benchLauncher(b, idleSpec(b), uid, true)
+	dstClock := watchRunState(b, launcher.Dir(dstDir).ShellQMP())
 	time.Sleep(500 * time.Millisecond)
 	listen := "127.0.0.1:0"
 	if tunnel {
@@ -240,7 +227,39 @@ func migrateViaLaunchers(b *testing.B, tunnel bool) migrationRun {
 	if tunnel {
 		uri = tunnelTo(b, strings.TrimPrefix(uri, "unix:"))
 	}
-	if err := src.MigrateSource(ctx, &protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+	st := benchHandOver(b, src, dst, &protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1})
+	r := migrationRun{elapsed: time.Since(start), pause: guestPause(b, srcClock, dstClock)}
+	if st.Migration != nil {
+		r.downtimeMs = st.Migration.DowntimeMs
+	}
+	_ = dst.Kill(ctx)
+	return r
+}
+
+// benchLauncher runs a launcher in a directory of its own with req as the VMI uid (an incoming
+// one for a migration target); the launcher is killed and the directory removed at the end.
+func benchLauncher(b *testing.B, req *protocol.SyncRequest, uid string, incoming bool) (*launcher.Launcher, string) {
+	dir, err := os.MkdirTemp("", "qvb-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = os.RemoveAll(dir) })
+	l := launcher.New(dir, launcher.HostResolver{SpareRootPorts: 2}, launcher.Options{Log: logr.Discard()})
+	req.Machine.UID = uid
+	req.Incoming = incoming
+	if err := l.Sync(context.Background(), req); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Kill(context.Background()) })
+	return l, dir
+}
+
+// benchHandOver migrates src's guest to dst the way the node agents drive it (migrate, both hold the
+// handed-over guest, the target runs it, the source finishes) and returns the source's last
+// status once it has ended as migrated.
+func benchHandOver(b *testing.B, src, dst *launcher.Launcher, req *protocol.MigrationSource) protocol.Status {
+	ctx := context.Background()
+	if err := src.MigrateSource(ctx, req); err != nil {
 		b.Fatal(err)
 	}
 	srcSt := waitHandover(b, src)
@@ -252,17 +271,11 @@ func migrateViaLaunchers(b *testing.B, tunnel bool) migrationRun {
 		b.Fatal(err)
 	}
 	exit, err := src.Wait(ctx)
-	elapsed := time.Since(start)
-	if err != nil || exit.Reason != protocol.ExitMigrated {
-		b.Fatalf("source ended %v %v", exit, err)
-	}
 	st, _ := src.Status(ctx)
-	r := migrationRun{elapsed: elapsed, pause: guestPause(b, srcClock, dstClock)}
-	if st.Migration != nil {
-		r.downtimeMs = st.Migration.DowntimeMs
+	if err != nil || exit.Reason != protocol.ExitMigrated {
+		b.Fatalf("source ended %v %v, migration %+v", exit, err, st.Migration)
 	}
-	_ = dst.Kill(ctx)
-	return r
+	return st
 }
 
 // waitHandover waits, woken by each status change as a node agent's stream is, until l holds the
@@ -568,53 +581,21 @@ func fillDisk(b *testing.B, mon *qmp.Monitor) {
 
 func blockMigrateViaLaunchers(b *testing.B) (time.Duration, int64) {
 	ctx := context.Background()
-	mk := func(incoming bool) (*launcher.Launcher, string) {
-		dir, err := os.MkdirTemp("", "qvb-")
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = os.RemoveAll(dir) })
-		l := launcher.New(dir, launcher.HostResolver{SpareRootPorts: 2}, launcher.Options{Log: logr.Discard()})
-		req := blockSpec(b)
-		req.Machine.UID = "5b1ee53c-79b2-4d1c-a1c9-8d0d7d1e6b02"
-		req.Incoming = incoming
-		if err := l.Sync(ctx, req); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = l.Kill(ctx) })
-		return l, dir
-	}
-	src, srcDir := mk(false)
+	const uid = "5b1ee53c-79b2-4d1c-a1c9-8d0d7d1e6b02"
+	src, srcDir := benchLauncher(b, blockSpec(b), uid, false)
 	shell := dialWhenListening(b, launcher.Dir(srcDir).ShellQMP())
 	fillDisk(b, shell)
 	_ = shell.Close()
-	dst, dstDir := mk(true)
+	dst, dstDir := benchLauncher(b, blockSpec(b), uid, true)
 	time.Sleep(500 * time.Millisecond)
 	uri, err := dst.PrepareMigrationTarget(ctx, "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	start := time.Now()
-	req := &protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1,
-		BlockMigration: &protocol.BlockMigration{URI: "unix:" + launcher.Dir(dstDir).NBDIn()}}
-	if err := src.MigrateSource(ctx, req); err != nil {
-		b.Fatal(err)
-	}
-	srcSt := waitHandover(b, src)
-	waitHandover(b, dst)
-	if err := dst.RunMigrated(ctx, &protocol.MigrationRun{Paused: srcSt.Migration.GuestPaused}); err != nil {
-		b.Fatal(err)
-	}
-	if err := src.FinishMigration(ctx); err != nil {
-		b.Fatal(err)
-	}
-	exit, err := src.Wait(ctx)
+	st := benchHandOver(b, src, dst, &protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1,
+		BlockMigration: &protocol.BlockMigration{URI: "unix:" + launcher.Dir(dstDir).NBDIn()}})
 	elapsed := time.Since(start)
-	if err != nil || exit.Reason != protocol.ExitMigrated {
-		st, _ := src.Status(ctx)
-		b.Fatalf("source ended %v %v, migration %+v", exit, err, st.Migration)
-	}
-	st, _ := src.Status(ctx)
 	if st.Migration == nil || st.Migration.DiskTransferredBytes < 64<<20 {
 		b.Fatalf("migration %+v: want at least 64 MiB of disk copied", st.Migration)
 	}
