@@ -194,6 +194,13 @@ func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.Virtua
 		return nil
 	}
 	info := st.Migration
+	if ms.StartTimestamp == nil && outgoing(info) {
+		// The launcher migrates already: this copy of the instance predates our own record of
+		// the start (the cache lags behind the status write, or the write was lost). Starting
+		// again would open a second tunnel on the socket the source QEMU is about to connect
+		// to, and remove it when the launcher refuses the second start.
+		ms.StartTimestamp = ptr.To(metav1.NewTime(r.now().Time))
+	}
 	ours := info != nil && info.Role == protocol.RoleSource && ms.StartTimestamp != nil
 	switch {
 	case ours && migrationEnded(info.Status):
@@ -276,6 +283,11 @@ func (r *Reconciler) migrationBandwidth() int64 {
 		return b
 	}
 	return -1
+}
+
+// outgoing says whether info is a source launcher's migration still under way.
+func outgoing(info *protocol.MigrationInfo) bool {
+	return info != nil && info.Role == protocol.RoleSource && !migrationEnded(info.Status)
 }
 
 func migrationEnded(status string) bool {

@@ -1,0 +1,56 @@
+package vmisync
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
+)
+
+// A reconcile may read a copy of the VMI from before its own write of startTimestamp (the cache
+// lags behind the agent's status update, or the write was lost to a conflict) while the source
+// launcher already migrates. Starting again would open a second tunnel on the socket the source
+// QEMU is about to connect to, and remove it when the launcher refuses the second start: the
+// migration then failed with "Failed to connect to …/migration-out.sock" (seen under load, with a
+// block migration's disk copy making the window seconds long). An abort in that window must
+// cancel the running migration, not record one that never started.
+func TestSourceMigrationStartsOnce(t *testing.T) {
+	migrating := &protocol.Status{Phase: protocol.PhaseRunning, RunState: "running",
+		Migration: &protocol.MigrationInfo{Role: protocol.RoleSource, Status: "active"}}
+	staleVMI := func() *v1alpha1.VirtualMachineInstance {
+		v := &v1alpha1.VirtualMachineInstance{}
+		v.UID = "0e5c1f0e-3c52-4c44-9d55-1f0a6d0f3c11"
+		v.Status.NodeName = "node-a"
+		v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationUID: "m-1",
+			SourceNode: "node-a", TargetNode: "node-b", TargetReady: true, TargetNodeAddress: "10.0.0.2:4443"}
+		return v
+	}
+	r := &Reconciler{NodeName: "node-a", Recorder: record.NewFakeRecorder(10),
+		launchers: newLaunchers(launcher.ClientOptions{}, logr.Discard())}
+
+	v := staleVMI()
+	if err := r.syncSourceMigration(context.Background(), v, migrating); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	ms := v.Status.MigrationState
+	if ms.Failed || ms.StartTimestamp == nil {
+		t.Errorf("a running migration read from a stale VMI: failed %v (%q), startTimestamp %v; want it recorded as started, not started again",
+			ms.Failed, ms.FailureReason, ms.StartTimestamp)
+	}
+
+	v = staleVMI()
+	v.Status.MigrationState.AbortRequested = true
+	err := r.syncSourceMigration(context.Background(), v, migrating)
+	if ms := v.Status.MigrationState; ms.Failed && strings.Contains(ms.FailureReason, "before it started") {
+		t.Errorf("an abort of a running migration read from a stale VMI was recorded as %q; want the migration cancelled", ms.FailureReason)
+	}
+	if err == nil || !strings.Contains(err.Error(), "cancel") {
+		t.Errorf("abort of a running migration: err %v, want the launcher asked to cancel (no launcher here: an error saying so)", err)
+	}
+}
