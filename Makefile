@@ -8,7 +8,7 @@ CONTROLLER_GEN := $(GO) tool controller-gen
 # Binaries that exist so far; each is a thin main under cmd/.
 CMDS        := $(notdir $(wildcard cmd/*))
 # Fuzz time per fuzz target inside `make test`; longer runs: make fuzz FUZZTIME=10m.
-FUZZTIME    ?= 15s
+FUZZTIME    ?= 10s
 
 .DEFAULT_GOAL := build
 
