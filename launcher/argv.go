@@ -198,6 +198,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.kernelBoot()  // firmware.go
 	b.consoles()    // console.go
 	b.graphics()    // graphics.go
+	b.ioThreads()   // disk.go
 	b.disks()       // disk.go
 	b.nics()        // nic.go
 	b.inputs()      // input.go

@@ -472,7 +472,7 @@ func freeLoopbackPort(b *testing.B) string {
 }
 
 // dialWhenListening connects to a QMP socket as soon as QEMU listens on it, as the launcher does.
-func dialWhenListening(b *testing.B, path string) *qmp.Monitor {
+func dialWhenListening(b testing.TB, path string) *qmp.Monitor {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		mon, err := qmp.Dial(context.Background(), path)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/test/testutil"
 )
@@ -25,6 +26,11 @@ func TestGuestDevices(t *testing.T) {
 		{Name: "vtablet", Type: v1alpha1.InputTypeTablet, Bus: v1alpha1.InputBusVirtio},
 	}
 	d.Devices.Watchdog = &v1alpha1.Watchdog{Name: "wd", I6300ESB: &v1alpha1.I6300ESBWatchdog{Action: v1alpha1.WatchdogActionShutdown}}
+	// The disk tuning (guestVMI's emptyDisk scratch is a virtio disk).
+	d.CPU = &v1alpha1.CPU{Cores: 2}
+	d.Devices.BlockMultiQueue = ptr(true)
+	d.IOThreadsPolicy = ptr(v1alpha1.IOThreadsPolicyShared)
+	d.Devices.Disks[0].Shareable = ptr(true)
 
 	v := newLauncher(t)
 	ctx := context.Background()
@@ -56,6 +62,20 @@ func TestGuestDevices(t *testing.T) {
 			`grep Name= /proc/bus/input/devices`, `N: Name="QEMU QEMU USB Tablet"`)
 		if text := c.Text(); !strings.Contains(text, `N: Name="QEMU Virtio Tablet"`) {
 			t.Fatalf("no virtio tablet in /proc/bus/input/devices; console ends with %q", testutil.Tail(text, 600))
+		}
+	})
+	t.Run("blockMultiQueue gives the disk a queue per vCPU", func(t *testing.T) {
+		run(t, `echo "MQ-[$(ls /sys/block/vda/mq | wc -l)]"`, "MQ-[2]")
+	})
+	t.Run("the disk runs in the shared I/O thread and takes no write lock", func(t *testing.T) {
+		mon := dialWhenListening(t, launcher.Dir(v.runDir).ShellQMP())
+		defer mon.Close()
+		dev := "/machine/peripheral/" + launcher.DiskDeviceID("scratch")
+		for prop, want := range map[string]string{"iothread": `"/objects/iothread-shared"`, "share-rw": "true"} {
+			got, err := mon.Execute(ctx, "qom-get", map[string]string{"path": dev, "property": prop})
+			if err != nil || string(got) != want {
+				t.Errorf("%s of the disk: %s %v, want %s", prop, got, err, want)
+			}
 		}
 	})
 	t.Run("the i6300esb watchdog presses the power button when it expires", func(t *testing.T) {

@@ -3,7 +3,9 @@ package launcher
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/qvirt/qvirt/machine"
 	"github.com/qvirt/qvirt/qmp"
@@ -95,7 +97,50 @@ func checkDisk(p machine.Path, d *machine.Disk) machine.FieldErrors {
 	if d.Port != "" && (d.Bus != machine.BusVirtio || d.CDROM || d.BootIndex != nil) {
 		errs = append(errs, machine.Invalid(p.Child("port"), d.Port, "only a virtio disk without a boot index can be hot-plugged"))
 	}
+	return append(errs, checkDiskTuning(p, d)...)
+}
+
+// maxDiskQueues is QEMU's limit on a virtio device's queues (VIRTIO_QUEUE_MAX).
+const maxDiskQueues = 1024
+
+// checkDiskTuning checks the knobs only a virtio disk has, and shareable's need of cache none.
+func checkDiskTuning(p machine.Path, d *machine.Disk) machine.FieldErrors {
+	var errs machine.FieldErrors
+	virtio := d.Bus == machine.BusVirtio && !d.CDROM
+	if d.Queues > 0 && (!virtio || d.Queues > maxDiskQueues) {
+		errs = append(errs, machine.Invalid(p.Child("queues"), d.Queues, fmt.Sprintf("only a virtio disk has request queues, at most %d", maxDiskQueues)))
+	}
+	if d.IOThread != "" && !virtio {
+		errs = append(errs, machine.Invalid(p.Child("ioThread"), d.IOThread, "only a virtio disk has an I/O thread"))
+	}
+	if d.Shareable && d.Cache != machine.CacheNone {
+		errs = append(errs, machine.Invalid(p.Child("shareable"), true, "a shareable disk needs cache none"))
+	}
 	return errs
+}
+
+// checkIOThread checks that the disk at p names one of the machine's I/O threads, if any.
+func checkIOThread(p machine.Path, d *machine.Disk, threads []string) *machine.FieldError {
+	if d.IOThread == "" || slices.Contains(threads, d.IOThread) {
+		return nil
+	}
+	return machine.NotSupported(p.Child("ioThread"), d.IOThread, threads)
+}
+
+// ioThreads adds the machine's I/O threads, before the disks that name them. Their ids share
+// QEMU's object namespace with the launcher's own objects, hence the prefix.
+func (b *builder) ioThreads() {
+	for i, id := range b.m.IOThreads {
+		p := machinePath.Child("ioThreads").Index(i)
+		if !b.unique(p, "I/O thread", id) {
+			continue
+		}
+		if !strings.HasPrefix(id, machine.IOThreadPrefix) {
+			b.fail(machine.Invalid(p, id, "must start with "+machine.IOThreadPrefix))
+			continue
+		}
+		b.devs = append(b.devs, "-object", jsonArg(map[string]string{"qom-type": "iothread", "id": id}))
+	}
 }
 
 // blockLayer is one image of a disk's backing chain with its node names.
@@ -178,6 +223,15 @@ func virtioDiskDevice(d *machine.Disk, port string) qmp.Device {
 	if d.BootIndex != nil {
 		props["bootindex"] = *d.BootIndex
 	}
+	if d.Queues > 0 {
+		props["num-queues"] = d.Queues
+	}
+	if d.IOThread != "" {
+		props["iothread"] = d.IOThread
+	}
+	if d.Shareable {
+		props["share-rw"] = true
+	}
 	return qmp.Device{Driver: "virtio-blk-pci", ID: DiskDeviceID(d.Name), Bus: port, Props: props}
 }
 
@@ -214,6 +268,10 @@ func (b *builder) disk(p machine.Path, d *machine.Disk) {
 		return
 	}
 	if !b.unique(p.Child("name"), "disk", d.Name) {
+		return
+	}
+	if err := checkIOThread(p, d, b.m.IOThreads); err != nil {
+		b.fail(err)
 		return
 	}
 	img, ok := b.m.Images[d.Name]
@@ -293,6 +351,9 @@ func (b *builder) diskProps(d *machine.Disk) string {
 	}
 	if d.BootIndex != nil {
 		props += ",bootindex=" + strconv.FormatUint(uint64(*d.BootIndex), 10)
+	}
+	if d.Shareable {
+		props += ",share-rw=on"
 	}
 	return props
 }

@@ -53,6 +53,9 @@ func (l *Launcher) HotplugDisk(ctx context.Context, d *machine.Disk) (machine.Di
 	if l.hasDisk(p, d.Name) {
 		return machine.Disk{}, machine.Duplicate(hotPath.Child("name"), d.Name)
 	}
+	if err := checkIOThread(hotPath, d, p.Machine().IOThreads); err != nil {
+		return machine.Disk{}, err
+	}
 	img, ferr := l.resolver.ResolveDisk(d, l.runDir, hotPath)
 	if ferr != nil {
 		return machine.Disk{}, ferr

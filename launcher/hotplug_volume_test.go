@@ -41,7 +41,7 @@ func TestVolumeHotplug(t *testing.T) {
 	// hot is the disk the node agent sends for a spec disk and volume added to the running VMI.
 	hot := func(d v1alpha1.Disk, vol v1alpha1.Volume) machine.Disk {
 		t.Helper()
-		md, err := translate.HotplugDisk(&d, &vol, nil, field.NewPath("spec", "domain", "devices", "disks").Index(1))
+		md, err := translate.HotplugDisk(&v1alpha1.DomainSpec{}, &d, &vol, nil, field.NewPath("spec", "domain", "devices", "disks").Index(1))
 		if err != nil {
 			t.Fatalf("translate: %v", err)
 		}

@@ -64,6 +64,8 @@ type Machine struct {
 	// SerialConsole attaches ttyS0 to the serial socket; Graphics attaches a VGA on the VNC socket.
 	SerialConsole bool `json:"serialConsole,omitempty"`
 	Graphics      bool `json:"graphics,omitempty"`
+	// IOThreads are the I/O threads the disks name, by id; each id starts with IOThreadPrefix.
+	IOThreads []string `json:"ioThreads,omitempty"`
 	// Disks in the guest's order; those with a Port were hot-plugged (a migration target starts
 	// with them on the ports they had on the source).
 	Disks []Disk `json:"disks,omitempty"`
@@ -151,6 +153,10 @@ const (
 	IONative  IO = "native"
 )
 
+// IOThreadPrefix starts every I/O thread's id: the ids share QEMU's object namespace with the
+// launcher's own objects.
+const IOThreadPrefix = "iothread-"
+
 // Disk is one disk or cdrom and the image behind it.
 type Disk struct {
 	Name     string `json:"name"`
@@ -166,6 +172,13 @@ type Disk struct {
 	Source    Source  `json:"source"`
 	// Port is the spare root port of a hot-plugged disk; "" for a cold-plugged one.
 	Port string `json:"port,omitempty"`
+	// Queues is a virtio disk's number of request queues; QEMU's default when 0.
+	Queues uint32 `json:"queues,omitempty"`
+	// Shareable lets other QEMUs open the image at the same time (no write lock).
+	Shareable bool `json:"shareable,omitempty"`
+	// IOThread is one of the machine's IOThreads that serves a virtio disk; QEMU's main loop
+	// when "".
+	IOThread string `json:"ioThread,omitempty"`
 }
 
 // Source is where a disk's image comes from; exactly one field is set.

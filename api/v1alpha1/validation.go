@@ -81,6 +81,9 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 		errs = append(errs, validateFirmware(fw, p.Child("firmware"))...)
 	}
 	errs = append(errs, validateSecureBootSMM(d, p)...)
+	if d.IOThreadsPolicy != nil {
+		errs = append(errs, validateEnum(p.Child("ioThreadsPolicy"), string(*d.IOThreadsPolicy), string(IOThreadsPolicyShared), string(IOThreadsPolicyAuto))...)
+	}
 	errs = append(errs, validateDisks(d.Devices.Disks, p.Child("devices", "disks"))...)
 	errs = append(errs, validateInputs(d.Devices.Inputs, p.Child("devices", "inputs"))...)
 	errs = append(errs, validateWatchdog(d.Devices.Watchdog, p.Child("devices", "watchdog"))...)
@@ -306,7 +309,18 @@ func validateDisk(d *Disk, dp *field.Path, names map[string]bool, boot map[uint3
 	if d.IO == IONative && d.Cache != "" && d.Cache != CacheNone {
 		errs = append(errs, field.Invalid(dp.Child("io"), d.IO, "io native needs cache none"))
 	}
+	if d.Shareable != nil && *d.Shareable && d.Cache != "" && d.Cache != CacheNone {
+		errs = append(errs, field.Invalid(dp.Child("cache"), d.Cache, "a shareable disk needs cache none: the host's page cache would hide what the other guests write"))
+	}
+	if d.DedicatedIOThread != nil && *d.DedicatedIOThread && !OnVirtio(d) {
+		errs = append(errs, field.Invalid(dp.Child("dedicatedIOThread"), true, "only a virtio disk has I/O threads"))
+	}
 	return errs
+}
+
+// OnVirtio says whether d is a hard disk on the virtio bus (the default bus).
+func OnVirtio(d *Disk) bool {
+	return d.CDRom == nil && (d.Disk == nil || d.Disk.Bus == "" || d.Disk.Bus == DiskBusVirtio)
 }
 
 func validateDiskTarget(d *Disk, p *field.Path) field.ErrorList {

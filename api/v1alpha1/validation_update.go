@@ -204,6 +204,9 @@ func ValidateHotplugDisk(d *Disk, p *field.Path) field.ErrorList {
 	if d.IO != "" && d.IO != IOThreads {
 		errs = append(errs, field.NotSupported(p.Child("io"), string(d.IO), []string{string(IOThreads)}))
 	}
+	if d.DedicatedIOThread != nil && *d.DedicatedIOThread {
+		errs = append(errs, field.Forbidden(p.Child("dedicatedIOThread"), "a hot-plugged disk cannot have an I/O thread of its own: QEMU's threads are made when it starts (ioThreadsPolicy's threads serve hot-plugged disks too)"))
+	}
 	return errs
 }
 

@@ -60,6 +60,8 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.rng) == has(oldSelf.domain.devices.rng) && (!has(self.domain.devices.rng) || self.domain.devices.rng == oldSelf.domain.devices.rng)",message="spec.domain.devices.rng is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.rng"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.blockMultiQueue) == has(oldSelf.domain.devices.blockMultiQueue) && (!has(self.domain.devices.blockMultiQueue) || self.domain.devices.blockMultiQueue == oldSelf.domain.devices.blockMultiQueue)",message="spec.domain.devices.blockMultiQueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.blockMultiQueue"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.ioThreadsPolicy) == has(oldSelf.domain.ioThreadsPolicy) && (!has(self.domain.ioThreadsPolicy) || self.domain.ioThreadsPolicy == oldSelf.domain.ioThreadsPolicy)",message="spec.domain.ioThreadsPolicy is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.ioThreadsPolicy"
 	// +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector) && (!has(self.nodeSelector) || self.nodeSelector == oldSelf.nodeSelector)",message="spec.nodeSelector is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".nodeSelector"
 	// +kubebuilder:validation:XValidation:rule="has(self.affinity) == has(oldSelf.affinity) && (!has(self.affinity) || self.affinity == oldSelf.affinity)",message="spec.affinity is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".affinity"
 	// +kubebuilder:validation:XValidation:rule="has(self.tolerations) == has(oldSelf.tolerations) && (!has(self.tolerations) || self.tolerations == oldSelf.tolerations)",message="spec.tolerations is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".tolerations"
@@ -221,7 +223,24 @@ type DomainSpec struct {
 
 	// Devices are the disks, network interfaces and consoles of the guest.
 	Devices Devices `json:"devices"`
+
+	// IOThreadsPolicy gives the virtio disks I/O threads of their own, off QEMU's main loop:
+	// shared (one thread for all of them) or auto (a pool of up to twice the vCPUs, the disks
+	// spread over it). A disk with dedicatedIOThread gets a thread to itself under either. None
+	// when unset.
+	// +optional
+	IOThreadsPolicy *IOThreadsPolicy `json:"ioThreadsPolicy,omitempty"`
 }
+
+// IOThreadsPolicy is how disks share I/O threads.
+// +kubebuilder:validation:Enum=shared;auto
+type IOThreadsPolicy string
+
+// I/O thread policies.
+const (
+	IOThreadsPolicyShared IOThreadsPolicy = "shared"
+	IOThreadsPolicyAuto   IOThreadsPolicy = "auto"
+)
 
 // ResourceRequirements are the compute resources of the launcher pod.
 type ResourceRequirements struct {
@@ -469,6 +488,11 @@ type Devices struct {
 	// taken.
 	// +optional
 	Watchdog *Watchdog `json:"watchdog,omitempty"`
+
+	// BlockMultiQueue gives each virtio disk one request queue per vCPU, so the guest's CPUs
+	// submit I/O without contending for one queue.
+	// +optional
+	BlockMultiQueue *bool `json:"blockMultiQueue,omitempty"`
 }
 
 // Rng is a virtio random number generator, as KubeVirt's (no settings).
@@ -578,6 +602,16 @@ type Disk struct {
 	// IO is the I/O mode: native (needs cache none) or threads.
 	// +optional
 	IO DriverIO `json:"io,omitempty"`
+
+	// Shareable lets other guests open the same image at the same time (a cluster filesystem's
+	// shared disk): QEMU takes no write lock on it. Needs cache none, so that no host page cache
+	// hides the other writers.
+	// +optional
+	Shareable *bool `json:"shareable,omitempty"`
+
+	// DedicatedIOThread gives this virtio disk an I/O thread to itself (see ioThreadsPolicy).
+	// +optional
+	DedicatedIOThread *bool `json:"dedicatedIOThread,omitempty"`
 }
 
 // DiskBus is the bus a disk is attached to.

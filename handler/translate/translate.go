@@ -10,6 +10,8 @@ package translate
 import (
 	"encoding/base64"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -107,6 +109,10 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		m.NICs = append(m.NICs, n)
 	}
 	devices(&spec.Domain.Devices, m)
+	m.IOThreads = ioThreads(&spec.Domain)
+	for i := range m.Disks {
+		tuneDisk(&spec.Domain, i, &m.Disks[i])
+	}
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
@@ -258,6 +264,7 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.P
 	if d.IO != "" {
 		out.IO = machine.IO(d.IO)
 	}
+	out.Shareable = d.Shareable != nil && *d.Shareable
 	if d.CDRom != nil {
 		// A cdrom is always read-only: the guest cannot write to one, and readonly: false (which
 		// KubeVirt accepts too) does not change that.
@@ -283,14 +290,92 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.P
 
 // HotplugDisk is a disk added to the spec of a running instance, at p: checked against what can
 // be hot-plugged (a virtio disk on a hostDisk or emptyDisk volume), then described as Disk does.
-func HotplugDisk(d *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Disk, error) {
+//
+// The disk gets the queues and I/O thread the whole machine description gives it (domain is the
+// instance's, with the disk in it), so that a migration target, described whole, gets the same.
+func HotplugDisk(domain *v1alpha1.DomainSpec, d *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Disk, error) {
 	errs := v1alpha1.ValidateHotplugDisk(d, p)
 	errs = append(errs, v1alpha1.ValidateHotplugVolume(vol, field.NewPath("spec", "volumes").Key(vol.Name))...)
 	if len(errs) > 0 {
 		return machine.Disk{}, errs.ToAggregate()
 	}
 	md, errs := Disk(d, vol, pod, p)
+	if i := slices.IndexFunc(domain.Devices.Disks, func(o v1alpha1.Disk) bool { return o.Name == d.Name }); i >= 0 {
+		tuneDisk(domain, i, &md)
+	}
 	return md, errs.ToAggregate()
+}
+
+// ioThreads are the I/O threads QEMU starts with, as KubeVirt lays them out: one for each disk
+// with dedicatedIOThread, and for the others one shared thread (policy shared, or no policy when
+// some disk has a dedicated one) or, under auto, a pool of twice the vCPUs less the dedicated
+// threads (at least one). The pool does not depend on the other disks, so a disk hot-plugged
+// later finds its thread.
+func ioThreads(d *v1alpha1.DomainSpec) []string {
+	var ids []string
+	if n := poolSize(d); n == 1 {
+		ids = append(ids, sharedIOThread)
+	} else {
+		for k := range n {
+			ids = append(ids, machine.IOThreadPrefix+strconv.Itoa(k))
+		}
+	}
+	for i := range d.Devices.Disks {
+		if dedicated(&d.Devices.Disks[i]) {
+			ids = append(ids, dedicatedIOThread(i))
+		}
+	}
+	return ids
+}
+
+const sharedIOThread = machine.IOThreadPrefix + "shared"
+
+func dedicatedIOThread(i int) string { return machine.IOThreadPrefix + "disk-" + strconv.Itoa(i) }
+
+// poolSize is the number of I/O threads the disks without a dedicated one share: none without a
+// policy and without dedicated disks.
+func poolSize(d *v1alpha1.DomainSpec) int {
+	nDedicated := 0
+	for i := range d.Devices.Disks {
+		if dedicated(&d.Devices.Disks[i]) {
+			nDedicated++
+		}
+	}
+	switch {
+	case d.IOThreadsPolicy != nil && *d.IOThreadsPolicy == v1alpha1.IOThreadsPolicyAuto:
+		return max(1, 2*int(v1alpha1.VCPUs(d.CPU))-nDedicated)
+	case d.IOThreadsPolicy != nil || nDedicated > 0:
+		return 1
+	}
+	return 0
+}
+
+func dedicated(d *v1alpha1.Disk) bool { return d.DedicatedIOThread != nil && *d.DedicatedIOThread }
+
+// tuneDisk gives md, the i-th disk of d, its queues (one per vCPU with blockMultiQueue) and its
+// I/O thread (ioThreads), when it is a virtio disk.
+func tuneDisk(d *v1alpha1.DomainSpec, i int, md *machine.Disk) {
+	if md.Bus != machine.BusVirtio || md.CDROM {
+		return
+	}
+	if mq := d.Devices.BlockMultiQueue; mq != nil && *mq {
+		md.Queues = uint32(v1alpha1.VCPUs(d.CPU))
+	}
+	switch n := poolSize(d); {
+	case dedicated(&d.Devices.Disks[i]):
+		md.IOThread = dedicatedIOThread(i)
+	case n == 1:
+		md.IOThread = sharedIOThread
+	case n > 1:
+		// Round robin over the pool, in the order of the virtio disks without a thread of their own.
+		k := 0
+		for j := range i {
+			if o := &d.Devices.Disks[j]; v1alpha1.OnVirtio(o) && !dedicated(o) {
+				k++
+			}
+		}
+		md.IOThread = machine.IOThreadPrefix + strconv.Itoa(k%n)
+	}
 }
 
 func source(v *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Source, *field.Error) {

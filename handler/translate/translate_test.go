@@ -331,7 +331,7 @@ func TestMachineErrors(t *testing.T) {
 func TestHotplugDisk(t *testing.T) {
 	p := field.NewPath("spec", "domain", "devices", "disks").Index(1)
 	empty := v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}}}
-	d, err := translate.HotplugDisk(&v1alpha1.Disk{Name: "data", Serial: "D1"}, &empty, nil, p)
+	d, err := translate.HotplugDisk(&v1alpha1.DomainSpec{}, &v1alpha1.Disk{Name: "data", Serial: "D1"}, &empty, nil, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,11 +345,12 @@ func TestHotplugDisk(t *testing.T) {
 		vol  v1alpha1.Volume
 		path string
 	}{
-		"cdrom":          {v1alpha1.Disk{Name: "data", CDRom: &v1alpha1.CDRomTarget{}}, empty, "spec.domain.devices.disks[1].cdrom"},
-		"sata bus":       {v1alpha1.Disk{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}}, empty, "spec.domain.devices.disks[1].disk.bus"},
-		"container disk": {v1alpha1.Disk{Name: "data"}, v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "x"}}}, "spec.volumes[data].containerDisk"},
+		"cdrom":                {v1alpha1.Disk{Name: "data", CDRom: &v1alpha1.CDRomTarget{}}, empty, "spec.domain.devices.disks[1].cdrom"},
+		"sata bus":             {v1alpha1.Disk{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}}, empty, "spec.domain.devices.disks[1].disk.bus"},
+		"container disk":       {v1alpha1.Disk{Name: "data"}, v1alpha1.Volume{Name: "data", VolumeSource: v1alpha1.VolumeSource{ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "x"}}}, "spec.volumes[data].containerDisk"},
+		"dedicated I/O thread": {v1alpha1.Disk{Name: "data", DedicatedIOThread: ptr.To(true)}, empty, "spec.domain.devices.disks[1].dedicatedIOThread"},
 	} {
-		if _, err := translate.HotplugDisk(&tc.disk, &tc.vol, nil, p); err == nil || !strings.Contains(err.Error(), tc.path) {
+		if _, err := translate.HotplugDisk(&v1alpha1.DomainSpec{}, &tc.disk, &tc.vol, nil, p); err == nil || !strings.Contains(err.Error(), tc.path) {
 			t.Errorf("%s: want an error at %s, got %v", name, tc.path, err)
 		}
 	}
@@ -405,5 +406,70 @@ func TestMigrationTargetRunsWhatItsSourceRuns(t *testing.T) {
 	v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
 	if _, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}); err != nil {
 		t.Fatalf("the migration target's machine is refused: %v", err)
+	}
+}
+
+// TestDiskTuning lays out KubeVirt's disk tuning (its user guide's "IOThreads" examples):
+// blockMultiQueue gives each virtio disk a queue per vCPU; dedicatedIOThread a thread of the
+// disk's own; the others share one thread (policy shared, or none but a dedicated disk) or a pool
+// of twice the vCPUs less the dedicated threads, round robin (auto). A cdrom and a sata disk get none, and
+// a disk hot-plugged later gets what the whole description gives it (a migration target's).
+func TestDiskTuning(t *testing.T) {
+	empty := func(name string) v1alpha1.Volume {
+		return v1alpha1.Volume{Name: name, VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}}}
+	}
+	vmi := &v1alpha1.VirtualMachineInstance{}
+	vmi.Name, vmi.Namespace, vmi.UID = "tuned", "ns", "5b1ee53c-79b2-4d1c-a1c9-8d0d7d1e6b09"
+	spec := &vmi.Spec
+	spec.Domain.CPU = &v1alpha1.CPU{Cores: 2}
+	spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("64Mi"))}
+	spec.Domain.Devices.BlockMultiQueue = ptr.To(true)
+	spec.Domain.Devices.Disks = []v1alpha1.Disk{
+		{Name: "a"}, {Name: "b", DedicatedIOThread: ptr.To(true)}, {Name: "c"},
+		{Name: "d", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}}, {Name: "e"}, {Name: "f"}, {Name: "g"},
+	}
+	for _, n := range []string{"a", "b", "c", "d", "e", "f", "g"} {
+		spec.Volumes = append(spec.Volumes, empty(n))
+	}
+	type tuning struct {
+		queues uint32
+		thread string
+	}
+	for _, tc := range []struct {
+		policy  *v1alpha1.IOThreadsPolicy
+		threads []string
+		disks   map[string]tuning
+	}{
+		{nil, []string{"iothread-shared", "iothread-disk-1"}, map[string]tuning{
+			"a": {2, "iothread-shared"}, "b": {2, "iothread-disk-1"}, "c": {2, "iothread-shared"}, "d": {0, ""}, "g": {2, "iothread-shared"}}},
+		{ptr.To(v1alpha1.IOThreadsPolicyShared), []string{"iothread-shared", "iothread-disk-1"}, map[string]tuning{
+			"a": {2, "iothread-shared"}, "b": {2, "iothread-disk-1"}, "c": {2, "iothread-shared"}, "d": {0, ""}, "g": {2, "iothread-shared"}}},
+		{ptr.To(v1alpha1.IOThreadsPolicyAuto), []string{"iothread-0", "iothread-1", "iothread-2", "iothread-disk-1"}, map[string]tuning{
+			"a": {2, "iothread-0"}, "b": {2, "iothread-disk-1"}, "c": {2, "iothread-1"}, "d": {0, ""}, "e": {2, "iothread-2"},
+			"f": {2, "iothread-0"}, "g": {2, "iothread-1"}}},
+	} {
+		spec.Domain.IOThreadsPolicy = tc.policy
+		m, err := translate.Machine(vmi, translate.Host{Emulation: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(m.IOThreads, tc.threads) {
+			t.Errorf("policy %v: I/O threads %v, want %v", tc.policy, m.IOThreads, tc.threads)
+		}
+		for name, want := range tc.disks {
+			d := m.Disk(name)
+			if got := (tuning{d.Queues, d.IOThread}); got != want {
+				t.Errorf("policy %v: disk %s has %+v, want %+v", tc.policy, name, got, want)
+			}
+		}
+		// The last disk, hot-plugged into the running instance, gets the same as in the whole
+		// description.
+		hot, err := translate.HotplugDisk(&spec.Domain, &spec.Domain.Devices.Disks[6], &spec.Volumes[6], nil, field.NewPath("spec", "domain", "devices", "disks").Index(6))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := (tuning{hot.Queues, hot.IOThread}); got != tc.disks["g"] {
+			t.Errorf("policy %v: the hot-plugged disk has %+v, want %+v", tc.policy, got, tc.disks["g"])
+		}
 	}
 }

@@ -90,7 +90,7 @@ func (r *Reconciler) hotplugDisk(ctx context.Context, v *v1alpha1.VirtualMachine
 	if err != nil {
 		return machine.Disk{}, err
 	}
-	md, err := translate.HotplugDisk(d, vol, vols, p)
+	md, err := translate.HotplugDisk(&v.Spec.Domain, d, vol, vols, p)
 	if err != nil || md.Source.HostFile == nil {
 		return md, err
 	}
