@@ -999,6 +999,11 @@ func TestMigrationKeepsEmptyDiskData(t *testing.T) {
 
 	vmim, _ := e.startMigration(v, "marker-1", nodeB)
 	dst := nodeB.console(v)
+	t.Cleanup(func() {
+		if t.Failed() { // the whole guest side, for a guest that reset or lost the disk
+			t.Logf("source console:\n%s\ntarget console:\n%s", con.Text(), dst.Text())
+		}
+	})
 	e.waitMigrationSucceeded(vmim)
 	got := e.waitVMI("marker", time.Minute, "Running on "+nodeB.node, func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.NodeName == nodeB.node && v.Status.Phase == v1alpha1.Running

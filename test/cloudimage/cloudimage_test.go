@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +37,8 @@ var cloudDir string
 const ovmfDir = "/usr/share/OVMF"
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	testutil.CloudGuestsAtOnce()
 	dir, err := testutil.CloudImageDir()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -99,18 +103,25 @@ var firmwares = []firmware{{
 // Under TCG on two shared cores a systemd boot with cloud-init takes one to five minutes.
 const bootTimeout = 10 * time.Minute
 
-// One boot per firmware, one after the other (they would only compete for the cores). Each
+// One boot per firmware, all at once (testutil.CloudGuestsAtOnce). Each
 // shows the firmware's kernel messages, the boot mode as the guest's userspace sees it, the
 // hostname cloud-init took from the NoCloud volume, a login prompt on the serial console, the
 // guest agent answering and sshd greeting; across boots the SSH host keys differ, so they are
 // made at first boot, not shipped in the image.
 func TestCloudImageBootsUnderBIOSAndUEFI(t *testing.T) {
 	hostKeys := map[string]string{}
-	for _, fw := range firmwares {
-		t.Run(fw.name, func(t *testing.T) {
-			hostKeys[fw.name] = bootAndCheck(t, fw)
-		})
-	}
+	var mu sync.Mutex
+	t.Run("boot", func(t *testing.T) {
+		for _, fw := range firmwares {
+			t.Run(fw.name, func(t *testing.T) {
+				t.Parallel()
+				key := bootAndCheck(t, fw)
+				mu.Lock()
+				defer mu.Unlock()
+				hostKeys[fw.name] = key
+			})
+		}
+	})
 	seen := map[string]string{}
 	for fw, key := range hostKeys {
 		if other, ok := seen[key]; ok {
@@ -139,7 +150,7 @@ func bootAndCheck(t *testing.T, fw firmware) string {
 	sshPort := freePort(t)
 
 	args := append(fw.args(vars),
-		"-m", "1024", "-smp", "2", "-nodefaults", "-no-user-config", "-display", "none",
+		"-m", "1024", "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none",
 		// wait=on: QEMU starts the guest once the test reads the console, so nothing is lost.
 		"-chardev", "socket,id=ser0,path="+serial+",server=on,wait=on", "-serial", "chardev:ser0",
 		"-drive", "file="+disk+",format=qcow2,if=virtio",

@@ -179,7 +179,7 @@ func (g *guest) consoleLogin(t *testing.T, hostname string) {
 //     host key). The image gets onto the claims the way a user does it without an importer: a
 //     helper VM (the small test guest) with the image and the claims as disks copies it with dd.
 //
-// The three guests boot at the same time (guestsAtOnce): each boot is mostly the guest waiting
+// The three guests boot at the same time (testutil.CloudGuestsAtOnce): each boot is mostly the guest waiting
 // on emulated devices and timers, so they share two cores well.
 func TestCloudGuests(t *testing.T) {
 	ns := namespace(t)

@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
 	"testing"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -45,17 +44,9 @@ func TestMain(m *testing.M) {
 	os.Exit(runSuite(m))
 }
 
-// guestsAtOnce is how many parallel tests (guests) run at once unless -test.parallel says: a
-// cloud boot under emulation is largely the guest waiting on emulated devices and timers, so
-// TestCloudGuests' three guests booting together on two cores finish about a minute sooner than
-// go test's default (GOMAXPROCS, two here) lets them.
-const guestsAtOnce = 3
-
 func runSuite(m *testing.M) int {
 	flag.Parse()
-	if !flagGiven("test.parallel") {
-		_ = flag.Set("test.parallel", fmt.Sprint(max(guestsAtOnce, runtime.GOMAXPROCS(0))))
-	}
+	testutil.CloudGuestsAtOnce()
 	if testing.Short() {
 		fmt.Println("e2ecloud: needs a local cluster (root, QEMU, minutes): not run with -short")
 		return 0
@@ -82,13 +73,6 @@ func runSuite(m *testing.M) int {
 		return 1
 	}
 	return m.Run()
-}
-
-// flagGiven says whether the command line set the flag name.
-func flagGiven(name string) bool {
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == name })
-	return given
 }
 
 // startCluster brings the shared cluster up with the cloud image in its registry.
