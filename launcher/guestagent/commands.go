@@ -150,7 +150,9 @@ func (c *Client) FreezeStatus(ctx context.Context) (string, error) {
 }
 
 // Freeze runs guest-fsfreeze-freeze and returns how many filesystems were frozen.
-func (c *Client) Freeze(ctx context.Context) (int, error) { return c.count(ctx, "guest-fsfreeze-freeze") }
+func (c *Client) Freeze(ctx context.Context) (int, error) {
+	return c.count(ctx, "guest-fsfreeze-freeze")
+}
 
 // Thaw runs guest-fsfreeze-thaw and returns how many filesystems were thawed.
 func (c *Client) Thaw(ctx context.Context) (int, error) { return c.count(ctx, "guest-fsfreeze-thaw") }
