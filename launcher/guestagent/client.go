@@ -39,6 +39,10 @@ const (
 // ErrBroken is returned once the connection is out of step with the agent; close and dial again.
 var ErrBroken = errors.New("guest agent connection broken")
 
+// ErrBusy is returned when the context ended while another call held the connection; the
+// client is still usable.
+var ErrBusy = errors.New("guest agent connection busy")
+
 // ErrReplyTooLarge is a reply line over MaxReplyBytes.
 var ErrReplyTooLarge = fmt.Errorf("guest agent reply exceeds %d bytes", MaxReplyBytes)
 
@@ -144,7 +148,7 @@ func (c *Client) do(ctx context.Context, f func() error) error {
 	select {
 	case c.turn <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		return fmt.Errorf("%w: %w", ErrBusy, ctx.Err())
 	}
 	defer func() { <-c.turn }()
 	if c.broken {
