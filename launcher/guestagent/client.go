@@ -197,12 +197,20 @@ func (c *Client) readLine() ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		line = bytes.TrimSpace(bytes.TrimLeft(line, "\xff"))
+		line = bytes.TrimSpace(trimDelimiters(line))
 		if len(line) == 0 {
 			continue
 		}
 		return line, nil
 	}
+}
+
+// trimDelimiters drops the 0xFF bytes at the start of b (byte-wise: 0xFF is no UTF-8).
+func trimDelimiters(b []byte) []byte {
+	for len(b) > 0 && b[0] == 0xff {
+		b = b[1:]
+	}
+	return b
 }
 
 // ParseReply decodes one reply line: its "return" value, or an *Error.

@@ -27,8 +27,7 @@ func fakeAgent(t *testing.T, reply func(cmd string, id int64) string) *Client {
 					ID int64 `json:"id"`
 				} `json:"arguments"`
 			}
-			line := strings.TrimLeft(sc.Text(), "\xff")
-			if json.Unmarshal([]byte(line), &req) != nil {
+			if json.Unmarshal(trimDelimiters(sc.Bytes()), &req) != nil {
 				continue
 			}
 			out := reply(req.Execute, req.Arguments.ID)
