@@ -59,11 +59,20 @@ func TestGuestAgentStatus(t *testing.T) {
 		}
 	})
 
-	t.Run("bridge shows all the guest's addresses", func(t *testing.T) {
+	t.Run("bridge adds the guest's addresses after the pod's", func(t *testing.T) {
 		v := newVMI(true)
 		applyLauncherStatus(v, pod, &st, nil, now)
 		in := v.Status.Interfaces[0]
-		if in.IP != "10.0.2.2" || !reflect.DeepEqual(in.IPs, []string{"10.0.2.2", "fd10:0:2::2", "fe80::1"}) || in.InterfaceName != "eth0" {
+		if in.IP != "10.0.0.7" || !reflect.DeepEqual(in.IPs, []string{"10.0.0.7", "10.0.2.2", "fd10:0:2::2", "fe80::1"}) || in.InterfaceName != "eth0" {
+			t.Errorf("interface %+v", in)
+		}
+	})
+
+	t.Run("a NIC off the pod network takes the guest's addresses", func(t *testing.T) {
+		v := newVMI(false)
+		applyLauncherStatus(v, nil, &st, nil, now)
+		in := v.Status.Interfaces[0]
+		if in.IP != "10.0.2.2" || !reflect.DeepEqual(in.IPs, []string{"10.0.2.2", "fd10:0:2::2", "fe80::1"}) || in.InfoSource != "domain, guest-agent" {
 			t.Errorf("interface %+v", in)
 		}
 	})

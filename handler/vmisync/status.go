@@ -214,10 +214,11 @@ var (
 
 // interfaces are the guest NICs with the addresses they are reached at and, for a hot-plugged one,
 // the root port it sits on, which a migration target recreates. The guest agent's interfaces are
-// matched to the NICs by MAC, as KubeVirt does: a match adds the guest's name for it and, unless
-// the NIC is on the pod network behind masquerade (where the guest's own address is private and
-// the pod's is where it is reached), all the guest's addresses; guest interfaces that match no
-// NIC (a bridge or tunnel inside the guest; not loopback) are listed after them.
+// matched to the NICs by MAC, as KubeVirt does: a match adds the guest's name for it and its
+// addresses, except behind masquerade, where the guest's own address is private and the pod's is
+// where it is reached. On the pod network the pod's address stays the primary one (ipAddress):
+// the guest may report only a link-local address before its DHCP lease. Guest interfaces that
+// match no NIC (a bridge or tunnel inside the guest; not loopback) are listed after them.
 func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status) []v1alpha1.VirtualMachineInstanceNetworkInterface {
 	var out []v1alpha1.VirtualMachineInstanceNetworkInterface
 	var guest []protocol.GuestInterface
@@ -237,8 +238,15 @@ func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protoco
 		if i := slices.IndexFunc(guest, func(g protocol.GuestInterface) bool { return strings.EqualFold(g.MAC, nic.MAC) }); i >= 0 {
 			matched[i] = true
 			in.InterfaceName, in.InfoSource = guest[i].Name, sourceBoth
-			if !(pod != nil && isPodNetwork(v, nic.Name) && isMasquerade(v, nic.Name)) && len(guest[i].IPs) > 0 {
+			switch {
+			case in.IP == "" && len(guest[i].IPs) > 0: // not on the pod network: the guest's own
 				in.IP, in.IPs = guest[i].IPs[0], slices.Clone(guest[i].IPs)
+			case in.IP != "" && !isMasquerade(v, nic.Name): // bridge: the pod's address is the guest's
+				for _, ip := range guest[i].IPs {
+					if !slices.Contains(in.IPs, ip) {
+						in.IPs = append(in.IPs, ip)
+					}
+				}
 			}
 		}
 		out = append(out, in)
