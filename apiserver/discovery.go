@@ -72,6 +72,11 @@ func (a *API) apiGroupInfo() genericapiserver.APIGroupInfo {
 	add(vmi, sub.VirtualMachineInstances, sub.Unpause, http.MethodPut, a.vmiAction(sub.Unpause, http.MethodPut))
 	add(vmi, sub.VirtualMachineInstances, sub.SoftReboot, http.MethodPut, a.vmiAction(sub.SoftReboot, http.MethodPut))
 	add(vmi, sub.VirtualMachineInstances, sub.Screenshot, http.MethodGet, a.vmiAction(sub.Screenshot, http.MethodGet))
+	for _, s := range []string{sub.GuestOSInfo, sub.UserList, sub.FileSystemList} {
+		add(vmi, sub.VirtualMachineInstances, s, http.MethodGet, a.vmiAction(s, http.MethodGet))
+	}
+	add(vmi, sub.VirtualMachineInstances, sub.Freeze, http.MethodPut, a.vmiAction(sub.Freeze, http.MethodPut))
+	add(vmi, sub.VirtualMachineInstances, sub.Unfreeze, http.MethodPut, a.vmiAction(sub.Unfreeze, http.MethodPut))
 	add(vm, sub.VirtualMachines, sub.Start, http.MethodPut, a.vmAction(a.start))
 	add(vm, sub.VirtualMachines, sub.Stop, http.MethodPut, a.vmAction(a.stop))
 	add(vm, sub.VirtualMachines, sub.Restart, http.MethodPut, a.vmAction(a.restart))

@@ -35,7 +35,8 @@ func TestDiscoveryAndVersion(t *testing.T) {
 		"virtualmachineinstances/screenshot": "get", "virtualmachineinstances/pause": "update", "virtualmachineinstances/unpause": "update",
 		"virtualmachineinstances/softreboot": "update", "virtualmachines/start": "update", "virtualmachines/stop": "update",
 		"virtualmachines/restart": "update", "virtualmachines/migrate": "update", "virtualmachines/addvolume": "update",
-		"virtualmachines/removevolume": "update",
+		"virtualmachines/removevolume": "update", "virtualmachineinstances/guestosinfo": "get", "virtualmachineinstances/userlist": "get",
+		"virtualmachineinstances/filesystemlist": "get", "virtualmachineinstances/freeze": "update", "virtualmachineinstances/unfreeze": "update",
 	} {
 		if !slices.Contains(verbs[name], want) {
 			t.Errorf("discovery lists %s with verbs %v, want %s", name, verbs[name], want)

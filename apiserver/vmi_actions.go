@@ -14,8 +14,9 @@ import (
 // vmiActionTimeout bounds a relayed action; a screenshot of a large display is the slowest.
 const vmiActionTimeout = 60 * time.Second
 
-// vmiAction relays pause, unpause, softreboot (PUT) and screenshot (GET) to the handler of the
-// VMI's node: the handler's answer, status and body (a metav1.Status, or the PNG), goes back as is.
+// vmiAction relays pause, unpause, softreboot, freeze, unfreeze (PUT) and screenshot, guestosinfo,
+// userlist, filesystemlist (GET) to the handler of the VMI's node: the handler's answer, status and
+// body (a metav1.Status, the PNG or the guest agent's JSON), goes back as is.
 func (a *API) vmiAction(endpoint, method string) connectFunc {
 	return func(ctx context.Context, name string) (http.Handler, error) {
 		u, ok := genericapirequest.UserFrom(ctx)

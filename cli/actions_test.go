@@ -203,3 +203,25 @@ func TestPluginNameInUsage(t *testing.T) {
 		t.Errorf("completion bash: exit %d, %d bytes", code, out.Len())
 	}
 }
+
+// TestGuestOSInfoPrintsTheAgentsReport: qvirtctl guestosinfo GETs its subresource and prints the
+// JSON indented; a VMI without an agent gets qvirt-api's refusal.
+func TestGuestOSInfoPrintsTheAgentsReport(t *testing.T) {
+	f := newFakeAPI(t)
+	kc := f.kubeconfig(t)
+	out, errOut, code := run(t, nil, "guestosinfo", "vm1", "--kubeconfig", kc)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	want := "{\n  \"guestAgentVersion\": \"7.2.22\",\n  \"hostname\": \"vm1\",\n  \"os\": {\n    \"id\": \"debian\",\n    \"prettyName\": \"Debian GNU/Linux 12\"\n  }\n}\n"
+	if out != want {
+		t.Errorf("printed\n%s\nwant\n%s", out, want)
+	}
+	if reqs := f.recorded(); reqs[len(reqs)-1] != "GET /apis/subresources.qvirt.io/v1alpha1/namespaces/ns-a/virtualmachineinstances/vm1/guestosinfo " {
+		t.Errorf("sent %q", reqs[len(reqs)-1])
+	}
+	_, errOut, code = run(t, nil, "guestosinfo", "noagent", "--kubeconfig", kc)
+	if code == 0 || !strings.Contains(errOut, "the guest agent is not connected") {
+		t.Errorf("without an agent: exit %d, stderr %q", code, errOut)
+	}
+}

@@ -160,6 +160,12 @@ func (f *fakeAPI) serveSubresource(w http.ResponseWriter, r *http.Request) {
 		f.screenshot(w, name)
 	case subv1.Migrate:
 		f.migrate(w, r, ns, name)
+	case subv1.GuestOSInfo:
+		if name == "noagent" {
+			writeStatus(w, http.StatusConflict, metav1.StatusReasonConflict, "guestosinfo refused by its launcher: the guest agent is not connected", nil)
+			return
+		}
+		_, _ = w.Write([]byte(`{"guestAgentVersion":"7.2.22","hostname":"` + name + `","os":{"id":"debian","prettyName":"Debian GNU/Linux 12"}}`))
 	default:
 		if r.Method != http.MethodPut {
 			writeStatus(w, http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed, "PUT only", nil)

@@ -61,6 +61,7 @@ func New(argv0 string) *cobra.Command {
 		newPause(e, true), newPause(e, false), newSoftReboot(e),
 		newConsole(e), newVNC(e), newQMP(e), newMigrate(e),
 		newAddVolume(e), newRemoveVolume(e),
+		newGuestOSInfo(e), newUserList(e), newFileSystemList(e),
 		newVersion(e), newMachine(), newLocal(e),
 	)
 	return root

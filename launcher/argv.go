@@ -24,8 +24,9 @@ import (
 //	00:02.0 ...    pcie-root-ports, packed eight functions per slot (multifunction on function 0
 //	               when the slot holds more than one), in this order: the virtio-scsi controller
 //	               (if any scsi disk), virtio disks, PCIe NICs (virtio, e1000e), the xHCI
-//	               controller and virtio input devices in input order, the virtio-rng device, then
-//	               the spare ports "hotplug0".."hotplugN-1". Port i has chassis i+1 and port number
+//	               controller and virtio input devices in input order, the virtio-rng device, the
+//	               virtio-serial controller of the guest agent's channel, then the spare ports
+//	               "hotplug0".."hotplugN-1". Port i has chassis i+1 and port number
 //	               slot<<3|function, all unique.
 //	00:1e.0 down   conventional PCI devices, one slot each, as integrated endpoints (QEMU's
 //	               docs/pcie.txt: legacy PCI devices belong on pcie.0, not behind a root port):
@@ -203,6 +204,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.nics()        // nic.go
 	b.inputs()      // input.go
 	b.rng()         // rng.go
+	b.guestAgent()  // channel.go
 	b.watchdog()    // watchdog.go
 	b.spares()
 	b.checkUnused()
@@ -268,7 +270,7 @@ func (b *builder) process() {
 		b.fail(machine.Invalid(machinePath.Child("gracePeriodSeconds"), m.GracePeriodSeconds, "must be 0 or more"))
 	}
 	b.checkAbs(machinePath.Child("runDir"), m.RunDir)
-	for _, s := range []string{m.QMPSocket(), m.ShellQMPSocket(), m.SerialSocket(), m.VNCSocket()} {
+	for _, s := range []string{m.QMPSocket(), m.ShellQMPSocket(), m.SerialSocket(), m.VNCSocket(), m.GuestAgentSocket()} {
 		if len(s) > maxSocketLen {
 			b.fail(machine.Invalid(machinePath.Child("runDir"), m.RunDir, fmt.Sprintf("too long: socket path %s exceeds the %d bytes of a unix socket address", s, maxSocketLen)))
 			break

@@ -422,3 +422,45 @@ func (c *Client) ReclaimMigration(ctx context.Context, reason string) (protocol.
 	var st protocol.Status
 	return st, c.do(ctx, http.MethodPost, "/v1/migration/reclaim", protocol.MigrationReclaim{Reason: reason}, &st)
 }
+
+// GuestInfo asks the guest agent for its version, the guest's OS, hostname, users and
+// filesystems. A 409 *APIError while no agent is connected.
+func (c *Client) GuestInfo(ctx context.Context) (protocol.GuestAgentInfo, error) {
+	var out protocol.GuestAgentInfo
+	err := c.doWithin(ctx, guestCallTimeout, http.MethodGet, "/v1/guest/info", nil, &out)
+	return out, err
+}
+
+// GuestUsers lists the users logged in to the guest.
+func (c *Client) GuestUsers(ctx context.Context) ([]protocol.GuestUser, error) {
+	var out []protocol.GuestUser
+	err := c.doWithin(ctx, guestCallTimeout, http.MethodGet, "/v1/guest/users", nil, &out)
+	return out, err
+}
+
+// GuestFilesystems lists the guest's mounted filesystems.
+func (c *Client) GuestFilesystems(ctx context.Context) ([]protocol.GuestFilesystem, error) {
+	var out []protocol.GuestFilesystem
+	err := c.doWithin(ctx, guestCallTimeout, http.MethodGet, "/v1/guest/filesystems", nil, &out)
+	return out, err
+}
+
+// FSFreeze freezes the guest's filesystems (op "freeze"), thaws them ("thaw") or reports their
+// state ("status").
+func (c *Client) FSFreeze(ctx context.Context, op string) (protocol.FSFreeze, error) {
+	var out protocol.FSFreeze
+	method, path := http.MethodPost, "/v1/guest/fs"+op
+	switch op {
+	case "status":
+		method, path = http.MethodGet, "/v1/guest/fsfreeze"
+	case "freeze", "thaw":
+	default:
+		return out, fmt.Errorf("unknown freeze operation %q: want freeze, thaw or status", op)
+	}
+	err := c.doWithin(ctx, time.Minute+5*time.Second, method, path, nil, &out)
+	return out, err
+}
+
+// guestCallTimeout covers the launcher's own bound on a guest agent request (a few agent calls of
+// agentCallTimeout each share it).
+const guestCallTimeout = agentCallTimeout + 5*time.Second

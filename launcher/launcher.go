@@ -38,7 +38,8 @@ type Launcher struct {
 	migration *protocol.MigrationInfo
 	hotplug   map[string]hotDisk
 	nics      map[string]hotNIC
-	blocks    blockState // block migration (blockmigration.go)
+	blocks    blockState  // block migration (blockmigration.go)
+	agent     *agentState // the current QEMU's guest agent (agent.go); nil without a channel
 	changed   chan struct{}
 
 	// volumes serialises HotplugDisk and UnplugDisk, which resolve and clean up images outside mu.
@@ -106,6 +107,10 @@ func (l *Launcher) Sync(ctx context.Context, req *protocol.SyncRequest) error {
 	}
 	go l.follow(proc)
 	l.serveDHCP(proc, m.NICs)
+	if m.GuestAgent {
+		l.agent = &agentState{}
+		go l.watchAgent(proc, l.agent)
+	}
 	return nil
 }
 
@@ -187,7 +192,7 @@ func (l *Launcher) Status(ctx context.Context) (protocol.Status, <-chan struct{}
 	if l.req != nil {
 		st.UID = l.req.Machine.UID
 	}
-	proc, changed := l.proc, l.changed
+	proc, changed, agent := l.proc, l.changed, l.agent
 	for _, d := range l.hotplug {
 		st.Hotplugged = append(st.Hotplugged, d.Disk)
 	}
@@ -202,6 +207,9 @@ func (l *Launcher) Status(ctx context.Context) (protocol.Status, <-chan struct{}
 	st.PID = proc.Pid()
 	st.Exit = exit
 	st.Disks, st.NICs = l.devices(proc)
+	if agent != nil {
+		st.GuestAgent = agent.snapshot()
+	}
 	return st, changed
 }
 

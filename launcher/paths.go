@@ -45,3 +45,7 @@ func (d Dir) NBDIn() string { return filepath.Join(string(d), "nbd-in.sock") }
 // NBDOut is where the source node's agent listens for the source QEMU's NBD connections to the
 // target's disks.
 func (d Dir) NBDOut() string { return filepath.Join(string(d), "nbd-out.sock") }
+
+// GuestAgent is the host end of the guest agent's virtio-serial channel (org.qemu.guest_agent.0);
+// only the launcher connects to it.
+func (d Dir) GuestAgent() string { return filepath.Join(string(d), "guest-agent.sock") }

@@ -48,6 +48,12 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/migration/run", s.migrationRun)
 	mux.HandleFunc("POST /v1/migration/finish", s.simple(l.FinishMigration))
 	mux.HandleFunc("POST /v1/migration/reclaim", s.migrationReclaim)
+	mux.HandleFunc("GET /v1/guest/info", reply(l.GuestInfo))
+	mux.HandleFunc("GET /v1/guest/users", reply(l.GuestUsers))
+	mux.HandleFunc("GET /v1/guest/filesystems", reply(l.GuestFilesystems))
+	mux.HandleFunc("GET /v1/guest/fsfreeze", reply(func(ctx context.Context) (protocol.FSFreeze, error) { return l.FSFreeze(ctx, "status") }))
+	mux.HandleFunc("POST /v1/guest/fsfreeze", reply(func(ctx context.Context) (protocol.FSFreeze, error) { return l.FSFreeze(ctx, "freeze") }))
+	mux.HandleFunc("POST /v1/guest/fsthaw", reply(func(ctx context.Context) (protocol.FSFreeze, error) { return l.FSFreeze(ctx, "thaw") }))
 	return mux
 }
 
@@ -144,6 +150,18 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		st, changed = s.l.Status(r.Context())
+	}
+}
+
+// reply serves fn's result as JSON.
+func reply[T any](fn func(context.Context) (T, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := fn(r.Context())
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
 	}
 }
 

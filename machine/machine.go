@@ -73,6 +73,9 @@ type Machine struct {
 	NICs []NIC `json:"nics,omitempty"`
 	// RNG gives the guest a virtio entropy device fed from the host's /dev/urandom.
 	RNG bool `json:"rng,omitempty"`
+	// GuestAgent adds the virtio-serial channel org.qemu.guest_agent.0, on which a guest's
+	// qemu-ga answers the launcher. The node agent sets it for every VMI, as KubeVirt does.
+	GuestAgent bool `json:"guestAgent,omitempty"`
 	// Inputs are the guest's input devices, in order.
 	Inputs []Input `json:"inputs,omitempty"`
 	// Watchdog is the guest's hardware watchdog; none when nil.

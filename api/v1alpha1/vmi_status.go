@@ -52,6 +52,10 @@ const (
 	// the scheduler cannot place the pod (reason Unschedulable, its message saying why), as
 	// KubeVirt's virt-controller does; a VirtualMachine then shows Unschedulable.
 	VirtualMachineInstancePodScheduled = "PodScheduled"
+	// VirtualMachineInstanceAgentConnected is present (True) while the guest agent (qemu-ga on
+	// the org.qemu.guest_agent.0 channel) answers the launcher, and removed when it stops, as in
+	// KubeVirt.
+	VirtualMachineInstanceAgentConnected = "AgentConnected"
 )
 
 // ReasonUnschedulable is the scheduler's reason of a false PodScheduled condition.
@@ -99,6 +103,11 @@ type VirtualMachineInstanceStatus struct {
 	// +optional
 	// +listType=atomic
 	Interfaces []VirtualMachineInstanceNetworkInterface `json:"interfaces,omitempty"`
+
+	// GuestOSInfo is the guest's operating system as its guest agent reports it; kept when the
+	// agent disconnects.
+	// +optional
+	GuestOSInfo VirtualMachineInstanceGuestOSInfo `json:"guestOSInfo,omitempty"`
 
 	// MigrationState is the state of the current or last live migration.
 	// +optional
@@ -192,6 +201,46 @@ type VirtualMachineInstanceNetworkInterface struct {
 	// between identical device layouts.
 	// +optional
 	RootPort string `json:"rootPort,omitempty"`
+	// InfoSource says where the entry comes from: "domain" (a NIC of the VM), "guest-agent"
+	// (an interface only the guest reports), or both, comma-separated ("domain, guest-agent"),
+	// as in KubeVirt.
+	// +optional
+	InfoSource string `json:"infoSource,omitempty"`
+}
+
+// Sources of a status.interfaces entry (InfoSource), KubeVirt's names.
+const (
+	InfoSourceDomain     = "domain"
+	InfoSourceGuestAgent = "guest-agent"
+)
+
+// VirtualMachineInstanceGuestOSInfo is the guest's operating system as its guest agent reports it
+// (guest-get-osinfo: os-release and uname). Every field comes from the guest.
+type VirtualMachineInstanceGuestOSInfo struct {
+	// Name is os-release's NAME.
+	// +optional
+	Name string `json:"name,omitempty"`
+	// KernelRelease is uname -r.
+	// +optional
+	KernelRelease string `json:"kernelRelease,omitempty"`
+	// Version is os-release's VERSION.
+	// +optional
+	Version string `json:"version,omitempty"`
+	// PrettyName is os-release's PRETTY_NAME.
+	// +optional
+	PrettyName string `json:"prettyName,omitempty"`
+	// VersionID is os-release's VERSION_ID.
+	// +optional
+	VersionID string `json:"versionId,omitempty"`
+	// KernelVersion is uname -v.
+	// +optional
+	KernelVersion string `json:"kernelVersion,omitempty"`
+	// Machine is uname -m.
+	// +optional
+	Machine string `json:"machine,omitempty"`
+	// ID is os-release's ID.
+	// +optional
+	ID string `json:"id,omitempty"`
 }
 
 // VirtualMachineInstanceMigrationState is the state of a live migration as the instance sees it.

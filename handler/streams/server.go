@@ -163,6 +163,11 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("PUT "+vmiPath+"unpause", s.unpause)
 	mux.HandleFunc("PUT "+vmiPath+"softreboot", s.softReboot)
 	mux.HandleFunc("GET "+vmiPath+"screenshot", s.screenshot)
+	mux.HandleFunc("GET "+vmiPath+GuestOSInfo, s.guestOSInfo)
+	mux.HandleFunc("GET "+vmiPath+UserList, s.userList)
+	mux.HandleFunc("GET "+vmiPath+FileSystemList, s.fileSystemList)
+	mux.HandleFunc("PUT "+vmiPath+Freeze, s.freeze)
+	mux.HandleFunc("PUT "+vmiPath+Unfreeze, s.unfreeze)
 	return mux
 }
 
@@ -193,6 +198,12 @@ const (
 	SoftReboot = subresources.SoftReboot
 	// Screenshot is GET and answers image/png.
 	Screenshot = subresources.Screenshot
+	// GuestOSInfo, UserList and FileSystemList are GET and answer JSON; Freeze and Unfreeze are PUT.
+	GuestOSInfo    = subresources.GuestOSInfo
+	UserList       = subresources.UserList
+	FileSystemList = subresources.FileSystemList
+	Freeze         = subresources.Freeze
+	Unfreeze       = subresources.Unfreeze
 )
 
 // logWriter turns net/http's error log lines into logr lines.

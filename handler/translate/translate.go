@@ -87,6 +87,8 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		SerialConsole:      *spec.Domain.Devices.AutoattachSerialConsole,
 		Graphics:           *spec.Domain.Devices.AutoattachGraphicsDevice,
 		StartPaused:        spec.StartStrategy != nil && *spec.StartStrategy == v1alpha1.StartStrategyPaused,
+		// KubeVirt gives every VMI the guest agent's channel and has no field to leave it off.
+		GuestAgent: true,
 	}
 	if host.Emulation {
 		m.Accel = machine.AccelTCG

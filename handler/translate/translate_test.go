@@ -45,7 +45,7 @@ func TestDefaults(t *testing.T) {
 	want := &machine.Machine{
 		Name: "vm1", Namespace: "default", UID: uid, UUID: uid, Type: "q35", Accel: machine.AccelTCG,
 		CPU:       machine.CPU{Model: "qemu64", VCPUs: 1, Sockets: 1, Cores: 1, Threads: 1},
-		MemoryMiB: 128, SerialConsole: true, Graphics: true, GracePeriodSeconds: 180,
+		MemoryMiB: 128, SerialConsole: true, Graphics: true, GracePeriodSeconds: 180, GuestAgent: true,
 		// A containerDisk is writable unless the spec says readonly: the launcher puts an overlay on it.
 		Disks: []machine.Disk{{Name: "root", Bus: machine.BusVirtio, Cache: machine.CacheNone, IO: machine.IOThreads,
 			Source: machine.Source{Container: &machine.Container{Image: machine.ImageRef{Ref: "example.com/disk:1"}}}}},

@@ -66,8 +66,8 @@ func TestInterfacesCarryTheRootPort(t *testing.T) {
 	st := &protocol.Status{NICs: []protocol.NICStatus{{Name: "cold", MAC: "02:00:00:00:00:01"},
 		{Name: "hot", MAC: "02:00:00:00:00:02", Hotplugged: true, Port: "hotplug1"}}}
 	got := interfaces(v, nil, st)
-	want := []v1alpha1.VirtualMachineInstanceNetworkInterface{{Name: "cold", MAC: "02:00:00:00:00:01"},
-		{Name: "hot", MAC: "02:00:00:00:00:02", Hotplugged: true, RootPort: "hotplug1"}}
+	want := []v1alpha1.VirtualMachineInstanceNetworkInterface{{Name: "cold", MAC: "02:00:00:00:00:01", InfoSource: "domain"},
+		{Name: "hot", MAC: "02:00:00:00:00:02", Hotplugged: true, RootPort: "hotplug1", InfoSource: "domain"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("interfaces %+v, want %+v", got, want)
 	}

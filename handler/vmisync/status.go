@@ -38,6 +38,8 @@ const (
 	ReasonLauncherTimeout = "LauncherTimeout"
 	// ReasonLauncherReplyTooLarge: the launcher answered with more than the node agent reads.
 	ReasonLauncherReplyTooLarge = "LauncherReplyTooLarge"
+	// ReasonAgentConnected is the reason of the AgentConnected condition.
+	ReasonAgentConnected = "GuestAgentConnected"
 )
 
 // Reasons on a final instance: how the guest ended, from the launcher's exit reason.
@@ -105,6 +107,7 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 	}
 	startPaused := v.Spec.StartStrategy != nil && *v.Spec.StartStrategy == v1alpha1.StartStrategyPaused
 	setGuestConditions(v, st, startPaused, now)
+	setAgentStatus(v, st, now)
 	status.Interfaces = interfaces(v, pod, st)
 	status.VolumeStatus = volumes(v, st, failures)
 	return ended
@@ -183,21 +186,92 @@ func camel(s string) string {
 	return b.String()
 }
 
-// interfaces are the guest NICs with the addresses they are reached at (the pod's) and, for a
-// hot-plugged one, the root port it sits on, which a migration target recreates.
+// setAgentStatus sets AgentConnected (present only while the guest agent answers, as in KubeVirt)
+// and status.guestOSInfo, which stays as last reported when the agent goes away.
+func setAgentStatus(v *v1alpha1.VirtualMachineInstance, st *protocol.Status, now metav1.Time) {
+	status := &v.Status
+	ga := st.GuestAgent
+	if ga == nil || !ga.Connected || st.Phase != protocol.PhaseRunning {
+		meta.RemoveStatusCondition(&status.Conditions, v1alpha1.VirtualMachineInstanceAgentConnected)
+	} else {
+		patch.SetCondition(&status.Conditions, v, metav1.Condition{Type: v1alpha1.VirtualMachineInstanceAgentConnected,
+			Status: metav1.ConditionTrue, Reason: ReasonAgentConnected, Message: "qemu-ga " + ga.Version, LastTransitionTime: now})
+	}
+	if ga != nil && ga.OS != nil {
+		o := ga.OS
+		status.GuestOSInfo = v1alpha1.VirtualMachineInstanceGuestOSInfo{Name: o.Name, KernelRelease: o.KernelRelease,
+			Version: o.Version, PrettyName: o.PrettyName, VersionID: o.VersionID, KernelVersion: o.KernelVersion,
+			Machine: o.Machine, ID: o.ID}
+	}
+}
+
+// Where a status.interfaces entry came from, KubeVirt's infoSource values.
+var (
+	sourceDomain     = v1alpha1.InfoSourceDomain
+	sourceBoth       = v1alpha1.InfoSourceDomain + ", " + v1alpha1.InfoSourceGuestAgent
+	sourceGuestAgent = v1alpha1.InfoSourceGuestAgent
+)
+
+// interfaces are the guest NICs with the addresses they are reached at and, for a hot-plugged one,
+// the root port it sits on, which a migration target recreates. The guest agent's interfaces are
+// matched to the NICs by MAC, as KubeVirt does: a match adds the guest's name for it and its
+// addresses, except behind masquerade, where the guest's own address is private and the pod's is
+// where it is reached. On the pod network the pod's address stays the primary one (ipAddress):
+// the guest may report only a link-local address before its DHCP lease. Guest interfaces that
+// match no NIC (a bridge or tunnel inside the guest; not loopback) are listed after them.
 func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status) []v1alpha1.VirtualMachineInstanceNetworkInterface {
 	var out []v1alpha1.VirtualMachineInstanceNetworkInterface
+	var guest []protocol.GuestInterface
+	if st.GuestAgent != nil {
+		guest = st.GuestAgent.Interfaces
+	}
+	matched := make([]bool, len(guest))
 	for _, nic := range st.NICs {
-		in := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: nic.Name, MAC: nic.MAC, Hotplugged: nic.Hotplugged, RootPort: nic.Port}
+		in := v1alpha1.VirtualMachineInstanceNetworkInterface{Name: nic.Name, MAC: nic.MAC, Hotplugged: nic.Hotplugged,
+			RootPort: nic.Port, InfoSource: sourceDomain}
 		if pod != nil && isPodNetwork(v, nic.Name) {
 			in.IP = pod.Status.PodIP
 			for _, ip := range pod.Status.PodIPs {
 				in.IPs = append(in.IPs, ip.IP)
 			}
 		}
+		if i := slices.IndexFunc(guest, func(g protocol.GuestInterface) bool { return strings.EqualFold(g.MAC, nic.MAC) }); i >= 0 {
+			matched[i] = true
+			in.InterfaceName, in.InfoSource = guest[i].Name, sourceBoth
+			switch {
+			case in.IP == "" && len(guest[i].IPs) > 0: // not on the pod network: the guest's own
+				in.IP, in.IPs = guest[i].IPs[0], slices.Clone(guest[i].IPs)
+			case in.IP != "" && !isMasquerade(v, nic.Name): // bridge: the pod's address is the guest's
+				for _, ip := range guest[i].IPs {
+					if !slices.Contains(in.IPs, ip) {
+						in.IPs = append(in.IPs, ip)
+					}
+				}
+			}
+		}
+		out = append(out, in)
+	}
+	for i, g := range guest {
+		if matched[i] {
+			continue
+		}
+		in := v1alpha1.VirtualMachineInstanceNetworkInterface{InterfaceName: g.Name, MAC: g.MAC,
+			IPs: slices.Clone(g.IPs), InfoSource: sourceGuestAgent}
+		if len(g.IPs) > 0 {
+			in.IP = g.IPs[0]
+		}
 		out = append(out, in)
 	}
 	return out
+}
+
+func isMasquerade(v *v1alpha1.VirtualMachineInstance, name string) bool {
+	for _, in := range v.Spec.Domain.Devices.Interfaces {
+		if in.Name == name {
+			return in.Bridge == nil
+		}
+	}
+	return false
 }
 
 func isPodNetwork(v *v1alpha1.VirtualMachineInstance, name string) bool {

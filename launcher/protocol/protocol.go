@@ -34,6 +34,12 @@ import (
 //	POST   /v1/migration/run        MigrationRun     target: take over the handed-over guest (HandoverHolding)
 //	POST   /v1/migration/finish                      source: the target runs the guest; quit
 //	POST   /v1/migration/reclaim    MigrationReclaim source: the target failed before it ran the guest; run it here again
+//	GET    /v1/guest/info           -> GuestAgentInfo  asks the guest agent now; 409 when it is not connected
+//	GET    /v1/guest/users          -> []GuestUser
+//	GET    /v1/guest/filesystems    -> []GuestFilesystem
+//	GET    /v1/guest/fsfreeze       -> FSFreeze      the guest's filesystems' freeze state
+//	POST   /v1/guest/fsfreeze       -> FSFreeze      freeze them (guest-fsfreeze-freeze)
+//	POST   /v1/guest/fsthaw         -> FSFreeze      thaw them
 //
 // Errors are an ErrorResponse with a 4xx status for bad requests (naming the offending field) or a
 // state conflict, and 5xx when QEMU fails the command.
@@ -77,6 +83,87 @@ type Status struct {
 	// Hotplugged are the hot-plugged disks as attached (each with its port), in the form a
 	// migration target's machine takes.
 	Hotplugged []machine.Disk `json:"hotplugged,omitempty"`
+	// GuestAgent is what the guest agent last reported; nil when the machine has no agent channel.
+	GuestAgent *GuestAgent `json:"guestAgent,omitempty"`
+}
+
+// GuestAgent is the guest agent's state as the launcher polls it. Everything in it came from the
+// guest: bounded by the launcher (package launcher/guestagent), but not to be trusted.
+type GuestAgent struct {
+	// Connected is true while the agent answers.
+	Connected bool   `json:"connected"`
+	Version   string `json:"version,omitempty"`
+	// OS is the guest's operating system; nil until the agent told.
+	OS *GuestOSInfo `json:"os,omitempty"`
+	// Interfaces are the guest's network interfaces with their addresses, as the guest sees them.
+	Interfaces []GuestInterface `json:"interfaces,omitempty"`
+}
+
+// GuestOSInfo is guest-get-osinfo, with the field names of KubeVirt's
+// VirtualMachineInstanceGuestOSInfo.
+type GuestOSInfo struct {
+	Name          string `json:"name,omitempty"`
+	KernelRelease string `json:"kernelRelease,omitempty"`
+	Version       string `json:"version,omitempty"`
+	PrettyName    string `json:"prettyName,omitempty"`
+	VersionID     string `json:"versionId,omitempty"`
+	KernelVersion string `json:"kernelVersion,omitempty"`
+	Machine       string `json:"machine,omitempty"`
+	ID            string `json:"id,omitempty"`
+}
+
+// GuestInterface is one guest network interface.
+type GuestInterface struct {
+	// Name is the guest's name for it (eth0).
+	Name string `json:"name"`
+	// MAC is its hardware address, lower case; "" when it has none.
+	MAC string `json:"mac,omitempty"`
+	// IPs are its addresses without prefix length, IPv4 and IPv6, in the guest's order.
+	IPs []string `json:"ips,omitempty"`
+}
+
+// GuestAgentInfo is what GET /v1/guest/info asks the agent, in the shape of KubeVirt's
+// VirtualMachineInstanceGuestAgentInfo.
+type GuestAgentInfo struct {
+	Version           string            `json:"guestAgentVersion,omitempty"`
+	SupportedCommands []string          `json:"supportedCommands,omitempty"`
+	Hostname          string            `json:"hostname,omitempty"`
+	OS                GuestOSInfo       `json:"os"`
+	Users             []GuestUser       `json:"userList,omitempty"`
+	Filesystems       []GuestFilesystem `json:"filesystems,omitempty"`
+	FSFreezeStatus    string            `json:"fsFreezeStatus,omitempty"`
+}
+
+// GuestUser is a user logged in to the guest (KubeVirt's VirtualMachineInstanceGuestOSUser).
+type GuestUser struct {
+	UserName string `json:"userName"`
+	Domain   string `json:"domain,omitempty"`
+	// LoginTime is seconds since the epoch.
+	LoginTime float64 `json:"loginTime,omitempty"`
+}
+
+// GuestFilesystem is a mounted guest filesystem (KubeVirt's VirtualMachineInstanceFileSystem).
+type GuestFilesystem struct {
+	DiskName       string                `json:"diskName"`
+	MountPoint     string                `json:"mountPoint"`
+	FileSystemType string                `json:"fileSystemType"`
+	UsedBytes      int64                 `json:"usedBytes"`
+	TotalBytes     int64                 `json:"totalBytes"`
+	Disk           []GuestFilesystemDisk `json:"disk,omitempty"`
+}
+
+// GuestFilesystemDisk is a disk under a guest filesystem.
+type GuestFilesystemDisk struct {
+	Serial  string `json:"serial,omitempty"`
+	BusType string `json:"busType"`
+}
+
+// FSFreeze is the result of a freeze, thaw or status request.
+type FSFreeze struct {
+	// Status is "frozen" or "thawed", as the agent says.
+	Status string `json:"status"`
+	// Filesystems is how many filesystems the freeze or thaw acted on.
+	Filesystems int `json:"filesystems,omitempty"`
 }
 
 // DiskStatus is one attached disk.

@@ -57,11 +57,26 @@ EXTRA_MODULES=(ext4 crc32c_generic efivarfs
 # Recommended kernel command line, written to OUTDIR/cmdline.
 CMDLINE="console=ttyS0 quiet panic=-1"
 
+# The guest agent: the host's qemu-ga (Debian's qemu-guest-agent, which
+# hack/install-deps.sh installs) and the shared libraries it links, resolved with
+# ldd. They are part of the cache key (inputs_hash), so an upgraded package
+# rebuilds the guest.
+QEMU_GA=/usr/sbin/qemu-ga
+[ -x "$QEMU_GA" ] || die "$QEMU_GA not found: apt-get install qemu-guest-agent (hack/install-deps.sh)"
+# ga_files: qemu-ga, its libraries and the dynamic loader, one absolute path a line.
+ga_files() {
+	echo "$QEMU_GA"
+	ldd "$QEMU_GA" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | LC_ALL=C sort -u
+}
+GA_FILES=$(ga_files) || die "cannot resolve the libraries of $QEMU_GA"
+
 # --- cache check (under the lock) -------------------------------------------------
 
 inputs_hash() {
 	{
 		sha256sum <"$SELF"
+		# shellcheck disable=SC2086 # one path a line, no spaces
+		sha256sum $GA_FILES
 		cd "$ROOTFS_SRC"
 		find . \( -type f -o -type l \) -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
 		find . -type f -perm -u+x | LC_ALL=C sort
@@ -241,6 +256,12 @@ ln -s busybox "$ROOT/bin/sh" # /init installs the other applet links at boot
 cp -a "$KDIR/lib/modules" "$ROOT/lib/"
 cp "$KDIR/etc/modules" "$ROOT/etc/modules"
 cp -a "$ROOTFS_SRC"/. "$ROOT"/
+# qemu-ga and its libraries at their host paths (the loader's, /lib64/ld-linux-x86-64.so.2,
+# included); cp -L: the image holds the files, not the host's symlinks.
+for f in $GA_FILES; do
+	mkdir -p "$ROOT/${f%/*}"
+	cp -L "$f" "$ROOT/$f"
+done
 chmod 0755 "$ROOT/init" "$ROOT/bin/tick" "$ROOT/etc/udhcpc.script" "$ROOT/etc/acpi/PWRF/00000080"
 
 log "packing the initramfs"
@@ -254,6 +275,7 @@ inputs $HASH
 kernel-pkg $KPKG $KDEB_VER
 kernel-version $KVER
 busybox-static $BDEB_VER
+qemu-guest-agent $(dpkg-query -W -f='${Version}' qemu-guest-agent 2>/dev/null || echo unknown)
 EOF
 
 # Publish, the stamp last: an interrupted publish is rebuilt next time.

@@ -14,6 +14,11 @@
 //	PUT  .../virtualmachineinstances/{name}/unpause     no body
 //	PUT  .../virtualmachineinstances/{name}/softreboot  no body
 //	GET  .../virtualmachineinstances/{name}/screenshot  image/png
+//	GET  .../virtualmachineinstances/{name}/guestosinfo VirtualMachineInstanceGuestAgentInfo (409 without a guest agent)
+//	GET  .../virtualmachineinstances/{name}/userlist    VirtualMachineInstanceGuestOSUserList
+//	GET  .../virtualmachineinstances/{name}/filesystemlist VirtualMachineInstanceFileSystemList
+//	PUT  .../virtualmachineinstances/{name}/freeze      no body; freezes the guest's filesystems
+//	PUT  .../virtualmachineinstances/{name}/unfreeze    no body; thaws them
 //	PUT  .../virtualmachines/{name}/start               StartOptions (or no body)
 //	PUT  .../virtualmachines/{name}/stop                StopOptions (or no body)
 //	PUT  .../virtualmachines/{name}/restart             RestartOptions (or no body)
@@ -47,6 +52,12 @@ const (
 	Unpause    = "unpause"
 	SoftReboot = "softreboot"
 	Screenshot = "screenshot"
+	// The guest agent's: KubeVirt's names.
+	GuestOSInfo    = "guestosinfo"
+	UserList       = "userlist"
+	FileSystemList = "filesystemlist"
+	Freeze         = "freeze"
+	Unfreeze       = "unfreeze"
 
 	Start        = "start"
 	Stop         = "stop"
@@ -148,4 +159,61 @@ type Version struct {
 	GitCommit  string `json:"gitCommit,omitempty"`
 	GoVersion  string `json:"goVersion"`
 	Platform   string `json:"platform"`
+}
+
+// VirtualMachineInstanceGuestAgentInfo is what the guestosinfo subresource answers: KubeVirt's
+// VirtualMachineInstanceGuestAgentInfo. Everything in it comes from the guest.
+type VirtualMachineInstanceGuestAgentInfo struct {
+	GAVersion         string                                 `json:"guestAgentVersion,omitempty"`
+	SupportedCommands []GuestAgentCommand                    `json:"supportedCommands,omitempty"`
+	Hostname          string                                 `json:"hostname,omitempty"`
+	OS                core.VirtualMachineInstanceGuestOSInfo `json:"os,omitempty"`
+	UserList          []GuestOSUser                          `json:"userList,omitempty"`
+	FSInfo            FileSystemInfo                         `json:"fsInfo,omitempty"`
+	FSFreezeStatus    string                                 `json:"fsFreezeStatus,omitempty"`
+}
+
+// GuestAgentCommand is one command the guest agent has enabled.
+type GuestAgentCommand struct {
+	Name    string `json:"name"`
+	Enabled bool   `json:"enabled,omitempty"`
+}
+
+// FileSystemInfo holds the guest's filesystems (KubeVirt's VirtualMachineInstanceFileSystemInfo).
+type FileSystemInfo struct {
+	Filesystems []FileSystem `json:"disks"`
+}
+
+// VirtualMachineInstanceGuestOSUserList is what the userlist subresource answers.
+type VirtualMachineInstanceGuestOSUserList struct {
+	Items []GuestOSUser `json:"items"`
+}
+
+// GuestOSUser is a user logged in to the guest.
+type GuestOSUser struct {
+	UserName string `json:"userName"`
+	Domain   string `json:"domain,omitempty"`
+	// LoginTime is seconds since the epoch.
+	LoginTime float64 `json:"loginTime,omitempty"`
+}
+
+// VirtualMachineInstanceFileSystemList is what the filesystemlist subresource answers.
+type VirtualMachineInstanceFileSystemList struct {
+	Items []FileSystem `json:"items"`
+}
+
+// FileSystem is a mounted guest filesystem (KubeVirt's VirtualMachineInstanceFileSystem).
+type FileSystem struct {
+	DiskName       string           `json:"diskName"`
+	MountPoint     string           `json:"mountPoint"`
+	FileSystemType string           `json:"fileSystemType"`
+	UsedBytes      int              `json:"usedBytes"`
+	TotalBytes     int              `json:"totalBytes"`
+	Disk           []FileSystemDisk `json:"disk,omitempty"`
+}
+
+// FileSystemDisk is a disk under a guest filesystem.
+type FileSystemDisk struct {
+	Serial  string `json:"serial,omitempty"`
+	BusType string `json:"busType"`
 }

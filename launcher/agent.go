@@ -1,0 +1,322 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	gqmp "github.com/digitalocean/go-qemu/qmp"
+
+	"github.com/qvirt/qvirt/launcher/guestagent"
+	"github.com/qvirt/qvirt/launcher/protocol"
+)
+
+// The guest agent watcher: one goroutine per QEMU (watchAgent) owns the connection to the guest's
+// qemu-ga on the channel socket (channel.go). It connects when QEMU says the guest opened the port
+// (VSERPORT_CHANGE), or on the next poll; it drops the connection when the guest closes the port
+// or the agent fails to answer within agentCallTimeout. While connected it polls the interfaces
+// every AgentPollInterval (the reply doubles as the liveness check) and the OS info every
+// agentOSInfoEvery polls; Status watchers hear of a change only.
+//
+// KubeVirt polls the agent every 10 s for most of this; so does the launcher.
+
+// AgentPollInterval is how often a connected agent is asked for the guest's interfaces.
+var AgentPollInterval = 10 * time.Second
+
+const (
+	agentCallTimeout = 5 * time.Second
+	agentOSInfoEvery = 30 // polls: the OS changes rarely (an upgrade), the kernel on reboot
+	// qmp.Monitor's name of the event for a virtio-serial port's guest end opening or closing.
+	eventVSerPortChange = "VSERPORT_CHANGE"
+)
+
+// ErrAgentNotConnected is returned for guest agent requests while no agent answers (a conflict:
+// 409 on the command socket).
+var ErrAgentNotConnected error = &ConflictError{Msg: "the guest agent is not connected"}
+
+// agentState is the launcher's view of one QEMU's guest agent.
+type agentState struct {
+	mu     sync.Mutex
+	client *guestagent.Client // nil while disconnected
+	status protocol.GuestAgent
+}
+
+// watchAgent runs the watcher for p until QEMU exits.
+func (l *Launcher) watchAgent(p *Process, a *agentState) {
+	sub := p.Monitor().Subscribe(16)
+	defer sub.Close()
+	tick := time.NewTicker(AgentPollInterval)
+	defer tick.Stop()
+	defer a.disconnect(l)
+	portOpen := true // unknown at first: try
+	polls := 0
+	for {
+		if portOpen {
+			// A busy client (a long freeze in progress) is not a dead agent: skip this poll.
+			if err := a.poll(l, p, polls%agentOSInfoEvery == 0); err != nil && !errors.Is(err, guestagent.ErrBusy) {
+				a.disconnect(l)
+			}
+			polls++
+		}
+		select {
+		case <-p.Done():
+			return
+		case ev, ok := <-sub.Events():
+			if !ok {
+				return
+			}
+			open, mine := portChange(ev)
+			if !mine {
+				continue
+			}
+			portOpen = open
+			if !open {
+				a.disconnect(l)
+				continue
+			}
+			polls = 0 // a new agent: ask for everything
+		case <-tick.C:
+		}
+	}
+}
+
+// portChange reports whether ev is a VSERPORT_CHANGE of the agent's port, and its new state.
+func portChange(ev gqmp.Event) (open, mine bool) {
+	if ev.Event != eventVSerPortChange {
+		return false, false
+	}
+	id, _ := ev.Data["id"].(string)
+	open, _ = ev.Data["open"].(bool)
+	return open, id == GuestAgentPortID
+}
+
+// poll connects when needed and refreshes the status; full adds the agent and OS info.
+func (a *agentState) poll(l *Launcher, p *Process, full bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), agentCallTimeout)
+	defer cancel()
+	a.mu.Lock()
+	c := a.client
+	st := a.status
+	a.mu.Unlock()
+	if c == nil {
+		var err error
+		if c, err = guestagent.Dial(ctx, p.Machine().GuestAgentSocket()); err != nil {
+			return err
+		}
+		a.mu.Lock()
+		a.client = c
+		a.mu.Unlock()
+		full = true
+	}
+	if full {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		st.Version = info.Version
+		os, err := c.OSInfo(ctx)
+		var agentErr *guestagent.Error
+		switch {
+		case errors.As(err, &agentErr): // disabled or unsupported in this guest: no OS info
+		case err != nil:
+			return err
+		default:
+			st.OS = osInfo(os)
+		}
+	}
+	ifs, err := c.Interfaces(ctx)
+	var agentErr *guestagent.Error
+	switch {
+	case errors.As(err, &agentErr): // refused (a frozen guest allows few commands): keep the last
+	case err != nil:
+		return err
+	default:
+		st.Interfaces = interfaces(ifs)
+	}
+	st.Connected = true
+	a.set(l, st)
+	return nil
+}
+
+// set records st and tells Status watchers when it changed.
+func (a *agentState) set(l *Launcher, st protocol.GuestAgent) {
+	a.mu.Lock()
+	same := reflect.DeepEqual(a.status, st)
+	a.status = st
+	a.mu.Unlock()
+	if same {
+		return
+	}
+	l.mu.Lock()
+	l.notifyLocked()
+	l.mu.Unlock()
+}
+
+// disconnect closes the connection; the guest's interfaces and OS stay as last reported
+// (KubeVirt keeps them too), only Connected changes.
+func (a *agentState) disconnect(l *Launcher) {
+	a.mu.Lock()
+	c := a.client
+	a.client = nil
+	st := a.status
+	a.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
+	st.Connected = false
+	a.set(l, st)
+}
+
+// snapshot is the status for Status.
+func (a *agentState) snapshot() *protocol.GuestAgent {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.status
+	return &st
+}
+
+func osInfo(o guestagent.OSInfo) *protocol.GuestOSInfo {
+	return &protocol.GuestOSInfo{Name: o.Name, KernelRelease: o.KernelRelease, Version: o.Version,
+		PrettyName: o.PrettyName, VersionID: o.VersionID, KernelVersion: o.KernelVersion, Machine: o.Machine, ID: o.ID}
+}
+
+// interfaces leaves out the loopback interface, as KubeVirt does.
+func interfaces(ifs []guestagent.Interface) []protocol.GuestInterface {
+	var out []protocol.GuestInterface
+	for _, i := range ifs {
+		if i.Name == "lo" {
+			continue
+		}
+		gi := protocol.GuestInterface{Name: i.Name, MAC: i.MAC}
+		for _, ad := range i.Addresses {
+			gi.IPs = append(gi.IPs, ad.IP.String())
+		}
+		out = append(out, gi)
+	}
+	return out
+}
+
+// agentClient is the connected agent, for a request.
+func (l *Launcher) agentClient() (*guestagent.Client, error) {
+	l.mu.Lock()
+	a := l.agent
+	l.mu.Unlock()
+	if a == nil {
+		return nil, ErrAgentNotConnected
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.client == nil {
+		return nil, ErrAgentNotConnected
+	}
+	return a.client, nil
+}
+
+// GuestInfo asks the agent for what KubeVirt's guestosinfo shows.
+func (l *Launcher) GuestInfo(ctx context.Context) (protocol.GuestAgentInfo, error) {
+	c, err := l.agentClient()
+	if err != nil {
+		return protocol.GuestAgentInfo{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	defer cancel()
+	var out protocol.GuestAgentInfo
+	info, err := c.Info(ctx)
+	if err != nil {
+		return out, err
+	}
+	out.Version, out.SupportedCommands = info.Version, info.Commands
+	os, err := c.OSInfo(ctx)
+	if err != nil {
+		return out, err
+	}
+	out.OS = *osInfo(os)
+	// The rest is best effort: an agent may have these commands disabled.
+	out.Hostname, _ = c.Hostname(ctx)
+	out.FSFreezeStatus, _ = c.FreezeStatus(ctx)
+	out.Users, _ = l.guestUsers(ctx, c)
+	out.Filesystems, _ = l.guestFilesystems(ctx, c)
+	return out, nil
+}
+
+// GuestUsers lists the users logged in to the guest.
+func (l *Launcher) GuestUsers(ctx context.Context) ([]protocol.GuestUser, error) {
+	c, err := l.agentClient()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	defer cancel()
+	return l.guestUsers(ctx, c)
+}
+
+func (l *Launcher) guestUsers(ctx context.Context, c *guestagent.Client) ([]protocol.GuestUser, error) {
+	us, err := c.Users(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []protocol.GuestUser{}
+	for _, u := range us {
+		out = append(out, protocol.GuestUser{UserName: u.Name, Domain: u.Domain, LoginTime: u.LoginTime})
+	}
+	return out, nil
+}
+
+// GuestFilesystems lists the guest's mounted filesystems.
+func (l *Launcher) GuestFilesystems(ctx context.Context) ([]protocol.GuestFilesystem, error) {
+	c, err := l.agentClient()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	defer cancel()
+	return l.guestFilesystems(ctx, c)
+}
+
+func (l *Launcher) guestFilesystems(ctx context.Context, c *guestagent.Client) ([]protocol.GuestFilesystem, error) {
+	fss, err := c.Filesystems(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []protocol.GuestFilesystem{}
+	for _, f := range fss {
+		g := protocol.GuestFilesystem{DiskName: f.Name, MountPoint: f.Mountpoint, FileSystemType: f.Type,
+			UsedBytes: clampInt64(f.UsedBytes), TotalBytes: clampInt64(f.TotalBytes)}
+		for _, d := range f.Disks {
+			g.Disk = append(g.Disk, protocol.GuestFilesystemDisk{Serial: d.Serial, BusType: d.BusType})
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+func clampInt64(v uint64) int64 { return int64(min(v, 1<<63-1)) }
+
+// FSFreeze runs the agent's freeze ("freeze"), thaw ("thaw") or status ("status") command.
+// Freezing can take long on a busy guest: it gets the caller's context, up to a minute.
+func (l *Launcher) FSFreeze(ctx context.Context, op string) (protocol.FSFreeze, error) {
+	c, err := l.agentClient()
+	if err != nil {
+		return protocol.FSFreeze{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var out protocol.FSFreeze
+	switch op {
+	case "freeze":
+		out.Filesystems, err = c.Freeze(ctx)
+	case "thaw":
+		out.Filesystems, err = c.Thaw(ctx)
+	case "status":
+	default:
+		return out, fmt.Errorf("unknown freeze operation %q", op)
+	}
+	if err != nil {
+		return out, err
+	}
+	out.Status, err = c.FreezeStatus(ctx)
+	return out, err
+}

@@ -1,0 +1,137 @@
+package launcher_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/protocol"
+	"github.com/qvirt/qvirt/machine"
+)
+
+// TestGuestAgentReportsTheGuest boots the test guest, whose init starts qemu-ga on the
+// org.qemu.guest_agent.0 port, with a NIC the launcher serves DHCP on: the launcher's status
+// shows the agent connected, the guest's OS and its interface's IPv4 lease and IPv6 link-local
+// address within seconds of boot; the agent's other queries answer; killing qemu-ga in the guest
+// clears Connected, starting it again sets it.
+func TestGuestAgentReportsTheGuest(t *testing.T) {
+	ctx := context.Background()
+	// Poll often, so that polls happen while the guest is frozen below.
+	saved := launcher.AgentPollInterval
+	launcher.AgentPollInterval = time.Second
+	t.Cleanup(func() { launcher.AgentPollInterval = saved })
+	tap := fmt.Sprintf("qvga%d", os.Getpid()%100000)
+	run(t, "ip", "tuntap", "add", "dev", tap, "mode", "tap")
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tap).Run() })
+	run(t, "ip", "addr", "add", "10.213.81.1/30", "dev", tap)
+	run(t, "ip", "link", "set", tap, "up")
+	const mac = "02:00:00:aa:bb:81"
+	req := guestSpec(t)
+	if !req.Machine.GuestAgent {
+		t.Fatal("the node agent's machine has no guest agent channel")
+	}
+	req.Machine.NICs = []machine.NIC{{Name: "default", Tap: tap, MAC: mac, Model: machine.NICVirtio, DHCP: &machine.DHCP{
+		Interface: tap, IP: netip.MustParsePrefix("10.213.81.2/30"), Gateway: netip.MustParseAddr("10.213.81.1"),
+		DNS: []netip.Addr{netip.MustParseAddr("10.213.81.1")}, Hostname: "agent-guest"}}}
+
+	v := newLauncher(t)
+	if _, err := v.client.Sync(ctx, req); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	c := attach(t, v.runDir)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	ready := time.Now()
+
+	var st protocol.Status
+	reported := func() bool {
+		var err error
+		if st, err = v.client.Status(ctx); err != nil || st.GuestAgent == nil {
+			return false
+		}
+		ga := st.GuestAgent
+		return ga.Connected && ga.OS != nil && len(ga.Interfaces) == 1 &&
+			slices.Contains(ga.Interfaces[0].IPs, "10.213.81.2") && slices.ContainsFunc(ga.Interfaces[0].IPs, isLinkLocal6)
+	}
+	waitFor(t, time.Minute, "the guest agent to report the guest's OS and addresses", reported)
+	t.Logf("guest agent report complete %v after QVIRT-GUEST-READY", time.Since(ready).Round(time.Millisecond))
+	ga := st.GuestAgent
+	if ga.OS.ID != "qvirt-test" || ga.OS.PrettyName != "qvirt test guest (busybox)" || !strings.HasPrefix(ga.OS.KernelRelease, "6.") ||
+		ga.OS.Machine != "x86_64" || !strings.HasPrefix(ga.Version, "7.") {
+		t.Errorf("agent %s, os %+v", ga.Version, *ga.OS)
+	}
+	if i := ga.Interfaces[0]; i.Name != "eth0" || i.MAC != mac {
+		t.Errorf("interface %+v, want eth0 with MAC %s", i, mac)
+	}
+
+	t.Run("guest info, users, filesystems and freeze answer", func(t *testing.T) {
+		info, err := v.client.GuestInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Hostname != "testguest" || info.OS.ID != "qvirt-test" || !slices.Contains(info.SupportedCommands, "guest-get-osinfo") ||
+			info.FSFreezeStatus != "thawed" {
+			t.Errorf("guest info %+v", info)
+		}
+		if users, err := v.client.GuestUsers(ctx); err != nil || users == nil {
+			t.Errorf("users %v: %v (want an empty list: nobody logs in through login(1))", users, err)
+		}
+		// A filesystem to list and freeze: the scratch disk (the initramfs is neither).
+		from := len(c.Text())
+		c.Send(t, `mke2fs -q /dev/vda && mount -t ext2 /dev/vda /mnt && echo "MOUNTED-$?"`)
+		c.Expect(t, from, "MOUNTED-0\r\n", time.Minute)
+		fss, err := v.client.GuestFilesystems(ctx)
+		if err != nil {
+			t.Fatalf("filesystems: %v", err)
+		}
+		i := slices.IndexFunc(fss, func(f protocol.GuestFilesystem) bool { return f.MountPoint == "/mnt" })
+		if i < 0 || fss[i].FileSystemType != "ext2" || fss[i].TotalBytes < 10<<20 || len(fss[i].Disk) != 1 || fss[i].Disk[0].BusType != "virtio" {
+			t.Errorf("filesystems %+v, want /mnt, ext2 of about 16 MiB on a virtio disk", fss)
+		}
+		fr, err := v.client.FSFreeze(ctx, "freeze")
+		if err != nil || fr.Status != "frozen" || fr.Filesystems != 1 {
+			t.Fatalf("freeze: %+v, %v", fr, err)
+		}
+		// The poll keeps going while frozen (the agent refuses most commands then).
+		time.Sleep(3 * time.Second)
+		if st, err := v.client.Status(ctx); err != nil || !st.GuestAgent.Connected || len(st.GuestAgent.Interfaces) != 1 {
+			t.Errorf("while frozen: %v, %+v", err, st.GuestAgent)
+		}
+		fr, err = v.client.FSFreeze(ctx, "thaw")
+		if err != nil || fr.Status != "thawed" || fr.Filesystems != 1 {
+			t.Fatalf("thaw: %+v, %v", fr, err)
+		}
+	})
+
+	t.Run("killing qemu-ga clears Connected, restarting it sets it", func(t *testing.T) {
+		c.Send(t, "kill $(pidof qemu-ga)")
+		killed := time.Now()
+		waitFor(t, 30*time.Second, "Connected to clear", func() bool {
+			st, err := v.client.Status(ctx)
+			return err == nil && st.GuestAgent != nil && !st.GuestAgent.Connected
+		})
+		t.Logf("Connected cleared %v after the kill", time.Since(killed).Round(time.Millisecond))
+		_, err := v.client.GuestInfo(ctx)
+		var apiErr *launcher.APIError
+		if !errors.As(err, &apiErr) || apiErr.Status != 409 {
+			t.Errorf("guest info without an agent: %v, want a 409", err)
+		}
+		c.Send(t, "qemu-ga -m virtio-serial -p /dev/$(basename $(dirname $(grep -l org.qemu.guest_agent.0 /sys/class/virtio-ports/*/name))) -t /run >/dev/null 2>&1 &")
+		waitFor(t, 30*time.Second, "Connected again", func() bool {
+			st, err := v.client.Status(ctx)
+			return err == nil && st.GuestAgent != nil && st.GuestAgent.Connected
+		})
+	})
+}
+
+func isLinkLocal6(s string) bool {
+	a, err := netip.ParseAddr(s)
+	return err == nil && a.Is6() && a.IsLinkLocalUnicast()
+}

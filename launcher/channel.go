@@ -1,0 +1,31 @@
+package launcher
+
+// The channel device kind: the guest agent's virtio-serial port. QEMU serves its host end on a
+// unix socket in RunDir, which only the launcher connects to (agent.go); the guest's qemu-ga opens
+// the port named org.qemu.guest_agent.0 (/dev/virtio-ports/org.qemu.guest_agent.0 with udev). It
+// is fixed when QEMU starts, so it has only a cold form.
+
+// Guest agent ids: the virtio-serial controller, its port and the port's chardev.
+const (
+	VirtioSerialID      = "virtio-serial0"
+	GuestAgentChardevID = "guest-agent"
+	GuestAgentPortID    = "channel-guest-agent"
+	// GuestAgentPortName is the port name qemu-ga looks for, as libvirt and KubeVirt name it.
+	GuestAgentPortName = "org.qemu.guest_agent.0"
+)
+
+// GuestAgentSocket is the host end of the guest agent's channel.
+func (m *Machine) GuestAgentSocket() string { return Dir(m.RunDir).GuestAgent() }
+
+// guestAgent adds the virtio-serial controller on its own root port and the agent's port on it.
+// wait=off: QEMU starts without the launcher connected; the guest's writes wait until it is.
+func (b *builder) guestAgent() {
+	m := b.m
+	if !m.GuestAgent {
+		return
+	}
+	b.devs = append(b.devs,
+		"-device", "virtio-serial-pci,id="+VirtioSerialID+",bus="+b.rootPort("port-"+VirtioSerialID),
+		"-chardev", "socket,id="+GuestAgentChardevID+",path="+optEscape(m.GuestAgentSocket())+",server=on,wait=off",
+		"-device", "virtserialport,id="+GuestAgentPortID+",bus="+VirtioSerialID+".0,chardev="+GuestAgentChardevID+",name="+GuestAgentPortName)
+}
