@@ -35,8 +35,8 @@ func main() {
 		namespace   = flag.String("namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMap qvirt-config")
 		webhooks    = flag.Bool("webhooks", true, "serve the admission webhooks (defaulting and validating)")
 		webhookPort = flag.Int("webhook-port", 9443, "port of the webhook server")
-		certSecret  = flag.String("webhook-cert-secret", certs.WebhookSecret, "Secret in --namespace with the webhook server's certificate, which the leader issues and rotates and every replica serves with (empty: --webhook-cert-dir)")
-		certDir     = flag.String("webhook-cert-dir", "", "directory with tls.crt and tls.key for the webhook server, when --webhook-cert-secret is empty")
+		certSecret  = flag.String("webhook-cert-secret", certs.WebhookSecret, "Secret in --namespace with the webhook server's certificate, which the leader issues and rotates and every replica serves with; unused when --webhook-cert-dir is set")
+		certDir     = flag.String("webhook-cert-dir", "", "directory with tls.crt and tls.key for the webhook server, instead of --webhook-cert-secret")
 		drainDelay  = flag.Duration("shutdown-delay", 0, "on SIGTERM, fail /readyz and keep serving the webhooks this long before stopping, so the webhook Service stops routing here first")
 		nodeTimeout = flag.Duration("node-heartbeat-timeout", nodehealth.DefaultTimeout, "how long a node agent may go without a heartbeat before its instances are failed")
 	)
@@ -58,7 +58,7 @@ func run(metrics server.Options, probeAddr string, leaderElect bool, namespace s
 	cfg := ctrl.GetConfigOrDie()
 	hookOpts := webhook.Options{Port: webhookPort, CertDir: certDir}
 	var serving *certs.Source
-	if webhooks && certSecret != "" {
+	if webhooks && certDir == "" && certSecret != "" {
 		cs, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			return err

@@ -53,7 +53,7 @@ const (
 	DefaultBackdate = time.Minute
 
 	// ManagedLabel marks the Secrets and the ConfigMap this reconciler owns; its value is the
-	// object's role (ca, api, bundle). The reconciler's watch selects on it.
+	// object's role (ca, api, webhook, api-serving, bundle). The reconciler's watch selects on it.
 	ManagedLabel = "qvirt.io/certificates"
 
 	// Event reasons, on the Secret concerned.
