@@ -84,7 +84,7 @@ func checkCABundles(ctx context.Context, t *testing.T, c client.Client) {
 }
 
 // checkAdmissionThroughReplicaDeletion creates 30 VMIs (webhooks failurePolicy Fail) while the
-// first controller replica, the leader, is deleted as a pod is (SIGTERM; the supervisor starts it
+// leading controller replica is deleted as a pod is (SIGTERM; the supervisor starts it
 // again, as a Deployment replaces the pod): 10 before, 10 while it drains, 10 once it is gone.
 // Every create is accepted, an invalid 31st is refused by the validating webhook naming the
 // field, and each VMI gets exactly one launcher pod.
@@ -134,7 +134,8 @@ func checkAdmissionThroughReplicaDeletion(ctx context.Context, t *testing.T, c c
 	}
 
 	create(1, 10)
-	victim := ControllerName(1)
+	leader := leaderReplica(t, sup)
+	victim := ControllerName(leader)
 	pid, err := sup.Signal(victim, syscall.SIGTERM)
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +147,7 @@ func checkAdmissionThroughReplicaDeletion(ctx context.Context, t *testing.T, c c
 	}, func() string { return "" })
 	gone := time.Now()
 	create(21, 30)
-	if !probeOK(ctx, nil, "http://"+ctl.probe(1)+"/readyz") {
+	if !probeOK(ctx, nil, "http://"+ctl.probe(leader)+"/readyz") {
 		t.Logf("%s was still down after the last create (%.2fs after it exited)", victim, time.Since(gone).Seconds())
 	} else {
 		t.Errorf("%s was back before the last create: the test did not create while it was gone", victim)
@@ -183,7 +184,7 @@ func checkAdmissionThroughReplicaDeletion(ctx context.Context, t *testing.T, c c
 	t.Logf("all 30 launcher pods %.2fs after the deletion", time.Since(deleted).Seconds())
 	// Both replicas up again and settled: still one pod each.
 	eventuallyMsg(t, 30*time.Second, victim+" ready again", func() bool {
-		return probeOK(ctx, nil, "http://"+ctl.probe(1)+"/readyz")
+		return probeOK(ctx, nil, "http://"+ctl.probe(leader)+"/readyz")
 	}, func() string {
 		data, _ := os.ReadFile(sup.LogPath(victim))
 		return testutil.Tail(string(data), 4000)
@@ -200,6 +201,26 @@ func checkAdmissionThroughReplicaDeletion(ctx context.Context, t *testing.T, c c
 	if n := counts[bad.Name]; n != 0 {
 		t.Errorf("the refused VMI has %d launcher pods", n)
 	}
+}
+
+// leaderReplica is the replica that leads: the one whose reconcilers started (controller-runtime
+// starts them only once the lease is won).
+func leaderReplica(t *testing.T, sup *supervise.Supervisor) int {
+	t.Helper()
+	var found []int
+	for i := 1; i <= ControllerReplicas; i++ {
+		data, err := os.ReadFile(sup.LogPath(ControllerName(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(data), `"msg":"Starting workers"`) {
+			found = append(found, i)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("replicas %v started their reconcilers, want exactly one (the leader)", found)
+	}
+	return found[0]
 }
 
 func eventuallyMsg(t *testing.T, d time.Duration, what string, ok func() bool, msg func() string) {
