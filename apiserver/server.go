@@ -15,6 +15,7 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/client-go/rest"
@@ -48,6 +49,9 @@ type Options struct {
 	// HandlerTLS, when set, gives the TLS configuration of every dial to a handler (for a
 	// Secret-backed source).
 	HandlerTLS TLSConfigSource
+	// ServingCert, when set, replaces --tls-cert-file and --tls-private-key-file (a
+	// SecretServingCert).
+	ServingCert dynamiccertificates.CertKeyContentProvider
 
 	// PingInterval is how often both sides of a stream are pinged (30 s when zero); a side that
 	// does not answer within PingTimeout (15 s when zero) ends the stream.
@@ -164,6 +168,9 @@ func (o *Options) config() (*genericapiserver.Config, error) {
 	cfg := genericapiserver.NewConfig(codecs)
 	if err := o.SecureServing.ApplyTo(&cfg.SecureServing, &cfg.LoopbackClientConfig); err != nil {
 		return nil, fmt.Errorf("secure serving: %w", err)
+	}
+	if o.ServingCert != nil {
+		cfg.SecureServing.Cert = o.ServingCert
 	}
 	if err := o.Authentication.ApplyTo(&cfg.Authentication, cfg.SecureServing, nil); err != nil {
 		return nil, fmt.Errorf("delegated authentication: %w", err)

@@ -1,6 +1,8 @@
 // Package certs makes and serves the certificates of the mutual TLS links qvirt runs itself:
 // qvirt-api (client) → qvirt-handler's stream server (server), and qvirt-handler (client) →
-// another node's qvirt-handler migration endpoint (server, handler/migproxy). It has pure
+// another node's qvirt-handler migration endpoint (server, handler/migproxy); and the serving
+// certificates kube-apiserver verifies when it calls the admission webhooks (served by every
+// qvirt-controller replica) and qvirt-api (the aggregated API). It has pure
 // functions to make a CA and leaves (ECDSA P-256), encode and decode them as PEM, and decide when
 // one must be replaced; a Source that watches one Secret and a BundleSource that watches the
 // trust bundle ConfigMap; a node agent's own certificate, requested from qvirt-controller
@@ -10,7 +12,7 @@
 // # What is where
 //
 // All live in qvirt's install namespace (qvirt-system) and carry the label qvirt.io/certificates
-// (ca, api, bundle), which the controller's watch selects.
+// (ca, api, webhook, api-serving, bundle), which the controller's watch selects.
 //
 //	object                     holds                                                     read by
 //	Secret qvirt-ca            tls.crt CA certificate (CN qvirt-ca), tls.key its key,    qvirt-controller only
@@ -18,6 +20,16 @@
 //	Secret qvirt-api-certs     tls.crt client leaf (CN qvirt-api, clientAuth), tls.key,  qvirt-api
 //	                           ca.crt the bundle
 //	ConfigMap qvirt-ca-bundle  ca.crt the bundle (public)                                every qvirt-handler
+//	Secret qvirt-webhook-cert  tls.crt serving leaf (CN and DNS qvirt-controller-webhook  every qvirt-controller
+//	                           .NS.svc[.cluster.local], serverAuth), tls.key, ca.crt      replica (a Source)
+//	Secret qvirt-api-serving   tls.crt serving leaf (qvirt-api.NS.svc[...]), tls.key,    qvirt-api (mounted,
+//	                           ca.crt                                                    or --tls-secret)
+//
+// The same bundle is written into the caBundle of every webhook of the webhook configurations
+// and of the APIService that config/ installs (CABundleTargets), so kube-apiserver trusts both
+// serving certificates, through CA rotations, with nothing done by hand. The serving leaves name
+// no peer of the mutual TLS links (not qvirt-api, not qvirt-handler) and carry serverAuth only:
+// holding one does not let a pod speak to a node agent.
 //
 // A node agent's certificate is in no object: the agent (qvirt-handler) makes an ECDSA P-256 key
 // in memory when it starts and asks qvirt-controller to certify it with a
@@ -53,7 +65,7 @@
 //
 // # Lifetimes and rotation
 //
-// Defaults: CA one year, qvirt-api's leaf 30 days, node agents' leaves 24 hours, trust delay 10
+// Defaults: CA one year, qvirt-api's leaf and the serving leaves 30 days, node agents' leaves 24 hours, trust delay 10
 // minutes (controllers/certs.Reconciler sets them). A certificate is replaced at 80% of its
 // lifetime (RenewAt; a node agent at a random point between 70% and 90%, so the nodes do not all
 // ask at once); qvirt-api's leaf also when it is not signed by the current CA, does not carry the

@@ -25,6 +25,19 @@ func Fixed(m *Material) Provider {
 	return ProviderFunc(func() (*Material, error) { return m, nil })
 }
 
+// GetCertificate is a tls.Config GetCertificate serving p's current certificate (a server
+// whose clients verify it against a caBundle of their own, such as kube-apiserver calling a
+// webhook). The handshake fails while p has none.
+func GetCertificate(p Provider) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		m, err := p.Current()
+		if err != nil {
+			return nil, fmt.Errorf("serving certificate: %w", err)
+		}
+		return &m.Certificate, nil
+	}
+}
+
 // ServerConfig is a server configuration that takes, on every handshake, the serving
 // certificate and the trust bundle from p, and requires a client certificate that chains to the
 // bundle; when allowedClients is not empty, the client certificate's CN or one of its DNS SANs

@@ -29,6 +29,7 @@ func main() {
 	opts.AddFlags(fs)
 	version := fs.Bool("version", false, "print the version as JSON and exit")
 	secret := fs.String("handler-tls-secret", "", "Secret (in --namespace) with qvirt-api's client certificate for the handlers and their CA bundle, kept by qvirt-controller (e.g. "+certs.APISecret+"); instead of the --handler-*-file flags")
+	servingSecret := fs.String("tls-secret", "", "Secret (in --namespace) with qvirt-api's serving certificate, kept by qvirt-controller (e.g. "+certs.APIServingSecret+"); instead of --tls-cert-file and --tls-private-key-file")
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace, holding --handler-tls-secret")
 	zapOpts := zap.Options{}
 	goFlags := flag.NewFlagSet("qvirt-api", flag.ExitOnError)
@@ -53,6 +54,15 @@ func main() {
 		}
 		opts.HandlerTLS = func() (*tls.Config, error) { return tlsCfg, nil }
 	}
+	if *servingSecret != "" {
+		src, err := secretSource(opts.Kubeconfig, *namespace, *servingSecret)
+		if err != nil {
+			log.Error(err, "qvirt-api: --tls-secret")
+			os.Exit(1)
+		}
+		go func() { _ = src.Start(ctx) }()
+		opts.ServingCert = apiserver.NewSecretServingCert(src)
+	}
 	api, err := apiserver.New(opts)
 	if err != nil {
 		log.Error(err, "qvirt-api: configuration")
@@ -67,6 +77,16 @@ func main() {
 // secretTLS watches the Secret and returns a client configuration that always uses its current
 // certificate and CA bundle (certs.ClientConfig reads the source at every handshake).
 func secretTLS(ctx context.Context, kubeconfig, namespace, name string) (*tls.Config, error) {
+	src, err := secretSource(kubeconfig, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = src.Start(ctx) }()
+	return certs.ClientConfig(src, certs.HandlerName), nil
+}
+
+// secretSource watches Secret namespace/name with qvirt-api's own credentials once started.
+func secretSource(kubeconfig, namespace, name string) (*certs.Source, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
@@ -75,9 +95,7 @@ func secretTLS(ctx context.Context, kubeconfig, namespace, name string) (*tls.Co
 	if err != nil {
 		return nil, err
 	}
-	src := certs.NewSource(cs, namespace, name)
-	go func() { _ = src.Start(ctx) }()
-	return certs.ClientConfig(src, certs.HandlerName), nil
+	return certs.NewSource(cs, namespace, name), nil
 }
 
 func envOr(key, def string) string {

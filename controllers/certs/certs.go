@@ -1,7 +1,9 @@
 // Package certs is qvirt-controller's certificate reconciler: it keeps, in qvirt's install
-// namespace, the CA (Secret qvirt-ca), qvirt-api's client certificate (Secret qvirt-api-certs)
-// and the trust bundle the node agents read (ConfigMap qvirt-ca-bundle), issuing, rotating and
-// repairing them; and it signs each node agent's own certificate, for its node only, from the
+// namespace, the CA (Secret qvirt-ca), qvirt-api's client certificate (Secret qvirt-api-certs),
+// the serving certificates of the webhook server (qvirt-webhook-cert) and of qvirt-api
+// (qvirt-api-serving), and the trust bundle the node agents read (ConfigMap qvirt-ca-bundle),
+// issuing, rotating and repairing them; it writes the same bundle into the caBundle of the
+// webhook configurations and the APIService (cabundle.go); and it signs each node agent's own certificate, for its node only, from the
 // agent's CertificateSigningRequest (signer qvirt.io/handler, signer.go). What each object holds,
 // who reads which and the rotation timeline are in the package documentation of
 // github.com/qvirt/qvirt/certs.
@@ -51,7 +53,7 @@ const (
 	DefaultBackdate = time.Minute
 
 	// ManagedLabel marks the Secrets and the ConfigMap this reconciler owns; its value is the
-	// object's role (ca, api, bundle). The reconciler's watch selects on it.
+	// object's role (ca, api, webhook, api-serving, bundle). The reconciler's watch selects on it.
 	ManagedLabel = "qvirt.io/certificates"
 
 	// Event reasons, on the Secret concerned.
@@ -85,6 +87,10 @@ type Reconciler struct {
 	// Backdate is how far before now certificates start (DefaultBackdate, or a twentieth of
 	// LeafValidity if shorter, when zero).
 	Backdate time.Duration
+	// CABundleTargets are the webhook configurations and APIServices whose caBundle is kept
+	// equal to the trust bundle (qcerts.CABundleTargets when nil); one that does not exist is
+	// skipped until it is created.
+	CABundleTargets []qcerts.CABundleTarget
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -95,8 +101,24 @@ type leafSecret struct {
 	spec       qcerts.LeafSpec
 }
 
-var leaves = []leafSecret{
-	{qcerts.APISecret, "api", qcerts.APISpec},
+// leaves are the leaf Secrets of install namespace ns: qvirt-api's client certificate for the
+// node agents, and the serving certificates of the webhook server and of qvirt-api, which
+// kube-apiserver verifies against the bundle written into CABundleTargets.
+func leaves(ns string) []leafSecret {
+	return []leafSecret{
+		{qcerts.APISecret, "api", qcerts.APISpec},
+		{qcerts.WebhookSecret, "webhook", qcerts.ServingSpec(qcerts.WebhookService, ns)},
+		{qcerts.APIServingSecret, "api-serving", qcerts.ServingSpec(qcerts.APIServiceName, ns)},
+	}
+}
+
+// SecretNames are the Secrets the reconciler creates and keeps in the install namespace.
+func SecretNames() []string {
+	names := []string{qcerts.CASecret}
+	for _, lf := range leaves("") {
+		names = append(names, lf.name)
+	}
+	return names
 }
 
 // bundleRole is the bundle ConfigMap's ManagedLabel value.
@@ -121,7 +143,8 @@ func (r *Reconciler) Lifetimes() Lifetimes {
 }
 
 // SetupWithManager registers the reconciler, with a metadata-only watch on the install
-// namespace's Secrets and ConfigMaps labelled ManagedLabel (its own cache, added to mgr), queues
+// namespace's Secrets and ConfigMaps labelled ManagedLabel and on the CA bundle targets (its own
+// cache, added to mgr), queues
 // one reconcile at start so missing objects are created, and registers the signer of the node
 // agents' certificate signing requests.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -138,10 +161,15 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err != nil {
 		return err
 	}
+	targets, targetObjs, err := r.caBundleWatches()
+	if err != nil {
+		return fmt.Errorf("certs: %w", err)
+	}
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
 		DefaultNamespaces:    map[string]cache.Config{r.Namespace: {}},
 		DefaultLabelSelector: sel,
+		ByObject:             targets,
 	})
 	if err != nil {
 		return fmt.Errorf("certs: cache for Secrets in %s: %w", r.Namespace, err)
@@ -161,11 +189,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		q.Add(req)
 		return nil
 	})
-	if err := ctrl.NewControllerManagedBy(mgr).Named("certs").
+	b := ctrl.NewControllerManagedBy(mgr).Named("certs").
 		WatchesRawSource(source.Kind(c, secretMeta, onObject)).
 		WatchesRawSource(source.Kind(c, configMapMeta, onObject)).
-		WatchesRawSource(atStart).
-		Complete(r); err != nil {
+		WatchesRawSource(atStart)
+	for _, o := range targetObjs {
+		b = b.WatchesRawSource(source.Kind(c, o, onObject))
+	}
+	if err := b.Complete(r); err != nil {
 		return err
 	}
 	return r.setupSigner(mgr)
@@ -194,6 +225,7 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	leaves := leaves(r.Namespace)
 	leafSecs := make([]*corev1.Secret, len(leaves))
 	var salvage []*x509.Certificate
 	for i, lf := range leaves {
@@ -221,6 +253,9 @@ func (r *Reconciler) reconcile(ctx context.Context) (ctrl.Result, error) {
 		return ctrl.Result{}, err
 	}
 	if err := r.applyBundle(ctx, bundleCM, ca.bundle); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.applyCABundles(ctx, ca.bundle); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.deleteLegacy(ctx); err != nil {

@@ -2,9 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/base64"
-	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 
@@ -12,26 +9,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/certs"
-	"github.com/qvirt/qvirt/local/pki"
 	"github.com/qvirt/qvirt/local/supervise"
 )
 
-// apiServiceName is the aggregated API's in-cluster name, which its serving certificate names.
-const apiServiceName = "qvirt-api." + Namespace + ".svc"
-
-// startAPI runs qvirt-api on the API bridge and registers it with the aggregator: config/api's
-// APIService, a Service without selector and an EndpointSlice for the host address (no pod runs
-// it here), and config/rbac's user roles. It is ready when kube-apiserver serves its group.
+// startAPI runs qvirt-api on the API bridge, serving with Secret qvirt-api-serving, and registers
+// it with the aggregator: config/api's APIService (qvirt-controller writes its caBundle), a
+// Service without selector and an EndpointSlice for the host address (no pod runs it here), and
+// config/rbac's user roles. It is ready when kube-apiserver serves its group.
 func (c *Cluster) startAPI(ctx context.Context, cl client.Client, port int) error {
-	dir := filepath.Join(c.opts.Dir, "pki")
-	ca, err := pki.LoadOrCreateCA(dir, "ca")
-	if err != nil {
-		return err
-	}
-	if err := ca.Issue(dir, "qvirt-api", pki.Leaf{CommonName: apiServiceName,
-		DNSNames: []string{apiServiceName, "qvirt-api." + Namespace, "qvirt-api"}, IPs: []net.IP{apiAddress}, Server: true}); err != nil {
-		return err
-	}
 	objs, err := c.apiObjects(port)
 	if err != nil {
 		return err
@@ -42,7 +27,7 @@ func (c *Cluster) startAPI(ctx context.Context, cl client.Client, port int) erro
 	kc := filepath.Clean(c.Kubeconfig)
 	return c.sup.Start(ctx, supervise.Component{Name: "qvirt-api", Path: filepath.Join(c.opts.Bin, "qvirt-api"),
 		Args: []string{"--bind-address=" + apiAddress.String(), "--secure-port=" + strconv.Itoa(port),
-			"--tls-cert-file=" + c.pkiPath("qvirt-api.crt"), "--tls-private-key-file=" + c.pkiPath("qvirt-api.key"),
+			"--tls-secret=" + certs.APIServingSecret,
 			"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
 			"--handler-tls-secret=" + certs.APISecret, "--namespace=" + Namespace},
 		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(c.cp.opts.APIServerPort)+"/apis/subresources.qvirt.io/v1alpha1", c.cp.adminTLS)})
@@ -50,10 +35,6 @@ func (c *Cluster) startAPI(ctx context.Context, cl client.Client, port int) erro
 
 // apiObjects are what registers qvirt-api at the host address.
 func (c *Cluster) apiObjects(port int) ([]*unstructured.Unstructured, error) {
-	caPEM, err := os.ReadFile(c.cp.pki("ca.crt"))
-	if err != nil {
-		return nil, err
-	}
 	apisvc, err := readObjects(filepath.Join(c.opts.Repo, "config", "api", "apiservice.yaml"))
 	if err != nil {
 		return nil, err
@@ -61,11 +42,6 @@ func (c *Cluster) apiObjects(port int) ([]*unstructured.Unstructured, error) {
 	roles, err := readObjects(filepath.Join(c.opts.Repo, "config", "rbac", "user_roles.yaml"))
 	if err != nil {
 		return nil, err
-	}
-	for _, o := range apisvc {
-		if err := unstructured.SetNestedField(o.Object, base64.StdEncoding.EncodeToString(caPEM), "spec", "caBundle"); err != nil {
-			return nil, err
-		}
 	}
 	svc := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Service",
 		"metadata": map[string]any{"name": "qvirt-api", "namespace": Namespace},
@@ -79,5 +55,3 @@ func (c *Cluster) apiObjects(port int) ([]*unstructured.Unstructured, error) {
 		"ports":       []any{map[string]any{"name": "https", "port": int64(port), "protocol": "TCP"}}}}
 	return append(append(roles, svc, slice), apisvc...), nil
 }
-
-func (c *Cluster) pkiPath(name string) string { return filepath.Join(c.opts.Dir, "pki", name) }

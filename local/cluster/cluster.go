@@ -62,7 +62,7 @@ type Options struct {
 	// registry is seeded with the demo images.
 	GuestDir string
 	// Ports place the control plane (zero: its defaults) and qvirt-controller's webhook (9443
-	// when zero) and probe (9441 when zero).
+	// when zero) and probe (9441 when zero); replica i uses the port i-1 above these.
 	Ports Ports
 	// Progress receives one line per step.
 	Progress io.Writer
@@ -211,17 +211,16 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if p.ControllerProbe == 0 {
 		p.ControllerProbe = 9441
 	}
-	if err := c.cp.Install(ctx, cl, InstallOptions{Repo: opts.Repo, Namespace: Namespace, Config: cfg,
-		WebhookAddress: apiAddress, WebhookPort: p.Webhook}); err != nil {
+	if err := c.cp.Install(ctx, cl, InstallOptions{Repo: opts.Repo, Namespace: Namespace, Config: cfg}); err != nil {
 		return nil, err
 	}
 	step("starting the storage provisioner (StorageClass %s, the default; volumes in %s)", storage.ClassName, VolumesDir(opts.Dir))
 	if err := c.startStorage(ctx, nodeCtx, restCfg); err != nil {
 		return nil, err
 	}
-	step("starting qvirt-controller")
-	if err := sup.Start(ctx, c.cp.Controller(ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),
-		Namespace: Namespace, WebhookPort: p.Webhook, ProbePort: p.ControllerProbe})); err != nil {
+	step("starting %d qvirt-controller replicas (one leads, all serve the webhooks)", ControllerReplicas)
+	if err := c.cp.StartControllers(ctx, nodeCtx, sup, cl, ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),
+		Namespace: Namespace, Address: apiAddress, WebhookPort: p.Webhook, ProbePort: p.ControllerProbe}); err != nil {
 		return nil, err
 	}
 	step("starting qvirt-api (the aggregated API of consoles, VNC, QMP and VM actions)")

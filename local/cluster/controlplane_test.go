@@ -97,9 +97,19 @@ func TestControlPlane(t *testing.T) {
 		checkEtcdRefusesStrangers(t, cp, etcdPort)
 	})
 
+	var ctl ControllerOptions
+	var c client.Client
+	// The controllers' endpoints are published until the whole test ends.
+	bg, stopBG := context.WithCancel(context.Background())
+	defer stopBG()
 	t.Run("qvirt installs and its controller serves the webhook", func(t *testing.T) {
-		installAndRunController(ctx, t, cp, sup, pods.Gateway.AsSlice())
+		ctl, c = installAndRunController(ctx, bg, t, cp, sup, pods.Gateway.AsSlice(), dir)
 	})
+	if c != nil {
+		t.Run("admission stays up while a controller replica is deleted", func(t *testing.T) {
+			checkAdmissionThroughReplicaDeletion(ctx, t, c, sup, ctl)
+		})
+	}
 
 	if err := sup.Kill("kube-scheduler"); err != nil {
 		t.Fatal(err)
@@ -133,10 +143,12 @@ func TestControlPlane(t *testing.T) {
 }
 
 // installAndRunController installs qvirt's API and configuration, runs the real qvirt-controller
-// binary under the supervisor and checks that a VM only the webhook refuses is refused, and that a
-// valid VM gets its instance.
-func installAndRunController(ctx context.Context, t *testing.T, cp *ControlPlane, sup *supervise.Supervisor, addr net.IP) {
-	bin := filepath.Join(t.TempDir(), "qvirt-controller")
+// binary's replicas under the supervisor and checks that the webhook configurations got their CA
+// bundle from the controller, that a VM only the webhook refuses is refused, and that a valid VM
+// gets its instance.
+func installAndRunController(ctx, bg context.Context, t *testing.T, cp *ControlPlane, sup *supervise.Supervisor, addr net.IP, dir string) (ControllerOptions, client.Client) {
+	// In the whole test's directory: the supervisor restarts the binary after this subtest.
+	bin := filepath.Join(dir, "qvirt-controller")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/qvirt-controller").CombinedOutput(); err != nil {
 		t.Fatalf("build qvirt-controller: %v\n%s", err, out)
 	}
@@ -152,18 +164,17 @@ func installAndRunController(ctx context.Context, t *testing.T, cp *ControlPlane
 	if err != nil {
 		t.Fatal(err)
 	}
-	webhookPort := freePort(t)
 	err = cp.Install(ctx, c, InstallOptions{Repo: "../..", Namespace: "qvirt-system",
-		Config:         map[string]string{"useEmulation": "true", "launcherImage": "qvirt-launcher:local"},
-		WebhookAddress: addr, WebhookPort: webhookPort})
+		Config: map[string]string{"useEmulation": "true", "launcherImage": "qvirt-launcher:local"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = sup.Start(ctx, cp.Controller(ControllerOptions{Binary: bin, Namespace: "qvirt-system",
-		WebhookPort: webhookPort, ProbePort: freePort(t)}))
-	if err != nil {
+	ctl := ControllerOptions{Binary: bin, Namespace: "qvirt-system", Address: addr,
+		WebhookPort: freePortRun(t, ControllerReplicas), ProbePort: freePortRun(t, ControllerReplicas)}
+	if err := cp.StartControllers(ctx, bg, sup, c, ctl); err != nil {
 		t.Fatal(err)
 	}
+	checkCABundles(ctx, t, c)
 
 	vm := &v1alpha1.VirtualMachine{}
 	data, err := os.ReadFile("../../config/samples/vm_testguest.yaml")
@@ -198,6 +209,7 @@ func installAndRunController(ctx context.Context, t *testing.T, cp *ControlPlane
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return ctl, c
 }
 
 // checkEtcdRefusesStrangers reads etcd's keys through its gRPC gateway as a process on the host

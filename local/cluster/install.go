@@ -3,14 +3,12 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -19,7 +17,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/qvirt/qvirt/local/pki"
+	"github.com/qvirt/qvirt/certs"
 )
 
 // fieldOwner names local mode's server-side applies.
@@ -33,16 +31,12 @@ type InstallOptions struct {
 	Namespace string
 	// Config is qvirt-config's data (useEmulation, launcherImage, ...).
 	Config map[string]string
-	// WebhookAddress and WebhookPort are where qvirt-controller serves its webhook on the host.
-	WebhookAddress net.IP
-	WebhookPort    int
 }
 
 // Install applies qvirt's CRDs, the install namespace, the configuration, the node agents'
 // ServiceAccount with its RBAC and own-node admission policy (the identity the agents run with,
-// handlerauth.go) and the validating webhook (pointed at the controller's host address, with a
-// certificate from the cluster CA written to Dir/webhook-certs for --webhook-cert-dir), with
-// server-side apply.
+// handlerauth.go) and the webhook configurations with their Service (webhooks), with server-side
+// apply.
 func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts InstallOptions) error {
 	crds, err := filepath.Glob(filepath.Join(opts.Repo, "config", "crd", "bases", "*.yaml"))
 	if err != nil || len(crds) == 0 {
@@ -70,7 +64,7 @@ func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts Insta
 		return err
 	}
 	objs = append(objs, handler...)
-	hooks, err := cp.webhooks(opts)
+	hooks, err := webhooks(opts)
 	if err != nil {
 		return err
 	}
@@ -135,42 +129,36 @@ func handlerObjects(opts InstallOptions) ([]*unstructured.Unstructured, error) {
 	return out, nil
 }
 
-// WebhookCertDir holds the webhook server's tls.crt and tls.key.
-func (cp *ControlPlane) WebhookCertDir() string { return filepath.Join(cp.opts.Dir, "webhook-certs") }
-
-// webhooks are config/webhook's configurations with the service reference replaced by the
-// controller's URL on the host (no Service routes here) and the cluster CA as the caBundle.
-func (cp *ControlPlane) webhooks(opts InstallOptions) ([]*unstructured.Unstructured, error) {
-	ca, err := pki.LoadOrCreateCA(filepath.Join(cp.opts.Dir, "pki"), "ca")
-	if err != nil {
-		return nil, err
-	}
-	dir := cp.WebhookCertDir()
-	if err := ca.Issue(dir, "tls", pki.Leaf{CommonName: "qvirt-webhook", IPs: []net.IP{opts.WebhookAddress}, Server: true}); err != nil {
-		return nil, err
-	}
-	caPEM, err := os.ReadFile(cp.pki("ca.crt"))
-	if err != nil {
-		return nil, err
-	}
+// webhooks are config/webhook's configurations as its kustomization names them (their Service
+// qvirt-controller-webhook in the install namespace) and that Service, without a selector: no pod
+// runs the controller here, its replicas' EndpointSlices are written by StartControllers. The
+// caBundle is qvirt-controller's to write, as in a cluster.
+func webhooks(opts InstallOptions) ([]*unstructured.Unstructured, error) {
 	objs, err := readObjects(filepath.Join(opts.Repo, "config", "webhook", "manifests.yaml"))
 	if err != nil {
 		return nil, err
 	}
-	base := "https://" + net.JoinHostPort(opts.WebhookAddress.String(), strconv.Itoa(opts.WebhookPort))
 	for _, o := range objs {
 		hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
 		for i := range hooks {
 			h := hooks[i].(map[string]any)
-			path, _, _ := unstructured.NestedString(h, "clientConfig", "service", "path")
-			h["clientConfig"] = map[string]any{"url": base + path, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
+			if err := unstructured.SetNestedField(h, certs.WebhookService, "clientConfig", "service", "name"); err != nil {
+				return nil, err
+			}
+			if err := unstructured.SetNestedField(h, opts.Namespace, "clientConfig", "service", "namespace"); err != nil {
+				return nil, err
+			}
 		}
 		if err := unstructured.SetNestedSlice(o.Object, hooks, "webhooks"); err != nil {
 			return nil, err
 		}
-		o.SetName("qvirt-" + o.GetName())
+		o.SetName("qvirt-" + strings.TrimSuffix(o.GetName(), "-configuration"))
 	}
-	return objs, nil
+	svc := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Service",
+		"metadata": map[string]any{"name": certs.WebhookService, "namespace": opts.Namespace},
+		"spec": map[string]any{"ports": []any{map[string]any{"name": "webhook", "port": int64(443),
+			"targetPort": "webhook", "protocol": "TCP"}}}}}
+	return append(objs, svc), nil
 }
 
 // readObjects decodes every object of a multi-document YAML file.

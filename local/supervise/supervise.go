@@ -244,6 +244,18 @@ func (s *Supervisor) Kill(name string) error {
 	return p.cmd.Process.Kill()
 }
 
+// Signal sends sig to a running component and returns its PID; the component is started again
+// after it exits, as a Deployment replaces a deleted pod (SIGTERM is what a pod deletion sends).
+func (s *Supervisor) Signal(name string, sig syscall.Signal) (int, error) {
+	s.mu.Lock()
+	p := s.running[name]
+	s.mu.Unlock()
+	if p == nil {
+		return 0, fmt.Errorf("no component %s", name)
+	}
+	return p.cmd.Process.Pid, p.cmd.Process.Signal(sig)
+}
+
 func (s *Supervisor) saveLocked() {
 	var out []State
 	for _, name := range s.order {
