@@ -2,11 +2,14 @@ package admission
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -74,8 +77,20 @@ func (a *EvictionAdmitter) Handle(ctx context.Context, req admission.Request) ad
 		}
 		return tooManyRequests(fmt.Sprintf("qvirt could not read VMI %s/%s: %v", req.Namespace, vmiName, err))
 	}
-	dryRun := req.DryRun != nil && *req.DryRun
-	return a.decide(ctx, pod, vmi, dryRun)
+	return a.decide(ctx, pod, vmi, isDryRun(req))
+}
+
+// isDryRun: an eviction's dry run is asked in its body (deleteOptions.dryRun, as `kubectl drain
+// --dry-run=server` sends it), which kube-apiserver does not reflect in the request's dryRun.
+func isDryRun(req admission.Request) bool {
+	if req.DryRun != nil && *req.DryRun {
+		return true
+	}
+	var ev policyv1.Eviction
+	if err := json.Unmarshal(req.Object.Raw, &ev); err != nil {
+		return true // unreadable: do nothing that a dry run must not do
+	}
+	return ev.DeleteOptions != nil && slices.Contains(ev.DeleteOptions.DryRun, metav1.DryRunAll)
 }
 
 // decide is the answer to an eviction of pod, a launcher pod of vmi.
