@@ -46,6 +46,11 @@ type EvacuationReconciler struct {
 	Client   client.Client
 	Recorder record.EventRecorder
 	Config   *config.Store
+	// APIReader lists the instance's migrations around the cache before one is created: a
+	// migration this reconciler created a moment ago and the cache has not seen yet must not get
+	// a twin (which the migration reconciler would fail, counting as a failed attempt).
+	// SetupWithManager sets the manager's when nil.
+	APIReader client.Reader
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -74,6 +79,14 @@ func (r *EvacuationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, fmt.Errorf("list migrations of %s: %w", vmi.Name, err)
 	}
 	plan := PlanEvacuation(vmi, list.Items, r.now())
+	if plan.Active == nil && plan.Wait == 0 {
+		// About to create one: decide again on what the API server has.
+		var live v1alpha1.VirtualMachineInstanceMigrationList
+		if err := r.APIReader.List(ctx, &live, client.InNamespace(vmi.Namespace)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("list migrations of %s: %w", vmi.Name, err)
+		}
+		plan = PlanEvacuation(vmi, live.Items, r.now())
+	}
 	switch {
 	case plan.Active != nil:
 		return ctrl.Result{}, nil
@@ -212,6 +225,9 @@ func failedAt(m *v1alpha1.VirtualMachineInstanceMigration) time.Time {
 // SetupWithManager watches instances and, through spec.vmiName, their migrations (the migration
 // Reconciler registers that index; set it up first).
 func (r *EvacuationReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named("evacuation").
 		For(&v1alpha1.VirtualMachineInstance{}).
 		Watches(&v1alpha1.VirtualMachineInstanceMigration{}, handler.EnqueueRequestsFromMapFunc(

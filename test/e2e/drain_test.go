@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -68,16 +69,36 @@ func TestDrainMovesVMs(t *testing.T) {
 	}
 
 	started := time.Now()
-	out := drain(t, source, 4*time.Minute)
+	drained := make(chan drainResult, 1)
+	go func() {
+		out, err := drainCmd(source, 4*time.Minute)
+		drained <- drainResult{out, err}
+	}()
+	t.Cleanup(func() { uncordonQuiet(source) })
+	// The target's console is attached while its QEMU waits for the guest, so that it sees the
+	// counter resume where the source left it.
+	target := waitVMI(t, ns, "mover", 2*time.Minute, "migrating to "+other, func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v != nil && v.Status.EvacuationNodeName == source && v.Status.MigrationState != nil && v.Status.MigrationState.TargetNode == other
+	}).DeepCopy()
+	targetPod := &corev1.Pod{}
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: target.Status.MigrationState.TargetPod}, targetPod); err != nil {
+		t.Fatalf("mover's target pod: %v", err)
+	}
+	target.Status.NodeName = other
+	target.Status.ActivePods = map[types.UID]string{targetPod.UID: other}
+	dst := console(t, target)
+	res := <-drained
 	t.Logf("kubectl drain %s took %.1fs", source, time.Since(started).Seconds())
-	if !strings.Contains(out, "Eviction triggered evacuation of VMI "+ns+"/mover") {
-		t.Errorf("kubectl drain's output does not show the evacuation of mover:\n%s", out)
+	if res.err != nil {
+		t.Fatalf("kubectl drain %s: %v\n%s", source, res.err, res.out)
+	}
+	if !strings.Contains(res.out, "Eviction triggered evacuation of VMI "+ns+"/mover") {
+		t.Errorf("kubectl drain's output does not show the evacuation of mover:\n%s", res.out)
 	}
 
-	moved := waitVMI(t, ns, "mover", 30*time.Second, "Running on "+other, func(v *v1alpha1.VirtualMachineInstance) bool {
+	waitVMI(t, ns, "mover", 30*time.Second, "Running on "+other, func(v *v1alpha1.VirtualMachineInstance) bool {
 		return running("")(v) && v.UID == vmis["mover"].UID && v.Status.NodeName == other && v.Status.EvacuationNodeName == ""
 	})
-	dst := console(t, moved)
 	last := src.LastTick()
 	dst.Expect(t, 0, fmt.Sprintf("tick %d\r\n", last+2), time.Minute)
 	if strings.Contains(dst.Text(), "QVIRT-GUEST-READY") {
@@ -138,12 +159,28 @@ func runKubectl(t testing.TB, args ...string) string {
 	return string(out)
 }
 
-// drain runs `kubectl drain` on node's launcher pods as a user would (kubectl retries refused
-// evictions every 5 s), failing the test if it does not complete within d; the node is
-// uncordoned when the test ends.
+type drainResult struct {
+	out string
+	err error
+}
+
+// drainCmd runs `kubectl drain` on node's launcher pods as a user would (kubectl retries refused
+// evictions every 5 s), giving up after d; it leaves the node cordoned.
+func drainCmd(node string, d time.Duration) (string, error) {
+	cmd := exec.Command(kubectl, "--kubeconfig", lc.Kubeconfig, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
+		"--pod-selector="+launcherSelector, "--timeout="+d.String())
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// drain is drainCmd failing the test when the drain does not complete; the node is uncordoned when
+// the test ends.
 func drain(t testing.TB, node string, d time.Duration) string {
 	t.Helper()
 	t.Cleanup(func() { uncordonQuiet(node) })
-	return runKubectl(t, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
-		"--pod-selector="+launcherSelector, "--timeout="+d.String())
+	out, err := drainCmd(node, d)
+	if err != nil {
+		t.Fatalf("kubectl drain %s: %v\n%s", node, err, out)
+	}
+	return out
 }
