@@ -116,7 +116,9 @@ func TestEvacuation(t *testing.T) {
 	}
 	e.waitEvent("mover", ReasonEvacuationStarted, "node node-a is being drained: created migration "+m.Name)
 	e.driveToRunning(m, vmi, "node-b")
-	e.agent(vmi, func(ms *v1alpha1.VirtualMachineInstanceMigrationState) { ms.Completed, ms.EndTimestamp = true, ptr.To(metav1.Now()) })
+	e.agent(vmi, func(ms *v1alpha1.VirtualMachineInstanceMigrationState) {
+		ms.Completed, ms.EndTimestamp = true, ptr.To(metav1.Now())
+	})
 	e.waitPhase(m, v1alpha1.MigrationSucceeded)
 	if after := e.getVMI(vmi); after.Status.NodeName != "node-b" || after.Status.EvacuationNodeName != "" {
 		t.Fatalf("after the evacuation: node %q evacuationNodeName %q", after.Status.NodeName, after.Status.EvacuationNodeName)
@@ -141,7 +143,6 @@ func TestEvacuation(t *testing.T) {
 		e.updateVMIStatus(stuck, func(s *v1alpha1.VirtualMachineInstanceStatus) { s.Reason = fmt.Sprintf("poke-%d", attempt) })
 	}
 	e.waitEvacuations("stuck", 3)
-
 
 	// External (here the cluster's default): marked, but no migration; an outside controller acts.
 	cfg := config.Default()
