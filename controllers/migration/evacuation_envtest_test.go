@@ -36,7 +36,9 @@ func (e *testEnv) startEvacuation(skew *atomic.Int64) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	r := &EvacuationReconciler{Client: mgr.GetClient(), Config: e.store, Recorder: mgr.GetEventRecorderFor("qvirt-evacuation"),
+	//lint:ignore SA1019 the reconcilers record with the core/v1 Events API (see controllers.recorder)
+	recorder := mgr.GetEventRecorderFor("qvirt-evacuation")
+	r := &EvacuationReconciler{Client: mgr.GetClient(), Config: e.store, Recorder: recorder,
 		Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
