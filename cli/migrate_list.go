@@ -42,8 +42,8 @@ func newMigrateCancel(e *env) *cobra.Command {
 		Short: "Cancel the live migration of a virtual machine that is under way",
 		Long: "Deletes the VM's migration that has not ended, as virtctl migrate-cancel does: qvirt aborts it\n" +
 			"and the guest runs on at the source. A migration a node drain started (an evacuation) is\n" +
-			"started again, after a backoff, while the drain goes on: to keep the VM where it is,\n" +
-			"stop the drain and uncordon the node too.",
+			"started again while the VMI stays marked for evacuation (status.evacuationNodeName), as\n" +
+			"KubeVirt's evacuation controller does.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return e.migrateCancel(cmd.Context(), cmd.OutOrStdout(), args[0])
