@@ -78,6 +78,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, 
 		{"migration", func() error {
 			return (&migration.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-migration"), Config: store}).SetupWithManager(mgr)
 		}},
+		{"evacuation", func() error {
+			return (&migration.EvacuationReconciler{Client: c, Recorder: recorder(mgr, "qvirt-evacuation"), Config: store}).SetupWithManager(mgr)
+		}},
 		{"nodehealth", func() error {
 			return (&nodehealth.Reconciler{Client: c, Recorder: recorder(mgr, "qvirt-nodehealth"), Timeout: opts.NodeHeartbeatTimeout}).SetupWithManager(mgr)
 		}},

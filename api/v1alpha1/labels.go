@@ -13,6 +13,9 @@ const (
 	VMNameLabel = "qvirt.io/vm"
 	// MigrationUIDLabel marks a migration's target launcher pod.
 	MigrationUIDLabel = "qvirt.io/migration-uid"
+	// EvacuationMigrationAnnotation marks a migration qvirt-controller created to move an instance
+	// off a node being drained (KubeVirt's kubevirt.io/evacuationMigration); its value is that node.
+	EvacuationMigrationAnnotation = "qvirt.io/evacuationMigration"
 
 	// GracefulShutdownFinalizer holds a VMI until the node agent has shut its guest down.
 	GracefulShutdownFinalizer = "qvirt.io/graceful-shutdown"

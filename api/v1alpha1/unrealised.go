@@ -27,10 +27,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 	no := func(fp *field.Path, what, instead string) {
 		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage+instead))
 	}
-	if es := spec.EvictionStrategy; es != nil && *es != EvictionStrategyNone {
-		// Nothing watches node drains yet: the instance would just stop.
-		no(p.Child("evictionStrategy"), "evictionStrategy "+string(*es), "; only None: a drained node stops its instances")
-	}
 	dp := p.Child("domain")
 	if f := spec.Domain.Features; f != nil && f.APIC != nil && f.APIC.Enabled != nil && !*f.APIC.Enabled {
 		// QEMU's x86 CPUs have a local APIC, and KubeVirt's libvirt domain keeps it too when this is

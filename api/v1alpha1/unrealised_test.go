@@ -13,7 +13,7 @@ import (
 // realisedSpec is the one valid spec, every part of it realised, that each case below changes.
 func realisedSpec() *VirtualMachineInstanceSpec {
 	return &VirtualMachineInstanceSpec{
-		EvictionStrategy: ptr.To(EvictionStrategyNone),
+		EvictionStrategy: ptr.To(EvictionStrategyLiveMigrate),
 		Domain: DomainSpec{
 			CPU:    &CPU{Cores: 2, Model: "host-model"},
 			Memory: &Memory{Guest: ptr.To(resource.MustParse("256Mi"))},
@@ -62,12 +62,6 @@ func TestNotRealised(t *testing.T) {
 		mutate func(s *VirtualMachineInstanceSpec)
 		path   string
 	}{
-		{"evictionStrategy LiveMigrate", func(s *VirtualMachineInstanceSpec) {
-			s.EvictionStrategy = ptr.To(EvictionStrategyLiveMigrate)
-		}, "spec.evictionStrategy"},
-		{"evictionStrategy External", func(s *VirtualMachineInstanceSpec) {
-			s.EvictionStrategy = ptr.To(EvictionStrategyExternal)
-		}, "spec.evictionStrategy"},
 		{"persistent EFI variables", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware.Bootloader.EFI.Persistent = ptr.To(true)
 		}, "spec.domain.firmware.bootloader.efi.persistent"},

@@ -88,6 +88,13 @@ type VirtualMachineInstanceStatus struct {
 	// +optional
 	NodeName string `json:"nodeName,omitempty"`
 
+	// EvacuationNodeName is set to the instance's node when an eviction of its launcher pod (a
+	// node drain) asked it to leave that node, as in KubeVirt: for evictionStrategy LiveMigrate and
+	// LiveMigrateIfPossible qvirt-controller then migrates it away, for External an outside
+	// controller acts on it. A successful migration off that node clears it.
+	// +optional
+	EvacuationNodeName string `json:"evacuationNodeName,omitempty"`
+
 	// Reason is a short machine-readable reason for the phase, for example GuestShutdown or Killed.
 	// +optional
 	Reason string `json:"reason,omitempty"`

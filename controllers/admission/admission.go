@@ -15,14 +15,15 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
 )
 
-// Setup registers the VirtualMachine and VirtualMachineInstance defaulters and validators with
-// mgr's webhook server.
+// Setup registers the VirtualMachine and VirtualMachineInstance defaulters and validators, and the
+// launcher pods' eviction webhook (eviction.go), with mgr's webhook server.
 func Setup(mgr ctrl.Manager, store *config.Store) error {
 	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachine{}).WithDefaulter(VMDefaulter{}).
 		WithValidator(&VMValidator{Config: store}).Complete(); err != nil {
@@ -32,6 +33,7 @@ func Setup(mgr ctrl.Manager, store *config.Store) error {
 		WithValidator(&VMIValidator{Config: store}).Complete(); err != nil {
 		return fmt.Errorf("register VirtualMachineInstance webhooks: %w", err)
 	}
+	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionAdmitter{Client: mgr.GetClient(), Config: store}})
 	return nil
 }
 

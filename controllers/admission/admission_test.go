@@ -325,10 +325,10 @@ func TestWebhookRatchetsUpdates(t *testing.T) {
 			t.Errorf("%v refused: %v: %s", args, err, stderr)
 		}
 	}
-	patch := `{"spec":{"template":{"spec":{"evictionStrategy":"LiveMigrate"}}}}`
+	patch := `{"spec":{"template":{"spec":{"domain":{"features":{"apic":{"enabled":false}}}}}}}`
 	_, stderr, err := kubectl(nil, "patch", "--dry-run=server", "vm", "ratchet", "--type=merge", "-p", patch)
-	if err == nil || !strings.Contains(stderr, "spec.template.spec.evictionStrategy") || strings.Contains(stderr, "cpu.model") {
-		t.Fatalf("want a refusal naming only the added evictionStrategy, got %v: %s", err, stderr)
+	if err == nil || !strings.Contains(stderr, "spec.template.spec.domain.features.apic.enabled") || strings.Contains(stderr, "cpu.model") {
+		t.Fatalf("want a refusal naming only the added features.apic.enabled, got %v: %s", err, stderr)
 	}
 }
 

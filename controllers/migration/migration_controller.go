@@ -352,6 +352,10 @@ func (r *Reconciler) finishSucceeded(ctx context.Context, vmim *v1alpha1.Virtual
 	}
 	base := vmi.DeepCopy()
 	vmi.Status.NodeName = ms.TargetNode
+	if vmi.Status.EvacuationNodeName != "" && vmi.Status.EvacuationNodeName != ms.TargetNode {
+		// The instance left the node it was evacuated from (KubeVirt clears the mark likewise).
+		vmi.Status.EvacuationNodeName = ""
+	}
 	if tp != nil && tp.Name == ms.TargetPod {
 		vmi.Status.ActivePods = map[types.UID]string{tp.UID: ms.TargetNode}
 	}

@@ -308,8 +308,8 @@ func TestMachineErrors(t *testing.T) {
 			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "dv"}}
 		}, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}, "spec.volumes[root]"},
 		{"not realised by this version", func(v *v1alpha1.VirtualMachineInstance) {
-			v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
-		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.evictionStrategy"},
+			v.Spec.Networks = append(v.Spec.Networks, v1alpha1.Network{Name: "m", Multus: &v1alpha1.MultusNetwork{NetworkName: "n"}})
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.networks[1].multus"},
 		{"validation runs first", func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Volumes[0].Name = "other" },
 			translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.devices.disks[0].name"},
 	}
@@ -400,10 +400,14 @@ func FuzzMachine(f *testing.F) {
 }
 
 // TestMigrationTargetRunsWhatItsSourceRuns: a spec admitted by an older version, with what this one
-// does not realise but could run (an evictionStrategy nothing acts on), still migrates.
+// does not realise but could run (EFI variables asked to persist, which last as long as the
+// instance), still migrates.
 func TestMigrationTargetRunsWhatItsSourceRuns(t *testing.T) {
 	v := validVMI()
-	v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
+	v.Spec.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{SecureBoot: ptr.To(false), Persistent: ptr.To(true)}}}
+	if _, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs}); err == nil {
+		t.Fatal("persistent EFI variables are realised now: pick another unrealised feature for this test")
+	}
 	if _, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}); err != nil {
 		t.Fatalf("the migration target's machine is refused: %v", err)
 	}

@@ -26,6 +26,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
 )
 
 // ConfigMapName is the name of the configuration ConfigMap in the install namespace.
@@ -55,6 +57,22 @@ type Config struct {
 	// InsecureRegistries are registries (host:port) launchers may pull from over plain HTTP, such
 	// as local mode's. Key: insecureRegistries (comma-separated).
 	InsecureRegistries []string
+	// EvictionStrategy is what a drain does to instances whose spec.evictionStrategy is unset
+	// (KubeVirt's spec.configuration.evictionStrategy): None, LiveMigrate, LiveMigrateIfPossible
+	// or External; empty is None. Key: evictionStrategy.
+	EvictionStrategy v1alpha1.EvictionStrategy
+}
+
+// EvictionStrategyFor is the eviction strategy in force for an instance: its own, else the
+// cluster's, else None (KubeVirt's migrations.VMIEvictionStrategy).
+func (c Config) EvictionStrategyFor(spec *v1alpha1.VirtualMachineInstanceSpec) v1alpha1.EvictionStrategy {
+	switch {
+	case spec.EvictionStrategy != nil:
+		return *spec.EvictionStrategy
+	case c.EvictionStrategy != "":
+		return c.EvictionStrategy
+	}
+	return v1alpha1.EvictionStrategyNone
 }
 
 // MigrationConfig limits live migrations.
@@ -150,12 +168,23 @@ func (c *Config) set(key, val string) error {
 		c.HostDiskNamespaces, err = namespaces(val)
 	case "insecureRegistries":
 		c.InsecureRegistries, err = registries(val)
+	case "evictionStrategy":
+		c.EvictionStrategy, err = evictionStrategy(val)
 	default:
 		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
 			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, memoryOverheadBase, " +
-			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries")
+			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, evictionStrategy")
 	}
 	return err
+}
+
+func evictionStrategy(s string) (v1alpha1.EvictionStrategy, error) {
+	switch es := v1alpha1.EvictionStrategy(s); es {
+	case "", v1alpha1.EvictionStrategyNone, v1alpha1.EvictionStrategyLiveMigrate,
+		v1alpha1.EvictionStrategyLiveMigrateIfPossible, v1alpha1.EvictionStrategyExternal:
+		return es, nil
+	}
+	return "", fmt.Errorf("must be None, LiveMigrate, LiveMigrateIfPossible or External")
 }
 
 func positiveInt(s string) (int, error) {

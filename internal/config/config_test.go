@@ -4,6 +4,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"k8s.io/utils/ptr"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
 )
 
 func TestParse(t *testing.T) {
@@ -12,6 +16,7 @@ func TestParse(t *testing.T) {
 		"parallelOutboundMigrationsPerNode": "1", "bandwidthPerMigration": "64Mi", "completionTimeoutPerGiB": "300",
 		"memoryOverheadBase": "128Mi", "memoryOverheadPerVCPU": "8Mi", "memoryOverheadGuestRatio": "0",
 		"allowedHostPaths": "/var/lib/qvirt, /data/images", "insecureRegistries": "10.243.0.1:5000, localhost:5001",
+		"evictionStrategy": "LiveMigrateIfPossible",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -20,7 +25,8 @@ func TestParse(t *testing.T) {
 		c.Migrations.ParallelOutboundPerNode != 1 || c.Migrations.BandwidthPerMigration.Value() != 64<<20 ||
 		c.Migrations.CompletionTimeoutPerGiB != 300 || c.MemoryOverhead.Base.Value() != 128<<20 ||
 		c.MemoryOverhead.PerVCPU.Value() != 8<<20 || c.MemoryOverhead.GuestRatio != 0 || len(c.AllowedHostPaths) != 2 ||
-		len(c.InsecureRegistries) != 2 || c.InsecureRegistries[1] != "localhost:5001" {
+		len(c.InsecureRegistries) != 2 || c.InsecureRegistries[1] != "localhost:5001" ||
+		c.EvictionStrategy != v1alpha1.EvictionStrategyLiveMigrateIfPossible {
 		t.Fatalf("parsed %+v", c)
 	}
 	if empty, err := Parse(nil); err != nil || empty.Migrations.ParallelPerCluster != 5 || empty.Migrations.ParallelOutboundPerNode != 2 {
@@ -40,6 +46,7 @@ func TestParseRefusesNamingTheKey(t *testing.T) {
 		"hostDiskNamespaces":                "Team_A",
 		"insecureRegistries":                "10.243.0.1",
 		"launcherImage":                     "",
+		"evictionStrategy":                  "Migrate",
 		"useEmulaton":                       "true", // a typo must not be ignored
 	}
 	for key, val := range cases {
@@ -117,4 +124,26 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("error does not name the key: %v", err)
 		}
 	})
+}
+
+// TestEvictionStrategyFor: the instance's own strategy wins, then the cluster's, then None.
+func TestEvictionStrategyFor(t *testing.T) {
+	cluster, err := Parse(map[string]string{"evictionStrategy": "LiveMigrate"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := &v1alpha1.VirtualMachineInstanceSpec{EvictionStrategy: ptr.To(v1alpha1.EvictionStrategyExternal)}
+	for _, tc := range []struct {
+		cfg  Config
+		spec *v1alpha1.VirtualMachineInstanceSpec
+		want v1alpha1.EvictionStrategy
+	}{
+		{Default(), &v1alpha1.VirtualMachineInstanceSpec{}, v1alpha1.EvictionStrategyNone},
+		{cluster, &v1alpha1.VirtualMachineInstanceSpec{}, v1alpha1.EvictionStrategyLiveMigrate},
+		{cluster, own, v1alpha1.EvictionStrategyExternal},
+	} {
+		if got := tc.cfg.EvictionStrategyFor(tc.spec); got != tc.want {
+			t.Errorf("cluster %q, instance %v: got %s, want %s", tc.cfg.EvictionStrategy, tc.spec.EvictionStrategy, got, tc.want)
+		}
+	}
 }
