@@ -48,41 +48,80 @@ func debName(e LockEntry) string {
 
 // Fetch returns the cached .deb of e, fetching it first if the cache has no file with e's hash.
 func (f *Fetcher) Fetch(ctx context.Context, e LockEntry) (string, error) {
-	if err := e.validate(); err != nil {
+	files, err := f.FetchAll(ctx, []LockEntry{e})
+	if err != nil {
 		return "", err
 	}
-	dst := filepath.Join(f.CacheDir, debName(e))
-	if sum, err := fileSHA256(dst); err == nil && sum == e.SHA256 {
-		return dst, nil
+	return files[0], nil
+}
+
+// FetchAll returns the cached .deb files of entries, in their order, fetching those the cache
+// lacks with one apt-get run (each apt run reads all of apt's package lists: seconds). When it
+// fails, each is fetched alone, so that the error names the package apt cannot fetch.
+func (f *Fetcher) FetchAll(ctx context.Context, entries []LockEntry) ([]string, error) {
+	files := make([]string, len(entries))
+	var missing []LockEntry
+	for i, e := range entries {
+		if err := e.validate(); err != nil {
+			return nil, err
+		}
+		files[i] = filepath.Join(f.CacheDir, debName(e))
+		if sum, err := fileSHA256(files[i]); err != nil || sum != e.SHA256 {
+			missing = append(missing, e)
+		}
 	}
+	if len(missing) == 0 {
+		return files, nil
+	}
+	if err := f.download(ctx, missing); err != nil && len(missing) > 1 {
+		for _, e := range missing {
+			if err := f.download(ctx, []LockEntry{e}); err != nil {
+				return nil, err
+			}
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	return files, nil
+}
+
+// download fetches entries into the cache, checking each file's hash against the lock.
+func (f *Fetcher) download(ctx context.Context, entries []LockEntry) error {
 	if err := os.MkdirAll(f.CacheDir, 0o755); err != nil {
-		return "", fmt.Errorf("deb cache: %w", err)
+		return fmt.Errorf("deb cache: %w", err)
 	}
 	tmp, err := os.MkdirTemp(f.CacheDir, ".download-")
 	if err != nil {
-		return "", fmt.Errorf("deb cache: %w", err)
+		return fmt.Errorf("deb cache: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	arg := e.Package + ":" + e.Arch + "=" + e.Version
-	if e.Arch == "all" {
-		arg = e.Package + "=" + e.Version
+	args := []string{"download", "-q"}
+	for _, e := range entries {
+		arg := e.Package + ":" + e.Arch + "=" + e.Version
+		if e.Arch == "all" {
+			arg = e.Package + "=" + e.Version
+		}
+		args = append(args, arg)
 	}
-	if out, err := f.apt(ctx, tmp, "apt-get", "download", "-q", arg); err != nil {
-		return "", &NotFetchableError{Package: e.Package, Version: e.Version, Reason: "apt cannot fetch it: " + aptMessage(out, err)}
+	if out, err := f.apt(ctx, tmp, "apt-get", args...); err != nil {
+		e := entries[0]
+		return &NotFetchableError{Package: e.Package, Version: e.Version, Reason: "apt cannot fetch it: " + aptMessage(out, err)}
 	}
-	got := filepath.Join(tmp, debName(e))
-	sum, err := fileSHA256(got)
-	if err != nil {
-		return "", &NotFetchableError{Package: e.Package, Version: e.Version, Reason: fmt.Sprintf("apt-get download left no %s: %v", debName(e), err)}
+	for _, e := range entries {
+		got := filepath.Join(tmp, debName(e))
+		sum, err := fileSHA256(got)
+		if err != nil {
+			return &NotFetchableError{Package: e.Package, Version: e.Version, Reason: fmt.Sprintf("apt-get download left no %s: %v", debName(e), err)}
+		}
+		if sum != e.SHA256 {
+			return &NotFetchableError{Package: e.Package, Version: e.Version,
+				Reason: fmt.Sprintf("apt fetched a file with sha256 %s, the lock names %s", sum, e.SHA256)}
+		}
+		if err := os.Rename(got, filepath.Join(f.CacheDir, debName(e))); err != nil {
+			return fmt.Errorf("deb cache: %w", err)
+		}
 	}
-	if sum != e.SHA256 {
-		return "", &NotFetchableError{Package: e.Package, Version: e.Version,
-			Reason: fmt.Sprintf("apt fetched a file with sha256 %s, the lock names %s", sum, e.SHA256)}
-	}
-	if err := os.Rename(got, dst); err != nil {
-		return "", fmt.Errorf("deb cache: %w", err)
-	}
-	return dst, nil
+	return nil
 }
 
 // Candidate is the version of pkg that apt would install now, with the hash of its file, read
@@ -95,14 +134,31 @@ func (f *Fetcher) Candidate(ctx context.Context, pkg string) (LockEntry, error) 
 	return indexEntry(pkg, out)
 }
 
-// Indexed is e's entry in apt's package index: the same version, with the hash the archive gives
-// it. It fails, naming the package, when apt no longer has that version.
-func (f *Fetcher) Indexed(ctx context.Context, e LockEntry) (LockEntry, error) {
-	out, err := f.apt(ctx, "", "apt-cache", "show", "--no-all-versions", e.Package+"="+e.Version)
-	if err != nil {
-		return LockEntry{}, &NotFetchableError{Package: e.Package, Version: e.Version, Reason: "apt has no such version: " + aptMessage(out, err)}
+// Indexed are the entries of apt's package index for the lock's packages at the locked
+// versions, by package name, read with one apt-cache run. A version apt no longer has is an error
+// naming the package.
+func (f *Fetcher) Indexed(ctx context.Context, l *Lock) (map[string]LockEntry, error) {
+	args := []string{"show", "--no-all-versions"}
+	for _, e := range l.Entries {
+		args = append(args, e.Package+"="+e.Version)
 	}
-	return indexEntry(e.Package, out)
+	out, err := f.apt(ctx, "", "apt-cache", args...)
+	got := map[string]LockEntry{}
+	for _, para := range strings.Split(string(out), "\n\n") {
+		if e, perr := indexEntry("", []byte(para)); perr == nil {
+			got[e.Package] = e
+		}
+	}
+	for _, e := range l.Entries {
+		if g, ok := got[e.Package]; !ok || g.Version != e.Version {
+			reason := "apt has no such version"
+			if err != nil {
+				reason += ": " + aptMessage(out, err)
+			}
+			return nil, &NotFetchableError{Package: e.Package, Version: e.Version, Reason: reason}
+		}
+	}
+	return got, nil
 }
 
 // indexEntry reads the first paragraph of apt-cache show's output.
@@ -115,7 +171,7 @@ func indexEntry(pkg string, out []byte) (LockEntry, error) {
 		}
 	}
 	e := LockEntry{Package: fields["Package"], Version: fields["Version"], Arch: fields["Architecture"], SHA256: fields["SHA256"]}
-	if e.Package != pkg {
+	if pkg != "" && e.Package != pkg {
 		return LockEntry{}, fmt.Errorf("package %s: apt-cache show answered for %q", pkg, e.Package)
 	}
 	if err := e.validate(); err != nil {

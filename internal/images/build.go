@@ -14,6 +14,7 @@ import (
 	"path"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -289,7 +290,7 @@ func qemuLayer(ctx context.Context, opts Options) (v1.Layer, error) {
 			return nil, fmt.Errorf("package %s is not in the lock: run 'make images-lock'", p)
 		}
 	}
-	t, _, err := unpackLocked(ctx, opts.Fetcher, opts.Lock)
+	t, err := unpackLocked(ctx, opts.Fetcher, opts.Lock)
 	if err != nil {
 		return nil, err
 	}
@@ -309,19 +310,41 @@ func qemuLayer(ctx context.Context, opts Options) (v1.Layer, error) {
 	return gzipLayer(data)
 }
 
-// unpackLocked fetches every locked package and unpacks it into one tree, in the lock's order.
-// It checks that each file is the package and version the lock names.
-func unpackLocked(ctx context.Context, f *Fetcher, l *Lock) (tree, map[string]Control, error) {
-	t := tree{}
-	controls := map[string]Control{}
-	for _, e := range l.Entries {
-		c, err := unpackEntry(ctx, f, e, t)
-		if err != nil {
-			return nil, nil, err
-		}
-		controls[e.Package] = c
+// unpackLocked fetches every locked package, then unpacks them (two at a time: xz is the slow
+// part) and merges their files in the lock's order, so the first package to bring a path keeps
+// it whatever order the unpacking finished in. It checks that each file is the package and
+// version the lock names.
+func unpackLocked(ctx context.Context, f *Fetcher, l *Lock) (tree, error) {
+	files, err := f.FetchAll(ctx, l.Entries)
+	if err != nil {
+		return nil, err
 	}
-	return t, controls, nil
+	trees := make([]tree, len(l.Entries))
+	errs := make([]error, len(l.Entries))
+	sem := make(chan struct{}, 2)
+	var wg sync.WaitGroup
+	for i, e := range l.Entries {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			trees[i] = tree{}
+			_, errs[i] = unpackFile(files[i], e, trees[i])
+		}()
+	}
+	wg.Wait()
+	t := tree{}
+	for i := range l.Entries {
+		if errs[i] != nil {
+			return nil, errs[i]
+		}
+		for p, e := range trees[i] {
+			if _, ok := t[p]; !ok {
+				t[p] = e
+			}
+		}
+	}
+	return t, nil
 }
 
 func unpackEntry(ctx context.Context, f *Fetcher, e LockEntry, t tree) (Control, error) {
@@ -329,6 +352,11 @@ func unpackEntry(ctx context.Context, f *Fetcher, e LockEntry, t tree) (Control,
 	if err != nil {
 		return Control{}, err
 	}
+	return unpackFile(file, e, t)
+}
+
+// unpackFile unpacks the .deb file of e into t.
+func unpackFile(file string, e LockEntry, t tree) (Control, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return Control{}, err

@@ -101,11 +101,12 @@ func findProvider(ctx context.Context, f *Fetcher, m *MissingLibraryError, locke
 // CheckLock tells whether apt can still fetch every locked package as locked, from its package
 // index alone (nothing is downloaded). The error names the first package that it cannot.
 func CheckLock(ctx context.Context, f *Fetcher, l *Lock) error {
+	index, err := f.Indexed(ctx, l)
+	if err != nil {
+		return err
+	}
 	for _, e := range l.Entries {
-		got, err := f.Indexed(ctx, e)
-		if err != nil {
-			return err
-		}
+		got := index[e.Package]
 		if got.SHA256 != e.SHA256 || got.Arch != e.Arch {
 			return &NotFetchableError{Package: e.Package, Version: e.Version,
 				Reason: fmt.Sprintf("apt's index gives it sha256 %s (%s), the lock names %s (%s)", got.SHA256, got.Arch, e.SHA256, e.Arch)}
