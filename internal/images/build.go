@@ -35,7 +35,8 @@ var RootPackages = []string{"qemu-system-x86", "qemu-system-common", "qemu-syste
 // qemu-img, the TCG accelerator (a module in Debian's build: emulation needs it), and the
 // firmware and option ROMs a machine of the launcher's loads (QEMU's firmware path in Debian is
 // /usr/share/qemu, /usr/share/seabios, /usr/lib/ipxe/qemu). NICs get no option ROM
-// (romfile=""), so iPXE's are left out; VNC needs no keymap (QEMU takes the client's key codes).
+// (romfile=""), so iPXE's are left out. The VNC server loads QEMU's default keymap, en-us, at
+// start even though clients send raw key codes (QEMU exits without it).
 func qemuFiles() []string {
 	files := []string{
 		"/usr/bin/qemu-system-x86_64",
@@ -51,6 +52,7 @@ func qemuFiles() []string {
 		"/usr/share/qemu/multiboot_dma.bin",
 		"/usr/share/qemu/pvh.bin",
 		"/usr/share/qemu/kvmvapic.bin",
+		"/usr/share/qemu/keymaps/en-us",
 	}
 	for _, sb := range []bool{false, true} {
 		code, vars := launcher.OVMFFiles(sb)
