@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -224,14 +225,18 @@ func TestLauncherImageBootsTheTestGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	var gone atomic.Bool // the launcher exited: no banner will come
+	go func() { err := cmd.Wait(); gone.Store(true); exited <- err }()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		if !gone.Load() {
 			_ = cmd.Process.Kill()
 			<-exited
 		}
 	})
 	testutil.Eventually(t, 2*time.Minute, "the guest's banner on the console", func() bool {
+		if gone.Load() && !strings.Contains(console.String(), "QVIRT-GUEST-READY") {
+			t.Fatalf("the launcher exited before the guest's banner\n%s", testutil.Tail(console.String(), 3000))
+		}
 		return strings.Contains(console.String(), "QVIRT-GUEST-READY")
 	}, func() string { return testutil.Tail(console.String(), 3000) })
 	fmt.Fprintln(stdin, "poweroff")
