@@ -15,7 +15,7 @@ FUZZTIME    ?= 10s
 deps: ## Install the Debian packages the tests and the demo need (QEMU, busybox, ...).
 	@hack/install-deps.sh
 
-.PHONY: all deps build generate manifests fmt vet lint test test-unit fuzz bench tools run clean verify-generated install-plugin
+.PHONY: all deps build generate manifests fmt vet lint test test-unit fuzz bench tools run clean verify-generated install-plugin images push images-lock images-check
 
 all: build
 
@@ -28,6 +28,23 @@ build: ## Build every binary into bin/.
 	@mkdir -p $(BIN)
 	@if [ -n "$(filter-out $(STATIC_CMDS),$(CMDS))" ]; then $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(filter-out $(STATIC_CMDS),$(CMDS))); fi
 	@if [ -n "$(STATIC_CMDS)" ]; then CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(STATIC_CMDS)); fi
+
+# The component images, built without a container engine (internal/images): an OCI layout in
+# $(BIN)/images. The launcher's and the node agent's QEMU comes from the Debian packages pinned in
+# hack/images/debs.lock, fetched with apt into ~/.cache/qvirt/debs. Same sources, same lock:
+# same digests.
+images: ## Build the component images into bin/images; prints each one's digest and sizes.
+	$(GO) run ./cmd/qvirt-images build --out $(BIN)/images
+
+push: images ## Push the images to REGISTRY=host:port (plain HTTP for a loopback registry).
+	@if [ -z "$(REGISTRY)" ]; then echo "usage: make push REGISTRY=host:port" >&2; exit 2; fi
+	$(GO) run ./cmd/qvirt-images push --out $(BIN)/images --registry $(REGISTRY)
+
+images-lock: ## Re-resolve hack/images/debs.lock from apt's current package index.
+	$(GO) run ./cmd/qvirt-images lock
+
+images-check: ## Fail, naming the package, when apt can no longer fetch the locked packages.
+	$(GO) run ./cmd/qvirt-images check
 
 generate: ## Generate deepcopy functions.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
