@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	qv1 "github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/cli/kube"
 )
 
 func newMigrateList(e *env) *cobra.Command {
@@ -52,13 +53,9 @@ func newMigrateCancel(e *env) *cobra.Command {
 }
 
 func (e *env) migrateList(ctx context.Context, w io.Writer, vm string) error {
-	c, err := e.connect()
+	c, list, err := e.migrations(ctx)
 	if err != nil {
 		return err
-	}
-	var list qv1.VirtualMachineInstanceMigrationList
-	if err := c.Objects.List(ctx, &list, client.InNamespace(c.Namespace)); err != nil {
-		return fmt.Errorf("list migrations in namespace %s: %w", c.Namespace, err)
 	}
 	items := list.Items
 	if vm != "" {
@@ -129,13 +126,9 @@ func orDash(s string) string {
 }
 
 func (e *env) migrateCancel(ctx context.Context, w io.Writer, vm string) error {
-	c, err := e.connect()
+	c, list, err := e.migrations(ctx)
 	if err != nil {
 		return err
-	}
-	var list qv1.VirtualMachineInstanceMigrationList
-	if err := c.Objects.List(ctx, &list, client.InNamespace(c.Namespace)); err != nil {
-		return fmt.Errorf("list migrations in namespace %s: %w", c.Namespace, err)
 	}
 	var active []qv1.VirtualMachineInstanceMigration
 	for _, m := range list.Items {
@@ -154,4 +147,17 @@ func (e *env) migrateCancel(ctx context.Context, w io.Writer, vm string) error {
 		fmt.Fprintf(w, "VM %s: migration %s (%s) cancelled\n", vm, m.Name, migrationTrigger(m))
 	}
 	return nil
+}
+
+// migrations connects and lists the migrations of the namespace.
+func (e *env) migrations(ctx context.Context) (*kube.Client, *qv1.VirtualMachineInstanceMigrationList, error) {
+	c, err := e.connect()
+	if err != nil {
+		return nil, nil, err
+	}
+	var list qv1.VirtualMachineInstanceMigrationList
+	if err := c.Objects.List(ctx, &list, client.InNamespace(c.Namespace)); err != nil {
+		return nil, nil, fmt.Errorf("list migrations in namespace %s: %w", c.Namespace, err)
+	}
+	return c, &list, nil
 }

@@ -37,21 +37,34 @@ func (s *Server) softReboot(w http.ResponseWriter, r *http.Request) {
 // action runs one launcher call for the request's VMI. The VMI status (Paused condition) follows
 // from the launcher's status stream, which the handler's reconciler watches; this only acts.
 func (s *Server) action(w http.ResponseWriter, r *http.Request, name string, call func(*launcher.Client, context.Context) error) {
-	t, log, ok := s.begin(w, r, name, nil)
+	t, log, _, ok := s.callLauncher(w, r, name, func(ctx context.Context, c *launcher.Client) (any, error) {
+		return nil, call(c, ctx)
+	})
 	if !ok {
 		return
+	}
+	log.Info("action done")
+	apistatus.WriteSuccess(w, fmt.Sprintf("VMI %s: %s done", t.key(), name))
+}
+
+// callLauncher runs call against the request's VMI's launcher within actionTimeout and returns
+// its result; on a refusal or failure it has answered the request and returns false.
+func (s *Server) callLauncher(w http.ResponseWriter, r *http.Request, name string, call func(context.Context, *launcher.Client) (any, error)) (target, logr.Logger, any, bool) {
+	t, log, ok := s.begin(w, r, name, nil)
+	if !ok {
+		return t, log, nil, false
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
 	c := launcher.NewClient(t.dir.Command())
 	defer c.Close()
-	if err := call(c, ctx); err != nil {
-		log.Info("action failed", "error", err.Error())
+	out, err := call(ctx, c)
+	if err != nil {
+		log.Info(name+" failed", "error", err.Error())
 		fail(w, launcherError(t, name, err))
-		return
+		return t, log, nil, false
 	}
-	log.Info("action done")
-	apistatus.WriteSuccess(w, fmt.Sprintf("VMI %s: %s done", t.key(), name))
+	return t, log, out, true
 }
 
 // screenshot answers the guest's display as image/png, streamed from the launcher (QMP

@@ -63,18 +63,8 @@ func (s *Server) unfreeze(w http.ResponseWriter, r *http.Request) {
 
 // guestQuery runs one guest agent query through the VMI's launcher and answers its result as JSON.
 func guestQuery(s *Server, w http.ResponseWriter, r *http.Request, name string, call func(context.Context, *launcher.Client) (any, error)) {
-	t, log, ok := s.begin(w, r, name, nil)
+	_, _, out, ok := s.callLauncher(w, r, name, call)
 	if !ok {
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
-	defer cancel()
-	c := launcher.NewClient(t.dir.Command())
-	defer c.Close()
-	out, err := call(ctx, c)
-	if err != nil {
-		log.Info("guest agent query failed", "error", err.Error())
-		fail(w, launcherError(t, name, err))
 		return
 	}
 	body, err := json.Marshal(out)
