@@ -183,15 +183,18 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmim *v1alpha1.Virtual
 	if vmi != nil {
 		in.CompletionTimeout = completionTimeout(&vmi.Spec, cfg.Migrations.CompletionTimeoutPerGiB)
 	}
+	if in.TargetPod == nil && vmi != nil && !isTerminal(vmim.Status.Phase) {
+		// No target pod fails a migration past Pending, which is final, and lets a Pending one
+		// create a second: confirm it around the cache, which lags behind the pod created a
+		// moment ago.
+		if targets, err = listTargetPods(ctx, r.apiReader(), vmim); err != nil {
+			return ctrl.Result{}, err
+		}
+		in.TargetPod = currentTargetPod(targets)
+	}
 	if vmim.Status.Phase == v1alpha1.MigrationPending && vmi != nil {
 		// Limits and the one-migration-per-instance rule read around the cache, so a migration
 		// that just left Pending counts even before its watch event arrives.
-		if in.TargetPod == nil {
-			if targets, err = listTargetPods(ctx, r.apiReader(), vmim); err != nil {
-				return ctrl.Result{}, err
-			}
-			in.TargetPod = currentTargetPod(targets)
-		}
 		var all v1alpha1.VirtualMachineInstanceMigrationList
 		if err := r.apiReader().List(ctx, &all); err != nil {
 			return ctrl.Result{}, fmt.Errorf("list migrations: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -50,9 +51,17 @@ type testEnv struct {
 	ctx   context.Context
 	ns    string
 	store *config.Store
+	// podCacheLag delays the reconciler's view of new pods (laggingPods).
+	podCacheLag time.Duration
 }
 
 func setup(t *testing.T, mutate func(c *config.Config)) *testEnv {
+	t.Helper()
+	return setupWith(t, mutate, 0)
+}
+
+// setupWith is setup with a reconciler whose cache sees pods only podCacheLag after their creation.
+func setupWith(t *testing.T, mutate func(c *config.Config), podCacheLag time.Duration) *testEnv {
 	t.Helper()
 	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "migration-test-"}}
@@ -63,7 +72,7 @@ func setup(t *testing.T, mutate func(c *config.Config)) *testEnv {
 	if mutate != nil {
 		mutate(&c)
 	}
-	e := &testEnv{t: t, ctx: ctx, ns: ns.Name, store: config.NewStore(c)}
+	e := &testEnv{t: t, ctx: ctx, ns: ns.Name, store: config.NewStore(c), podCacheLag: podCacheLag}
 	// Runs after the manager stopped: migrations left in flight would count against the
 	// cluster-wide limit in later tests.
 	t.Cleanup(e.finishMigrations)
@@ -83,6 +92,9 @@ func (e *testEnv) startManager(r *Reconciler) {
 		t.Fatalf("new manager: %v", err)
 	}
 	r.Client, r.Scheme, r.Config = mgr.GetClient(), mgr.GetScheme(), e.store
+	if e.podCacheLag > 0 {
+		r.Client = laggingPods{Client: r.Client, lag: e.podCacheLag}
+	}
 	//lint:ignore SA1019 the cross-controller contract uses the core/v1 events recorder
 	r.Recorder = mgr.GetEventRecorderFor("qvirt-migration")
 	if err := r.SetupWithManager(mgr); err != nil {
@@ -472,6 +484,43 @@ func TestTargetPodFailure(t *testing.T) {
 	}
 	if ok, _ := e.podGone(source); ok {
 		t.Errorf("source pod was deleted")
+	}
+}
+
+// laggingPods is a cache that learns of a migration's target pod only lag after its creation, as
+// an informer under load does.
+type laggingPods struct {
+	client.Client
+	lag time.Duration
+}
+
+func (c laggingPods) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := c.Client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	if pods, ok := list.(*corev1.PodList); ok {
+		pods.Items = slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool {
+			return p.Labels[v1alpha1.MigrationUIDLabel] != "" && time.Since(p.CreationTimestamp.Time) < c.lag
+		})
+	}
+	return nil
+}
+
+// A target pod that the cache does not hold yet is not a target pod that is gone: seen in e2e,
+// the migration failed with "the target pod is gone" the moment after it created the pod.
+func TestTargetPodNotYetCached(t *testing.T) {
+	e := setupWith(t, nil, 3*time.Second)
+	vmi, _ := e.runningVMI("vm1", "node-a", false)
+	m := e.migrate("mig", vmi.Name)
+	e.waitTargetPod(m)
+	e.waitPhase(m, v1alpha1.MigrationScheduling)
+	time.Sleep(4 * time.Second) // past the lag, with the reconciler woken by the pod's events
+	var got v1alpha1.VirtualMachineInstanceMigration
+	if err := cp.Client.Get(e.ctx, client.ObjectKeyFromObject(m), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Phase == v1alpha1.MigrationFailed {
+		t.Fatalf("the migration failed while its target pod was not in the cache yet: %+v", got.Status.Conditions)
 	}
 }
 
