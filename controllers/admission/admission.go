@@ -33,7 +33,7 @@ func Setup(mgr ctrl.Manager, store *config.Store) error {
 		WithValidator(&VMIValidator{Config: store}).Complete(); err != nil {
 		return fmt.Errorf("register VirtualMachineInstance webhooks: %w", err)
 	}
-	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionAdmitter{Client: mgr.GetClient(), Config: store}})
+	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionAdmitter{Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Config: store}})
 	return nil
 }
 

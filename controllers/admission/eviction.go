@@ -50,8 +50,13 @@ const EvictionPath = "/validate-v1-pod-eviction"
 // Once marked, later evictions are refused (429) with how the evacuation stands, where KubeVirt
 // lets them go to a PodDisruptionBudget that refuses them.
 type EvictionAdmitter struct {
-	// Client reads launcher pods, instances and migrations (the manager's cache: it holds launcher
-	// pods only, so any other pod is not found and its eviction goes through) and marks instances.
+	// Reader reads the evicted pod and its instance from kube-apiserver, not from the manager's
+	// cache: a cache that has not caught up with a new launcher pod, or with the instance's
+	// Running status, would let the eviction through and stop the guest. Evictions are rare (a
+	// drain), so the two reads cost nothing that matters.
+	Reader client.Reader
+	// Client lists migrations (from the cache: only the refusal's message depends on them) and
+	// marks instances.
 	Client client.Client
 	Config *config.Store
 }
@@ -62,16 +67,18 @@ func (a *EvictionAdmitter) Handle(ctx context.Context, req admission.Request) ad
 		return admission.Allowed("")
 	}
 	pod := &corev1.Pod{}
-	if err := a.Client.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: req.Name}, pod); err != nil {
-		// Not a launcher pod (not in the cache), or gone: not ours to hold.
-		return admission.Allowed("")
+	if err := a.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: req.Name}, pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return admission.Allowed("")
+		}
+		return tooManyRequests(fmt.Sprintf("qvirt could not read pod %s/%s: %v", req.Namespace, req.Name, err))
 	}
 	vmiName := pod.Labels[v1alpha1.VMINameLabel]
 	if pod.Labels[v1alpha1.AppLabel] != v1alpha1.LauncherApp || vmiName == "" || pod.DeletionTimestamp != nil {
 		return admission.Allowed("")
 	}
 	vmi := &v1alpha1.VirtualMachineInstance{}
-	if err := a.Client.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: vmiName}, vmi); err != nil {
+	if err := a.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: vmiName}, vmi); err != nil {
 		if apierrors.IsNotFound(err) {
 			return admission.Allowed("")
 		}

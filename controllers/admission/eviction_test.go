@@ -2,19 +2,26 @@ package admission_test
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	ctrladmission "sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	"sigs.k8s.io/yaml"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/admission"
 	"github.com/qvirt/qvirt/controllers/migration"
 	"github.com/qvirt/qvirt/internal/config"
 )
@@ -210,4 +217,55 @@ func failedEvacuation(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, reason
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond) // creation timestamps have whole seconds: keep the order
+}
+
+// TestEvictionBeforeTheCacheCatchesUp: an eviction that reaches the webhook before the manager's
+// cache holds the new launcher pod, or the instance's Running status, is still refused. The
+// webhook reads both from kube-apiserver; with the cache, CI saw the LiveMigrate eviction of a
+// just-created launcher pod go through (the guest would have stopped).
+func TestEvictionBeforeTheCacheCatchesUp(t *testing.T) {
+	startWebhook(t)
+	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "evict-lag-"}}
+	if err := cp.Client.Create(context.Background(), nsObj); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), nsObj) })
+	store.Set(config.Default())
+	lm := v1alpha1.EvictionStrategyLiveMigrate
+	vmi, pod := evictee(t, nsObj.Name, "fresh", &lm, true)
+	a := &admission.EvictionAdmitter{Reader: cp.Client, Client: emptyCache(), Config: store}
+	ev, err := json.Marshal(&policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := ctrladmission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		Operation: admissionv1.Create, SubResource: "eviction", Namespace: pod.Namespace, Name: pod.Name,
+		Object: runtime.RawExtension{Raw: ev},
+	}}
+	resp := a.Handle(context.Background(), req)
+	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusTooManyRequests {
+		t.Fatalf("eviction of a launcher pod the cache has not seen: allowed=%v result=%+v, want 429", resp.Allowed, resp.Result)
+	}
+	if got := evacuationNode(t, vmi); got != evictNode {
+		t.Fatalf("status.evacuationNodeName = %q, want %q", got, evictNode)
+	}
+}
+
+// emptyCache is the manager's client the moment a pod was created: its reads come from a cache
+// that holds nothing yet, its writes go to kube-apiserver.
+func emptyCache() client.Client {
+	return laggingCache{Client: cp.Client, cache: fake.NewClientBuilder().WithScheme(cp.Client.Scheme()).Build()}
+}
+
+type laggingCache struct {
+	client.Client
+	cache client.Reader
+}
+
+func (c laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	return c.cache.Get(ctx, key, obj, opts...)
+}
+
+func (c laggingCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	return c.cache.List(ctx, list, opts...)
 }
