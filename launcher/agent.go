@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"reflect"
 	"sync"
 	"time"
@@ -29,6 +30,9 @@ var AgentPollInterval = 10 * time.Second
 const (
 	agentCallTimeout = 5 * time.Second
 	agentOSInfoEvery = 30 // polls: the OS changes rarely (an upgrade), the kernel on reboot
+	// agentMaxRetryWait bounds the polls skipped between retries of an agent that does not answer
+	// (about 5 minutes at the default interval).
+	agentMaxRetryWait = 32
 	// qmp.Monitor's name of the event for a virtio-serial port's guest end opening or closing.
 	eventVSerPortChange = "VSERPORT_CHANGE"
 )
@@ -52,12 +56,22 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 	defer tick.Stop()
 	defer a.disconnect(l)
 	portOpen := true // unknown at first: try
-	polls := 0
+	polls, failures, wait := 0, 0, 0
 	for {
-		if portOpen {
+		switch {
+		case !portOpen:
+		case wait > 0:
+			wait--
+		default:
 			// A busy client (a long freeze in progress) is not a dead agent: skip this poll.
-			if err := a.poll(l, p, polls%agentOSInfoEvery == 0); err != nil && !errors.Is(err, guestagent.ErrBusy) {
+			err := a.poll(l, p, polls%agentOSInfoEvery == 0)
+			switch {
+			case err == nil || errors.Is(err, guestagent.ErrBusy):
+				failures = 0
+			default:
 				a.disconnect(l)
+				failures++
+				wait = agentRetryWait(failures)
 			}
 			polls++
 		}
@@ -77,10 +91,24 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 				a.disconnect(l)
 				continue
 			}
-			polls = 0 // a new agent: ask for everything
+			polls, failures, wait = 0, 0, 0 // a new agent: ask for everything, now
 		case <-tick.C:
 		}
 	}
+}
+
+// agentRetryWait is how many polls to skip after the failures-th failure in a row: none after
+// the first, then doubling up to agentMaxRetryWait. A guest without qemu-ga never opens the port,
+// and its launcher would otherwise spend a connect and a 5 s wait every poll for nothing; a guest
+// that starts its agent later says so with VSERPORT_CHANGE, which retries at once.
+func agentRetryWait(failures int) int {
+	if failures <= 1 {
+		return 0
+	}
+	if failures-2 >= bits.Len(agentMaxRetryWait) {
+		return agentMaxRetryWait
+	}
+	return min(1<<(failures-2), agentMaxRetryWait)
 }
 
 // portChange reports whether ev is a VSERPORT_CHANGE of the agent's port, and its new state.
