@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -1020,11 +1021,18 @@ func TestMigrationKeepsEmptyDiskData(t *testing.T) {
 	}
 }
 
-// TestMigrationCancel deletes a migration while it runs (slowed to 1 MiB/s by the configuration):
-// the source's agent cancels it, the migration state says so, and the guest runs on at the source.
+// TestMigrationCancel deletes a migration while it runs (slowed to 1 MiB/s by a MigrationPolicy for
+// the test's namespace, which the node agent gives the source launcher): the source's agent
+// cancels it, the migration state says so, and the guest runs on at the source.
 func TestMigrationCancel(t *testing.T) {
 	e := newEnv(t)
-	e.setConfig("bandwidthPerMigration", "1Mi")
+	slow := &v1alpha1.MigrationPolicy{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-slow"},
+		Spec: v1alpha1.MigrationPolicySpec{BandwidthPerMigration: ptr.To(resource.MustParse("1Mi")),
+			Selectors: &v1alpha1.Selectors{NamespaceSelector: v1alpha1.LabelSelector{corev1.LabelMetadataName: e.ns}}}}
+	if err := e.c.Create(context.Background(), slow); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.c.Delete(context.Background(), slow) })
 	nodeB := e.addNode()
 	v, _, con := e.startGuest("slow")
 	con.Expect(t, 0, "tick 2\r\n", bootTimeout)
@@ -1041,8 +1049,8 @@ func TestMigrationCancel(t *testing.T) {
 		ms := v.Status.MigrationState
 		return ms != nil && ms.Failed
 	})
-	if ms := got.Status.MigrationState; !strings.Contains(ms.FailureReason, "cancel") || ms.Completed {
-		t.Errorf("migrationState %+v: want failed by cancellation", ms)
+	if ms := got.Status.MigrationState; !strings.Contains(ms.FailureReason, "cancel") || ms.Completed || ms.MigrationPolicyName != slow.Name {
+		t.Errorf("migrationState %+v: want failed by cancellation, under policy %s", ms, slow.Name)
 	}
 	if got.Status.NodeName != e.node || got.Status.Phase != v1alpha1.Running {
 		t.Errorf("after the cancelled migration: node %s phase %s, want Running on %s", got.Status.NodeName, got.Status.Phase, e.node)

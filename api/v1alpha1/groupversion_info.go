@@ -31,7 +31,8 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&VirtualMachine{}, &VirtualMachineList{},
 		&VirtualMachineInstance{}, &VirtualMachineInstanceList{},
-		&VirtualMachineInstanceMigration{}, &VirtualMachineInstanceMigrationList{})
+		&VirtualMachineInstanceMigration{}, &VirtualMachineInstanceMigrationList{},
+		&MigrationPolicy{}, &MigrationPolicyList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -318,6 +318,13 @@ type VirtualMachineInstanceMigrationState struct {
 	// migration that takes a fraction of one.
 	// +optional
 	TotalTimeMilliseconds *int64 `json:"totalTimeMs,omitempty"`
+	// MigrationPolicyName is the MigrationPolicy chosen for this migration, if any matched.
+	// +optional
+	MigrationPolicyName string `json:"migrationPolicyName,omitempty"`
+	// MigrationConfiguration is the settings in force for this migration: the cluster's, with
+	// those of MigrationPolicyName over them.
+	// +optional
+	MigrationConfiguration *MigrationConfiguration `json:"migrationConfiguration,omitempty"`
 }
 
 // VolumePhase is where a volume is in being attached.

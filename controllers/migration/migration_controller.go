@@ -181,7 +181,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmim *v1alpha1.Virtual
 		PhaseSince: phaseSince(vmim),
 	}
 	if vmi != nil {
-		in.CompletionTimeout = completionTimeout(&vmi.Spec, cfg.Migrations.CompletionTimeoutPerGiB)
+		perGiB := cfg.Migrations.CompletionTimeoutPerGiB
+		if ms := ownState(vmi, vmim.UID); ms != nil && ms.MigrationConfiguration != nil && ms.MigrationConfiguration.CompletionTimeoutPerGiB != nil {
+			perGiB = *ms.MigrationConfiguration.CompletionTimeoutPerGiB // the policy's, fixed at the start
+		}
+		in.CompletionTimeout = completionTimeout(&vmi.Spec, perGiB)
 	}
 	if in.TargetPod == nil && vmi != nil && !isTerminal(vmim.Status.Phase) {
 		// No target pod fails a migration past Pending, which is final, and lets a Pending one
@@ -252,9 +256,18 @@ func (r *Reconciler) apply(ctx context.Context, vmim *v1alpha1.VirtualMachineIns
 		return ctrl.Result{}, nil
 
 	case actStartMigration:
+		policy, mcfg, tie, err := r.chooseConfiguration(ctx, vmi)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if tie != "" {
+			r.event(vmim, corev1.EventTypeWarning, ReasonPolicyTie,
+				"migration policies %s and %s match instance %s equally; %s applies, the first by name", policy, tie, vmi.Name, policy)
+		}
 		r.setPhase(vmim, v1alpha1.MigrationScheduled, string(v1alpha1.MigrationScheduled), d.Message)
 		ms := &v1alpha1.VirtualMachineInstanceMigrationState{
 			MigrationUID: vmim.UID, SourceNode: vmi.Status.NodeName, TargetNode: tp.Spec.NodeName, TargetPod: tp.Name,
+			MigrationPolicyName: policy, MigrationConfiguration: mcfg,
 		}
 		if own := vmim.Status.MigrationState; own != nil {
 			ms.SourcePod = own.SourcePod

@@ -47,6 +47,9 @@ const (
 	// ReasonImagesNotPinned: the target pod pulls an image by the spec's tag, for want of a digest
 	// in the instance's status (an instance from before digests were recorded).
 	ReasonImagesNotPinned = "ImagesNotPinned"
+	// ReasonPolicyTie: more than one MigrationPolicy matches the instance best; the first by name
+	// applies.
+	ReasonPolicyTie = "MigrationPolicyTie"
 )
 
 // action is what the reconciler must do for a decision before the decided phase holds.

@@ -251,7 +251,10 @@ func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachi
 	}
 	// The launcher sees its socket directory at podlayout.SocketDir.
 	inPod := launcher.VMIDir(podlayout.SocketDir, v.UID)
-	req := protocol.MigrationSource{URI: "unix:" + inPod.MigrationOut(), BandwidthBytesPerSecond: r.migrationBandwidth()}
+	req := protocol.MigrationSource{URI: "unix:" + inPod.MigrationOut(), BandwidthBytesPerSecond: r.migrationBandwidth(ms.MigrationConfiguration)}
+	if c := ms.MigrationConfiguration; c != nil && c.AllowAutoConverge != nil {
+		req.AutoConverge = *c.AllowAutoConverge
+	}
 	if len(v1alpha1.LocalDisks(&v.Spec)) > 0 {
 		// The local disks are copied first, through the same tunnel (blockmigration.go in the
 		// launcher); a launcher too old to copy them refuses the request.
@@ -273,13 +276,19 @@ func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachi
 	return nil
 }
 
-// migrationBandwidth is the configured cap for the launcher: unlimited when the configuration says
-// 0, as KubeVirt's bandwidthPerMigration.
-func (r *Reconciler) migrationBandwidth() int64 {
-	if r.MigrationBandwidth == nil {
-		return -1
+// migrationBandwidth is the cap for the launcher: the migration's own configuration's (its
+// MigrationPolicy over the cluster's, fixed by the controller at the start), else the node
+// agent's view of the cluster's (a migration started by a controller that predates policies);
+// unlimited when it says 0, as KubeVirt's bandwidthPerMigration.
+func (r *Reconciler) migrationBandwidth(c *v1alpha1.MigrationConfiguration) int64 {
+	var b int64
+	switch {
+	case c != nil && c.BandwidthPerMigration != nil:
+		b = c.BandwidthPerMigration.Value()
+	case r.MigrationBandwidth != nil:
+		b = r.MigrationBandwidth()
 	}
-	if b := r.MigrationBandwidth(); b > 0 {
+	if b > 0 {
 		return b
 	}
 	return -1
