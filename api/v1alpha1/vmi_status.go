@@ -120,6 +120,12 @@ type VirtualMachineInstanceStatus struct {
 	// +optional
 	MigrationState *VirtualMachineInstanceMigrationState `json:"migrationState,omitempty"`
 
+	// MigrationMethod is how a live migration of the instance moves it, as KubeVirt's:
+	// BlockMigration when disks whose contents live on the node only (emptyDisks, containerDisk
+	// overlays) are copied before the memory, LiveMigration when only the memory moves.
+	// +optional
+	MigrationMethod VirtualMachineInstanceMigrationMethod `json:"migrationMethod,omitempty"`
+
 	// LauncherContainerImageVersion is the launcher image the instance runs in.
 	// +optional
 	LauncherContainerImageVersion string `json:"launcherContainerImageVersion,omitempty"`
@@ -373,3 +379,12 @@ func (st *VirtualMachineInstanceStatus) SetPhase(phase VirtualMachineInstancePha
 	st.PhaseTransitionTimestamps = append(st.PhaseTransitionTimestamps,
 		VirtualMachineInstancePhaseTransitionTimestamp{Phase: phase, PhaseTransitionTimestamp: now})
 }
+
+// VirtualMachineInstanceMigrationMethod is how an instance migrates.
+type VirtualMachineInstanceMigrationMethod string
+
+// Migration methods, as KubeVirt names them.
+const (
+	BlockMigration VirtualMachineInstanceMigrationMethod = "BlockMigration"
+	LiveMigration  VirtualMachineInstanceMigrationMethod = "LiveMigration"
+)

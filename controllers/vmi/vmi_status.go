@@ -142,7 +142,8 @@ func applyOutcome(st *v1alpha1.VirtualMachineInstanceStatus, o outcome, now meta
 	}
 }
 
-// setLiveMigratable sets the LiveMigratable condition from the spec and its claims' access modes.
+// setLiveMigratable sets the LiveMigratable condition from the spec and its claims' access modes,
+// and the migration method from the disks.
 func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims) {
 	ok, reason, msg := v1alpha1.LiveMigratable(&vmi.Spec)
 	if vol, claim, modes := unsharedClaim(&vmi.Spec, claims); ok && claim != "" {
@@ -153,6 +154,10 @@ func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims) {
 	status := metav1.ConditionFalse
 	if ok {
 		status = metav1.ConditionTrue
+	}
+	vmi.Status.MigrationMethod = v1alpha1.LiveMigration
+	if len(v1alpha1.LocalDisks(&vmi.Spec)) > 0 {
+		vmi.Status.MigrationMethod = v1alpha1.BlockMigration
 	}
 	patch.SetCondition(&vmi.Status.Conditions, vmi, metav1.Condition{
 		Type: v1alpha1.VirtualMachineInstanceIsMigratable, Status: status, Reason: reason, Message: msg,

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -98,6 +99,17 @@ func TestSetLiveMigratable(t *testing.T) {
 	c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
 	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.MigratableReason || c.ObservedGeneration != 3 {
 		t.Fatalf("condition = %+v, want True/%s", c, v1alpha1.MigratableReason)
+	}
+	if v.Status.MigrationMethod != v1alpha1.LiveMigration {
+		t.Errorf("migrationMethod = %q without local disks, want %q", v.Status.MigrationMethod, v1alpha1.LiveMigration)
+	}
+	// A hot-plugged emptyDisk lives on the node only: migrations copy it first.
+	v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: "scratch",
+		VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}}})
+	v.Spec.Domain.Devices.Disks = append(v.Spec.Domain.Devices.Disks, v1alpha1.Disk{Name: "scratch"})
+	setLiveMigratable(v, nil)
+	if v.Status.MigrationMethod != v1alpha1.BlockMigration {
+		t.Errorf("migrationMethod = %q with an emptyDisk, want %q", v.Status.MigrationMethod, v1alpha1.BlockMigration)
 	}
 	v.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}
