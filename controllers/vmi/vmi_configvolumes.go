@@ -71,3 +71,16 @@ func serviceAccountProjection() *corev1.ProjectedVolumeSource {
 		},
 	}
 }
+
+// secretVolumeRefs are the Secrets that secret volumes need (those not optional), for the
+// SecretNotFound condition (missingSecrets): without it a missing Secret would show only in the
+// launcher pod's FailedMount events.
+func secretVolumeRefs(spec *v1alpha1.VirtualMachineInstanceSpec) []cloudInitSecret {
+	var out []cloudInitSecret
+	for i := range spec.Volumes {
+		if s := spec.Volumes[i].Secret; s != nil && !ptr.Deref(s.Optional, false) {
+			out = append(out, cloudInitSecret{field: fmt.Sprintf("spec.volumes[%d].secret.secretName", i), secret: s.SecretName})
+		}
+	}
+	return out
+}

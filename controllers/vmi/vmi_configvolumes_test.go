@@ -3,9 +3,11 @@ package vmi
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -75,7 +77,7 @@ func configMounts(t *testing.T, pod *corev1.Pod) map[string]string {
 // configMap, a serviceAccount and a downwardAPI volume holds the Kubernetes volume behind each,
 // read-only where the launcher reads it; it runs as the volume's service account, whose token,
 // CA certificate and namespace are projected as a pod's automounted ones are, and it still
-// automounts nothing.
+// automounts nothing. While the (not optional) Secret is missing, the instance says so.
 func TestConfigVolumePod(t *testing.T) {
 	ns := newNamespace(t)
 	startManager(t, ns, emulationConfig(), cp.Config)
@@ -108,4 +110,23 @@ func TestConfigVolumePod(t *testing.T) {
 	if podlayout.ConfigVolumeMount("sa") != "/var/run/qvirt/config-volumes/sa" {
 		t.Error("the launcher looks elsewhere than the pod mounts")
 	}
+
+	// The Secret does not exist: the instance says which volume waits for it (the optional
+	// ConfigMap, missing too, is no reason to wait), and stops saying so once it exists.
+	const msg = `spec.volumes[0].secret.secretName: Secret "app" not found`
+	eventually(t, "Synchronized=False SecretNotFound naming the secret volume", func() (bool, string) {
+		got := getVMI(t, v)
+		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+		if c == nil {
+			return false, fmt.Sprintf("phase %s, no Synchronized condition", got.Status.Phase)
+		}
+		return c.Status == metav1.ConditionFalse && c.Reason == ReasonSecretNotFound && strings.Contains(c.Message, msg) && !strings.Contains(c.Message, "app-cm"), fmt.Sprintf("%+v", c)
+	})
+	if err := cp.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: ns}, StringData: map[string]string{"username": "admin"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the condition gone once the Secret exists", func() (bool, string) {
+		c := meta.FindStatusCondition(getVMI(t, v).Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+		return c == nil, fmt.Sprintf("%+v", c)
+	})
 }
