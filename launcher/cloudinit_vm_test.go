@@ -18,7 +18,10 @@ import (
 // TestCloudInitInTheGuest boots the test guest with a cloudInitNoCloud volume on a sata cdrom (its
 // user data from a Secret, as a launcher pod mounts it) and a cloudInitConfigDrive volume on a
 // virtio disk, both described by the node agent's translation, and reads them in the guest the way
-// cloud-init finds them: by volume label, mounted as iso9660, under their names.
+// cloud-init finds them: by volume label, mounted as iso9660, under their names. The same boot
+// carries config volumes (KubeVirt's secret and configMap volumes): a secret with a volumeLabel
+// on a virtio disk and a configMap on a sata cdrom, their files laid out as the kubelet writes
+// them; the guest mounts each as iso9660 and reads the files under their keys.
 func TestCloudInitInTheGuest(t *testing.T) {
 	const userData = "#cloud-config\n# QVIRT-NOCLOUD-USERDATA-FROM-SECRET\n"
 	secrets := t.TempDir()
@@ -45,7 +48,27 @@ func TestCloudInitInTheGuest(t *testing.T) {
 		CloudInitConfigDrive: &v1alpha1.CloudInitConfigDriveSource{UserDataBase64: "I2Nsb3VkLWNvbmZpZwojIFFWSVJULUNPTkZJRy1EUklWRS1VU0VSREFUQQo="}}}}
 	req.Machine.Disks = append(req.Machine.Disks, testutil.SyncRequest(t, other, nil).Machine.Disks[0])
 
-	v := newLauncherWith(t, launcher.HostResolver{SpareRootPorts: 2, CloudInitSecrets: secrets})
+	// Config volumes, after the ConfigDrive disk so the virtio disks keep their names.
+	configVols := t.TempDir()
+	for name, files := range map[string]map[string]string{
+		"app-secret": {"username": "admin", "password": "QVIRT-SECRET-PASSWORD", ".hidden-key": "dot", "sub/nested": "QVIRT-NESTED"},
+		"app-config": {"greeting": "QVIRT-CONFIGMAP-GREETING"},
+	} {
+		if err := os.Mkdir(filepath.Join(configVols, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeAtomic(t, filepath.Join(configVols, name), files)
+	}
+	cfg := guestVMI(t)
+	cfg.Spec.Domain.Devices.Disks = []v1alpha1.Disk{
+		{Name: "app-secret", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}},
+		{Name: "app-config", CDRom: &v1alpha1.CDRomTarget{}}}
+	cfg.Spec.Volumes = []v1alpha1.Volume{
+		{Name: "app-secret", VolumeSource: v1alpha1.VolumeSource{Secret: &v1alpha1.SecretVolumeSource{SecretName: "app", VolumeLabel: "APPSECRET"}}},
+		{Name: "app-config", VolumeSource: v1alpha1.VolumeSource{ConfigMap: &v1alpha1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app"}}}}}
+	req.Machine.Disks = append(req.Machine.Disks, testutil.SyncRequest(t, cfg, nil).Machine.Disks...)
+
+	v := newLauncherWith(t, launcher.HostResolver{SpareRootPorts: 2, CloudInitSecrets: secrets, ConfigVolumes: configVols})
 	st, err := v.client.Sync(context.Background(), req)
 	if err != nil || st.Phase != protocol.PhaseRunning {
 		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
@@ -70,4 +93,13 @@ func TestCloudInitInTheGuest(t *testing.T) {
 	c.Run(t, "cat /mnt/cd/openstack/latest/user_data", "# QVIRT-CONFIG-DRIVE-USERDATA", time.Minute)
 	c.Run(t, "cat /mnt/cd/openstack/latest/meta_data.json; echo", `"instance_id":"testguest.`, time.Minute)
 	c.Run(t, "echo VDB-RO-$(cat /sys/block/vdb/ro)", "VDB-RO-1", time.Minute)
+
+	// The secret volume is /dev/vdc, labelled as its volumeLabel says; the configMap volume is the
+	// second cdrom, /dev/sr1, labelled cfgdata (KubeVirt's default).
+	c.Run(t, label("/dev/vdc"), "LABEL=APPSECRET\r", time.Minute)
+	c.Run(t, label("/dev/sr1"), "LABEL=cfgdata\r", time.Minute)
+	c.Run(t, "mkdir -p /mnt/sec /mnt/cm && mount -t iso9660 -o ro /dev/vdc /mnt/sec && ls -1A /mnt/sec | tr '\\n' ,", ".hidden-key,password,sub,username,", time.Minute)
+	c.Run(t, "echo $(cat /mnt/sec/password)-$(cat /mnt/sec/sub/nested)-$(cat /mnt/sec/.hidden-key)", "QVIRT-SECRET-PASSWORD-QVIRT-NESTED-dot", time.Minute)
+	c.Run(t, "echo VDC-RO-$(cat /sys/block/vdc/ro)", "VDC-RO-1", time.Minute)
+	c.Run(t, "mount -t iso9660 -o ro /dev/sr1 /mnt/cm && ls -1A /mnt/cm | tr '\\n' , && cat /mnt/cm/greeting", "greeting,QVIRT-CONFIGMAP-GREETING", time.Minute)
 }

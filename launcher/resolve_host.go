@@ -34,6 +34,9 @@ type HostResolver struct {
 	// (podlayout.CloudInitSecretDir); empty outside a pod, where cloud-init data from a Secret is
 	// refused.
 	CloudInitSecrets string
+	// ConfigVolumes is where the pod mounts the volumes behind config disks
+	// (podlayout.ConfigVolumeDir); empty outside a pod, where config volumes are refused.
+	ConfigVolumes string
 	// OVMFDir holds the OVMF builds, named as Debian's ovmf package names them (see OVMFFiles);
 	// DefaultOVMFDir when empty.
 	OVMFDir string
@@ -101,6 +104,8 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 		return h.claim(d, src.Claim, runDir, sp.Child("claim"))
 	case src.CloudInit != nil:
 		return h.cloudInitDisk(d, h.scratch(runDir), p)
+	case src.Config != nil:
+		return h.configDisk(d, h.scratch(runDir), p)
 	case src.Empty != nil:
 		if err := checkName(p.Child("name"), d.Name); err != nil {
 			return DiskImage{}, err
@@ -111,7 +116,7 @@ func (h HostResolver) ResolveDisk(d *machine.Disk, runDir string, p machine.Path
 		}
 		return DiskImage{Path: path, Format: "raw", Ephemeral: true}, nil
 	}
-	return DiskImage{}, machine.Required(sp, "one of hostFile, container, empty, claim or cloudInit")
+	return DiskImage{}, machine.Required(sp, "one of hostFile, container, empty, claim, cloudInit or config")
 }
 
 // scratch is where the launcher keeps the files it makes for the machine: ScratchDir, else the run

@@ -31,6 +31,9 @@ type ServeOptions struct {
 	// CloudInitSecrets is where the pod mounts its cloud-init Secret volumes
 	// (podlayout.CloudInitSecretDir).
 	CloudInitSecrets string
+	// ConfigVolumes is where the pod mounts the volumes behind its config disks
+	// (podlayout.ConfigVolumeDir).
+	ConfigVolumes string
 	// OVMFDir holds the OVMF builds (HostResolver.OVMFDir).
 	OVMFDir string
 	// Images are the pod's image volumes (podlayout.KernelBootDir and ContainerDiskDir): the
@@ -70,7 +73,8 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*protocol.Exit, error) {
 	}()
 	images := opts.Images
 	res := podResolver{host: HostResolver{SpareRootPorts: opts.SpareRootPorts, ScratchDir: opts.ScratchDir, OVMFDir: opts.OVMFDir,
-		Images: &images, FileImagesInPod: opts.AllowFileImages, CloudInitSecrets: opts.CloudInitSecrets}, uid: opts.VMIUID, emulation: opts.Emulation}
+		Images: &images, FileImagesInPod: opts.AllowFileImages, CloudInitSecrets: opts.CloudInitSecrets,
+		ConfigVolumes: opts.ConfigVolumes}, uid: opts.VMIUID, emulation: opts.Emulation}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
 	ln, err := Listen(dir.Command())
 	if err != nil {

@@ -191,6 +191,18 @@ type Source struct {
 	Empty     *Empty     `json:"empty,omitempty"`
 	CloudInit *CloudInit `json:"cloudInit,omitempty"`
 	Claim     *Claim     `json:"claim,omitempty"`
+	Config    *Config    `json:"config,omitempty"`
+}
+
+// Config is a config volume (KubeVirt's secret, configMap, serviceAccount and downwardAPI
+// volumes): the launcher writes the files its pod mounts for the disk (podlayout.ConfigVolumeMount)
+// into a read-only ISO 9660 image in its own directory when the VM starts, as KubeVirt's
+// virt-launcher does. The node agent never reads the files.
+type Config struct {
+	// Kind is the volume's source, for messages: secret, configMap, serviceAccount or downwardAPI.
+	Kind string `json:"kind"`
+	// Label is the image's volume label.
+	Label string `json:"label"`
 }
 
 // HostFile is an image file the launcher can see (a hostDisk's path in the pod).

@@ -393,7 +393,7 @@ func validateMAC(p *field.Path, mac string, seen map[string]bool) field.ErrorLis
 func validateVolumes(vols []Volume, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	names := map[string]bool{}
-	cloudInit := ""
+	cloudInit, serviceAccount := "", ""
 	for i := range vols {
 		v := &vols[i]
 		vp := p.Index(i)
@@ -406,18 +406,29 @@ func validateVolumes(vols []Volume, p *field.Path) field.ErrorList {
 			}
 			cloudInit = "volume " + v.Name
 		}
+		if v.ServiceAccount != nil {
+			if serviceAccount != "" {
+				// The launcher pod runs as one service account, as KubeVirt's.
+				errs = append(errs, field.Forbidden(vp.Child("serviceAccount"), "an instance has at most one serviceAccount volume; "+serviceAccount+" is one already"))
+			}
+			serviceAccount = "volume " + v.Name
+		}
 	}
 	return errs
 }
 
 func validateVolumeSource(s *VolumeSource, p *field.Path) field.ErrorList {
 	set := countSet(s.ContainerDisk != nil, s.CloudInitNoCloud != nil, s.CloudInitConfigDrive != nil, s.EmptyDisk != nil,
-		s.HostDisk != nil, s.PersistentVolumeClaim != nil, s.Ephemeral != nil, s.DataVolume != nil)
+		s.HostDisk != nil, s.PersistentVolumeClaim != nil, s.Ephemeral != nil, s.DataVolume != nil,
+		s.Secret != nil, s.ConfigMap != nil, s.ServiceAccount != nil, s.DownwardAPI != nil)
 	if set != 1 {
-		return field.ErrorList{field.Invalid(p, set, "a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim, ephemeral or dataVolume")}
+		return field.ErrorList{field.Invalid(p, set, "a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim, ephemeral, dataVolume, secret, configMap, serviceAccount or downwardAPI")}
 	}
 	if ci, name, ok := s.CloudInit(); ok {
 		return validateCloudInit(ci, p.Child(name))
+	}
+	if _, name, ok := s.ConfigVolume(); ok {
+		return validateConfigVolume(s, p.Child(name))
 	}
 	switch {
 	case s.ContainerDisk != nil:

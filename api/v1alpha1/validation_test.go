@@ -343,6 +343,10 @@ func FuzzValidateVirtualMachine(f *testing.F) {
 	}
 	base, _ := json.Marshal(validVM())
 	f.Add(base)
+	withConfig := validVM()
+	withConfigVolumes(&withConfig.Spec.Template.Spec)
+	config, _ := json.Marshal(withConfig)
+	f.Add(config)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var vm VirtualMachine
 		if err := yaml.Unmarshal(data, &vm); err != nil {

@@ -41,8 +41,8 @@ const (
 	VirtualMachineInstanceIsMigratable = "LiveMigratable"
 	// VirtualMachineInstanceSynchronized is false while the instance cannot be brought to its
 	// spec: its launcher pod's images cannot be pulled (reasons ErrImagePull and
-	// ImagePullBackOff, set by qvirt-controller as KubeVirt's virt-controller does), a cloud-init
-	// Secret it names does not exist (SecretNotFound, before it is scheduled), a
+	// ImagePullBackOff, set by qvirt-controller as KubeVirt's virt-controller does), a Secret its
+	// cloud-init or secret volumes need does not exist (SecretNotFound, before it is scheduled), a
 	// PersistentVolumeClaim its volumes name does not exist (PVCNotFoundReason, before it has a
 	// launcher pod), or the node agent
 	// cannot start or reach its launcher (the node agent's reasons). A VirtualMachine shows it

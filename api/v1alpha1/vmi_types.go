@@ -768,7 +768,7 @@ type MultusNetwork struct {
 }
 
 // Volume is a storage source attached by the disk of the same name. Exactly one source is set.
-// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud), has(self.cloudInitConfigDrive), has(self.emptyDisk), has(self.hostDisk), has(self.persistentVolumeClaim), has(self.ephemeral), has(self.dataVolume)].filter(x, x).size() == 1",message="a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim, ephemeral or dataVolume"
+// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud), has(self.cloudInitConfigDrive), has(self.emptyDisk), has(self.hostDisk), has(self.persistentVolumeClaim), has(self.ephemeral), has(self.dataVolume), has(self.secret), has(self.configMap), has(self.serviceAccount), has(self.downwardAPI)].filter(x, x).size() == 1",message="a volume sets exactly one source: containerDisk, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, hostDisk, persistentVolumeClaim, ephemeral, dataVolume, secret, configMap, serviceAccount or downwardAPI"
 type Volume struct {
 	// Name is the volume's name; a disk of the same name attaches it.
 	// +kubebuilder:validation:MinLength=1
@@ -817,6 +817,108 @@ type VolumeSource struct {
 	// message saying so (NotRealised); use a persistentVolumeClaim.
 	// +optional
 	DataVolume *DataVolumeSource `json:"dataVolume,omitempty"`
+
+	// Secret attaches a Secret's keys as files on a small read-only ISO 9660 disk (KubeVirt's
+	// config volumes): the launcher pod mounts the Secret and the launcher writes the image at start.
+	// +optional
+	Secret *SecretVolumeSource `json:"secret,omitempty"`
+
+	// ConfigMap attaches a ConfigMap's keys as files on a read-only ISO 9660 disk, as Secret.
+	// +optional
+	ConfigMap *ConfigMapVolumeSource `json:"configMap,omitempty"`
+
+	// ServiceAccount attaches a service account's token, the cluster's CA certificate and the
+	// namespace (the files a pod finds in /var/run/secrets/kubernetes.io/serviceaccount) on a
+	// read-only ISO 9660 disk labelled cfgdata. An instance has at most one.
+	// +optional
+	ServiceAccount *ServiceAccountVolumeSource `json:"serviceAccount,omitempty"`
+
+	// DownwardAPI attaches the launcher pod's fields (labels, annotations, ...) as files on a
+	// read-only ISO 9660 disk.
+	// +optional
+	DownwardAPI *DownwardAPIVolumeSource `json:"downwardAPI,omitempty"`
+}
+
+// ConfigVolumeDefaultLabel is the ISO 9660 volume label of a config volume without a volumeLabel,
+// KubeVirt's.
+const ConfigVolumeDefaultLabel = "cfgdata"
+
+// ConfigVolumeMaxLabel is the longest volume label: ISO 9660's volume identifier field.
+const ConfigVolumeMaxLabel = 32
+
+// SecretVolumeSource is a Secret attached as a disk, as KubeVirt's.
+type SecretVolumeSource struct {
+	// SecretName is the Secret's name, in the instance's namespace.
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
+
+	// Optional lets the instance start without the Secret (an empty disk); otherwise its launcher
+	// pod waits for it.
+	// +optional
+	Optional *bool `json:"optional,omitempty"`
+
+	// VolumeLabel is the disk's ISO 9660 volume label; cfgdata when empty.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	VolumeLabel string `json:"volumeLabel,omitempty"`
+}
+
+// ConfigMapVolumeSource is a ConfigMap attached as a disk, as KubeVirt's.
+type ConfigMapVolumeSource struct {
+	// Name is the ConfigMap's name, in the instance's namespace.
+	corev1.LocalObjectReference `json:",inline"`
+
+	// Optional lets the instance start without the ConfigMap (an empty disk); otherwise its
+	// launcher pod waits for it.
+	// +optional
+	Optional *bool `json:"optional,omitempty"`
+
+	// VolumeLabel is the disk's ISO 9660 volume label; cfgdata when empty.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	VolumeLabel string `json:"volumeLabel,omitempty"`
+}
+
+// ServiceAccountVolumeSource is a service account's credentials attached as a disk, as KubeVirt's.
+type ServiceAccountVolumeSource struct {
+	// ServiceAccountName is the service account; the launcher pod runs as it.
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+}
+
+// DownwardAPIVolumeSource is the launcher pod's downward API attached as a disk, as KubeVirt's.
+type DownwardAPIVolumeSource struct {
+	// Fields are the files, as a pod's downwardAPI volume items.
+	// +optional
+	// +listType=atomic
+	Fields []corev1.DownwardAPIVolumeFile `json:"fields,omitempty"`
+
+	// VolumeLabel is the disk's ISO 9660 volume label; cfgdata when empty.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	VolumeLabel string `json:"volumeLabel,omitempty"`
+}
+
+// ConfigVolume is the label (VolumeLabel, else ConfigVolumeDefaultLabel) and the field name of a
+// config volume (secret, configMap, serviceAccount or downwardAPI); ok is false for other sources.
+func (s *VolumeSource) ConfigVolume() (label, field string, ok bool) {
+	var l string
+	switch {
+	case s.Secret != nil:
+		l, field = s.Secret.VolumeLabel, "secret"
+	case s.ConfigMap != nil:
+		l, field = s.ConfigMap.VolumeLabel, "configMap"
+	case s.ServiceAccount != nil:
+		field = "serviceAccount"
+	case s.DownwardAPI != nil:
+		l, field = s.DownwardAPI.VolumeLabel, "downwardAPI"
+	default:
+		return "", "", false
+	}
+	if l == "" {
+		l = ConfigVolumeDefaultLabel
+	}
+	return l, field, true
 }
 
 // DataVolumeSource names a CDI DataVolume, as KubeVirt's.

@@ -65,6 +65,7 @@ func serve(args []string) int {
 	fs.IntVar(&opts.SpareRootPorts, "hotplug-ports", 4, "empty PCIe root ports for hotplug")
 	fs.StringVar(&opts.ScratchDir, "scratch-dir", podlayout.PrivateDir, "directory for emptyDisk and cloud-init images, containerDisk overlays and the EFI variable store")
 	fs.StringVar(&opts.CloudInitSecrets, "cloud-init-secrets", podlayout.CloudInitSecretDir, "directory of the pod's cloud-init Secret volumes")
+	fs.StringVar(&opts.ConfigVolumes, "config-volumes", podlayout.ConfigVolumeDir, "directory of the pod's secret, configMap, serviceAccount and downwardAPI volumes")
 	fs.StringVar(&opts.OVMFDir, "ovmf-dir", launcher.DefaultOVMFDir, "directory of the OVMF (UEFI) builds, as Debian's ovmf package installs them")
 	fs.DurationVar(&opts.Linger, "linger", 10*time.Second, "keep answering the node agent this long after the guest ended")
 	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")

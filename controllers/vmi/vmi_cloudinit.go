@@ -29,7 +29,8 @@ import (
 // only with ReasonSecretNotFound, before the instance reaches a node, and removes only that.
 const ConditionSynchronized = v1alpha1.VirtualMachineInstanceSynchronized
 
-// ReasonSecretNotFound: a cloud-init volume names a Secret that does not exist.
+// ReasonSecretNotFound: a cloud-init volume, or a secret volume that is not optional, names a
+// Secret that does not exist.
 const ReasonSecretNotFound = "SecretNotFound"
 
 // secretRecheck is how often a missing Secret is looked up again: nothing watches Secrets.
@@ -99,14 +100,15 @@ func (r *Reconciler) checkCloudInitSecrets(ctx context.Context, vmi *v1alpha1.Vi
 	return secretRecheck, nil
 }
 
-// missingSecrets describes each cloud-init Secret reference whose Secret does not exist.
+// missingSecrets describes each Secret reference (of a cloud-init volume, or a secret volume that
+// is not optional) whose Secret does not exist.
 func (r *Reconciler) missingSecrets(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) ([]string, error) {
 	reader := r.APIReader
 	if reader == nil {
 		reader = r.Client
 	}
 	var missing []string
-	for _, s := range cloudInitSecrets(&vmi.Spec) {
+	for _, s := range append(cloudInitSecrets(&vmi.Spec), secretVolumeRefs(&vmi.Spec)...) {
 		// Metadata only, uncached: the reconciler needs to know a Secret exists, never what it holds.
 		m := &metav1.PartialObjectMetadata{}
 		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))

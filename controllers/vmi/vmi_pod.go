@@ -113,6 +113,7 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 	}
 	addImageVolumes(pod, spec)
 	addCloudInitSecrets(pod, spec)
+	addConfigVolumes(pod, spec)
 	if err := addClaimVolumes(pod, spec, claims); err != nil {
 		return nil, err
 	}

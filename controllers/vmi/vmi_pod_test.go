@@ -85,11 +85,15 @@ func goldenCases() []struct {
 		UID: "99999999-8888-7777-6666-555555555555", Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
 	}}
 
+	configVolumes := baseVMI()
+	withConfigVolumes(configVolumes)
+
 	return []struct {
 		name string
 		vmi  *v1alpha1.VirtualMachineInstance
 		cfg  config.Config
 	}{
+		{"config-volumes", configVolumes, config.Default()},
 		{"minimal", minimal, config.Default()},
 		{"emulation", emulation, emuCfg},
 		{"limits-overcommit", limits, config.Default()},

@@ -404,7 +404,10 @@ func source(v *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Source,
 	if c, name, ok := v.CloudInit(); ok {
 		return cloudInitSource(c, name, p.Child(name))
 	}
-	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk, emptyDisk, persistentVolumeClaim, ephemeral, cloudInitNoCloud and cloudInitConfigDrive volumes")
+	if label, kind, ok := v.ConfigVolume(); ok {
+		return machine.Source{Config: &machine.Config{Kind: kind, Label: label}}, nil
+	}
+	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk, emptyDisk, persistentVolumeClaim, ephemeral, cloudInitNoCloud, cloudInitConfigDrive, secret, configMap, serviceAccount and downwardAPI volumes")
 }
 
 // cloudInitSource is a cloud-init volume's data, decoded; Machine adds the meta-data. Data from a

@@ -151,6 +151,43 @@ func TestCloudInit(t *testing.T) {
 	}
 }
 
+// TestConfigVolumes: each config volume becomes a config disk with its volume label (KubeVirt's
+// cfgdata when none; a serviceAccount volume has none to set), attached as its disk says; the
+// machine description names no object, so the node agent reads none.
+func TestConfigVolumes(t *testing.T) {
+	v := validVMI()
+	for _, vol := range []v1alpha1.Volume{
+		{Name: "sec", VolumeSource: v1alpha1.VolumeSource{Secret: &v1alpha1.SecretVolumeSource{SecretName: "app", VolumeLabel: "APPSECRET"}}},
+		{Name: "cm", VolumeSource: v1alpha1.VolumeSource{ConfigMap: &v1alpha1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app"}}}},
+		{Name: "sa", VolumeSource: v1alpha1.VolumeSource{ServiceAccount: &v1alpha1.ServiceAccountVolumeSource{ServiceAccountName: "default"}}},
+		{Name: "info", VolumeSource: v1alpha1.VolumeSource{DownwardAPI: &v1alpha1.DownwardAPIVolumeSource{VolumeLabel: "INFO"}}},
+	} {
+		v.Spec.Volumes = append(v.Spec.Volumes, vol)
+		v.Spec.Domain.Devices.Disks = append(v.Spec.Domain.Devices.Disks, v1alpha1.Disk{Name: vol.Name, Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
+	}
+	v.Spec.Domain.Devices.Disks[2].Disk, v.Spec.Domain.Devices.Disks[2].CDRom = nil, &v1alpha1.CDRomTarget{}
+	m, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		cfg   machine.Config
+		cdrom bool
+		bus   machine.Bus
+	}{
+		{machine.Config{Kind: "secret", Label: "APPSECRET"}, false, machine.BusVirtio},
+		{machine.Config{Kind: "configMap", Label: "cfgdata"}, true, machine.BusSATA},
+		{machine.Config{Kind: "serviceAccount", Label: "cfgdata"}, false, machine.BusVirtio},
+		{machine.Config{Kind: "downwardAPI", Label: "INFO"}, false, machine.BusVirtio},
+	}
+	for i, w := range want {
+		d := m.Disks[i+1]
+		if d.Source.Config == nil || *d.Source.Config != w.cfg || d.CDROM != w.cdrom || d.Bus != w.bus {
+			t.Errorf("disk %s: %+v (config %+v), want config %+v, cdrom %v on %s", d.Name, d, d.Source.Config, w.cfg, w.cdrom, w.bus)
+		}
+	}
+}
+
 // TestFirmware: the bootloader and SMM reach the machine as KubeVirt reads them, and the host CPU
 // models need KVM.
 func TestFirmware(t *testing.T) {

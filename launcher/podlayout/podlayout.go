@@ -36,6 +36,11 @@ const (
 	// there, and the launcher reads them when it writes the cloud-init image. The node agent never
 	// reads them.
 	CloudInitSecretDir = "/var/run/qvirt/cloud-init-secrets"
+	// ConfigVolumeDir holds the Kubernetes volume behind each config volume of the VMI (secret,
+	// configMap, serviceAccount, downwardAPI), read-only, at ConfigVolumeMount: the kubelet (or a
+	// virtual node's provider) writes the files there, and the launcher makes the disk's ISO 9660
+	// image of them at start. The node agent never reads them.
+	ConfigVolumeDir = "/var/run/qvirt/config-volumes"
 	// ClaimsDir holds one mount per filesystem-mode PersistentVolumeClaim volume of the VMI, at
 	// ClaimsDir/<volume name> (ClaimMount); the disk is the raw disk.img in it, as in KubeVirt.
 	ClaimsDir = "/var/run/qvirt/claims"
@@ -86,6 +91,9 @@ const (
 func CloudInitSecretMount(volume, data string) string {
 	return CloudInitSecretDir + "/" + volume + "/" + data
 }
+
+// ConfigVolumeMount is where the launcher pod mounts config volume volume's files.
+func ConfigVolumeMount(volume string) string { return ConfigVolumeDir + "/" + volume }
 
 // ClaimMount is where the launcher pod mounts filesystem-mode claim volume's volume.
 func ClaimMount(volume string) string { return ClaimsDir + "/" + volume }

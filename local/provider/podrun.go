@@ -570,7 +570,8 @@ type volume struct {
 
 // prepareVolumes makes the pod's directories and resolves its volumes: hostPath is the host path
 // itself (created for the *OrCreate types), emptyDir a directory under the pod's state dir, image
-// the pulled image, secret the Secret's files (secrets.go). Other volume sources are refused.
+// the pulled image, secret the Secret's files (secrets.go), configMap, downwardAPI and projected
+// their files (configvolumes.go). Other volume sources are refused.
 func (r *podRun) prepareVolumes() (map[string]volume, error) {
 	if len(r.pod.Spec.InitContainers) > 0 {
 		return nil, errors.New("spec.initContainers: not supported by the local node provider")
@@ -610,6 +611,24 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
 			}
 			vols[v.Name] = vol
+		case v.ConfigMap != nil:
+			vol, err := r.configMapVolume(v.Name, v.ConfigMap)
+			if err != nil {
+				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
+			}
+			vols[v.Name] = vol
+		case v.DownwardAPI != nil:
+			vol, err := r.downwardAPIVolume(v.Name, v.DownwardAPI)
+			if err != nil {
+				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
+			}
+			vols[v.Name] = vol
+		case v.Projected != nil:
+			vol, err := r.projectedVolume(v.Name, v.Projected)
+			if err != nil {
+				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
+			}
+			vols[v.Name] = vol
 		case v.PersistentVolumeClaim != nil:
 			vol, err := r.claimVolume(v.PersistentVolumeClaim)
 			if err != nil {
@@ -617,7 +636,7 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 			}
 			vols[v.Name] = vol
 		default:
-			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath, emptyDir, image, secret and persistentVolumeClaim are supported by the local node provider", i, v.Name)
+			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath, emptyDir, image, secret, configMap, downwardAPI, projected and persistentVolumeClaim are supported by the local node provider", i, v.Name)
 		}
 	}
 	r.reportVolumeMounts(vols)

@@ -20,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/vishvananda/netlink"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -377,6 +378,65 @@ func TestVirtualNodes(t *testing.T) {
 		reader = tc.waitPhase(reader.Name, corev1.PodSucceeded)
 		if term := reader.Status.ContainerStatuses[0].State.Terminated; term == nil || term.Message != "#cloud-config\nuser: qvirt\n" {
 			t.Errorf("container state %+v: want the Secret's userdata read back, and the volume not writable", reader.Status.ContainerStatuses[0].State)
+		}
+	})
+
+	t.Run("configMap, downwardAPI and projected service account volumes hold their files, as a kubelet writes them", func(t *testing.T) {
+		tc.t = t
+		for _, cm := range []*corev1.ConfigMap{
+			{ObjectMeta: metav1.ObjectMeta{Name: "app-cm"}, Data: map[string]string{"greeting": "hello"}, BinaryData: map[string][]byte{"blob": {0, 1, 2}}},
+			// kube-controller-manager publishes it in every namespace; the test's control plane runs none.
+			{ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt"}, Data: map[string]string{"ca.crt": "-----BEGIN CERTIFICATE-----\ntest\n"}},
+		} {
+			if _, err := client.CoreV1().ConfigMaps(tc.ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := client.CoreV1().ServiceAccounts(tc.ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "vm-sa"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		reader := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "config-reader", Labels: map[string]string{"app": "web", "tier": "front"}},
+			Spec: corev1.PodSpec{NodeName: n1.name, RestartPolicy: corev1.RestartPolicyNever, ServiceAccountName: "vm-sa",
+				AutomountServiceAccountToken: ptr.To(false),
+				Containers: []corev1.Container{{
+					Name: "main", Image: busyboxImage,
+					Command: []string{"sh", "-c", `{ echo "greeting=$(cat /cm/greeting) blob=$(od -An -tx1 /cm/blob | tr -d ' \n')"; cat /pod/labels; echo; echo "name=$(cat /pod/name)"; ` +
+						`echo "ns=$(cat /sa/namespace)"; cat /sa/ca.crt; cat /sa/token; } > /dev/termination-log; ` +
+						`touch /cm/x /pod/x /sa/x 2>/dev/null && echo WRITABLE >> /dev/termination-log; exit 0`},
+					SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](107)},
+					VolumeMounts: []corev1.VolumeMount{{Name: "cm", MountPath: "/cm", ReadOnly: true}, {Name: "pod", MountPath: "/pod", ReadOnly: true},
+						{Name: "sa", MountPath: "/sa", ReadOnly: true}}}},
+				Volumes: []corev1.Volume{
+					{Name: "cm", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app-cm"}}}},
+					{Name: "pod", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{
+						{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}},
+						{Path: "name", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}}},
+					{Name: "sa", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+						{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To[int64](3607)}},
+						{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
+							Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+						{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{Path: "namespace",
+							FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.namespace"}}}}}}}}},
+				}},
+		})
+		reader = tc.waitPhase(reader.Name, corev1.PodSucceeded)
+		term := reader.Status.ContainerStatuses[0].State.Terminated
+		if term == nil {
+			t.Fatalf("container state %+v", reader.Status.ContainerStatuses[0].State)
+		}
+		want := "greeting=hello blob=000102\napp=\"web\"\ntier=\"front\"\nname=config-reader\nns=" + tc.ns + "\n-----BEGIN CERTIFICATE-----\ntest\n"
+		token, ok := strings.CutPrefix(term.Message, want)
+		if !ok || strings.Contains(term.Message, "WRITABLE") {
+			t.Fatalf("the pod read %q; want it to start with %q, and the volumes not writable", term.Message, want)
+		}
+		// The token is the service account's, bound to the pod: kube-apiserver authenticates it.
+		review, err := client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := review.Status; !st.Authenticated || st.User.Username != "system:serviceaccount:"+tc.ns+":vm-sa" || !slices.Contains(st.User.Extra["authentication.kubernetes.io/pod-name"], "config-reader") {
+			t.Errorf("token review %+v: want the pod's token of vm-sa", st)
 		}
 	})
 

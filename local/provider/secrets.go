@@ -32,9 +32,16 @@ func secretVolumeDir(podDir, name string) string {
 
 // secretVolume waits for the Secret of volume name and writes it out.
 func (r *podRun) secretVolume(name string, src *corev1.SecretVolumeSource) (volume, error) {
+	return r.waitVolume(name, func() (volume, error) { return r.writeSecretVolume(name, src) })
+}
+
+// waitVolume writes volume name with write until it succeeds or fails for good: while what it
+// needs is not there yet (an error wrapping errSecretNotReady), the pod waits in ContainerCreating
+// with FailedMount Events, as a kubelet's does.
+func (r *podRun) waitVolume(name string, write func() (volume, error)) (volume, error) {
 	backoff := secretRetryFirst
 	for first := true; ; first = false {
-		vol, err := r.writeSecretVolume(name, src)
+		vol, err := write()
 		if err == nil || !errors.Is(err, errSecretNotReady) {
 			return vol, err
 		}
@@ -42,7 +49,7 @@ func (r *podRun) secretVolume(name string, src *corev1.SecretVolumeSource) (volu
 			// Nothing else reports the pod while it waits: show it Pending, ContainerCreating.
 			r.update(func(*corev1.PodStatus) {})
 		}
-		r.p.log.Info("waiting for a Secret volume", "pod", r.key, "volume", name, "reason", err.Error())
+		r.p.log.Info("waiting for a volume's object", "pod", r.key, "volume", name, "reason", err.Error())
 		r.p.event(r.snapshot(), corev1.EventTypeWarning, "FailedMount", fmt.Sprintf("MountVolume.SetUp failed for volume %q : %v", name, err))
 		select {
 		case <-r.stopCh:
@@ -77,19 +84,30 @@ func (r *podRun) writeSecretVolume(name string, src *corev1.SecretVolumeSource) 
 	if err != nil {
 		return volume{}, err
 	}
-	for rel, f := range files {
-		path := filepath.Join(dir, rel)
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return volume{}, err
-		}
-		if err := os.WriteFile(path, f.data, f.mode); err != nil {
-			return volume{}, err
-		}
-		if err := os.Chmod(path, f.mode); err != nil { // past the umask
-			return volume{}, err
-		}
+	if err := writeFiles(dir, files); err != nil {
+		return volume{}, err
 	}
 	return volume{path: dir, readOnly: true}, nil
+}
+
+// writeFiles writes files (by relative path, each checked to stay in dir) into dir.
+func writeFiles(dir string, files map[string]secretFile) error {
+	for rel, f := range files {
+		if !filepath.IsLocal(rel) {
+			return fmt.Errorf("path %q leaves the volume", rel)
+		}
+		path := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, f.data, f.mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(path, f.mode); err != nil { // past the umask
+			return err
+		}
+	}
+	return nil
 }
 
 type secretFile struct {
