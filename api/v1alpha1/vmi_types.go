@@ -217,7 +217,11 @@ type DomainSpec struct {
 	// +optional
 	Firmware *Firmware `json:"firmware,omitempty"`
 
-	// Features are optional platform features such as ACPI and SMM.
+	// Clock is the guest's real-time clock (UTC, an offset from it or a time zone) and its timers.
+	// +optional
+	Clock *Clock `json:"clock,omitempty"`
+
+	// Features are optional platform features such as ACPI, SMM and the Hyper-V enlightenments.
 	// +optional
 	Features *Features `json:"features,omitempty"`
 
@@ -418,6 +422,28 @@ type Features struct {
 	// paravirtual end-of-interrupt. Turning the APIC off is not supported.
 	// +optional
 	APIC *FeatureAPIC `json:"apic,omitempty"`
+
+	// HypervPassthrough gives the guest every Hyper-V enlightenment the node's KVM offers (QEMU's
+	// hv-passthrough). It excludes hyperv, and the instance cannot be live-migrated: another
+	// node's KVM may offer others. Needs KVM: dropped under emulation, with an event saying so.
+	// +optional
+	HypervPassthrough *HyperVPassthrough `json:"hypervPassthrough,omitempty"`
+
+	// Hyperv are the Hyper-V enlightenments (paravirtual interfaces Windows uses), each QEMU's
+	// hv-* CPU flag. A feature another needs (synic for synictimer, vpindex for synic, tlbflush
+	// and ipi, vapic for evmcs) is turned on when unset and refused when disabled, as in
+	// KubeVirt. Needs KVM: dropped under emulation, with an event saying so.
+	// +optional
+	Hyperv *FeatureHyperv `json:"hyperv,omitempty"`
+
+	// KVM says how the guest sees KVM; hidden hides its CPUID signature (QEMU's kvm=off).
+	// +optional
+	KVM *FeatureKVM `json:"kvm,omitempty"`
+
+	// Pvspinlock tells the guest the host has paravirtual spinlocks (KVM's PV_UNHALT, QEMU's
+	// kvm-pv-unhalt); enabled: false turns them off for old guest kernels.
+	// +optional
+	Pvspinlock *FeatureState `json:"pvspinlock,omitempty"`
 }
 
 // FeatureAPIC is the local APIC feature, as KubeVirt's.
