@@ -44,6 +44,12 @@ func fillHypervDefaults(f *Features) {
 		defaultFeature(t.Direct)
 		defaultFeature(t.Extended)
 	}
+	setHypervDependencies(h)
+}
+
+// setHypervDependencies turns on, for each enabled feature, the features it needs that h leaves
+// unset (KubeVirt's SetHypervFeatureDependencies).
+func setHypervDependencies(h *FeatureHyperv) {
 	for _, d := range hypervDependencies(h, nil) {
 		if d.on() && d.requires.unset() {
 			d.requires.enable()

@@ -67,8 +67,12 @@ func validateFeatures(d *DomainSpec, p *field.Path) field.ErrorList {
 }
 
 // validateHypervDependencies refuses an enabled Hyper-V feature whose requirement the spec
-// disables, with KubeVirt's message; a requirement left unset is turned on by FillDefaults.
+// disables, with KubeVirt's message. A requirement left unset is turned on by FillDefaults, so
+// the check runs on a copy where it is (synictimer with synic unset and vpindex disabled is
+// refused as synic, which the defaults would turn on, needing vpindex).
 func validateHypervDependencies(h *FeatureHyperv, p *field.Path) field.ErrorList {
+	h = h.DeepCopy()
+	setHypervDependencies(h)
 	var errs field.ErrorList
 	for _, d := range hypervDependencies(h, p) {
 		if d.on() && d.requires.off() {
