@@ -159,4 +159,3 @@ func TestHypervPassthroughIsNotMigratable(t *testing.T) {
 		t.Fatalf("disabled passthrough: not migratable: %s", msg)
 	}
 }
-
