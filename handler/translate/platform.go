@@ -47,10 +47,12 @@ func onFlag(present bool, enabled *bool) bool { return present && (enabled == ni
 // KubeVirt's domain (<hyperv mode='passthrough'> or one <feature state='on'> per feature, and
 // the hypervclock timer as hv-time).
 func hyperV(f *v1alpha1.Features, d *v1alpha1.DomainSpec) *machine.HyperV {
-	hv := &machine.HyperV{Time: v1alpha1.HypervClock(d)}
 	if p := f.HypervPassthrough; p != nil && (p.Enabled == nil || *p.Enabled) {
-		hv.Passthrough = true
+		// Every enlightenment the host offers, the Hyper-V clock (hv-time) included; validation
+		// refuses features.hyperv beside it.
+		return &machine.HyperV{Passthrough: true}
 	}
+	hv := &machine.HyperV{Time: v1alpha1.HypervClock(d)}
 	h := f.Hyperv
 	if h == nil {
 		return hv

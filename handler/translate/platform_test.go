@@ -67,6 +67,8 @@ func TestHyperV(t *testing.T) {
 	t.Run("passthrough", func(t *testing.T) {
 		v := validVMI()
 		v.Spec.Domain.Features = &v1alpha1.Features{HypervPassthrough: &v1alpha1.HyperVPassthrough{}}
+		// hv-passthrough includes hv-time.
+		v.Spec.Domain.Clock = &v1alpha1.Clock{Timer: &v1alpha1.Timer{Hyperv: &v1alpha1.HypervTimer{}}}
 		m, err := translate.Machine(v, translate.Host{NICs: hostNICs})
 		if err != nil {
 			t.Fatal(err)
