@@ -36,6 +36,9 @@ func newMachine() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%s: %w", file, err)
 			}
+			for _, n := range m.Notes {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", file, n)
+			}
 			enc := json.NewEncoder(cmd.OutOrStdout())
 			enc.SetIndent("", "  ")
 			return enc.Encode(m)

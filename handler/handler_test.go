@@ -1309,3 +1309,19 @@ func migrationMessage(vmim *v1alpha1.VirtualMachineInstanceMigration) string {
 	}
 	return strings.Join(msgs, "; ")
 }
+
+// TestHypervLeftOutUnderEmulation: a Windows manifest's Hyper-V enlightenments on a node that runs
+// guests under emulation (every node here) are left out (hv-vpindex alone would stop QEMU), the
+// guest runs, and the instance carries a warning event saying what was left out and why.
+func TestHypervLeftOutUnderEmulation(t *testing.T) {
+	e := newEnv(t)
+	v := e.guestVMI("hyperv")
+	v.Spec.Domain.Features = &v1alpha1.Features{Hyperv: &v1alpha1.FeatureHyperv{Relaxed: &v1alpha1.FeatureState{},
+		VAPIC: &v1alpha1.FeatureState{}, VPIndex: &v1alpha1.FeatureState{}, SyNIC: &v1alpha1.FeatureState{}}}
+	e.create(v)
+	e.kubelet.run(v, true)
+	e.waitVMI("hyperv", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running
+	})
+	e.waitEvent("hyperv", vmisync.EventFeaturesLeftOut, "under emulation", 10*time.Second)
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/qvirt/qvirt/machine"
 )
@@ -59,6 +60,10 @@ type Machine struct {
 	SpareRootPorts int
 	// Incoming starts QEMU as a migration target: "-incoming defer".
 	Incoming bool
+	// RTCStart is the date and time the guest's RTC starts at, set exactly when
+	// Machine.Clock.RTCOffsetSeconds is not 0: the host's UTC time when QEMU starts, plus the
+	// offset (HostResolver).
+	RTCStart time.Time
 }
 
 // DiskImage is one resolved disk image. Its format is always given, never probed.
@@ -196,6 +201,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.process()     // argv.go
 	b.machineType() // firmware.go
 	b.cpuMemory()   // cpu.go
+	b.clock()       // clock.go
 	b.kernelBoot()  // firmware.go
 	b.consoles()    // console.go
 	b.graphics()    // graphics.go

@@ -228,6 +228,30 @@ func argvCases(root, runDir string) []argvCase {
 			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:01"}
 			h.m.SpareRootPorts = 2
 		})},
+		{"clock", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			// KubeVirt's clock and KVM features, which QEMU accepts under emulation too: an RTC an
+			// hour behind UTC on guest time catching up, the PIT delaying, no HPET, no KVM clock,
+			// KVM hidden, paravirtual spinlocks off, SMM on.
+			withKernel(s, h)
+			s.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{}, KVM: &v1alpha1.FeatureKVM{Hidden: true},
+				Pvspinlock: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}
+			s.Domain.Clock = &v1alpha1.Clock{ClockOffset: v1alpha1.ClockOffset{UTC: &v1alpha1.ClockOffsetUTC{OffsetSeconds: ptr.To(-3600)}},
+				Timer: &v1alpha1.Timer{RTC: &v1alpha1.RTCTimer{TickPolicy: v1alpha1.RTCTickPolicyCatchup, Track: v1alpha1.TrackGuest},
+					PIT: &v1alpha1.PITTimer{TickPolicy: v1alpha1.PITTickPolicyDelay}, HPET: &v1alpha1.HPETTimer{Enabled: ptr.To(false)},
+					KVM: &v1alpha1.KVMTimer{Enabled: ptr.To(false)}}}
+			h.m.RTCStart = time.Date(2026, 1, 2, 2, 4, 5, 0, time.UTC)
+		})},
+		{"hyperv-kvm", base(false, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			// KubeVirt's Windows enlightenments: the ones synictimer and evmcs need come with them.
+			withKernel(s, h)
+			s.Domain.Features = &v1alpha1.Features{Hyperv: &v1alpha1.FeatureHyperv{
+				Relaxed: &v1alpha1.FeatureState{}, VAPIC: &v1alpha1.FeatureState{}, Spinlocks: &v1alpha1.FeatureSpinlocks{},
+				SyNICTimer: &v1alpha1.SyNICTimer{Direct: &v1alpha1.FeatureState{}}, Frequencies: &v1alpha1.FeatureState{},
+				Reenlightenment: &v1alpha1.FeatureState{}, IPI: &v1alpha1.FeatureState{}, Runtime: &v1alpha1.FeatureState{},
+				Reset: &v1alpha1.FeatureState{}, TLBFlush: &v1alpha1.TLBFlush{Direct: &v1alpha1.FeatureState{}, Extended: &v1alpha1.FeatureState{}},
+				VendorID: &v1alpha1.FeatureVendorID{VendorID: "Microsoft Hv"}, EVMCS: &v1alpha1.FeatureState{}}}
+			s.Domain.Clock = &v1alpha1.Clock{Timer: &v1alpha1.Timer{Hyperv: &v1alpha1.HypervTimer{}}}
+		})},
 		{"backing-chain-and-legacy-nics", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			withKernel(s, h)
 			s.Domain.CPU = &v1alpha1.CPU{Model: "max", Cores: 4}
@@ -363,6 +387,21 @@ func TestBuildArgvErrors(t *testing.T) {
 		{"MAC clash", func(m *Machine) { m.NICs[0].MAC = "02:00:00:aa:bb:02" }, nics + "[1].mac"},
 		{"no MAC at all", func(m *Machine) { m.NICs[0].MAC = "" }, nics + "[0].mac"},
 		{"two NICs of one name", func(m *Machine) { m.NICs[1].Name = "default" }, nics + "[1].name"},
+		{"Hyper-V under emulation", func(m *Machine) { m.CPU.HyperV = &machine.HyperV{Relaxed: true} }, "machine.cpu.hyperV"},
+		{"Hyper-V passthrough with a flag", func(m *Machine) {
+			m.Accel, m.CPU.Model, m.CPU.HyperV = machine.AccelKVM, "host", &machine.HyperV{Passthrough: true, Relaxed: true}
+		}, "machine.cpu.hyperV"},
+		{"vendor id with a comma", func(m *Machine) {
+			m.Accel, m.CPU.Model, m.CPU.HyperV = machine.AccelKVM, "host", &machine.HyperV{VendorID: "a,vmx=on"}
+		}, "machine.cpu.hyperV.vendorID"},
+		{"too few spinlock retries", func(m *Machine) {
+			m.Accel, m.CPU.Model, m.CPU.HyperV = machine.AccelKVM, "host", &machine.HyperV{Spinlocks: 100}
+		}, "machine.cpu.hyperV.spinlocks"},
+		{"RTC offset without a start time", func(m *Machine) { m.Clock.RTCOffsetSeconds = 60 }, "machine.rtcStart"},
+		{"RTC start time without an offset", func(m *Machine) { m.RTCStart = time.Unix(1, 0) }, "machine.rtcStart"},
+		{"unknown RTC clock", func(m *Machine) { m.Clock.RTCClock = "rt" }, "machine.clock.rtcClock"},
+		{"PIT policy without a PIT", func(m *Machine) { m.Clock.NoPIT, m.Clock.PITLostTicks = true, machine.LostTickDelay }, "machine.clock.pitLostTicks"},
+		{"unknown PIT policy", func(m *Machine) { m.Clock.PITLostTicks = "merge" }, "machine.clock.pitLostTicks"},
 		{"unknown NIC model", func(m *Machine) { m.NICs[1].Model = "ne2k_pci" }, nics + "[1].model"},
 		{"host CPU under emulation", func(m *Machine) { m.CPU.Model = "host" }, "machine.cpu.model"},
 		{"CPU model with an option", func(m *Machine) { m.CPU.Model = "qemu64,+vmx" }, "machine.cpu.model"},

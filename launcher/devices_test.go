@@ -13,13 +13,25 @@ import (
 )
 
 // TestGuestDevices boots the test guest once with KubeVirt's devices that need no host side, as
-// a KubeVirt manifest writes them (spec.domain.devices.rng, inputs, watchdog and
-// spec.domain.features.apic), translated as the node agent does, and finds each in the guest. The
-// guest has no udev, so the shell loads each driver (they are in the initramfs, test/guest).
+// a KubeVirt manifest writes them (spec.domain.devices.rng, inputs, watchdog,
+// spec.domain.features and spec.domain.clock), translated as the node agent does, and finds each
+// in the guest. The guest has no udev, so the shell loads each driver (they are in the initramfs,
+// test/guest).
 func TestGuestDevices(t *testing.T) {
 	vmi := guestVMI(t)
 	d := &vmi.Spec.Domain
-	d.Features = &v1alpha1.Features{APIC: &v1alpha1.FeatureAPIC{}}
+	// A Windows manifest's platform (KubeVirt's vmi-windows example): its Hyper-V enlightenments,
+	// which this emulated node leaves out (hv-vpindex alone would stop QEMU under TCG), SMM turned
+	// off, and a clock ten years ahead of UTC without an HPET.
+	d.Features = &v1alpha1.Features{APIC: &v1alpha1.FeatureAPIC{}, SMM: &v1alpha1.FeatureState{Enabled: ptr(false)},
+		KVM: &v1alpha1.FeatureKVM{Hidden: true}, Hyperv: &v1alpha1.FeatureHyperv{Relaxed: &v1alpha1.FeatureState{},
+			VAPIC: &v1alpha1.FeatureState{}, VPIndex: &v1alpha1.FeatureState{}, SyNICTimer: &v1alpha1.SyNICTimer{},
+			Spinlocks: &v1alpha1.FeatureSpinlocks{Retries: ptr[uint32](8191)}}}
+	const tenYears = 3652 * 24 * 3600
+	d.Clock = &v1alpha1.Clock{ClockOffset: v1alpha1.ClockOffset{UTC: &v1alpha1.ClockOffsetUTC{OffsetSeconds: ptr(tenYears)}},
+		Timer: &v1alpha1.Timer{HPET: &v1alpha1.HPETTimer{Enabled: ptr(false)}, PIT: &v1alpha1.PITTimer{TickPolicy: v1alpha1.PITTickPolicyDelay},
+			RTC: &v1alpha1.RTCTimer{TickPolicy: v1alpha1.RTCTickPolicyCatchup, Track: v1alpha1.TrackGuest}, Hyperv: &v1alpha1.HypervTimer{}}}
+	started := time.Now().UTC()
 	d.Devices.Rng = &v1alpha1.Rng{}
 	d.Devices.Inputs = []v1alpha1.Input{
 		{Name: "tablet", Type: v1alpha1.InputTypeTablet}, // bus usb by default
@@ -49,6 +61,36 @@ func TestGuestDevices(t *testing.T) {
 	}
 	t.Run("the CPU has a local APIC", func(t *testing.T) {
 		run(t, `grep -qw apic /proc/cpuinfo && echo APIC-$((40+2))`, "APIC-42")
+	})
+	t.Run("the RTC starts ten years ahead of UTC", func(t *testing.T) {
+		// The date the RTC started at, or a day later should the boot have crossed midnight.
+		from := len(c.Text())
+		c.Send(t, `echo "RTC-[$(cat /sys/class/rtc/rtc0/date)]"`)
+		c.Expect(t, from, "RTC-[2", time.Minute)
+		text := c.Text()[from:]
+		var ok bool
+		for _, day := range []time.Time{started, started.Add(24 * time.Hour)} {
+			ok = ok || strings.Contains(text, "RTC-["+day.Add(tenYears*time.Second).Format("2006-01-02")+"]")
+		}
+		if !ok {
+			t.Fatalf("the guest's RTC date is not ten years from %s: %q", started.Format("2006-01-02"), testutil.Tail(text, 200))
+		}
+	})
+	t.Run("there is no HPET", func(t *testing.T) {
+		run(t, `echo "HPET-$(grep -c hpet /sys/devices/system/clocksource/clocksource0/available_clocksource)"`, "HPET-0")
+	})
+	t.Run("the Hyper-V enlightenments are left out under emulation", func(t *testing.T) {
+		run(t, `echo "HYPERV-$(dmesg | grep -ci hyper-v)"`, "HYPERV-0")
+	})
+	t.Run("QEMU has SMM off and no HPET", func(t *testing.T) {
+		mon := dialWhenListening(t, launcher.Dir(v.runDir).ShellQMP())
+		defer mon.Close()
+		for prop, want := range map[string]string{"smm": `"off"`, "hpet": "false"} {
+			got, err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/machine", "property": prop})
+			if err != nil || string(got) != want {
+				t.Errorf("%s of the machine: %s %v, want %s", prop, got, err, want)
+			}
+		}
 	})
 	t.Run("virtio-rng is the guest's hardware RNG and gives bytes", func(t *testing.T) {
 		run(t, `modprobe virtio_rng; echo "RNG-[$(cat /sys/class/misc/hw_random/rng_available)]"`, "RNG-[virtio_rng.0")

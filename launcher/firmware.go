@@ -54,7 +54,7 @@ func (b *builder) smbios() {
 	}
 }
 
-// machineType: machine type, accelerator, ACPI, SMM and the firmware's flash.
+// machineType: machine type, accelerator, ACPI, SMM, the HPET and PIT, and the firmware's flash.
 func (b *builder) machineType() {
 	m := b.m
 	if !machine.IsMachineType(m.Type) {
@@ -69,6 +69,12 @@ func (b *builder) machineType() {
 	}
 	if m.SMM != nil {
 		mopt += ",smm=" + onOff(*m.SMM)
+	}
+	if m.Clock.NoHPET {
+		mopt += ",hpet=off"
+	}
+	if m.Clock.NoPIT {
+		mopt += ",pit=off"
 	}
 	if m.Firmware.SerialBIOS {
 		// SeaBIOS then also writes its screen to the first serial port (its "sercon").

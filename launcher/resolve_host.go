@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/qvirt/qvirt/machine"
 )
@@ -52,6 +53,9 @@ type HostResolver struct {
 // Resolve implements Resolver.
 func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, error) {
 	m := &Machine{Machine: *desc, RunDir: runDir, Images: map[string]DiskImage{}, SpareRootPorts: h.SpareRootPorts}
+	if off := desc.Clock.RTCOffsetSeconds; off != 0 {
+		m.RTCStart = time.Now().UTC().Add(time.Duration(off) * time.Second)
+	}
 	var errs machine.FieldErrors
 	if kb := desc.Kernel; kb != nil {
 		p := machinePath.Child("kernel")

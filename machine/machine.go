@@ -57,6 +57,8 @@ type Machine struct {
 	// Firmware is what the guest runs before its operating system; SeaBIOS when zero.
 	Firmware Firmware `json:"firmware,omitzero"`
 	CPU      CPU      `json:"cpu"`
+	// Clock is the RTC and the timers.
+	Clock Clock `json:"clock,omitzero"`
 	// MemoryMiB is the guest's RAM.
 	MemoryMiB int64 `json:"memoryMiB"`
 	// Kernel boots a kernel and initrd from an image instead of the firmware's boot order.
@@ -84,6 +86,10 @@ type Machine struct {
 	StartPaused bool `json:"startPaused,omitempty"`
 	// GracePeriodSeconds is how long a graceful shutdown may take before QEMU is ended.
 	GracePeriodSeconds int64 `json:"gracePeriodSeconds"`
+	// Notes are what the node agent left out of the spec for this node, each with its reason
+	// (Hyper-V enlightenments under emulation). Not sent to the launcher: the node agent reports
+	// them as an event.
+	Notes []string `json:"-"`
 }
 
 // Firmware is the guest's firmware: SeaBIOS, or OVMF (UEFI) when EFI is set.
@@ -111,7 +117,80 @@ type CPU struct {
 	Threads uint32 `json:"threads"`
 	// PVEOI turns on KVM's paravirtual end-of-interrupt (kvm-pv-eoi); QEMU's default otherwise.
 	PVEOI bool `json:"pvEOI,omitempty"`
+	// KVMHidden hides KVM's CPUID signature (kvm=off).
+	KVMHidden bool `json:"kvmHidden,omitempty"`
+	// PVUnhalt turns KVM's paravirtual spinlocks (kvm-pv-unhalt) on or off; QEMU's default when nil.
+	PVUnhalt *bool `json:"pvUnhalt,omitempty"`
+	// KVMClock shows (true) or hides (false) the KVM clock (kvmclock); QEMU's default when nil.
+	KVMClock *bool `json:"kvmClock,omitempty"`
+	// HyperV are the Hyper-V enlightenments; none when nil. They need KVM.
+	HyperV *HyperV `json:"hyperV,omitempty"`
 }
+
+// HyperV are the Hyper-V enlightenments, each QEMU's hv-* CPU flag of the same name
+// (docs/system/i386/hyperv.rst in QEMU). QEMU checks their dependencies itself under KVM.
+type HyperV struct {
+	// Passthrough is hv-passthrough: every enlightenment the host's KVM offers; it excludes the
+	// others.
+	Passthrough     bool `json:"passthrough,omitempty"`
+	Relaxed         bool `json:"relaxed,omitempty"`
+	VAPIC           bool `json:"vapic,omitempty"`
+	VPIndex         bool `json:"vpindex,omitempty"`
+	Runtime         bool `json:"runtime,omitempty"`
+	SyNIC           bool `json:"synic,omitempty"`
+	STimer          bool `json:"stimer,omitempty"`
+	STimerDirect    bool `json:"stimerDirect,omitempty"`
+	Reset           bool `json:"reset,omitempty"`
+	Frequencies     bool `json:"frequencies,omitempty"`
+	Reenlightenment bool `json:"reenlightenment,omitempty"`
+	TLBFlush        bool `json:"tlbflush,omitempty"`
+	TLBFlushDirect  bool `json:"tlbflushDirect,omitempty"`
+	TLBFlushExt     bool `json:"tlbflushExt,omitempty"`
+	IPI             bool `json:"ipi,omitempty"`
+	// EVMCS is hv-evmcs with the vmx CPU feature it serves.
+	EVMCS bool `json:"evmcs,omitempty"`
+	// Time is hv-time, the Hyper-V reference clock.
+	Time bool `json:"time,omitempty"`
+	// Spinlocks is hv-spinlocks, the retry count (at least 0xfff); not set when 0.
+	Spinlocks uint32 `json:"spinlocks,omitempty"`
+	// VendorID is hv-vendor-id, up to 12 printable ASCII characters; not set when empty.
+	VendorID string `json:"vendorID,omitempty"`
+}
+
+// Clock is the guest's RTC and timers; QEMU's defaults when zero.
+type Clock struct {
+	// RTCOffsetSeconds starts the RTC this far from UTC (a clock.utc offset, or a time zone's
+	// offset when the node agent described the machine); UTC when 0.
+	RTCOffsetSeconds int64 `json:"rtcOffsetSeconds,omitempty"`
+	// RTCClock is what the RTC follows: RTCClockVM (stops while the guest is paused) or
+	// RTCClockHost; QEMU's default (host) when empty.
+	RTCClock RTCClock `json:"rtcClock,omitempty"`
+	// RTCCatchUp delivers the RTC's late ticks faster until the guest has caught up
+	// (driftfix=slew).
+	RTCCatchUp bool `json:"rtcCatchUp,omitempty"`
+	// PITLostTicks is KVM's in-kernel PIT's lost-tick policy; QEMU's default when empty.
+	PITLostTicks LostTickPolicy `json:"pitLostTicks,omitempty"`
+	// NoPIT leaves the i8254 PIT out; NoHPET leaves the HPET out.
+	NoPIT  bool `json:"noPIT,omitempty"`
+	NoHPET bool `json:"noHPET,omitempty"`
+}
+
+// RTCClock is the clock the RTC follows (QEMU's -rtc clock=).
+type RTCClock string
+
+const (
+	RTCClockVM   RTCClock = "vm"
+	RTCClockHost RTCClock = "host"
+)
+
+// LostTickPolicy is QEMU's lost_tick_policy property.
+type LostTickPolicy string
+
+const (
+	LostTickDelay   LostTickPolicy = "delay"
+	LostTickSlew    LostTickPolicy = "slew"
+	LostTickDiscard LostTickPolicy = "discard"
+)
 
 // KernelBoot is a kernel (and initrd) taken from a container image.
 type KernelBoot struct {

@@ -71,8 +71,9 @@ func SetDefaults(spec *VirtualMachineInstanceSpec) {
 // FillDefaults fills what spec leaves unset field by field: the machine type, the grace period,
 // each disk's target and bus, a cdrom's read-only flag, each interface's model, each input's bus
 // and type, the watchdog's model and action, the serial console, the graphics device, an EFI
-// bootloader's secureBoot (true, as KubeVirt reads an unset one) and each present feature's
-// enabled flag. It adds no device and is idempotent.
+// bootloader's secureBoot (true, as KubeVirt reads an unset one), each present feature's
+// enabled flag, the Hyper-V spinlock retries and the Hyper-V features others need. It adds no
+// device and is idempotent.
 func FillDefaults(spec *VirtualMachineInstanceSpec) {
 	d := &spec.Domain
 	setMachineType(d)
@@ -89,6 +90,7 @@ func FillDefaults(spec *VirtualMachineInstanceSpec) {
 		if f.APIC != nil {
 			f.APIC.Enabled = trueUnlessSet(f.APIC.Enabled) // SetDefaults_FeatureAPIC
 		}
+		fillHypervDefaults(f)
 	}
 	for i := range d.Devices.Inputs {
 		defaultInput(&d.Devices.Inputs[i])

@@ -278,6 +278,8 @@ func FuzzSetDefaults(f *testing.F) {
 	f.Add([]byte(`{"domain":{"machine":{"type":""},"resources":{"limits":{"cpu":"1e12","memory":"1Gi"}},"devices":{"disks":[{"name":"c","cdrom":{"readonly":false}}]}},"volumes":[{"name":"c","emptyDisk":{"capacity":"1Mi"}}]}`))
 	f.Add([]byte(`{"domain":{"memory":{"guest":"1Gi"},"resources":{"requests":{"cpu":"300"}},"devices":{}}}`))
 	f.Add([]byte(`{"domain":{"cpu":{"cores":2},"devices":{"autoattachPodInterface":false}},"networks":[{"name":"n","pod":{}}]}`))
+	f.Add([]byte(`{"domain":{"devices":{},"features":{"hyperv":{"vpindex":{"enabled":false},"synictimer":{"direct":{}},"evmcs":{},"tlbflush":{"direct":{}},"spinlocks":{}}},` +
+		`"clock":{"timezone":"Asia/Kolkata","timer":{"hyperv":{},"rtc":{"tickPolicy":"catchup"}}}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var spec VirtualMachineInstanceSpec
 		if json.Unmarshal(data, &spec) != nil {

@@ -8,6 +8,8 @@ const (
 	BridgeOnPodNetworkReason     = "InterfaceNotLiveMigratable"
 	HostDiskNotSharedReason      = "HostDiskNotLiveMigratable"
 	DisksNotLiveMigratableReason = "DisksNotLiveMigratable"
+	// HypervPassthroughReason is KubeVirt's VirtualMachineInstanceReasonHypervPassthroughNotMigratable.
+	HypervPassthroughReason = "HypervPassthroughNotLiveMigratable"
 )
 
 // ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim or
@@ -49,6 +51,9 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 		if in.Bridge != nil && pod[in.Name] {
 			return false, BridgeOnPodNetworkReason, fmt.Sprintf("interface %q uses the bridge binding on the pod network, which gives the guest the pod's address", in.Name)
 		}
+	}
+	if f := spec.Domain.Features; f != nil && f.HypervPassthrough != nil && (f.HypervPassthrough.Enabled == nil || *f.HypervPassthrough.Enabled) {
+		return false, HypervPassthroughReason, "features.hypervPassthrough gives the guest the Hyper-V enlightenments of this node's KVM, which another node's may not offer"
 	}
 	for _, v := range spec.Volumes {
 		if v.HostDisk != nil && (v.HostDisk.Shared == nil || !*v.HostDisk.Shared) {

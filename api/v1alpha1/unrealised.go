@@ -33,6 +33,15 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		// false; a guest without one would be a uniprocessor PIC-only machine.
 		no(dp.Child("features", "apic", "enabled"), "turning the APIC off", "; the guest's CPUs always have a local APIC")
 	}
+	if t := spec.Domain.Clock; t != nil && t.Timer != nil {
+		tp := dp.Child("clock", "timer")
+		if h := t.Timer.HPET; h != nil && h.TickPolicy != "" {
+			no(tp.Child("hpet", "tickPolicy"), "a tick policy for the HPET", "; QEMU's HPET has no lost-tick policy")
+		}
+		if r := t.Timer.RTC; r != nil && r.Enabled != nil && !*r.Enabled {
+			no(tp.Child("rtc", "present"), "leaving the RTC out", "; q35's RTC is part of its chipset")
+		}
+	}
 	if efi := EFIBootloader(&spec.Domain); efi != nil && efi.Persistent != nil && *efi.Persistent {
 		// KubeVirt keeps them on a backend-storage claim qvirt does not create yet.
 		no(dp.Child("firmware", "bootloader", "efi", "persistent"), "persistent EFI variables (kept across restarts of the VM)",

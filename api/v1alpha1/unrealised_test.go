@@ -20,7 +20,11 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			Firmware: &Firmware{Bootloader: &Bootloader{EFI: &EFI{Persistent: ptr.To(false)}},
 				KernelBoot: &KernelBoot{KernelArgs: "console=ttyS0", Container: &KernelBootContainer{
 					Image: "example/guest:1", ImagePullSecret: "regcred", KernelPath: "/boot/vmlinuz", InitrdPath: "/boot/initrd.img"}}},
-			Features: &Features{SMM: &FeatureState{}, APIC: &FeatureAPIC{EndOfInterrupt: true}},
+			Features: &Features{SMM: &FeatureState{}, APIC: &FeatureAPIC{EndOfInterrupt: true}, KVM: &FeatureKVM{Hidden: true}, Pvspinlock: &FeatureState{},
+				Hyperv: &FeatureHyperv{Relaxed: &FeatureState{}, SyNICTimer: &SyNICTimer{Direct: &FeatureState{}}, Spinlocks: &FeatureSpinlocks{}}},
+			Clock: &Clock{ClockOffset: ClockOffset{UTC: &ClockOffsetUTC{OffsetSeconds: ptr.To(3600)}}, Timer: &Timer{
+				HPET: &HPETTimer{Enabled: ptr.To(false)}, PIT: &PITTimer{TickPolicy: PITTickPolicyCatchup}, KVM: &KVMTimer{},
+				RTC: &RTCTimer{TickPolicy: RTCTickPolicyCatchup, Track: TrackWall}, Hyperv: &HypervTimer{}}},
 			Devices: Devices{
 				Rng:      &Rng{},
 				Inputs:   []Input{{Name: "tablet"}, {Name: "vtablet", Bus: InputBusVirtio, Type: InputTypeTablet}},
@@ -86,6 +90,12 @@ func TestNotRealised(t *testing.T) {
 		{"vmNetworkCIDR", func(s *VirtualMachineInstanceSpec) {
 			s.Networks[0].Pod.VMNetworkCIDR = "10.1.0.0/24"
 		}, "spec.networks[0].pod.vmNetworkCIDR"},
+		{"HPET tick policy", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Clock.Timer.HPET.TickPolicy = HPETTickPolicyCatchup
+		}, "spec.domain.clock.timer.hpet.tickPolicy"},
+		{"RTC left out", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Clock.Timer.RTC.Enabled = ptr.To(false)
+		}, "spec.domain.clock.timer.rtc.present"},
 		{"APIC off", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Features.APIC.Enabled = ptr.To(false)
 		}, "spec.domain.features.apic.enabled"},

@@ -81,6 +81,8 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 		errs = append(errs, validateFirmware(fw, p.Child("firmware"))...)
 	}
 	errs = append(errs, validateSecureBootSMM(d, p)...)
+	errs = append(errs, validateFeatures(d, p)...)
+	errs = append(errs, validateClock(d.Clock, p)...)
 	if d.IOThreadsPolicy != nil {
 		errs = append(errs, validateEnum(p.Child("ioThreadsPolicy"), string(*d.IOThreadsPolicy), string(IOThreadsPolicyShared), string(IOThreadsPolicyAuto))...)
 	}

@@ -54,6 +54,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.machine) == has(oldSelf.domain.machine) && (!has(self.domain.machine) || self.domain.machine == oldSelf.domain.machine)",message="spec.domain.machine is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.machine"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.firmware) == has(oldSelf.domain.firmware) && (!has(self.domain.firmware) || self.domain.firmware == oldSelf.domain.firmware)",message="spec.domain.firmware is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.firmware"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.features) == has(oldSelf.domain.features) && (!has(self.domain.features) || self.domain.features == oldSelf.domain.features)",message="spec.domain.features is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.features"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.clock) == has(oldSelf.domain.clock) && (!has(self.domain.clock) || self.domain.clock == oldSelf.domain.clock)",message="spec.domain.clock is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.clock"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachSerialConsole) == has(oldSelf.domain.devices.autoattachSerialConsole) && (!has(self.domain.devices.autoattachSerialConsole) || self.domain.devices.autoattachSerialConsole == oldSelf.domain.devices.autoattachSerialConsole)",message="spec.domain.devices.autoattachSerialConsole is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachSerialConsole"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachGraphicsDevice) == has(oldSelf.domain.devices.autoattachGraphicsDevice) && (!has(self.domain.devices.autoattachGraphicsDevice) || self.domain.devices.autoattachGraphicsDevice == oldSelf.domain.devices.autoattachGraphicsDevice)",message="spec.domain.devices.autoattachGraphicsDevice is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachGraphicsDevice"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachPodInterface) == has(oldSelf.domain.devices.autoattachPodInterface) && (!has(self.domain.devices.autoattachPodInterface) || self.domain.devices.autoattachPodInterface == oldSelf.domain.devices.autoattachPodInterface)",message="spec.domain.devices.autoattachPodInterface is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachPodInterface"
@@ -217,7 +218,11 @@ type DomainSpec struct {
 	// +optional
 	Firmware *Firmware `json:"firmware,omitempty"`
 
-	// Features are optional platform features such as ACPI and SMM.
+	// Clock is the guest's real-time clock (UTC, an offset from it or a time zone) and its timers.
+	// +optional
+	Clock *Clock `json:"clock,omitempty"`
+
+	// Features are optional platform features such as ACPI, SMM and the Hyper-V enlightenments.
 	// +optional
 	Features *Features `json:"features,omitempty"`
 
@@ -418,6 +423,28 @@ type Features struct {
 	// paravirtual end-of-interrupt. Turning the APIC off is not supported.
 	// +optional
 	APIC *FeatureAPIC `json:"apic,omitempty"`
+
+	// HypervPassthrough gives the guest every Hyper-V enlightenment the node's KVM offers (QEMU's
+	// hv-passthrough). It excludes hyperv, and the instance cannot be live-migrated: another
+	// node's KVM may offer others. Needs KVM: dropped under emulation, with an event saying so.
+	// +optional
+	HypervPassthrough *HyperVPassthrough `json:"hypervPassthrough,omitempty"`
+
+	// Hyperv are the Hyper-V enlightenments (paravirtual interfaces Windows uses), each QEMU's
+	// hv-* CPU flag. A feature another needs (synic for synictimer, vpindex for synic, tlbflush
+	// and ipi, vapic for evmcs) is turned on when unset and refused when disabled, as in
+	// KubeVirt. Needs KVM: dropped under emulation, with an event saying so.
+	// +optional
+	Hyperv *FeatureHyperv `json:"hyperv,omitempty"`
+
+	// KVM says how the guest sees KVM; hidden hides its CPUID signature (QEMU's kvm=off).
+	// +optional
+	KVM *FeatureKVM `json:"kvm,omitempty"`
+
+	// Pvspinlock tells the guest the host has paravirtual spinlocks (KVM's PV_UNHALT, QEMU's
+	// kvm-pv-unhalt); enabled: false turns them off for old guest kernels.
+	// +optional
+	Pvspinlock *FeatureState `json:"pvspinlock,omitempty"`
 }
 
 // FeatureAPIC is the local APIC feature, as KubeVirt's.

@@ -129,6 +129,19 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 			s["domain"].(map[string]any)["devices"].(map[string]any)["interfaces"] = []any{map[string]any{"name": "default", "masquerade": map[string]any{}}}
 			s["networks"] = []any{map[string]any{"name": "default", "multus": map[string]any{"networkName": "net1"}}}
 		}, "spec.domain.devices.interfaces[0].masquerade", "needs the pod network"},
+		{"synic with vpindex disabled", "vmi_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["features"] = map[string]any{"hyperv": map[string]any{
+				"synic": map[string]any{}, "vpindex": map[string]any{"enabled": false}}}
+		}, "spec.domain.features.hyperv.synic", "requires 'spec.domain.features.hyperv.vpindex', which was disabled"},
+		{"synthetic timers without the Hyper-V clock", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["features"] = map[string]any{"hyperv": map[string]any{"synictimer": map[string]any{}}}
+		}, "spec.template.spec.domain.clock.timer.hyperv", "hv-time"},
+		{"an HPET tick policy", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["clock"] = map[string]any{"timer": map[string]any{"hpet": map[string]any{"tickPolicy": "catchup"}}}
+		}, "spec.template.spec.domain.clock.timer.hpet.tickPolicy", "no lost-tick policy"},
+		{"an unknown time zone", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["clock"] = map[string]any{"timezone": "Mars/Olympus_Mons"}
+		}, "spec.template.spec.domain.clock.timezone", "tz database"},
 		{"memory not in whole MiB", "vmi_testguest.yaml", "", false, func(s map[string]any) {
 			s["domain"].(map[string]any)["memory"] = map[string]any{"guest": "512M"}
 		}, "spec.domain.memory.guest", "must be a whole number of MiB"},

@@ -110,6 +110,28 @@ spec:
       autoattachPodInterface: false
 `
 
+// kvHyperv asks for synthetic timers only: KubeVirt's webhook stores synic and vpindex with them.
+const kvHyperv = `
+apiVersion: qvirt.io/v1alpha1
+kind: VirtualMachineInstance
+metadata:
+  name: kv-hyperv
+spec:
+  domain:
+    features:
+      hyperv:
+        synictimer: {}
+        spinlocks: {}
+    clock:
+      utc: {}
+      timer:
+        hyperv: {}
+    memory:
+      guest: 64Mi
+    devices:
+      autoattachPodInterface: false
+`
+
 // TestDefaultsRecorded creates KubeVirt-shaped objects through kube-apiserver with the webhooks
 // installed and reads them back as `kubectl get -o yaml` shows them: an instance stores
 // KubeVirt's defaults, a VirtualMachine its template's machine type only (KubeVirt's VM mutator),
@@ -172,6 +194,19 @@ func TestDefaultsRecorded(t *testing.T) {
 		}
 		if a := d.Features.APIC; a == nil || b(a.Enabled) != "true" {
 			t.Errorf("stored apic %+v, want enabled: true", a)
+		}
+	})
+
+	t.Run("the Hyper-V features an enabled one needs are stored", func(t *testing.T) {
+		createByKubectl(t, []byte(kvHyperv), "vmi", "kv-hyperv")
+		var vmi v1alpha1.VirtualMachineInstance
+		get(t, "vmi", "kv-hyperv", &vmi)
+		h := vmi.Spec.Domain.Features.Hyperv
+		if h.VPIndex == nil || b(h.VPIndex.Enabled) != "true" || h.SyNIC == nil || b(h.SyNIC.Enabled) != "true" || b(h.SyNICTimer.Enabled) != "true" {
+			t.Errorf("stored hyperv %+v: want vpindex, synic and synictimer enabled", h)
+		}
+		if r := h.Spinlocks.Retries; r == nil || *r != 4096 {
+			t.Errorf("stored spinlock retries %v, want 4096", r)
 		}
 	})
 

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -95,6 +96,7 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 	}
 	errs = append(errs, cpu(&spec.Domain, m)...)
 	errs = append(errs, memory(&spec.Domain, m)...)
+	errs = append(errs, platform(&spec.Domain, m, time.Now())...)
 	firmware(&spec.Domain, m)
 	vols := map[string]*v1alpha1.Volume{}
 	for i := range spec.Volumes {

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -399,6 +400,10 @@ func TestHotplugDisk(t *testing.T) {
 func FuzzMachine(f *testing.F) {
 	seed, _ := json.Marshal(validVMI().Spec)
 	f.Add(seed, true)
+	windows, _ := json.Marshal(windowsVMI().Spec)
+	f.Add(windows, true)
+	f.Add(windows, false)
+	f.Add([]byte(`{"domain":{"features":{"hypervPassthrough":{}},"clock":{"timezone":"Asia/Kolkata","timer":{"hyperv":{},"kvm":{"present":false}}},"devices":{}}}`), false)
 	f.Fuzz(func(t *testing.T, js []byte, emulation bool) {
 		v := validVMI()
 		v.Spec = v1alpha1.VirtualMachineInstanceSpec{}
@@ -429,6 +434,9 @@ func FuzzMachine(f *testing.F) {
 		}
 		for _, d := range m.Disks {
 			lm.Images[d.Name] = launcher.DiskImage{Path: "/images/" + d.Name, Format: "raw"}
+		}
+		if off := m.Clock.RTCOffsetSeconds; off != 0 {
+			lm.RTCStart = rtcStart.Add(time.Duration(off) * time.Second)
 		}
 		if _, err := launcher.BuildArgv(lm); err != nil && !strings.Contains(err.Error(), "AHCI") && !strings.Contains(err.Error(), "sata bus") {
 			t.Fatalf("a translated machine is refused by the launcher: %v", err)

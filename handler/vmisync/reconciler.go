@@ -52,6 +52,9 @@ const (
 	EventKilledLeftover      = "KilledLeftoverGuest"
 	// EventForeignLauncher: the process serving the launcher socket is not of the VMI's pod.
 	EventForeignLauncher = "ForeignLauncher"
+	// EventFeaturesLeftOut: the node left something of the spec out (translate's notes: Hyper-V
+	// under emulation), with the reason.
+	EventFeaturesLeftOut = "FeaturesLeftOut"
 )
 
 // Workers is how many of the node's instances are reconciled at once.
@@ -415,6 +418,9 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	}
 	if !incoming {
 		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventStarted, "QEMU started in pod %s", pod.Name)
+		for _, n := range m.Notes {
+			r.Recorder.Event(v, corev1.EventTypeWarning, EventFeaturesLeftOut, n)
+		}
 	}
 	return st, nil
 }

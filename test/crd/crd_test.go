@@ -176,6 +176,58 @@ func TestFirmwareAccepted(t *testing.T) {
 	}
 }
 
+// TestWindowsPlatformAccepted: KubeVirt's Windows platform (its vmi-windows example and common
+// templates: Hyper-V enlightenments, KVM features, a clock in a time zone with its timers) passes
+// the CRD's schema as written.
+func TestWindowsPlatformAccepted(t *testing.T) {
+	o := load(t, "vm_testguest.yaml")
+	var features, clock map[string]any
+	if err := yaml.Unmarshal([]byte(`
+acpi: {}
+apic: {}
+smm: {}
+kvm: {hidden: true}
+pvspinlock: {enabled: false}
+hyperv:
+  relaxed: {}
+  vapic: {}
+  spinlocks: {spinlocks: 8191}
+  vpindex: {}
+  runtime: {}
+  synic: {}
+  synictimer: {direct: {}}
+  reset: {}
+  vendorid: {vendorid: KVM Hv}
+  frequencies: {}
+  reenlightenment: {}
+  tlbflush: {direct: {}, extended: {}}
+  ipi: {}
+  evmcs: {}
+`), &features); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal([]byte(`
+timezone: Europe/Berlin
+timer:
+  hpet: {present: false}
+  pit: {tickPolicy: delay}
+  rtc: {tickPolicy: catchup, track: guest}
+  hyperv: {}
+  kvm: {present: true}
+`), &clock); err != nil {
+		t.Fatal(err)
+	}
+	o.set(t, "spec.template.spec.domain.features", features)
+	o.set(t, "spec.template.spec.domain.clock", clock)
+	manifest, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := kubectl(t, manifest, "create", "--dry-run=server", "-n", "default", "-f", "-"); err != nil {
+		t.Fatalf("refused: %v: %s", err, stderr)
+	}
+}
+
 // obj is a manifest as a user writes it, edited by path in the cases below.
 type obj map[string]any
 
@@ -330,6 +382,18 @@ func TestInvalidManifestsRejected(t *testing.T) {
 			o.set(t, "spec.template.spec.domain.firmware.bootloader", map[string]any{"efi": map[string]any{"secureBoot": true}})
 			o.set(t, "spec.template.spec.domain.features", map[string]any{"smm": map[string]any{"enabled": false}})
 		}, "spec.template.spec.domain.features.smm", "needs SMM"},
+		{"too few Hyper-V spinlock retries", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.domain.features", map[string]any{"hyperv": map[string]any{"spinlocks": map[string]any{"spinlocks": 100}}})
+		}, "spec.template.spec.domain.features.hyperv.spinlocks.spinlocks", "4096"},
+		{"Hyper-V vendor id over 12 characters", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.domain.features", map[string]any{"hyperv": map[string]any{"vendorid": map[string]any{"vendorid": "thirteen-char"}}})
+		}, "spec.template.spec.domain.features.hyperv.vendorid.vendorid", "12"},
+		{"clock at utc and in a time zone", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.domain.clock", map[string]any{"utc": map[string]any{}, "timezone": "Europe/Berlin"})
+		}, "spec.template.spec.domain.clock", "mutually exclusive"},
+		{"PIT merging ticks", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.domain.clock", map[string]any{"timer": map[string]any{"pit": map[string]any{"tickPolicy": "merge"}}})
+		}, "spec.template.spec.domain.clock.timer.pit.tickPolicy", "merge"},
 	}
 	if len(cases) < 20 {
 		t.Fatalf("the issue asks for at least 20 invalid manifests, have %d", len(cases))
