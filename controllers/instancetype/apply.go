@@ -229,7 +229,8 @@ func applyMemory(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.Virtual
 		if d.Resources.Requests == nil {
 			d.Resources.Requests = corev1.ResourceList{}
 		}
-		req := guest.Value() / 100 * int64(100-pct)
+		v, keep := guest.Value(), int64(100-pct)
+		req := v/100*keep + v%100*keep/100 // v*keep/100 without overflow
 		d.Resources.Requests[corev1.ResourceMemory] = *resource.NewQuantity(req, resource.BinarySI)
 	}
 	return nil

@@ -33,6 +33,8 @@ const (
 type Error struct {
 	Reason string
 	Field  *field.Path
+	// Value is the name not found, or empty.
+	Value  string
 	Detail string
 	// missing marks a revision that does not exist.
 	missing bool
@@ -42,10 +44,11 @@ func (e *Error) Error() string { return e.Field.String() + ": " + e.Detail }
 
 // FieldError is e as a validation error of the VM.
 func (e *Error) FieldError() *field.Error {
+	typ := field.ErrorTypeInvalid
 	if e.Reason == ReasonInstancetypeNotFound || e.Reason == ReasonPreferenceNotFound {
-		return field.NotFound(e.Field, e.Detail)
+		typ = field.ErrorTypeNotFound
 	}
-	return field.Invalid(e.Field, "", e.Detail)
+	return &field.Error{Type: typ, Field: e.Field.String(), BadValue: e.Value, Detail: e.Detail}
 }
 
 // Resolution is what a VM's references resolve to: the instancetype's and the preference's specs
@@ -243,7 +246,7 @@ func (r *Resolver) resolveSide(ctx context.Context, vm *v1alpha1.VirtualMachine,
 			if key.Namespace != "" {
 				where = "in namespace " + key.Namespace
 			}
-			return nil, nil, &Error{Reason: k.notFound, Field: k.path, Detail: fmt.Sprintf("Failure to find %s: %s %q not found %s", k.what, kind, name, where)}
+			return nil, nil, &Error{Reason: k.notFound, Field: k.path, Value: name, Detail: fmt.Sprintf("Failure to find %s: %s %q not found %s", k.what, kind, name, where)}
 		}
 		return nil, nil, fmt.Errorf("get %s %s: %w", kind, name, err)
 	}
@@ -267,7 +270,7 @@ func (r *Resolver) infer(ctx context.Context, vm *v1alpha1.VirtualMachine, k *ki
 		if policy != nil && *policy == v1alpha1.IgnoreInferFromVolumeFailure {
 			return "", "", nil
 		}
-		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Detail: fmt.Sprintf(format, args...)}
+		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Value: volume, Detail: fmt.Sprintf(format, args...)}
 	}
 	var claim string
 	found := false
@@ -285,10 +288,10 @@ func (r *Resolver) infer(ctx context.Context, vm *v1alpha1.VirtualMachine, k *ki
 	}
 	switch {
 	case !found:
-		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Detail: fmt.Sprintf("volume %q is not in spec.template.spec.volumes", volume)}
+		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Value: volume, Detail: fmt.Sprintf("volume %q is not in spec.template.spec.volumes", volume)}
 	case claim == "":
 		// KubeVirt also infers from DataVolumes and their DataSources; qvirt has no DataVolumes.
-		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Detail: fmt.Sprintf("volume %q is not a persistentVolumeClaim (or ephemeral) volume; only a claim's labels can name the %s", volume, k.what)}
+		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Value: volume, Detail: fmt.Sprintf("volume %q is not a persistentVolumeClaim (or ephemeral) volume; only a claim's labels can name the %s", volume, k.what)}
 	}
 	pvc := &corev1.PersistentVolumeClaim{}
 	if err := r.Reader.Get(ctx, client.ObjectKey{Namespace: vm.Namespace, Name: claim}, pvc); err != nil {
@@ -393,4 +396,43 @@ func truncateLabel(v string) string {
 func isMissingRevision(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.missing
+}
+
+// Infer is KubeVirt's VM mutator step for inferFromVolume: a reference that names a volume rather
+// than an object is replaced by the name and kind the volume's claim labels give (inferFromVolume
+// and its policy cleared, as KubeVirt does), or removed when nothing is found under the Ignore
+// policy. The stored VM then says which instancetype and preference it uses.
+func (r *Resolver) Infer(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
+	if m := vm.Spec.Instancetype; m != nil && m.Name == "" && m.InferFromVolume != "" {
+		name, kind, err := r.infer(ctx, vm, &instancetypeSide, m.InferFromVolume, m.InferFromVolumeFailurePolicy)
+		switch {
+		case err != nil:
+			return err
+		case name == "":
+			vm.Spec.Instancetype = nil
+		default:
+			vm.Spec.Instancetype = &v1alpha1.InstancetypeMatcher{Name: name, Kind: kind}
+		}
+	}
+	if m := vm.Spec.Preference; m != nil && m.Name == "" && m.InferFromVolume != "" {
+		name, kind, err := r.infer(ctx, vm, &preferenceSide, m.InferFromVolume, m.InferFromVolumeFailurePolicy)
+		switch {
+		case err != nil:
+			return err
+		case name == "":
+			vm.Spec.Preference = nil
+		default:
+			vm.Spec.Preference = &v1alpha1.PreferenceMatcher{Name: name, Kind: kind}
+		}
+	}
+	return nil
+}
+
+// FindPreference is the preference vm refers to, as Find resolves it; nil when it has none.
+func (r *Resolver) FindPreference(ctx context.Context, vm *v1alpha1.VirtualMachine) (*v1alpha1.VirtualMachinePreferenceSpec, error) {
+	spec, _, err := r.resolveSide(ctx, vm, &preferenceSide, false)
+	if err != nil || spec == nil {
+		return nil, err
+	}
+	return spec.(*v1alpha1.VirtualMachinePreferenceSpec), nil
 }
