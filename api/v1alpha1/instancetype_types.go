@@ -552,18 +552,18 @@ type MemoryPreferenceRequirement struct {
 // Kinds a VirtualMachine's spec.instancetype.kind and spec.preference.kind may name, in KubeVirt's
 // lower-case singular spelling (pkg/instancetype/find accepts the plural and the cluster forms).
 const (
-	InstancetypeKind              = "VirtualMachineInstancetype"
-	ClusterInstancetypeKind       = "VirtualMachineClusterInstancetype"
-	SingularInstancetypeKind      = "virtualmachineinstancetype"
-	PluralInstancetypeKind        = "virtualmachineinstancetypes"
+	InstancetypeKind                = "VirtualMachineInstancetype"
+	ClusterInstancetypeKind         = "VirtualMachineClusterInstancetype"
+	SingularInstancetypeKind        = "virtualmachineinstancetype"
+	PluralInstancetypeKind          = "virtualmachineinstancetypes"
 	SingularClusterInstancetypeKind = "virtualmachineclusterinstancetype"
-	PluralClusterInstancetypeKind = "virtualmachineclusterinstancetypes"
-	PreferenceKind                = "VirtualMachinePreference"
-	ClusterPreferenceKind         = "VirtualMachineClusterPreference"
-	SingularPreferenceKind        = "virtualmachinepreference"
-	PluralPreferenceKind          = "virtualmachinepreferences"
-	SingularClusterPreferenceKind = "virtualmachineclusterpreference"
-	PluralClusterPreferenceKind   = "virtualmachineclusterpreferences"
+	PluralClusterInstancetypeKind   = "virtualmachineclusterinstancetypes"
+	PreferenceKind                  = "VirtualMachinePreference"
+	ClusterPreferenceKind           = "VirtualMachineClusterPreference"
+	SingularPreferenceKind          = "virtualmachinepreference"
+	PluralPreferenceKind            = "virtualmachinepreferences"
+	SingularClusterPreferenceKind   = "virtualmachineclusterpreference"
+	PluralClusterPreferenceKind     = "virtualmachineclusterpreferences"
 )
 
 // DefaultInstancetypeLabel and DefaultPreferenceLabel on a PersistentVolumeClaim name the

@@ -73,7 +73,9 @@ func TestConflicts(t *testing.T) {
 		{"memory limit", nil, func(vm *v1alpha1.VirtualMachine) {
 			vm.Spec.Template.Spec.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}
 		}, "spec.template.spec.domain.resources.limits.memory"},
-		{"ioThreadsPolicy", func(it *v1alpha1.VirtualMachineInstancetypeSpec) { it.IOThreadsPolicy = ptr.To(v1alpha1.IOThreadsPolicyAuto) },
+		{"ioThreadsPolicy", func(it *v1alpha1.VirtualMachineInstancetypeSpec) {
+			it.IOThreadsPolicy = ptr.To(v1alpha1.IOThreadsPolicyAuto)
+		},
 			func(vm *v1alpha1.VirtualMachine) {
 				vm.Spec.Template.Spec.Domain.IOThreadsPolicy = ptr.To(v1alpha1.IOThreadsPolicyShared)
 			}, "spec.template.spec.domain.ioThreadsPolicy"},
@@ -82,7 +84,9 @@ func TestConflicts(t *testing.T) {
 		{"schedulerName", func(it *v1alpha1.VirtualMachineInstancetypeSpec) { it.SchedulerName = "mine" },
 			func(vm *v1alpha1.VirtualMachine) { vm.Spec.Template.Spec.SchedulerName = "yours" }, "spec.template.spec.schedulerName"},
 		{"an annotation of another value", func(it *v1alpha1.VirtualMachineInstancetypeSpec) { it.Annotations = map[string]string{"k": "v"} },
-			func(vm *v1alpha1.VirtualMachine) { vm.Spec.Template.ObjectMeta.Annotations = map[string]string{"k": "other"} }, "spec.template.metadata.annotations[k]"},
+			func(vm *v1alpha1.VirtualMachine) {
+				vm.Spec.Template.ObjectMeta.Annotations = map[string]string{"k": "other"}
+			}, "spec.template.metadata.annotations[k]"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,10 +127,10 @@ func TestPreferenceFillsOnlyUnset(t *testing.T) {
 	vm.Spec.Template.Spec.Domain.Devices.Disks[1].CDRom.Bus = v1alpha1.DiskBusSCSI
 	vm.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](5)
 	pref := &v1alpha1.VirtualMachinePreferenceSpec{
-		CPU:     &v1alpha1.CPUPreferences{PreferredCPUTopology: ptr.To(v1alpha1.PreferSpread)},
-		Devices: &v1alpha1.DevicePreferences{PreferredDiskBus: v1alpha1.DiskBusSATA, PreferredCdromBus: v1alpha1.DiskBusSATA, PreferredDiskCache: v1alpha1.CacheWriteBack},
-		Features: &v1alpha1.FeaturePreferences{PreferredSmm: &v1alpha1.FeatureState{}},
-		Firmware: &v1alpha1.FirmwarePreferences{PreferredEfi: &v1alpha1.EFI{SecureBoot: ptr.To(true)}},
+		CPU:                                    &v1alpha1.CPUPreferences{PreferredCPUTopology: ptr.To(v1alpha1.PreferSpread)},
+		Devices:                                &v1alpha1.DevicePreferences{PreferredDiskBus: v1alpha1.DiskBusSATA, PreferredCdromBus: v1alpha1.DiskBusSATA, PreferredDiskCache: v1alpha1.CacheWriteBack},
+		Features:                               &v1alpha1.FeaturePreferences{PreferredSmm: &v1alpha1.FeatureState{}},
+		Firmware:                               &v1alpha1.FirmwarePreferences{PreferredEfi: &v1alpha1.EFI{SecureBoot: ptr.To(true)}},
 		PreferredTerminationGracePeriodSeconds: ptr.To[int64](30),
 		PreferredSubdomain:                     ptr.To("sub"),
 		Annotations:                            map[string]string{"p": "q"},
