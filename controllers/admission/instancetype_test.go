@@ -1,9 +1,12 @@
 package admission_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/qvirt/qvirt/cli"
 )
 
 // itVM is the test guest VM sized by an instancetype instead of its own CPU and memory.
@@ -147,6 +150,20 @@ spec:
 		}
 		if mt := got.Spec.Template.Spec.Domain.Machine.Type; mt != "pc-q35-7.2" {
 			t.Errorf("stored machine type %q, want the preference's pc-q35-7.2", mt)
+		}
+	})
+
+	t.Run("qvirtctl create vm's manifest accepted", func(t *testing.T) {
+		root := cli.New("qvirtctl")
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetArgs([]string{"create", "vm", "--name", "from-cli", "--instancetype", "wh-small",
+			"--preference", "virtualmachinepreference/wh-pref", "--volume-containerdisk", "src:example.com/disk:1,bootorder:1"})
+		if err := root.Execute(); err != nil {
+			t.Fatal(err)
+		}
+		if _, stderr, err := kubectlDefault(out.Bytes(), "create", "--dry-run=server", "-f", "-"); err != nil {
+			t.Fatalf("refused: %v: %s\n%s", err, stderr, out.String())
 		}
 	})
 
