@@ -62,7 +62,7 @@ func New(argv0 string) *cobra.Command {
 		newConsole(e), newVNC(e), newQMP(e), newMigrate(e), newMigrateList(e), newMigrateCancel(e),
 		newAddVolume(e), newRemoveVolume(e),
 		newGuestOSInfo(e), newUserList(e), newFileSystemList(e),
-		newVersion(e), newMachine(), newLocal(e),
+		newVersion(e), newMachine(), newLocal(e), newCreate(),
 	)
 	return root
 }

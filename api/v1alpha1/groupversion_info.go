@@ -1,6 +1,7 @@
-// Package v1alpha1 holds the qvirt.io/v1alpha1 API: VirtualMachine, VirtualMachineInstance and
-// VirtualMachineInstanceMigration. Field names and meanings follow KubeVirt's kubevirt.io/v1 wherever
-// the concept exists, so a KubeVirt manifest runs after changing its apiVersion; fields qvirt does not
+// Package v1alpha1 holds the qvirt.io/v1alpha1 API: VirtualMachine, VirtualMachineInstance,
+// VirtualMachineInstanceMigration, and the instancetype and preference kinds. Field names and
+// meanings follow KubeVirt's kubevirt.io/v1 (and instancetype.kubevirt.io/v1beta1) wherever the
+// concept exists, so a KubeVirt manifest runs after changing its apiVersion; fields qvirt does not
 // support are absent from the schema and refused by the API server (kubectl validates strictly).
 //
 // The package depends only on the standard library and k8s.io/api and apimachinery, so the launcher
@@ -32,7 +33,11 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&VirtualMachine{}, &VirtualMachineList{},
 		&VirtualMachineInstance{}, &VirtualMachineInstanceList{},
 		&VirtualMachineInstanceMigration{}, &VirtualMachineInstanceMigrationList{},
-		&MigrationPolicy{}, &MigrationPolicyList{})
+		&MigrationPolicy{}, &MigrationPolicyList{},
+		&VirtualMachineInstancetype{}, &VirtualMachineInstancetypeList{},
+		&VirtualMachineClusterInstancetype{}, &VirtualMachineClusterInstancetypeList{},
+		&VirtualMachinePreference{}, &VirtualMachinePreferenceList{},
+		&VirtualMachineClusterPreference{}, &VirtualMachineClusterPreferenceList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

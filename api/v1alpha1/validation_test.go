@@ -298,6 +298,14 @@ func TestSamplesValidate(t *testing.T) {
 			var vmi VirtualMachineInstance
 			mustUnmarshalStrict(t, f, data, &vmi)
 			errs = ValidateVirtualMachineInstanceSpec(&vmi.Spec, field.NewPath("spec"))
+		case "VirtualMachineClusterInstancetype":
+			var it VirtualMachineClusterInstancetype
+			mustUnmarshalStrict(t, f, data, &it)
+			errs = NotRealisedInstancetype(&it.Spec, field.NewPath("spec"))
+		case "VirtualMachineClusterPreference":
+			var pref VirtualMachineClusterPreference
+			mustUnmarshalStrict(t, f, data, &pref)
+			errs = NotRealisedPreference(&pref.Spec, field.NewPath("spec"))
 		default:
 			continue
 		}

@@ -57,6 +57,115 @@ type VirtualMachineSpec struct {
 	// supported yet: admission refuses them with a message saying so (NotRealisedVM).
 	// +optional
 	DataVolumeTemplates []DataVolumeTemplateSpec `json:"dataVolumeTemplates,omitempty"`
+
+	// Instancetype names the instancetype whose vCPUs, memory and scheduling settings the
+	// instances get; the template must not set those itself.
+	// +optional
+	Instancetype *InstancetypeMatcher `json:"instancetype,omitempty"`
+
+	// Preference names the preference whose settings fill what the template leaves unset.
+	// +optional
+	Preference *PreferenceMatcher `json:"preference,omitempty"`
+}
+
+// InstancetypeMatcher refers to an instancetype, as KubeVirt's (kubevirt.io/v1 InstancetypeMatcher).
+// +kubebuilder:validation:XValidation:rule="has(self.name) != has(self.inferFromVolume)",message="set exactly one of name and inferFromVolume"
+type InstancetypeMatcher struct {
+	// Name is the instancetype's name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name,omitempty"`
+
+	// Kind is VirtualMachineClusterInstancetype (the default) or VirtualMachineInstancetype (in
+	// the VM's namespace); KubeVirt's lower-case and plural spellings are accepted too.
+	// +optional
+	// +kubebuilder:validation:Enum=VirtualMachineInstancetype;VirtualMachineClusterInstancetype;virtualmachineinstancetype;virtualmachineinstancetypes;virtualmachineclusterinstancetype;virtualmachineclusterinstancetypes
+	Kind string `json:"kind,omitempty"`
+
+	// RevisionName names the ControllerRevision that holds the copy of the instancetype this VM
+	// uses. The controller records the copy it takes at first use in
+	// status.instancetypeRef.controllerRevisionRef; a name given here is used instead (KubeVirt's
+	// older place for it).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	RevisionName string `json:"revisionName,omitempty"`
+
+	// InferFromVolume names a volume of the template whose PersistentVolumeClaim carries the
+	// instancetype.kubevirt.io/default-instancetype (and -kind) labels; the VM takes that
+	// instancetype. Admission resolves it and records name and kind in its place.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	InferFromVolume string `json:"inferFromVolume,omitempty"`
+
+	// InferFromVolumeFailurePolicy is Reject (the default: a volume that names no instancetype
+	// refuses the VM) or Ignore (the VM then has no instancetype).
+	// +optional
+	InferFromVolumeFailurePolicy *InferFromVolumeFailurePolicy `json:"inferFromVolumeFailurePolicy,omitempty"`
+}
+
+// PreferenceMatcher refers to a preference, as KubeVirt's (kubevirt.io/v1 PreferenceMatcher).
+// +kubebuilder:validation:XValidation:rule="has(self.name) != has(self.inferFromVolume)",message="set exactly one of name and inferFromVolume"
+type PreferenceMatcher struct {
+	// Name is the preference's name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name,omitempty"`
+
+	// Kind is VirtualMachineClusterPreference (the default) or VirtualMachinePreference (in the
+	// VM's namespace); KubeVirt's lower-case and plural spellings are accepted too.
+	// +optional
+	// +kubebuilder:validation:Enum=VirtualMachinePreference;VirtualMachineClusterPreference;virtualmachinepreference;virtualmachinepreferences;virtualmachineclusterpreference;virtualmachineclusterpreferences
+	Kind string `json:"kind,omitempty"`
+
+	// RevisionName names the ControllerRevision holding the copy of the preference this VM uses
+	// (see InstancetypeMatcher.RevisionName).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	RevisionName string `json:"revisionName,omitempty"`
+
+	// InferFromVolume names a volume whose PersistentVolumeClaim carries the
+	// instancetype.kubevirt.io/default-preference (and -kind) labels.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	InferFromVolume string `json:"inferFromVolume,omitempty"`
+
+	// InferFromVolumeFailurePolicy is Reject (the default) or Ignore.
+	// +optional
+	InferFromVolumeFailurePolicy *InferFromVolumeFailurePolicy `json:"inferFromVolumeFailurePolicy,omitempty"`
+}
+
+// InferFromVolumeFailurePolicy is what happens when inferFromVolume finds nothing.
+// +kubebuilder:validation:Enum=Reject;Ignore
+type InferFromVolumeFailurePolicy string
+
+// Failure policies, as KubeVirt's (RejectInferFromVolumeFailure, IgnoreInferFromVolumeFailure).
+const (
+	RejectInferFromVolumeFailure InferFromVolumeFailurePolicy = "Reject"
+	IgnoreInferFromVolumeFailure InferFromVolumeFailurePolicy = "Ignore"
+)
+
+// InstancetypeStatusRef is the instancetype or preference a VM's instances are expanded from, and
+// the ControllerRevision holding the copy taken at first use, as KubeVirt's status.instancetypeRef
+// and status.preferenceRef.
+type InstancetypeStatusRef struct {
+	// Name is the instancetype's or preference's name.
+	// +optional
+	Name string `json:"name,omitempty"`
+
+	// Kind is its kind.
+	// +optional
+	Kind string `json:"kind,omitempty"`
+
+	// ControllerRevisionRef names the ControllerRevision, owned by the VM, that holds the copy.
+	// +optional
+	ControllerRevisionRef *ControllerRevisionRef `json:"controllerRevisionRef,omitempty"`
+}
+
+// ControllerRevisionRef names a ControllerRevision.
+type ControllerRevisionRef struct {
+	// Name is the ControllerRevision's name.
+	// +optional
+	Name string `json:"name,omitempty"`
 }
 
 // DataVolumeTemplateSpec is KubeVirt's template of a CDI DataVolume, kept in its shape so that a
@@ -172,6 +281,16 @@ type VirtualMachineStatus struct {
 	// ObservedGeneration is the spec generation the status reflects.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// InstancetypeRef is the instancetype the VM's instances are expanded from and the
+	// ControllerRevision holding its copy: a later change to the instancetype does not reach this
+	// VM's instances until the reference in spec.instancetype changes.
+	// +optional
+	InstancetypeRef *InstancetypeStatusRef `json:"instancetypeRef,omitempty"`
+
+	// PreferenceRef is the same for spec.preference.
+	// +optional
+	PreferenceRef *InstancetypeStatusRef `json:"preferenceRef,omitempty"`
 }
 
 // StateChangeRequestAction is a requested change of run state.

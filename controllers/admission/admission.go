@@ -8,6 +8,7 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -15,19 +16,25 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/instancetype"
 	"github.com/qvirt/qvirt/internal/config"
 )
 
 // Setup registers the VirtualMachine and VirtualMachineInstance defaulters and validators, and the
 // launcher pods' eviction webhook (eviction.go), with mgr's webhook server.
 func Setup(mgr ctrl.Manager, store *config.Store) error {
-	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachine{}).WithDefaulter(VMDefaulter{}).
-		WithValidator(&VMValidator{Config: store}).Complete(); err != nil {
+	reader := mgr.GetAPIReader()
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachine{}).WithDefaulter(VMDefaulter{Reader: reader}).
+		WithValidator(&VMValidator{Config: store, Reader: reader}).Complete(); err != nil {
 		return fmt.Errorf("register VirtualMachine webhooks: %w", err)
+	}
+	if err := setupInstancetypes(mgr); err != nil {
+		return err
 	}
 	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachineInstance{}).WithDefaulter(VMIDefaulter{}).
 		WithValidator(&VMIValidator{Config: store}).Complete(); err != nil {
@@ -40,21 +47,28 @@ func Setup(mgr ctrl.Manager, store *config.Store) error {
 // +kubebuilder:webhook:path=/validate-qvirt-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvm.qvirt.io,admissionReviewVersions=v1
 // +kubebuilder:webhook:path=/validate-qvirt-io-v1alpha1-virtualmachineinstance,mutating=false,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachineinstances,verbs=create;update,versions=v1alpha1,name=vvmi.qvirt.io,admissionReviewVersions=v1
 
-// VMValidator validates VirtualMachines.
-type VMValidator struct{ Config *config.Store }
+// VMValidator validates VirtualMachines. With Reader set, a VM's instancetype and preference are
+// resolved and expanded into its template first (as KubeVirt's VM admitter does), so that a
+// missing one or a conflict with the instancetype is refused, naming the field, and the expanded
+// template is what is validated; without it a VM that refers to either is refused.
+type VMValidator struct {
+	Config *config.Store
+	Reader client.Reader
+}
 
 // ValidateCreate implements admission.Validator.
-func (v *VMValidator) ValidateCreate(_ context.Context, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
-	return v.validate(vm)
+func (v *VMValidator) ValidateCreate(ctx context.Context, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	return v.validate(ctx, vm)
 }
 
 // ValidateUpdate implements admission.Validator. An update is refused only for problems the old
 // object did not have (ratchet): a VirtualMachine admitted under earlier rules or another
 // configuration can still be stopped, and its finalizer removed. Status-only updates go through
 // the status subresource and do not reach this webhook.
-func (v *VMValidator) ValidateUpdate(_ context.Context, old, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
-	errs := ratchet(v.check(vm), v.check(old))
-	return warnings(&defaulted(vm).Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
+func (v *VMValidator) ValidateUpdate(ctx context.Context, old, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	expanded, errs := v.check(ctx, vm)
+	_, oldErrs := v.check(ctx, old)
+	return warnings(&defaulted(expanded).Spec.Template.Spec), invalid("VirtualMachine", vm.Name, ratchet(errs, oldErrs))
 }
 
 // ValidateDelete implements admission.Validator.
@@ -62,13 +76,50 @@ func (v *VMValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachine) 
 	return nil, nil
 }
 
-func (v *VMValidator) validate(vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
-	return warnings(&defaulted(vm).Spec.Template.Spec), invalid("VirtualMachine", vm.Name, v.check(vm))
+func (v *VMValidator) validate(ctx context.Context, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
+	expanded, errs := v.check(ctx, vm)
+	return warnings(&defaulted(expanded).Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
 }
 
 // check is everything a VirtualMachine's instances would be refused for at creation, at the
-// template's paths: its template is checked with the defaults its instances will get.
-func (v *VMValidator) check(vm *v1alpha1.VirtualMachine) field.ErrorList {
+// template's paths: its template is checked expanded with its instancetype and preference and
+// with the defaults its instances will get. It returns the expanded VM too (vm itself when it
+// cannot be expanded).
+func (v *VMValidator) check(ctx context.Context, vm *v1alpha1.VirtualMachine) (*v1alpha1.VirtualMachine, field.ErrorList) {
+	expanded, errs := v.expand(ctx, vm)
+	if len(errs) > 0 {
+		return vm, errs
+	}
+	return expanded, v.checkExpanded(expanded)
+}
+
+// expand is vm with its template expanded with its instancetype and preference
+// (instancetype.Expand), or the errors that keep it from being expanded.
+func (v *VMValidator) expand(ctx context.Context, vm *v1alpha1.VirtualMachine) (*v1alpha1.VirtualMachine, field.ErrorList) {
+	if !instancetype.HasReferences(vm) {
+		return vm, nil
+	}
+	if v.Reader == nil {
+		return vm, field.ErrorList{field.InternalError(field.NewPath("spec", "instancetype"), errors.New("this validator cannot read instancetypes and preferences"))}
+	}
+	res, err := (&instancetype.Resolver{Reader: v.Reader}).Find(ctx, vm)
+	var ie *instancetype.Error
+	switch {
+	case errors.As(err, &ie):
+		return vm, field.ErrorList{ie.FieldError()}
+	case err != nil:
+		return vm, field.ErrorList{field.InternalError(field.NewPath("spec", "instancetype"), err)}
+	}
+	spec, annotations, errs := instancetype.Expand(vm, res)
+	if len(errs) > 0 {
+		return vm, errs
+	}
+	out := vm.DeepCopy()
+	out.Spec.Template.Spec, out.Spec.Template.ObjectMeta.Annotations = *spec, annotations
+	return out, nil
+}
+
+func (v *VMValidator) checkExpanded(vm *v1alpha1.VirtualMachine) field.ErrorList {
 	vm = defaulted(vm)
 	p := field.NewPath("spec", "template", "spec")
 	errs := append(v1alpha1.ValidateVirtualMachine(vm), v1alpha1.NotRealisedVM(&vm.Spec)...)

@@ -2,11 +2,17 @@ package admission
 
 import (
 	"context"
+	"errors"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/controllers/instancetype"
 )
 
 // The mutating webhook records KubeVirt's defaults in the stored object, as KubeVirt's
@@ -19,14 +25,33 @@ import (
 // +kubebuilder:webhook:path=/mutate-qvirt-io-v1alpha1-virtualmachineinstance,mutating=true,failurePolicy=fail,sideEffects=None,groups=qvirt.io,resources=virtualmachineinstances,verbs=create,versions=v1alpha1,name=mvmi.qvirt.io,admissionReviewVersions=v1
 
 // VMDefaulter defaults VirtualMachines: their template's machine type only (the instances a VM
-// creates get the rest), so that the machine ABI is pinned when the VM is created.
-type VMDefaulter struct{}
+// creates get the rest), so that the machine ABI is pinned when the VM is created. With Reader
+// set it also resolves inferFromVolume references, and the machine type is the preference's
+// preferredMachineType when the VM has one (KubeVirt's vm-mutator does both).
+type VMDefaulter struct{ Reader client.Reader }
 
 // Default implements admission.Defaulter. A VM being deleted is left alone, as KubeVirt does, so
 // that removing its finalizers never rewrites its spec.
-func (VMDefaulter) Default(_ context.Context, vm *v1alpha1.VirtualMachine) error {
+func (d VMDefaulter) Default(ctx context.Context, vm *v1alpha1.VirtualMachine) error {
 	if vm.DeletionTimestamp != nil {
 		return nil
+	}
+	if d.Reader != nil && instancetype.HasReferences(vm) {
+		r := instancetype.Resolver{Reader: d.Reader}
+		if err := r.Infer(ctx, vm); err != nil {
+			var ie *instancetype.Error
+			if errors.As(err, &ie) {
+				return apierrors.NewInvalid(schema.GroupKind{Group: v1alpha1.GroupVersion.Group, Kind: "VirtualMachine"}, vm.Name, field.ErrorList{ie.FieldError()})
+			}
+			return err
+		}
+		// A preference that cannot be found is the validating webhook's to report.
+		if pref, err := r.FindPreference(ctx, vm); err == nil && pref != nil && pref.Machine != nil && pref.Machine.PreferredMachineType != "" {
+			d := &vm.Spec.Template.Spec.Domain
+			if d.Machine == nil || d.Machine.Type == "" {
+				d.Machine = &v1alpha1.Machine{Type: pref.Machine.PreferredMachineType}
+			}
+		}
 	}
 	v1alpha1.SetVirtualMachineDefaults(&vm.Spec)
 	return nil

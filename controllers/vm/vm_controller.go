@@ -42,6 +42,9 @@ const (
 // deletionRecheck is how often a VM being deleted looks again at its VMI, on top of the watch.
 const deletionRecheck = 5 * time.Second
 
+// expandRecheck is how often a VM whose instancetype or preference cannot be expanded looks again.
+const expandRecheck = 10 * time.Second
+
 // foreignRecheck is how often a VM blocked by a VMI of its name that it does not control looks again.
 const foreignRecheck = 5 * time.Second
 
@@ -77,6 +80,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachines/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachines/finalizers,verbs=update
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstancetypes;virtualmachineclusterinstancetypes;virtualmachinepreferences;virtualmachineclusterpreferences,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=controllerrevisions,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -164,6 +170,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 		return ctrl.Result{}, nil
 	}
 
+	next, expandFailure, err := r.expand(ctx, vm)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
 	in := decisionInput{
 		Strategy: vm.EffectiveRunStrategy(), Entered: vm.Status.RunStrategy, Held: held(vm),
 		Requests: vm.Status.StateChangeRequests, VMI: vmi, StartFailure: sf, Now: now,
@@ -176,16 +187,22 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 	var failure *Failure
 	var actionErr error
 	after := vmi
-	retry := false
+	retry, blocked := false, false
 	switch d.Action {
 	case ActionCreate:
+		if expandFailure != nil {
+			// Nothing watches instancetypes and preferences: look again now and then for one
+			// created or fixed since.
+			failure, blocked = expandFailure, true
+			break
+		}
 		if foreign {
 			failure = &Failure{Reason: ReasonVMIConflict,
 				Message: fmt.Sprintf("a VMI named %s exists and is not controlled by this VM; delete it to start the VM", vm.Name)}
 			retry = true
 			break
 		}
-		created := newVMI(vm)
+		created := newVMIFrom(vm, next)
 		if d.StartPaused {
 			paused := v1alpha1.StartStrategyPaused
 			created.Spec.StartStrategy = &paused
@@ -225,7 +242,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 			r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventSuccessfulDelete, "deleted VMI %s (%s): %s", vmi.Name, uid, d.Message)
 		}
 	}
-	if actionErr != nil || retry {
+	if actionErr != nil || retry || blocked {
 		// The decision assumed the action succeeded: keep the requests, the hold and the entered
 		// strategy as they were so that the next pass decides again.
 		d.Requests, d.Held, d.RunStrategy = vm.Status.StateChangeRequests, in.Held, vm.Status.RunStrategy
@@ -234,15 +251,26 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 			r.Recorder.Event(vm, n.Type, n.Reason, n.Message)
 		}
 	}
+	if failure == nil {
+		failure = expandFailure
+	}
 	if failure == nil && foreign {
 		failure = &Failure{Reason: ReasonVMIConflict,
 			Message: fmt.Sprintf("a VMI named %s exists and is not controlled by this VM", vm.Name)}
 	}
 
-	vm.Status = computeStatus(statusInput{VM: vm, VMI: after, Decision: d, StartFailure: sf, Failure: failure, Now: now})
+	var desired *v1alpha1.VirtualMachineInstanceSpec
+	if next != nil {
+		desired = &next.Spec
+	} else if after != nil {
+		desired = &after.Spec // unknown while expansion fails: the Failure condition says why
+	}
+	vm.Status = computeStatus(statusInput{VM: vm, VMI: after, Decision: d, StartFailure: sf, Failure: failure, Desired: desired, Now: now})
 
 	var res ctrl.Result
 	switch {
+	case blocked:
+		res.RequeueAfter = expandRecheck
 	case retry && foreign:
 		// A foreign VMI has no owner reference to this VM, so its deletion does not bring the VM
 		// back through the watch.

@@ -83,6 +83,7 @@ func TestReconciler(t *testing.T) {
 		namedCase{"DeleteVM", testDeleteVM},
 		namedCase{"ForeignVMI", testForeignVMI},
 	)
+	cases = append(cases, instancetypeCases()...)
 	if only := os.Getenv("QVIRT_TEST_CASE"); only != "" {
 		cases = slices.DeleteFunc(cases, func(c namedCase) bool { return !strings.Contains(c.name, only) })
 	}

@@ -42,6 +42,9 @@ type statusInput struct {
 	// Failure, when set, is the reason and message of the Failure condition (a failed create or
 	// delete, a VMI of the same name owned by someone else).
 	Failure *Failure
+	// Desired is the spec the VM's next instance would get (its template expanded with its
+	// instancetype and preference); desiredVMISpec(VM) when nil.
+	Desired *v1alpha1.VirtualMachineInstanceSpec
 	Now     time.Time
 }
 
@@ -94,7 +97,12 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.VirtualMachineFailure)
 	}
 
-	if vmiActive(vmi) && !equality.Semantic.DeepEqual(coldSpec(desiredVMISpec(vm)), coldSpec(vmi.Spec)) {
+	desired := in.Desired
+	if desired == nil {
+		d := desiredVMISpec(vm)
+		desired = &d
+	}
+	if vmiActive(vmi) && !equality.Semantic.DeepEqual(coldSpec(*desired), coldSpec(vmi.Spec)) {
 		set(metav1.Condition{Type: v1alpha1.VirtualMachineRestartRequired, Status: metav1.ConditionTrue,
 			Reason:  ReasonTemplateChange,
 			Message: "the VM template changed since VMI " + vmi.Name + " was created; restart the VM to apply it"})

@@ -37,6 +37,8 @@ func TestCRDsInstalled(t *testing.T) {
 	want := map[string]bool{
 		"virtualmachines.qvirt.io": false, "virtualmachineinstances.qvirt.io": false,
 		"virtualmachineinstancemigrations.qvirt.io": false,
+		"virtualmachineinstancetypes.qvirt.io":      false, "virtualmachineclusterinstancetypes.qvirt.io": false,
+		"virtualmachinepreferences.qvirt.io": false, "virtualmachineclusterpreferences.qvirt.io": false,
 	}
 	for _, c := range crds.Items {
 		if _, ok := want[c.Name]; ok {
@@ -69,6 +71,8 @@ func TestExplain(t *testing.T) {
 		"vmi.spec.domain.devices.disks":                           {"bootOrder", "cdrom", "attaches the volume of the same name"},
 		"vm.spec.template.spec.domain.devices.disks.disk.bus":     {"Bus is virtio (the default), sata or scsi"},
 		"vm.spec.runStrategy":                                     {"RerunOnFailure", "Halted"},
+		"vm.spec.instancetype.inferFromVolume":                    {"instancetype.kubevirt.io/default-instancetype"},
+		"vmcf.spec.cpu.guest":                                     {"number of vCPUs"},
 		"vmim.spec.vmiName":                                       {"VirtualMachineInstance to migrate"},
 		"vmi.spec.domain.devices.interfaces.macAddress":           {"stable across restarts"},
 		"virtualmachineinstance.status.phaseTransitionTimestamps": {"when each phase was entered"},

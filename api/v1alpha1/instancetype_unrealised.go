@@ -1,0 +1,158 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// NotRealisedInstancetype is NotRealised for an instancetype's spec (p is its path): the
+// instancetype.kubevirt.io/v1beta1 fields whose KubeVirt meaning this version of qvirt cannot give
+// an instance. They are refused rather than dropped, so that a VM never runs without what its
+// instancetype promised; an issue that realises one deletes its lines here.
+func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	no := func(fp *field.Path, what string) {
+		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage))
+	}
+	if spec.GPUs != nil {
+		no(p.Child("gpus"), "GPU passthrough")
+	}
+	if spec.HostDevices != nil {
+		no(p.Child("hostDevices"), "host device passthrough")
+	}
+	if spec.IOThreads != nil {
+		no(p.Child("ioThreads"), "a supplemental I/O thread pool (use ioThreadsPolicy shared or auto)")
+	}
+	if spec.LaunchSecurity != nil {
+		no(p.Child("launchSecurity"), "launch security (SEV)")
+	}
+	cp := p.Child("cpu")
+	if b := spec.CPU.DedicatedCPUPlacement; b != nil && *b {
+		no(cp.Child("dedicatedCPUPlacement"), "dedicated CPU placement (CPU pinning)")
+	}
+	if b := spec.CPU.IsolateEmulatorThread; b != nil && *b {
+		no(cp.Child("isolateEmulatorThread"), "an isolated emulator thread")
+	}
+	if spec.CPU.NUMA != nil {
+		no(cp.Child("numa"), "a guest NUMA topology")
+	}
+	if spec.CPU.Realtime != nil {
+		no(cp.Child("realtime"), "real-time tuning")
+	}
+	if spec.CPU.MaxSockets != nil {
+		no(cp.Child("maxSockets"), "CPU hotplug")
+	}
+	mp := p.Child("memory")
+	if spec.Memory.Hugepages != nil {
+		no(mp.Child("hugepages"), "huge pages")
+	}
+	if spec.Memory.MaxGuest != nil {
+		no(mp.Child("maxGuest"), "memory hotplug")
+	}
+	return errs
+}
+
+// NotRealisedPreference is NotRealised for a preference's spec (p is its path). A preference only
+// fills what the VM leaves unset, but a preferred device the instance cannot have would still be
+// dropped silently, so these are refused too.
+func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	no := func(fp *field.Path, what string) {
+		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage))
+	}
+	if spec.Clock != nil {
+		no(p.Child("clock"), "a preferred clock offset or timer")
+	}
+	if c := spec.CPU; c != nil && c.PreferredCPUFeatures != nil {
+		no(p.Child("cpu", "preferredCPUFeatures"), "CPU feature flags")
+	}
+	if d := spec.Devices; d != nil {
+		dp := p.Child("devices")
+		if b := d.PreferredAutoattachMemBalloon; b != nil && *b {
+			no(dp.Child("preferredAutoattachMemBalloon"), "a memory balloon")
+		}
+		if d.PreferredAutoattachInputDevice != nil && *d.PreferredAutoattachInputDevice {
+			no(dp.Child("preferredAutoattachInputDevice"), "an automatic input device (list inputs in domain.devices.inputs)")
+		}
+		if d.PreferredDisableHotplug != nil {
+			no(dp.Child("preferredDisableHotplug"), "disableHotplug")
+		}
+		if d.PreferredVirtualGPUOptions != nil {
+			no(dp.Child("preferredVirtualGPUOptions"), "virtual GPU options")
+		}
+		if d.PreferredSoundModel != "" {
+			no(dp.Child("preferredSoundModel"), "a sound device")
+		}
+		if b := d.PreferredUseVirtioTransitional; b != nil && *b {
+			no(dp.Child("preferredUseVirtioTransitional"), "virtio-transitional devices")
+		}
+		if d.PreferredLunBus != "" {
+			no(dp.Child("preferredLunBus"), "a lun disk")
+		}
+		if d.PreferredDiskBlockSize != nil {
+			no(dp.Child("preferredDiskBlockSize"), "a disk block size")
+		}
+		if b := d.PreferredNetworkInterfaceMultiQueue; b != nil && *b {
+			no(dp.Child("preferredNetworkInterfaceMultiQueue"), "network interface multiqueue")
+		}
+		if d.PreferredTPM != nil {
+			no(dp.Child("preferredTPM"), "a TPM")
+		}
+		if d.PreferredPanicDeviceModel != nil {
+			no(dp.Child("preferredPanicDeviceModel"), "a panic device")
+		}
+		if d.PreferredVideoType != nil {
+			no(dp.Child("preferredVideoType"), "a video type")
+		}
+	}
+	if f := spec.Features; f != nil {
+		fp := p.Child("features")
+		if f.PreferredHyperv != nil {
+			no(fp.Child("preferredHyperv"), "Hyper-V enlightenments")
+		}
+		if f.PreferredKvm != nil {
+			no(fp.Child("preferredKvm"), "KVM feature settings")
+		}
+		if f.PreferredPvspinlock != nil {
+			no(fp.Child("preferredPvspinlock"), "the pvspinlock feature")
+		}
+		if a := f.PreferredApic; a != nil && a.Enabled != nil && !*a.Enabled {
+			no(fp.Child("preferredApic", "enabled"), "turning the APIC off")
+		}
+	}
+	if efi := preferredEFI(spec.Firmware); efi != nil && efi.Persistent != nil && *efi.Persistent {
+		no(p.Child("firmware", "preferredEfi", "persistent"), "persistent EFI variables")
+	}
+	if v := spec.Volumes; v != nil && v.PreferredStorageClassName != "" {
+		no(p.Child("volumes", "preferredStorageClassName"), "a storage class for dataVolumeTemplates (DataVolumes are "+NotRealisedMessage+")")
+	}
+	if a := spec.PreferredArchitecture; a != nil && *a != "" && *a != "amd64" {
+		errs = append(errs, field.NotSupported(p.Child("preferredArchitecture"), *a, []string{"amd64"}))
+	}
+	if r := spec.Requirements; r != nil && r.Architecture != nil && *r.Architecture != "" && *r.Architecture != "amd64" {
+		errs = append(errs, field.NotSupported(p.Child("requirements", "architecture"), *r.Architecture, []string{"amd64"}))
+	}
+	return errs
+}
+
+// preferredEFI is the EFI bootloader a preference asks for, or nil.
+func preferredEFI(f *FirmwarePreferences) *EFI {
+	if f == nil {
+		return nil
+	}
+	if f.PreferredEfi != nil {
+		return f.PreferredEfi
+	}
+	if f.DeprecatedPreferredUseEfi != nil && *f.DeprecatedPreferredUseEfi {
+		return &EFI{SecureBoot: f.DeprecatedPreferredUseSecureBoot}
+	}
+	return nil
+}
+
+// PreferredEFI is the EFI bootloader a preference's firmware preferences ask for (preferredEfi,
+// else KubeVirt's deprecated preferredUseEfi with preferredUseSecureBoot), or nil.
+func PreferredEFI(f *FirmwarePreferences) *EFI {
+	if efi := preferredEFI(f); efi != nil {
+		return efi.DeepCopy()
+	}
+	return nil
+}

@@ -1,0 +1,167 @@
+package instancetype
+
+import (
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// applyPreference is KubeVirt's preference/apply: every preferred setting fills the instance's
+// field only where the VM left it unset, and never overrides what the VM or its instancetype set.
+func applyPreference(spec *v1alpha1.VirtualMachineInstanceSpec, annotations *map[string]string, pref *v1alpha1.VirtualMachinePreferenceSpec) {
+	d := &spec.Domain
+	if dev := pref.Devices; dev != nil {
+		applyDevicePreferences(spec, dev)
+	}
+	if f := pref.Features; f != nil {
+		applyFeaturePreferences(d, f)
+	}
+	if fw := pref.Firmware; fw != nil {
+		applyFirmwarePreferences(d, fw)
+	}
+	if m := pref.Machine; m != nil && m.PreferredMachineType != "" && (d.Machine == nil || d.Machine.Type == "") {
+		d.Machine = &v1alpha1.Machine{Type: m.PreferredMachineType}
+	}
+	if s := pref.PreferredSubdomain; s != nil && spec.Subdomain == "" {
+		spec.Subdomain = *s
+	}
+	if g := pref.PreferredTerminationGracePeriodSeconds; g != nil && spec.TerminationGracePeriodSeconds == nil {
+		v := *g
+		spec.TerminationGracePeriodSeconds = &v
+	}
+	if len(pref.Annotations) > 0 {
+		if *annotations == nil {
+			*annotations = map[string]string{}
+		}
+		for k, v := range pref.Annotations {
+			if _, ok := (*annotations)[k]; !ok {
+				(*annotations)[k] = v
+			}
+		}
+	}
+}
+
+func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alpha1.DevicePreferences) {
+	dev := &spec.Domain.Devices
+	setBool := func(dst **bool, pref *bool) {
+		if *dst == nil && pref != nil {
+			v := *pref
+			*dst = &v
+		}
+	}
+	setBool(&dev.AutoattachGraphicsDevice, p.PreferredAutoattachGraphicsDevice)
+	setBool(&dev.AutoattachPodInterface, p.PreferredAutoattachPodInterface)
+	setBool(&dev.AutoattachSerialConsole, p.PreferredAutoattachSerialConsole)
+	setBool(&dev.BlockMultiQueue, p.PreferredBlockMultiQueue)
+	if dev.Rng == nil && p.PreferredRng != nil {
+		dev.Rng = &v1alpha1.Rng{}
+	}
+	addVolumeDisks(spec)
+	for i := range dev.Disks {
+		applyDiskPreferences(&dev.Disks[i], p)
+	}
+	for i := range dev.Interfaces {
+		in := &dev.Interfaces[i]
+		if in.Model == "" {
+			in.Model = p.PreferredInterfaceModel
+		}
+		if p.PreferredInterfaceMasquerade != nil && in.Masquerade == nil && in.Bridge == nil {
+			in.Masquerade = &v1alpha1.InterfaceMasquerade{}
+		}
+	}
+	for i := range dev.Inputs {
+		in := &dev.Inputs[i]
+		if in.Bus == "" {
+			in.Bus = p.PreferredInputBus
+		}
+		if in.Type == "" {
+			in.Type = p.PreferredInputType
+		}
+	}
+}
+
+// addVolumeDisks gives every volume without a disk its disk before the disk preferences apply, as
+// the instance's defaulting would afterwards (v1alpha1.SetDefaults, KubeVirt's
+// SetDefaultVolumeDisk): otherwise such a disk would get the default bus, not the preferred one.
+func addVolumeDisks(spec *v1alpha1.VirtualMachineInstanceSpec) {
+	dev := &spec.Domain.Devices
+	has := make(map[string]bool, len(dev.Disks))
+	for _, d := range dev.Disks {
+		has[d.Name] = true
+	}
+	for _, v := range spec.Volumes {
+		if !has[v.Name] {
+			dev.Disks = append(dev.Disks, v1alpha1.Disk{Name: v.Name})
+			has[v.Name] = true
+		}
+	}
+}
+
+// applyDiskPreferences is KubeVirt's applyDiskPreferences for one disk: a disk with no target
+// becomes a hard disk on the preferred bus, and the bus, cache, I/O mode and dedicated I/O thread
+// (virtio hard disks only) fill what the disk leaves unset.
+func applyDiskPreferences(disk *v1alpha1.Disk, p *v1alpha1.DevicePreferences) {
+	if disk.Disk == nil && disk.CDRom == nil {
+		disk.Disk = &v1alpha1.DiskTarget{}
+	}
+	if t := disk.Disk; t != nil && t.Bus == "" {
+		t.Bus = p.PreferredDiskBus
+	}
+	if t := disk.CDRom; t != nil && t.Bus == "" {
+		t.Bus = p.PreferredCdromBus
+	}
+	if disk.Cache == "" {
+		disk.Cache = p.PreferredDiskCache
+	}
+	if disk.IO == "" {
+		disk.IO = p.PreferredDiskIO
+	}
+	onVirtio := disk.Disk != nil && (disk.Disk.Bus == "" || disk.Disk.Bus == v1alpha1.DiskBusVirtio)
+	if t := p.PreferredDiskDedicatedIoThread; t != nil && *t && onVirtio && disk.DedicatedIOThread == nil {
+		v := true
+		disk.DedicatedIOThread = &v
+	}
+}
+
+func applyFeaturePreferences(d *v1alpha1.DomainSpec, p *v1alpha1.FeaturePreferences) {
+	if p.PreferredAcpi == nil && p.PreferredApic == nil && p.PreferredSmm == nil {
+		return
+	}
+	if d.Features == nil {
+		d.Features = &v1alpha1.Features{}
+	}
+	f := d.Features
+	if f.ACPI == nil && p.PreferredAcpi != nil {
+		f.ACPI = p.PreferredAcpi.DeepCopy()
+	}
+	if f.APIC == nil && p.PreferredApic != nil {
+		f.APIC = p.PreferredApic.DeepCopy()
+	}
+	if f.SMM == nil && p.PreferredSmm != nil {
+		f.SMM = p.PreferredSmm.DeepCopy()
+	}
+}
+
+// applyFirmwarePreferences picks the bootloader when the VM names none: BIOS (with the serial
+// preference) when preferredUseBios is true, else the preferred EFI.
+func applyFirmwarePreferences(d *v1alpha1.DomainSpec, p *v1alpha1.FirmwarePreferences) {
+	if d.Firmware != nil && d.Firmware.Bootloader != nil {
+		return
+	}
+	var bl *v1alpha1.Bootloader
+	if b := p.PreferredUseBios; b != nil && *b {
+		bios := &v1alpha1.BIOS{}
+		if s := p.PreferredUseBiosSerial; s != nil {
+			v := *s
+			bios.UseSerial = &v
+		}
+		bl = &v1alpha1.Bootloader{BIOS: bios}
+	} else if efi := v1alpha1.PreferredEFI(p); efi != nil {
+		bl = &v1alpha1.Bootloader{EFI: efi}
+	}
+	if bl == nil {
+		return
+	}
+	if d.Firmware == nil {
+		d.Firmware = &v1alpha1.Firmware{}
+	}
+	d.Firmware.Bootloader = bl
+}
