@@ -108,6 +108,13 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 			Subdomain:                     spec.Subdomain,
 		},
 	}
+	c := &pod.Spec.Containers[0]
+	if c.ReadinessProbe, err = podProbe(spec.ReadinessProbe, "spec.readinessProbe"); err != nil {
+		return nil, err
+	}
+	if c.LivenessProbe, err = podProbe(spec.LivenessProbe, "spec.livenessProbe"); err != nil {
+		return nil, err
+	}
 	for i := range spec.Tolerations {
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *spec.Tolerations[i].DeepCopy())
 	}
@@ -120,6 +127,35 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 		return nil, err
 	}
 	return pod, nil
+}
+
+// podProbe is the compute container's probe for an instance's: the kubelet runs a tcpSocket or
+// httpGet probe against the pod IP, which reaches the guest (masquerade forwards the pod IP's
+// ports to it; bridge hands it the pod IP), as KubeVirt's virt-controller copies them
+// (pkg/virt-controller/services/template.go, copyProbe). The timing fields are the instance's;
+// the API server defaults those left at 0 on the pod as for any container. exec and guestAgentPing
+// need the guest agent, which no probe of this version reaches: admission refuses them
+// (NotRealised), and so does this strict renderer.
+func podProbe(pr *v1alpha1.Probe, path string) (*corev1.Probe, error) {
+	if pr == nil {
+		return nil, nil
+	}
+	switch {
+	case pr.Exec != nil:
+		return nil, fmt.Errorf("%s.exec: exec probes are not supported", path)
+	case pr.GuestAgentPing != nil:
+		return nil, fmt.Errorf("%s.guestAgentPing: guest agent probes are not supported", path)
+	case pr.TCPSocket == nil && pr.HTTPGet == nil:
+		return nil, fmt.Errorf("%s: the probe has no action", path)
+	}
+	return &corev1.Probe{
+		ProbeHandler:        corev1.ProbeHandler{TCPSocket: pr.TCPSocket.DeepCopy(), HTTPGet: pr.HTTPGet.DeepCopy()},
+		InitialDelaySeconds: pr.InitialDelaySeconds,
+		TimeoutSeconds:      pr.TimeoutSeconds,
+		PeriodSeconds:       pr.PeriodSeconds,
+		SuccessThreshold:    pr.SuccessThreshold,
+		FailureThreshold:    pr.FailureThreshold,
+	}, nil
 }
 
 // imageVolume is one container image the launcher reads files from, as the pod mounts it.

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -85,6 +86,12 @@ func goldenCases() []struct {
 		UID: "99999999-8888-7777-6666-555555555555", Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
 	}}
 
+	probes := baseVMI()
+	probes.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}},
+		InitialDelaySeconds: 5, PeriodSeconds: 2}
+	probes.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(80), Path: "/healthz"}},
+		InitialDelaySeconds: 60, FailureThreshold: 5}
+
 	return []struct {
 		name string
 		vmi  *v1alpha1.VirtualMachineInstance
@@ -95,6 +102,7 @@ func goldenCases() []struct {
 		{"limits-overcommit", limits, config.Default()},
 		{"selectors-affinity-tolerations", sched, config.Default()},
 		{"vm-owned", owned, emuCfg},
+		{"probes", probes, config.Default()},
 	}
 }
 
@@ -226,6 +234,15 @@ func TestRenderLauncherPodRefuses(t *testing.T) {
 			v.Name = strings.Repeat("a", 64)
 		}, "metadata.name"},
 		{"no image", func(_ *v1alpha1.VirtualMachineInstance, c *config.Config) { c.LauncherImage = "" }, "launcherImage"},
+		{"exec probe", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
+		}, "spec.readinessProbe.exec"},
+		{"guest agent ping probe", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{GuestAgentPing: &v1alpha1.GuestAgentPing{}}}
+		}, "spec.livenessProbe.guestAgentPing"},
+		{"probe without an action", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Spec.LivenessProbe = &v1alpha1.Probe{PeriodSeconds: 3}
+		}, "spec.livenessProbe"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
