@@ -95,3 +95,41 @@ func endpointReadiness(t *testing.T, ns, svc string) map[string]bool {
 	}
 	return out
 }
+
+// TestLivenessProbe: a VM whose liveness probe fails (port 81, where the guest does not listen)
+// is stopped by the kubelet's liveness kill, its guest powered off, and runStrategy Always starts
+// a new instance.
+func TestLivenessProbe(t *testing.T) {
+	ns := namespace(t)
+	vm := demoVM(t, ns, "unhealthy", v1alpha1.RunStrategyAlways)
+	// Long enough for the guest to boot and handle the ACPI power button the launcher presses.
+	vm.Spec.Template.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(81)}},
+		InitialDelaySeconds: 20, PeriodSeconds: 2, FailureThreshold: 2}
+	t.Cleanup(func() {
+		if t.Failed() {
+			ec.DumpLogs(t)
+		}
+		run(t, nil, kubectl, "delete", "vm", "unhealthy", "-n", ns, "--ignore-not-found", "--wait=false")
+	})
+	applyVM(t, vm)
+	first := waitVMI(t, ns, "unhealthy", bootTimeout, "Running", running(""))
+	con := console(t, first)
+	pod := launcherPod(t, first)
+	second := waitVMI(t, ns, "unhealthy", bootTimeout+time.Minute, "restarted after the liveness probe failed", running(first.UID))
+	if text := con.Text(); !strings.Contains(text, "reboot: Power down") {
+		t.Errorf("the first guest was not powered off gracefully; its console ends with %q", tail(text))
+	}
+	var evs corev1.EventList
+	if err := cl.List(context.Background(), &evs, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	for _, e := range evs.Items {
+		killed = killed || (e.InvolvedObject.UID == pod.UID && e.Reason == "Killing" &&
+			e.Message == "Container compute failed liveness probe, will be restarted")
+	}
+	if !killed {
+		t.Errorf("no Killing Event for the first launcher pod %s", pod.Name)
+	}
+	t.Logf("instance %s ended, %s runs", first.UID, second.UID)
+}
