@@ -243,6 +243,19 @@ func (l *Launcher) agentClient() (*guestagent.Client, error) {
 	return a.client, nil
 }
 
+// GuestPing sends guest-ping to the guest agent: what a guestAgentPing probe asks (KubeVirt's
+// virt-probe --guestAgentPing). It fails when no agent is connected or it does not answer within
+// agentCallTimeout (or ctx's deadline, if sooner).
+func (l *Launcher) GuestPing(ctx context.Context) (struct{}, error) {
+	c, err := l.agentClient()
+	if err != nil {
+		return struct{}{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	defer cancel()
+	return struct{}{}, c.Ping(ctx)
+}
+
 // GuestInfo asks the agent for what KubeVirt's guestosinfo shows.
 func (l *Launcher) GuestInfo(ctx context.Context) (protocol.GuestAgentInfo, error) {
 	c, err := l.agentClient()

@@ -76,19 +76,16 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 	return errs
 }
 
-// notRealisedProbe refuses the probe actions that need the guest agent (exec, guestAgentPing:
-// KubeVirt's virt-probe in the compute container) and named ports, which the kubelet resolves
-// against the compute container's ports, and qvirt's launcher pod declares none.
+// notRealisedProbe refuses exec probes (a command the guest agent runs: KubeVirt's virt-probe
+// --command, which needs guest-exec and guest-exec-status) and named ports, which the kubelet
+// resolves against the compute container's ports, and qvirt's launcher pod declares none.
 func notRealisedProbe(pr *Probe, p *field.Path) field.ErrorList {
 	if pr == nil {
 		return nil
 	}
 	var errs field.ErrorList
 	if pr.Exec != nil {
-		errs = append(errs, field.Forbidden(p.Child("exec"), "an exec probe (a command run by the guest agent) is "+NotRealisedMessage+"; use tcpSocket or httpGet"))
-	}
-	if pr.GuestAgentPing != nil {
-		errs = append(errs, field.Forbidden(p.Child("guestAgentPing"), "a guestAgentPing probe is "+NotRealisedMessage+"; use tcpSocket or httpGet"))
+		errs = append(errs, field.Forbidden(p.Child("exec"), "an exec probe (a command run by the guest agent) is "+NotRealisedMessage+"; use tcpSocket, httpGet or guestAgentPing"))
 	}
 	named := func(port intstr.IntOrString, fp *field.Path) {
 		if port.Type == intstr.String {

@@ -44,7 +44,7 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 		},
 		Networks:       []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
 		ReadinessProbe: &Probe{Handler: Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(80), Path: "/"}}},
-		LivenessProbe:  &Probe{Handler: Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(22)}}, InitialDelaySeconds: 60},
+		LivenessProbe:  &Probe{Handler: Handler{GuestAgentPing: &GuestAgentPing{}}, InitialDelaySeconds: 60},
 	}
 }
 
@@ -92,9 +92,6 @@ func TestNotRealised(t *testing.T) {
 		{"exec probe", func(s *VirtualMachineInstanceSpec) {
 			s.ReadinessProbe = &Probe{Handler: Handler{Exec: &corev1.ExecAction{Command: []string{"cat", "/tmp/ready"}}}}
 		}, "spec.readinessProbe.exec"},
-		{"guest agent ping probe", func(s *VirtualMachineInstanceSpec) {
-			s.LivenessProbe = &Probe{Handler: Handler{GuestAgentPing: &GuestAgentPing{}}}
-		}, "spec.livenessProbe.guestAgentPing"},
 		{"named probe port", func(s *VirtualMachineInstanceSpec) {
 			s.ReadinessProbe.HTTPGet.Port = intstr.FromString("http")
 		}, "spec.readinessProbe.httpGet.port"},

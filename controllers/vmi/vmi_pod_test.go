@@ -237,9 +237,6 @@ func TestRenderLauncherPodRefuses(t *testing.T) {
 		{"exec probe", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
 			v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
 		}, "spec.readinessProbe.exec"},
-		{"guest agent ping probe", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
-			v.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{GuestAgentPing: &v1alpha1.GuestAgentPing{}}}
-		}, "spec.livenessProbe.guestAgentPing"},
 		{"probe without an action", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
 			v.Spec.LivenessProbe = &v1alpha1.Probe{PeriodSeconds: 3}
 		}, "spec.livenessProbe"},
@@ -331,5 +328,24 @@ func TestRenderLauncherPodImageVolumes(t *testing.T) {
 		if strings.Contains(a, "image-cache") || strings.Contains(a, "insecure-registry") {
 			t.Errorf("serve mode still gets pull flags: %v", c.Command)
 		}
+	}
+}
+
+// TestGuestAgentPingProbe: a guestAgentPing probe is an exec probe of the launcher's probe
+// subcommand for this instance's socket, with a second more for the kubelet than for the ping.
+func TestGuestAgentPingProbe(t *testing.T) {
+	v := baseVMI()
+	v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{GuestAgentPing: &v1alpha1.GuestAgentPing{}},
+		InitialDelaySeconds: 10, TimeoutSeconds: 3, PeriodSeconds: 5}
+	pod, err := RenderLauncherPod(v, config.Default(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := pod.Spec.Containers[0].ReadinessProbe
+	want := []string{podlayout.LauncherBinary, "probe", "--socket-dir", podlayout.SocketDir, "--vmi-uid", string(v.UID),
+		"--guest-agent-ping", "--timeout", "3s"}
+	if got == nil || got.Exec == nil || !slices.Equal(got.Exec.Command, want) || got.TimeoutSeconds != 4 ||
+		got.InitialDelaySeconds != 10 || got.PeriodSeconds != 5 || got.TCPSocket != nil || got.HTTPGet != nil {
+		t.Fatalf("readinessProbe = %+v, want exec %q with timeoutSeconds 4, initialDelaySeconds 10, periodSeconds 5", got, want)
 	}
 }

@@ -10,8 +10,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,9 +29,10 @@ import (
 // its probe passes) and sets the container's ready flag, from which the pod's Ready condition and
 // so Service endpoints follow. Liveness starts as passed; once it fails, the container is killed
 // like a pod's deletion kills it (SIGTERM, SIGKILL after the grace period) and the restart policy
-// decides what follows. A probe that cannot run at all (an exec or gRPC probe, which virtual nodes
-// do not run, or a port name the container does not declare) changes nothing, as a kubelet's
-// probe error does, and says so in an Event.
+// decides what follows. An exec probe runs its command in the container's namespaces, as the
+// container's user, and passes when it exits 0. A probe that cannot run at all (a gRPC probe,
+// which virtual nodes do not run, or a port name the container does not declare) changes
+// nothing, as a kubelet's probe error does, and says so in an Event.
 
 // Probe defaults, the API server's for a pod's probe; pods reach the provider defaulted, but the
 // zero values must never mean "probe continuously".
@@ -209,7 +213,7 @@ func (r *podRun) runProbe(ctx context.Context, c *corev1.Container, pr *corev1.P
 		}
 		return probeHTTP(ctx, g, net.JoinHostPort(host, strconv.Itoa(port)), timeout)
 	case pr.Exec != nil:
-		return false, "", fmt.Errorf("%w: exec probes are not run by local mode's virtual nodes", errProbeNotRun)
+		return r.probeExec(ctx, c, pr.Exec.Command, timeout)
 	case pr.GRPC != nil:
 		return false, "", fmt.Errorf("%w: gRPC probes are not run by local mode's virtual nodes", errProbeNotRun)
 	}
@@ -313,4 +317,85 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// probeExec runs an exec probe's command in container c (its image's binary, command[0] as
+// argv[0], as argv maps a container's command) with the container's environment and user; exit 0
+// passes, and the output (at most maxProbeBody bytes) is the failure's message. A command that
+// outlives the timeout is killed and fails, as the kubelet's exec probes do.
+func (r *podRun) probeExec(ctx context.Context, c *corev1.Container, command []string, timeout time.Duration) (bool, string, error) {
+	if len(command) == 0 {
+		return false, "", fmt.Errorf("%w: exec probe without a command", errProbeNotRun)
+	}
+	r.mu.Lock()
+	pod := r.pod.DeepCopy()
+	i := slices.IndexFunc(pod.Spec.Containers, func(x corev1.Container) bool { return x.Name == c.Name })
+	var proc *os.Process
+	if i >= 0 {
+		proc = r.procs[i]
+	}
+	r.mu.Unlock()
+	if proc == nil {
+		return false, "", fmt.Errorf("%w: container %s is not running", errProbeNotRun, c.Name)
+	}
+	bin, args, err := argv(r.p.opts.Images, c.Image, command, nil)
+	if err != nil {
+		return false, "", fmt.Errorf("%w: %v", errProbeNotRun, err)
+	}
+	env, err := resolveEnv(pod, c, envSources{configMaps: r.p.configMaps, secrets: r.p.secrets,
+		nodeAllocatable: defaultCapacity(), extra: r.p.opts.Env})
+	if err != nil {
+		return false, "", fmt.Errorf("%w: environment: %v", errProbeNotRun, err)
+	}
+	out := &cappedBuffer{max: maxProbeBody}
+	cmd := &exec.Cmd{Path: bin, Args: args, Env: env, Dir: "/", Stdout: out, Stderr: out}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: credential(pod, c)}
+	if err := startInContainer(proc.Pid, cmd); err != nil {
+		return false, "", fmt.Errorf("%w: %v", errProbeNotRun, err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err = <-waited:
+	case <-t.C:
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-waited
+		return false, fmt.Sprintf("command %q timed out", strings.Join(command, " ")), nil
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-waited
+		return false, "", ctx.Err()
+	}
+	if err == nil {
+		return true, out.String(), nil
+	}
+	msg := out.String()
+	if msg == "" {
+		msg = fmt.Sprintf("command %q exited with code %d", strings.Join(command, " "), cmd.ProcessState.ExitCode())
+	}
+	return false, msg, nil
+}
+
+// cappedBuffer keeps the first max bytes written to it and discards the rest.
+type cappedBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - len(b.buf); room > 0 {
+		b.buf = append(b.buf, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (b *cappedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
 }

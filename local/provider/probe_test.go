@@ -108,6 +108,30 @@ func TestProbes(t *testing.T) {
 		}
 	})
 
+	t.Run("an exec readiness probe runs in the container and passes once its command does", func(t *testing.T) {
+		tc.t = t
+		marker := probeWWW + "/ready"
+		pod := tc.create(httpd("exec", corev1.RestartPolicyAlways, &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+			Exec: &corev1.ExecAction{Command: []string{"test", "-f", marker}}}, PeriodSeconds: 1}, nil))
+		pod = tc.waitPhase(pod.Name, corev1.PodRunning)
+		tc.waitEvent(pod, "Warning", "Unhealthy", `Readiness probe failed: command "test -f `+marker+`" exited with code 1`)
+		if p := tc.waitPhase(pod.Name, corev1.PodRunning); p.Status.ContainerStatuses[0].Ready {
+			t.Fatalf("container ready before its exec probe passed")
+		}
+		// The marker appears in the pod's emptyDir, which only the container's mount namespace
+		// shows at probeWWW: the host's probeWWW is an empty mount point.
+		if err := os.WriteFile(filepath.Join(provider.EmptyDirPath(n.stateDir, pod.UID, "www"), "ready"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(marker); err == nil {
+			t.Fatalf("%s exists on the host: the probe would not show that it runs in the container", marker)
+		}
+		tc.waitFor(pod.Name, "Ready", func(p *corev1.Pod) bool {
+			c := podCondition(p, corev1.PodReady)
+			return c != nil && c.Status == corev1.ConditionTrue
+		})
+	})
+
 	t.Run("a failing liveness probe ends the container of a restartPolicy Never pod", func(t *testing.T) {
 		tc.t = t
 		pod := tc.create(httpd("dead", corev1.RestartPolicyNever, nil, &corev1.Probe{ProbeHandler: tcp(8081), PeriodSeconds: 1, FailureThreshold: 2}))
