@@ -20,7 +20,8 @@ import (
 )
 
 // TestReadinessProbe: a VM whose readiness probe reaches the guest's httpd on port 80 becomes
-// Ready and is a ready endpoint of the Service selecting it; a VM whose probe asks for port 81,
+// Ready and is a ready endpoint of the Service selecting it, and so does one whose probe pings its
+// guest agent (guestAgentPing: an exec probe of the launcher); a VM whose probe asks for port 81,
 // where the guest does not listen, runs but stays not Ready, says why, and its endpoint stays not
 // ready. The virtual nodes run the probes as the kubelet does, against the pod IP.
 func TestReadinessProbe(t *testing.T) {
@@ -29,6 +30,8 @@ func TestReadinessProbe(t *testing.T) {
 		return &v1alpha1.Probe{Handler: v1alpha1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}}, PeriodSeconds: 2}
 	}
 	open, closed := demoVM(t, ns, "open", v1alpha1.RunStrategyAlways), demoVM(t, ns, "closed", v1alpha1.RunStrategyAlways)
+	agent := demoVM(t, ns, "agent", v1alpha1.RunStrategyAlways)
+	agent.Spec.Template.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{GuestAgentPing: &v1alpha1.GuestAgentPing{}}, PeriodSeconds: 2}
 	open.Spec.Template.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{HTTPGet: &corev1.HTTPGetAction{
 		Port: intstr.FromInt32(80), Path: "/"}}, PeriodSeconds: 2}
 	closed.Spec.Template.Spec.ReadinessProbe = probe(81)
@@ -45,6 +48,7 @@ func TestReadinessProbe(t *testing.T) {
 	})
 	applyVM(t, open)
 	applyVM(t, closed)
+	applyVM(t, agent)
 
 	ready := func(want metav1.ConditionStatus, reason string) func(*v1alpha1.VirtualMachineInstance) bool {
 		return func(v *v1alpha1.VirtualMachineInstance) bool {
@@ -57,6 +61,8 @@ func TestReadinessProbe(t *testing.T) {
 	}
 	openVMI := waitVMI(t, ns, "open", bootTimeout, "Ready", ready(metav1.ConditionTrue, vmisync.ReasonGuestRunning))
 	closedVMI := waitVMI(t, ns, "closed", bootTimeout, "running and not Ready", ready(metav1.ConditionFalse, vmisync.ReasonReadinessProbeFailed))
+	// The guest agent answers the launcher's guest-ping, which the pod's exec probe asks for.
+	agentVMI := waitVMI(t, ns, "agent", bootTimeout, "Ready", ready(metav1.ConditionTrue, vmisync.ReasonGuestRunning))
 	// The closed one's guest is up too (its console says so): it is the probe that holds it back.
 	console(t, closedVMI).Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 	stays(t, ns, "closed", 6*time.Second, "not Ready", ready(metav1.ConditionFalse, vmisync.ReasonReadinessProbeFailed))
@@ -70,12 +76,14 @@ func TestReadinessProbe(t *testing.T) {
 	}
 
 	// The EndpointSlice controller follows the launcher pods' readiness.
-	openIP, closedIP := openVMI.Status.Interfaces[0].IP, closedVMI.Status.Interfaces[0].IP
+	openIP, closedIP, agentIP := openVMI.Status.Interfaces[0].IP, closedVMI.Status.Interfaces[0].IP, agentVMI.Status.Interfaces[0].IP
 	var got map[string]bool
 	testutil.Eventually(t, time.Minute, "Service web's endpoints", func() bool {
 		got = endpointReadiness(t, ns, "web")
-		return len(got) == 2 && got[openIP] && !got[closedIP]
-	}, func() string { return fmt.Sprintf("endpoints (address: ready) %v, want %s ready and %s not", got, openIP, closedIP) })
+		return len(got) == 3 && got[openIP] && got[agentIP] && !got[closedIP]
+	}, func() string {
+		return fmt.Sprintf("endpoints (address: ready) %v, want %s and %s ready and %s not", got, openIP, agentIP, closedIP)
+	})
 }
 
 // endpointReadiness maps the addresses of a Service's EndpointSlices to their ready condition.
