@@ -243,6 +243,28 @@ func (l *Launcher) agentClient() (*guestagent.Client, error) {
 	return a.client, nil
 }
 
+// GuestPing sends guest-ping to the guest agent: what a guestAgentPing probe asks (KubeVirt's
+// virt-probe --guestAgentPing). It fails when no agent is connected or it does not answer within
+// agentCallTimeout (or ctx's deadline, if sooner). A migration target waiting for the guest
+// passes: the guest runs on the source until the switch-over, and a failing liveness probe here
+// would have the kubelet kill the target mid-migration (KubeVirt suppresses its pings during a
+// migration for the same reason).
+func (l *Launcher) GuestPing(ctx context.Context) (struct{}, error) {
+	l.mu.Lock()
+	incoming := l.phase == protocol.PhaseIncoming
+	l.mu.Unlock()
+	if incoming {
+		return struct{}{}, nil
+	}
+	c, err := l.agentClient()
+	if err != nil {
+		return struct{}{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	defer cancel()
+	return struct{}{}, c.Ping(ctx)
+}
+
 // GuestInfo asks the agent for what KubeVirt's guestosinfo shows.
 func (l *Launcher) GuestInfo(ctx context.Context) (protocol.GuestAgentInfo, error) {
 	c, err := l.agentClient()

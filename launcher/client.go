@@ -431,6 +431,12 @@ func (c *Client) GuestInfo(ctx context.Context) (protocol.GuestAgentInfo, error)
 	return out, err
 }
 
+// GuestPing asks the launcher to ping the guest agent, within timeout (at most guestCallTimeout).
+func (c *Client) GuestPing(ctx context.Context, timeout time.Duration) error {
+	var out struct{}
+	return c.doWithin(ctx, min(timeout, guestCallTimeout), http.MethodGet, "/v1/guest/ping", nil, &out)
+}
+
 // GuestUsers lists the users logged in to the guest.
 func (c *Client) GuestUsers(ctx context.Context) ([]protocol.GuestUser, error) {
 	var out []protocol.GuestUser

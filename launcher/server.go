@@ -48,6 +48,7 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/migration/run", s.migrationRun)
 	mux.HandleFunc("POST /v1/migration/finish", s.simple(l.FinishMigration))
 	mux.HandleFunc("POST /v1/migration/reclaim", s.migrationReclaim)
+	mux.HandleFunc("GET /v1/guest/ping", reply(l.GuestPing))
 	mux.HandleFunc("GET /v1/guest/info", reply(l.GuestInfo))
 	mux.HandleFunc("GET /v1/guest/users", reply(l.GuestUsers))
 	mux.HandleFunc("GET /v1/guest/filesystems", reply(l.GuestFilesystems))

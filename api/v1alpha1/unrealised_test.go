@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 )
@@ -45,7 +46,9 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			{Name: "cidata", VolumeSource: VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{
 				UserDataSecretRef: &corev1.LocalObjectReference{Name: "userdata"}, NetworkData: "version: 2\n"}}},
 		},
-		Networks: []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
+		Networks:       []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
+		ReadinessProbe: &Probe{Handler: Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(80), Path: "/"}}},
+		LivenessProbe:  &Probe{Handler: Handler{GuestAgentPing: &GuestAgentPing{}}, InitialDelaySeconds: 60},
 	}
 }
 
@@ -96,6 +99,12 @@ func TestNotRealised(t *testing.T) {
 		{"RTC left out", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Clock.Timer.RTC.Enabled = ptr.To(false)
 		}, "spec.domain.clock.timer.rtc.present"},
+		{"exec probe", func(s *VirtualMachineInstanceSpec) {
+			s.ReadinessProbe = &Probe{Handler: Handler{Exec: &corev1.ExecAction{Command: []string{"cat", "/tmp/ready"}}}}
+		}, "spec.readinessProbe.exec"},
+		{"named probe port", func(s *VirtualMachineInstanceSpec) {
+			s.ReadinessProbe.HTTPGet.Port = intstr.FromString("http")
+		}, "spec.readinessProbe.httpGet.port"},
 		{"APIC off", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Features.APIC.Enabled = ptr.To(false)
 		}, "spec.domain.features.apic.enabled"},

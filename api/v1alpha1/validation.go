@@ -64,6 +64,8 @@ func ValidateVirtualMachineInstanceSpec(spec *VirtualMachineInstanceSpec, p *fie
 		errs = append(errs, validateEnum(p.Child("evictionStrategy"), string(*es), string(EvictionStrategyNone),
 			string(EvictionStrategyLiveMigrate), string(EvictionStrategyLiveMigrateIfPossible), string(EvictionStrategyExternal))...)
 	}
+	errs = append(errs, validateProbe(spec.ReadinessProbe, false, p.Child("readinessProbe"))...)
+	errs = append(errs, validateProbe(spec.LivenessProbe, true, p.Child("livenessProbe"))...)
 	errs = append(errs, validateOptionalLabel(p.Child("hostname"), spec.Hostname)...)
 	return append(errs, validateOptionalLabel(p.Child("subdomain"), spec.Subdomain)...)
 }

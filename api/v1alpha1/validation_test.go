@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
@@ -39,6 +40,10 @@ func validVM() *VirtualMachine {
 				{Name: "cidata", VolumeSource: VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{UserData: "#cloud-config\n"}}},
 			},
 			Networks: []Network{{Name: "default", Pod: &PodNetwork{}}},
+			ReadinessProbe: &Probe{Handler: Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}},
+				InitialDelaySeconds: 5, PeriodSeconds: 2},
+			LivenessProbe: &Probe{Handler: Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(80), Path: "/healthz",
+				HTTPHeaders: []corev1.HTTPHeader{{Name: "X-Probe", Value: "1"}}}}, FailureThreshold: 5, SuccessThreshold: 1},
 		}},
 	}}
 }
@@ -95,6 +100,39 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"two bindings", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Interfaces[0].Bridge = &InterfaceBridge{}
 		}, "spec.template.spec.domain.devices.interfaces[0].bridge"},
+		{"probe without an action", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.ReadinessProbe.TCPSocket = nil
+		}, "spec.template.spec.readinessProbe"},
+		{"probe with two actions", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.ReadinessProbe.HTTPGet = &corev1.HTTPGetAction{Port: intstr.FromInt32(80)}
+		}, "spec.template.spec.readinessProbe.httpGet"},
+		{"probe with a negative period", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.LivenessProbe.PeriodSeconds = -1
+		}, "spec.template.spec.livenessProbe.periodSeconds"},
+		{"probe with a negative initial delay", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.ReadinessProbe.InitialDelaySeconds = -5
+		}, "spec.template.spec.readinessProbe.initialDelaySeconds"},
+		{"liveness probe with a success threshold", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.LivenessProbe.SuccessThreshold = 2
+		}, "spec.template.spec.livenessProbe.successThreshold"},
+		{"probe port 0", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.ReadinessProbe.TCPSocket.Port = intstr.FromInt32(0)
+		}, "spec.template.spec.readinessProbe.tcpSocket.port"},
+		{"probe port name too long", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.LivenessProbe.HTTPGet.Port = intstr.FromString("a-much-too-long-port-name")
+		}, "spec.template.spec.livenessProbe.httpGet.port"},
+		{"probe scheme", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.LivenessProbe.HTTPGet.Scheme = "FTP"
+		}, "spec.template.spec.livenessProbe.httpGet.scheme"},
+		{"probe relative path", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.LivenessProbe.HTTPGet.Path = "healthz"
+		}, "spec.template.spec.livenessProbe.httpGet.path"},
+		{"probe header name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.LivenessProbe.HTTPGet.HTTPHeaders[0].Name = "X Probe"
+		}, "spec.template.spec.livenessProbe.httpGet.httpHeaders[0].name"},
+		{"exec probe without a command", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.ReadinessProbe = &Probe{Handler: Handler{Exec: &corev1.ExecAction{}}}
+		}, "spec.template.spec.readinessProbe.exec.command"},
 		{"port out of range", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Interfaces[0].Ports[0].Port = 70000
 		}, "spec.template.spec.domain.devices.interfaces[0].ports[0].port"},

@@ -76,6 +76,8 @@ type VirtualMachineInstance struct {
 	// instance's spec, not a VirtualMachine's template, carries this rule.
 	// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.domain.devices.disks) && self.domain.devices.disks.exists(d, d.name == v.name))",message="every volume must be attached by a disk of the same name in domain.devices.disks",fieldPath=".volumes"
 	// +kubebuilder:validation:XValidation:rule="has(self.subdomain) == has(oldSelf.subdomain) && (!has(self.subdomain) || self.subdomain == oldSelf.subdomain)",message="spec.subdomain is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".subdomain"
+	// +kubebuilder:validation:XValidation:rule="has(self.readinessProbe) == has(oldSelf.readinessProbe) && (!has(self.readinessProbe) || self.readinessProbe == oldSelf.readinessProbe)",message="spec.readinessProbe is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".readinessProbe"
+	// +kubebuilder:validation:XValidation:rule="has(self.livenessProbe) == has(oldSelf.livenessProbe) && (!has(self.livenessProbe) || self.livenessProbe == oldSelf.livenessProbe)",message="spec.livenessProbe is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".livenessProbe"
 	Spec VirtualMachineInstanceSpec `json:"spec"`
 
 	// Status is what the controller and the node agent observe.
@@ -170,6 +172,16 @@ type VirtualMachineInstanceSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=32
 	Networks []Network `json:"networks,omitempty"`
+
+	// ReadinessProbe tells when the guest can take traffic: while it fails, the instance and its
+	// launcher pod are not Ready, so Services leave the VM out of their endpoints.
+	// +optional
+	ReadinessProbe *Probe `json:"readinessProbe,omitempty"`
+
+	// LivenessProbe tells whether the guest still works: once it fails, the instance is stopped,
+	// and the VirtualMachine's runStrategy decides whether it starts again.
+	// +optional
+	LivenessProbe *Probe `json:"livenessProbe,omitempty"`
 }
 
 // StartStrategy says how the guest starts.

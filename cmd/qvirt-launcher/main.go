@@ -26,10 +26,14 @@ import (
 
 const usage = `usage: qvirt-launcher serve --vmi-uid UID [flags]
        qvirt-launcher run [flags] -f MACHINE.json
+       qvirt-launcher probe --vmi-uid UID --guest-agent-ping [--timeout 1s]
 
 serve: the launcher pod's process. Waits for the node agent's Sync on
 <socket-dir>/<vmi-uid>/launcher.sock, runs that VM, exits when the guest has ended (0 when it
 powered off cleanly). SIGTERM powers the guest off gracefully within its grace period.
+
+probe: the exec probe of a guestAgentPing readiness or liveness probe. Asks the launcher of
+<socket-dir>/<vmi-uid> to ping the guest agent; exit status 0 when it answered.
 
 run: (qvirtctl machine [--emulation] -f VMI.yaml > MACHINE.json makes the machine description)
 
@@ -49,6 +53,8 @@ func main() {
 		os.Exit(run(os.Args[2:]))
 	case "serve":
 		os.Exit(serve(os.Args[2:]))
+	case podlayout.ProbeCommand:
+		os.Exit(probe(os.Args[2:]))
 	}
 	fmt.Fprint(os.Stderr, usage)
 	os.Exit(2)

@@ -10,11 +10,13 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -533,5 +535,35 @@ func TestSourcePodRemovedAfterMigrationKeepsInstance(t *testing.T) {
 	}
 	if got := waitPhase(t, v, v1alpha1.Failed); got.Status.Reason != ReasonPodDeleted {
 		t.Errorf("reason %q, want %s", got.Status.Reason, ReasonPodDeleted)
+	}
+}
+
+// TestLauncherPodGetsProbes: the instance's tcpSocket readiness probe and httpGet liveness probe
+// become the compute container's, which the API server accepts and defaults as for any pod, so
+// the kubelet probes the guest at the pod IP.
+func TestLauncherPodGetsProbes(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, ns, emulationConfig(), cp.Config)
+	ctx := context.Background()
+	v := newVMI(ns, "probed")
+	v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}},
+		InitialDelaySeconds: 3, PeriodSeconds: 2, FailureThreshold: 4}
+	v.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(8080), Path: "/healthz",
+		HTTPHeaders: []corev1.HTTPHeader{{Name: "X-Probe", Value: "qvirt"}}}}, InitialDelaySeconds: 120, TimeoutSeconds: 5}
+	if err := cp.Client.Create(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	pod := waitPod(t, v)
+	c := pod.Spec.Containers[0]
+	wantReady := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}},
+		InitialDelaySeconds: 3, TimeoutSeconds: 1, PeriodSeconds: 2, SuccessThreshold: 1, FailureThreshold: 4}
+	if !equality.Semantic.DeepEqual(c.ReadinessProbe, wantReady) {
+		t.Errorf("compute container readinessProbe = %+v, want %+v", c.ReadinessProbe, wantReady)
+	}
+	wantLive := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(8080), Path: "/healthz",
+		Scheme: corev1.URISchemeHTTP, HTTPHeaders: []corev1.HTTPHeader{{Name: "X-Probe", Value: "qvirt"}}}},
+		InitialDelaySeconds: 120, TimeoutSeconds: 5, PeriodSeconds: 10, SuccessThreshold: 1, FailureThreshold: 3}
+	if !equality.Semantic.DeepEqual(c.LivenessProbe, wantLive) {
+		t.Errorf("compute container livenessProbe = %+v, want %+v", c.LivenessProbe, wantLive)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
 
@@ -108,6 +109,13 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 			Subdomain:                     spec.Subdomain,
 		},
 	}
+	c := &pod.Spec.Containers[0]
+	if c.ReadinessProbe, err = podProbe(spec.ReadinessProbe, "spec.readinessProbe", vmi.UID); err != nil {
+		return nil, err
+	}
+	if c.LivenessProbe, err = podProbe(spec.LivenessProbe, "spec.livenessProbe", vmi.UID); err != nil {
+		return nil, err
+	}
 	for i := range spec.Tolerations {
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *spec.Tolerations[i].DeepCopy())
 	}
@@ -121,6 +129,45 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 		return nil, err
 	}
 	return pod, nil
+}
+
+// podProbe is the compute container's probe for an instance's, as KubeVirt's virt-controller
+// makes it (pkg/virt-controller/services/template.go): a tcpSocket or httpGet probe is copied, and
+// the kubelet runs it against the pod IP, which reaches the guest (masquerade forwards the pod IP's
+// ports to it; bridge hands it the pod IP). A guestAgentPing probe becomes an exec probe of
+// `qvirt-launcher probe --guest-agent-ping`, which asks this pod's launcher to ping the guest agent
+// (KubeVirt's virt-probe), with a second more for the kubelet than for the ping. The timing fields
+// are the instance's; the API server defaults those left at 0 as for any container. An exec probe
+// (a command run by the guest agent) is not realised: admission refuses it (NotRealised), and so
+// does this strict renderer.
+func podProbe(pr *v1alpha1.Probe, path string, vmiUID types.UID) (*corev1.Probe, error) {
+	if pr == nil {
+		return nil, nil
+	}
+	out := &corev1.Probe{
+		InitialDelaySeconds: pr.InitialDelaySeconds,
+		TimeoutSeconds:      pr.TimeoutSeconds,
+		PeriodSeconds:       pr.PeriodSeconds,
+		SuccessThreshold:    pr.SuccessThreshold,
+		FailureThreshold:    pr.FailureThreshold,
+	}
+	switch {
+	case pr.TCPSocket != nil:
+		out.TCPSocket = pr.TCPSocket.DeepCopy()
+	case pr.HTTPGet != nil:
+		out.HTTPGet = pr.HTTPGet.DeepCopy()
+	case pr.GuestAgentPing != nil:
+		timeout := max(pr.TimeoutSeconds, 1)
+		out.Exec = &corev1.ExecAction{Command: []string{podlayout.LauncherBinary, podlayout.ProbeCommand,
+			"--" + podlayout.FlagSocketDir, podlayout.SocketDir, "--" + podlayout.FlagVMIUID, string(vmiUID),
+			"--" + podlayout.FlagGuestAgentPing, "--" + podlayout.FlagProbeTimeout, fmt.Sprintf("%ds", timeout)}}
+		out.TimeoutSeconds = timeout + 1
+	case pr.Exec != nil:
+		return nil, fmt.Errorf("%s.exec: exec probes are not supported", path)
+	default:
+		return nil, fmt.Errorf("%s: the probe has no action", path)
+	}
+	return out, nil
 }
 
 // imageVolume is one container image the launcher reads files from, as the pod mounts it.

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/yaml"
@@ -87,6 +88,11 @@ func goldenCases() []struct {
 
 	configVolumes := baseVMI()
 	withConfigVolumes(configVolumes)
+	probes := baseVMI()
+	probes.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}},
+		InitialDelaySeconds: 5, PeriodSeconds: 2}
+	probes.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(80), Path: "/healthz"}},
+		InitialDelaySeconds: 60, FailureThreshold: 5}
 
 	return []struct {
 		name string
@@ -99,6 +105,7 @@ func goldenCases() []struct {
 		{"limits-overcommit", limits, config.Default()},
 		{"selectors-affinity-tolerations", sched, config.Default()},
 		{"vm-owned", owned, emuCfg},
+		{"probes", probes, config.Default()},
 	}
 }
 
@@ -230,6 +237,12 @@ func TestRenderLauncherPodRefuses(t *testing.T) {
 			v.Name = strings.Repeat("a", 64)
 		}, "metadata.name"},
 		{"no image", func(_ *v1alpha1.VirtualMachineInstance, c *config.Config) { c.LauncherImage = "" }, "launcherImage"},
+		{"exec probe", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
+		}, "spec.readinessProbe.exec"},
+		{"probe without an action", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Spec.LivenessProbe = &v1alpha1.Probe{PeriodSeconds: 3}
+		}, "spec.livenessProbe"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -318,5 +331,24 @@ func TestRenderLauncherPodImageVolumes(t *testing.T) {
 		if strings.Contains(a, "image-cache") || strings.Contains(a, "insecure-registry") {
 			t.Errorf("serve mode still gets pull flags: %v", c.Command)
 		}
+	}
+}
+
+// TestGuestAgentPingProbe: a guestAgentPing probe is an exec probe of the launcher's probe
+// subcommand for this instance's socket, with a second more for the kubelet than for the ping.
+func TestGuestAgentPingProbe(t *testing.T) {
+	v := baseVMI()
+	v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{GuestAgentPing: &v1alpha1.GuestAgentPing{}},
+		InitialDelaySeconds: 10, TimeoutSeconds: 3, PeriodSeconds: 5}
+	pod, err := RenderLauncherPod(v, config.Default(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := pod.Spec.Containers[0].ReadinessProbe
+	want := []string{podlayout.LauncherBinary, "probe", "--socket-dir", podlayout.SocketDir, "--vmi-uid", string(v.UID),
+		"--guest-agent-ping", "--timeout", "3s"}
+	if got == nil || got.Exec == nil || !slices.Equal(got.Exec.Command, want) || got.TimeoutSeconds != 4 ||
+		got.InitialDelaySeconds != 10 || got.PeriodSeconds != 5 || got.TCPSocket != nil || got.HTTPGet != nil {
+		t.Fatalf("readinessProbe = %+v, want exec %q with timeoutSeconds 4, initialDelaySeconds 10, periodSeconds 5", got, want)
 	}
 }

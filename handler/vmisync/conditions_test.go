@@ -26,7 +26,7 @@ func TestConditionsCarryGeneration(t *testing.T) {
 			return []string{ConditionSynchronized}
 		},
 		"Ready and Paused": func(v *v1alpha1.VirtualMachineInstance) []string {
-			setGuestConditions(v, &paused, false, now)
+			setGuestConditions(v, nil, &paused, false, now)
 			return []string{v1alpha1.VirtualMachineInstanceReady, v1alpha1.VirtualMachineInstancePaused}
 		},
 	} {

@@ -40,6 +40,9 @@ const (
 	ReasonLauncherReplyTooLarge = "LauncherReplyTooLarge"
 	// ReasonAgentConnected is the reason of the AgentConnected condition.
 	ReasonAgentConnected = "GuestAgentConnected"
+	// ReasonReadinessProbeFailed: the guest runs, but the launcher pod is not Ready because the
+	// kubelet's run of spec.readinessProbe has not passed (yet, or any more).
+	ReasonReadinessProbeFailed = "ReadinessProbeFailed"
 )
 
 // Reasons on a final instance: how the guest ended, from the launcher's exit reason.
@@ -106,7 +109,7 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 		status.LauncherContainerImageVersion = c.Image
 	}
 	startPaused := v.Spec.StartStrategy != nil && *v.Spec.StartStrategy == v1alpha1.StartStrategyPaused
-	setGuestConditions(v, st, startPaused, now)
+	setGuestConditions(v, pod, st, startPaused, now)
 	setAgentStatus(v, st, now)
 	status.Interfaces = interfaces(v, pod, st)
 	status.VolumeStatus = volumes(v, st, failures)
@@ -138,9 +141,9 @@ func launcherEmulation(pod *corev1.Pod) bool {
 	return slices.Contains(c.Command, flag) || slices.Contains(c.Args, flag)
 }
 
-// setGuestConditions sets Ready (the guest runs and is not paused) and Paused (present only while
-// paused, as in KubeVirt).
-func setGuestConditions(v *v1alpha1.VirtualMachineInstance, st *protocol.Status, startPaused bool, now metav1.Time) {
+// setGuestConditions sets Ready (the guest runs, is not paused and, with a readiness probe, its
+// launcher pod is Ready) and Paused (present only while paused, as in KubeVirt).
+func setGuestConditions(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status, startPaused bool, now metav1.Time) {
 	status := &v.Status
 	running := st.Phase == protocol.PhaseRunning
 	ready := metav1.Condition{Type: v1alpha1.VirtualMachineInstanceReady, Status: metav1.ConditionFalse,
@@ -148,6 +151,9 @@ func setGuestConditions(v *v1alpha1.VirtualMachineInstance, st *protocol.Status,
 	switch {
 	case running && !st.Paused:
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, ReasonGuestRunning, ""
+		if msg, ok := probeReady(v, pod); !ok {
+			ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonReadinessProbeFailed, msg
+		}
 	case running:
 		ready.Reason, ready.Message = ReasonGuestPaused, "The guest's vCPUs are paused"
 	}
@@ -159,6 +165,51 @@ func setGuestConditions(v *v1alpha1.VirtualMachineInstance, st *protocol.Status,
 	patch.SetCondition(&status.Conditions, v, metav1.Condition{
 		Type: v1alpha1.VirtualMachineInstancePaused, Status: metav1.ConditionTrue,
 		Reason: pausedReason(st.RunState, startPaused), Message: "QEMU run state: " + st.RunState, LastTransitionTime: now})
+}
+
+// probeReady says whether the instance's readiness probe lets it be Ready, and if not, why. The
+// kubelet runs the probe (it is on the launcher pod's compute container) and reports it as the
+// pod's Ready condition, which Services' endpoints follow too; the instance's Ready follows the
+// pod's as KubeVirt's virt-controller has it (syncReadyConditionFromPod). Without a probe the pod's
+// readiness adds nothing: the guest running is what Ready means.
+func probeReady(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) (string, bool) {
+	pr := v.Spec.ReadinessProbe
+	if pr == nil {
+		return "", true
+	}
+	what := "spec.readinessProbe (" + probeAction(pr) + ")"
+	if pod == nil {
+		return "no launcher pod to run " + what, false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type != corev1.PodReady {
+			continue
+		}
+		if c.Status == corev1.ConditionTrue {
+			return "", true
+		}
+		msg := fmt.Sprintf("launcher pod %s is not ready: %s has not passed", pod.Name, what)
+		if c.Message != "" {
+			msg += " (" + c.Message + ")"
+		}
+		return msg, false
+	}
+	return fmt.Sprintf("launcher pod %s has not reported readiness yet: %s has not passed", pod.Name, what), false
+}
+
+// probeAction describes a probe's action for a message: "tcpSocket port 80", "httpGet port 80 /healthz".
+func probeAction(pr *v1alpha1.Probe) string {
+	switch {
+	case pr.TCPSocket != nil:
+		return "tcpSocket port " + pr.TCPSocket.Port.String()
+	case pr.HTTPGet != nil:
+		return "httpGet port " + pr.HTTPGet.Port.String() + " " + pr.HTTPGet.Path
+	case pr.Exec != nil:
+		return "exec"
+	case pr.GuestAgentPing != nil:
+		return "guestAgentPing"
+	}
+	return "no action"
 }
 
 // pausedReason tells a pause asked for (QEMU's "paused" run state, or "prelaunch" for a guest

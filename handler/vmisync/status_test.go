@@ -1,12 +1,14 @@
 package vmisync
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -109,5 +111,46 @@ func TestVolumes(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("volume %d: %+v, want %+v", i, got[i], want[i])
 		}
+	}
+}
+
+// TestReadinessProbeGatesReady: with a readiness probe, a running guest is Ready only while its
+// launcher pod is (the kubelet runs the probe), and the reason and message say which probe holds
+// it back; without one the pod's readiness does not matter.
+func TestReadinessProbeGatesReady(t *testing.T) {
+	now := metav1.Now()
+	running := protocol.Status{Phase: protocol.PhaseRunning, RunState: "running"}
+	podReady := func(s corev1.ConditionStatus) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "qvirt-launcher-web-x"}}
+		if s != "" {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: s, Reason: "ContainersNotReady",
+				Message: "containers with unready status: [compute]"}}
+		}
+		return p
+	}
+	probe := &v1alpha1.Probe{Handler: v1alpha1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(81)}}}
+	cases := map[string]struct {
+		probe      *v1alpha1.Probe
+		pod        *corev1.Pod
+		ready      metav1.ConditionStatus
+		reason     string
+		msgContain string
+	}{
+		"no probe, pod not ready": {pod: podReady(corev1.ConditionFalse), ready: metav1.ConditionTrue, reason: ReasonGuestRunning},
+		"probe passed":            {probe: probe, pod: podReady(corev1.ConditionTrue), ready: metav1.ConditionTrue, reason: ReasonGuestRunning},
+		"probe failing":           {probe: probe, pod: podReady(corev1.ConditionFalse), ready: metav1.ConditionFalse, reason: ReasonReadinessProbeFailed, msgContain: "spec.readinessProbe (tcpSocket port 81) has not passed (containers with unready status: [compute])"},
+		"pod without a Ready yet": {probe: probe, pod: podReady(""), ready: metav1.ConditionFalse, reason: ReasonReadinessProbeFailed, msgContain: "tcpSocket port 81"},
+		"no pod":                  {probe: probe, ready: metav1.ConditionFalse, reason: ReasonReadinessProbeFailed, msgContain: "no launcher pod"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			v := &v1alpha1.VirtualMachineInstance{}
+			v.Spec.ReadinessProbe = tc.probe
+			setGuestConditions(v, tc.pod, &running, false, now)
+			c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceReady)
+			if c == nil || c.Status != tc.ready || c.Reason != tc.reason || !strings.Contains(c.Message, tc.msgContain) {
+				t.Errorf("Ready = %+v, want %s %s with a message containing %q", c, tc.ready, tc.reason, tc.msgContain)
+			}
+		})
 	}
 }

@@ -63,6 +63,14 @@ const (
 	FlagEmulation = "emulation"
 )
 
+// ProbeCommand is the launcher's subcommand a guestAgentPing probe runs in the compute container
+// (as KubeVirt's virt-probe), with FlagSocketDir, FlagVMIUID and FlagGuestAgentPing.
+const (
+	ProbeCommand       = "probe"
+	FlagGuestAgentPing = "guest-agent-ping"
+	FlagProbeTimeout   = "timeout"
+)
+
 // Flags of `qvirt-launcher run` (outside Kubernetes), where the launcher still pulls its images.
 const (
 	FlagImageCache       = "image-cache"

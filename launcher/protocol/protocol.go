@@ -34,6 +34,7 @@ import (
 //	POST   /v1/migration/run        MigrationRun     target: take over the handed-over guest (HandoverHolding)
 //	POST   /v1/migration/finish                      source: the target runs the guest; quit
 //	POST   /v1/migration/reclaim    MigrationReclaim source: the target failed before it ran the guest; run it here again
+//	GET    /v1/guest/ping           -> {}              guest-ping to the guest agent (the guestAgentPing probe); 409 when it is not connected
 //	GET    /v1/guest/info           -> GuestAgentInfo  asks the guest agent now; 409 when it is not connected
 //	GET    /v1/guest/users          -> []GuestUser
 //	GET    /v1/guest/filesystems    -> []GuestFilesystem

@@ -184,3 +184,47 @@ func argv(images map[string]string, image string, command, args []string) (strin
 	}
 	return bin, append(slices.Clone(command), args...), nil
 }
+
+// startInContainer starts cmd inside the running container whose first process is pid: its mount,
+// UTS and network namespaces, and its PID namespace for the child, as `kubectl exec` and the
+// kubelet's exec probes run a command. As in start, a dedicated OS thread enters the namespaces
+// and forks from there, and is never unlocked. The namespace files are opened before the first
+// setns: once in the container's mount namespace, its /proc no longer shows pid.
+func startInContainer(pid int, cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- enterContainerAndStart(pid, cmd)
+	}()
+	return <-errc
+}
+
+func enterContainerAndStart(pid int, cmd *exec.Cmd) error {
+	nss := []struct {
+		name string
+		flag int
+	}{{"mnt", unix.CLONE_NEWNS}, {"uts", unix.CLONE_NEWUTS}, {"net", unix.CLONE_NEWNET}, {"pid", unix.CLONE_NEWPID}}
+	fds := make([]int, 0, len(nss))
+	defer func() {
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+	}()
+	for _, ns := range nss {
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, ns.name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open the container's %s namespace: %w", ns.name, err)
+		}
+		fds = append(fds, fd)
+	}
+	// A thread sharing its filesystem attributes with others cannot change its mount namespace.
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare filesystem attributes: %w", err)
+	}
+	for i, ns := range nss {
+		if err := unix.Setns(fds[i], ns.flag); err != nil {
+			return fmt.Errorf("enter the container's %s namespace: %w", ns.name, err)
+		}
+	}
+	return cmd.Start()
+}

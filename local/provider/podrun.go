@@ -342,7 +342,9 @@ func (r *podRun) runOnce(i int, vols map[string]volume) (*corev1.ContainerStateT
 		return &corev1.ContainerStateTerminated{ExitCode: 128, Reason: reasonStartError, Message: err.Error(),
 			StartedAt: started, FinishedAt: v1.Now()}, nil
 	}
+	stopProbes := r.startProbes(i, cmd.Process, started.Time)
 	_ = cmd.Wait()
+	stopProbes()
 	// The container is gone when its main process is: leftovers of its process group go too.
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	r.mu.Lock()
@@ -420,7 +422,8 @@ func (r *podRun) startProcess(i int, cmd *exec.Cmd, sb sandbox) error {
 	r.update(func(st *corev1.PodStatus) {
 		cs := &st.ContainerStatuses[i]
 		cs.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
-		cs.Ready, cs.Started = true, new(true)
+		// With a readiness probe the container is Ready only once the probe passes (probe.go).
+		cs.Ready, cs.Started = c.ReadinessProbe == nil, new(true)
 		cs.ContainerID = containerID(cmd.Process.Pid)
 	})
 	return nil

@@ -1,6 +1,9 @@
 package provider
 
 import (
+	"fmt"
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -59,10 +62,25 @@ func shouldRestart(policy corev1.RestartPolicy, code int32) bool {
 // its transition time while its status stays.
 func podConditions(old []corev1.PodCondition, phase corev1.PodPhase, sandboxReady bool, statuses []corev1.ContainerStatus, now metav1.Time) []corev1.PodCondition {
 	allReady := len(statuses) > 0
+	var unready []string
 	for _, cs := range statuses {
 		allReady = allReady && cs.Ready
+		if !cs.Ready {
+			unready = append(unready, cs.Name)
+		}
 	}
 	ready := allReady && phase == corev1.PodRunning
+	// The kubelet's reason and message for a pod that is not ready (pkg/kubelet/status,
+	// GeneratePodReadyCondition): which containers are not, or that the pod has completed.
+	var reason, message string
+	switch {
+	case ready:
+	case phase == corev1.PodSucceeded || phase == corev1.PodFailed:
+		reason = "PodCompleted"
+	default:
+		reason = "ContainersNotReady"
+		message = fmt.Sprintf("containers with unready status: [%s]", strings.Join(unready, " "))
+	}
 	b := func(v bool) corev1.ConditionStatus {
 		if v {
 			return corev1.ConditionTrue
@@ -72,8 +90,8 @@ func podConditions(old []corev1.PodCondition, phase corev1.PodPhase, sandboxRead
 	want := []corev1.PodCondition{
 		{Type: corev1.PodReadyToStartContainers, Status: b(sandboxReady)},
 		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue},
-		{Type: corev1.ContainersReady, Status: b(ready)},
-		{Type: corev1.PodReady, Status: b(ready)},
+		{Type: corev1.ContainersReady, Status: b(ready), Reason: reason, Message: message},
+		{Type: corev1.PodReady, Status: b(ready), Reason: reason, Message: message},
 		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
 	}
 	for i := range want {
