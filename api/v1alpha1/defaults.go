@@ -64,7 +64,7 @@ func SetDefaults(spec *VirtualMachineInstanceSpec) {
 	setGuestMemory(&spec.Domain)
 	setCPUTopology(&spec.Domain)
 	setPodInterface(spec)
-	setVolumeDisks(spec)
+	SetVolumeDisks(spec)
 	FillDefaults(spec)
 }
 
@@ -179,9 +179,9 @@ func setPodInterface(spec *VirtualMachineInstanceSpec) {
 	spec.Networks = []Network{{Name: DefaultPodInterfaceName, Pod: &PodNetwork{}}}
 }
 
-// setVolumeDisks is KubeVirt's SetDefaultVolumeDisk: every volume no disk attaches gets a disk of
+// SetVolumeDisks is KubeVirt's SetDefaultVolumeDisk: every volume no disk attaches gets a disk of
 // its name (a hard disk, DefaultDisk), whatever its source: cloud-init volumes included.
-func setVolumeDisks(spec *VirtualMachineInstanceSpec) {
+func SetVolumeDisks(spec *VirtualMachineInstanceSpec) {
 	dev := &spec.Domain.Devices
 	has := make(map[string]bool, len(dev.Disks))
 	for _, d := range dev.Disks {

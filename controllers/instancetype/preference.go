@@ -54,7 +54,10 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 	if dev.Rng == nil && p.PreferredRng != nil {
 		dev.Rng = &v1alpha1.Rng{}
 	}
-	addVolumeDisks(spec)
+	// Every volume without a disk gets its disk before the disk preferences apply, as the
+	// instance's defaulting would afterwards: otherwise such a disk would get the default bus,
+	// not the preferred one.
+	v1alpha1.SetVolumeDisks(spec)
 	for i := range dev.Disks {
 		applyDiskPreferences(&dev.Disks[i], p)
 	}
@@ -74,23 +77,6 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 		}
 		if in.Type == "" {
 			in.Type = p.PreferredInputType
-		}
-	}
-}
-
-// addVolumeDisks gives every volume without a disk its disk before the disk preferences apply, as
-// the instance's defaulting would afterwards (v1alpha1.SetDefaults, KubeVirt's
-// SetDefaultVolumeDisk): otherwise such a disk would get the default bus, not the preferred one.
-func addVolumeDisks(spec *v1alpha1.VirtualMachineInstanceSpec) {
-	dev := &spec.Domain.Devices
-	has := make(map[string]bool, len(dev.Disks))
-	for _, d := range dev.Disks {
-		has[d.Name] = true
-	}
-	for _, v := range spec.Volumes {
-		if !has[v.Name] {
-			dev.Disks = append(dev.Disks, v1alpha1.Disk{Name: v.Name})
-			has[v.Name] = true
 		}
 	}
 }
