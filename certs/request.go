@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/qvirt/qvirt/internal/ctxsleep"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
@@ -142,7 +143,7 @@ func (n *NodeCertificate) Start(ctx context.Context) error {
 	for {
 		// A certificate due as soon as it came (a signer cutting lifetimes to almost nothing)
 		// is asked for again after a pause, not in a loop.
-		if wait := time.Until(obtained.Add(retryMin)); wait > 0 && !sleep(ctx, wait) {
+		if wait := time.Until(obtained.Add(retryMin)); wait > 0 && !ctxsleep.Sleep(ctx, wait) {
 			return nil
 		}
 		// Taken before due() looks at the bundle, so that a change after that wakes the wait.
@@ -157,7 +158,7 @@ func (n *NodeCertificate) Start(ctx context.Context) error {
 				n.err = err
 				n.mu.Unlock()
 				log.Error(err, "no certificate for this node; retrying", "in", pause)
-				if !sleep(ctx, pause) {
+				if !ctxsleep.Sleep(ctx, pause) {
 					return nil
 				}
 				pause = min(2*pause, retryMax)
@@ -293,18 +294,6 @@ func csrName(node string) string {
 		return ""
 	}
 	return name
-}
-
-// sleep waits d or until ctx ends; false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 var _ Provider = (*NodeCertificate)(nil)

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/qvirt/qvirt/internal/ctxsleep"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -108,7 +109,7 @@ func (r *podRun) probeWorker(ctx context.Context, i int, c *corev1.Container, ki
 		failures = defaultProbeFailures
 	}
 	delay := time.Until(started.Add(time.Duration(pr.InitialDelaySeconds) * time.Second))
-	if !sleepCtx(ctx, delay) {
+	if !ctxsleep.Sleep(ctx, delay) {
 		return
 	}
 	passing := kind == liveness // the kubelet's initial results
@@ -139,7 +140,7 @@ func (r *podRun) probeWorker(ctx context.Context, i int, c *corev1.Container, ki
 				r.setReady(i, proc, ok)
 			}
 		}
-		if !sleepCtx(ctx, period) {
+		if !ctxsleep.Sleep(ctx, period) {
 			return
 		}
 	}
@@ -302,21 +303,6 @@ func seconds(n int32, def time.Duration) time.Duration {
 		return def
 	}
 	return time.Duration(n) * time.Second
-}
-
-// sleepCtx sleeps d, or less when ctx ends first; false when it did.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // probeExec runs an exec probe's command in container c (its image's binary, command[0] as
