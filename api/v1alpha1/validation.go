@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"encoding/base64"
 	"fmt"
+	"math"
 	"net"
 	"regexp"
 	"strings"
@@ -152,27 +153,53 @@ func validateMemory(d *DomainSpec, p *field.Path) field.ErrorList {
 	guest := GuestMemory(d)
 	if d.Memory != nil && d.Memory.Guest != nil {
 		if d.Memory.Guest.Sign() <= 0 {
-			return field.ErrorList{field.Invalid(p.Child("memory", "guest"), d.Memory.Guest.String(), "must be a positive quantity")}
+			return field.ErrorList{field.Invalid(p.Child("memory", "guest"), QuantityText(*d.Memory.Guest), "must be a positive quantity")}
 		}
 		if limit, ok := d.Resources.Limits["memory"]; ok && limit.Cmp(*guest) < 0 {
-			return field.ErrorList{field.Invalid(p.Child("resources", "limits", "memory"), limit.String(), "must be at least memory.guest")}
+			return field.ErrorList{field.Invalid(p.Child("resources", "limits", "memory"), QuantityText(limit), "must be at least memory.guest")}
 		}
-		return validateWholeMiB(p.Child("memory", "guest"), guest)
+		return validateMemorySize(p.Child("memory", "guest"), guest)
 	}
 	if guest == nil || guest.Sign() <= 0 {
 		return field.ErrorList{field.Required(p.Child("memory", "guest"), "set memory.guest or resources.requests.memory to a positive quantity")}
 	}
-	return validateWholeMiB(p.Child("resources", "requests", "memory"), guest)
+	return validateMemorySize(p.Child("resources", "requests", "memory"), guest)
 }
 
-// validateWholeMiB refuses guest memory QEMU cannot be given: its -m takes whole MiB, so 512M
-// (512,000,000 bytes) is refused rather than rounded.
-func validateWholeMiB(p *field.Path, q *resource.Quantity) field.ErrorList {
-	const mib = 1 << 20
-	if v := q.Value(); q.CmpInt64(v) != 0 || v%mib != 0 {
-		return field.ErrorList{field.Invalid(p, q.String(), "must be a whole number of MiB, such as 512Mi or 1Gi (512M is 512,000,000 bytes)")}
+// MaxGuestMemory is the most guest memory qvirt accepts: 16 TiB, far above what a node holds, and
+// low enough that the whole-MiB figure and the pod's request cannot overflow.
+const MaxGuestMemory = 16 << 40
+
+func validateMemorySize(p *field.Path, q *resource.Quantity) field.ErrorList {
+	if q.CmpInt64(MaxGuestMemory) > 0 {
+		return field.ErrorList{field.Invalid(p, QuantityText(*q), "must be at most 16Ti")}
 	}
 	return nil
+}
+
+// QuantityText is q as an error shows it. Quantity.String takes seconds for a number such as
+// 99999999999999999999e99999 (found by fuzzing the validators), so one beyond an int64 is not
+// spelled out.
+func QuantityText(q resource.Quantity) string {
+	switch {
+	case q.CmpInt64(math.MaxInt64) > 0:
+		return "a quantity above 2^63"
+	case q.CmpInt64(math.MinInt64) < 0:
+		return "a quantity below -2^63"
+	}
+	return q.String()
+}
+
+// GuestMemoryMiB is the guest memory QEMU is given, in MiB: GuestMemory rounded up to a whole MiB,
+// as libvirt rounds it for KubeVirt (qemuDomainAlignMemorySizes), so the common KubeVirt request
+// 1024M (976.56 MiB) gives the guest 977 MiB. 0 when no memory is set.
+func GuestMemoryMiB(d *DomainSpec) int64 {
+	q := GuestMemory(d)
+	if q == nil || q.Sign() <= 0 {
+		return 0
+	}
+	const mib = 1 << 20
+	return (q.Value() + mib - 1) / mib // Value rounds a fraction of a byte up
 }
 
 // GuestMemory is the memory the guest sees: memory.guest, else resources.requests.memory; nil if neither.
@@ -439,7 +466,7 @@ func validateVolumeSource(s *VolumeSource, p *field.Path) field.ErrorList {
 		return validateContainerDisk(s.ContainerDisk, p.Child("containerDisk"))
 	case s.EmptyDisk != nil:
 		if s.EmptyDisk.Capacity.Sign() <= 0 {
-			return field.ErrorList{field.Invalid(p.Child("emptyDisk", "capacity"), s.EmptyDisk.Capacity.String(), "must be a positive quantity")}
+			return field.ErrorList{field.Invalid(p.Child("emptyDisk", "capacity"), QuantityText(s.EmptyDisk.Capacity), "must be a positive quantity")}
 		}
 	case s.HostDisk != nil:
 		return validateHostDisk(s.HostDisk, p.Child("hostDisk"))

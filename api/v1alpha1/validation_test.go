@@ -4,11 +4,12 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -205,12 +206,12 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"negative grace period", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.TerminationGracePeriodSeconds = ptr.To[int64](-1)
 		}, "spec.template.spec.terminationGracePeriodSeconds"},
-		{"memory not in whole MiB", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
-			s.Domain.Memory.Guest = ptr.To(resource.MustParse("512M"))
+		{"memory beyond 16Ti", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Memory.Guest = ptr.To(resource.MustParse("17Ti"))
 		}, "spec.template.spec.domain.memory.guest"},
-		{"requested memory not in whole MiB", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+		{"requested memory beyond 16Ti", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Memory = nil
-			s.Domain.Resources.Requests = corev1.ResourceList{"memory": resource.MustParse("256.5Mi")}
+			s.Domain.Resources.Requests = corev1.ResourceList{"memory": resource.MustParse("1e30")}
 		}, "spec.template.spec.domain.resources.requests.memory"},
 		{"firmware uuid", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware = &Firmware{UUID: "not-a-uuid"}
@@ -510,4 +511,15 @@ func FuzzValidateCloudInit(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A huge quantity is refused naming the field without spelling the number out: Quantity.String
+// takes seconds on 99999999999999999999e99999, which made a webhook call that slow.
+func TestHugeQuantityRefusedQuickly(t *testing.T) {
+	vm := validVM()
+	vm.Spec.Template.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse("99999999999999999999e99999"))
+	errs := ValidateVirtualMachine(vm)
+	if len(errs) != 1 || errs[0].Field != "spec.template.spec.domain.memory.guest" || !strings.Contains(errs[0].Error(), "above 2^63") {
+		t.Fatalf("errors %v, want one naming domain.memory.guest as above 2^63", errs)
+	}
 }

@@ -9,8 +9,8 @@ import (
 )
 
 // kvConfigVolumes is KubeVirt's user guide example of config volumes (Disks and Volumes:
-// configMap, secret, serviceAccount, downwardAPI), with only the apiVersion changed and the memory
-// in Mi: a configMap on a disk with a serial, the others without a disk.
+// configMap, secret, serviceAccount, downwardAPI), with only the apiVersion changed (its memory,
+// 64M, is 61.04 MiB: the guest gets 62 MiB, as libvirt rounds it for KubeVirt): a configMap on a disk with a serial, the others without a disk.
 const kvConfigVolumes = `
 apiVersion: qvirt.io/v1alpha1
 kind: VirtualMachineInstance
@@ -20,7 +20,7 @@ spec:
   domain:
     resources:
       requests:
-        memory: 64Mi
+        memory: 64M
     devices:
       disks:
       - name: containerdisk
@@ -65,6 +65,9 @@ func TestKubeVirtConfigVolumes(t *testing.T) {
 	m, err := translate.Machine(&vmi, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if m.MemoryMiB != 62 {
+		t.Errorf("memory 64M gives the guest %d MiB, want 62 (rounded up to a whole MiB)", m.MemoryMiB)
 	}
 	labels := map[string]string{}
 	for _, d := range m.Disks {

@@ -56,13 +56,12 @@ func setupInstancetypes(mgr ctrl.Manager) error {
 }
 
 // ValidateInstancetypeSpec is what an instancetype must be for its instances to start: nothing
-// NotRealisedInstancetype refuses, and guest memory QEMU can be given (whole MiB). p is the spec's
-// path.
+// NotRealisedInstancetype refuses, and guest memory within what an instance may ask for. p is the
+// spec's path.
 func ValidateInstancetypeSpec(spec *v1alpha1.VirtualMachineInstancetypeSpec, p *field.Path) field.ErrorList {
 	errs := v1alpha1.NotRealisedInstancetype(spec, p)
-	const mib = 1 << 20
-	if g := spec.Memory.Guest; g.Sign() > 0 && (g.CmpInt64(g.Value()) != 0 || g.Value()%mib != 0) {
-		errs = append(errs, field.Invalid(p.Child("memory", "guest"), g.String(), "must be a whole number of MiB, such as 512Mi or 1Gi (512M is 512,000,000 bytes)"))
+	if g := spec.Memory.Guest; g.CmpInt64(v1alpha1.MaxGuestMemory) > 0 {
+		errs = append(errs, field.Invalid(p.Child("memory", "guest"), g.String(), "must be at most 16Ti"))
 	}
 	return errs
 }

@@ -251,9 +251,9 @@ func owningVM(vmi *v1alpha1.VirtualMachineInstance) string {
 // per-vCPU threads' stacks); page tables and the like grow with guest memory. The defaults
 // (96Mi + 4Mi per vCPU + 1/512 of guest memory) leave room above those figures.
 func MemoryOverhead(d *v1alpha1.DomainSpec, cfg config.Config) (*resource.Quantity, error) {
-	guest := v1alpha1.GuestMemory(d)
-	if guest == nil || guest.Sign() <= 0 {
-		return nil, fmt.Errorf("spec.domain.memory.guest: set memory.guest or resources.requests.memory to a positive quantity")
+	guest, err := guestMemory(d)
+	if err != nil {
+		return nil, err
 	}
 	o := cfg.MemoryOverhead
 	bytes := o.Base.Value() + o.PerVCPU.Value()*int64(v1alpha1.VCPUs(d.CPU))
@@ -265,9 +265,22 @@ func MemoryOverhead(d *v1alpha1.DomainSpec, cfg config.Config) (*resource.Quanti
 	return resource.NewQuantity(bytes, resource.BinarySI), nil
 }
 
+// guestMemory is the memory QEMU gives the guest (whole MiB, see GuestMemoryMiB), which the pod
+// must hold: 1024M asks for 976.56 MiB and the guest gets 977 MiB.
+func guestMemory(d *v1alpha1.DomainSpec) (*resource.Quantity, error) {
+	mib := v1alpha1.GuestMemoryMiB(d)
+	if mib <= 0 {
+		return nil, fmt.Errorf("spec.domain.memory.guest: set memory.guest or resources.requests.memory to a positive quantity")
+	}
+	return resource.NewQuantity(mib<<20, resource.BinarySI), nil
+}
+
 // launcherResources are the compute container's requests and limits; see MemoryOverhead.
 func launcherResources(d *v1alpha1.DomainSpec, cfg config.Config) (corev1.ResourceRequirements, error) {
-	guest := v1alpha1.GuestMemory(d)
+	guest, err := guestMemory(d)
+	if err != nil {
+		return corev1.ResourceRequirements{}, err
+	}
 	overhead, err := MemoryOverhead(d, cfg)
 	if err != nil {
 		return corev1.ResourceRequirements{}, err
@@ -292,10 +305,14 @@ func launcherResources(d *v1alpha1.DomainSpec, cfg config.Config) (corev1.Resour
 	}
 	req[corev1.ResourceMemory] = canonicalMemory(mem)
 	if l, ok := d.Resources.Limits[corev1.ResourceMemory]; ok {
-		if l.Cmp(*guest) < 0 {
-			return corev1.ResourceRequirements{}, fmt.Errorf("spec.domain.resources.limits.memory: %s is below the guest memory %s", l.String(), guest.String())
+		if asked := v1alpha1.GuestMemory(d); l.Cmp(*asked) < 0 {
+			return corev1.ResourceRequirements{}, fmt.Errorf("spec.domain.resources.limits.memory: %s is below the guest memory %s", l.String(), asked.String())
 		}
+		// A limit equal to a guest memory of a fraction of a MiB (1024M) still covers the round-up.
 		l = l.DeepCopy()
+		if l.Cmp(*guest) < 0 {
+			l = guest.DeepCopy()
+		}
 		l.Add(*overhead)
 		lim[corev1.ResourceMemory] = canonicalMemory(l)
 	}

@@ -200,6 +200,26 @@ func TestRenderLauncherPodResources(t *testing.T) {
 	if !strings.Contains(strings.Join(pod.Spec.Containers[0].Command, " "), "--emulation") {
 		t.Errorf("emulation not passed to the launcher: %v", pod.Spec.Containers[0].Command)
 	}
+
+	// KubeVirt's common 1024M (976.56 MiB) as request and limit: the guest gets 977 MiB, and the
+	// pod holds that plus the overhead (96 + 4 + 1.91 = 102Mi rounded up) in both.
+	v = baseVMI()
+	v.Spec.Domain.Memory = nil
+	v.Spec.Domain.Resources = v1alpha1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1024M")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1024M")},
+	}
+	pod, err = RenderLauncherPod(v, config.Default(), nil)
+	if err != nil {
+		t.Fatalf("1024M: %v", err)
+	}
+	res = pod.Spec.Containers[0].Resources
+	if got := mem(pod, res.Requests); got != "1079Mi" {
+		t.Errorf("1024M requests.memory = %s, want 1079Mi (977Mi guest + 102Mi overhead)", got)
+	}
+	if got := mem(pod, res.Limits); got != "1079Mi" {
+		t.Errorf("1024M limits.memory = %s, want 1079Mi (the guest's 977Mi, not the limit's 976.56, + 102Mi)", got)
+	}
 }
 
 // The launcher's test-only switch for file:// images is never in a launcher pod, whatever the

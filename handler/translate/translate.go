@@ -211,19 +211,13 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	return nil
 }
 
+// memory gives the guest its memory rounded up to a whole MiB (see GuestMemoryMiB).
 func memory(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
-	p := domainPath.Child("memory", "guest")
-	if d.Memory == nil || d.Memory.Guest == nil {
-		p = domainPath.Child("resources", "requests", "memory")
+	m.MemoryMiB = v1alpha1.GuestMemoryMiB(d)
+	if m.MemoryMiB > 0 {
+		return nil
 	}
-	q := v1alpha1.GuestMemory(d) // validation guarantees a positive quantity
-	const mib = 1 << 20
-	v := q.Value()
-	if q.CmpInt64(v) != 0 || v%mib != 0 {
-		return field.ErrorList{field.Invalid(p, q.String(), "must be a whole number of MiB")}
-	}
-	m.MemoryMiB = v / mib
-	return nil
+	return field.ErrorList{field.Required(domainPath.Child("memory", "guest"), "set memory.guest or resources.requests.memory to a positive quantity")}
 }
 
 func firmware(d *v1alpha1.DomainSpec, m *machine.Machine) {

@@ -64,6 +64,23 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// KubeVirt's memory quantities in decimal units reach QEMU rounded up to a whole MiB, as libvirt
+// rounds them for KubeVirt.
+func TestGuestMemoryRoundsUpToMiB(t *testing.T) {
+	for q, want := range map[string]int64{"1024M": 977, "1G": 954, "256.5Mi": 257, "512Mi": 512, "1": 1} {
+		v := validVMI()
+		v.Spec.Domain.Memory = nil
+		v.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(q)}
+		m, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs})
+		if err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		if m.MemoryMiB != want {
+			t.Errorf("%s: the guest gets %d MiB, want %d", q, m.MemoryMiB, want)
+		}
+	}
+}
+
 // TestDecisions: each spec field reaches the machine as it says.
 func TestDecisions(t *testing.T) {
 	v := validVMI()
@@ -314,13 +331,10 @@ func TestMachineErrors(t *testing.T) {
 		host   translate.Host
 		path   string
 	}{
-		{"fractional MiB", func(v *v1alpha1.VirtualMachineInstance) {
-			v.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse("1000M"))
-		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.memory.guest"},
-		{"fractional MiB from requests", func(v *v1alpha1.VirtualMachineInstance) {
+		{"no memory", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.Domain.Memory = nil
-			v.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256.5Mi")}
-		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.resources.requests.memory"},
+			v.Spec.Domain.Resources.Requests = nil
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.memory.guest"},
 		{"host-passthrough under emulation", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.Domain.CPU = &v1alpha1.CPU{Model: "host-passthrough"}
 		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.cpu.model"},
