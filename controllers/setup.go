@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -37,6 +38,9 @@ func CacheOptions(namespace string) cache.Options {
 			// Only the nodes a qvirt node agent labelled are cached (nodehealth reads their labels,
 			// annotations and Ready condition).
 			&corev1.Node{}: {Label: nodehealth.NodeSelector()},
+			// Only the revisions qvirt pins instancetypes and preferences in, not every
+			// StatefulSet's and DaemonSet's.
+			&appsv1.ControllerRevision{}: {Label: vm.RevisionSelector()},
 		},
 		// managedFields are never read here and are about a fifth of a cached VMI.
 		DefaultTransform: cache.TransformStripManagedFields(),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -47,6 +49,8 @@ func TestReconciler(t *testing.T) {
 	}
 	opts := cp.ManagerOptions()
 	opts.Controller.MaxConcurrentReconciles = 8
+	// As qvirt-controller's cache (controllers.CacheOptions) holds them: only qvirt's revisions.
+	opts.Cache.ByObject = map[client.Object]cache.ByObject{&appsv1.ControllerRevision{}: {Label: RevisionSelector()}}
 	mgr, err := ctrl.NewManager(cp.Config, opts)
 	if err != nil {
 		t.Fatal(err)

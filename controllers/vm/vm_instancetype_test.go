@@ -1,11 +1,14 @@
 package vm
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -300,4 +303,49 @@ func testInstancetypeConflict(h *harness) error {
 		return fmt.Errorf("a VMI exists for a VM that conflicts with its instancetype")
 	}
 	return nil
+}
+
+// countingReader answers Get from objs (NotFound otherwise) and counts the calls.
+type countingReader struct {
+	objs  map[client.ObjectKey]client.Object
+	calls int
+}
+
+func (c *countingReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	c.calls++
+	o, ok := c.objs[key]
+	if !ok {
+		return apierrors.NewNotFound(appsv1.Resource("controllerrevisions"), key.Name)
+	}
+	o.(*appsv1.ControllerRevision).DeepCopyInto(obj.(*appsv1.ControllerRevision))
+	return nil
+}
+
+func (c *countingReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	return nil
+}
+
+// A pinned revision the cache holds costs the API server nothing; one the cache does not hold yet
+// (just created) is read from the API server rather than taken as gone, which would re-pin the VM.
+func TestCacheFirst(t *testing.T) {
+	key := client.ObjectKey{Namespace: "ns", Name: "vm-u1-small-1"}
+	rev := &appsv1.ControllerRevision{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Revision: 1}
+	inCache := &countingReader{objs: map[client.ObjectKey]client.Object{key: rev}}
+	api := &countingReader{objs: map[client.ObjectKey]client.Object{key: rev}}
+	var got appsv1.ControllerRevision
+	if err := (cacheFirst{cache: inCache, api: api}).Get(context.Background(), key, &got); err != nil || got.Revision != 1 {
+		t.Fatalf("from the cache: %v, %+v", err, got)
+	}
+	if api.calls != 0 {
+		t.Errorf("a revision in the cache was also read from the API server (%d GETs)", api.calls)
+	}
+	lagging := &countingReader{}
+	got = appsv1.ControllerRevision{}
+	if err := (cacheFirst{cache: lagging, api: api}).Get(context.Background(), key, &got); err != nil || got.Revision != 1 {
+		t.Fatalf("a revision the cache does not hold yet: %v, %+v; want it from the API server", err, got)
+	}
+	missing := client.ObjectKey{Namespace: "ns", Name: "gone"}
+	if err := (cacheFirst{cache: lagging, api: api}).Get(context.Background(), missing, &got); !apierrors.IsNotFound(err) {
+		t.Errorf("a revision neither holds: %v, want NotFound", err)
+	}
 }
