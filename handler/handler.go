@@ -160,13 +160,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 	r := &vmisync.Reconciler{
 		Migrations: tunnel,
 		Client:     mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NodeName: opts.NodeName, PodsDir: opts.PodsDir,
-		Targets:      targets,
-		Launcher:     opts.LauncherLimits,
-		TargetSource: source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &crhandler.EnqueueRequestForObject{}),
-		MigrationBandwidth: func() int64 {
-			bw := store.Get().Migrations.BandwidthPerMigration
-			return bw.Value()
-		},
+		Targets:         targets,
+		Launcher:        opts.LauncherLimits,
+		TargetSource:    source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &crhandler.EnqueueRequestForObject{}),
+		MigrationConfig: func() config.MigrationConfig { return store.Get().Migrations },
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the instance reconciler: %w", err)

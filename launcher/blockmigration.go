@@ -182,14 +182,14 @@ func (l *Launcher) migrateWithDisks(ctx context.Context, p *Process, req *protoc
 	}
 	l.setMirror(m)
 	l.setMigration(&protocol.MigrationInfo{Role: protocol.RoleSource, Status: string(qmp.MigrationSetup)})
-	go l.mirrorThenMigrate(p, m, req.URI, wasRunning)
+	go l.mirrorThenMigrate(p, m, req.URI, req.ProgressTimeout, wasRunning)
 	return nil
 }
 
 // mirrorThenMigrate waits for the mirrors to be ready, reporting their progress, then starts the
 // memory migration and watches it for the mirrors' sake (superviseMirror). A block migration that
 // ends before then leaves the guest running here, as it ran all along.
-func (l *Launcher) mirrorThenMigrate(p *Process, m *mirror, uri string, wasRunning bool) {
+func (l *Launcher) mirrorThenMigrate(p *Process, m *mirror, uri string, progressTimeout time.Duration, wasRunning bool) {
 	err := m.waitReady(p.Done(), func() { l.publishMirrorProgress(m, string(qmp.MigrationSetup)) })
 	if err == nil {
 		err = m.beginMemory()
@@ -200,7 +200,7 @@ func (l *Launcher) mirrorThenMigrate(p *Process, m *mirror, uri string, wasRunni
 		paused := mon.NewWaiter(qmp.EventMigration, func(ev gqmp.Event) bool { return ev.Data["status"] == string(qmp.MigrationPreSwitchover) })
 		ended := mon.NewWaiter(qmp.EventMigration, migrationFinished)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err = l.startMemoryMigration(ctx, p, uri, wasRunning)
+		err = l.startMemoryMigration(ctx, p, uri, progressTimeout, wasRunning)
 		cancel()
 		if err == nil {
 			l.superviseMirror(p, m, paused, ended)

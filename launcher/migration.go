@@ -178,18 +178,18 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *protocol.MigrationSou
 	if len(disks) > 0 {
 		return l.migrateWithDisks(ctx, p, req, disks, before == qmp.StateRunning)
 	}
-	return l.startMemoryMigration(ctx, p, req.URI, before == qmp.StateRunning)
+	return l.startMemoryMigration(ctx, p, req.URI, req.ProgressTimeout, before == qmp.StateRunning)
 }
 
 // startMemoryMigration sends the guest to uri and follows the migration (followOutgoing).
-func (l *Launcher) startMemoryMigration(ctx context.Context, p *Process, uri string, wasRunning bool) error {
+func (l *Launcher) startMemoryMigration(ctx context.Context, p *Process, uri string, progressTimeout time.Duration, wasRunning bool) error {
 	done := p.Monitor().NewWaiter(qmp.EventMigration, migrationFinished)
 	if err := p.Monitor().Migrate(ctx, qmp.MigrateOptions{URI: uri}); err != nil {
 		done.Cancel()
 		return fmt.Errorf("migrate to %s: %w", uri, err)
 	}
 	l.setMigration(&protocol.MigrationInfo{Role: protocol.RoleSource, Status: string(qmp.MigrationSetup)})
-	go l.followOutgoing(p, done, wasRunning)
+	go l.followOutgoing(p, done, stallWatch{timeout: progressTimeout}, wasRunning)
 	return nil
 }
 
@@ -230,8 +230,9 @@ func migrationParameters(req *protocol.MigrationSource) (qmp.MigrateParameters, 
 
 // followOutgoing refreshes progress until the migration ends, then holds the guest after a success
 // (the target loaded it: the return path said so; see holdOutgoing), or makes sure a guest that
-// ran before the migration runs again after a failure.
-func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, wasRunning bool) {
+// ran before the migration runs again after a failure. A migration that stalls (stallWatch) is
+// cancelled, and its failure says why.
+func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, stall stallWatch, wasRunning bool) {
 	mon := p.Monitor()
 	finished := make(chan gqmp.Event, 1)
 	go func() {
@@ -242,10 +243,16 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, wasRunning bool)
 	}()
 	tick := time.NewTicker(progressInterval)
 	defer tick.Stop()
+	stalled := ""
 	for {
 		select {
 		case <-tick.C:
-			if info := l.refreshMigration(mon); info == nil || !migrationDone(info.Status) {
+			info := l.refreshMigration(mon)
+			if stalled == "" && stall.stalled(info, time.Now()) {
+				stalled = stall.reason()
+				l.cancelStalled(stalled)
+			}
+			if info == nil || !migrationDone(info.Status) {
 				continue
 			}
 		case <-finished:
@@ -254,6 +261,10 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, wasRunning bool)
 		}
 		waitMigrationSettled(mon)
 		info := l.refreshMigration(mon)
+		if info != nil && stalled != "" && info.Status != string(qmp.MigrationCompleted) {
+			info.Error = stalled
+			l.setMigration(info)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		switch {
 		case info != nil && info.Status == string(qmp.MigrationCompleted):
@@ -264,6 +275,43 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, wasRunning bool)
 		cancel()
 		return
 	}
+}
+
+// stallWatch tells when an outgoing migration has made no progress for timeout, as KubeVirt's
+// migrations.progressTimeout does: the memory still to send has not fallen below its lowest so far
+// (a guest dirtying memory faster than the link carries it never converges, and without this
+// would stop only at the completion timeout, tens of minutes later for a large guest). Only the
+// active phase counts: the disk copy before it and the switch-over after it have their own ends.
+type stallWatch struct {
+	timeout time.Duration // zero: never stalled
+	lowest  int64
+	since   time.Time
+}
+
+func (w *stallWatch) stalled(info *protocol.MigrationInfo, now time.Time) bool {
+	if w.timeout <= 0 || info == nil || info.Status != string(qmp.MigrationActive) {
+		return false
+	}
+	if w.since.IsZero() || info.RemainingBytes < w.lowest {
+		w.lowest, w.since = info.RemainingBytes, now
+		return false
+	}
+	return now.Sub(w.since) >= w.timeout
+}
+
+func (w *stallWatch) reason() string {
+	return fmt.Sprintf("no progress for %s (the memory still to send stayed at or above %d bytes): the migration was aborted (progressTimeout)", w.timeout, w.lowest)
+}
+
+// cancelStalled cancels a stalled migration; the guest keeps running here.
+func (l *Launcher) cancelStalled(reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.CancelMigration(ctx); err != nil {
+		l.opts.Log.Error(err, "cancel a stalled migration", "reason", reason)
+		return
+	}
+	l.opts.Log.Info("cancelled a stalled migration", "reason", reason)
 }
 
 // resumeAfterFailure restarts the guest's vCPUs if a failed or cancelled migration left them

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -490,4 +491,59 @@ func TestRunCommandBootsAndPowersOff(t *testing.T) {
 	if !strings.Contains(stderr.String(), "guest ended: guest shutdown") {
 		t.Fatalf("stderr does not report the clean shutdown:\n%s", stderr.String())
 	}
+}
+
+// A migration whose stream stops moving (here a target that accepts the connection and never
+// reads) is cancelled after the progress timeout, its failure says why, and the guest goes on
+// running on the source.
+func TestStalledMigrationIsAborted(t *testing.T) {
+	src := newLauncher(t)
+	ctx := context.Background()
+	spec := guestSpec(t)
+	// Without the emptyDisk: a memory-only migration needs no NBD server on the other end.
+	spec.Machine.Disks = slices.DeleteFunc(spec.Machine.Disks, func(d machine.Disk) bool { return d.Source.Empty != nil })
+	if _, err := src.client.Sync(ctx, spec); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	srcConsole := attach(t, src.runDir)
+	srcConsole.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	held := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			held <- c // never read: the source's writes block once the socket buffers are full
+		}
+	}()
+	t.Cleanup(func() {
+		select {
+		case c := <-held:
+			c.Close()
+		default:
+		}
+	})
+	srcConsole.Send(t, "tick 100000 &")
+	srcConsole.Expect(t, 0, "tick 2", time.Minute)
+	req := protocol.MigrationSource{URI: "tcp:" + ln.Addr().String(), BandwidthBytesPerSecond: -1, ProgressTimeout: 2 * time.Second}
+	if err := src.client.MigrateSource(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	var st protocol.Status
+	waitFor(t, 2*time.Minute, "the stalled migration to end", func() bool {
+		st, err = src.client.Status(ctx)
+		return err == nil && st.Migration != nil && (st.Migration.Status == "cancelled" || st.Migration.Status == "failed")
+	})
+	if !strings.Contains(st.Migration.Error, "no progress for 2s") {
+		t.Fatalf("migration ended %+v: want an error saying it made no progress for 2s", st.Migration)
+	}
+	waitFor(t, 30*time.Second, "the guest to run on the source", func() bool {
+		st, err := src.client.Status(ctx)
+		return err == nil && st.Phase == protocol.PhaseRunning && st.RunState == "running"
+	})
+	last := srcConsole.LastTick()
+	waitFor(t, time.Minute, "the guest's counter to go on", func() bool { return srcConsole.LastTick() > last+1 })
+	t.Logf("aborted: %s", st.Migration.Error)
 }

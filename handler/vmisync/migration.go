@@ -255,6 +255,9 @@ func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachi
 	if c := ms.MigrationConfiguration; c != nil && c.AllowAutoConverge != nil {
 		req.AutoConverge = *c.AllowAutoConverge
 	}
+	if r.MigrationConfig != nil {
+		req.ProgressTimeout = time.Duration(r.MigrationConfig().ProgressTimeout) * time.Second
+	}
 	if len(v1alpha1.LocalDisks(&v.Spec)) > 0 {
 		// The local disks are copied first, through the same tunnel (blockmigration.go in the
 		// launcher); a launcher too old to copy them refuses the request.
@@ -285,8 +288,9 @@ func (r *Reconciler) migrationBandwidth(c *v1alpha1.MigrationConfiguration) int6
 	switch {
 	case c != nil && c.BandwidthPerMigration != nil:
 		b = c.BandwidthPerMigration.Value()
-	case r.MigrationBandwidth != nil:
-		b = r.MigrationBandwidth()
+	case r.MigrationConfig != nil:
+		bw := r.MigrationConfig().BandwidthPerMigration
+		b = bw.Value()
 	}
 	if b > 0 {
 		return b

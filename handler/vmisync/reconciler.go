@@ -34,6 +34,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
@@ -74,9 +75,10 @@ type Reconciler struct {
 	Targets client.Reader
 	// TargetSource is the watch of Targets' instances.
 	TargetSource source.Source
-	// MigrationBandwidth is the configured bandwidth per migration in bytes per second (0:
-	// unlimited); unlimited when nil.
-	MigrationBandwidth func() int64
+	// Migrations is the cluster's migration configuration as it is now (qvirt-config): the
+	// bandwidth per migration (0: unlimited) and the progress timeout. Unlimited bandwidth and no
+	// progress timeout when nil.
+	MigrationConfig func() config.MigrationConfig
 	// Migrations carries this node's migration streams between node agents over mutual TLS
 	// (handler/migproxy); without it the node can be neither source nor target.
 	Migrations MigrationTunnel

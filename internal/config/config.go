@@ -89,6 +89,11 @@ type MigrationConfig struct {
 	// CompletionTimeoutPerGiB is how many seconds a migration may take per GiB of guest memory
 	// before it is cancelled. Key: completionTimeoutPerGiB.
 	CompletionTimeoutPerGiB int64
+	// ProgressTimeout is how many seconds a migration may go without progress (the memory still
+	// to send never falling below its lowest so far) before the source launcher aborts it; 0
+	// never does. KubeVirt's migrations.progressTimeout, with its default of 150. Key:
+	// progressTimeout.
+	ProgressTimeout int64
 }
 
 // MemoryOverhead is the formula for a launcher pod's memory beyond the guest:
@@ -109,6 +114,7 @@ func Default() Config {
 		Migrations: MigrationConfig{
 			ParallelPerCluster: 5, ParallelOutboundPerNode: 2,
 			BandwidthPerMigration: resource.MustParse("0"), CompletionTimeoutPerGiB: 150,
+			ProgressTimeout: 150,
 		},
 		MemoryOverhead: MemoryOverhead{
 			Base: resource.MustParse("96Mi"), PerVCPU: resource.MustParse("4Mi"), GuestRatio: 512,
@@ -153,6 +159,11 @@ func (c *Config) set(key, val string) error {
 		var n int
 		n, err = positiveInt(val)
 		c.Migrations.CompletionTimeoutPerGiB = int64(n)
+	case "progressTimeout":
+		c.Migrations.ProgressTimeout, err = strconv.ParseInt(val, 10, 64)
+		if err == nil && (c.Migrations.ProgressTimeout < 0 || c.Migrations.ProgressTimeout > 7*24*3600) {
+			err = fmt.Errorf("must be 0 (never) or a number of seconds up to 604800 (a week)")
+		}
 	case "memoryOverheadBase":
 		c.MemoryOverhead.Base, err = nonNegativeQuantity(val)
 	case "memoryOverheadPerVCPU":
@@ -172,7 +183,7 @@ func (c *Config) set(key, val string) error {
 		c.EvictionStrategy, err = evictionStrategy(val)
 	default:
 		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
-			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, memoryOverheadBase, " +
+			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, progressTimeout, memoryOverheadBase, " +
 			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, evictionStrategy")
 	}
 	return err

@@ -214,6 +214,10 @@ type MigrationSource struct {
 	DowntimeLimit time.Duration `json:"downtimeLimit,omitempty"`
 	AutoConverge  bool          `json:"autoConverge,omitempty"`
 	PostCopy      bool          `json:"postCopy,omitempty"`
+	// ProgressTimeout aborts the migration when the memory still to send has not fallen below
+	// its lowest so far for this long (a guest dirtying memory faster than the link carries it);
+	// zero never does.
+	ProgressTimeout time.Duration `json:"progressTimeout,omitempty"`
 	// BlockMigration is where the target exports the disks whose contents live on this node
 	// only (emptyDisks, the writable overlays of containerDisks and ephemeral claims): the source
 	// mirrors them there before it sends the guest's memory. Required when the guest has such
