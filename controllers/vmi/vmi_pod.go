@@ -153,12 +153,16 @@ func podProbe(pr *v1alpha1.Probe, path string, vmiUID types.UID) (*corev1.Probe,
 		FailureThreshold:    pr.FailureThreshold,
 	}
 	timeout := max(pr.TimeoutSeconds, 1)
-	launcherProbe := func(args ...string) *corev1.ExecAction {
+	// `qvirt-launcher probe --socket-dir D --vmi-uid U --ACTION --timeout Ns [-- COMMAND...]`
+	launcherProbe := func(action string, command ...string) *corev1.ExecAction {
 		cmd := []string{podlayout.LauncherBinary, podlayout.ProbeCommand,
 			"--" + podlayout.FlagSocketDir, podlayout.SocketDir, "--" + podlayout.FlagVMIUID, string(vmiUID),
-			"--" + podlayout.FlagProbeTimeout, fmt.Sprintf("%ds", timeout)}
+			"--" + action, "--" + podlayout.FlagProbeTimeout, fmt.Sprintf("%ds", timeout)}
+		if len(command) > 0 {
+			cmd = append(append(cmd, "--"), command...)
+		}
 		out.TimeoutSeconds = timeout + 1
-		return &corev1.ExecAction{Command: append(cmd, args...)}
+		return &corev1.ExecAction{Command: cmd}
 	}
 	switch {
 	case pr.TCPSocket != nil:
@@ -166,12 +170,12 @@ func podProbe(pr *v1alpha1.Probe, path string, vmiUID types.UID) (*corev1.Probe,
 	case pr.HTTPGet != nil:
 		out.HTTPGet = pr.HTTPGet.DeepCopy()
 	case pr.GuestAgentPing != nil:
-		out.Exec = launcherProbe("--" + podlayout.FlagGuestAgentPing)
+		out.Exec = launcherProbe(podlayout.FlagGuestAgentPing)
 	case pr.Exec != nil:
 		if len(pr.Exec.Command) == 0 {
 			return nil, fmt.Errorf("%s.exec.command: the command to run in the guest is required", path)
 		}
-		out.Exec = launcherProbe(append([]string{"--" + podlayout.FlagGuestExec, "--"}, pr.Exec.Command...)...)
+		out.Exec = launcherProbe(podlayout.FlagGuestExec, pr.Exec.Command...)
 	default:
 		return nil, fmt.Errorf("%s: the probe has no action", path)
 	}
