@@ -3,9 +3,11 @@ package launcher
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/qvirt/qvirt/launcher/protocol"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // TestGuestPingOutsideTheGuest: without a connected agent the ping (a guestAgentPing probe) fails
@@ -20,6 +22,36 @@ func TestGuestPingOutsideTheGuest(t *testing.T) {
 		l := &Launcher{phase: phase}
 		if _, err := l.GuestPing(context.Background()); !errors.Is(err, wantErr) || (wantErr == nil) != (err == nil) {
 			t.Errorf("phase %s: GuestPing = %v, want %v", phase, err, wantErr)
+		}
+	}
+}
+
+// TestGuestExecProbeOutsideTheGuest: an exec probe without a connected agent fails with
+// ErrAgentNotConnected, except on a migration target waiting for the guest, where it passes
+// without running anything, as the ping does; a request without a command or timeout is refused
+// naming the field.
+func TestGuestExecProbeOutsideTheGuest(t *testing.T) {
+	req := protocol.GuestExecProbe{Command: []string{"true"}, TimeoutSeconds: 1}
+	for phase, wantErr := range map[protocol.Phase]error{
+		protocol.PhaseRunning:  ErrAgentNotConnected,
+		protocol.PhaseWaiting:  ErrAgentNotConnected,
+		protocol.PhaseIncoming: nil,
+	} {
+		l := &Launcher{phase: phase}
+		res, err := l.GuestExecProbe(context.Background(), req)
+		if !errors.Is(err, wantErr) || (wantErr == nil) != (err == nil) || (err == nil && res.Skipped == "") {
+			t.Errorf("phase %s: GuestExecProbe = %+v, %v, want %v", phase, res, err, wantErr)
+		}
+	}
+	for field, bad := range map[string]protocol.GuestExecProbe{
+		"command":        {TimeoutSeconds: 1},
+		"timeoutSeconds": {Command: []string{"true"}},
+	} {
+		l := &Launcher{phase: protocol.PhaseIncoming}
+		_, err := l.GuestExecProbe(context.Background(), bad)
+		var fe *machine.FieldError
+		if !errors.As(err, &fe) || !strings.Contains(err.Error(), field) {
+			t.Errorf("request %+v: %v, want a field error naming %s", bad, err, field)
 		}
 	}
 }
