@@ -46,7 +46,7 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			{Name: "cidata", VolumeSource: VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{
 				UserDataSecretRef: &corev1.LocalObjectReference{Name: "userdata"}, NetworkData: "version: 2\n"}}},
 		},
-		Networks:       []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
+		Networks: []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
 		// A named port (the interface's) and a command the guest agent runs: both realised.
 		ReadinessProbe: &Probe{Handler: Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromString("http"), Path: "/"}}},
 		LivenessProbe:  &Probe{Handler: Handler{Exec: &corev1.ExecAction{Command: []string{"cat", "/tmp/healthy"}}}, InitialDelaySeconds: 60},
