@@ -55,3 +55,23 @@ func TestGuestExecProbeOutsideTheGuest(t *testing.T) {
 		}
 	}
 }
+
+// TestSIGTERMMarksTerminated: when the launcher's process is told to stop (its context ends, as
+// on SIGTERM) while it runs a guest, its status says so before it stops the guest, so that the
+// node agent can tell a kubelet's stop (a failed liveness probe) from the guest's own poweroff.
+func TestSIGTERMMarksTerminated(t *testing.T) {
+	l := &Launcher{phase: protocol.PhaseStarting, changed: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, _ = waitForEnd(ctx, l, make(chan error), nil) // no QEMU here: the shutdown itself fails
+	if st, _ := l.Status(context.Background()); !st.Terminated {
+		t.Errorf("status after the stop: %+v, want Terminated", st)
+	}
+	waiting := &Launcher{phase: protocol.PhaseWaiting, changed: make(chan struct{})}
+	if exit, err := waitForEnd(ctx, waiting, make(chan error), nil); exit != nil || err != nil {
+		t.Errorf("stop before any Sync: %v, %v", exit, err)
+	}
+	if st, _ := waiting.Status(context.Background()); st.Terminated {
+		t.Error("a launcher without a guest marked Terminated")
+	}
+}

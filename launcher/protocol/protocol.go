@@ -87,6 +87,10 @@ type Status struct {
 	Hotplugged []machine.Disk `json:"hotplugged,omitempty"`
 	// GuestAgent is what the guest agent last reported; nil when the machine has no agent channel.
 	GuestAgent *GuestAgent `json:"guestAgent,omitempty"`
+	// Terminated is set once the launcher's process was told to stop (SIGTERM: its pod is being
+	// deleted, or the kubelet stops its container, as for a failed liveness probe) and so stops
+	// the guest; Exit then says how the guest ended.
+	Terminated bool `json:"terminated,omitempty"`
 }
 
 // GuestAgent is the guest agent's state as the launcher polls it. Everything in it came from the
