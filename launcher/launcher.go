@@ -30,19 +30,21 @@ type Launcher struct {
 	resolver Resolver
 	opts     Options
 
-	mu       sync.Mutex
-	req      *protocol.SyncRequest
-	proc     *Process
-	phase    protocol.Phase
-	startErr string
-	// terminated: the launcher's process was told to stop (SIGTERM) and stops the guest.
+	mu        sync.Mutex
+	req       *protocol.SyncRequest
+	proc      *Process
+	phase     protocol.Phase
+	startErr  string
+	migration *protocol.MigrationInfo
+	hotplug   map[string]hotDisk
+	nics      map[string]hotNIC
+	blocks    blockState  // block migration (blockmigration.go)
+	agent     *agentState // the current QEMU's guest agent (agent.go); nil without a channel
+	changed   chan struct{}
+
+	// terminated (guarded by mu): the launcher's process was told to stop (SIGTERM) and stops
+	// the guest.
 	terminated bool
-	migration  *protocol.MigrationInfo
-	hotplug    map[string]hotDisk
-	nics       map[string]hotNIC
-	blocks     blockState  // block migration (blockmigration.go)
-	agent      *agentState // the current QEMU's guest agent (agent.go); nil without a channel
-	changed    chan struct{}
 
 	// volumes serialises HotplugDisk and UnplugDisk, which resolve and clean up images outside mu.
 	volumes sync.Mutex
