@@ -152,8 +152,10 @@ func TestLivenessProbe(t *testing.T) {
 	}
 	failed := false
 	for _, e := range evs.Items {
-		failed = failed || (e.InvolvedObject.UID == first.UID && e.Reason == vmisync.EventGuestEnded &&
-			strings.Contains(e.Message, "spec.livenessProbe failed"))
+		if e.InvolvedObject.UID == first.UID && e.Reason == vmisync.EventGuestEnded {
+			t.Logf("first instance: %s", e.Message)
+			failed = failed || strings.Contains(e.Message, "spec.livenessProbe failed")
+		}
 	}
 	if !failed {
 		t.Errorf("no GuestEnded Event for the first instance %s naming its liveness probe", first.UID)
