@@ -103,9 +103,9 @@ func terminatedInPlace(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *
 	return st.Terminated && v.DeletionTimestamp.IsZero() && pod != nil && pod.DeletionTimestamp.IsZero()
 }
 
-// terminatedOutcome is the instance's end when terminatedInPlace: Failed (KubeVirt's VMI fails
-// when its liveness probe fails, and RerunOnFailure restarts it), with a reason naming the
-// liveness probe when the compute container has one.
+// terminatedOutcome is the instance's end when terminatedInPlace: Failed, since the guest did not
+// end by itself (so that runStrategy RerunOnFailure restarts it, as a liveness failure should),
+// with a reason naming the liveness probe when the compute container has one.
 func terminatedOutcome(pod *corev1.Pod, ended string) (v1alpha1.VirtualMachineInstancePhase, string, string) {
 	if c := computeContainer(pod); c != nil && c.LivenessProbe != nil {
 		return v1alpha1.Failed, ReasonLivenessProbeFailed,

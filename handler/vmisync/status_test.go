@@ -157,8 +157,8 @@ func TestReadinessProbeGatesReady(t *testing.T) {
 
 // TestLivenessKillFailsTheInstance: a guest the launcher powered off because it was told to stop
 // (SIGTERM) while its pod stays, which is how the kubelet stops a compute container whose
-// liveness probe failed, fails the instance with a reason naming the probe (KubeVirt fails the
-// VMI; RerunOnFailure restarts it), not Succeeded with GuestShutdown; a pod deletion's stop and a
+// liveness probe failed, fails the instance with a reason naming the probe (so that
+// RerunOnFailure restarts it), not Succeeded with GuestShutdown; a pod deletion's stop and a
 // guest's own poweroff stay as they were.
 func TestLivenessKillFailsTheInstance(t *testing.T) {
 	now := metav1.Now()

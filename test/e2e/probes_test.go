@@ -117,7 +117,7 @@ func endpointReadiness(t *testing.T, ns, svc string) map[string]bool {
 
 // TestLivenessProbe: a VM whose liveness probe fails (port 81, where the guest does not listen)
 // is stopped by the kubelet's liveness kill, its guest powered off, the instance fails saying
-// why (KubeVirt fails it too), and runStrategy RerunOnFailure starts a new instance.
+// why, and runStrategy RerunOnFailure starts a new instance.
 func TestLivenessProbe(t *testing.T) {
 	ns := namespace(t)
 	vm := demoVM(t, ns, "unhealthy", v1alpha1.RunStrategyRerunOnFailure)
