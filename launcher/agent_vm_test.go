@@ -110,6 +110,47 @@ func TestGuestAgentReportsTheGuest(t *testing.T) {
 		}
 	})
 
+	t.Run("exec probes run their command in the guest", func(t *testing.T) {
+		probe := func(timeout int32, cmd ...string) (protocol.GuestExecResult, error) {
+			return v.client.GuestExecProbe(ctx, protocol.GuestExecProbe{Command: cmd, TimeoutSeconds: timeout})
+		}
+		start := time.Now()
+		res, err := probe(5, "sh", "-c", "echo ok; test -e /proc/1")
+		if err != nil || res.ExitCode != 0 || res.Output != "ok\n" {
+			t.Errorf("passing command: %+v, %v", res, err)
+		}
+		t.Logf("a passing exec probe took %v", time.Since(start).Round(time.Millisecond))
+		res, err = probe(5, "sh", "-c", "echo out; echo bad >&2; exit 3")
+		if err != nil || res.ExitCode != 3 || res.Output != "out\nbad\n" {
+			t.Errorf("failing command: %+v, %v (want exit code 3 and both streams)", res, err)
+		}
+		res, err = probe(5, "sh", "-c", "kill -9 $$")
+		if err != nil || res.Signal != 9 {
+			t.Errorf("killed command: %+v, %v (want signal 9)", res, err)
+		}
+		// The guest's output is cut at the launcher's bound, not passed on whole.
+		res, err = probe(5, "sh", "-c", "yes | head -c 100000")
+		if err != nil || res.ExitCode != 0 || len(res.Output) != 10<<10 || res.Output[:4] != "y\ny\n" {
+			t.Errorf("long output: %d bytes, exit %d, %v (want the first 10 KiB)", len(res.Output), res.ExitCode, err)
+		}
+		_, err = probe(5, "/no/such/program")
+		if err == nil || !strings.Contains(err.Error(), "guest-exec") {
+			t.Errorf("a program the guest lacks: %v, want the agent's guest-exec error", err)
+		}
+		start = time.Now()
+		_, err = probe(1, "sleep", "30")
+		if err == nil || !strings.Contains(err.Error(), "did not exit within") || time.Since(start) > 3*time.Second {
+			t.Errorf("a command over its timeout: %v after %v, want a timeout within about 1 s", err, time.Since(start))
+		}
+		// The agent stays connected and usable: the probe took the connection only per call.
+		if err := v.client.GuestPing(ctx, 5*time.Second); err != nil {
+			t.Errorf("ping after the probes: %v", err)
+		}
+		if st, err := v.client.Status(ctx); err != nil || !st.GuestAgent.Connected {
+			t.Errorf("after the probes: %v, %+v", err, st.GuestAgent)
+		}
+	})
+
 	t.Run("killing qemu-ga clears Connected, restarting it sets it", func(t *testing.T) {
 		c.Send(t, "kill $(pidof qemu-ga)")
 		killed := time.Now()
@@ -122,6 +163,10 @@ func TestGuestAgentReportsTheGuest(t *testing.T) {
 		var apiErr *launcher.APIError
 		if !errors.As(err, &apiErr) || apiErr.Status != 409 {
 			t.Errorf("guest info without an agent: %v, want a 409", err)
+		}
+		_, err = v.client.GuestExecProbe(ctx, protocol.GuestExecProbe{Command: []string{"true"}, TimeoutSeconds: 1})
+		if !errors.As(err, &apiErr) || apiErr.Status != 409 || !strings.Contains(err.Error(), "not connected") {
+			t.Errorf("exec probe without an agent: %v, want a 409 saying the agent is not connected", err)
 		}
 		c.Send(t, "qemu-ga -m virtio-serial -p /dev/$(basename $(dirname $(grep -l org.qemu.guest_agent.0 /sys/class/virtio-ports/*/name))) -t /run >/dev/null 2>&1 &")
 		waitFor(t, 30*time.Second, "Connected again", func() bool {

@@ -437,6 +437,15 @@ func (c *Client) GuestPing(ctx context.Context, timeout time.Duration) error {
 	return c.doWithin(ctx, min(timeout, guestCallTimeout), http.MethodGet, "/v1/guest/ping", nil, &out)
 }
 
+// GuestExecProbe asks the launcher to run an exec probe's command in the guest; it waits up to the
+// probe's timeout (at most MaxExecProbeTimeout) and a little more for the launcher's answer.
+func (c *Client) GuestExecProbe(ctx context.Context, req protocol.GuestExecProbe) (protocol.GuestExecResult, error) {
+	var out protocol.GuestExecResult
+	timeout := min(time.Duration(req.TimeoutSeconds)*time.Second, MaxExecProbeTimeout) + time.Second
+	err := c.doWithin(ctx, timeout, http.MethodPost, "/v1/guest/exec-probe", req, &out)
+	return out, err
+}
+
 // GuestUsers lists the users logged in to the guest.
 func (c *Client) GuestUsers(ctx context.Context) ([]protocol.GuestUser, error) {
 	var out []protocol.GuestUser

@@ -42,6 +42,10 @@ type Launcher struct {
 	agent     *agentState // the current QEMU's guest agent (agent.go); nil without a channel
 	changed   chan struct{}
 
+	// terminated (guarded by mu): the launcher's process was told to stop (SIGTERM) and stops
+	// the guest.
+	terminated bool
+
 	// volumes serialises HotplugDisk and UnplugDisk, which resolve and clean up images outside mu.
 	volumes sync.Mutex
 }
@@ -188,7 +192,7 @@ func (l *Launcher) notifyLocked() {
 // Status reports the VM's state and a channel closed at the next change.
 func (l *Launcher) Status(ctx context.Context) (protocol.Status, <-chan struct{}) {
 	l.mu.Lock()
-	st := protocol.Status{Phase: l.phase, StartError: l.startErr, Migration: l.migration}
+	st := protocol.Status{Phase: l.phase, StartError: l.startErr, Migration: l.migration, Terminated: l.terminated}
 	if l.req != nil {
 		st.UID = l.req.Machine.UID
 	}
@@ -368,6 +372,16 @@ func (l *Launcher) Shutdown(ctx context.Context, grace *int64) (protocol.Exit, e
 		grace = ptrTo(int64(0))
 	}
 	return p.Shutdown(ctx, GracePeriod(p.Machine(), grace))
+}
+
+// terminate records that the launcher's process was told to stop (SIGTERM), before it stops the
+// guest: Status says so, so that the node agent can tell a guest stopped because its pod's
+// container was stopped from one that powered off by itself.
+func (l *Launcher) terminate() {
+	l.mu.Lock()
+	l.terminated = true
+	l.notifyLocked()
+	l.mu.Unlock()
 }
 
 // GracePeriod is the shutdown grace period: the override, else the machine's.

@@ -129,6 +129,7 @@ func waitForEnd(ctx context.Context, l *Launcher, served <-chan error, started f
 			if st.Phase == protocol.PhaseWaiting {
 				return nil, nil
 			}
+			l.terminate()
 			exit, err := l.Shutdown(context.Background(), nil)
 			if err != nil {
 				// QEMU ended by itself meanwhile: report that.

@@ -49,6 +49,7 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/migration/finish", s.simple(l.FinishMigration))
 	mux.HandleFunc("POST /v1/migration/reclaim", s.migrationReclaim)
 	mux.HandleFunc("GET /v1/guest/ping", reply(l.GuestPing))
+	mux.HandleFunc("POST /v1/guest/exec-probe", s.guestExecProbe)
 	mux.HandleFunc("GET /v1/guest/info", reply(l.GuestInfo))
 	mux.HandleFunc("GET /v1/guest/users", reply(l.GuestUsers))
 	mux.HandleFunc("GET /v1/guest/filesystems", reply(l.GuestFilesystems))
@@ -311,6 +312,19 @@ func (s *server) migrationReclaim(w http.ResponseWriter, r *http.Request) {
 }
 
 // decode reads a JSON body strictly: unknown fields are a 400 naming them.
+func (s *server) guestExecProbe(w http.ResponseWriter, r *http.Request) {
+	var req protocol.GuestExecProbe
+	if !decode(w, r, &req) {
+		return
+	}
+	res, err := s.l.GuestExecProbe(r.Context(), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
 func decode(w http.ResponseWriter, r *http.Request, into any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()

@@ -3,7 +3,6 @@ package v1alpha1
 import (
 	"net/netip"
 
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -75,37 +74,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		if n.Pod != nil && n.Pod.VMNetworkCIDR != "" && !isDefaultVMNetwork(n.Pod.VMNetworkCIDR) {
 			no(np.Child("pod", "vmNetworkCIDR"), "a vmNetworkCIDR other than "+DefaultVMNetworkCIDR, "")
 		}
-	}
-	for _, pr := range []struct {
-		probe *Probe
-		path  *field.Path
-	}{{spec.ReadinessProbe, p.Child("readinessProbe")}, {spec.LivenessProbe, p.Child("livenessProbe")}} {
-		errs = append(errs, notRealisedProbe(pr.probe, pr.path)...)
-	}
-	return errs
-}
-
-// notRealisedProbe refuses exec probes (a command the guest agent runs: KubeVirt's virt-probe
-// --command, which needs guest-exec and guest-exec-status) and named ports, which the kubelet
-// resolves against the compute container's ports, and qvirt's launcher pod declares none.
-func notRealisedProbe(pr *Probe, p *field.Path) field.ErrorList {
-	if pr == nil {
-		return nil
-	}
-	var errs field.ErrorList
-	if pr.Exec != nil {
-		errs = append(errs, field.Forbidden(p.Child("exec"), "an exec probe (a command run by the guest agent) is "+NotRealisedMessage+"; use tcpSocket, httpGet or guestAgentPing"))
-	}
-	named := func(port intstr.IntOrString, fp *field.Path) {
-		if port.Type == intstr.String {
-			errs = append(errs, field.Forbidden(fp, "a named port is "+NotRealisedMessage+"; give the port number"))
-		}
-	}
-	if pr.TCPSocket != nil {
-		named(pr.TCPSocket.Port, p.Child("tcpSocket", "port"))
-	}
-	if pr.HTTPGet != nil {
-		named(pr.HTTPGet.Port, p.Child("httpGet", "port"))
 	}
 	return errs
 }

@@ -36,7 +36,7 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 					{Name: "data", Disk: &DiskTarget{Bus: DiskBusSCSI}},
 					{Name: "cidata", CDRom: &CDRomTarget{Bus: DiskBusSATA}},
 				},
-				Interfaces: []Interface{{Name: "default", Masquerade: &InterfaceMasquerade{}, Ports: []Port{{Port: 80}}}},
+				Interfaces: []Interface{{Name: "default", Masquerade: &InterfaceMasquerade{}, Ports: []Port{{Name: "http", Port: 80}}}},
 			},
 		},
 		Volumes: []Volume{
@@ -46,9 +46,10 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			{Name: "cidata", VolumeSource: VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{
 				UserDataSecretRef: &corev1.LocalObjectReference{Name: "userdata"}, NetworkData: "version: 2\n"}}},
 		},
-		Networks:       []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
-		ReadinessProbe: &Probe{Handler: Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(80), Path: "/"}}},
-		LivenessProbe:  &Probe{Handler: Handler{GuestAgentPing: &GuestAgentPing{}}, InitialDelaySeconds: 60},
+		Networks: []Network{{Name: "default", Pod: &PodNetwork{VMNetworkCIDR: DefaultVMNetworkCIDR}}},
+		// A named port (the interface's) and a command the guest agent runs: both realised.
+		ReadinessProbe: &Probe{Handler: Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromString("http"), Path: "/"}}},
+		LivenessProbe:  &Probe{Handler: Handler{Exec: &corev1.ExecAction{Command: []string{"cat", "/tmp/healthy"}}}, InitialDelaySeconds: 60},
 	}
 }
 
@@ -87,7 +88,7 @@ func TestNotRealised(t *testing.T) {
 			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab"}})
 		}, "spec.domain.devices.interfaces[1]"},
 		{"multus", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Devices.Interfaces[0] = Interface{Name: "default", Bridge: &InterfaceBridge{}}
+			s.Domain.Devices.Interfaces[0] = Interface{Name: "default", Bridge: &InterfaceBridge{}, Ports: []Port{{Name: "http", Port: 80}}}
 			s.Networks[0] = Network{Name: "default", Multus: &MultusNetwork{NetworkName: "lab"}}
 		}, "spec.networks[0].multus"},
 		{"vmNetworkCIDR", func(s *VirtualMachineInstanceSpec) {
@@ -99,12 +100,6 @@ func TestNotRealised(t *testing.T) {
 		{"RTC left out", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Clock.Timer.RTC.Enabled = ptr.To(false)
 		}, "spec.domain.clock.timer.rtc.present"},
-		{"exec probe", func(s *VirtualMachineInstanceSpec) {
-			s.ReadinessProbe = &Probe{Handler: Handler{Exec: &corev1.ExecAction{Command: []string{"cat", "/tmp/ready"}}}}
-		}, "spec.readinessProbe.exec"},
-		{"named probe port", func(s *VirtualMachineInstanceSpec) {
-			s.ReadinessProbe.HTTPGet.Port = intstr.FromString("http")
-		}, "spec.readinessProbe.httpGet.port"},
 		{"APIC off", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Features.APIC.Enabled = ptr.To(false)
 		}, "spec.domain.features.apic.enabled"},

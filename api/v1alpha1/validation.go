@@ -67,6 +67,8 @@ func ValidateVirtualMachineInstanceSpec(spec *VirtualMachineInstanceSpec, p *fie
 	}
 	errs = append(errs, validateProbe(spec.ReadinessProbe, false, p.Child("readinessProbe"))...)
 	errs = append(errs, validateProbe(spec.LivenessProbe, true, p.Child("livenessProbe"))...)
+	errs = append(errs, validateProbePortNames(spec, spec.ReadinessProbe, p.Child("readinessProbe"))...)
+	errs = append(errs, validateProbePortNames(spec, spec.LivenessProbe, p.Child("livenessProbe"))...)
 	errs = append(errs, validateOptionalLabel(p.Child("hostname"), spec.Hostname)...)
 	return append(errs, validateOptionalLabel(p.Child("subdomain"), spec.Subdomain)...)
 }
@@ -376,6 +378,7 @@ func validateInterfaces(ifaces []Interface, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	names := map[string]bool{}
 	macs := map[string]bool{}
+	portNames := map[string]bool{}
 	for i := range ifaces {
 		in := &ifaces[i]
 		ip := p.Index(i)
@@ -397,6 +400,7 @@ func validateInterfaces(ifaces []Interface, p *field.Path) field.ErrorList {
 			if port.Protocol != "" {
 				errs = append(errs, validateEnum(pp.Child("protocol"), port.Protocol, "TCP", "UDP")...)
 			}
+			errs = append(errs, validatePortName(pp.Child("name"), port.Name, portNames)...)
 		}
 	}
 	return errs

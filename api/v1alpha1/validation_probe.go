@@ -111,3 +111,52 @@ func validateProbeHost(host string, p *field.Path) field.ErrorList {
 	}
 	return field.ErrorList{field.Invalid(p, host, "must be an IP address or a DNS name; leave it empty to probe the guest at the pod IP")}
 }
+
+// validatePortName checks an interface port's name: the launcher pod's compute container declares
+// the ports (as KubeVirt's does), and the API server refuses a container port name that is no IANA
+// service name or that another port of the pod has already.
+func validatePortName(p *field.Path, name string, seen map[string]bool) field.ErrorList {
+	if name == "" {
+		return nil
+	}
+	var errs field.ErrorList
+	for _, msg := range validation.IsValidPortName(name) {
+		errs = append(errs, field.Invalid(p, name, msg))
+	}
+	if seen[name] {
+		errs = append(errs, field.Duplicate(p, name))
+	}
+	seen[name] = true
+	return errs
+}
+
+// validateProbePortNames checks that a probe's named port is one of the interfaces' ports: the
+// kubelet resolves it against the compute container's ports, which are those, and would fail
+// every run of the probe otherwise.
+func validateProbePortNames(spec *VirtualMachineInstanceSpec, pr *Probe, p *field.Path) field.ErrorList {
+	if pr == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	check := func(port intstr.IntOrString, fp *field.Path) {
+		if port.Type != intstr.String || port.StrVal == "" || len(validation.IsValidPortName(port.StrVal)) > 0 {
+			return
+		}
+		for _, in := range spec.Domain.Devices.Interfaces {
+			for _, ip := range in.Ports {
+				if ip.Name == port.StrVal {
+					return
+				}
+			}
+		}
+		errs = append(errs, field.Invalid(fp, port.StrVal,
+			"no port of spec.domain.devices.interfaces[].ports has this name; name the port there or give its number"))
+	}
+	if pr.TCPSocket != nil {
+		check(pr.TCPSocket.Port, p.Child("tcpSocket", "port"))
+	}
+	if pr.HTTPGet != nil {
+		check(pr.HTTPGet.Port, p.Child("httpGet", "port"))
+	}
+	return errs
+}

@@ -134,6 +134,19 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"exec probe without a command", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.ReadinessProbe = &Probe{Handler: Handler{Exec: &corev1.ExecAction{}}}
 		}, "spec.template.spec.readinessProbe.exec.command"},
+		{"probe port name of no interface port", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].Ports[0].Name = "http"
+			s.LivenessProbe.HTTPGet.Port = intstr.FromString("web")
+		}, "spec.template.spec.livenessProbe.httpGet.port"},
+		{"tcpSocket probe port name without interface ports", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.ReadinessProbe.TCPSocket.Port = intstr.FromString("http")
+		}, "spec.template.spec.readinessProbe.tcpSocket.port"},
+		{"interface port name no IANA service name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].Ports[0].Name = "HTTP_1"
+		}, "spec.template.spec.domain.devices.interfaces[0].ports[0].name"},
+		{"interface port names twice", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].Ports = []Port{{Name: "http", Port: 80}, {Name: "http", Port: 8080}}
+		}, "spec.template.spec.domain.devices.interfaces[0].ports[1].name"},
 		{"port out of range", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Interfaces[0].Ports[0].Port = 70000
 		}, "spec.template.spec.domain.devices.interfaces[0].ports[0].port"},

@@ -27,13 +27,15 @@ import (
 const usage = `usage: qvirt-launcher serve --vmi-uid UID [flags]
        qvirt-launcher run [flags] -f MACHINE.json
        qvirt-launcher probe --vmi-uid UID --guest-agent-ping [--timeout 1s]
+       qvirt-launcher probe --vmi-uid UID [--timeout 1s] --guest-exec -- COMMAND [ARGS...]
 
 serve: the launcher pod's process. Waits for the node agent's Sync on
 <socket-dir>/<vmi-uid>/launcher.sock, runs that VM, exits when the guest has ended (0 when it
 powered off cleanly). SIGTERM powers the guest off gracefully within its grace period.
 
-probe: the exec probe of a guestAgentPing readiness or liveness probe. Asks the launcher of
-<socket-dir>/<vmi-uid> to ping the guest agent; exit status 0 when it answered.
+probe: the exec probe of a guestAgentPing or exec readiness or liveness probe. Asks the launcher
+of <socket-dir>/<vmi-uid> to ping the guest agent, or to run COMMAND in the guest through it;
+exit status 0 when the agent answered or the command exited 0.
 
 run: (qvirtctl machine [--emulation] -f VMI.yaml > MACHINE.json makes the machine description)
 

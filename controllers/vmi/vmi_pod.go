@@ -110,6 +110,7 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 		},
 	}
 	c := &pod.Spec.Containers[0]
+	c.Ports = podPorts(spec)
 	if c.ReadinessProbe, err = podProbe(spec.ReadinessProbe, "spec.readinessProbe", vmi.UID); err != nil {
 		return nil, err
 	}
@@ -134,12 +135,12 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 // podProbe is the compute container's probe for an instance's, as KubeVirt's virt-controller
 // makes it (pkg/virt-controller/services/template.go): a tcpSocket or httpGet probe is copied, and
 // the kubelet runs it against the pod IP, which reaches the guest (masquerade forwards the pod IP's
-// ports to it; bridge hands it the pod IP). A guestAgentPing probe becomes an exec probe of
-// `qvirt-launcher probe --guest-agent-ping`, which asks this pod's launcher to ping the guest agent
-// (KubeVirt's virt-probe), with a second more for the kubelet than for the ping. The timing fields
-// are the instance's; the API server defaults those left at 0 as for any container. An exec probe
-// (a command run by the guest agent) is not realised: admission refuses it (NotRealised), and so
-// does this strict renderer.
+// ports to it; bridge hands it the pod IP); a named port is the compute container's (podPorts). A
+// guestAgentPing probe becomes an exec probe of `qvirt-launcher probe --guest-agent-ping`, which
+// asks this pod's launcher to ping the guest agent, and an exec probe one of `qvirt-launcher probe
+// --guest-exec -- COMMAND...`, which asks it to run the command in the guest through the agent
+// (both KubeVirt's virt-probe), with a second more for the kubelet than for the launcher. The
+// timing fields are the instance's; the API server defaults those left at 0 as for any container.
 func podProbe(pr *v1alpha1.Probe, path string, vmiUID types.UID) (*corev1.Probe, error) {
 	if pr == nil {
 		return nil, nil
@@ -151,23 +152,51 @@ func podProbe(pr *v1alpha1.Probe, path string, vmiUID types.UID) (*corev1.Probe,
 		SuccessThreshold:    pr.SuccessThreshold,
 		FailureThreshold:    pr.FailureThreshold,
 	}
+	timeout := max(pr.TimeoutSeconds, 1)
+	// `qvirt-launcher probe --socket-dir D --vmi-uid U --ACTION --timeout Ns [-- COMMAND...]`
+	launcherProbe := func(action string, command ...string) *corev1.ExecAction {
+		cmd := []string{podlayout.LauncherBinary, podlayout.ProbeCommand,
+			"--" + podlayout.FlagSocketDir, podlayout.SocketDir, "--" + podlayout.FlagVMIUID, string(vmiUID),
+			"--" + action, "--" + podlayout.FlagProbeTimeout, fmt.Sprintf("%ds", timeout)}
+		if len(command) > 0 {
+			cmd = append(append(cmd, "--"), command...)
+		}
+		out.TimeoutSeconds = timeout + 1
+		return &corev1.ExecAction{Command: cmd}
+	}
 	switch {
 	case pr.TCPSocket != nil:
 		out.TCPSocket = pr.TCPSocket.DeepCopy()
 	case pr.HTTPGet != nil:
 		out.HTTPGet = pr.HTTPGet.DeepCopy()
 	case pr.GuestAgentPing != nil:
-		timeout := max(pr.TimeoutSeconds, 1)
-		out.Exec = &corev1.ExecAction{Command: []string{podlayout.LauncherBinary, podlayout.ProbeCommand,
-			"--" + podlayout.FlagSocketDir, podlayout.SocketDir, "--" + podlayout.FlagVMIUID, string(vmiUID),
-			"--" + podlayout.FlagGuestAgentPing, "--" + podlayout.FlagProbeTimeout, fmt.Sprintf("%ds", timeout)}}
-		out.TimeoutSeconds = timeout + 1
+		out.Exec = launcherProbe(podlayout.FlagGuestAgentPing)
 	case pr.Exec != nil:
-		return nil, fmt.Errorf("%s.exec: exec probes are not supported", path)
+		if len(pr.Exec.Command) == 0 {
+			return nil, fmt.Errorf("%s.exec.command: the command to run in the guest is required", path)
+		}
+		out.Exec = launcherProbe(podlayout.FlagGuestExec, pr.Exec.Command...)
 	default:
 		return nil, fmt.Errorf("%s: the probe has no action", path)
 	}
 	return out, nil
+}
+
+// podPorts are the compute container's ports: the instance's interfaces' ports, as KubeVirt's
+// virt-controller declares them (containerPortsFromVMI), so that a probe's named port resolves
+// against them and tools that read container ports see what the guest serves.
+func podPorts(spec *v1alpha1.VirtualMachineInstanceSpec) []corev1.ContainerPort {
+	var out []corev1.ContainerPort
+	for _, in := range spec.Domain.Devices.Interfaces {
+		for _, p := range in.Ports {
+			proto := corev1.ProtocolTCP
+			if p.Protocol != "" {
+				proto = corev1.Protocol(p.Protocol)
+			}
+			out = append(out, corev1.ContainerPort{Name: p.Name, ContainerPort: p.Port, Protocol: proto})
+		}
+	}
+	return out
 }
 
 // imageVolume is one container image the launcher reads files from, as the pod mounts it.

@@ -257,9 +257,9 @@ func TestRenderLauncherPodRefuses(t *testing.T) {
 			v.Name = strings.Repeat("a", 64)
 		}, "metadata.name"},
 		{"no image", func(_ *v1alpha1.VirtualMachineInstance, c *config.Config) { c.LauncherImage = "" }, "launcherImage"},
-		{"exec probe", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
-			v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
-		}, "spec.readinessProbe.exec"},
+		{"exec probe without a command", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
+			v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{Exec: &corev1.ExecAction{}}}
+		}, "spec.readinessProbe.exec.command"},
 		{"probe without an action", func(v *v1alpha1.VirtualMachineInstance, _ *config.Config) {
 			v.Spec.LivenessProbe = &v1alpha1.Probe{PeriodSeconds: 3}
 		}, "spec.livenessProbe"},
@@ -370,5 +370,47 @@ func TestGuestAgentPingProbe(t *testing.T) {
 	if got == nil || got.Exec == nil || !slices.Equal(got.Exec.Command, want) || got.TimeoutSeconds != 4 ||
 		got.InitialDelaySeconds != 10 || got.PeriodSeconds != 5 || got.TCPSocket != nil || got.HTTPGet != nil {
 		t.Fatalf("readinessProbe = %+v, want exec %q with timeoutSeconds 4, initialDelaySeconds 10, periodSeconds 5", got, want)
+	}
+}
+
+// TestExecProbe: an exec probe is an exec probe of the launcher's probe subcommand with the
+// instance's command after "--", run in the guest by the launcher; a timeout left at 0 is the
+// API's default of 1 s, plus a second for the kubelet.
+func TestExecProbe(t *testing.T) {
+	v := baseVMI()
+	v.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{Exec: &corev1.ExecAction{Command: []string{"cat", "/tmp/healthy", "--"}}},
+		FailureThreshold: 2}
+	pod, err := RenderLauncherPod(v, config.Default(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := pod.Spec.Containers[0].LivenessProbe
+	want := []string{podlayout.LauncherBinary, "probe", "--socket-dir", podlayout.SocketDir, "--vmi-uid", string(v.UID),
+		"--guest-exec", "--timeout", "1s", "--", "cat", "/tmp/healthy", "--"}
+	if got == nil || got.Exec == nil || !slices.Equal(got.Exec.Command, want) || got.TimeoutSeconds != 2 || got.FailureThreshold != 2 {
+		t.Fatalf("livenessProbe = %+v, want exec %q with timeoutSeconds 2, failureThreshold 2", got, want)
+	}
+}
+
+// TestNamedProbePort: the compute container declares the interfaces' ports (TCP when the
+// protocol is left out), so the kubelet resolves a probe's named port against them; the probe
+// keeps the name.
+func TestNamedProbePort(t *testing.T) {
+	v := baseVMI()
+	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{},
+		Ports: []v1alpha1.Port{{Name: "http", Port: 80}, {Name: "dns", Port: 53, Protocol: "UDP"}, {Port: 22}}}}
+	v.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromString("http"), Path: "/"}}}
+	pod, err := RenderLauncherPod(v, config.Default(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	want := []corev1.ContainerPort{{Name: "http", ContainerPort: 80, Protocol: corev1.ProtocolTCP},
+		{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP}, {ContainerPort: 22, Protocol: corev1.ProtocolTCP}}
+	if !slices.Equal(c.Ports, want) {
+		t.Errorf("ports = %+v, want %+v", c.Ports, want)
+	}
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Port != intstr.FromString("http") {
+		t.Errorf("readinessProbe = %+v, want httpGet on the port named http", p)
 	}
 }

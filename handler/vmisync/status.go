@@ -40,6 +40,13 @@ const (
 	ReasonLauncherReplyTooLarge = "LauncherReplyTooLarge"
 	// ReasonAgentConnected is the reason of the AgentConnected condition.
 	ReasonAgentConnected = "GuestAgentConnected"
+	// ReasonLivenessProbeFailed: the guest was stopped because the kubelet stopped the launcher
+	// pod's compute container, whose liveness probe (spec.livenessProbe) failed; the instance
+	// fails, and its VirtualMachine's run strategy decides whether it starts again.
+	ReasonLivenessProbeFailed = "LivenessProbeFailed"
+	// ReasonLauncherTerminated: the guest was stopped because the launcher was told to stop
+	// (SIGTERM) while its pod stays, and the pod has no liveness probe to blame.
+	ReasonLauncherTerminated = "LauncherTerminated"
 	// ReasonReadinessProbeFailed: the guest runs, but the launcher pod is not Ready because the
 	// kubelet's run of spec.readinessProbe has not passed (yet, or any more).
 	ReasonReadinessProbeFailed = "ReadinessProbeFailed"
@@ -88,6 +95,26 @@ func guestOutcome(st *protocol.Status) (phase v1alpha1.VirtualMachineInstancePha
 	return "", "", ""
 }
 
+// terminatedInPlace says whether the launcher stopped the guest because it was told to stop
+// (SIGTERM) while neither the instance nor the launcher pod is being deleted: the kubelet stopped
+// the compute container, as it does when a liveness probe fails (or someone in the pod signalled
+// the launcher). The guest powered off cleanly, but it did not end by itself.
+func terminatedInPlace(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status) bool {
+	return st.Terminated && v.DeletionTimestamp.IsZero() && pod != nil && pod.DeletionTimestamp.IsZero()
+}
+
+// terminatedOutcome is the instance's end when terminatedInPlace: Failed, since the guest did not
+// end by itself (so that runStrategy RerunOnFailure restarts it, as a liveness failure should),
+// with a reason naming the liveness probe when the compute container has one.
+func terminatedOutcome(pod *corev1.Pod, ended string) (v1alpha1.VirtualMachineInstancePhase, string, string) {
+	if c := computeContainer(pod); c != nil && c.LivenessProbe != nil {
+		return v1alpha1.Failed, ReasonLivenessProbeFailed,
+			"The kubelet stopped the launcher pod's compute container: spec.livenessProbe failed. " + ended
+	}
+	return v1alpha1.Failed, ReasonLauncherTerminated,
+		"The launcher was told to stop (SIGTERM) while its pod stays. " + ended
+}
+
 // applyLauncherStatus writes what the launcher reports into the instance's status: phase, QEMU and
 // launcher versions, Ready and Paused conditions, interfaces (reached at the pod's addresses, the
 // masquerade binding's and, for the bridge binding, the guest's own) and volumes. It returns the
@@ -95,6 +122,9 @@ func guestOutcome(st *protocol.Status) (phase v1alpha1.VirtualMachineInstancePha
 func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status, failures hotplugFailures, now metav1.Time) (ended string) {
 	status := &v.Status
 	phase, reason, msg := guestOutcome(st)
+	if phase.Final() && terminatedInPlace(v, pod, st) {
+		phase, reason, msg = terminatedOutcome(pod, msg)
+	}
 	if phase != "" && status.Phase != phase {
 		status.SetPhase(phase, now)
 		if reason != "" {

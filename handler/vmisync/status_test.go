@@ -154,3 +154,49 @@ func TestReadinessProbeGatesReady(t *testing.T) {
 		})
 	}
 }
+
+// TestLivenessKillFailsTheInstance: a guest the launcher powered off because it was told to stop
+// (SIGTERM) while its pod stays, which is how the kubelet stops a compute container whose
+// liveness probe failed, fails the instance with a reason naming the probe (so that
+// RerunOnFailure restarts it), not Succeeded with GuestShutdown; a pod deletion's stop and a
+// guest's own poweroff stay as they were.
+func TestLivenessKillFailsTheInstance(t *testing.T) {
+	now := metav1.Now()
+	live := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(81)}}}
+	pod := func(probe *corev1.Probe, deleted bool) *corev1.Pod {
+		p := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "compute", LivenessProbe: probe}}}}
+		if deleted {
+			p.DeletionTimestamp = &now
+		}
+		return p
+	}
+	ended := protocol.Status{Phase: protocol.PhaseSucceeded, Exit: &protocol.Exit{Reason: protocol.ExitGuestShutdown}}
+	terminated := ended
+	terminated.Terminated = true
+	killed := protocol.Status{Phase: protocol.PhaseFailed, Terminated: true, Exit: &protocol.Exit{Reason: protocol.ExitKilled, Detail: "signal killed"}}
+	cases := map[string]struct {
+		pod        *corev1.Pod
+		st         protocol.Status
+		phase      v1alpha1.VirtualMachineInstancePhase
+		reason     string
+		msgContain string
+	}{
+		"liveness probe failed": {pod(live, false), terminated, v1alpha1.Failed, ReasonLivenessProbeFailed,
+			"spec.livenessProbe failed. The guest ended: guest shutdown"},
+		"liveness probe failed, QEMU killed after the grace period": {pod(live, false), killed, v1alpha1.Failed, ReasonLivenessProbeFailed,
+			"spec.livenessProbe failed. The guest ended: killed: signal killed"},
+		"stopped without a liveness probe": {pod(nil, false), terminated, v1alpha1.Failed, ReasonLauncherTerminated, "told to stop (SIGTERM)"},
+		"pod deleted":                      {pod(live, true), terminated, v1alpha1.Succeeded, "GuestShutdown", "The guest ended: guest shutdown"},
+		"the guest powered off itself":     {pod(live, false), ended, v1alpha1.Succeeded, "GuestShutdown", "The guest ended: guest shutdown"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			v := &v1alpha1.VirtualMachineInstance{}
+			v.Status.Phase = v1alpha1.Running
+			msg := applyLauncherStatus(v, tc.pod, &tc.st, nil, now)
+			if v.Status.Phase != tc.phase || v.Status.Reason != tc.reason || !strings.Contains(msg, tc.msgContain) {
+				t.Errorf("phase %s reason %q event %q, want %s %q with %q", v.Status.Phase, v.Status.Reason, msg, tc.phase, tc.reason, tc.msgContain)
+			}
+		})
+	}
+}

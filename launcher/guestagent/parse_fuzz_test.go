@@ -15,6 +15,7 @@ func FuzzParseReply(f *testing.F) {
 	f.Add([]byte(`{"return": [{"name": "vda1", "mountpoint": "/", "type": "ext4", "used-bytes": 1, "total-bytes": 2, "disk": [{"serial": "x", "bus-type": "virtio"}]}]}`))
 	f.Add([]byte(`{"error": {"class": "GenericError", "desc": "no"}}`))
 	f.Add([]byte("\xff{\"return\": 1}"))
+	f.Add([]byte(`{"return": {"exited": true, "exitcode": 1, "out-data": "aGkK", "err-data": "", "out-truncated": false}}`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		raw, err := ParseReply(line)
 		if err != nil {
@@ -51,6 +52,9 @@ func FuzzParseReply(f *testing.F) {
 				checkStrings(t, fs.Name, fs.Mountpoint, fs.Type)
 				checkLen(t, len(fs.Disks))
 			}
+		}
+		if st, err := DecodeExecStatus(raw); err == nil && (len(st.Stdout) > MaxExecOutput || len(st.Stderr) > MaxExecOutput) {
+			t.Errorf("exec output of %d and %d bytes passed the cap %d", len(st.Stdout), len(st.Stderr), MaxExecOutput)
 		}
 	})
 }

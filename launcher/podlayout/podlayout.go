@@ -63,11 +63,13 @@ const (
 	FlagEmulation = "emulation"
 )
 
-// ProbeCommand is the launcher's subcommand a guestAgentPing probe runs in the compute container
-// (as KubeVirt's virt-probe), with FlagSocketDir, FlagVMIUID and FlagGuestAgentPing.
+// ProbeCommand is the launcher's subcommand a guestAgentPing or exec probe runs in the compute
+// container (as KubeVirt's virt-probe), with FlagSocketDir, FlagVMIUID and FlagGuestAgentPing, or
+// FlagGuestExec followed by "--" and the command to run in the guest.
 const (
 	ProbeCommand       = "probe"
 	FlagGuestAgentPing = "guest-agent-ping"
+	FlagGuestExec      = "guest-exec"
 	FlagProbeTimeout   = "timeout"
 )
 

@@ -35,6 +35,7 @@ import (
 //	POST   /v1/migration/finish                      source: the target runs the guest; quit
 //	POST   /v1/migration/reclaim    MigrationReclaim source: the target failed before it ran the guest; run it here again
 //	GET    /v1/guest/ping           -> {}              guest-ping to the guest agent (the guestAgentPing probe); 409 when it is not connected
+//	POST   /v1/guest/exec-probe GuestExecProbe -> GuestExecResult  the exec probe: the command runs in the guest through the agent; 409 when it is not connected
 //	GET    /v1/guest/info           -> GuestAgentInfo  asks the guest agent now; 409 when it is not connected
 //	GET    /v1/guest/users          -> []GuestUser
 //	GET    /v1/guest/filesystems    -> []GuestFilesystem
@@ -86,6 +87,10 @@ type Status struct {
 	Hotplugged []machine.Disk `json:"hotplugged,omitempty"`
 	// GuestAgent is what the guest agent last reported; nil when the machine has no agent channel.
 	GuestAgent *GuestAgent `json:"guestAgent,omitempty"`
+	// Terminated is set once the launcher's process was told to stop (SIGTERM: its pod is being
+	// deleted, or the kubelet stops its container, as for a failed liveness probe) and so stops
+	// the guest; Exit then says how the guest ended.
+	Terminated bool `json:"terminated,omitempty"`
 }
 
 // GuestAgent is the guest agent's state as the launcher polls it. Everything in it came from the
@@ -121,6 +126,29 @@ type GuestInterface struct {
 	MAC string `json:"mac,omitempty"`
 	// IPs are its addresses without prefix length, IPv4 and IPv6, in the guest's order.
 	IPs []string `json:"ips,omitempty"`
+}
+
+// GuestExecProbe is an exec probe's command, run in the guest by the guest agent (KubeVirt's
+// virt-probe --command).
+type GuestExecProbe struct {
+	// Command is the program (searched in the guest agent's PATH) and its arguments; no shell.
+	Command []string `json:"command"`
+	// TimeoutSeconds bounds the command's run: one that has not exited by then fails the probe
+	// (the guest agent has no way to stop it; it runs on).
+	TimeoutSeconds int32 `json:"timeoutSeconds"`
+}
+
+// GuestExecResult is how the command of a GuestExecProbe exited. It came from the guest.
+type GuestExecResult struct {
+	// ExitCode is the command's exit status; the probe passes on 0.
+	ExitCode int `json:"exitCode"`
+	// Signal is the signal that ended the command, 0 when none did.
+	Signal int `json:"signal,omitempty"`
+	// Output is the start of the command's stdout and then stderr, valid UTF-8, bounded.
+	Output string `json:"output,omitempty"`
+	// Skipped says why the command was not run and the probe passes anyway (a migration target
+	// waiting for the guest).
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // GuestAgentInfo is what GET /v1/guest/info asks the agent, in the shape of KubeVirt's

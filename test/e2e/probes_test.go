@@ -19,9 +19,11 @@ import (
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
-// TestReadinessProbe: a VM whose readiness probe reaches the guest's httpd on port 80 becomes
-// Ready and is a ready endpoint of the Service selecting it, and so does one whose probe pings its
-// guest agent (guestAgentPing: an exec probe of the launcher); a VM whose probe asks for port 81,
+// TestReadinessProbe: a VM whose readiness probe reaches the guest's httpd on port 80 (named http
+// on its interface, resolved against the launcher pod's container ports) becomes Ready and is a
+// ready endpoint of the Service selecting it, and so does one whose probe runs a command in its
+// guest through the guest agent (exec: the launcher's probe subcommand asks the launcher to run it)
+// while a guestAgentPing liveness probe keeps passing; a VM whose probe asks for port 81,
 // where the guest does not listen, runs but stays not Ready, says why, and its endpoint stays not
 // ready. The virtual nodes run the probes as the kubelet does, against the pod IP.
 func TestReadinessProbe(t *testing.T) {
@@ -31,9 +33,14 @@ func TestReadinessProbe(t *testing.T) {
 	}
 	open, closed := demoVM(t, ns, "open", v1alpha1.RunStrategyAlways), demoVM(t, ns, "closed", v1alpha1.RunStrategyAlways)
 	agent := demoVM(t, ns, "agent", v1alpha1.RunStrategyAlways)
-	agent.Spec.Template.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{GuestAgentPing: &v1alpha1.GuestAgentPing{}}, PeriodSeconds: 2}
+	// The guest's /etc/os-release (ID=qvirt-test), not the launcher pod's, answers the command.
+	agent.Spec.Template.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{Exec: &corev1.ExecAction{
+		Command: []string{"grep", "-q", "^ID=qvirt-test", "/etc/os-release"}}}, PeriodSeconds: 2, TimeoutSeconds: 5}
+	// Lenient: the agent is down until the guest has booted, which takes a while under TCG.
+	agent.Spec.Template.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{GuestAgentPing: &v1alpha1.GuestAgentPing{}},
+		PeriodSeconds: 5, FailureThreshold: 24}
 	open.Spec.Template.Spec.ReadinessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{HTTPGet: &corev1.HTTPGetAction{
-		Port: intstr.FromInt32(80), Path: "/"}}, PeriodSeconds: 2}
+		Port: intstr.FromString("http"), Path: "/"}}, PeriodSeconds: 2}
 	closed.Spec.Template.Spec.ReadinessProbe = probe(81)
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}, Spec: corev1.ServiceSpec{
 		Selector: map[string]string{"app": "demo"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
@@ -85,6 +92,9 @@ func TestReadinessProbe(t *testing.T) {
 	}, func() string {
 		return fmt.Sprintf("endpoints (address: ready) %v, want %s and %s ready and %s not", got, openIP, agentIP, closedIP)
 	})
+	if v, err := getVMI(t, ns, "agent"); err != nil || v.UID != agentVMI.UID {
+		t.Errorf("VMI agent was replaced (%v): its guestAgentPing liveness probe failed", err)
+	}
 }
 
 // endpointReadiness maps the addresses of a Service's EndpointSlices to their ready condition.
@@ -106,11 +116,11 @@ func endpointReadiness(t *testing.T, ns, svc string) map[string]bool {
 }
 
 // TestLivenessProbe: a VM whose liveness probe fails (port 81, where the guest does not listen)
-// is stopped by the kubelet's liveness kill, its guest powered off, and runStrategy Always starts
-// a new instance.
+// is stopped by the kubelet's liveness kill, its guest powered off, the instance fails saying
+// why, and runStrategy RerunOnFailure starts a new instance.
 func TestLivenessProbe(t *testing.T) {
 	ns := namespace(t)
-	vm := demoVM(t, ns, "unhealthy", v1alpha1.RunStrategyAlways)
+	vm := demoVM(t, ns, "unhealthy", v1alpha1.RunStrategyRerunOnFailure)
 	// Long enough for the guest to boot and handle the ACPI power button the launcher presses.
 	vm.Spec.Template.Spec.LivenessProbe = &v1alpha1.Probe{Handler: v1alpha1.Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(81)}},
 		InitialDelaySeconds: 20, PeriodSeconds: 2, FailureThreshold: 2}
@@ -139,6 +149,16 @@ func TestLivenessProbe(t *testing.T) {
 	}
 	if !killed {
 		t.Errorf("no Killing Event for the first launcher pod %s", pod.Name)
+	}
+	failed := false
+	for _, e := range evs.Items {
+		if e.InvolvedObject.UID == first.UID && e.Reason == vmisync.EventGuestEnded {
+			t.Logf("first instance: %s", e.Message)
+			failed = failed || strings.Contains(e.Message, "spec.livenessProbe failed")
+		}
+	}
+	if !failed {
+		t.Errorf("no GuestEnded Event for the first instance %s naming its liveness probe", first.UID)
 	}
 	t.Logf("instance %s ended, %s runs", first.UID, second.UID)
 }
