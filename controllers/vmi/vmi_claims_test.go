@@ -191,3 +191,46 @@ func TestHostDiskOutsideNamespaceDirectoryIsNotRendered(t *testing.T) {
 		t.Fatalf("a launcher pod was made: %s", pods[0].Name)
 	}
 }
+
+// TestDataVolumeClaimInLauncherPod: a dataVolume volume is CDI's claim of that name, handled as a
+// persistentVolumeClaim volume: while the claim is missing the instance waits with a condition
+// naming the dataVolume field, then the pod mounts the claim where the launcher looks for its
+// disk, and a ReadWriteOnce claim keeps the instance from live-migrating. (CDI is not needed here:
+// the VM controller waits for the DataVolume to succeed before it creates the instance; the test
+// creates the claim CDI would have made.)
+func TestDataVolumeClaimInLauncherPod(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, ns, emulationConfig(), cp.Config)
+	v := withVolumes(newVMI(ns, "imported"), v1alpha1.Volume{Name: "root", VolumeSource: v1alpha1.VolumeSource{
+		DataVolume: &v1alpha1.DataVolumeSource{Name: "fedora-dv"}}})
+	if err := cp.Client.Create(context.Background(), v); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "Synchronized=False naming the dataVolume", func() (bool, string) {
+		c := meta.FindStatusCondition(getVMI(t, v).Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.PVCNotFoundReason &&
+			strings.Contains(c.Message, `spec.volumes[root].dataVolume.name: PersistentVolumeClaim "fedora-dv" does not exist`), fmt.Sprintf("condition %+v", c)
+	})
+	createClaim(t, ns, "fedora-dv", corev1.ReadWriteOnce, corev1.PersistentVolumeFilesystem)
+	pod := waitPod(t, v)
+	c := pod.Spec.Containers[0]
+	var found bool
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != "/var/run/qvirt/claims/root" {
+			continue
+		}
+		for _, vol := range pod.Spec.Volumes {
+			if vol.Name == m.Name && vol.PersistentVolumeClaim != nil && vol.PersistentVolumeClaim.ClaimName == "fedora-dv" && !m.ReadOnly {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Errorf("the pod does not mount claim fedora-dv writable at /var/run/qvirt/claims/root: mounts %+v, volumes %+v", c.VolumeMounts, pod.Spec.Volumes)
+	}
+	eventually(t, "LiveMigratable=False naming the DataVolume's claim", func() (bool, string) {
+		c := migratable(t, v)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.DisksNotLiveMigratableReason &&
+			strings.Contains(c.Message, `"fedora-dv"`), fmt.Sprintf("condition %+v", c)
+	})
+}
