@@ -485,7 +485,7 @@ func validateVolumeSource(s *VolumeSource, p *field.Path) field.ErrorList {
 		return validateClaim(s.PersistentVolumeClaim, p.Child("persistentVolumeClaim"))
 	case s.DataVolume != nil:
 		// The DataVolume's name is its claim's.
-		return validateClaim(&PersistentVolumeClaimVolumeSource{ClaimName: s.DataVolume.Name}, p.Child("dataVolume", "name"))
+		return validateObjectName(p.Child("dataVolume", "name"), s.DataVolume.Name, "the DataVolume's name")
 	case s.Ephemeral != nil:
 		if s.Ephemeral.PersistentVolumeClaim == nil {
 			return field.ErrorList{field.Required(p.Child("ephemeral", "persistentVolumeClaim"), "the claim under the overlay")}
@@ -586,13 +586,7 @@ func validateHostDisk(h *HostDisk, p *field.Path) field.ErrorList {
 }
 
 func validateClaim(c *PersistentVolumeClaimVolumeSource, p *field.Path) field.ErrorList {
-	if c.ClaimName == "" {
-		return field.ErrorList{field.Required(p.Child("claimName"), "the PersistentVolumeClaim's name")}
-	}
-	if msgs := validation.IsDNS1123Subdomain(c.ClaimName); len(msgs) > 0 {
-		return field.ErrorList{field.Invalid(p.Child("claimName"), c.ClaimName, strings.Join(msgs, "; "))}
-	}
-	return nil
+	return validateObjectName(p.Child("claimName"), c.ClaimName, "the PersistentVolumeClaim's name")
 }
 
 func validateNetworks(nets []Network, p *field.Path) field.ErrorList {
