@@ -251,6 +251,12 @@ const (
 	VirtualMachineDataVolumesReady = "DataVolumesReady"
 )
 
+// Reasons of the DataVolumesReady condition of a VirtualMachine or an instance, KubeVirt's.
+const (
+	AllDataVolumesReadyReason    = "AllDVsReady"
+	NotAllDataVolumesReadyReason = "NotAllDVsReady"
+)
+
 // VirtualMachineStatus is the observed state of a VirtualMachine.
 type VirtualMachineStatus struct {
 	// Created is true when an instance exists.

@@ -65,7 +65,7 @@ func TestKubeVirtDataVolumeTemplates(t *testing.T) {
 		t.Fatalf("stored dataVolumeTemplates %+v", vm.Spec.DataVolumeTemplates)
 	}
 	var spec struct {
-		PVC    struct{ AccessModes []string } `json:"pvc"`
+		PVC    struct{ AccessModes []string }      `json:"pvc"`
 		Source struct{ HTTP struct{ URL string } } `json:"source"`
 	}
 	if err := json.Unmarshal(vm.Spec.DataVolumeTemplates[0].Spec.Raw, &spec); err != nil {

@@ -14,10 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/internal/cdi"
 )
 
 // DataVolumes, as KubeVirt's VM controller handles them when it starts a VM (startVMI and
@@ -26,28 +25,16 @@ import (
 // namespace and controlled by the VM, and the instance waits until the DataVolumes of its
 // dataVolume volumes have succeeded. CDI then owns the DataVolume and its claim (named as the
 // DataVolume), which the instance's dataVolume volume attaches as a persistentVolumeClaim volume
-// (v1alpha1.ClaimVolumes). qvirt links no CDI package: DataVolumes are unstructured objects of
-// DataVolumeGVK, and only metadata, spec (copied from the template) and status.phase are read.
+// (v1alpha1.ClaimVolumes). DataVolumes are unstructured objects (package cdi).
 
 // DataVolumeGVK is CDI's DataVolume kind.
-var DataVolumeGVK = schema.GroupVersionKind{Group: "cdi.kubevirt.io", Version: "v1beta1", Kind: "DataVolume"}
-
-// CDI's DataVolume phases that the controller tells apart (CDI's DataVolumePhase).
-const (
-	dvSucceeded            = "Succeeded"
-	dvFailed               = "Failed"
-	dvWaitForFirstConsumer = "WaitForFirstConsumer"
-	// dvPendingPopulation is a claim of a WaitForFirstConsumer storage class that CDI fills through
-	// a volume populator: the claim binds only once it is populated, so the launcher pod, its
-	// first consumer, starts the population and waits for it (KubeVirt starts the VM then too).
-	dvPendingPopulation = "PendingPopulation"
-)
+var DataVolumeGVK = cdi.DataVolumeGVK
 
 // Reasons of the DataVolumesReady and Failure conditions and of events about DataVolumes;
 // KubeVirt's where it has one.
 const (
-	ReasonAllDVsReady    = "AllDVsReady"
-	ReasonNotAllDVsReady = "NotAllDVsReady"
+	ReasonAllDVsReady    = v1alpha1.AllDataVolumesReadyReason
+	ReasonNotAllDVsReady = v1alpha1.NotAllDataVolumesReadyReason
 	// ReasonCDINotInstalled: the cluster serves no cdi.kubevirt.io/v1beta1 DataVolume.
 	ReasonCDINotInstalled = "CDINotInstalled"
 	// ReasonDataVolumeConflict: a DataVolume of a template's name exists and another owner (or
@@ -150,17 +137,17 @@ func (r *Reconciler) ensureDataVolumes(ctx context.Context, vm *v1alpha1.Virtual
 		case err != nil:
 			return nil, err
 		}
-		phase, _, _ := unstructured.NestedString(dv.Object, "status", "phase")
-		switch phase {
-		case dvSucceeded, dvPendingPopulation:
-		case dvFailed:
+		phase := cdi.Phase(dv)
+		switch {
+		case cdi.Usable(phase):
+		case phase == cdi.Failed:
 			st.Ready = false
 			st.Failure = &Failure{Reason: ReasonFailedDataVolumeImport, Message: fmt.Sprintf(
 				"DataVolume %s of volume %s failed%s", name, v.Name, conditionMessages(dv))}
 			st.Printable = v1alpha1.PrintableStatusDataVolumeNotReady
 			r.Recorder.Eventf(vm, corev1.EventTypeWarning, ReasonFailedDataVolumeImport, "DataVolume %s failed to import disk image", name)
 			return st, nil
-		case dvWaitForFirstConsumer:
+		case phase == cdi.WaitForFirstConsumer:
 			st.Ready = false
 			st.Waiting = append(st.Waiting, fmt.Sprintf("DataVolume %s waits for a first consumer, which qvirt does not provide before it has succeeded: "+
 				"use a storage class with Immediate binding, or CDI's volume populators", name))
@@ -234,12 +221,7 @@ func (r *Reconciler) createFailed(st *dataVolumesState, vm *v1alpha1.VirtualMach
 
 // getDataVolume reads a DataVolume from the API server (unstructured objects are not cached).
 func (r *Reconciler) getDataVolume(ctx context.Context, namespace, name string) (*unstructured.Unstructured, error) {
-	dv := &unstructured.Unstructured{}
-	dv.SetGroupVersionKind(DataVolumeGVK)
-	if err := r.reader().Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, dv); err != nil {
-		return nil, err
-	}
-	return dv, nil
+	return cdi.Get(ctx, r.reader(), namespace, name)
 }
 
 // createDataVolume creates the DataVolume of vm's template i, as KubeVirt's
@@ -253,10 +235,8 @@ func (r *Reconciler) createDataVolume(ctx context.Context, vm *v1alpha1.VirtualM
 			return apierrors.NewBadRequest(fmt.Sprintf("spec.dataVolumeTemplates[%d].spec: %v", i, err))
 		}
 	}
-	dv := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
-	dv.SetGroupVersionKind(DataVolumeGVK)
-	dv.SetName(t.ObjectMeta.Name)
-	dv.SetNamespace(vm.Namespace)
+	dv := cdi.New(vm.Namespace, t.ObjectMeta.Name)
+	dv.Object["spec"] = spec
 	dv.SetLabels(maps.Clone(t.ObjectMeta.Labels))
 	dv.SetAnnotations(maps.Clone(t.ObjectMeta.Annotations))
 	dv.SetOwnerReferences([]metav1.OwnerReference{*metav1.NewControllerRef(vm, v1alpha1.GroupVersion.WithKind("VirtualMachine"))})

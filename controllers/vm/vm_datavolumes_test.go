@@ -24,10 +24,11 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/test/envtest"
 )
 
 // TestDataVolumes runs the VM reconciler against a real API server first without CDI, then with a
-// stand-in of CDI's DataVolume CRD (testdata/cdi-datavolume-crd.yaml) installed. CDI itself does
+// stand-in of CDI's DataVolume CRD (test/cdi/datavolume-crd.yaml) installed. CDI itself does
 // not run: the tests play its importer by creating the DataVolume's claim and writing the
 // DataVolume's status.phase (ImportInProgress, Succeeded or Failed). The CRD is removed at the end.
 func TestDataVolumes(t *testing.T) {
@@ -58,7 +59,7 @@ func TestDataVolumes(t *testing.T) {
 	stop()
 
 	crds, err := crenvtest.InstallCRDs(cp.Config, crenvtest.CRDInstallOptions{
-		Paths: []string{filepath.Join("testdata", "cdi-datavolume-crd.yaml")}, ErrorIfPathMissing: true})
+		Paths: []string{filepath.Join(envtest.RepoRoot(), "test", "cdi", "datavolume-crd.yaml")}, ErrorIfPathMissing: true})
 	if err != nil {
 		t.Fatal(err)
 	}
