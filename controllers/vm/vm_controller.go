@@ -292,6 +292,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 	switch {
 	case blocked:
 		res.RequeueAfter = expandRecheck
+	case provisioning && failure != nil:
+		// CDI missing, a failed or foreign DataVolume: fixed by people, not soon.
+		res.RequeueAfter = expandRecheck
 	case provisioning:
 		res.RequeueAfter = dataVolumeRecheck
 	case retry && foreign:
