@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -70,14 +71,15 @@ func newCreateVM() *cobra.Command {
 	f.StringVar(&o.inferFrom, "infer-preference-from", "", "infer the preference from this volume's claim labels")
 	f.StringArrayVar(&o.containerDisks, "volume-containerdisk", nil, "src:IMAGE[,name:NAME][,bootorder:N] (repeatable)")
 	f.StringArrayVar(&o.pvcs, "volume-pvc", nil, "src:CLAIM[,name:NAME][,bootorder:N] (repeatable)")
-	f.StringArrayVar(&o.imports, "volume-import", nil, "refused: creates a CDI DataVolume, which this version of qvirt does not support")
+	f.StringArrayVar(&o.imports, "volume-import", nil, "refused: it would write a dataVolumeTemplate, which qvirtctl does not write yet")
 	return cmd
 }
 
 // build is the VirtualMachine the options describe, or an error naming the flag at fault.
 func (o *createVMOptions) build() (*v1alpha1.VirtualMachine, error) {
 	if len(o.imports) > 0 {
-		return nil, fmt.Errorf("--volume-import: it creates a CDI DataVolume (dataVolumeTemplates), which is %s; import the disk into a PersistentVolumeClaim and use --volume-pvc, or use --volume-containerdisk", v1alpha1.NotRealisedMessage)
+		return nil, errors.New("--volume-import: it creates a CDI DataVolume (a dataVolumeTemplate), which qvirtctl does not write yet; " +
+			"write spec.dataVolumeTemplates in the printed VM (it runs where CDI is installed), or import the disk into a PersistentVolumeClaim and use --volume-pvc, or use --volume-containerdisk")
 	}
 	rs := v1alpha1.RunStrategy(o.runStrategy)
 	switch rs {

@@ -12,12 +12,14 @@ const (
 	HypervPassthroughReason = "HypervPassthroughNotLiveMigratable"
 )
 
-// ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim or
-// ephemeral), with the claim's name and whether the instance only reads it. Not an API type.
+// ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim,
+// ephemeral, or dataVolume: CDI's claim of a DataVolume has the DataVolume's name), with the claim's name and whether the instance only reads it. Not an API type.
 // +kubebuilder:object:generate=false
 type ClaimVolume struct {
 	Volume, Claim string
 	ReadOnly      bool
+	// DataVolume is set for a dataVolume volume: Claim is then the DataVolume's name too.
+	DataVolume bool
 }
 
 // ClaimVolumes are spec's volumes backed by claims, in spec order.
@@ -29,6 +31,8 @@ func ClaimVolumes(spec *VirtualMachineInstanceSpec) []ClaimVolume {
 			out = append(out, ClaimVolume{Volume: v.Name, Claim: v.PersistentVolumeClaim.ClaimName, ReadOnly: v.PersistentVolumeClaim.ReadOnly})
 		case v.Ephemeral != nil && v.Ephemeral.PersistentVolumeClaim != nil:
 			out = append(out, ClaimVolume{Volume: v.Name, Claim: v.Ephemeral.PersistentVolumeClaim.ClaimName, ReadOnly: true})
+		case v.DataVolume != nil:
+			out = append(out, ClaimVolume{Volume: v.Name, Claim: v.DataVolume.Name, DataVolume: true})
 		}
 	}
 	return out

@@ -56,13 +56,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 			no(kp.Child("kernelPath"), "booting an initrd without a kernel", "")
 		}
 	}
-	for i := range spec.Volumes {
-		v, vp := &spec.Volumes[i], p.Child("volumes").Index(i)
-		switch {
-		case v.DataVolume != nil:
-			errs = append(errs, field.Forbidden(vp.Child("dataVolume"), dataVolumesNotYet))
-		}
-	}
 	for i := 1; i < len(spec.Domain.Devices.Interfaces); i++ {
 		no(dp.Child("devices", "interfaces").Index(i), "a second interface", "; an instance has one interface, on the pod network")
 	}
@@ -78,16 +71,11 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 	return errs
 }
 
-// dataVolumesNotYet refuses CDI's DataVolumes, which qvirt has no importer for.
-const dataVolumesNotYet = "not supported yet: DataVolumes are " + NotRealisedMessage + " (it has no CDI importer); create a PersistentVolumeClaim and use a persistentVolumeClaim volume"
-
-// NotRealisedVM is NotRealised for a VirtualMachine's own fields (dataVolumeTemplates); its
-// template's spec is NotRealised's.
+// NotRealisedVM is NotRealised for a VirtualMachine's own fields; its template's spec is
+// NotRealised's. Every field of a VirtualMachine's own is realised now (dataVolumeTemplates since
+// the VM controller creates CDI DataVolumes); it stays as the place for the next one.
 func NotRealisedVM(spec *VirtualMachineSpec) field.ErrorList {
-	if len(spec.DataVolumeTemplates) == 0 {
-		return nil
-	}
-	return field.ErrorList{field.Forbidden(field.NewPath("spec", "dataVolumeTemplates"), dataVolumesNotYet)}
+	return nil
 }
 
 // isDefaultVMNetwork says whether cidr is DefaultVMNetworkCIDR, host bits aside (the node agent

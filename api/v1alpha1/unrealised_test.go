@@ -79,9 +79,6 @@ func TestNotRealised(t *testing.T) {
 		{"initrd without a kernel", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware.KernelBoot.Container.KernelPath = ""
 		}, "spec.domain.firmware.kernelBoot.container.kernelPath"},
-		{"dataVolume", func(s *VirtualMachineInstanceSpec) {
-			s.Volumes[2].VolumeSource = VolumeSource{DataVolume: &DataVolumeSource{Name: "dv"}}
-		}, "spec.volumes[2].dataVolume"},
 		{"second interface", func(s *VirtualMachineInstanceSpec) {
 			// Only one network can be the pod network, so the second is a multus one, refused too.
 			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Bridge: &InterfaceBridge{}})
@@ -122,19 +119,20 @@ func TestNotRealised(t *testing.T) {
 			}
 		})
 	}
-	t.Run("claims and ephemeral volumes are realised", func(t *testing.T) {
+	t.Run("claims, ephemeral and dataVolume volumes are realised", func(t *testing.T) {
 		s := realisedSpec()
 		pvc := &PersistentVolumeClaimVolumeSource{ClaimName: "data"}
 		s.Volumes[2].VolumeSource = VolumeSource{PersistentVolumeClaim: pvc}
 		s.Volumes[1].VolumeSource = VolumeSource{Ephemeral: &EphemeralVolumeSource{PersistentVolumeClaim: pvc}}
+		s.Volumes = append(s.Volumes, Volume{Name: "imported", VolumeSource: VolumeSource{DataVolume: &DataVolumeSource{Name: "dv"}}})
+		s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: "imported", Disk: &DiskTarget{Bus: DiskBusVirtio}})
 		if errs := NotRealised(s, p); len(errs) != 0 {
 			t.Fatalf("want no error, got %v", errs)
 		}
 	})
-	t.Run("a VirtualMachine's dataVolumeTemplates", func(t *testing.T) {
-		errs := NotRealisedVM(&VirtualMachineSpec{DataVolumeTemplates: []DataVolumeTemplateSpec{{}}})
-		if !hasPath(errs, "spec.dataVolumeTemplates") || !strings.Contains(errs[0].Detail, "not supported yet") {
-			t.Fatalf("want a refusal of spec.dataVolumeTemplates saying it is not supported yet, got %v", errs)
+	t.Run("a VirtualMachine's dataVolumeTemplates are realised", func(t *testing.T) {
+		if errs := NotRealisedVM(&VirtualMachineSpec{DataVolumeTemplates: []DataVolumeTemplateSpec{{}}}); len(errs) != 0 {
+			t.Fatalf("want no error, got %v", errs)
 		}
 	})
 	t.Run("the default vmNetworkCIDR with host bits", func(t *testing.T) {

@@ -47,7 +47,45 @@ func ValidateVirtualMachine(vm *VirtualMachine) field.ErrorList {
 		errs = append(errs, validateEnum(p.Child("runStrategy"), string(*rs), string(RunStrategyAlways),
 			string(RunStrategyRerunOnFailure), string(RunStrategyOnce), string(RunStrategyManual), string(RunStrategyHalted))...)
 	}
+	errs = append(errs, validateDataVolumeTemplates(vm, p.Child("dataVolumeTemplates"))...)
 	return append(errs, ValidateVirtualMachineInstanceSpec(&vm.Spec.Template.Spec, p.Child("template", "spec"))...)
+}
+
+// validateDataVolumeTemplates checks what KubeVirt's VM admitter checks of dataVolumeTemplates:
+// each has a name, unique, in the VM's namespace, and a volume of the template uses it (a
+// DataVolume nothing uses would be imported for nothing). CDI checks the spec.
+func validateDataVolumeTemplates(vm *VirtualMachine, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	used := map[string]bool{}
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		if v.DataVolume != nil {
+			used[v.DataVolume.Name] = true
+		}
+	}
+	seen := map[string]bool{}
+	for i := range vm.Spec.DataVolumeTemplates {
+		t, tp := &vm.Spec.DataVolumeTemplates[i], p.Index(i).Child("metadata")
+		name := t.ObjectMeta.Name
+		switch msgs := validation.IsDNS1123Subdomain(name); {
+		case name == "":
+			errs = append(errs, field.Required(tp.Child("name"), "the DataVolume's name"))
+			continue
+		case len(msgs) > 0:
+			errs = append(errs, field.Invalid(tp.Child("name"), name, strings.Join(msgs, "; ")))
+			continue
+		case seen[name]:
+			errs = append(errs, field.Duplicate(tp.Child("name"), name))
+			continue
+		}
+		seen[name] = true
+		if ns := t.ObjectMeta.Namespace; ns != "" && vm.Namespace != "" && ns != vm.Namespace {
+			errs = append(errs, field.Invalid(tp.Child("namespace"), ns, "a DataVolume is created in the VM's namespace, "+vm.Namespace))
+		}
+		if !used[name] {
+			errs = append(errs, field.Invalid(tp.Child("name"), name, "no volume of spec.template.spec.volumes uses this DataVolume (dataVolume: {name: "+name+"})"))
+		}
+	}
+	return errs
 }
 
 // ValidateVirtualMachineInstanceSpec checks an instance spec; p is the spec's path.
@@ -476,6 +514,9 @@ func validateVolumeSource(s *VolumeSource, p *field.Path) field.ErrorList {
 		return validateHostDisk(s.HostDisk, p.Child("hostDisk"))
 	case s.PersistentVolumeClaim != nil:
 		return validateClaim(s.PersistentVolumeClaim, p.Child("persistentVolumeClaim"))
+	case s.DataVolume != nil:
+		// The DataVolume's name is its claim's.
+		return validateObjectName(p.Child("dataVolume", "name"), s.DataVolume.Name, "the DataVolume's name")
 	case s.Ephemeral != nil:
 		if s.Ephemeral.PersistentVolumeClaim == nil {
 			return field.ErrorList{field.Required(p.Child("ephemeral", "persistentVolumeClaim"), "the claim under the overlay")}
@@ -576,13 +617,7 @@ func validateHostDisk(h *HostDisk, p *field.Path) field.ErrorList {
 }
 
 func validateClaim(c *PersistentVolumeClaimVolumeSource, p *field.Path) field.ErrorList {
-	if c.ClaimName == "" {
-		return field.ErrorList{field.Required(p.Child("claimName"), "the PersistentVolumeClaim's name")}
-	}
-	if msgs := validation.IsDNS1123Subdomain(c.ClaimName); len(msgs) > 0 {
-		return field.ErrorList{field.Invalid(p.Child("claimName"), c.ClaimName, strings.Join(msgs, "; "))}
-	}
-	return nil
+	return validateObjectName(p.Child("claimName"), c.ClaimName, "the PersistentVolumeClaim's name")
 }
 
 func validateNetworks(nets []Network, p *field.Path) field.ErrorList {

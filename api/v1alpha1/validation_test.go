@@ -13,6 +13,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
@@ -279,6 +281,38 @@ func TestValidateVirtualMachine(t *testing.T) {
 			}
 		}, "spec.template.spec.domain.devices.disks[7].disk.bus"},
 	}
+	dvRoot := func(vm *VirtualMachine, s *VirtualMachineInstanceSpec, names ...string) {
+		s.Volumes[0].VolumeSource = VolumeSource{DataVolume: &DataVolumeSource{Name: "root-dv"}}
+		for _, n := range names {
+			vm.Spec.DataVolumeTemplates = append(vm.Spec.DataVolumeTemplates, DataVolumeTemplateSpec{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		}
+	}
+	cases = append(cases, []struct {
+		name   string
+		mutate func(vm *VirtualMachine, s *VirtualMachineInstanceSpec)
+		path   string
+	}{
+		{"dataVolume name not a claim's", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Volumes[0].VolumeSource = VolumeSource{DataVolume: &DataVolumeSource{Name: "Root_DV"}}
+		}, "spec.template.spec.volumes[0].dataVolume.name"},
+		{"dataVolumeTemplate without a name", func(vm *VirtualMachine, s *VirtualMachineInstanceSpec) { dvRoot(vm, s, "root-dv", "") },
+			"spec.dataVolumeTemplates[1].metadata.name"},
+		{"dataVolumeTemplate no volume uses", func(vm *VirtualMachine, s *VirtualMachineInstanceSpec) { dvRoot(vm, s, "root-dv", "spare") },
+			"spec.dataVolumeTemplates[1].metadata.name"},
+		{"dataVolumeTemplate twice", func(vm *VirtualMachine, s *VirtualMachineInstanceSpec) { dvRoot(vm, s, "root-dv", "root-dv") },
+			"spec.dataVolumeTemplates[1].metadata.name"},
+		{"dataVolumeTemplate in another namespace", func(vm *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			dvRoot(vm, s, "root-dv")
+			vm.Namespace, vm.Spec.DataVolumeTemplates[0].ObjectMeta.Namespace = "tenant", "other"
+		}, "spec.dataVolumeTemplates[0].metadata.namespace"},
+	}...)
+	t.Run("dataVolumeTemplates used by a volume", func(t *testing.T) {
+		vm := validVM()
+		dvRoot(vm, &vm.Spec.Template.Spec, "root-dv")
+		if errs := ValidateVirtualMachine(vm); len(errs) != 0 {
+			t.Fatalf("refused: %v", errs)
+		}
+	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			vm := validVM()
@@ -407,6 +441,12 @@ func FuzzValidateVirtualMachine(f *testing.F) {
 	withConfigVolumes(&withConfig.Spec.Template.Spec)
 	config, _ := json.Marshal(withConfig)
 	f.Add(config)
+	withDV := validVM()
+	withDV.Spec.Template.Spec.Volumes[0].VolumeSource = VolumeSource{DataVolume: &DataVolumeSource{Name: "root-dv"}}
+	withDV.Spec.DataVolumeTemplates = []DataVolumeTemplateSpec{{ObjectMeta: metav1.ObjectMeta{Name: "root-dv"},
+		Spec: runtime.RawExtension{Raw: []byte(`{"source":{"http":{"url":"https://example.com/disk.qcow2"}}}`)}}}
+	dv, _ := json.Marshal(withDV)
+	f.Add(dv)
 	f.Add([]byte(`{"spec":{"template":{"spec":{"domain":{"devices":{},"features":{"hypervPassthrough":{},"hyperv":{"synic":{},"vendorid":{"vendorid":"a,b"}}},` +
 		`"clock":{"utc":{"offsetSeconds":-86400},"timezone":"Europe/Paris","timer":{"hpet":{"present":false,"tickPolicy":"merge"},"pit":{"tickPolicy":"discard"}}}}}}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -53,8 +53,11 @@ type VirtualMachineSpec struct {
 	// Template is the instance the VirtualMachine creates.
 	Template VirtualMachineInstanceTemplateSpec `json:"template"`
 
-	// DataVolumeTemplates are KubeVirt's CDI DataVolumes created with the VirtualMachine. Not
-	// supported yet: admission refuses them with a message saying so (NotRealisedVM).
+	// DataVolumeTemplates are CDI DataVolumes (cdi.kubevirt.io/v1beta1) the VM controller creates
+	// before the VM's first instance, each named as its metadata.name, in the VM's namespace and
+	// controlled by the VM; the instance is created once every one has succeeded, and a
+	// dataVolume volume uses the DataVolume's claim (CDI names it as the DataVolume). Needs CDI
+	// installed in the cluster: without it the VM's Failure condition says so.
 	// +optional
 	DataVolumeTemplates []DataVolumeTemplateSpec `json:"dataVolumeTemplates,omitempty"`
 
@@ -168,14 +171,15 @@ type ControllerRevisionRef struct {
 	Name string `json:"name,omitempty"`
 }
 
-// DataVolumeTemplateSpec is KubeVirt's template of a CDI DataVolume, kept in its shape so that a
-// KubeVirt manifest gets qvirt's refusal rather than an unknown-field error; its spec is not read.
+// DataVolumeTemplateSpec is KubeVirt's template of a CDI DataVolume: the DataVolume's metadata
+// and CDI's DataVolumeSpec, which qvirt passes to CDI as it is.
 type DataVolumeTemplateSpec struct {
 	// ObjectMeta is the DataVolume's metadata.
 	// +optional
 	ObjectMeta metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	// Spec is the DataVolume's CDI spec, not read by this version.
+	// Spec is the DataVolume's spec (CDI's DataVolumeSpec: source, sourceRef, pvc or storage,
+	// ...), copied to the DataVolume unchanged; CDI's own admission checks it.
 	// +optional
 	// +kubebuilder:pruning:PreserveUnknownFields
 	// +kubebuilder:validation:Schemaless
@@ -229,6 +233,7 @@ const (
 	PrintableStatusSucceeded          PrintableStatus = "Succeeded"
 	PrintableStatusRestartRequired    PrintableStatus = "RestartRequired"
 	PrintableStatusDataVolumeNotReady PrintableStatus = "DataVolumeError"
+	PrintableStatusDataVolumeNotFound PrintableStatus = "ErrorDataVolumeNotFound"
 )
 
 // Condition types of a VirtualMachine.
@@ -241,6 +246,15 @@ const (
 	VirtualMachineFailure = "Failure"
 	// VirtualMachineRestartRequired is true when the template changed under a running instance.
 	VirtualMachineRestartRequired = "RestartRequired"
+	// VirtualMachineDataVolumesReady says whether the DataVolumes of the VM's dataVolume volumes
+	// have all succeeded (KubeVirt's DataVolumesReady); only VMs with such volumes have it.
+	VirtualMachineDataVolumesReady = "DataVolumesReady"
+)
+
+// Reasons of the DataVolumesReady condition of a VirtualMachine or an instance, KubeVirt's.
+const (
+	AllDataVolumesReadyReason    = "AllDVsReady"
+	NotAllDataVolumesReadyReason = "NotAllDVsReady"
 )
 
 // VirtualMachineStatus is the observed state of a VirtualMachine.

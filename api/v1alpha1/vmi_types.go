@@ -852,8 +852,9 @@ type VolumeSource struct {
 	// +optional
 	Ephemeral *EphemeralVolumeSource `json:"ephemeral,omitempty"`
 
-	// DataVolume is KubeVirt's CDI DataVolume. Not supported yet: admission refuses it with a
-	// message saying so (NotRealised); use a persistentVolumeClaim.
+	// DataVolume attaches the claim of a CDI DataVolume, which CDI names as the DataVolume: it is
+	// handled as a persistentVolumeClaim volume of that claim. A VirtualMachine creates its
+	// instance only once the DataVolume has succeeded.
 	// +optional
 	DataVolume *DataVolumeSource `json:"dataVolume,omitempty"`
 

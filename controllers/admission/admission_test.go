@@ -112,9 +112,9 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 		{"host disk that is its namespace's directory", "vm_testguest.yaml", "/var/lib/qvirt:default", false, func(s map[string]any) {
 			s["volumes"] = []any{hostDisk("/var/lib/qvirt/default")}
 		}, "spec.template.spec.volumes[0].hostDisk.path", "is not a clean path inside"},
-		{"a dataVolume volume", "vm_testguest.yaml", "", false, func(s map[string]any) {
-			s["volumes"] = []any{map[string]any{"name": "scratch", "dataVolume": map[string]any{"name": "dv"}}}
-		}, "spec.template.spec.volumes[0].dataVolume", "not supported yet"},
+		{"a dataVolume volume with a name that is not a claim's", "vm_testguest.yaml", "", false, func(s map[string]any) {
+			s["volumes"] = []any{map[string]any{"name": "scratch", "dataVolume": map[string]any{"name": "Fedora_DV"}}}
+		}, "spec.template.spec.volumes[0].dataVolume.name", "lowercase RFC 1123 subdomain"},
 		{"empty disk of zero capacity", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["volumes"] = []any{map[string]any{"name": "scratch", "emptyDisk": map[string]any{"capacity": "0"}}}
 		}, "spec.template.spec.volumes[0].emptyDisk.capacity", "must be a positive quantity"},

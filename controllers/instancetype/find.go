@@ -290,7 +290,8 @@ func (r *Resolver) infer(ctx context.Context, vm *v1alpha1.VirtualMachine, k *ki
 	case !found:
 		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Value: volume, Detail: fmt.Sprintf("volume %q is not in spec.template.spec.volumes", volume)}
 	case claim == "":
-		// KubeVirt also infers from DataVolumes and their DataSources; qvirt has no DataVolumes.
+		// KubeVirt also infers from DataVolumes (their labels, or their DataSource); qvirt does not
+		// yet: at admission a template's DataVolume and its claim do not exist.
 		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Value: volume, Detail: fmt.Sprintf("volume %q is not a persistentVolumeClaim (or ephemeral) volume; only a claim's labels can name the %s", volume, k.what)}
 	}
 	pvc := &corev1.PersistentVolumeClaim{}

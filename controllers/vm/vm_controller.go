@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -67,13 +68,20 @@ type Reconciler struct {
 	BackoffBase, BackoffMax time.Duration
 }
 
-// SetupWithManager watches VirtualMachines and the instances they control.
+// SetupWithManager watches VirtualMachines and the instances they control, and their DataVolumes
+// when CDI is installed (a watch of a kind the cluster does not serve would stop the manager; a VM
+// waiting for DataVolumes looks at them again every dataVolumeRecheck anyway).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("virtualmachine").
 		For(&v1alpha1.VirtualMachine{}).
-		Owns(&v1alpha1.VirtualMachineInstance{}).
-		Complete(r)
+		Owns(&v1alpha1.VirtualMachineInstance{})
+	if cdiInstalled(mgr.GetRESTMapper()) {
+		dv := &unstructured.Unstructured{}
+		dv.SetGroupVersionKind(DataVolumeGVK)
+		b = b.Owns(dv)
+	}
+	return b.Complete(r)
 }
 
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachines,verbs=get;list;watch;update;patch
@@ -83,6 +91,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstancetypes;virtualmachineclusterinstancetypes;virtualmachinepreferences;virtualmachineclusterpreferences,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,resources=controllerrevisions,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -186,8 +195,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 
 	var failure *Failure
 	var actionErr error
+	var dvs *dataVolumesState
 	after := vmi
-	retry, blocked := false, false
+	retry, blocked, provisioning := false, false, false
 	switch d.Action {
 	case ActionCreate:
 		if expandFailure != nil {
@@ -200,6 +210,16 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 			failure = &Failure{Reason: ReasonVMIConflict,
 				Message: fmt.Sprintf("a VMI named %s exists and is not controlled by this VM; delete it to start the VM", vm.Name)}
 			retry = true
+			break
+		}
+		dvs, actionErr = r.ensureDataVolumes(ctx, vm, &next.Spec)
+		if actionErr != nil {
+			actionErr = fmt.Errorf("DataVolumes: %w", actionErr)
+			break
+		}
+		if dvs != nil && !dvs.Ready {
+			// KubeVirt's startVMI: the instance waits for its DataVolumes.
+			failure, provisioning = dvs.Failure, true
 			break
 		}
 		created := newVMIFrom(vm, next)
@@ -242,7 +262,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 			r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventSuccessfulDelete, "deleted VMI %s (%s): %s", vmi.Name, uid, d.Message)
 		}
 	}
-	if actionErr != nil || retry || blocked {
+	if actionErr != nil || retry || blocked || provisioning {
 		// The decision assumed the action succeeded: keep the requests, the hold and the entered
 		// strategy as they were so that the next pass decides again.
 		d.Requests, d.Held, d.RunStrategy = vm.Status.StateChangeRequests, in.Held, vm.Status.RunStrategy
@@ -265,12 +285,18 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 	} else if after != nil {
 		desired = &after.Spec // unknown while expansion fails: the Failure condition says why
 	}
-	vm.Status = computeStatus(statusInput{VM: vm, VMI: after, Decision: d, StartFailure: sf, Failure: failure, Desired: desired, Now: now})
+	vm.Status = computeStatus(statusInput{VM: vm, VMI: after, Decision: d, StartFailure: sf, Failure: failure, Desired: desired,
+		DataVolumes: dvs, Now: now})
 
 	var res ctrl.Result
 	switch {
 	case blocked:
 		res.RequeueAfter = expandRecheck
+	case provisioning && failure != nil:
+		// CDI missing, a failed or foreign DataVolume: fixed by people, not soon.
+		res.RequeueAfter = expandRecheck
+	case provisioning:
+		res.RequeueAfter = dataVolumeRecheck
 	case retry && foreign:
 		// A foreign VMI has no owner reference to this VM, so its deletion does not bring the VM
 		// back through the watch.

@@ -45,7 +45,10 @@ type statusInput struct {
 	// Desired is the spec the VM's next instance would get (its template expanded with its
 	// instancetype and preference); desiredVMISpec(VM) when nil.
 	Desired *v1alpha1.VirtualMachineInstanceSpec
-	Now     time.Time
+	// DataVolumes is what this pass found of the VM's DataVolumes when it tried to start the VM
+	// (nil otherwise: the DataVolumesReady condition then stays as it was).
+	DataVolumes *dataVolumesState
+	Now         time.Time
 }
 
 // Failure is a failed action, reported in the Failure condition.
@@ -69,6 +72,9 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 	st.Created = vmi != nil
 	st.Ready = vmiActive(vmi) && meta.IsStatusConditionTrue(vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceReady)
 	st.PrintableStatus = printableStatus(vm, vmi, d.BackingOff)
+	if dv := in.DataVolumes; dv != nil && !dv.Ready && (vmi == nil || vmiEnded(vmi)) && st.PrintableStatus == v1alpha1.PrintableStatusStopped {
+		st.PrintableStatus = dv.Printable
+	}
 
 	set := func(c metav1.Condition) {
 		c.LastTransitionTime = metav1.NewTime(in.Now)
@@ -101,6 +107,12 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 	if desired == nil {
 		d := desiredVMISpec(vm)
 		desired = &d
+	}
+	switch {
+	case in.DataVolumes != nil:
+		set(in.DataVolumes.condition())
+	case !hasDataVolumes(vm, desired):
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.VirtualMachineDataVolumesReady)
 	}
 	if vmiActive(vmi) && !equality.Semantic.DeepEqual(coldSpec(*desired), coldSpec(vmi.Spec)) {
 		set(metav1.Condition{Type: v1alpha1.VirtualMachineRestartRequired, Status: metav1.ConditionTrue,

@@ -223,3 +223,47 @@ func TestNewVMI(t *testing.T) {
 		t.Errorf("newVMI changed the template's spec")
 	}
 }
+
+// TestComputeStatusDataVolumes: while no instance exists the DataVolumes decide the printable
+// status and the DataVolumesReady condition; a pass that did not look at them leaves the condition
+// as it was, and a VM without DataVolumes has none.
+func TestComputeStatusDataVolumes(t *testing.T) {
+	withDV := statusVM(func(vm *v1alpha1.VirtualMachine) {
+		vm.Spec.Template.Spec.Volumes = []v1alpha1.Volume{{Name: "root", VolumeSource: v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "dv"}}}}
+	})
+	failed := &Failure{Reason: ReasonFailedDataVolumeImport, Message: "DataVolume dv of volume root failed"}
+	for _, tc := range []struct {
+		name      string
+		vm        *v1alpha1.VirtualMachine
+		dvs       *dataVolumesState
+		printable v1alpha1.PrintableStatus
+		cond      metav1.ConditionStatus // "" means absent
+		reason    string
+	}{
+		{"importing", withDV, &dataVolumesState{Waiting: []string{"DataVolume dv is ImportInProgress"}, Printable: v1alpha1.PrintableStatusProvisioning},
+			v1alpha1.PrintableStatusProvisioning, metav1.ConditionFalse, ReasonNotAllDVsReady},
+		{"failed", withDV, &dataVolumesState{Failure: failed, Printable: v1alpha1.PrintableStatusDataVolumeNotReady},
+			v1alpha1.PrintableStatusDataVolumeNotReady, metav1.ConditionFalse, ReasonNotAllDVsReady},
+		{"succeeded", withDV, &dataVolumesState{Ready: true, Printable: v1alpha1.PrintableStatusProvisioning},
+			v1alpha1.PrintableStatusStopped, metav1.ConditionTrue, ReasonAllDVsReady},
+		{"not looked at", withDV, nil, v1alpha1.PrintableStatusStopped, "", ""},
+		{"no DataVolumes", statusVM(), nil, v1alpha1.PrintableStatusStopped, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := computeStatus(statusInput{VM: tc.vm, DataVolumes: tc.dvs, Now: time.Now()})
+			if st.PrintableStatus != tc.printable {
+				t.Errorf("printableStatus %s, want %s", st.PrintableStatus, tc.printable)
+			}
+			c := meta.FindStatusCondition(st.Conditions, v1alpha1.VirtualMachineDataVolumesReady)
+			switch {
+			case tc.cond == "" && c != nil:
+				t.Errorf("DataVolumesReady %+v, want none", c)
+			case tc.cond != "" && (c == nil || c.Status != tc.cond || c.Reason != tc.reason):
+				t.Errorf("DataVolumesReady %+v, want %s %s", c, tc.cond, tc.reason)
+			}
+			if tc.dvs != nil && tc.dvs.Failure != nil && (c == nil || c.Message != tc.dvs.Failure.Message) {
+				t.Errorf("DataVolumesReady %+v, want the failure's message", c)
+			}
+		})
+	}
+}

@@ -102,12 +102,17 @@ func setClaimMissing(vmi *v1alpha1.VirtualMachineInstance, missing *v1alpha1.Cla
 }
 
 // claimNameField is the path of the claim name of volume, as the other conditions name fields:
-// spec.volumes[NAME].persistentVolumeClaim.claimName, or .ephemeral.persistentVolumeClaim.claimName.
+// spec.volumes[NAME].persistentVolumeClaim.claimName, .ephemeral.persistentVolumeClaim.claimName,
+// or .dataVolume.name (CDI's claim is named as the DataVolume).
 func claimNameField(spec *v1alpha1.VirtualMachineInstanceSpec, volume string) string {
 	p := fmt.Sprintf("spec.volumes[%s].", volume)
 	for _, v := range spec.Volumes {
-		if v.Name == volume && v.Ephemeral != nil {
+		switch {
+		case v.Name != volume:
+		case v.Ephemeral != nil:
 			p += "ephemeral."
+		case v.DataVolume != nil:
+			return p + "dataVolume.name"
 		}
 	}
 	return p + "persistentVolumeClaim.claimName"

@@ -3,17 +3,22 @@ package vmi
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/internal/cdi"
 	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/test/envtest"
 )
 
 // createClaim creates a PersistentVolumeClaim of 1Gi with the access mode and volume mode given.
@@ -190,4 +195,105 @@ func TestHostDiskOutsideNamespaceDirectoryIsNotRendered(t *testing.T) {
 	if pods := podsOf(t, v); len(pods) != 0 {
 		t.Fatalf("a launcher pod was made: %s", pods[0].Name)
 	}
+}
+
+// TestDataVolumeClaimInLauncherPod: a dataVolume volume is CDI's claim of that name, handled as a
+// persistentVolumeClaim volume: while the claim is missing the instance waits with a condition
+// naming the dataVolume field, then the pod mounts the claim where the launcher looks for its
+// disk, and a ReadWriteOnce claim keeps the instance from live-migrating. (CDI is not needed here:
+// the VM controller waits for the DataVolume to succeed before it creates the instance; the test
+// creates the claim CDI would have made.)
+func TestDataVolumeClaimInLauncherPod(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, ns, emulationConfig(), cp.Config)
+	v := withVolumes(newVMI(ns, "imported"), v1alpha1.Volume{Name: "root", VolumeSource: v1alpha1.VolumeSource{
+		DataVolume: &v1alpha1.DataVolumeSource{Name: "fedora-dv"}}})
+	if err := cp.Client.Create(context.Background(), v); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "Synchronized=False naming the dataVolume", func() (bool, string) {
+		c := meta.FindStatusCondition(getVMI(t, v).Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.PVCNotFoundReason &&
+			strings.Contains(c.Message, `spec.volumes[root].dataVolume.name: PersistentVolumeClaim "fedora-dv" does not exist`), fmt.Sprintf("condition %+v", c)
+	})
+	createClaim(t, ns, "fedora-dv", corev1.ReadWriteOnce, corev1.PersistentVolumeFilesystem)
+	pod := waitPod(t, v)
+	c := pod.Spec.Containers[0]
+	var found bool
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != "/var/run/qvirt/claims/root" {
+			continue
+		}
+		for _, vol := range pod.Spec.Volumes {
+			if vol.Name == m.Name && vol.PersistentVolumeClaim != nil && vol.PersistentVolumeClaim.ClaimName == "fedora-dv" && !m.ReadOnly {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Errorf("the pod does not mount claim fedora-dv writable at /var/run/qvirt/claims/root: mounts %+v, volumes %+v", c.VolumeMounts, pod.Spec.Volumes)
+	}
+	eventually(t, "LiveMigratable=False naming the DataVolume's claim", func() (bool, string) {
+		c := migratable(t, v)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.DisksNotLiveMigratableReason &&
+			strings.Contains(c.Message, `"fedora-dv"`), fmt.Sprintf("condition %+v", c)
+	})
+}
+
+// TestDataVolumeHoldsStandaloneInstance: an instance created on its own with a dataVolume volume
+// gets no launcher pod while CDI is still importing into the claim (DataVolumesReady=False naming
+// the DataVolume and its phase), and gets it once the DataVolume has succeeded. CDI is played: a
+// stand-in of its DataVolume CRD (test/cdi) is installed, and the test creates the claim and
+// writes the DataVolume's status.phase as CDI's importer would.
+func TestDataVolumeHoldsStandaloneInstance(t *testing.T) {
+	crds, err := crenvtest.InstallCRDs(cp.Config, crenvtest.CRDInstallOptions{
+		Paths: []string{filepath.Join(envtest.RepoRoot(), "test", "cdi", "datavolume-crd.yaml")}, ErrorIfPathMissing: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := crenvtest.UninstallCRDs(cp.Config, crenvtest.CRDInstallOptions{CRDs: crds}); err != nil {
+			t.Errorf("uninstall the DataVolume CRD: %v", err)
+		}
+	})
+	ns := newNamespace(t)
+	startManager(t, ns, emulationConfig(), cp.Config)
+	ctx := context.Background()
+	dv := cdi.New(ns, "golden-dv")
+	dv.Object["spec"] = map[string]any{"source": map[string]any{"http": map[string]any{"url": "https://example.com/golden.qcow2"}}}
+	if err := cp.Client.Create(ctx, dv); err != nil {
+		t.Fatal(err)
+	}
+	setPhase := func(phase string) {
+		t.Helper()
+		dv.Object["status"] = map[string]any{"phase": phase}
+		if err := cp.Client.Status().Update(ctx, dv); err != nil {
+			t.Fatalf("set DataVolume phase %s: %v", phase, err)
+		}
+	}
+	setPhase("ImportInProgress")
+	createClaim(t, ns, "golden-dv", corev1.ReadWriteOnce, corev1.PersistentVolumeFilesystem)
+	v := withVolumes(newVMI(ns, "golden"), v1alpha1.Volume{Name: "root", VolumeSource: v1alpha1.VolumeSource{
+		DataVolume: &v1alpha1.DataVolumeSource{Name: "golden-dv"}}})
+	if err := cp.Client.Create(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	dvReady := func() *metav1.Condition {
+		return meta.FindStatusCondition(getVMI(t, v).Status.Conditions, v1alpha1.VirtualMachineDataVolumesReady)
+	}
+	eventually(t, "DataVolumesReady=False naming the DataVolume", func() (bool, string) {
+		c := dvReady()
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.NotAllDataVolumesReadyReason &&
+			strings.Contains(c.Message, "spec.volumes[root].dataVolume.name: DataVolume golden-dv is ImportInProgress"), fmt.Sprintf("condition %+v", c)
+	})
+	time.Sleep(time.Second)
+	if pods := podsOf(t, v); len(pods) != 0 {
+		t.Fatalf("a launcher pod was made while CDI imports into the claim: %s", pods[0].Name)
+	}
+	setPhase("Succeeded")
+	waitPod(t, v)
+	eventually(t, "DataVolumesReady=True", func() (bool, string) {
+		c := dvReady()
+		return c != nil && c.Status == metav1.ConditionTrue, fmt.Sprintf("condition %+v", c)
+	})
 }

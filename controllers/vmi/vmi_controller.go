@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -93,6 +94,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes,verbs=get
 
 // Reconcile brings one instance's launcher pod and status in line.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
@@ -165,6 +167,16 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 	setClaimMissing(vmi, missing)
 	if missing != nil {
 		return res, o, nil
+	}
+	if slices.ContainsFunc(vmi.Spec.Volumes, func(v v1alpha1.Volume) bool { return v.DataVolume != nil }) {
+		waiting, err := r.waitingDataVolumes(ctx, vmi)
+		if err != nil {
+			return res, o, err
+		}
+		setDataVolumesReady(vmi, waiting)
+		if len(waiting) > 0 {
+			return ctrl.Result{RequeueAfter: dataVolumeRecheck}, o, nil
+		}
 	}
 	return res, o, r.createPod(ctx, vmi, claims)
 }

@@ -396,6 +396,10 @@ func source(v *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Source,
 			c.Overlay = true
 		}
 		return machine.Source{Claim: c}, err
+	case v.DataVolume != nil:
+		// CDI's claim of a DataVolume has the DataVolume's name.
+		c, err := claim(v.Name, v.DataVolume.Name, pod, p.Child("dataVolume", "name"))
+		return machine.Source{Claim: c}, err
 	}
 	if c, name, ok := v.CloudInit(); ok {
 		return cloudInitSource(c, name, p.Child(name))
@@ -403,7 +407,7 @@ func source(v *v1alpha1.Volume, pod *PodVolumes, p *field.Path) (machine.Source,
 	if label, kind, ok := v.ConfigVolume(); ok {
 		return machine.Source{Config: &machine.Config{Kind: kind, Label: label}}, nil
 	}
-	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk, emptyDisk, persistentVolumeClaim, ephemeral, cloudInitNoCloud, cloudInitConfigDrive, secret, configMap, serviceAccount and downwardAPI volumes")
+	return machine.Source{}, field.Forbidden(p, "this version of qvirt runs hostDisk, containerDisk, emptyDisk, persistentVolumeClaim, ephemeral, dataVolume, cloudInitNoCloud, cloudInitConfigDrive, secret, configMap, serviceAccount and downwardAPI volumes")
 }
 
 // cloudInitSource is a cloud-init volume's data, decoded; Machine adds the meta-data. Data from a

@@ -250,8 +250,8 @@ func TestFirmware(t *testing.T) {
 	}
 }
 
-// TestPodVolumes: claims and host disks are described as the launcher pod holds them: a
-// filesystem claim's disk.img in its mount at the capacity less 5.5%, a block claim's device, an
+// TestPodVolumes: claims (of persistentVolumeClaim, dataVolume and ephemeral volumes) and host
+// disks are described as the launcher pod holds them: a filesystem claim's disk.img in its mount at the capacity less 5.5%, a block claim's device, an
 // ephemeral volume's claim under an overlay, a host disk under its directory's mount and confined
 // to it; what the pod does not hold is an error naming the field.
 func TestPodVolumes(t *testing.T) {
@@ -263,7 +263,8 @@ func TestPodVolumes(t *testing.T) {
 	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{disk("root"), disk("raw"), disk("golden"), disk("data")}
 	v.Spec.Volumes = []v1alpha1.Volume{
 		{Name: "root", VolumeSource: v1alpha1.VolumeSource{PersistentVolumeClaim: claim("root-pvc")}},
-		{Name: "raw", VolumeSource: v1alpha1.VolumeSource{PersistentVolumeClaim: claim("raw-pvc")}},
+		// A dataVolume volume is CDI's claim of the DataVolume's name.
+		{Name: "raw", VolumeSource: v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "raw-pvc"}}},
 		{Name: "golden", VolumeSource: v1alpha1.VolumeSource{Ephemeral: &v1alpha1.EphemeralVolumeSource{PersistentVolumeClaim: claim("golden-pvc")}}},
 		{Name: "data", VolumeSource: v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/qvirt/default/vms/data.img",
 			Type: v1alpha1.HostDiskExistsOrCreate, Capacity: ptr.To(resource.MustParse("1Gi"))}}},
@@ -302,6 +303,9 @@ func TestPodVolumes(t *testing.T) {
 		"a claim the node agent did not find": {func(_ *v1alpha1.VirtualMachineInstance, pod *translate.PodVolumes) {
 			delete(pod.Claims, "root-pvc")
 		}, `spec.volumes[root].persistentVolumeClaim.claimName: Not found: "root-pvc"`},
+		"a DataVolume's claim the node agent did not find": {func(_ *v1alpha1.VirtualMachineInstance, pod *translate.PodVolumes) {
+			delete(pod.Claims, "raw-pvc")
+		}, `spec.volumes[raw].dataVolume.name: Not found: "raw-pvc"`},
 		"a claim too small for a disk image": {func(_ *v1alpha1.VirtualMachineInstance, pod *translate.PodVolumes) {
 			pod.Claims["golden-pvc"] = translate.Claim{CapacityBytes: 1 << 20}
 		}, "spec.volumes[golden].ephemeral.persistentVolumeClaim.claimName: Invalid value: \"golden-pvc\": the claim's capacity, 1048576 bytes, is too small"},
@@ -352,10 +356,10 @@ func TestMachineErrors(t *testing.T) {
 		{"a claim outside a launcher pod", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
 		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.volumes[root].persistentVolumeClaim.claimName: Forbidden: a claim is attached only in a launcher pod"},
-		{"a volume qvirt cannot run", func(v *v1alpha1.VirtualMachineInstance) {
+		{"a dataVolume outside a launcher pod", func(v *v1alpha1.VirtualMachineInstance) {
 			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "dv"}}
-		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.volumes[0].dataVolume: Forbidden: not supported yet"},
-		{"a volume qvirt cannot run, on a migration target", func(v *v1alpha1.VirtualMachineInstance) {
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.volumes[root].dataVolume.name: Forbidden: a claim is attached only in a launcher pod"},
+		{"a volume the host cannot give, on a migration target", func(v *v1alpha1.VirtualMachineInstance) {
 			// NotRealised is left to the source's admission; the translation still cannot describe it.
 			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "dv"}}
 		}, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}, "spec.volumes[root]"},
