@@ -9,9 +9,8 @@ import (
 )
 
 // kvDataVolume is the DataVolume example of KubeVirt's user guide (Disks and Volumes,
-// dataVolumeTemplates), with its apiVersion changed and its memory written 64Mi rather than 64M
-// (qvirt asks for a whole number of MiB, a refusal of its own): CDI imports the disk into a new
-// claim from an HTTP URL, and the VM's volume uses that DataVolume.
+// dataVolumeTemplates), with only its apiVersion changed: CDI imports the disk into a new claim
+// from an HTTP URL, and the VM's volume uses that DataVolume.
 const kvDataVolume = `apiVersion: qvirt.io/v1alpha1
 kind: VirtualMachine
 metadata:
@@ -33,7 +32,7 @@ spec:
             name: datavolumedisk1
         resources:
           requests:
-            memory: 64Mi
+            memory: 64M
       volumes:
       - dataVolume:
           name: alpine-dv
