@@ -110,6 +110,10 @@ func New(opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
+	// Cleanup after a crash finds the node by its directory alone.
+	if err := writeJSON(n.path(optionsFile), opts); err != nil {
+		return nil, err
+	}
 	if err := saveSysctls(n.path("sysctls.json")); err != nil {
 		return nil, err
 	}
@@ -121,6 +125,25 @@ func New(opts Options) (*Node, error) {
 		}
 	}
 	return n, nil
+}
+
+// optionsFile, in a node's directory, records its Options for CleanupDir.
+const optionsFile = "node.json"
+
+// CleanupDir is Cleanup of the node whose directory is dir (nothing when New never ran there).
+func CleanupDir(dir string) error {
+	data, err := os.ReadFile(filepath.Join(dir, optionsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var opts Options
+	if err := json.Unmarshal(data, &opts); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, optionsFile), err)
+	}
+	return Cleanup(opts)
 }
 
 func (n *Node) path(elem ...string) string {
