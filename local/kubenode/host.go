@@ -177,6 +177,7 @@ func Cleanup(opts Options) error {
 			errs = append(errs, netlink.LinkDel(l))
 		}
 	}
+	errs = append(errs, removeLinksInto("/var/log/containers", opts.Dir))
 	// Pods' IP reservations die with their network; a next run starts afresh.
 	errs = append(errs, os.RemoveAll(n.path("cni", "ipam")))
 	return errors.Join(errs...)
@@ -218,6 +219,26 @@ func killLeftovers(n *Node) {
 	}
 	// The kernel removes killed processes from their cgroups asynchronously.
 	time.Sleep(200 * time.Millisecond)
+}
+
+// removeLinksInto removes the symbolic links in dir that point under target: the kubelet links
+// every container's log into /var/log/containers, whatever its podLogsDir.
+func removeLinksInto(dir, target string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if dst, err := os.Readlink(p); err == nil && strings.HasPrefix(dst, target+"/") {
+			errs = append(errs, os.Remove(p))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func dialUnix(path string) error {

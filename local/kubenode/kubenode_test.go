@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/local/cluster"
 	"github.com/qvirt/qvirt/local/kubenode"
@@ -105,7 +106,7 @@ func startRealNode(t *testing.T) *realNode {
 
 	opts := kubenode.Options{Name: "qvirt-real-1", Dir: filepath.Join(dir, "n1"), Bin: bin, CNIBin: cniBin,
 		PKIDir: filepath.Join(dir, "pki"), Server: cp.Server, NodeIP: addr, KubeletPort: freePort(t),
-		PodCIDR: "10.245.1.0/24", Bridge: "qvkn" + podnet.RandHex(t, 3), Registry: srv.Addr(), SandboxImage: pause}
+		PodCIDR: fmt.Sprintf("10.246.%d.0/24", randByte(t)), Bridge: "qvkn" + podnet.RandHex(t, 3), Registry: srv.Addr(), SandboxImage: pause}
 	if err := kubenode.Cleanup(opts); err != nil {
 		t.Fatalf("clean up an earlier run: %v", err)
 	}
@@ -195,7 +196,12 @@ func checkPodRuns(t *testing.T, n *realNode) {
 	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"},
 		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{Name: "echo", Image: image}}}}
+			// As the restricted Pod Security level asks: seccomp's RuntimeDefault (runc loads
+			// containerd's default profile), no root, no privilege escalation.
+			SecurityContext: &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65534)},
+			Containers: []corev1.Container{{Name: "echo", Image: image, SecurityContext: &corev1.SecurityContext{
+				AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}}}}
 	// The default ServiceAccount appears once kube-controller-manager has made it.
 	var err error
 	for {
@@ -244,6 +250,13 @@ func checkPodRuns(t *testing.T, n *realNode) {
 	if strings.TrimSpace(string(out)) != line {
 		t.Errorf("pod log %q, want %q", out, line)
 	}
+}
+
+// randByte is a random byte, for a pod range no local cluster uses (they use 10.244 and 10.245).
+func randByte(t *testing.T) int {
+	var b int
+	fmt.Sscanf(podnet.RandHex(t, 1), "%x", &b)
+	return b
 }
 
 // freePort is a TCP port nobody listens on now, nor on the port above it (etcd's peer URL, the
