@@ -27,29 +27,32 @@ import (
 	"github.com/qvirt/qvirt/test/podnet"
 )
 
-// realNode is the one cluster the tests of this package share: local mode's control plane, the
-// local registry, and one real node (containerd, runc, kubelet) joined to it.
-type realNode struct {
+// realNodes is the one cluster the tests of this package share: local mode's control plane, the
+// local registry, and two real nodes (containerd, runc, kubelet) on this one host joined to it.
+type realNodes struct {
 	cs       kubernetes.Interface
-	name     string
+	names    []string
 	registry string
-	// ready is how long the node took from the kubelet's start to Ready.
+	// ready is how long the nodes took from their kubelets' start to Ready.
 	ready time.Duration
 }
 
-// TestRealNode brings up the control plane and one real kubelet node, as `qvirtctl local up
-// --runtime containerd` does, and runs an ordinary pod on it. It needs root and the binaries
+// TestRealNode brings up the control plane and two real kubelet nodes, as `qvirtctl local up
+// --runtime containerd --nodes 2` does, and runs an ordinary pod on each: two nodes coexist on
+// one host (directories, ports, cgroup roots, bridges and pod ranges of their own). It needs root and the binaries
 // hack/build-node.sh builds; it fails (never skips) when either is missing.
 func TestRealNode(t *testing.T) {
-	n := startRealNode(t)
-	t.Logf("node %s Ready %.1fs after the kubelet started", n.name, n.ready.Seconds())
+	n := startRealNodes(t)
+	t.Logf("nodes %v Ready %.1fs after their kubelets started", n.names, n.ready.Seconds())
 
-	t.Run("a pod runs to completion under containerd and runc and its log reaches kubectl logs", func(t *testing.T) {
-		checkPodRuns(t, n)
-	})
+	for _, node := range n.names {
+		t.Run("a pod on "+node+" runs to completion under containerd and runc and its log reaches kubectl logs", func(t *testing.T) {
+			checkPodRuns(t, n, node)
+		})
+	}
 }
 
-func startRealNode(t *testing.T) *realNode {
+func startRealNodes(t *testing.T) *realNodes {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("real kubelet nodes need root (containerd, runc, cgroups, mounts)")
@@ -104,15 +107,12 @@ func startRealNode(t *testing.T) *realNode {
 		t.Fatal(err)
 	}
 
-	opts := kubenode.Options{Name: "qvirt-real-1", Dir: filepath.Join(dir, "n1"), Bin: bin, CNIBin: cniBin,
-		PKIDir: filepath.Join(dir, "pki"), Server: cp.Server, NodeIP: addr, KubeletPort: freePort(t),
-		PodCIDR: fmt.Sprintf("10.246.%d.0/24", randByte(t)), Bridge: "qvkn" + podnet.RandHex(t, 3), Registry: srv.Addr(), SandboxImage: pause}
-	if err := kubenode.Cleanup(opts); err != nil {
-		t.Fatalf("clean up an earlier run: %v", err)
-	}
-	node, err := kubenode.New(opts)
-	if err != nil {
-		t.Fatal(err)
+	var nodes []kubenode.Options
+	subnet := randByte(t) &^ 1
+	for i := range 2 {
+		nodes = append(nodes, kubenode.Options{Name: fmt.Sprintf("qvirt-real-%d", i+1), Dir: filepath.Join(dir, fmt.Sprint("n", i+1)),
+			Bin: bin, CNIBin: cniBin, PKIDir: filepath.Join(dir, "pki"), Server: cp.Server, NodeIP: addr, KubeletPort: freePort(t),
+			PodCIDR: fmt.Sprintf("10.246.%d.0/24", subnet+i), Bridge: "qvkn" + podnet.RandHex(t, 3), Registry: srv.Addr(), SandboxImage: pause})
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
 	if err != nil {
@@ -130,8 +130,10 @@ func startRealNode(t *testing.T) *realNode {
 		sup.Stop(30 * time.Second)
 		stopRegistry()
 		<-regDone
-		if err := kubenode.Cleanup(opts); err != nil {
-			t.Errorf("clean up the node: %v", err)
+		for _, opts := range nodes {
+			if err := kubenode.Cleanup(opts); err != nil {
+				t.Errorf("clean up node %s: %v", opts.Name, err)
+			}
 		}
 		if t.Failed() {
 			t.Logf("state and logs kept in %s", dir)
@@ -140,15 +142,26 @@ func startRealNode(t *testing.T) *realNode {
 		_ = os.RemoveAll(dir)
 	})
 	kubeletStart := time.Now()
-	for _, c := range node.Components() {
-		if err := sup.Start(ctx, c); err != nil {
+	n := &realNodes{cs: cs, registry: srv.Addr()}
+	for _, opts := range nodes {
+		node, err := kubenode.New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range node.Components() {
+			if err := sup.Start(ctx, c); err != nil {
+				t.Fatalf("%v (logs in %s)", err, filepath.Join(dir, "logs"))
+			}
+		}
+		n.names = append(n.names, opts.Name)
+	}
+	for _, name := range n.names {
+		if err := waitNodeReady(ctx, cs, name); err != nil {
 			t.Fatalf("%v (logs in %s)", err, filepath.Join(dir, "logs"))
 		}
 	}
-	if err := waitNodeReady(ctx, cs, opts.Name); err != nil {
-		t.Fatalf("%v (logs in %s)", err, filepath.Join(dir, "logs"))
-	}
-	return &realNode{cs: cs, name: opts.Name, registry: srv.Addr(), ready: time.Since(kubeletStart)}
+	n.ready = time.Since(kubeletStart)
+	return n
 }
 
 func waitNodeReady(ctx context.Context, cs kubernetes.Interface, name string) error {
@@ -186,16 +199,18 @@ func waitNoPods(t *testing.T, cs kubernetes.Interface) {
 // checkPodRuns pushes a busybox image to the local registry and runs it as a plain pod: the
 // scheduler places it on the real node, containerd pulls it, runc runs it, and its line is
 // what `kubectl logs` returns through the API server from the kubelet.
-func checkPodRuns(t *testing.T, n *realNode) {
+func checkPodRuns(t *testing.T, n *realNodes, node string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const line = "hello from a real node"
-	image := n.registry + "/qvirt/echo:test"
+	line := "hello from " + node
+	image := n.registry + "/qvirt/echo:" + node
 	if err := registry.PushBusybox(ctx, image, []string{registry.BusyboxPath, "echo", line}); err != nil {
 		t.Fatal(err)
 	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "default"},
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "echo-" + node, Namespace: "default"},
 		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			// The scheduler places it (no nodeName): the selector only says which real node.
+			NodeSelector: map[string]string{"kubernetes.io/hostname": node},
 			// As the restricted Pod Security level asks: seccomp's RuntimeDefault (runc loads
 			// containerd's default profile), no root, no privilege escalation.
 			SecurityContext: &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
@@ -219,7 +234,7 @@ func checkPodRuns(t *testing.T, n *realNode) {
 	created := time.Now()
 	var got *corev1.Pod
 	for ctx.Err() == nil {
-		if got, err = n.cs.CoreV1().Pods("default").Get(ctx, "echo", metav1.GetOptions{}); err != nil {
+		if got, err = n.cs.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if got.Status.Phase == corev1.PodSucceeded || got.Status.Phase == corev1.PodFailed {
@@ -231,16 +246,16 @@ func checkPodRuns(t *testing.T, n *realNode) {
 		t.Fatalf("pod phase %q, want Succeeded; status: %+v", got.Status.Phase, got.Status)
 	}
 	t.Logf("pod Succeeded %.1fs after its creation", time.Since(created).Seconds())
-	if got.Spec.NodeName != n.name {
-		t.Errorf("pod ran on %q, want the real node %q", got.Spec.NodeName, n.name)
+	if got.Spec.NodeName != node {
+		t.Errorf("pod ran on %q, want the real node %q", got.Spec.NodeName, node)
 	}
 	cs := got.Status.ContainerStatuses
 	if len(cs) != 1 || !strings.HasPrefix(cs[0].ContainerID, "containerd://") || cs[0].ImageID == "" {
 		t.Errorf("container status %+v: want one container run by containerd, with its image's digest", cs)
 	}
-	logs, err := n.cs.CoreV1().Pods("default").GetLogs("echo", &corev1.PodLogOptions{}).Stream(ctx)
+	logs, err := n.cs.CoreV1().Pods("default").GetLogs(pod.Name, &corev1.PodLogOptions{}).Stream(ctx)
 	if err != nil {
-		t.Fatalf("kubectl logs echo: %v", err)
+		t.Fatalf("kubectl logs %s: %v", pod.Name, err)
 	}
 	defer logs.Close()
 	out, err := io.ReadAll(logs)
