@@ -5,8 +5,12 @@
 // Everything a node owns lives under its own state directory (containerd's root, state and
 // socket, the kubelet's root directory and certificates, CNI configuration and IPAM state, pod
 // logs) and its own cgroup root, and it listens on its own ports, so that more than one can run
-// on a host. What the kubelet and containerd hard-code outside it (/run/containerd/{runc,s},
-// /var/lib/kubelet/device-plugins, /var/lib/cni/results, /var/log/containers) is shared.
+// on a host (the test runs two). What the kubelet and containerd hard-code outside it
+// (/run/containerd/{runc,s}, /var/lib/kubelet/device-plugins, /var/lib/cni/results,
+// /var/log/containers) is shared: container and shim names there are unique per node, but both
+// kubelets' device managers listen in the same device-plugins directory (no device plugin runs
+// on these nodes yet). The containerd configuration is version 3; containerd 2.4 migrates it to
+// its version 4 at start and says so in its log.
 package kubenode
 
 import (
