@@ -15,7 +15,7 @@ FUZZTIME    ?= 10s
 deps: ## Install the Debian packages the tests and the demo need (QEMU, busybox, ...).
 	@hack/install-deps.sh
 
-.PHONY: all deps build generate manifests fmt vet lint test test-unit fuzz bench tools run clean verify-generated install-plugin images push images-lock images-check
+.PHONY: all deps build generate manifests fmt vet lint test test-unit fuzz bench tools node-tools run clean verify-generated install-plugin images push images-lock images-check
 
 all: build
 
@@ -73,6 +73,9 @@ lint: vet ## gofmt, go vet and staticcheck.
 tools: ## Build the control-plane binaries (etcd, kube-apiserver, ...) into the cache; prints where.
 	@hack/build-tools.sh
 
+node-tools: ## Build the kubelet and containerd (real nodes, local/kubenode) into the cache; prints where.
+	@hack/build-node.sh
+
 # Test packages run one at a time (-p 1): several of them boot guests under TCG and run control
 # planes, and on 2 cores they starve each other's timing. Their binaries are compiled in parallel
 # first (-exec true runs none of them).
@@ -82,7 +85,7 @@ tools: ## Build the control-plane binaries (etcd, kube-apiserver, ...) into the 
 # mirror and the disk. Its log is printed only when it fails.
 test: deps verify-generated ## Unit, integration and end-to-end tests, then bounded fuzzing.
 	log=$$(mktemp); test/guest/cloud/build.sh >/dev/null 2>"$$log" & cloud=$$!; \
-	  hack/build-tools.sh >/dev/null && $(GO) test -count=1 -exec true ./... >/dev/null || { wait $$cloud; rm -f "$$log"; exit 1; }; \
+	  hack/build-tools.sh >/dev/null && hack/build-node.sh >/dev/null && $(GO) test -count=1 -exec true ./... >/dev/null || { wait $$cloud; rm -f "$$log"; exit 1; }; \
 	  if ! wait $$cloud; then cat "$$log"; rm -f "$$log"; echo "test/guest/cloud/build.sh failed" >&2; exit 1; fi; \
 	  rm -f "$$log"
 	KUBEBUILDER_ASSETS=$$(hack/build-tools.sh) $(GO) test -p 1 -count=1 -timeout 30m ./...

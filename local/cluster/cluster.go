@@ -25,6 +25,7 @@ import (
 	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/local/kubenode"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/local/storage"
@@ -53,6 +54,11 @@ type Options struct {
 	// EmulationIfNeeded falls back to emulation, saying so on Progress, when the check guest
 	// finds KVM unusable, instead of refusing.
 	EmulationIfNeeded bool
+	// Runtime is what runs the nodes' pods: RuntimeVirtual (the default, virtual-kubelet nodes
+	// whose pods are host processes) or RuntimeContainerd (real kubelet nodes with containerd and
+	// runc, local/kubenode; NodeBin holds their binaries).
+	Runtime string
+	NodeBin string
 	// Repo is the source tree (its config/ is installed).
 	Repo string
 	// Tools holds the control-plane binaries; Bin qvirt-controller, qvirt-handler and
@@ -69,6 +75,12 @@ type Options struct {
 	// Log receives the virtual nodes' logs.
 	Log logr.Logger
 }
+
+// Node runtimes (Options.Runtime).
+const (
+	RuntimeVirtual    = "virtual"
+	RuntimeContainerd = "containerd"
+)
 
 // Ports are the TCP ports a local cluster listens on.
 type Ports struct {
@@ -88,8 +100,10 @@ type Cluster struct {
 	sup  *supervise.Supervisor
 	cp   *ControlPlane
 	// client is the cluster admin's.
-	client     client.Client
-	nodes      []string
+	client client.Client
+	nodes  []string
+	// kubeNodes are the real kubelet nodes' (Runtime containerd).
+	kubeNodes  []kubenode.Options
 	stopNodes  context.CancelFunc
 	nodesDone  chan error
 	Kubeconfig string
@@ -135,6 +149,11 @@ const nodeImageCacheBytes = 8 << 30
 func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if opts.Nodes < 1 {
 		return nil, fmt.Errorf("--nodes: want at least 1, got %d", opts.Nodes)
+	}
+	switch opts.Runtime {
+	case "", RuntimeVirtual, RuntimeContainerd:
+	default:
+		return nil, fmt.Errorf("--runtime %q: want %s or %s", opts.Runtime, RuntimeVirtual, RuntimeContainerd)
 	}
 	if len(opts.Dir) > 40 || !filepath.IsAbs(opts.Dir) {
 		return nil, fmt.Errorf("--state-dir %q: want an absolute path of at most 40 bytes (unix socket paths live under it)", opts.Dir)
@@ -239,6 +258,12 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := installLauncher(opts.Bin, filepath.Join(opts.Dir, "bin")); err != nil {
 		return nil, err
 	}
+	if opts.Runtime == RuntimeContainerd {
+		if err := c.startKubeNodes(ctx, cniBin); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
 	for i := 1; i <= opts.Nodes; i++ {
 		name := NodeName(i)
 		step("registering virtual node %s and starting its qvirt-handler", name)
@@ -312,6 +337,11 @@ func (c *Cluster) Down() {
 		<-c.storageDone
 	}
 	c.sup.Stop(30 * time.Second)
+	for _, n := range c.kubeNodes {
+		if err := kubenode.Cleanup(n); err != nil {
+			c.opts.Log.Error(err, "clean up real node", "node", n.Name)
+		}
+	}
 	_ = delBridge(apiBridge)
 }
 
@@ -331,6 +361,10 @@ func Cleanup(dir string) error {
 	nodes, _ := filepath.Glob(filepath.Join(dir, "nodes", "*"))
 	for _, n := range nodes {
 		errs = append(errs, provider.Cleanup(n))
+	}
+	kubeNodes, _ := filepath.Glob(filepath.Join(dir, "kubenodes", "*"))
+	for _, n := range kubeNodes {
+		errs = append(errs, kubenode.CleanupDir(n))
 	}
 	errs = append(errs, delBridge(apiBridge))
 	return errors.Join(errs...)

@@ -126,6 +126,8 @@ func (cp *ControlPlane) writePKI() error {
 		{ca, "admin", pki.Leaf{CommonName: "qvirt-admin", Organizations: []string{"system:masters"}, Client: true}},
 		{ca, "controller-manager", pki.Leaf{CommonName: "system:kube-controller-manager", Client: true}},
 		{ca, "scheduler", pki.Leaf{CommonName: "system:kube-scheduler", Client: true}},
+		// The API server's identity towards kubelets (logs, exec, port-forward on real nodes).
+		{ca, "apiserver-kubelet-client", pki.Leaf{CommonName: "kube-apiserver-kubelet-client", Organizations: []string{"system:masters"}, Client: true}},
 		{front, "front-proxy-client", pki.Leaf{CommonName: "front-proxy-client", Client: true}},
 		// Server and client: etcd presents it on its client and peer URLs and to its peer.
 		{etcdCA, "etcd-server", pki.Leaf{CommonName: "etcd", Server: true, Client: true,
@@ -213,6 +215,10 @@ func (cp *ControlPlane) apiserver() supervise.Component {
 			// The virtual nodes report the digest of a launcher pod's images in its status
 			// (volumeMounts[].volumeStatus.image.imageRef); without the gate it is dropped.
 			"--feature-gates=ImageVolumeWithDigest=true",
+			// Real kubelet nodes (local/kubenode): reach them at their InternalIP (the host name
+			// maps to 127.0.0.1 here), as a client of the cluster CA they trust.
+			"--kubelet-preferred-address-types=InternalIP",
+			"--kubelet-client-certificate=" + p("apiserver-kubelet-client.crt"), "--kubelet-client-key=" + p("apiserver-kubelet-client.key"),
 		},
 		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.APIServerPort)+"/readyz", cp.adminTLS)}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/qvirt/qvirt/local/cluster"
+	"github.com/qvirt/qvirt/local/kubenode"
 	"github.com/qvirt/qvirt/local/supervise"
 )
 
@@ -86,6 +87,9 @@ func newLocalUp(dir *string) *cobra.Command {
 	f.BoolVar(&cloudImage, "cloud-image", false, "build the cloud image if needed (test/guest/cloud/build.sh: 5-20 minutes the first time) and push it to the local registry")
 	f.StringVar(&repo, "repo", "", "qvirt source tree (default: the one holding the current directory)")
 	f.StringVar(&opts.Bin, "bin", "", "directory with qvirt-controller, qvirt-handler, qvirt-launcher (default: REPO/bin)")
+	f.StringVar(&opts.Runtime, "runtime", cluster.RuntimeVirtual, "what runs the nodes' pods: "+cluster.RuntimeVirtual+
+		" (virtual nodes: pods are host processes) or "+cluster.RuntimeContainerd+" (real kubelet nodes with containerd and runc)")
+	f.StringVar(&opts.NodeBin, "node-bin", "", "directory with kubelet, containerd and containerd-shim-runc-v2 for --runtime containerd (default: built by REPO/hack/build-node.sh)")
 	f.StringVar(&opts.Tools, "tools", "", "directory with the control-plane binaries (default: built by REPO/hack/build-tools.sh)")
 	return cmd
 }
@@ -110,6 +114,12 @@ func localUp(ctx context.Context, out io.Writer, repo string, opts cluster.Optio
 	if opts.Tools == "" {
 		fmt.Fprintln(out, "local up: building the control-plane binaries if needed (the first time takes 10-30 minutes)")
 		if opts.Tools, err = buildTools(repo); err != nil {
+			return err
+		}
+	}
+	if opts.Runtime == cluster.RuntimeContainerd && opts.NodeBin == "" {
+		fmt.Fprintln(out, "local up: building the kubelet and containerd if needed (the first time takes several minutes)")
+		if opts.NodeBin, err = kubenode.BuildBinaries(repo); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,305 @@
+// Package kubenode runs a real Kubernetes node on this machine: containerd with runc and the
+// kubelet built from upstream (hack/build-node.sh), joined to local mode's control plane. It is
+// `qvirtctl local up --runtime containerd`'s node, next to the virtual nodes of local/provider.
+//
+// Everything a node owns lives under its own state directory (containerd's root, state and
+// socket, the kubelet's root directory and certificates, CNI configuration and IPAM state, pod
+// logs) and its own cgroup root, and it listens on its own ports, so that more than one can run
+// on a host (the test runs two). What the kubelet and containerd hard-code outside it
+// (/run/containerd/{runc,s}, /var/lib/kubelet/device-plugins, /var/lib/cni/results,
+// /var/log/containers) is shared: container and shim names there are unique per node, but both
+// kubelets' device managers listen in the same device-plugins directory (no device plugin runs
+// on these nodes yet). The containerd configuration is version 3; containerd 2.4 migrates it to
+// its version 4 at start and says so in its log.
+package kubenode
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/qvirt/qvirt/local/pki"
+	"github.com/qvirt/qvirt/local/supervise"
+)
+
+// Options place one real node.
+type Options struct {
+	// Name is the node's name; its kubelet authenticates as system:node:Name.
+	Name string
+	// Dir is the node's state directory (keep it short: containerd's sockets live under it).
+	Dir string
+	// Bin holds kubelet, containerd and containerd-shim-runc-v2 (hack/build-node.sh's output).
+	Bin string
+	// Runc is the OCI runtime; /usr/sbin/runc (Debian's) when empty.
+	Runc string
+	// CNIBin holds the bridge, host-local and loopback plugins.
+	CNIBin string
+	// PKIDir is the cluster's (local/pki): its CA ca.{crt,key} issues the kubelet's client
+	// certificate and verifies the API server's requests to the kubelet.
+	PKIDir string
+	// Server is the API server's URL.
+	Server string
+	// NodeIP is the address the kubelet serves on and reports as the node's InternalIP; it must
+	// not be loopback (the API server reaches the kubelet there for logs and exec).
+	NodeIP net.IP
+	// KubeletPort is the kubelet's API port (10250 when zero); its health port is one above.
+	KubeletPort int
+	// PodCIDR is the range of this node's pod addresses; Bridge the CNI bridge they hang off.
+	PodCIDR, Bridge string
+	// Registry is the plain-HTTP registry (host:port) containerd may pull from; SandboxImage the
+	// pause image there.
+	Registry, SandboxImage string
+}
+
+func (o *Options) defaults() {
+	if o.Runc == "" {
+		o.Runc = "/usr/sbin/runc"
+	}
+	if o.KubeletPort == 0 {
+		o.KubeletPort = 10250
+	}
+}
+
+func (o *Options) check() error {
+	var errs []error
+	for flag, v := range map[string]string{"Name": o.Name, "Dir": o.Dir, "Bin": o.Bin, "CNIBin": o.CNIBin, "PKIDir": o.PKIDir,
+		"Server": o.Server, "PodCIDR": o.PodCIDR, "Bridge": o.Bridge, "Registry": o.Registry, "SandboxImage": o.SandboxImage} {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("kubenode: %s is empty", flag))
+		}
+	}
+	if o.NodeIP == nil || o.NodeIP.IsLoopback() {
+		errs = append(errs, fmt.Errorf("kubenode: NodeIP %v: want a non-loopback address (the API server reaches the kubelet there)", o.NodeIP))
+	}
+	if len(filepath.Join(o.Dir, "containerd", "containerd.sock.ttrpc")) > 100 {
+		errs = append(errs, fmt.Errorf("kubenode: Dir %q is too long for containerd's unix sockets", o.Dir))
+	}
+	for _, b := range []string{"kubelet", "containerd", "containerd-shim-runc-v2"} {
+		if _, err := os.Stat(filepath.Join(o.Bin, b)); err != nil {
+			errs = append(errs, fmt.Errorf("kubenode: %w (build it with hack/build-node.sh)", err))
+		}
+	}
+	if _, err := os.Stat(o.Runc); err != nil {
+		errs = append(errs, fmt.Errorf("kubenode: %w (install Debian's runc)", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Node is a configured node: Components are what to run, in order.
+type Node struct {
+	opts Options
+}
+
+// New writes the node's configuration, certificates and directories and prepares its cgroup
+// root. Start its Components, containerd first, under a supervisor.
+func New(opts Options) (*Node, error) {
+	opts.defaults()
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	n := &Node{opts: opts}
+	for _, d := range []string{n.path("containerd"), n.path("kubelet"), n.path("pods-logs"), n.path("cni", "net.d"), n.path("cni", "ipam"),
+		n.path("certs.d", opts.Registry), n.path("pki")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	// Cleanup after a crash finds the node by its directory alone.
+	if err := writeJSON(n.path(optionsFile), opts); err != nil {
+		return nil, err
+	}
+	if err := saveSysctls(n.path("sysctls.json")); err != nil {
+		return nil, err
+	}
+	steps := []func() error{n.writePKI, n.writeKubeconfig, n.writeContainerdConfig, n.writeRegistryHosts,
+		n.writeCNIConfig, n.writeKubeletConfig, func() error { return createCgroupRoot(n.CgroupRoot()) }}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
+		}
+	}
+	return n, nil
+}
+
+// optionsFile, in a node's directory, records its Options for CleanupDir.
+const optionsFile = "node.json"
+
+// CleanupDir is Cleanup of the node whose directory is dir (nothing when New never ran there).
+func CleanupDir(dir string) error {
+	data, err := os.ReadFile(filepath.Join(dir, optionsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var opts Options
+	if err := json.Unmarshal(data, &opts); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, optionsFile), err)
+	}
+	return Cleanup(opts)
+}
+
+func (n *Node) path(elem ...string) string {
+	return filepath.Join(append([]string{n.opts.Dir}, elem...)...)
+}
+
+// CgroupRoot is the node's own cgroup root (the kubelet's cgroupRoot): its pods' cgroups sit
+// under it, apart from any other node's.
+func (n *Node) CgroupRoot() string { return "/qvirt-" + n.opts.Name }
+
+// ContainerdSocket is the node's CRI endpoint.
+func (n *Node) ContainerdSocket() string { return n.path("containerd", "containerd.sock") }
+
+// Components are containerd and the kubelet, in the order to start them.
+func (n *Node) Components() []supervise.Component {
+	o := n.opts
+	// containerd finds the runc shim, and the shim runc, on PATH.
+	path := "PATH=" + o.Bin + ":" + filepath.Dir(o.Runc) + ":/usr/sbin:/usr/bin:/sbin:/bin"
+	containerd := supervise.Component{Name: "containerd-" + o.Name, Path: filepath.Join(o.Bin, "containerd"),
+		Args: []string{"--config=" + n.path("containerd.toml")}, Env: []string{path},
+		Ready: func(context.Context) error { return dialUnix(n.ContainerdSocket()) }}
+	health := "http://127.0.0.1:" + strconv.Itoa(o.KubeletPort+1) + "/healthz"
+	kubelet := supervise.Component{Name: "kubelet-" + o.Name, Path: filepath.Join(o.Bin, "kubelet"),
+		Args: []string{"--config=" + n.path("kubelet.json"), "--kubeconfig=" + n.path("kubelet.kubeconfig"),
+			"--root-dir=" + n.path("kubelet"), "--cert-dir=" + n.path("kubelet", "pki"),
+			"--hostname-override=" + o.Name, "--node-ip=" + o.NodeIP.String(), "--v=1"},
+		Env:   []string{path},
+		Ready: httpGet(health)}
+	return []supervise.Component{containerd, kubelet}
+}
+
+// writePKI issues the kubelet's client certificate (system:node:NAME in system:nodes, what the
+// Node authorizer and NodeRestriction expect) from the cluster CA.
+func (n *Node) writePKI() error {
+	ca, err := pki.LoadOrCreateCA(n.opts.PKIDir, "ca")
+	if err != nil {
+		return err
+	}
+	return ca.Issue(n.path("pki"), "kubelet-client", pki.Leaf{CommonName: "system:node:" + n.opts.Name,
+		Organizations: []string{"system:nodes"}, Client: true})
+}
+
+func (n *Node) writeKubeconfig() error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["qvirt-local"] = &clientcmdapi.Cluster{Server: n.opts.Server, CertificateAuthority: filepath.Join(n.opts.PKIDir, "ca.crt")}
+	cfg.AuthInfos["kubelet"] = &clientcmdapi.AuthInfo{ClientCertificate: n.path("pki", "kubelet-client.crt"),
+		ClientKey: n.path("pki", "kubelet-client.key")}
+	cfg.Contexts["qvirt-local"] = &clientcmdapi.Context{Cluster: "qvirt-local", AuthInfo: "kubelet"}
+	cfg.CurrentContext = "qvirt-local"
+	return clientcmd.WriteToFile(*cfg, n.path("kubelet.kubeconfig"))
+}
+
+// writeContainerdConfig writes containerd's configuration (version 3, containerd 2.x). Why the
+// settings that are not containerd's defaults:
+//   - restrict_oom_score_adj: root on these machines lacks CAP_SYS_RESOURCE in its bounding set,
+//     so runc cannot lower a container's oom_score_adj below containerd's own; without it every
+//     container fails with "can't get final child's PID from pipe: EOF".
+//   - the sandbox image comes from the local registry: no internet registry is reachable.
+//   - the gRPC, ttrpc and stream server addresses are the node's own, so nodes coexist.
+func (n *Node) writeContainerdConfig() error {
+	o := n.opts
+	q := strconv.Quote
+	toml := strings.Join([]string{
+		"version = 3",
+		"root = " + q(n.path("containerd", "root")),
+		"state = " + q(n.path("containerd", "state")),
+		"[grpc]", "  address = " + q(n.ContainerdSocket()),
+		"[ttrpc]", "  address = " + q(n.ContainerdSocket()+".ttrpc"),
+		"[plugins.'io.containerd.cri.v1.images']", "  snapshotter = 'overlayfs'",
+		"[plugins.'io.containerd.cri.v1.images'.pinned_images]", "  sandbox = " + q(o.SandboxImage),
+		"[plugins.'io.containerd.cri.v1.images'.registry]", "  config_path = " + q(n.path("certs.d")),
+		"[plugins.'io.containerd.cri.v1.runtime']", "  restrict_oom_score_adj = true",
+		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]", "  runtime_type = 'io.containerd.runc.v2'",
+		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]",
+		"  BinaryName = " + q(o.Runc), "  SystemdCgroup = false",
+		"[plugins.'io.containerd.cri.v1.runtime'.cni]",
+		"  bin_dirs = [" + q(o.CNIBin) + "]", "  conf_dir = " + q(n.path("cni", "net.d")),
+		"[plugins.'io.containerd.grpc.v1.cri']", "  stream_server_address = '127.0.0.1'", "  stream_server_port = '0'",
+		"",
+	}, "\n")
+	return os.WriteFile(n.path("containerd.toml"), []byte(toml), 0o644)
+}
+
+// writeRegistryHosts lets containerd pull from the local registry over plain HTTP.
+func (n *Node) writeRegistryHosts() error {
+	r := n.opts.Registry
+	hosts := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+r, "http://"+r)
+	return os.WriteFile(n.path("certs.d", r, "hosts.toml"), []byte(hosts), 0o644)
+}
+
+// writeCNIConfig gives the node's pods a bridge of their own with host-local addresses from
+// PodCIDR, its IPAM state under the node's directory.
+func (n *Node) writeCNIConfig() error {
+	conf := map[string]any{
+		"cniVersion": "1.0.0", "name": "qvirt-" + n.opts.Name,
+		"plugins": []any{
+			map[string]any{"type": "bridge", "bridge": n.opts.Bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
+				"ipam": map[string]any{"type": "host-local", "dataDir": n.path("cni", "ipam"),
+					"ranges": [][]map[string]string{{{"subnet": n.opts.PodCIDR}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}},
+			map[string]any{"type": "loopback"},
+		},
+	}
+	return writeJSON(n.path("cni", "net.d", "10-qvirt.conflist"), conf)
+}
+
+// writeKubeletConfig writes the KubeletConfiguration. Why the settings that are not the kubelet's
+// defaults:
+//   - failCgroupV1: false. Kubelet 1.35 and later refuse to start on a cgroup v1 host unless told
+//     otherwise, and these machines are cgroup v1 only; on a cgroup v2 host the setting does nothing.
+//   - cgroupDriver cgroupfs (no systemd here) and a cgroupRoot of the node's own.
+//   - makeIPTablesUtilChains: false: its KUBE-FIREWALL chain drops traffic to 127/8 from
+//     non-local sources, which breaks the host's other loopback services.
+//   - failSwapOn: false and low eviction thresholds: a shared developer machine, not a dedicated node.
+//   - x509 client certificates from the cluster CA (the API server's, for logs and exec) and
+//     Webhook authorization; no anonymous access, no read-only port.
+func (n *Node) writeKubeletConfig() error {
+	o := n.opts
+	cfg := map[string]any{
+		"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+		"failCgroupV1": false, "cgroupDriver": "cgroupfs", "cgroupRoot": n.CgroupRoot(),
+		"failSwapOn": false, "makeIPTablesUtilChains": false,
+		"containerRuntimeEndpoint": "unix://" + n.ContainerdSocket(),
+		"address":                  o.NodeIP.String(), "port": o.KubeletPort, "readOnlyPort": 0,
+		"healthzBindAddress": "127.0.0.1", "healthzPort": o.KubeletPort + 1,
+		"podLogsDir": n.path("pods-logs"),
+		"authentication": map[string]any{"anonymous": map[string]any{"enabled": false},
+			"webhook": map[string]any{"enabled": true}, "x509": map[string]any{"clientCAFile": filepath.Join(o.PKIDir, "ca.crt")}},
+		"authorization":               map[string]any{"mode": "Webhook"},
+		"evictionHard":                map[string]string{"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+		"imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+		"rotateCertificates": false, "serverTLSBootstrap": false, "registerNode": true,
+		"resolvConf": "/etc/resolv.conf", "clusterDomain": "cluster.local",
+	}
+	return writeJSON(n.path("kubelet.json"), cfg)
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// BuildBinaries runs repo's hack/build-node.sh (cached after the first build) and returns the
+// directory holding the kubelet, containerd and its runc shim.
+func BuildBinaries(repo string) (string, error) {
+	cmd := exec.Command(filepath.Join(repo, "hack", "build-node.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("build the kubelet and containerd (hack/build-node.sh): %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}

@@ -1,0 +1,293 @@
+package kubenode_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+
+	"github.com/qvirt/qvirt/local/cluster"
+	"github.com/qvirt/qvirt/local/kubenode"
+	"github.com/qvirt/qvirt/local/provider"
+	"github.com/qvirt/qvirt/local/registry"
+	"github.com/qvirt/qvirt/local/supervise"
+	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/podnet"
+)
+
+// realNodes is the one cluster the tests of this package share: local mode's control plane, the
+// local registry, and two real nodes (containerd, runc, kubelet) on this one host joined to it.
+type realNodes struct {
+	cs       kubernetes.Interface
+	names    []string
+	registry string
+	// ready is how long the nodes took from their kubelets' start to Ready.
+	ready time.Duration
+}
+
+// TestRealNode brings up the control plane and two real kubelet nodes, as `qvirtctl local up
+// --runtime containerd --nodes 2` does, and runs an ordinary pod on each: two nodes coexist on
+// one host (directories, ports, cgroup roots, bridges and pod ranges of their own). It needs root and the binaries
+// hack/build-node.sh builds; it fails (never skips) when either is missing.
+func TestRealNode(t *testing.T) {
+	n := startRealNodes(t)
+	t.Logf("nodes %v Ready %.1fs after their kubelets started", n.names, n.ready.Seconds())
+
+	for _, node := range n.names {
+		t.Run("a pod on "+node+" runs to completion under containerd and runc and its log reaches kubectl logs", func(t *testing.T) {
+			checkPodRuns(t, n, node)
+		})
+	}
+}
+
+func startRealNodes(t *testing.T) *realNodes {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("real kubelet nodes need root (containerd, runc, cgroups, mounts)")
+	}
+	tools, err := envtest.Assets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	bin, err := kubenode.BuildBinaries(envtest.RepoRoot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kubelet and containerd ready in %s (%.1fs; cold builds take minutes)", bin, time.Since(started).Seconds())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cniBin, err := provider.BuildCNIPlugins(ctx, filepath.Join(cache, "qvirt", "cni"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pods := podnet.NewNetwork(t)
+	addr := net.IP(pods.Gateway.AsSlice())
+	// Short: containerd's sockets live under it.
+	dir, err := os.MkdirTemp("", "qvkn-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, err := supervise.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := cluster.StartControlPlane(ctx, sup, cluster.ControlPlaneOptions{Dir: dir, Tools: tools, Address: addr,
+		APIServerPort: freePort(t), EtcdPort: freePort(t), ControllerManagerPort: freePort(t), SchedulerPort: freePort(t)})
+	if err != nil {
+		sup.Stop(10 * time.Second)
+		t.Fatal(err)
+	}
+	regCtx, stopRegistry := context.WithCancel(context.Background())
+	srv, err := registry.Listen(registry.Options{Addr: net.JoinHostPort(addr.String(), "0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	regDone := make(chan error, 1)
+	go func() { regDone <- srv.Start(regCtx) }()
+	pause, err := registry.PushPause(ctx, srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var nodes []kubenode.Options
+	subnet := randByte(t) &^ 1
+	for i := range 2 {
+		nodes = append(nodes, kubenode.Options{Name: fmt.Sprintf("qvirt-real-%d", i+1), Dir: filepath.Join(dir, fmt.Sprint("n", i+1)),
+			Bin: bin, CNIBin: cniBin, PKIDir: filepath.Join(dir, "pki"), Server: cp.Server, NodeIP: addr, KubeletPort: freePort(t),
+			PodCIDR: fmt.Sprintf("10.246.%d.0/24", subnet+i), Bridge: "qvkn" + podnet.RandHex(t, 3), Registry: srv.Addr(), SandboxImage: pause})
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Pods first, while the kubelet can still stop them; then the processes; then what
+		// they left on the host.
+		_ = cs.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{})
+		waitNoPods(t, cs)
+		sup.Stop(30 * time.Second)
+		stopRegistry()
+		<-regDone
+		for _, opts := range nodes {
+			if err := kubenode.Cleanup(opts); err != nil {
+				t.Errorf("clean up node %s: %v", opts.Name, err)
+			}
+		}
+		if t.Failed() {
+			t.Logf("state and logs kept in %s", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	kubeletStart := time.Now()
+	n := &realNodes{cs: cs, registry: srv.Addr()}
+	for _, opts := range nodes {
+		node, err := kubenode.New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range node.Components() {
+			if err := sup.Start(ctx, c); err != nil {
+				t.Fatalf("%v (logs in %s)", err, filepath.Join(dir, "logs"))
+			}
+		}
+		n.names = append(n.names, opts.Name)
+	}
+	for _, name := range n.names {
+		if err := waitNodeReady(ctx, cs, name); err != nil {
+			t.Fatalf("%v (logs in %s)", err, filepath.Join(dir, "logs"))
+		}
+	}
+	n.ready = time.Since(kubeletStart)
+	return n
+}
+
+func waitNodeReady(ctx context.Context, cs kubernetes.Interface, name string) error {
+	last := "not registered"
+	for ctx.Err() == nil {
+		node, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			last = "no Ready condition"
+			for _, c := range node.Status.Conditions {
+				if c.Type == corev1.NodeReady {
+					if c.Status == corev1.ConditionTrue {
+						return nil
+					}
+					last = fmt.Sprintf("Ready=%s: %s: %s", c.Status, c.Reason, c.Message)
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("node %s did not become Ready: %s", name, last)
+}
+
+func waitNoPods(t *testing.T, cs kubernetes.Interface) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		list, err := cs.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{})
+		if err == nil && len(list.Items) == 0 {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Errorf("pods of the test still exist a minute after their deletion")
+}
+
+// checkPodRuns pushes a busybox image to the local registry and runs it as a plain pod: the
+// scheduler places it on the real node, containerd pulls it, runc runs it, and its line is
+// what `kubectl logs` returns through the API server from the kubelet.
+func checkPodRuns(t *testing.T, n *realNodes, node string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	line := "hello from " + node
+	image := n.registry + "/qvirt/echo:" + node
+	if err := registry.PushBusybox(ctx, image, []string{registry.BusyboxPath, "echo", line}); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "echo-" + node, Namespace: "default"},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			// The scheduler places it (no nodeName): the selector only says which real node.
+			NodeSelector: map[string]string{"kubernetes.io/hostname": node},
+			// As the restricted Pod Security level asks: seccomp's RuntimeDefault (runc loads
+			// containerd's default profile), no root, no privilege escalation.
+			SecurityContext: &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65534)},
+			Containers: []corev1.Container{{Name: "echo", Image: image, SecurityContext: &corev1.SecurityContext{
+				AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}}}}
+	// The default ServiceAccount appears once kube-controller-manager has made it.
+	var err error
+	for {
+		if _, err = n.cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err == nil || ctx.Err() != nil {
+			break
+		}
+		if !apierrors.IsForbidden(err) {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := time.Now()
+	var got *corev1.Pod
+	for ctx.Err() == nil {
+		if got, err = n.cs.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Phase == corev1.PodSucceeded || got.Status.Phase == corev1.PodFailed {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod phase %q, want Succeeded; status: %+v", got.Status.Phase, got.Status)
+	}
+	t.Logf("pod Succeeded %.1fs after its creation", time.Since(created).Seconds())
+	if got.Spec.NodeName != node {
+		t.Errorf("pod ran on %q, want the real node %q", got.Spec.NodeName, node)
+	}
+	cs := got.Status.ContainerStatuses
+	if len(cs) != 1 || !strings.HasPrefix(cs[0].ContainerID, "containerd://") || cs[0].ImageID == "" {
+		t.Errorf("container status %+v: want one container run by containerd, with its image's digest", cs)
+	}
+	logs, err := n.cs.CoreV1().Pods("default").GetLogs(pod.Name, &corev1.PodLogOptions{}).Stream(ctx)
+	if err != nil {
+		t.Fatalf("kubectl logs %s: %v", pod.Name, err)
+	}
+	defer logs.Close()
+	out, err := io.ReadAll(logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(out)) != line {
+		t.Errorf("pod log %q, want %q", out, line)
+	}
+}
+
+// randByte is a random byte, for a pod range no local cluster uses (they use 10.244 and 10.245).
+func randByte(t *testing.T) int {
+	var b int
+	fmt.Sscanf(podnet.RandHex(t, 1), "%x", &b)
+	return b
+}
+
+// freePort is a TCP port nobody listens on now, nor on the port above it (etcd's peer URL, the
+// kubelet's health port).
+func freePort(t *testing.T) int {
+	t.Helper()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(port+1))); err == nil {
+			l2.Close()
+			return port
+		}
+	}
+}
