@@ -532,7 +532,27 @@ type Devices struct {
 	// submit I/O without contending for one queue.
 	// +optional
 	BlockMultiQueue *bool `json:"blockMultiQueue,omitempty"`
+
+	// Filesystems share a volume's directory with the guest as a filesystem the guest mounts by the
+	// volume's name (virtiofs), rather than as a disk. The volume is a persistentVolumeClaim,
+	// configMap, secret, serviceAccount or downwardAPI volume, as in KubeVirt.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	Filesystems []Filesystem `json:"filesystems,omitempty"`
 }
+
+// Filesystem shares the volume of the same name with the guest (KubeVirt's Filesystem).
+type Filesystem struct {
+	// Name is the volume's name and the tag the guest mounts (mount -t virtiofs NAME /mnt).
+	Name string `json:"name"`
+	// Virtiofs shares it with virtio-fs, served by the launcher's own virtiofsd.
+	Virtiofs *FilesystemVirtiofs `json:"virtiofs"`
+}
+
+// FilesystemVirtiofs is virtio-fs (no settings, as KubeVirt's).
+type FilesystemVirtiofs struct{}
 
 // Rng is a virtio random number generator, as KubeVirt's (no settings).
 type Rng struct{}
