@@ -9,11 +9,15 @@ package launcher
 // directory with a sandbox, and both of its sandboxes need privileges the launcher does not have:
 // "chroot" calls chroot(2), "namespace" (the default) unshares mount, pid and network namespaces
 // and pivots into the directory. The launcher therefore starts it in a user namespace of its own
-// where the launcher's uid and gid are the only ones mapped, to 0: there it may build its
-// namespace sandbox, and it holds nothing outside it (every file it creates belongs to the
-// launcher's uid on the host, and a guest user other than root, whose uid is not mapped, cannot
-// create files). It gets its listening socket from the launcher (--fd), so it needs no lock
-// directory under /var/run either.
+// where the launcher's uid and gid are the only ones mapped, to 0: there it may chroot, and it
+// holds nothing outside it (every file it creates belongs to the launcher's uid on the host, and
+// a guest user other than root, whose uid is not mapped, cannot create files). The chroot sandbox,
+// not the namespace one: that one mounts a new /proc, which the kernel refuses in a user namespace
+// when the container runtime has masked parts of the pod's /proc, as runc does. The user namespace
+// needs clone(CLONE_NEWUSER), which the runtime's default seccomp profile refuses without
+// CAP_SYS_ADMIN: the launcher pod of an instance with filesystems runs without that profile
+// (controllers/vmi). virtiofsd gets its listening socket from the launcher (--fd), so it needs no
+// lock directory under /var/run either.
 
 import (
 	"bufio"
@@ -142,7 +146,7 @@ func (d *fsDaemons) start(i int, f machine.Filesystem, socket, virtiofsd string)
 	}
 	defer sock.Close()
 	cmd := exec.Command(virtiofsd,
-		"--fd=3", "-o", "source="+f.Dir, "-o", "sandbox=namespace", "-o", "cache=auto",
+		"--fd=3", "-o", "source="+f.Dir, "-o", "sandbox=chroot", "-o", "cache=auto",
 		// The hard limit of open files cannot be raised without CAP_SYS_RESOURCE on the host.
 		"--rlimit-nofile=0")
 	cmd.ExtraFiles = []*os.File{sock}
