@@ -393,6 +393,10 @@ func FuzzValidateVirtualMachine(f *testing.F) {
 	withConfigVolumes(&withConfig.Spec.Template.Spec)
 	config, _ := json.Marshal(withConfig)
 	f.Add(config)
+	withFS := validVM()
+	withFilesystems(&withFS.Spec.Template.Spec)
+	fs, _ := json.Marshal(withFS)
+	f.Add(fs)
 	f.Add([]byte(`{"spec":{"template":{"spec":{"domain":{"devices":{},"features":{"hypervPassthrough":{},"hyperv":{"synic":{},"vendorid":{"vendorid":"a,b"}}},` +
 		`"clock":{"utc":{"offsetSeconds":-86400},"timezone":"Europe/Paris","timer":{"hpet":{"present":false,"tickPolicy":"merge"},"pit":{"tickPolicy":"discard"}}}}}}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
