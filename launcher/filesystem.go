@@ -181,7 +181,10 @@ func (d *fsDaemons) start(i int, f machine.Filesystem, socket, virtiofsd string)
 		d.mu.Lock()
 		stopping := d.stopping
 		d.mu.Unlock()
-		if stopping {
+		// virtiofsd exits 0 when QEMU closes its socket, which QEMU does only as it ends (a guest
+		// powering off): no failure, and QEMU's own exit tells why.
+		if stopping || err == nil {
+			log.Info("virtiofsd ended", "error", err)
 			return
 		}
 		log.Error(err, "virtiofsd ended while the guest needs it")

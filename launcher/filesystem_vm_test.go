@@ -2,7 +2,9 @@ package launcher_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // TestVirtiofsGuest shares a ConfigMap volume and a claim with the test guest as KubeVirt's
@@ -242,4 +245,102 @@ func shortDir(t *testing.T) string {
 
 func machineFS(name, dir string) machine.Filesystem {
 	return machine.Filesystem{Name: name, Kind: "persistentVolumeClaim", Dir: dir}
+}
+
+// TestVirtiofsUnprivilegedLauncher runs `qvirt-launcher run` as an unprivileged user (nobody, as
+// the launcher pod's user is not root) with a claim shared as a filesystem: virtiofsd starts in
+// its user namespace without any privilege, the guest's root writes a file into the share, and on
+// the host the file belongs to the launcher's user.
+func TestVirtiofsUnprivilegedLauncher(t *testing.T) {
+	const nobody = 65534
+	uid, gid := os.Getuid(), os.Getgid()
+	if uid == 0 {
+		uid, gid = nobody, nobody
+	}
+	// Everything the launcher reads lies in a directory the user can reach (t.TempDir is the
+	// test's user's only).
+	open := func(dir string) string {
+		t.Helper()
+		// t.TempDir's parent, the test's own directory, too.
+		for _, d := range []string{filepath.Dir(dir), dir} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	bin := filepath.Join(open(t.TempDir()), "qvirt-launcher")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	guest := open(t.TempDir())
+	for _, f := range []string{"vmlinuz", "initrd.img"} {
+		data, err := os.ReadFile(filepath.Join(guestDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(guest, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	share := open(t.TempDir())
+	if err := os.Chown(share, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	vmi := guestVMI(t)
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guest
+	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, []v1alpha1.Volume{{Name: "data", VolumeSource: v1alpha1.VolumeSource{
+		PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}}}
+	vmi.Spec.Domain.Devices.Filesystems = []v1alpha1.Filesystem{{Name: "data", Virtiofs: &v1alpha1.FilesystemVirtiofs{}}}
+	m, err := translate.Machine(vmi, translate.Host{Emulation: true, Pod: &translate.PodVolumes{Claims: map[string]translate.Claim{"data": {CapacityBytes: 1 << 30}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Filesystems[0].Dir = share
+	desc, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(open(t.TempDir()), "vm.json")
+	if err := os.WriteFile(file, desc, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(bin, "run", "-f", file)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, Setpgid: true}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent", "TMPDIR=/tmp"}
+	stdin, _ := cmd.StdinPipe()
+	var stdout, stderr testutil.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	waitFor(t, bootTimeout, "QVIRT-GUEST-READY on stdout", func() bool {
+		return strings.Contains(stdout.String(), "QVIRT-GUEST-READY") || cmd.ProcessState != nil
+	})
+	if !strings.Contains(stdout.String(), "QVIRT-GUEST-READY") {
+		t.Fatalf("no guest; stderr:\n%s", testutil.Tail(stderr.String(), 2000))
+	}
+	time.Sleep(500 * time.Millisecond)
+	_, _ = stdin.Write([]byte(`mkdir -p /mnt/data && mount -t virtiofs data /mnt/data && echo from-guest > /mnt/data/note && sync && echo "SHARED-$((40+2))"` + "\n"))
+	waitFor(t, time.Minute, "the guest's write", func() bool { return strings.Contains(stdout.String(), "SHARED-42") })
+	st, err := os.Stat(filepath.Join(share, "note"))
+	if err != nil {
+		t.Fatalf("the guest's file on the host: %v; stderr:\n%s", err, testutil.Tail(stderr.String(), 2000))
+	}
+	if sys := st.Sys().(*syscall.Stat_t); int(sys.Uid) != uid || int(sys.Gid) != gid {
+		t.Errorf("the guest's file belongs to %d:%d on the host, want the launcher's %d:%d", sys.Uid, sys.Gid, uid, gid)
+	}
+	_, _ = stdin.Write([]byte("poweroff\n"))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("qvirt-launcher run exited with %v; stderr:\n%s", err, testutil.Tail(stderr.String(), 2000))
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the guest did not power off; stdout tail:\n%s", testutil.Tail(stdout.String(), 500))
+	}
 }
