@@ -26,7 +26,8 @@ import (
 //	               when the slot holds more than one), in this order: the virtio-scsi controller
 //	               (if any scsi disk), virtio disks, PCIe NICs (virtio, e1000e), the xHCI
 //	               controller and virtio input devices in input order, the virtio-rng device, the
-//	               virtio-serial controller of the guest agent's channel, then the spare ports
+//	               virtio-serial controller of the guest agent's channel, the vhost-user-fs
+//	               devices in filesystem order, then the spare ports
 //	               "hotplug0".."hotplugN-1". Port i has chassis i+1 and port number
 //	               slot<<3|function, all unique.
 //	00:1e.0 down   conventional PCI devices, one slot each, as integrated endpoints (QEMU's
@@ -212,6 +213,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.rng()         // rng.go
 	b.guestAgent()  // channel.go
 	b.watchdog()    // watchdog.go
+	b.filesystems() // filesystem.go
 	b.spares()
 	b.checkUnused()
 	if len(b.errs) > 0 {

@@ -823,6 +823,9 @@ func FuzzBuildArgv(f *testing.F) {
 		}
 		f.Add(js, uint8(c.m.SpareRootPorts))
 	}
+	f.Add([]byte(`{"name":"vm1","namespace":"default","uuid":"6a1c6d35-6a0e-4b9b-9d3a-0123456789ab","type":"q35","accel":"tcg",`+
+		`"cpu":{"model":"qemu64","vcpus":1,"sockets":1,"cores":1,"threads":1},"memoryMiB":128,`+
+		`"filesystems":[{"name":"data","kind":"persistentVolumeClaim","dir":"/var/run/qvirt/claims/data"}]}`), uint8(1))
 	f.Fuzz(func(t *testing.T, js []byte, spares uint8) {
 		var desc machine.Machine
 		if err := json.Unmarshal(js, &desc); err != nil {

@@ -39,6 +39,11 @@ func (b *builder) cpuMemory() {
 		b.fail(machine.Invalid(machinePath.Child("memoryMiB"), m.MemoryMiB, "must be positive"))
 	}
 	b.add("-m", strconv.FormatInt(m.MemoryMiB, 10))
+	if len(m.Filesystems) > 0 {
+		// virtiofsd maps the guest's RAM to serve its requests: the RAM must be shared memory,
+		// a memfd QEMU passes to the daemon over the vhost-user socket (machineType names it).
+		b.add("-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=on", GuestRAMID, m.MemoryMiB))
+	}
 }
 
 // kvmFlags are KVM's paravirtual features, as libvirt writes them: <kvm><hidden state='on'/> is

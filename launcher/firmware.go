@@ -80,6 +80,9 @@ func (b *builder) machineType() {
 		// SeaBIOS then also writes its screen to the first serial port (its "sercon").
 		mopt += ",graphics=off"
 	}
+	if len(m.Filesystems) > 0 {
+		mopt += ",memory-backend=" + GuestRAMID
+	}
 	if m.Firmware.EFI != nil {
 		mopt += ",pflash0=" + EFICodeNode + ",pflash1=" + EFIVarsNode
 	}

@@ -47,6 +47,8 @@ type Options struct {
 	// zero. QEMU exiting ends the wait at once, so the bound only matters for a QEMU that hangs;
 	// on a busy node (many guests booting under emulation) a healthy one can take over 10 s.
 	StartTimeout time.Duration
+	// Virtiofsd is the daemon serving the machine's filesystems; DefaultVirtiofsd when empty.
+	Virtiofsd string
 }
 
 // Process supervises one QEMU: it starts it paused, connects QMP, resumes the guest and tracks the
@@ -58,6 +60,7 @@ type Process struct {
 	cmd     *exec.Cmd
 	mon     *qmp.Monitor
 	stderr  *tailBuffer
+	fs      *fsDaemons // the filesystems' virtiofsd processes; nil without filesystems
 
 	exited chan struct{} // closed when QEMU's process has been reaped
 	done   chan struct{} // closed when the exit is classified
@@ -66,6 +69,7 @@ type Process struct {
 	state     qmp.RunState
 	shutdown  string // reason of the last SHUTDOWN event
 	panicked  bool
+	daemonErr error // a virtiofsd that ended before QEMU, which was killed for it
 	migrated  bool
 	exit      *protocol.Exit
 	version   string
@@ -99,6 +103,7 @@ func Start(ctx context.Context, m *Machine, opts Options) (*Process, error) {
 		run  func(context.Context) error
 	}{
 		{"prepare run directory", p.prepareRunDir},
+		{"start virtiofsd", func(context.Context) error { return p.startFilesystems(opts.Virtiofsd) }},
 		{"exec " + opts.QEMU, func(context.Context) error { return p.exec(opts.QEMU, argv) }},
 		{"connect QMP", func(ctx context.Context) error { return p.connect(ctx, opts.StartTimeout) }},
 		{"resume guest", p.resume},
@@ -125,6 +130,31 @@ func (p *Process) prepareRunDir(context.Context) error {
 	return nil
 }
 
+// startFilesystems starts the filesystems' daemons, which QEMU connects to when it starts.
+func (p *Process) startFilesystems(virtiofsd string) error {
+	if len(p.machine.Filesystems) == 0 {
+		return nil
+	}
+	if virtiofsd == "" {
+		virtiofsd = DefaultVirtiofsd
+	}
+	fs, err := startFilesystems(p.machine, virtiofsd, p.log)
+	if err != nil {
+		return err
+	}
+	p.fs = fs
+	return nil
+}
+
+// daemonFailed ends QEMU because a virtiofsd it needs ended; the exit carries err.
+func (p *Process) daemonFailed(err error) {
+	p.mu.Lock()
+	p.daemonErr = err
+	p.mu.Unlock()
+	p.log.Error(err, "ending QEMU: a filesystem's daemon ended")
+	_ = p.cmd.Process.Kill()
+}
+
 func (p *Process) exec(qemu string, argv []string) error {
 	cmd := exec.Command(qemu, argv...)
 	cmd.Stdin = nil
@@ -139,6 +169,9 @@ func (p *Process) exec(qemu string, argv []string) error {
 	}
 	p.cmd = cmd
 	p.log.Info("qemu started", "pid", cmd.Process.Pid)
+	if p.fs != nil {
+		go p.fs.watch(p)
+	}
 	copied := make(chan struct{})
 	go p.copyStderr(stderr, copied)
 	go func() {
@@ -244,6 +277,7 @@ func (p *Process) abort() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
+	p.fs.stop()
 	p.close()
 }
 
@@ -308,6 +342,7 @@ func (p *Process) notifyLocked() {
 
 func (p *Process) onExit(waitErr error) {
 	close(p.exited)
+	p.fs.stop() // the daemons serve this QEMU only
 	exit := p.classify(waitErr)
 	p.mu.Lock()
 	p.exit = &exit
@@ -322,9 +357,13 @@ func (p *Process) onExit(waitErr error) {
 // classify says why QEMU ended from its wait status and the events it sent before.
 func (p *Process) classify(waitErr error) protocol.Exit {
 	p.mu.Lock()
-	shutdown, panicked, migrated, connected := p.shutdown, p.panicked, p.migrated, p.mon != nil
+	shutdown, panicked, migrated, connected, daemonErr := p.shutdown, p.panicked, p.migrated, p.mon != nil, p.daemonErr
 	p.mu.Unlock()
 	e := protocol.Exit{At: time.Now()}
+	if daemonErr != nil {
+		e.Reason, e.Detail = protocol.ExitCrashed, daemonErr.Error()
+		return e
+	}
 	var ee *exec.ExitError
 	switch {
 	case errors.As(waitErr, &ee) && ee.ProcessState != nil:

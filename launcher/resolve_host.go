@@ -84,6 +84,11 @@ func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, e
 		}
 		m.Images[desc.Disks[i].Name] = img
 	}
+	for i, f := range desc.Filesystems {
+		if err := sharedDir(machinePath.Child("filesystems").Index(i).Child("dir"), f); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if len(errs) > 0 {
 		return nil, errs
 	}

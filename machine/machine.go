@@ -82,6 +82,10 @@ type Machine struct {
 	Inputs []Input `json:"inputs,omitempty"`
 	// Watchdog is the guest's hardware watchdog; none when nil.
 	Watchdog *Watchdog `json:"watchdog,omitempty"`
+	// Filesystems are directories of the launcher's pod shared with the guest by virtio-fs, each
+	// served by a virtiofsd the launcher runs. With any, the guest's RAM is shared memory (a memfd)
+	// that the daemons map.
+	Filesystems []Filesystem `json:"filesystems,omitempty"`
 	// StartPaused leaves QEMU in prelaunch until a resume (startStrategy Paused).
 	StartPaused bool `json:"startPaused,omitempty"`
 	// GracePeriodSeconds is how long a graceful shutdown may take before QEMU is ended.
@@ -482,4 +486,19 @@ func (m *Machine) NIC(name string) *NIC {
 		}
 	}
 	return nil
+}
+
+// Filesystem is a directory shared with the guest by virtio-fs (KubeVirt's filesystems with
+// virtiofs).
+type Filesystem struct {
+	// Name is the virtio-fs tag the guest mounts (at most 36 bytes, the device's tag field).
+	Name string `json:"name"`
+	// Kind is the volume's source, for messages: persistentVolumeClaim, configMap, secret,
+	// serviceAccount or downwardAPI.
+	Kind string `json:"kind"`
+	// Dir is the shared directory in the launcher's pod: a claim's mount
+	// (podlayout.ClaimMount) or a config volume's (podlayout.ConfigVolumeMount).
+	// Config volumes and claims attached read-only are mounted read-only in the pod, so the
+	// guest's writes to them fail there.
+	Dir string `json:"dir"`
 }

@@ -183,9 +183,13 @@ func setPodInterface(spec *VirtualMachineInstanceSpec) {
 // its name (a hard disk, DefaultDisk), whatever its source: cloud-init volumes included.
 func SetVolumeDisks(spec *VirtualMachineInstanceSpec) {
 	dev := &spec.Domain.Devices
-	has := make(map[string]bool, len(dev.Disks))
+	has := make(map[string]bool, len(dev.Disks)+len(dev.Filesystems))
 	for _, d := range dev.Disks {
 		has[d.Name] = true
+	}
+	// A volume a filesystem shares is no disk (KubeVirt counts disks and filesystems alike).
+	for _, f := range dev.Filesystems {
+		has[f.Name] = true
 	}
 	for _, v := range spec.Volumes {
 		if !has[v.Name] {

@@ -10,6 +10,8 @@ const (
 	DisksNotLiveMigratableReason = "DisksNotLiveMigratable"
 	// HypervPassthroughReason is KubeVirt's VirtualMachineInstanceReasonHypervPassthroughNotMigratable.
 	HypervPassthroughReason = "HypervPassthroughNotLiveMigratable"
+	// VirtIOFSReason is KubeVirt's VirtualMachineInstanceReasonVirtIOFSNotMigratable.
+	VirtIOFSReason = "VirtIOFSNotLiveMigratable"
 )
 
 // ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim,
@@ -58,6 +60,11 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 	}
 	if f := spec.Domain.Features; f != nil && f.HypervPassthrough != nil && (f.HypervPassthrough.Enabled == nil || *f.HypervPassthrough.Enabled) {
 		return false, HypervPassthroughReason, "features.hypervPassthrough gives the guest the Hyper-V enlightenments of this node's KVM, which another node's may not offer"
+	}
+	if fss := spec.Domain.Devices.Filesystems; len(fss) > 0 {
+		// virtiofsd's state (the guest's open files, its inode numbers) does not migrate with QEMU
+		// 7.2's vhost-user-fs device, which blocks migration; KubeVirt refuses it the same way.
+		return false, VirtIOFSReason, fmt.Sprintf("filesystem %q is shared with virtiofs, whose state does not migrate", fss[0].Name)
 	}
 	for _, v := range spec.Volumes {
 		if v.HostDisk != nil && (v.HostDisk.Shared == nil || !*v.HostDisk.Shared) {

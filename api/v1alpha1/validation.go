@@ -659,14 +659,18 @@ func validateDiskVolumePairs(spec *VirtualMachineInstanceSpec, p *field.Path) fi
 			errs = append(errs, field.NotFound(p.Child("domain", "devices", "disks").Index(i).Child("name"), d.Name))
 		}
 	}
-	// After SetDefaults every volume has a disk; a spec checked without them (a hot-plug that adds
-	// a volume alone) is refused.
+	shared := map[string]bool{}
+	for _, f := range spec.Domain.Devices.Filesystems {
+		shared[f.Name] = true
+	}
+	// After SetDefaults every volume has a disk or a filesystem; a spec checked without them (a
+	// hot-plug that adds a volume alone) is refused.
 	for i, v := range spec.Volumes {
-		if !disks[v.Name] {
-			errs = append(errs, field.Invalid(p.Child("volumes").Index(i).Child("name"), v.Name, "no disk attaches this volume"))
+		if !disks[v.Name] && !shared[v.Name] {
+			errs = append(errs, field.Invalid(p.Child("volumes").Index(i).Child("name"), v.Name, "no disk or filesystem attaches this volume"))
 		}
 	}
-	return errs
+	return append(errs, validateFilesystems(spec, disks, p.Child("domain", "devices", "filesystems"))...)
 }
 
 func validateInterfaceNetworkPairs(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {

@@ -447,6 +447,10 @@ func FuzzValidateVirtualMachine(f *testing.F) {
 		Spec: runtime.RawExtension{Raw: []byte(`{"source":{"http":{"url":"https://example.com/disk.qcow2"}}}`)}}}
 	dv, _ := json.Marshal(withDV)
 	f.Add(dv)
+	withFS := validVM()
+	withFilesystems(&withFS.Spec.Template.Spec)
+	fs, _ := json.Marshal(withFS)
+	f.Add(fs)
 	f.Add([]byte(`{"spec":{"template":{"spec":{"domain":{"devices":{},"features":{"hypervPassthrough":{},"hyperv":{"synic":{},"vendorid":{"vendorid":"a,b"}}},` +
 		`"clock":{"utc":{"offsetSeconds":-86400},"timezone":"Europe/Paris","timer":{"hpet":{"present":false,"tickPolicy":"merge"},"pit":{"tickPolicy":"discard"}}}}}}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {

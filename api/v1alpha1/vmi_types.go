@@ -62,6 +62,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.blockMultiQueue) == has(oldSelf.domain.devices.blockMultiQueue) && (!has(self.domain.devices.blockMultiQueue) || self.domain.devices.blockMultiQueue == oldSelf.domain.devices.blockMultiQueue)",message="spec.domain.devices.blockMultiQueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.blockMultiQueue"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.filesystems) == has(oldSelf.domain.devices.filesystems) && (!has(self.domain.devices.filesystems) || self.domain.devices.filesystems == oldSelf.domain.devices.filesystems)",message="spec.domain.devices.filesystems is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.filesystems"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.ioThreadsPolicy) == has(oldSelf.domain.ioThreadsPolicy) && (!has(self.domain.ioThreadsPolicy) || self.domain.ioThreadsPolicy == oldSelf.domain.ioThreadsPolicy)",message="spec.domain.ioThreadsPolicy is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.ioThreadsPolicy"
 	// +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector) && (!has(self.nodeSelector) || self.nodeSelector == oldSelf.nodeSelector)",message="spec.nodeSelector is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".nodeSelector"
 	// +kubebuilder:validation:XValidation:rule="has(self.affinity) == has(oldSelf.affinity) && (!has(self.affinity) || self.affinity == oldSelf.affinity)",message="spec.affinity is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".affinity"
@@ -72,9 +73,10 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.startStrategy) == has(oldSelf.startStrategy) && (!has(self.startStrategy) || self.startStrategy == oldSelf.startStrategy)",message="spec.startStrategy is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".startStrategy"
 	// +kubebuilder:validation:XValidation:rule="has(self.terminationGracePeriodSeconds) == has(oldSelf.terminationGracePeriodSeconds) && (!has(self.terminationGracePeriodSeconds) || self.terminationGracePeriodSeconds == oldSelf.terminationGracePeriodSeconds)",message="spec.terminationGracePeriodSeconds is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".terminationGracePeriodSeconds"
 	// +kubebuilder:validation:XValidation:rule="has(self.hostname) == has(oldSelf.hostname) && (!has(self.hostname) || self.hostname == oldSelf.hostname)",message="spec.hostname is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".hostname"
-	// Every volume is attached by a disk: admission gives one to a volume without it, so only an
-	// instance's spec, not a VirtualMachine's template, carries this rule.
-	// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.domain.devices.disks) && self.domain.devices.disks.exists(d, d.name == v.name))",message="every volume must be attached by a disk of the same name in domain.devices.disks",fieldPath=".volumes"
+	// Every volume is attached by a disk or shared by a filesystem: admission gives a disk to a
+	// volume without either, so only an instance's spec, not a VirtualMachine's template, carries
+	// this rule.
+	// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, (has(self.domain.devices.disks) && self.domain.devices.disks.exists(d, d.name == v.name)) || (has(self.domain.devices.filesystems) && self.domain.devices.filesystems.exists(f, f.name == v.name)))",message="every volume must be attached by a disk of the same name in domain.devices.disks, or shared by a filesystem of the same name in domain.devices.filesystems",fieldPath=".volumes"
 	// +kubebuilder:validation:XValidation:rule="has(self.subdomain) == has(oldSelf.subdomain) && (!has(self.subdomain) || self.subdomain == oldSelf.subdomain)",message="spec.subdomain is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".subdomain"
 	// +kubebuilder:validation:XValidation:rule="has(self.readinessProbe) == has(oldSelf.readinessProbe) && (!has(self.readinessProbe) || self.readinessProbe == oldSelf.readinessProbe)",message="spec.readinessProbe is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".readinessProbe"
 	// +kubebuilder:validation:XValidation:rule="has(self.livenessProbe) == has(oldSelf.livenessProbe) && (!has(self.livenessProbe) || self.livenessProbe == oldSelf.livenessProbe)",message="spec.livenessProbe is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".livenessProbe"
@@ -532,7 +534,27 @@ type Devices struct {
 	// submit I/O without contending for one queue.
 	// +optional
 	BlockMultiQueue *bool `json:"blockMultiQueue,omitempty"`
+
+	// Filesystems share a volume's directory with the guest as a filesystem the guest mounts by the
+	// volume's name (virtiofs), rather than as a disk. The volume is a persistentVolumeClaim,
+	// configMap, secret, serviceAccount or downwardAPI volume, as in KubeVirt.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	Filesystems []Filesystem `json:"filesystems,omitempty"`
 }
+
+// Filesystem shares the volume of the same name with the guest (KubeVirt's Filesystem).
+type Filesystem struct {
+	// Name is the volume's name and the tag the guest mounts (mount -t virtiofs NAME /mnt).
+	Name string `json:"name"`
+	// Virtiofs shares it with virtio-fs, served by the launcher's own virtiofsd.
+	Virtiofs *FilesystemVirtiofs `json:"virtiofs"`
+}
+
+// FilesystemVirtiofs is virtio-fs (no settings, as KubeVirt's).
+type FilesystemVirtiofs struct{}
 
 // Rng is a virtio random number generator, as KubeVirt's (no settings).
 type Rng struct{}

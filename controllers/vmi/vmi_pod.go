@@ -129,6 +129,13 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 	if err := addHostDiskVolumes(pod, vmi.Namespace, spec, cfg); err != nil {
 		return nil, err
 	}
+	if len(spec.Domain.Devices.Filesystems) > 0 {
+		// The launcher runs virtiofsd in a user namespace of its own (launcher/filesystem.go),
+		// which the runtime's default seccomp profile refuses to a container without
+		// CAP_SYS_ADMIN. The container keeps its non-root user, no capabilities and no privilege
+		// escalation; only the syscall filter goes.
+		c.SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
+	}
 	return pod, nil
 }
 

@@ -64,6 +64,7 @@ var (
 	domainPath = specPath.Child("domain")
 	diskPath   = domainPath.Child("devices", "disks")
 	ifacePath  = domainPath.Child("devices", "interfaces")
+	fsPath     = domainPath.Child("devices", "filesystems")
 )
 
 // Machine is v's machine description. It validates the spec first and refuses what this version
@@ -106,6 +107,11 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		d, err := Disk(&spec.Domain.Devices.Disks[i], vols[spec.Domain.Devices.Disks[i].Name], host.Pod, diskPath.Index(i))
 		errs = append(errs, err...)
 		m.Disks = append(m.Disks, d)
+	}
+	for i := range spec.Domain.Devices.Filesystems {
+		f, err := Filesystem(&spec.Domain.Devices.Filesystems[i], vols[spec.Domain.Devices.Filesystems[i].Name], host.Pod, fsPath.Index(i))
+		errs = append(errs, err...)
+		m.Filesystems = append(m.Filesystems, f)
 	}
 	for i := range spec.Domain.Devices.Interfaces {
 		n, err := NIC(&spec.Domain.Devices.Interfaces[i], host.NICs, ifacePath.Index(i))

@@ -421,6 +421,7 @@ func FuzzMachine(f *testing.F) {
 	windows, _ := json.Marshal(windowsVMI().Spec)
 	f.Add(windows, true)
 	f.Add(windows, false)
+	f.Add([]byte(`{"domain":{"devices":{"filesystems":[{"name":"cm","virtiofs":{}}]}},"volumes":[{"name":"cm","configMap":{"name":"app"}}]}`), true)
 	f.Add([]byte(`{"domain":{"features":{"hypervPassthrough":{}},"clock":{"timezone":"Asia/Kolkata","timer":{"hyperv":{},"kvm":{"present":false}}},"devices":{}}}`), false)
 	f.Fuzz(func(t *testing.T, js []byte, emulation bool) {
 		v := validVMI()

@@ -36,7 +36,8 @@ var RootPackages = []string{"qemu-system-x86", "qemu-system-common", "qemu-syste
 // firmware and option ROMs a machine of the launcher's loads (QEMU's firmware path in Debian is
 // /usr/share/qemu, /usr/share/seabios, /usr/lib/ipxe/qemu). NICs get no option ROM
 // (romfile=""), so iPXE's are left out. The VNC server loads QEMU's default keymap, en-us, at
-// start even though clients send raw key codes (QEMU exits without it).
+// start even though clients send raw key codes (QEMU exits without it). QEMU's virtiofsd serves
+// the filesystems.
 func qemuFiles() []string {
 	files := []string{
 		"/usr/bin/qemu-system-x86_64",
@@ -53,6 +54,8 @@ func qemuFiles() []string {
 		"/usr/share/qemu/pvh.bin",
 		"/usr/share/qemu/kvmvapic.bin",
 		"/usr/share/qemu/keymaps/en-us",
+		// The daemon behind virtiofs filesystems (launcher/filesystem.go).
+		launcher.DefaultVirtiofsd,
 	}
 	for _, sb := range []bool{false, true} {
 		code, vars := launcher.OVMFFiles(sb)

@@ -155,6 +155,28 @@ func TestVolumeWithoutDiskInTemplateAccepted(t *testing.T) {
 	}
 }
 
+// TestFilesystemVolumeWithoutDiskAccepted: an instance's volume shared by a filesystem needs no
+// disk (the schema's volume rule counts filesystems, as KubeVirt's defaulting does); a filesystem
+// without its type is refused by the schema, as KubeVirt's is.
+func TestFilesystemVolumeWithoutDiskAccepted(t *testing.T) {
+	o := load(t, "vmi_testguest.yaml")
+	o.appendTo(t, "spec.volumes", map[string]any{"name": "data", "persistentVolumeClaim": map[string]any{"claimName": "shared"}})
+	o.set(t, "spec.domain.devices.filesystems", []any{map[string]any{"name": "data", "virtiofs": map[string]any{}}})
+	manifest, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := kubectl(t, manifest, "create", "--dry-run=server", "-n", "default", "-f", "-"); err != nil {
+		t.Fatalf("refused: %v: %s", err, stderr)
+	}
+	o.set(t, "spec.domain.devices.filesystems", []any{map[string]any{"name": "data"}})
+	manifest, _ = json.Marshal(o)
+	_, stderr, err := kubectl(t, manifest, "create", "--dry-run=server", "-n", "default", "-f", "-")
+	if err == nil || !strings.Contains(stderr, "spec.domain.devices.filesystems[0].virtiofs: Required value") {
+		t.Fatalf("a filesystem without virtiofs: %v %s, want it refused at spec.domain.devices.filesystems[0].virtiofs", err, stderr)
+	}
+}
+
 // TestFirmwareAccepted: the bootloaders and SMM in KubeVirt's shape pass the schema and its rules.
 func TestFirmwareAccepted(t *testing.T) {
 	for name, firmware := range map[string]struct{ bootloader, features map[string]any }{
