@@ -176,7 +176,19 @@ func (v *VMIValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachineI
 func checkRunnable(cfg config.Config, namespace string, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
 	errs := v1alpha1.NotRealised(spec, p)
 	errs = append(errs, validateHostPaths(cfg, namespace, spec, p, allVolumes(spec))...)
+	errs = append(errs, validateVirtiofs(cfg, spec, p)...)
 	return append(errs, validateEmulation(cfg, spec, p)...)
+}
+
+// validateVirtiofs refuses filesystems unless the cluster enabled them (see
+// config.Config.EnableVirtiofs for what enabling costs).
+func validateVirtiofs(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	if cfg.EnableVirtiofs || len(spec.Domain.Devices.Filesystems) == 0 {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(p.Child("domain", "devices", "filesystems"), fmt.Sprintf(
+		"virtiofs filesystems are not enabled in this cluster (enableVirtiofs in ConfigMap %s): their launcher pod runs without a seccomp profile, "+
+			"because QEMU 7.2's virtiofsd sandboxes itself in a user namespace; share the volume as a disk instead", config.ConfigMapName))}
 }
 
 // validateEmulation refuses the host CPU models (host-passthrough, host-model) where guests run

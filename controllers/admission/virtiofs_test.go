@@ -1,11 +1,14 @@
 package admission_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/machine"
+	"sigs.k8s.io/yaml"
 )
 
 // kvVirtiofs is KubeVirt's user guide example of sharing a PersistentVolumeClaim and a ConfigMap
@@ -48,6 +51,18 @@ spec:
 // stored instance translates into two shared directories where the launcher pod mounts them.
 func TestKubeVirtVirtiofs(t *testing.T) {
 	startWebhook(t)
+	// Off by default, naming the field and the key that turns it on.
+	var o map[string]any
+	if err := yaml.Unmarshal([]byte(kvVirtiofs), &o); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := apply(t, o, "testvmi-fs-off"); err == nil || !strings.Contains(stderr, "spec.domain.devices.filesystems") || !strings.Contains(stderr, "enableVirtiofs") {
+		t.Fatalf("with virtiofs not enabled: %v: %s; want a refusal naming spec.domain.devices.filesystems and enableVirtiofs", err, stderr)
+	}
+	cfg := config.Default()
+	cfg.EnableVirtiofs = true
+	store.Set(cfg)
+	t.Cleanup(func() { store.Set(config.Default()) })
 	createByKubectl(t, []byte(kvVirtiofs), "vmi", "testvmi-fs")
 	var vmi v1alpha1.VirtualMachineInstance
 	get(t, "vmi", "testvmi-fs", &vmi)

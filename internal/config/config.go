@@ -61,6 +61,12 @@ type Config struct {
 	// (KubeVirt's spec.configuration.evictionStrategy): None, LiveMigrate, LiveMigrateIfPossible
 	// or External; empty is None. Key: evictionStrategy.
 	EvictionStrategy v1alpha1.EvictionStrategy
+	// EnableVirtiofs admits instances with virtiofs filesystems. Off by default, as KubeVirt's
+	// virtiofs feature gates: their launcher pods run without a seccomp profile, since QEMU 7.2's
+	// virtiofsd can sandbox itself unprivileged only in a user namespace of its own, which the
+	// runtime's default profile forbids; a tenant who execs into such a pod reaches more of the
+	// node's kernel. Key: enableVirtiofs.
+	EnableVirtiofs bool
 }
 
 // EvictionStrategyFor is the eviction strategy in force for an instance: its own, else the
@@ -181,10 +187,12 @@ func (c *Config) set(key, val string) error {
 		c.InsecureRegistries, err = registries(val)
 	case "evictionStrategy":
 		c.EvictionStrategy, err = evictionStrategy(val)
+	case "enableVirtiofs":
+		c.EnableVirtiofs, err = strconv.ParseBool(val)
 	default:
 		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
 			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, progressTimeout, memoryOverheadBase, " +
-			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, evictionStrategy")
+			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, evictionStrategy, enableVirtiofs")
 	}
 	return err
 }
