@@ -29,7 +29,7 @@ import (
 func freePortRun(t *testing.T, n int) int {
 	t.Helper()
 	for {
-		first := freePort(t)
+		first := testutil.FreePortPair(t)
 		ok := true
 		for i := 1; i < n && ok; i++ {
 			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", itoa(first+i)))

@@ -30,7 +30,7 @@ func (c *Cluster) startAPI(ctx context.Context, cl client.Client, port int) erro
 			"--tls-secret=" + certs.APIServingSecret,
 			"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
 			"--handler-tls-secret=" + certs.APISecret, "--namespace=" + Namespace},
-		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(c.cp.opts.APIServerPort)+"/apis/subresources.qvirt.io/v1alpha1", c.cp.adminTLS)})
+		Ready: supervise.HTTPReady("https://127.0.0.1:"+strconv.Itoa(c.cp.opts.APIServerPort)+"/apis/subresources.qvirt.io/v1alpha1", c.cp.adminTLS)})
 }
 
 // apiObjects are what registers qvirt-api at the host address.

@@ -318,7 +318,7 @@ func (c *Cluster) handler(i int) supervise.Component {
 			"--migration-bind-address=" + migration, "--migration-advertise-address=" + migration,
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
 		Env:   []string{"KUBECONFIG=" + HandlerKubeconfig(c.opts.Dir, i)},
-		Ready: httpReady("http://"+probe+"/readyz", nil)}
+		Ready: supervise.HTTPReady("http://"+probe+"/readyz", nil)}
 }
 
 // Down stops the nodes (their pods get SIGTERM: guests power off gracefully), then every

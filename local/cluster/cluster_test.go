@@ -78,8 +78,8 @@ func TestLocalCluster(t *testing.T) {
 	started := time.Now()
 	c, err := Up(ctx, Options{Dir: dir, Nodes: 1, Emulation: true, Repo: "../..", Tools: tools, Bin: bin,
 		CNICache: filepath.Join(cache, "qvirt", "cni"), Progress: progress{t}, Log: testr.New(t), GuestDir: guest,
-		Ports: Ports{APIServer: freePort(t), Etcd: freePort(t), ControllerManager: freePort(t), Scheduler: freePort(t),
-			Webhook: freePort(t), ControllerProbe: freePort(t), Registry: freePort(t), Streams: freePort(t) - 1}})
+		Ports: Ports{APIServer: testutil.FreePortPair(t), Etcd: testutil.FreePortPair(t), ControllerManager: testutil.FreePortPair(t), Scheduler: testutil.FreePortPair(t),
+			Webhook: testutil.FreePortPair(t), ControllerProbe: testutil.FreePortPair(t), Registry: testutil.FreePortPair(t), Streams: testutil.FreePortPair(t) - 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,11 +10,9 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -178,7 +176,7 @@ func (cp *ControlPlane) etcd() supervise.Component {
 			"--peer-cert-file=" + p("etcd-server.crt"), "--peer-key-file=" + p("etcd-server.key"),
 			"--peer-client-cert-auth", "--peer-trusted-ca-file=" + p("etcd-ca.crt"),
 			"--initial-cluster=qvirt-local=" + peer, "--unsafe-no-fsync"},
-		Ready: httpReady(url+"/health", cp.etcdClientTLS)}
+		Ready: supervise.HTTPReady(url+"/health", cp.etcdClientTLS)}
 }
 
 func (cp *ControlPlane) etcdURL() string {
@@ -220,7 +218,7 @@ func (cp *ControlPlane) apiserver() supervise.Component {
 			"--kubelet-preferred-address-types=InternalIP",
 			"--kubelet-client-certificate=" + p("apiserver-kubelet-client.crt"), "--kubelet-client-key=" + p("apiserver-kubelet-client.key"),
 		},
-		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.APIServerPort)+"/readyz", cp.adminTLS)}
+		Ready: supervise.HTTPReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.APIServerPort)+"/readyz", cp.adminTLS)}
 }
 
 func (cp *ControlPlane) controllerManager() supervise.Component {
@@ -230,7 +228,7 @@ func (cp *ControlPlane) controllerManager() supervise.Component {
 			"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(cp.opts.ControllerManagerPort),
 			"--service-account-private-key-file=" + cp.pki("sa.key"), "--root-ca-file=" + cp.pki("ca.crt"),
 			"--use-service-account-credentials=true", "--leader-elect=false"},
-		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.ControllerManagerPort)+"/healthz", insecureTLS)}
+		Ready: supervise.HTTPReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.ControllerManagerPort)+"/healthz", insecureTLS)}
 }
 
 func (cp *ControlPlane) scheduler() supervise.Component {
@@ -238,7 +236,7 @@ func (cp *ControlPlane) scheduler() supervise.Component {
 	return supervise.Component{Name: "kube-scheduler", Path: filepath.Join(cp.opts.Tools, "kube-scheduler"),
 		Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
 			"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(cp.opts.SchedulerPort), "--leader-elect=false"},
-		Ready: httpReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.SchedulerPort)+"/healthz", insecureTLS)}
+		Ready: supervise.HTTPReady("https://127.0.0.1:"+strconv.Itoa(cp.opts.SchedulerPort)+"/healthz", insecureTLS)}
 }
 
 // adminTLS authenticates as the cluster admin and verifies the API server.
@@ -267,34 +265,4 @@ func clientTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
 // self-signed certificates on loopback: only "ok" is read from them.
 func insecureTLS() (*tls.Config, error) {
 	return &tls.Config{InsecureSkipVerify: true}, nil //nolint:gosec // loopback health check only
-}
-
-// httpReady is a readiness check: GET url answers 200.
-func httpReady(url string, tlsConfig func() (*tls.Config, error)) func(context.Context) error {
-	return func(ctx context.Context) error {
-		tr := &http.Transport{}
-		if tlsConfig != nil {
-			cfg, err := tlsConfig()
-			if err != nil {
-				return err
-			}
-			tr.TLSClientConfig = cfg
-		}
-		defer tr.CloseIdleConnections()
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := (&http.Client{Transport: tr}).Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %s", url, resp.Status)
-		}
-		return nil
-	}
 }

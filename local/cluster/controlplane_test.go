@@ -28,24 +28,8 @@ import (
 	"github.com/qvirt/qvirt/local/supervise"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/podnet"
+	"github.com/qvirt/qvirt/test/testutil"
 )
-
-// freePort is a TCP port nobody listens on now (and port+1 for etcd's peer URL).
-func freePort(t *testing.T) int {
-	t.Helper()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", itoa(port+1))); err == nil {
-			l2.Close()
-			return port
-		}
-	}
-}
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
@@ -72,10 +56,10 @@ func TestControlPlane(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	started := time.Now()
-	etcdPort := freePort(t)
+	etcdPort := testutil.FreePortPair(t)
 	cp, err := StartControlPlane(ctx, sup, ControlPlaneOptions{Dir: dir, Tools: tools,
-		Address: pods.Gateway.AsSlice(), APIServerPort: freePort(t), EtcdPort: etcdPort,
-		ControllerManagerPort: freePort(t), SchedulerPort: freePort(t)})
+		Address: pods.Gateway.AsSlice(), APIServerPort: testutil.FreePortPair(t), EtcdPort: etcdPort,
+		ControllerManagerPort: testutil.FreePortPair(t), SchedulerPort: testutil.FreePortPair(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func (cp *ControlPlane) Controller(o ControllerOptions, i int) supervise.Compone
 			"--shutdown-delay=" + delay.String(), "--metrics-bind-address=0",
 			"--health-probe-bind-address=" + o.probe(i)},
 		Env:   []string{"KUBECONFIG=" + filepath.Clean(cp.Kubeconfig)},
-		Ready: httpReady("http://"+o.probe(i)+"/readyz", nil)}
+		Ready: supervise.HTTPReady("http://"+o.probe(i)+"/readyz", nil)}
 }
 
 // StartControllers starts the replicas and keeps the webhook Service's endpoints (one

@@ -175,7 +175,7 @@ func (n *Node) Components() []supervise.Component {
 			"--root-dir=" + n.path("kubelet"), "--cert-dir=" + n.path("kubelet", "pki"),
 			"--hostname-override=" + o.Name, "--node-ip=" + o.NodeIP.String(), "--v=1"},
 		Env:   []string{path},
-		Ready: httpGet(health)}
+		Ready: supervise.HTTPReady(health, nil)}
 	return []supervise.Component{containerd, kubelet}
 }
 

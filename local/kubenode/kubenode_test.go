@@ -25,6 +25,7 @@ import (
 	"github.com/qvirt/qvirt/local/supervise"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/podnet"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // realNodes is the one cluster the tests of this package share: local mode's control plane, the
@@ -90,7 +91,7 @@ func startRealNodes(t *testing.T) *realNodes {
 		t.Fatal(err)
 	}
 	cp, err := cluster.StartControlPlane(ctx, sup, cluster.ControlPlaneOptions{Dir: dir, Tools: tools, Address: addr,
-		APIServerPort: freePort(t), EtcdPort: freePort(t), ControllerManagerPort: freePort(t), SchedulerPort: freePort(t)})
+		APIServerPort: testutil.FreePortPair(t), EtcdPort: testutil.FreePortPair(t), ControllerManagerPort: testutil.FreePortPair(t), SchedulerPort: testutil.FreePortPair(t)})
 	if err != nil {
 		sup.Stop(10 * time.Second)
 		t.Fatal(err)
@@ -111,7 +112,7 @@ func startRealNodes(t *testing.T) *realNodes {
 	subnet := randByte(t) &^ 1
 	for i := range 2 {
 		nodes = append(nodes, kubenode.Options{Name: fmt.Sprintf("qvirt-real-%d", i+1), Dir: filepath.Join(dir, fmt.Sprint("n", i+1)),
-			Bin: bin, CNIBin: cniBin, PKIDir: filepath.Join(dir, "pki"), Server: cp.Server, NodeIP: addr, KubeletPort: freePort(t),
+			Bin: bin, CNIBin: cniBin, PKIDir: filepath.Join(dir, "pki"), Server: cp.Server, NodeIP: addr, KubeletPort: testutil.FreePortPair(t),
 			PodCIDR: fmt.Sprintf("10.246.%d.0/24", subnet+i), Bridge: "qvkn" + podnet.RandHex(t, 3), Registry: srv.Addr(), SandboxImage: pause})
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
@@ -272,22 +273,4 @@ func randByte(t *testing.T) int {
 	var b int
 	fmt.Sscanf(podnet.RandHex(t, 1), "%x", &b)
 	return b
-}
-
-// freePort is a TCP port nobody listens on now, nor on the port above it (etcd's peer URL, the
-// kubelet's health port).
-func freePort(t *testing.T) int {
-	t.Helper()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(port+1))); err == nil {
-			l2.Close()
-			return port
-		}
-	}
 }

@@ -7,9 +7,11 @@ package supervise
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -300,4 +302,35 @@ func Alive(pid int, path string) bool {
 		path = real
 	}
 	return exe == path
+}
+
+// HTTPReady is a readiness check (Process.Ready): GET url answers 200. tlsConfig, when set, gives
+// the client its TLS configuration for an https url.
+func HTTPReady(url string, tlsConfig func() (*tls.Config, error)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		tr := &http.Transport{}
+		if tlsConfig != nil {
+			cfg, err := tlsConfig()
+			if err != nil {
+				return err
+			}
+			tr.TLSClientConfig = cfg
+		}
+		defer tr.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		return nil
+	}
 }

@@ -3,8 +3,10 @@ package testutil
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -52,4 +54,22 @@ func PodSocketDir(t testing.TB, podsDir string, podUID types.UID) string {
 		t.Fatal(err)
 	}
 	return real
+}
+
+// FreePortPair is a TCP port on loopback that nobody listens on now, nor on the port above it
+// (a component that also takes port+1: etcd's peer URL, the kubelet's health port).
+func FreePortPair(t *testing.T) int {
+	t.Helper()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+1))); err == nil {
+			l2.Close()
+			return port
+		}
+	}
 }
