@@ -206,13 +206,14 @@ func validateMemory(d *DomainSpec, p *field.Path) field.ErrorList {
 	return validateMemorySize(p.Child("resources", "requests", "memory"), guest)
 }
 
-// MaxGuestMemory is the most guest memory qvirt accepts: 16 TiB, far above what a node holds, and
-// low enough that the whole-MiB figure and the pod's request cannot overflow.
-const MaxGuestMemory = 16 << 40
+// MaxGuestMemory is the most guest memory qvirt accepts: 1 EiB. Larger is accepted by KubeVirt
+// and simply never scheduled (as is anything beyond the nodes' memory); the bound only keeps the
+// whole-MiB figure and the pod's request (guest plus overhead, in an int64) from overflowing.
+const MaxGuestMemory = 1 << 60
 
 func validateMemorySize(p *field.Path, q *resource.Quantity) field.ErrorList {
 	if q.CmpInt64(MaxGuestMemory) > 0 {
-		return field.ErrorList{field.Invalid(p, QuantityText(*q), "must be at most 16Ti")}
+		return field.ErrorList{field.Invalid(p, QuantityText(*q), "must be at most 1Ei")}
 	}
 	return nil
 }

@@ -221,10 +221,10 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"negative grace period", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.TerminationGracePeriodSeconds = ptr.To[int64](-1)
 		}, "spec.template.spec.terminationGracePeriodSeconds"},
-		{"memory beyond 16Ti", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
-			s.Domain.Memory.Guest = ptr.To(resource.MustParse("17Ti"))
+		{"memory beyond 1Ei", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Memory.Guest = ptr.To(resource.MustParse("2Ei"))
 		}, "spec.template.spec.domain.memory.guest"},
-		{"requested memory beyond 16Ti", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+		{"requested memory beyond 1Ei", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Memory = nil
 			s.Domain.Resources.Requests = corev1.ResourceList{"memory": resource.MustParse("1e30")}
 		}, "spec.template.spec.domain.resources.requests.memory"},

@@ -142,9 +142,9 @@ func TestWebhookRefusesWithFieldPaths(t *testing.T) {
 		{"an unknown time zone", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["domain"].(map[string]any)["clock"] = map[string]any{"timezone": "Mars/Olympus_Mons"}
 		}, "spec.template.spec.domain.clock.timezone", "tz database"},
-		{"memory beyond 16Ti", "vmi_testguest.yaml", "", false, func(s map[string]any) {
-			s["domain"].(map[string]any)["memory"] = map[string]any{"guest": "17Ti"}
-		}, "spec.domain.memory.guest", "must be at most 16Ti"},
+		{"memory beyond 1Ei", "vmi_testguest.yaml", "", false, func(s map[string]any) {
+			s["domain"].(map[string]any)["memory"] = map[string]any{"guest": "2Ei"}
+		}, "spec.domain.memory.guest", "must be at most 1Ei"},
 		{"user data over 2048 characters (the schema)", "vm_testguest.yaml", "", false, func(s map[string]any) {
 			s["volumes"] = []any{map[string]any{"name": "scratch", "cloudInitNoCloud": map[string]any{"userData": strings.Repeat("x", 2049)}}}
 		}, "spec.template.spec.volumes[0].cloudInitNoCloud.userData", "2048"},

@@ -61,7 +61,7 @@ func setupInstancetypes(mgr ctrl.Manager) error {
 func ValidateInstancetypeSpec(spec *v1alpha1.VirtualMachineInstancetypeSpec, p *field.Path) field.ErrorList {
 	errs := v1alpha1.NotRealisedInstancetype(spec, p)
 	if g := spec.Memory.Guest; g.CmpInt64(v1alpha1.MaxGuestMemory) > 0 {
-		errs = append(errs, field.Invalid(p.Child("memory", "guest"), g.String(), "must be at most 16Ti"))
+		errs = append(errs, field.Invalid(p.Child("memory", "guest"), g.String(), "must be at most 1Ei"))
 	}
 	return errs
 }
