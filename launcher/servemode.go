@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
@@ -96,7 +97,8 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*protocol.Exit, error) {
 	if err != nil || exit == nil {
 		return exit, err
 	}
-	writeTerminationLog(opts.TerminationLog, *exit, opts.Log)
+	st, _ := l.Status(context.Background())
+	writeTerminationLog(opts.TerminationLog, terminationMessage(*exit, st.Terminated), opts.Log)
 	if ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
@@ -143,13 +145,18 @@ func waitForEnd(ctx context.Context, l *Launcher, served <-chan error, started f
 	}
 }
 
-func writeTerminationLog(path string, exit protocol.Exit, log logr.Logger) {
+// terminationMessage is how the guest ended, for the pod's terminationMessagePath; it starts with
+// podlayout.TerminatedMessagePrefix when the launcher stopped the guest because it was told to.
+func terminationMessage(exit protocol.Exit, terminated bool) string {
+	if terminated {
+		return podlayout.TerminatedMessagePrefix + exit.String()
+	}
+	return exit.String()
+}
+
+func writeTerminationLog(path, msg string, log logr.Logger) {
 	if path == "" {
 		return
-	}
-	msg := string(exit.Reason)
-	if exit.Detail != "" {
-		msg += ": " + exit.Detail
 	}
 	if err := os.WriteFile(path, []byte(msg), 0o644); err != nil {
 		log.Error(err, "write termination message", "path", path)

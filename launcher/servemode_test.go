@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -132,5 +134,19 @@ func TestPodResolverRefusesFileImages(t *testing.T) {
 	allowing := podResolver{host: HostResolver{FileImagesInPod: true}, uid: uid, emulation: true}
 	if _, err := allowing.Resolve(&kernel, t.TempDir()); err != nil {
 		t.Errorf("with FileImagesInPod: %v", err)
+	}
+}
+
+// TestTerminationMessageSaysTerminated: the pod's termination message tells a guest the launcher
+// stopped because it was told to (SIGTERM, as after a liveness kill) from one that ended by itself,
+// so that the VMI reconciler can fail the instance when the node agent missed the launcher's status.
+func TestTerminationMessageSaysTerminated(t *testing.T) {
+	exit := protocol.Exit{Reason: protocol.ExitGuestShutdown}
+	if got, want := terminationMessage(exit, true), podlayout.TerminatedMessagePrefix+"guest shutdown"; got != want {
+		t.Errorf("terminated: %q, want %q", got, want)
+	}
+	killed := protocol.Exit{Reason: protocol.ExitKilled, Detail: "signal killed"}
+	if got, want := terminationMessage(killed, false), "killed: signal killed"; got != want {
+		t.Errorf("ended by itself: %q, want %q", got, want)
 	}
 }

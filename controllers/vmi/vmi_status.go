@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 )
@@ -79,6 +80,9 @@ func podOutcome(cur v1alpha1.VirtualMachineInstancePhase, pod *corev1.Pod) outco
 			EventMessage: fmt.Sprintf("Launcher pod %s failed%s", pod.Name, podFailureDetail(pod)),
 		}
 	case corev1.PodSucceeded:
+		if o, ok := terminatedPodOutcome(pod); ok {
+			return o
+		}
 		return outcome{
 			Phase: v1alpha1.Succeeded, Reason: ReasonPodSucceeded,
 			EventType: corev1.EventTypeNormal, EventReason: EventPodSucceeded,
@@ -97,6 +101,30 @@ func podOutcome(cur v1alpha1.VirtualMachineInstancePhase, pod *corev1.Pod) outco
 		return outcome{Phase: v1alpha1.Scheduling}
 	}
 	return same
+}
+
+// terminatedPodOutcome is the node agent's end for a launcher that stopped its guest because it was
+// told to stop (its termination message says so) while the pod stays, as after the kubelet's
+// liveness kill: Failed, not Succeeded. The node agent says the same when it reads the launcher's
+// status in time; this covers a launcher that exited first.
+func terminatedPodOutcome(pod *corev1.Pod) (outcome, bool) {
+	if !pod.DeletionTimestamp.IsZero() {
+		return outcome{}, false
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		t := cs.State.Terminated
+		if cs.Name != podlayout.ComputeContainer || t == nil {
+			continue
+		}
+		how, ok := strings.CutPrefix(t.Message, podlayout.TerminatedMessagePrefix)
+		if !ok {
+			return outcome{}, false
+		}
+		phase, reason, msg := vmisync.TerminatedOutcome(pod, vmisync.GuestEndedMessage(how))
+		return outcome{Phase: phase, Reason: reason, EventType: corev1.EventTypeWarning,
+			EventReason: vmisync.EventGuestEnded, EventMessage: msg}, true
+	}
+	return outcome{}, false
 }
 
 // podFailureDetail is ": <reason>: <message>" from the pod or its compute container, if any.

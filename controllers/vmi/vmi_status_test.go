@@ -10,8 +10,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
@@ -29,6 +31,18 @@ func TestPodOutcome(t *testing.T) {
 	failed.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: podlayout.ComputeContainer, State: corev1.ContainerState{
 		Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, Reason: "Error"},
 	}}}
+	// The kubelet killed the compute container for its liveness probe; the launcher powered the
+	// guest off and exited 0 before the node agent read its status.
+	livenessKilled := testPod(corev1.PodSucceeded, "node-1")
+	livenessKilled.Spec.Containers = []corev1.Container{{Name: podlayout.ComputeContainer,
+		LivenessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(81)}}}}}
+	livenessKilled.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: podlayout.ComputeContainer, State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: podlayout.TerminatedMessagePrefix + "guest shutdown"},
+	}}}
+	deletedAfterStop := livenessKilled.DeepCopy()
+	deletedAfterStop.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	poweredOff := livenessKilled.DeepCopy()
+	poweredOff.Status.ContainerStatuses[0].State.Terminated.Message = "guest shutdown"
 	cases := []struct {
 		name        string
 		cur         v1alpha1.VirtualMachineInstancePhase
@@ -57,6 +71,11 @@ func TestPodOutcome(t *testing.T) {
 		{name: "pod deleted while Running", cur: v1alpha1.Running, phase: v1alpha1.Failed, reason: ReasonPodDeleted, event: EventPodDeleted},
 		{name: "pod deleted while Scheduling", cur: v1alpha1.Scheduling, phase: v1alpha1.Failed, reason: ReasonPodDeleted, event: EventPodDeleted},
 		{name: "launcher exited cleanly", cur: v1alpha1.Running, pod: testPod(corev1.PodSucceeded, "node-1"), phase: v1alpha1.Succeeded, reason: ReasonPodSucceeded, event: EventPodSucceeded},
+		{name: "liveness kill the node agent missed", cur: v1alpha1.Running, pod: livenessKilled, phase: v1alpha1.Failed,
+			reason: vmisync.ReasonLivenessProbeFailed, event: vmisync.EventGuestEnded,
+			wantMessage: "The kubelet stopped the launcher pod's compute container: spec.livenessProbe failed. The guest ended: guest shutdown"},
+		{name: "launcher stopped for its pod's deletion", cur: v1alpha1.Running, pod: deletedAfterStop, phase: v1alpha1.Succeeded, reason: ReasonPodSucceeded, event: EventPodSucceeded},
+		{name: "guest powered off by itself", cur: v1alpha1.Running, pod: poweredOff, phase: v1alpha1.Succeeded, reason: ReasonPodSucceeded, event: EventPodSucceeded},
 		{name: "Failed is final", cur: v1alpha1.Failed, phase: v1alpha1.Failed},
 		{name: "Succeeded is final even with a failed pod", cur: v1alpha1.Succeeded, pod: testPod(corev1.PodFailed, "node-1"), phase: v1alpha1.Succeeded},
 	}

@@ -86,14 +86,13 @@ func guestOutcome(st *protocol.Status) (phase v1alpha1.VirtualMachineInstancePha
 		if exit == nil {
 			exit = &protocol.Exit{Reason: protocol.ExitFailedToStart, Detail: st.StartError}
 		}
-		message = "The guest ended: " + string(exit.Reason)
-		if exit.Detail != "" {
-			message += ": " + exit.Detail
-		}
-		return phase, exitReason(exit), message
+		return phase, exitReason(exit), GuestEndedMessage(exit.String())
 	}
 	return "", "", ""
 }
+
+// GuestEndedMessage is the Event message of a guest that ended how (protocol.Exit's String).
+func GuestEndedMessage(how string) string { return "The guest ended: " + how }
 
 // terminatedInPlace says whether the launcher stopped the guest because it was told to stop
 // (SIGTERM) while neither the instance nor the launcher pod is being deleted: the kubelet stopped
@@ -103,10 +102,11 @@ func terminatedInPlace(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *
 	return st.Terminated && v.DeletionTimestamp.IsZero() && pod != nil && pod.DeletionTimestamp.IsZero()
 }
 
-// terminatedOutcome is the instance's end when terminatedInPlace: Failed, since the guest did not
+// TerminatedOutcome is the instance's end when terminatedInPlace: Failed, since the guest did not
 // end by itself (so that runStrategy RerunOnFailure restarts it, as a liveness failure should),
-// with a reason naming the liveness probe when the compute container has one.
-func terminatedOutcome(pod *corev1.Pod, ended string) (v1alpha1.VirtualMachineInstancePhase, string, string) {
+// with a reason naming the liveness probe when the compute container has one. The VMI reconciler
+// uses it too, for a launcher that exited before the node agent read its status.
+func TerminatedOutcome(pod *corev1.Pod, ended string) (v1alpha1.VirtualMachineInstancePhase, string, string) {
 	if c := computeContainer(pod); c != nil && c.LivenessProbe != nil {
 		return v1alpha1.Failed, ReasonLivenessProbeFailed,
 			"The kubelet stopped the launcher pod's compute container: spec.livenessProbe failed. " + ended
@@ -123,7 +123,7 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 	status := &v.Status
 	phase, reason, msg := guestOutcome(st)
 	if phase.Final() && terminatedInPlace(v, pod, st) {
-		phase, reason, msg = terminatedOutcome(pod, msg)
+		phase, reason, msg = TerminatedOutcome(pod, msg)
 	}
 	if phase != "" && status.Phase != phase {
 		status.SetPhase(phase, now)

@@ -178,11 +178,7 @@ func takeoverStep(st *protocol.Status, podDeleting bool) (takeoverAction, string
 	case mig != nil && mig.Role == protocol.RoleTarget && mig.Handover == protocol.HandoverDone:
 		return stepDone, ""
 	case st.Exit != nil:
-		why := "its QEMU ended (" + string(st.Exit.Reason)
-		if st.Exit.Detail != "" {
-			why += ": " + st.Exit.Detail
-		}
-		return stepLost, why + ")"
+		return stepLost, "its QEMU ended (" + st.Exit.String() + ")"
 	case st.Phase == protocol.PhaseFailed:
 		return stepLost, "its QEMU did not start: " + st.StartError
 	case mig == nil || mig.Role != protocol.RoleTarget:

@@ -73,6 +73,12 @@ const (
 	FlagProbeTimeout   = "timeout"
 )
 
+// TerminatedMessagePrefix starts the compute container's termination message when the launcher
+// stopped the guest because it was told to stop (SIGTERM), not because the guest ended by itself.
+// The node agent learns that from the launcher's status; the VMI reconciler reads it here when the
+// launcher exited before the node agent asked, so that a liveness kill still fails the instance.
+const TerminatedMessagePrefix = "terminated (SIGTERM): "
+
 // Flags of `qvirt-launcher run` (outside Kubernetes), where the launcher still pulls its images.
 const (
 	FlagImageCache       = "image-cache"

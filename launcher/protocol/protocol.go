@@ -368,6 +368,14 @@ type Exit struct {
 	At     time.Time `json:"at"`
 }
 
+// String is "reason" or "reason: detail", as Events and the termination message say it.
+func (e Exit) String() string {
+	if e.Detail == "" {
+		return string(e.Reason)
+	}
+	return string(e.Reason) + ": " + e.Detail
+}
+
 // Stats is a snapshot of one VM's cumulative counters. Counters only grow while the same QEMU runs;
 // they start again from zero in a new QEMU (after a restart or on a migration target).
 type Stats struct {
