@@ -53,6 +53,8 @@ func TestBuildArgvPlacedNICs(t *testing.T) {
 		{"a cold device's port", func(n *machine.NIC) { n.Port = "port-nic-default" }, "machine.nics[2].port"},
 		{"bad tap", func(n *machine.NIC) { n.Tap = "tap,vhost=on" }, "machine.nics[2].tap"},
 		{"model that cannot be hot-plugged", func(n *machine.NIC) { n.Model = machine.NICE1000 }, "machine.nics[2].port"},
+		{"queues on an e1000e", func(n *machine.NIC) { n.Queues = 2 }, "machine.nics[2].queues"},
+		{"more queues than a tap has", func(n *machine.NIC) { n.Model, n.Queues = machine.NICVirtio, 257 }, "machine.nics[2].queues"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := BuildArgv(placed(tc.mutate))
@@ -72,6 +74,24 @@ func TestBuildArgvPlacedNICs(t *testing.T) {
 			t.Fatalf("want a duplicate port at machine.nics[2].port naming the disk, got %v", err)
 		}
 	})
+}
+
+// TestBuildArgvMultiQueueNIC: a virtio NIC with queue pairs opens that many tap queues and has
+// multi-queue on, with a vector for each queue, the control queue and config changes; hot-plugged
+// the same.
+func TestBuildArgvMultiQueueNIC(t *testing.T) {
+	m := fullMachine(t)
+	m.NICs[0].Queues = 4
+	argv, err := BuildArgv(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDev := `{"bus":"port-nic-default","driver":"virtio-net-pci","id":"nic-default","mac":"02:00:00:aa:bb:01","mq":true,"netdev":"net-default","romfile":"","vectors":10}`
+	if !slices.Contains(argv, wantDev) || !slices.ContainsFunc(argv, func(a string) bool {
+		return strings.HasPrefix(a, "tap,id=net-default,") && strings.HasSuffix(a, ",queues=4")
+	}) {
+		t.Errorf("argv lacks the 4-queue NIC's netdev and device %q:\n%s", wantDev, strings.Join(argv, "\n"))
+	}
 }
 
 func rootPortCount(argv []string) int {

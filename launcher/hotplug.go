@@ -293,7 +293,7 @@ func (l *Launcher) watchNICDHCP(p *Process, name string, srv *dhcpServer) {
 // addNICDevice adds the tap backend and the NIC on its port.
 func (l *Launcher) addNICDevice(ctx context.Context, p *Process, n *machine.NIC, hw string) error {
 	mon := p.Monitor()
-	if err := mon.NetdevAddTap(ctx, qmp.NetdevTap{ID: NetdevID(n.Name), Ifname: n.Tap}); err != nil {
+	if err := mon.NetdevAddTap(ctx, qmp.NetdevTap{ID: NetdevID(n.Name), Ifname: n.Tap, Queues: int(n.Queues)}); err != nil {
 		return fmt.Errorf("attach nic %q: %w", n.Name, err)
 	}
 	if err := mon.DeviceAdd(ctx, nicDevice(n, hw, n.Port)); err != nil {

@@ -56,6 +56,9 @@ func checkNIC(p machine.Path, n *machine.NIC) (string, machine.FieldErrors) {
 	case n.Port != "" && !drv.pcie:
 		errs = append(errs, machine.Invalid(p.Child("port"), n.Port, fmt.Sprintf("a %s NIC is a conventional PCI device and cannot be hot-plugged; use virtio or e1000e", n.Model)))
 	}
+	if n.Queues > 1 && (n.Model != machine.NICVirtio || n.Queues > maxNICQueues) {
+		errs = append(errs, machine.Invalid(p.Child("queues"), n.Queues, fmt.Sprintf("only a virtio NIC has several queues, at most %d (a tap's)", maxNICQueues)))
+	}
 	hw, err := parseMAC(n.MAC)
 	if err != nil {
 		errs = append(errs, machine.Invalid(p.Child("mac"), n.MAC, err.Error()))
@@ -66,12 +69,24 @@ func checkNIC(p machine.Path, n *machine.NIC) (string, machine.FieldErrors) {
 	return hw, errs
 }
 
+// maxNICQueues is the most queues a tap has (the kernel's MAX_TAP_QUEUES).
+const maxNICQueues = 256
+
+// multiQueue says whether n has several queue pairs (and its tap several queues).
+func multiQueue(n *machine.NIC) bool { return n.Queues > 1 }
+
 // nicDevice is a PCIe NIC's device on root port port, for -device (JSON) and device_add. No
 // option ROM (there is no network boot, and KubeVirt drops the ROM of interfaces without a boot
 // order too): a ROM is a RAM block a migration target would need as well.
 func nicDevice(n *machine.NIC, mac, port string) qmp.Device {
-	return qmp.Device{Driver: nicDrivers[n.Model].driver, ID: NICDeviceID(n.Name), Bus: port,
-		Props: map[string]any{"netdev": NetdevID(n.Name), "mac": mac, "romfile": ""}}
+	props := map[string]any{"netdev": NetdevID(n.Name), "mac": mac, "romfile": ""}
+	if multiQueue(n) {
+		// One MSI-X vector per queue of each pair, one for the control queue and one for config
+		// changes, as libvirt sets for KubeVirt.
+		props["mq"] = true
+		props["vectors"] = 2*n.Queues + 2
+	}
+	return qmp.Device{Driver: nicDrivers[n.Model].driver, ID: NICDeviceID(n.Name), Bus: port, Props: props}
 }
 
 // nics lays out every NIC: cold ones in order, then hot-plugged ones on their spare ports.
@@ -96,6 +111,9 @@ func (b *builder) nic(p machine.Path, n *machine.NIC) {
 	}
 	// No vhost: /dev/vhost-net is absent here, and QEMU may not open it without it.
 	netdev := "tap,id=" + NetdevID(n.Name) + ",ifname=" + optEscape(n.Tap) + ",script=no,downscript=no"
+	if multiQueue(n) {
+		netdev += fmt.Sprintf(",queues=%d", n.Queues)
+	}
 	id := NICDeviceID(n.Name)
 	if !nicDrivers[n.Model].pcie {
 		addr := fmt.Sprintf("%#x", lastFreeSlot-b.legacy)

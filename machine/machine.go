@@ -409,6 +409,9 @@ type NIC struct {
 	DHCP *DHCP `json:"dhcp,omitempty"`
 	// Port is the spare root port of a hot-plugged NIC; "" for a cold-plugged one.
 	Port string `json:"port,omitempty"`
+	// Queues is the queue pairs of a virtio NIC on a multi-queue Tap (one per vCPU); 0 for one
+	// queue on a single-queue tap.
+	Queues uint32 `json:"queues,omitempty"`
 }
 
 // DHCP is the one lease the launcher's DHCP server gives a guest NIC.

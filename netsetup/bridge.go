@@ -26,6 +26,8 @@ type Bridge struct {
 	TapOwner uint32
 	// TapGroup is the group that may open the tap with its owner (the launcher's).
 	TapGroup uint32
+	// TapMultiQueue makes a multi-queue tap, for a NIC with several queue pairs.
+	TapMultiQueue bool
 	// BridgeName is the bridge; DefaultBridgeName when empty.
 	BridgeName string
 }
@@ -110,7 +112,7 @@ func setupBridge(b Bridge) (*BridgeResult, error) {
 		}
 	}
 	var created []netlink.Link
-	err = ensureTap(b.TapName, b.TapOwner, b.TapGroup, res.MTU, br, &created)
+	err = ensureTap(tapSpec{b.TapName, b.TapOwner, b.TapGroup, b.TapMultiQueue}, res.MTU, br, &created)
 	if err == nil {
 		err = allowDHCPServer()
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"github.com/vishvananda/netns"
+	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
@@ -44,8 +45,8 @@ type guestVM struct {
 }
 
 // bootGuest starts the guest with one interface (binding set by the caller in iface) on tap and
-// waits for its DHCP lease of want.
-func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lease launcher.DHCPLease, dhcpIface string) *guestVM {
+// waits for its DHCP lease of want; tweaks change the VMI first.
+func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lease launcher.DHCPLease, dhcpIface string, tweaks ...func(*v1alpha1.VirtualMachineInstance)) *guestVM {
 	t.Helper()
 	guestDir, err := testutil.GuestDir()
 	if err != nil {
@@ -67,9 +68,13 @@ func bootGuest(t *testing.T, p *podNS, iface v1alpha1.Interface, tap string, lea
 	iface.Name = "default"
 	req.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{iface}
 	req.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	for _, tweak := range tweaks {
+		tweak(req)
+	}
 	// The node agent's part: the interface's host side is the tap netsetup made.
+	queues := v1alpha1.NICQueues(&req.Spec.Domain, &req.Spec.Domain.Devices.Interfaces[0])
 	m, err := translate.Machine(req, translate.Host{Emulation: true,
-		NICs: map[string]machine.NIC{"default": {Tap: tap, MAC: lease.MAC.String()}}})
+		NICs: map[string]machine.NIC{"default": {Tap: tap, MAC: lease.MAC.String(), Queues: queues}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,4 +257,33 @@ func TestMasqueradeGuest(t *testing.T) {
 		t.Errorf("nftables tables after teardown = %v, want %v as before setup", got, tablesBefore)
 	}
 	t.Logf("whole test %.1fs", time.Since(start).Seconds())
+}
+
+// TestMasqueradeGuestMultiQueue: with networkInterfaceMultiqueue and two vCPUs, the masquerade
+// binding's tap is a multi-queue one and the guest's virtio NIC has two queue pairs (rx-1 and tx-1
+// in its sysfs), and traffic still flows both ways.
+func TestMasqueradeGuestMultiQueue(t *testing.T) {
+	p := newPodNS(t)
+	id := randHex(t, 3)
+	m := netsetup.Masquerade{TapName: "qvtap" + id, BridgeName: "qvbr" + id, TapOwner: 0, TapMultiQueue: true}
+	res, err := netsetup.SetupMasquerade(p.Path, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netsetup.TeardownMasquerade(p.Path, m) })
+	hw, err := net.ParseMAC(netsetup.StableMAC(randHex(t, 8), "default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoQueues := func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Domain.CPU = &v1alpha1.CPU{Cores: 2}
+		v.Spec.Domain.Devices.NetworkInterfaceMultiQueue = ptr.To(true)
+	}
+	g := bootGuest(t, p, v1alpha1.Interface{Masquerade: &v1alpha1.InterfaceMasquerade{}}, res.TapName,
+		launcher.DHCPLease{MAC: hw, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: []netip.Addr{p.HostIP},
+			Hostname: "testguest", MTU: res.MTU}, res.BridgeName, twoQueues)
+	g.con.Run(t, "echo QUEUES $(ls /sys/class/net/eth0/queues/)", "QUEUES rx-0 rx-1 tx-0 tx-1", time.Minute)
+	checkOutbound(t, g, p, p.PodIP)
+	checkInbound(t, p.PodIP)
+	g.shutdown(t)
 }

@@ -46,6 +46,8 @@ type Masquerade struct {
 	TapOwner uint32
 	// TapGroup is the group that may open the tap with its owner (the launcher's).
 	TapGroup uint32
+	// TapMultiQueue makes a multi-queue tap, for a NIC with several queue pairs.
+	TapMultiQueue bool
 	// BridgeName is the bridge holding the gateway address; DefaultBridgeName when empty.
 	BridgeName string
 	// MTU of the bridge and tap; the pod interface's MTU when zero.
@@ -170,7 +172,7 @@ func setupMasquerade(netNS ns.NetNS, m Masquerade) (res *Result, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureTap(m.TapName, m.TapOwner, m.TapGroup, mtu, br, &created); err != nil {
+	if err := ensureTap(tapSpec{m.TapName, m.TapOwner, m.TapGroup, m.TapMultiQueue}, mtu, br, &created); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
@@ -283,8 +285,21 @@ func ensureBridge(name string, mtu int, gw netip.Prefix, created *[]netlink.Link
 	return link, nil
 }
 
+// tapSpec is the tap a binding makes: its name, the owner and group that may open it, and whether
+// it has several queues.
+type tapSpec struct {
+	name         string
+	owner, group uint32
+	multiQueue   bool
+}
+
 // ensureTap makes or reuses the tap; a tap it makes is appended to created.
-func ensureTap(name string, owner, group uint32, mtu int, br netlink.Link, created *[]netlink.Link) error {
+func ensureTap(spec tapSpec, mtu int, br netlink.Link, created *[]netlink.Link) error {
+	name := spec.name
+	flags := netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR
+	if spec.multiQueue {
+		flags |= netlink.TUNTAP_MULTI_QUEUE
+	}
 	link, err := netlink.LinkByName(name)
 	switch {
 	case err == nil:
@@ -292,22 +307,35 @@ func ensureTap(name string, owner, group uint32, mtu int, br netlink.Link, creat
 		if !ok || tap.Mode != netlink.TUNTAP_MODE_TAP {
 			return fmt.Errorf("tap %s: a %s link of that name exists", name, link.Type())
 		}
-		if tap.Owner != owner || tap.Group != group {
-			return fmt.Errorf("tap %s exists owned by %d:%d, want %d:%d", name, tap.Owner, tap.Group, owner, group)
+		if tap.Owner != spec.owner || tap.Group != spec.group {
+			return fmt.Errorf("tap %s exists owned by %d:%d, want %d:%d", name, tap.Owner, tap.Group, spec.owner, spec.group)
+		}
+		if has := tap.Flags&netlink.TUNTAP_MULTI_QUEUE != 0; has != spec.multiQueue {
+			return fmt.Errorf("tap %s exists with multi-queue %t, want %t", name, has, spec.multiQueue)
 		}
 	case isNotFound(err):
-		// Persistent, so that it outlives this call and QEMU opens it by name. No multi-queue:
-		// QEMU's default single-queue open must match. QEMU negotiates vnet_hdr itself.
+		// Persistent, so that it outlives this call and QEMU opens it by name, with as many queues
+		// as the NIC has: QEMU's open (queues=N, or its default single queue) must match the tap's
+		// multi-queue flag. QEMU negotiates vnet_hdr itself.
 		tap := &netlink.Tuntap{
 			LinkAttrs: netlink.LinkAttrs{Name: name},
 			Mode:      netlink.TUNTAP_MODE_TAP,
-			Flags:     netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR,
-			Owner:     owner,
+			Flags:     flags,
+			Owner:     spec.owner,
 			// The kernel lets a process attach only when it matches both the owner and the
 			// group (a tap always has one).
-			Group: group,
+			Group: spec.group,
 		}
-		if err := netlink.LinkAdd(tap); err != nil {
+		if spec.multiQueue {
+			// With Queues set, LinkAdd keeps the queue it opened to create the tap: close it, so
+			// that QEMU's queues are the only ones.
+			tap.Queues = 1
+		}
+		err := netlink.LinkAdd(tap)
+		for _, f := range tap.Fds {
+			_ = f.Close()
+		}
+		if err != nil {
 			return fmt.Errorf("create tap %s: %w", name, err)
 		}
 		*created = append(*created, tap)

@@ -439,7 +439,7 @@ type DevicePreferences struct {
 	// PreferredBlockMultiQueue is domain.devices.blockMultiQueue.
 	// +optional
 	PreferredBlockMultiQueue *bool `json:"preferredBlockMultiQueue,omitempty"`
-	// PreferredNetworkInterfaceMultiQueue: not supported by this version of qvirt (refused).
+	// PreferredNetworkInterfaceMultiQueue is domain.devices.networkInterfaceMultiqueue.
 	// +optional
 	PreferredNetworkInterfaceMultiQueue *bool `json:"preferredNetworkInterfaceMultiQueue,omitempty"`
 	// PreferredTPM: not supported by this version of qvirt (refused).

@@ -91,9 +91,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if d.PreferredDiskBlockSize != nil {
 			no(dp.Child("preferredDiskBlockSize"), "a disk block size")
 		}
-		if b := d.PreferredNetworkInterfaceMultiQueue; b != nil && *b {
-			no(dp.Child("preferredNetworkInterfaceMultiQueue"), "network interface multiqueue")
-		}
 		if d.PreferredTPM != nil {
 			no(dp.Child("preferredTPM"), "a TPM")
 		}

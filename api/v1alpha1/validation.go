@@ -180,6 +180,24 @@ func validateCPU(cpu *CPU, p *field.Path) field.ErrorList {
 	return errs
 }
 
+// MaxNICQueues is the most queue pairs networkInterfaceMultiqueue gives an interface: the tap's
+// limit (the kernel's MAX_TAP_QUEUES), where KubeVirt caps it too.
+const MaxNICQueues = 256
+
+// NICQueues is the queue pairs of interface in of domain d: one per vCPU (at most MaxNICQueues)
+// for a virtio interface when devices.networkInterfaceMultiqueue is true, else 0 (one queue).
+func NICQueues(d *DomainSpec, in *Interface) uint32 {
+	mq := d.Devices.NetworkInterfaceMultiQueue
+	if mq == nil || !*mq || (in.Model != "" && in.Model != DefaultInterfaceModel) {
+		return 0
+	}
+	n := min(VCPUs(d.CPU), MaxNICQueues)
+	if n < 2 {
+		return 0
+	}
+	return uint32(n)
+}
+
 // VCPUs is the vCPU count of a topology, counting unset values as 1.
 func VCPUs(cpu *CPU) uint64 {
 	if cpu == nil {

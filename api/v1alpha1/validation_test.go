@@ -580,3 +580,32 @@ func TestHugeQuantityRefusedQuickly(t *testing.T) {
 		t.Fatalf("errors %v, want one naming domain.memory.guest as above 2^63", errs)
 	}
 }
+
+// TestNICQueues: networkInterfaceMultiqueue gives a virtio interface a queue pair per vCPU, up to a
+// tap's 256; other models, one vCPU, or the setting off keep one queue.
+func TestNICQueues(t *testing.T) {
+	on, off := true, false
+	for _, tc := range []struct {
+		name  string
+		mq    *bool
+		cpu   *CPU
+		model string
+		want  uint32
+	}{
+		{"virtio, 4 vCPUs", &on, &CPU{Sockets: 2, Cores: 2}, "", 4},
+		{"explicit virtio", &on, &CPU{Cores: 3}, "virtio", 3},
+		{"e1000 stays single-queue", &on, &CPU{Cores: 4}, "e1000", 0},
+		{"one vCPU", &on, nil, "", 0},
+		{"off", &off, &CPU{Cores: 4}, "", 0},
+		{"unset", nil, &CPU{Cores: 4}, "", 0},
+		{"capped at a tap's queues", &on, &CPU{Sockets: 2, Cores: 200}, "", MaxNICQueues},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &DomainSpec{CPU: tc.cpu}
+			d.Devices.NetworkInterfaceMultiQueue = tc.mq
+			if got := NICQueues(d, &Interface{Model: tc.model}); got != tc.want {
+				t.Errorf("NICQueues = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}

@@ -62,6 +62,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.blockMultiQueue) == has(oldSelf.domain.devices.blockMultiQueue) && (!has(self.domain.devices.blockMultiQueue) || self.domain.devices.blockMultiQueue == oldSelf.domain.devices.blockMultiQueue)",message="spec.domain.devices.blockMultiQueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.blockMultiQueue"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.networkInterfaceMultiqueue) == has(oldSelf.domain.devices.networkInterfaceMultiqueue) && (!has(self.domain.devices.networkInterfaceMultiqueue) || self.domain.devices.networkInterfaceMultiqueue == oldSelf.domain.devices.networkInterfaceMultiqueue)",message="spec.domain.devices.networkInterfaceMultiqueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.networkInterfaceMultiqueue"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.filesystems) == has(oldSelf.domain.devices.filesystems) && (!has(self.domain.devices.filesystems) || self.domain.devices.filesystems == oldSelf.domain.devices.filesystems)",message="spec.domain.devices.filesystems is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.filesystems"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.ioThreadsPolicy) == has(oldSelf.domain.ioThreadsPolicy) && (!has(self.domain.ioThreadsPolicy) || self.domain.ioThreadsPolicy == oldSelf.domain.ioThreadsPolicy)",message="spec.domain.ioThreadsPolicy is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.ioThreadsPolicy"
 	// +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector) && (!has(self.nodeSelector) || self.nodeSelector == oldSelf.nodeSelector)",message="spec.nodeSelector is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".nodeSelector"
@@ -534,6 +535,12 @@ type Devices struct {
 	// submit I/O without contending for one queue.
 	// +optional
 	BlockMultiQueue *bool `json:"blockMultiQueue,omitempty"`
+
+	// NetworkInterfaceMultiQueue gives each virtio interface one queue pair per vCPU (at most
+	// MaxNICQueues), on a multi-queue tap, so the guest's CPUs send and receive in parallel. Other
+	// interface models stay single-queue, as in KubeVirt.
+	// +optional
+	NetworkInterfaceMultiQueue *bool `json:"networkInterfaceMultiqueue,omitempty"`
 
 	// Filesystems share a volume's directory with the guest as a filesystem the guest mounts by the
 	// volume's name (virtiofs), rather than as a disk. The volume is a persistentVolumeClaim,

@@ -574,6 +574,11 @@ func (in *Devices) DeepCopyInto(out *Devices) {
 		*out = new(bool)
 		**out = **in
 	}
+	if in.NetworkInterfaceMultiQueue != nil {
+		in, out := &in.NetworkInterfaceMultiQueue, &out.NetworkInterfaceMultiQueue
+		*out = new(bool)
+		**out = **in
+	}
 	if in.Filesystems != nil {
 		in, out := &in.Filesystems, &out.Filesystems
 		*out = make([]Filesystem, len(*in))

@@ -51,6 +51,7 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 	setBool(&dev.AutoattachPodInterface, p.PreferredAutoattachPodInterface)
 	setBool(&dev.AutoattachSerialConsole, p.PreferredAutoattachSerialConsole)
 	setBool(&dev.BlockMultiQueue, p.PreferredBlockMultiQueue)
+	setBool(&dev.NetworkInterfaceMultiQueue, p.PreferredNetworkInterfaceMultiQueue)
 	if dev.Rng == nil && p.PreferredRng != nil {
 		dev.Rng = &v1alpha1.Rng{}
 	}

@@ -104,7 +104,7 @@ func testInstancetypeExpansion(h *harness) error {
 			CPU: &v1alpha1.CPUPreferences{PreferredCPUTopology: ptr.To(v1alpha1.PreferCores)},
 			Devices: &v1alpha1.DevicePreferences{
 				PreferredDiskBus: v1alpha1.DiskBusSATA, PreferredInterfaceModel: "e1000",
-				PreferredRng: &v1alpha1.Rng{}, PreferredBlockMultiQueue: ptr.To(true),
+				PreferredRng: &v1alpha1.Rng{}, PreferredBlockMultiQueue: ptr.To(true), PreferredNetworkInterfaceMultiQueue: ptr.To(true),
 			},
 			Machine:                                &v1alpha1.MachinePreferences{PreferredMachineType: "pc-q35-7.2"},
 			PreferredTerminationGracePeriodSeconds: ptr.To[int64](30),
@@ -141,6 +141,9 @@ func testInstancetypeExpansion(h *harness) error {
 	}
 	if d.Devices.Rng == nil || d.Devices.BlockMultiQueue == nil || !*d.Devices.BlockMultiQueue {
 		problems = append(problems, "no rng or blockMultiQueue from the preference")
+	}
+	if mq := d.Devices.NetworkInterfaceMultiQueue; mq == nil || !*mq {
+		problems = append(problems, "no networkInterfaceMultiqueue from the preference")
 	}
 	if d.Machine == nil || d.Machine.Type != "pc-q35-7.2" {
 		problems = append(problems, fmt.Sprintf("machine %+v, want the preferred pc-q35-7.2", d.Machine))

@@ -39,44 +39,52 @@ func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer laun
 		return nil, err
 	}
 	hostname := pod.Spec.Hostname
+	queues := v1alpha1.NICQueues(&v.Spec.Domain, in)
+	var nic machine.NIC
 	if in.Bridge != nil {
-		return bridgeSetup(in, peer, dns, hostname)
+		nic, err = bridgeSetup(in, peer, dns, hostname, queues > 1)
+	} else {
+		nic, err = masqueradeSetup(v, in, peer, dns, hostname, queues > 1, base.Index(0))
 	}
-	return masqueradeSetup(v, in, peer, dns, hostname, base.Index(0))
+	if err != nil {
+		return nil, err
+	}
+	nic.Queues = queues
+	return map[string]machine.NIC{in.Name: nic}, nil
 }
 
-func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, p *field.Path) (map[string]machine.NIC, error) {
+func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, multiQueue bool, p *field.Path) (machine.NIC, error) {
 	// Migration streams reach a target through the node agent and a socket in the pod, never a
 	// port of the pod: the pod keeps no port of its own from the guest.
-	m := netsetup.Masquerade{TapOwner: peer.UID, TapGroup: peer.GID}
+	m := netsetup.Masquerade{TapOwner: peer.UID, TapGroup: peer.GID, TapMultiQueue: multiQueue}
 	for i, port := range in.Ports {
 		if port.Port < 1 || port.Port > 65535 {
-			return nil, field.Invalid(p.Child("ports").Index(i).Child("port"), port.Port, "must be 1-65535")
+			return machine.NIC{}, field.Invalid(p.Child("ports").Index(i).Child("port"), port.Port, "must be 1-65535")
 		}
 		m.Ports = append(m.Ports, netsetup.Port{Protocol: port.Protocol, Port: port.Port})
 	}
 	res, err := netsetup.SetupMasquerade(peer.NetNSPath(), m)
 	if err != nil {
-		return nil, fmt.Errorf("masquerade binding of interface %q: %w", in.Name, err)
+		return machine.NIC{}, fmt.Errorf("masquerade binding of interface %q: %w", in.Name, err)
 	}
 	// The binding's MAC; the spec's macAddress, when set, wins in translate.NIC.
 	mac := netsetup.StableMAC(string(v.UID), in.Name)
-	return map[string]machine.NIC{in.Name: {Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &machine.DHCP{
+	return machine.NIC{Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &machine.DHCP{
 		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: dns, Hostname: hostname, MTU: res.MTU,
-	}}}, nil
+	}}, nil
 }
 
-func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string) (map[string]machine.NIC, error) {
-	res, err := netsetup.SetupBridge(peer.NetNSPath(), netsetup.Bridge{TapOwner: peer.UID, TapGroup: peer.GID})
+func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, multiQueue bool) (machine.NIC, error) {
+	res, err := netsetup.SetupBridge(peer.NetNSPath(), netsetup.Bridge{TapOwner: peer.UID, TapGroup: peer.GID, TapMultiQueue: multiQueue})
 	if err != nil {
-		return nil, fmt.Errorf("bridge binding of interface %q: %w", in.Name, err)
+		return machine.NIC{}, fmt.Errorf("bridge binding of interface %q: %w", in.Name, err)
 	}
 	// The pod network knows the pod's address at the pod interface's original MAC; the spec's
 	// macAddress, when set, wins in translate.NIC.
-	return map[string]machine.NIC{in.Name: {Name: in.Name, Tap: res.TapName, MAC: res.MAC.String(), DHCP: &machine.DHCP{
+	return machine.NIC{Name: in.Name, Tap: res.TapName, MAC: res.MAC.String(), DHCP: &machine.DHCP{
 		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.Gateway, ServerID: res.ServerIP,
 		DNS: dns, Hostname: hostname, MTU: res.MTU,
-	}}}, nil
+	}}, nil
 }
 
 // podDNS are the nameservers of the launcher pod's resolv.conf, read through the launcher's root
