@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -42,8 +41,12 @@ func newCreateVM() *cobra.Command {
 			"  labels of the first volume's claim (--infer-*-from names another volume);\n" +
 			"  --volume-containerdisk src:IMAGE[,name:NAME][,bootorder:N] and\n" +
 			"  --volume-pvc src:CLAIM[,name:NAME][,bootorder:N] add volumes, in the order given.\n" +
-			"Without an instancetype the guest gets --memory. --volume-import creates CDI DataVolumes,\n" +
-			"which this version of qvirt does not support: it is refused.",
+			"  --volume-import type:TYPE[,name:NAME][,size:SIZE][,bootorder:N][,...] adds a CDI DataVolume\n" +
+			"  (a dataVolumeTemplate) and its volume: TYPE blank, http, s3 or gcs (url:URL), registry\n" +
+			"  (url:docker://IMAGE or imagestream:NAME), pvc or snapshot (src:NAMESPACE/NAME, cloned) or\n" +
+			"  ds (src:[NAMESPACE/]DATASOURCE); size is required but for pvc, snapshot and ds. Volumes\n" +
+			"  come in this order: containerdisks, claims, imports. The VM runs where CDI is installed.\n" +
+			"Without an instancetype the guest gets --memory.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			vm, err := o.build()
@@ -71,16 +74,12 @@ func newCreateVM() *cobra.Command {
 	f.StringVar(&o.inferFrom, "infer-preference-from", "", "infer the preference from this volume's claim labels")
 	f.StringArrayVar(&o.containerDisks, "volume-containerdisk", nil, "src:IMAGE[,name:NAME][,bootorder:N] (repeatable)")
 	f.StringArrayVar(&o.pvcs, "volume-pvc", nil, "src:CLAIM[,name:NAME][,bootorder:N] (repeatable)")
-	f.StringArrayVar(&o.imports, "volume-import", nil, "refused: it would write a dataVolumeTemplate, which qvirtctl does not write yet")
+	f.StringArrayVar(&o.imports, "volume-import", nil, "type:TYPE[,name:NAME][,size:SIZE][,bootorder:N][,src:...|url:...] a DataVolume to import (repeatable)")
 	return cmd
 }
 
 // build is the VirtualMachine the options describe, or an error naming the flag at fault.
 func (o *createVMOptions) build() (*v1alpha1.VirtualMachine, error) {
-	if len(o.imports) > 0 {
-		return nil, errors.New("--volume-import: it creates a CDI DataVolume (a dataVolumeTemplate), which qvirtctl does not write yet; " +
-			"write spec.dataVolumeTemplates in the printed VM (it runs where CDI is installed), or import the disk into a PersistentVolumeClaim and use --volume-pvc, or use --volume-containerdisk")
-	}
 	rs := v1alpha1.RunStrategy(o.runStrategy)
 	switch rs {
 	case v1alpha1.RunStrategyAlways, v1alpha1.RunStrategyRerunOnFailure, v1alpha1.RunStrategyOnce, v1alpha1.RunStrategyManual, v1alpha1.RunStrategyHalted:
@@ -120,11 +119,9 @@ func (o *createVMOptions) build() (*v1alpha1.VirtualMachine, error) {
 	return vm, nil
 }
 
-// addVolumes adds the --volume-containerdisk and --volume-pvc volumes, containerdisks first as
-// virtctl does; a volume with a boot order gets a disk carrying it, the others get their disks
-// from the defaults.
+// addVolumes adds the --volume-containerdisk, --volume-pvc and --volume-import volumes, in that
+// order as virtctl does.
 func (o *createVMOptions) addVolumes(vm *v1alpha1.VirtualMachine) error {
-	spec := &vm.Spec.Template.Spec
 	names := map[string]bool{}
 	add := func(flag, raw string, defaultName func(src string) string, source func(src string) v1alpha1.VolumeSource) error {
 		p, err := parseVolumeParams(flag, raw, "src", "name", "bootorder")
@@ -139,20 +136,7 @@ func (o *createVMOptions) addVolumes(vm *v1alpha1.VirtualMachine) error {
 		if name == "" {
 			name = defaultName(src)
 		}
-		if names[name] {
-			return fmt.Errorf("%s %q: there is already a volume named %q", flag, raw, name)
-		}
-		names[name] = true
-		spec.Volumes = append(spec.Volumes, v1alpha1.Volume{Name: name, VolumeSource: source(src)})
-		if b, ok := p["bootorder"]; ok {
-			n, err := strconv.ParseUint(b, 10, 32)
-			if err != nil || n == 0 {
-				return fmt.Errorf("%s %q: bootorder %q must be a whole number from 1", flag, raw, b)
-			}
-			order := uint32(n)
-			spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, v1alpha1.Disk{Name: name, BootOrder: &order})
-		}
-		return nil
+		return addVolume(vm, names, flag, raw, v1alpha1.Volume{Name: name, VolumeSource: source(src)}, p)
 	}
 	for i, raw := range o.containerDisks {
 		if err := add("--volume-containerdisk", raw, func(string) string { return fmt.Sprintf("containerdisk-%d", i) },
@@ -170,6 +154,33 @@ func (o *createVMOptions) addVolumes(vm *v1alpha1.VirtualMachine) error {
 			return err
 		}
 	}
+	for _, raw := range o.imports {
+		if err := addImport(vm, names, raw); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addVolume adds volume v, given by flag's value raw, unless its name is taken; a boot order in p
+// gives it a disk carrying it (the others get their disks from the defaults).
+func addVolume(vm *v1alpha1.VirtualMachine, names map[string]bool, flag, raw string, v v1alpha1.Volume, p map[string]string) error {
+	if names[v.Name] {
+		return fmt.Errorf("%s %q: there is already a volume named %q", flag, raw, v.Name)
+	}
+	names[v.Name] = true
+	spec := &vm.Spec.Template.Spec
+	spec.Volumes = append(spec.Volumes, v)
+	b, ok := p["bootorder"]
+	if !ok {
+		return nil
+	}
+	n, err := strconv.ParseUint(b, 10, 32)
+	if err != nil || n == 0 {
+		return fmt.Errorf("%s %q: bootorder %q must be a whole number from 1", flag, raw, b)
+	}
+	order := uint32(n)
+	spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, v1alpha1.Disk{Name: v.Name, BootOrder: &order})
 	return nil
 }
 

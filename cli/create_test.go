@@ -91,12 +91,76 @@ func TestCreateVM(t *testing.T) {
 	}
 }
 
+// TestCreateVMImports: each --volume-import becomes a dataVolumeTemplate with CDI's spec for its
+// type and a dataVolume volume of the same name, after the containerdisks and claims, as virtctl
+// writes them; the VM is valid.
+func TestCreateVMImports(t *testing.T) {
+	vm, err := runCreateVM(t, "--name", "imported", "--volume-import", "type:ds,src:os-images/fedora,name:root,bootorder:1",
+		"--volume-pvc", "src:data", "--volume-import", "type:blank,size:10Gi,name:scratch",
+		"--volume-import", "type:http,url:https://example.com/disk.qcow2,size:5Gi,secretref:creds,name:web",
+		"--volume-import", "type:registry,url:docker://quay.io/containerdisks/fedora:40,pullmethod:node,size:5Gi,name:reg",
+		"--volume-import", "type:pvc,src:golden/base,name:clone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"root":    `{"sourceRef":{"kind":"DataSource","name":"fedora","namespace":"os-images"},"storage":{}}`,
+		"scratch": `{"source":{"blank":{}},"storage":{"resources":{"requests":{"storage":"10Gi"}}}}`,
+		"web":     `{"source":{"http":{"secretRef":"creds","url":"https://example.com/disk.qcow2"}},"storage":{"resources":{"requests":{"storage":"5Gi"}}}}`,
+		"reg":     `{"source":{"registry":{"pullMethod":"node","url":"docker://quay.io/containerdisks/fedora:40"}},"storage":{"resources":{"requests":{"storage":"5Gi"}}}}`,
+		"clone":   `{"source":{"pvc":{"name":"base","namespace":"golden"}},"storage":{}}`,
+	}
+	if len(vm.Spec.DataVolumeTemplates) != len(want) {
+		t.Fatalf("%d dataVolumeTemplates, want %d", len(vm.Spec.DataVolumeTemplates), len(want))
+	}
+	for _, dvt := range vm.Spec.DataVolumeTemplates {
+		if got := string(dvt.Spec.Raw); got != want[dvt.ObjectMeta.Name] {
+			t.Errorf("dataVolumeTemplate %s spec %s, want %s", dvt.ObjectMeta.Name, got, want[dvt.ObjectMeta.Name])
+		}
+	}
+	var order []string
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		order = append(order, v.Name)
+		if v.Name != "data" && (v.DataVolume == nil || v.DataVolume.Name != v.Name) {
+			t.Errorf("volume %s is not the dataVolume of its template: %+v", v.Name, v.VolumeSource)
+		}
+	}
+	if got := strings.Join(order, ","); got != "data,root,scratch,web,reg,clone" {
+		t.Errorf("volumes in order %s, want the claim first, then the imports in the order given", got)
+	}
+	if d := vm.Spec.Template.Spec.Domain.Devices.Disks; len(d) != 1 || d[0].Name != "root" || *d[0].BootOrder != 1 {
+		t.Errorf("disks %+v, want root with bootOrder 1", d)
+	}
+	v1alpha1.SetDefaults(&vm.Spec.Template.Spec)
+	if errs := v1alpha1.ValidateVirtualMachine(vm); len(errs) > 0 {
+		t.Errorf("not valid: %v", errs)
+	}
+
+	unnamed, err := runCreateVM(t, "--volume-import", "type:blank,size:1Gi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := unnamed.Spec.DataVolumeTemplates[0].ObjectMeta.Name; !strings.HasPrefix(n, "imported-volume-") || unnamed.Spec.Template.Spec.Volumes[0].Name != n {
+		t.Errorf("unnamed import %q, volume %q: want imported-volume-<random> for both, as virtctl names it", n, unnamed.Spec.Template.Spec.Volumes[0].Name)
+	}
+}
+
 func TestCreateVMRefusals(t *testing.T) {
 	cases := []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--volume-import", "type:http,url:http://example.com/disk.img,size:10Gi"}, "--volume-import: it creates a CDI DataVolume"},
+		{[]string{"--volume-import", "url:http://example.com/disk.img,size:10Gi"}, `--volume-import "url:http://example.com/disk.img,size:10Gi": type "" must be one of blank, ds, gcs, http, pvc, registry, s3, snapshot`},
+		{[]string{"--volume-import", "type:vddk,size:1Gi"}, `type "vddk" must be one of`},
+		{[]string{"--volume-import", "type:http,size:10Gi"}, "url is required for type http"},
+		{[]string{"--volume-import", "type:http,url:http://x/d.img"}, "size is required for type http"},
+		{[]string{"--volume-import", "type:blank,size:-1Gi"}, `size "-1Gi" must be a positive quantity`},
+		{[]string{"--volume-import", "type:blank,size:1Gi,url:http://x"}, "url does not apply to type blank"},
+		{[]string{"--volume-import", "type:pvc,src:disk"}, `src "disk" must be NAMESPACE/NAME for type pvc`},
+		{[]string{"--volume-import", "type:registry,size:1Gi"}, "give exactly one of url and imagestream"},
+		{[]string{"--volume-import", "type:registry,url:docker://x,pullmethod:fast,size:1Gi"}, `pullmethod "fast" must be pod or node`},
+		{[]string{"--volume-import", "type:blank,size:1Gi,name:Root_Disk"}, `name "Root_Disk"`},
+		{[]string{"--volume-pvc", "src:root", "--volume-import", "type:blank,size:1Gi,name:root"}, `already a volume named "root"`},
 		{[]string{"--instancetype", "virtualmachinepreference/x"}, "--instancetype \"virtualmachinepreference/x\": kind must be"},
 		{[]string{"--instancetype", "a", "--infer-instancetype", "--volume-pvc", "src:c"}, "give one"},
 		{[]string{"--infer-preference"}, "--infer-preference needs a volume"},
@@ -141,6 +205,30 @@ func FuzzParseVolumeParams(f *testing.F) {
 		}
 		if n != strings.Count(s, ",")+1 {
 			t.Fatalf("%q gave %d pairs", s, n)
+		}
+	})
+}
+
+// FuzzVolumeImport: a --volume-import value is either refused naming the flag, or gives one
+// dataVolumeTemplate with a DNS label name and a dataVolume volume of that name.
+func FuzzVolumeImport(f *testing.F) {
+	for _, s := range []string{"type:blank,size:1Gi", "type:ds,src:ns/x,name:a", "type:pvc,src:a/b", "type:http,url:u,size:1", "type:registry,imagestream:s,size:1Gi", "", "type:", "type:pvc,src:/", "type:blank,size:1Ei,bootorder:3"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		vm := &v1alpha1.VirtualMachine{}
+		if err := addImport(vm, map[string]bool{}, s); err != nil {
+			if !strings.HasPrefix(err.Error(), "--volume-import ") {
+				t.Fatalf("error %q does not name the flag", err)
+			}
+			return
+		}
+		if len(vm.Spec.DataVolumeTemplates) != 1 || len(vm.Spec.Template.Spec.Volumes) != 1 {
+			t.Fatalf("%q: %d templates, %d volumes", s, len(vm.Spec.DataVolumeTemplates), len(vm.Spec.Template.Spec.Volumes))
+		}
+		name := vm.Spec.DataVolumeTemplates[0].ObjectMeta.Name
+		if v := vm.Spec.Template.Spec.Volumes[0]; v.Name != name || v.DataVolume == nil || v.DataVolume.Name != name {
+			t.Fatalf("%q: volume %+v does not use template %q", s, v, name)
 		}
 	})
 }
