@@ -91,6 +91,11 @@ func (w *configWalk) dir(name string, depth int) error {
 			return fmt.Errorf("%s: %w", rel, err)
 		}
 		switch {
+		case st.IsDir() && strings.HasPrefix(e.Name(), "."):
+			// go-diskfs derives a directory's ISO 9660 identifier from the name before its first
+			// dot: ".config" would get an empty one, which ECMA-119 does not allow and readers
+			// without Rock Ridge cannot open. Refuse it rather than write a broken image.
+			return fmt.Errorf("%s: a directory whose name starts with a dot cannot be put in the config disk's ISO 9660 image; rename it (a file may start with a dot)", rel)
 		case st.IsDir():
 			if err := w.dir(rel, depth+1); err != nil {
 				return err

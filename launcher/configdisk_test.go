@@ -156,6 +156,14 @@ func TestConfigVolumeRefusals(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "cfgdata", true, "machine.disks[0].source.config", "longer than 128 bytes"},
+		{"a directory whose name starts with a dot", func(t *testing.T, dir string) {
+			if err := os.MkdirAll(filepath.Join(dir, ".config"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, ".config", "app"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "cfgdata", true, "machine.disks[0].source.config", ".config: a directory whose name starts with a dot"},
 		{"a directory loop", func(t *testing.T, dir string) {
 			if err := os.Symlink(".", filepath.Join(dir, "loop")); err != nil {
 				t.Fatal(err)
