@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/qmp"
+)
+
+// qemuArgv is the command line of a QEMU one of this cluster's launchers started, with what it
+// needs to run again outside its pod: the files it names outside its run directory are copied
+// into files (read through the process's root, since the pod has its own mount namespace).
+type qemuArgv struct {
+	args   []string
+	runDir string // the launcher's run directory (-pidfile's), replaced per instance
+}
+
+// captureLauncherArgv reads the argv of a QEMU child of one of this cluster's launchers and copies
+// the files it names (the kernel) into files.
+func captureLauncherArgv(b *testing.B, files string) qemuArgv {
+	b.Helper()
+	pid := launcherQEMU()
+	if pid == 0 {
+		b.Fatal("no QEMU started by this cluster's launchers is running")
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")[1:]
+	a := qemuArgv{args: args}
+	if i := slices.Index(args, "-pidfile"); i >= 0 && i+1 < len(args) {
+		a.runDir = filepath.Dir(args[i+1])
+	}
+	if a.runDir == "" || a.runDir == "/" {
+		b.Fatalf("launcher's QEMU argv has no -pidfile in a run directory: %q", args)
+	}
+	for i, arg := range a.args {
+		if !strings.HasPrefix(arg, "/") || strings.HasPrefix(arg, a.runDir+"/") {
+			continue
+		}
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/root%s", pid, arg))
+		if err != nil {
+			b.Fatalf("copy %s the launcher's QEMU reads: %v", arg, err)
+		}
+		copied := filepath.Join(files, fmt.Sprintf("%d-%s", i, filepath.Base(arg)))
+		if err := os.WriteFile(copied, data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		a.args[i] = copied
+	}
+	return a
+}
+
+// launcherQEMU is the PID of a QEMU whose parent is this cluster's qvirt-launcher (0 when none).
+func launcherQEMU() int {
+	launcherExe := filepath.Join(dir, "bin", "qvirt-launcher")
+	procs, _ := filepath.Glob("/proc/[0-9]*/exe")
+	for _, p := range procs {
+		exe, err := os.Readlink(p)
+		if err != nil || !strings.HasSuffix(exe, "/qemu-system-x86_64") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		parent, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", parentPID(pid)))
+		if err == nil && parent == launcherExe {
+			return pid
+		}
+	}
+	return 0
+}
+
+var ifnameOpt = regexp.MustCompile(`ifname=[^,]+`)
+
+// instance is the argv for bare instance i: its own run directory, and its own tap (QEMU creates
+// it, as root, in this network namespace).
+func (a qemuArgv) instance(i int, runDir string) []string {
+	out := make([]string, len(a.args))
+	for j, arg := range a.args {
+		arg = strings.ReplaceAll(arg, a.runDir, runDir)
+		out[j] = ifnameOpt.ReplaceAllString(arg, fmt.Sprintf("ifname=qvbf%d", i))
+	}
+	return out
+}
+
+// benchFloor starts n bare QEMUs with the launcher's argv, interval apart, each resumed over QMP
+// as soon as its monitor listens, and returns each one's time from exec to running, sorted. This
+// is the physical floor for the same guests on the same machine: no API, no pod, no launcher.
+func benchFloor(b *testing.B, a qemuArgv, n int, interval time.Duration) []float64 {
+	b.Helper()
+	root := b.TempDir()
+	var (
+		mu    sync.Mutex
+		lat   []float64
+		procs []*exec.Cmd
+		errs  []error
+		wg    sync.WaitGroup
+	)
+	defer func() {
+		for _, cmd := range procs {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
+	for i := range n {
+		runDir := filepath.Join(root, strconv.Itoa(i))
+		if err := os.Mkdir(runDir, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		cmd := exec.Command("qemu-system-x86_64", a.instance(i, runDir)...)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			b.Fatalf("bare QEMU %d: %v", i, err)
+		}
+		procs = append(procs, cmd)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := resumeWhenListening(launcher.Dir(runDir).QMP(), 30*time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("bare QEMU %d: %w", i, err))
+				return
+			}
+			lat = append(lat, time.Since(start).Seconds())
+		}()
+		time.Sleep(interval)
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		b.Fatal(errs[0])
+	}
+	slices.Sort(lat)
+	return lat
+}
+
+// resumeWhenListening connects to the QMP socket once QEMU listens there and continues the vCPUs,
+// as the launcher does.
+func resumeWhenListening(socket string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		mon, err := qmp.Dial(ctx, socket)
+		if err == nil {
+			defer mon.Close()
+			return mon.Cont(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("QMP at %s: %w", socket, err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

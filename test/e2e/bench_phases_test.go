@@ -1,0 +1,215 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// The milestones of a start, in order: where the time between create and Running goes. Each is
+// the moment the benchmark's watch first saw it, so each carries the watch's own delivery delay
+// (small, and the same for every milestone).
+const (
+	phasePodCreated   = "pod-created"   // the VMI controller created the launcher pod
+	phaseScheduled    = "scheduled"     // the scheduler bound it to a node
+	phasePodRunning   = "pod-running"   // the node started its containers
+	phaseVMIScheduled = "vmi-scheduled" // the VMI controller saw the pod running
+	phaseRunning      = "running"       // the node agent synced the launcher and the guest runs
+)
+
+var phaseOrder = []string{phasePodCreated, phaseScheduled, phasePodRunning, phaseVMIScheduled, phaseRunning}
+
+// phaseClock watches a namespace's VMIs and launcher pods and keeps, per VMI, when each milestone
+// was first seen.
+type phaseClock struct {
+	mu      sync.Mutex
+	created map[string]time.Time
+	seen    map[string]map[string]time.Time // VMI -> milestone -> first seen
+	failed  string                          // the first VMI seen Failed, with its reason
+}
+
+func newPhaseClock() *phaseClock {
+	return &phaseClock{created: map[string]time.Time{}, seen: map[string]map[string]time.Time{}}
+}
+
+// watch starts watches on ns's pods and VMIs; they end with ctx.
+func (p *phaseClock) watch(ctx context.Context, b *testing.B, ns string) {
+	b.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", lc.Kubeconfig)
+	if err != nil {
+		b.Fatal(err)
+	}
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: cl.Scheme()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pods, err := wc.Watch(ctx, &corev1.PodList{}, client.InNamespace(ns))
+	if err != nil {
+		b.Fatal(err)
+	}
+	vmis, err := wc.Watch(ctx, &v1alpha1.VirtualMachineInstanceList{}, client.InNamespace(ns))
+	if err != nil {
+		b.Fatal(err)
+	}
+	go p.drain(ctx, pods, p.seePod)
+	go p.drain(ctx, vmis, p.seeVMI)
+}
+
+func (p *phaseClock) drain(ctx context.Context, w watch.Interface, see func(any)) {
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return
+			}
+			see(ev.Object)
+		}
+	}
+}
+
+func (p *phaseClock) create(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.created[name] = time.Now()
+}
+
+func (p *phaseClock) mark(vmi, phase string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.seen[vmi]
+	if m == nil {
+		m = map[string]time.Time{}
+		p.seen[vmi] = m
+	}
+	if _, ok := m[phase]; !ok {
+		m[phase] = time.Now()
+	}
+}
+
+func (p *phaseClock) seePod(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	vmi := pod.Labels[v1alpha1.VMINameLabel]
+	if vmi == "" {
+		return
+	}
+	p.mark(vmi, phasePodCreated)
+	if pod.Spec.NodeName != "" {
+		p.mark(vmi, phaseScheduled)
+	}
+	if pod.Status.Phase == corev1.PodRunning {
+		p.mark(vmi, phasePodRunning)
+	}
+}
+
+func (p *phaseClock) seeVMI(obj any) {
+	vmi, ok := obj.(*v1alpha1.VirtualMachineInstance)
+	if !ok {
+		return
+	}
+	switch vmi.Status.Phase {
+	case v1alpha1.Scheduled:
+		p.mark(vmi.Name, phaseVMIScheduled)
+	case v1alpha1.Running:
+		p.mark(vmi.Name, phaseVMIScheduled) // a quick start may skip the Scheduled event
+		p.mark(vmi.Name, phaseRunning)
+	case v1alpha1.Failed:
+		p.mu.Lock()
+		if p.failed == "" {
+			p.failed = fmt.Sprintf("%s: %s", vmi.Name, vmi.Status.Reason)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// waitRunning waits until n VMIs have been seen Running; it fails on the first Failed one.
+func (p *phaseClock) waitRunning(b *testing.B, n int, d time.Duration) {
+	b.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		p.mu.Lock()
+		running, failed := 0, p.failed
+		for _, m := range p.seen {
+			if _, ok := m[phaseRunning]; ok {
+				running++
+			}
+		}
+		p.mu.Unlock()
+		switch {
+		case failed != "":
+			b.Fatalf("VMI %s failed", failed)
+		case running >= n:
+			return
+		case time.Now().After(deadline):
+			b.Fatalf("%d of %d VMIs Running after %s", running, n, d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// latencies is, per VMI, the time from its creation to Running, sorted.
+func (p *phaseClock) latencies() []float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []float64
+	for name, at := range p.created {
+		if r, ok := p.seen[name][phaseRunning]; ok {
+			out = append(out, r.Sub(at).Seconds())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// lastRunning is when the last VMI was seen Running.
+func (p *phaseClock) lastRunning() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var last time.Time
+	for _, m := range p.seen {
+		if r := m[phaseRunning]; r.After(last) {
+			last = r
+		}
+	}
+	return last
+}
+
+// report adds, per milestone, the P50 and P95 of the time spent reaching it from the one before
+// (from creation, for the first): where the queue is.
+func (p *phaseClock) report(b *testing.B) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	steps := map[string][]float64{}
+	for name, at := range p.created {
+		prev := at
+		for _, ph := range phaseOrder {
+			t, ok := p.seen[name][ph]
+			if !ok {
+				break
+			}
+			steps[ph] = append(steps[ph], max(t.Sub(prev).Seconds(), 0))
+			prev = t
+		}
+	}
+	for _, ph := range phaseOrder {
+		d := steps[ph]
+		slices.Sort(d)
+		b.ReportMetric(percentile(d, 50), "to-"+ph+"-p50-s")
+		b.ReportMetric(percentile(d, 95), "to-"+ph+"-p95-s")
+	}
+}
