@@ -3,7 +3,6 @@ package vmi
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // BenchmarkCreate2000VMIs measures the VMI reconciler at scale against a real API server: the time
@@ -36,7 +36,7 @@ func BenchmarkCreate2000VMIs(b *testing.B) {
 	stop := startManager(b, ns, emulationConfig(), cfg)
 	// Let the manager's informers start before the baseline, so it counts only per-instance memory.
 	time.Sleep(2 * time.Second)
-	before := liveHeap()
+	before := testutil.LiveHeap()
 
 	b.ResetTimer()
 	start := time.Now()
@@ -91,7 +91,7 @@ func BenchmarkCreate2000VMIs(b *testing.B) {
 	// Let the reconciler settle (status patches, the pods' events reaching the cache) before
 	// measuring what it holds.
 	time.Sleep(3 * time.Second)
-	after := liveHeap()
+	after := testutil.LiveHeap()
 	stop()
 
 	kbPerVMI := float64(int64(after)-int64(before)) / 1024 / total
@@ -101,13 +101,4 @@ func BenchmarkCreate2000VMIs(b *testing.B) {
 	b.ReportMetric(elapsed.Seconds(), "s/2000vmis")
 	b.Logf("created %d instances in %s; all had launcher pods after %s (%.0f/min); controller heap %d -> %d bytes (%.1f KB/vmi)",
 		total, created.Round(time.Millisecond), elapsed.Round(time.Millisecond), perMinute, before, after, kbPerVMI)
-}
-
-// liveHeap is the heap in use after a full collection.
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }

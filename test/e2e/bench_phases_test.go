@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // The milestones of a start, in order: where the time between create and Running goes. Each is
@@ -61,23 +62,8 @@ func (p *phaseClock) watch(ctx context.Context, b *testing.B, ns string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	go p.drain(ctx, pods, p.seePod)
-	go p.drain(ctx, vmis, p.seeVMI)
-}
-
-func (p *phaseClock) drain(ctx context.Context, w watch.Interface, see func(any)) {
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return
-			}
-			see(ev.Object)
-		}
-	}
+	go testutil.DrainWatch(ctx, pods, p.seePod)
+	go testutil.DrainWatch(ctx, vmis, p.seeVMI)
 }
 
 func (p *phaseClock) create(name string) {
@@ -99,8 +85,8 @@ func (p *phaseClock) mark(vmi, phase string) {
 	}
 }
 
-func (p *phaseClock) seePod(obj any) {
-	pod, ok := obj.(*corev1.Pod)
+func (p *phaseClock) seePod(ev watch.Event) {
+	pod, ok := ev.Object.(*corev1.Pod)
 	if !ok {
 		return
 	}
@@ -117,8 +103,8 @@ func (p *phaseClock) seePod(obj any) {
 	}
 }
 
-func (p *phaseClock) seeVMI(obj any) {
-	vmi, ok := obj.(*v1alpha1.VirtualMachineInstance)
+func (p *phaseClock) seeVMI(ev watch.Event) {
+	vmi, ok := ev.Object.(*v1alpha1.VirtualMachineInstance)
 	if !ok {
 		return
 	}

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // standIns plays the nodes: it registers them, and does what their kubelets and node agents would
@@ -106,8 +107,8 @@ func (s *standIns) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	go s.drain(ctx, pods, s.seePod)
-	go s.drain(ctx, vmis, s.seeVMI)
+	go testutil.DrainWatch(ctx, pods, s.seePod)
+	go testutil.DrainWatch(ctx, vmis, s.seeVMI)
 	return nil
 }
 
@@ -127,21 +128,6 @@ type watcherFunc func(ctx context.Context, opts metav1.ListOptions) (watch.Inter
 
 func (f watcherFunc) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	return f(ctx, opts)
-}
-
-func (s *standIns) drain(ctx context.Context, w watch.Interface, see func(watch.Event)) {
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return
-			}
-			see(ev)
-		}
-	}
 }
 
 func (s *standIns) do(f func(context.Context)) { s.work <- f }

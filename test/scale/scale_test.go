@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/qvirt/qvirt/controllers"
 	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 var (
@@ -94,7 +94,7 @@ func benchControlPlane(b *testing.B, vmis, nodes int) {
 	stopController := startController(b, cp, requests)
 	defer stopController()
 	time.Sleep(2 * time.Second) // the controller's informers have synced: the baseline is empty caches
-	heapBefore := liveHeap()
+	heapBefore := testutil.LiveHeap()
 	requests.reset()
 	apiBefore := apiserverRequests(ctx, b, cp.Config)
 
@@ -105,7 +105,7 @@ func benchControlPlane(b *testing.B, vmis, nodes int) {
 	toRunning := time.Since(start)
 
 	time.Sleep(3 * time.Second) // the last status writes reach the controller's cache
-	heapAfter := liveHeap()
+	heapAfter := testutil.LiveHeap()
 	apiAfter := apiserverRequests(ctx, b, cp.Config)
 	counts := requests.snapshot()
 
@@ -296,13 +296,4 @@ func waitNoVMIs(ctx context.Context, b *testing.B, c client.Client, ns string, d
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// liveHeap is the heap in use after a full collection.
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
