@@ -30,10 +30,11 @@ type qemuArgv struct {
 // the files it names (the kernel) into files.
 func captureLauncherArgv(b *testing.B, files string) qemuArgv {
 	b.Helper()
-	pid := launcherQEMU()
-	if pid == 0 {
+	_, qemus := clusterProcesses()
+	if len(qemus) == 0 {
 		b.Fatal("no QEMU started by this cluster's launchers is running")
 	}
+	pid := qemus[0]
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
 		b.Fatal(err)
@@ -61,24 +62,6 @@ func captureLauncherArgv(b *testing.B, files string) qemuArgv {
 		a.args[i] = copied
 	}
 	return a
-}
-
-// launcherQEMU is the PID of a QEMU whose parent is this cluster's qvirt-launcher (0 when none).
-func launcherQEMU() int {
-	launcherExe := filepath.Join(dir, "bin", "qvirt-launcher")
-	procs, _ := filepath.Glob("/proc/[0-9]*/exe")
-	for _, p := range procs {
-		exe, err := os.Readlink(p)
-		if err != nil || !strings.HasSuffix(exe, "/qemu-system-x86_64") {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		parent, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", parentPID(pid)))
-		if err == nil && parent == launcherExe {
-			return pid
-		}
-	}
-	return 0
 }
 
 var ifnameOpt = regexp.MustCompile(`ifname=[^,]+`)

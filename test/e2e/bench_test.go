@@ -304,11 +304,30 @@ func (m *memWatch) sample() {
 	}
 	// This process runs the virtual nodes (virtual-kubelet, CNI) and the registry, and the bench.
 	m.seeCPU(os.Getpid(), "nodes-registry-bench", m.cpu[os.Getpid()] != nil)
+	launcherPIDs, qemuPIDs := clusterProcesses()
+	var launchers, launchersPrivate, qemus []float64
+	for _, pid := range launcherPIDs {
+		launchers = append(launchers, statusMiB(pid, "VmRSS:"))
+		launchersPrivate = append(launchersPrivate, statusMiB(pid, "RssAnon:"))
+		m.seeCPU(pid, "launchers", true)
+	}
+	for _, pid := range qemuPIDs {
+		qemus = append(qemus, rssMiB(pid))
+		m.seeCPU(pid, "qemus", true)
+	}
+	m.keep("launcher-max", maxOf(launchers))
+	// The launchers' file-backed pages (their binary) are shared through the page cache; the
+	// private part is what each further VM costs.
+	m.keep("launcher-private-max", maxOf(launchersPrivate))
+	m.keep("qemu-max", maxOf(qemus))
+}
+
+// clusterProcesses are the PIDs of this cluster's launchers and of the QEMUs they started.
+func clusterProcesses() (launchers, qemus []int) {
 	launcherExe := filepath.Join(dir, "bin", "qvirt-launcher")
 	procs, _ := filepath.Glob("/proc/[0-9]*/exe")
-	launcherPIDs := map[int]bool{}
-	var launchers, launchersPrivate, qemus []float64
-	var qemuPIDs []int
+	isLauncher := map[int]bool{}
+	var anyQEMU []int
 	for _, p := range procs {
 		exe, err := os.Readlink(p)
 		if err != nil {
@@ -317,25 +336,18 @@ func (m *memWatch) sample() {
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 		switch {
 		case exe == launcherExe:
-			launcherPIDs[pid] = true
-			launchers = append(launchers, statusMiB(pid, "VmRSS:"))
-			launchersPrivate = append(launchersPrivate, statusMiB(pid, "RssAnon:"))
-			m.seeCPU(pid, "launchers", true)
+			isLauncher[pid] = true
+			launchers = append(launchers, pid)
 		case strings.HasSuffix(exe, "/qemu-system-x86_64"):
-			qemuPIDs = append(qemuPIDs, pid)
+			anyQEMU = append(anyQEMU, pid)
 		}
 	}
-	for _, pid := range qemuPIDs { // this cluster's: children of its launchers
-		if launcherPIDs[parentPID(pid)] {
-			qemus = append(qemus, rssMiB(pid))
-			m.seeCPU(pid, "qemus", true)
+	for _, pid := range anyQEMU { // this cluster's: children of its launchers
+		if isLauncher[parentPID(pid)] {
+			qemus = append(qemus, pid)
 		}
 	}
-	m.keep("launcher-max", maxOf(launchers))
-	// The launchers' file-backed pages (their binary) are shared through the page cache; the
-	// private part is what each further VM costs.
-	m.keep("launcher-private-max", maxOf(launchersPrivate))
-	m.keep("qemu-max", maxOf(qemus))
+	return launchers, qemus
 }
 
 func (m *memWatch) keep(name string, mib float64) {
