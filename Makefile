@@ -9,13 +9,15 @@ CONTROLLER_GEN := $(GO) tool controller-gen
 CMDS        := $(notdir $(wildcard cmd/*))
 # Fuzz time per fuzz target inside `make test`; longer runs: make fuzz FUZZTIME=10m.
 FUZZTIME    ?= 10s
+# Where `make profile` writes its CPU profiles.
+PROFILE_DIR ?= $(BIN)/profiles
 
 .DEFAULT_GOAL := build
 
 deps: ## Install the Debian packages the tests and the demo need (QEMU, busybox, ...).
 	@hack/install-deps.sh
 
-.PHONY: all deps build generate manifests fmt vet lint test test-unit fuzz bench tools node-tools run clean verify-generated install-plugin images push images-lock images-check
+.PHONY: all deps build generate manifests fmt vet lint test test-unit fuzz bench profile tools node-tools run clean verify-generated install-plugin images push images-lock images-check
 
 all: build
 
@@ -99,6 +101,10 @@ fuzz: ## Run every fuzz target for FUZZTIME.
 
 bench: tools ## Benchmarks with their figures (not pass/fail).
 	KUBEBUILDER_ASSETS=$$(hack/build-tools.sh) $(GO) test -run '^$$' -bench . -benchmem ./...
+
+profile: tools ## CPU profiles over BenchmarkStartup's 100 starts and idle minute: each qvirt-controller replica and qvirt-handler, and every launcher's start, into PROFILE_DIR.
+	KUBEBUILDER_ASSETS=$$(hack/build-tools.sh) $(GO) test ./test/e2e -run '^$$' -bench '^BenchmarkStartup$$' -benchtime=1x -timeout 30m -startup.profile=$(abspath $(PROFILE_DIR))
+	@echo "profiles in $(PROFILE_DIR); read one with: go tool pprof -top $(PROFILE_DIR)/qvirt-controller-startup.pprof (all launchers at once: $(PROFILE_DIR)/launchers/*.pprof)"
 
 install-plugin: build ## Link bin/qvirtctl as kubectl-qvirt into PLUGIN_DIR (default ~/.local/bin) for `kubectl qvirt`.
 	@d=$${PLUGIN_DIR:-$$HOME/.local/bin}; mkdir -p $$d; ln -sf $(abspath $(BIN))/qvirtctl $$d/kubectl-qvirt; echo "kubectl qvirt -> $$d/kubectl-qvirt"

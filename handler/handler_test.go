@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/pprof/profile"
+
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -415,7 +417,7 @@ func (k *kubelet) start(p *pod, uid string) {
 		p.sockets, podlayout.SocketDir, "ip", "netns", "exec", p.net.Name, launcherBin, "serve",
 		"--socket-dir", podlayout.SocketDir, "--vmi-uid", uid, "--emulation", "--scratch-dir", t.TempDir(),
 		"--"+podlayout.FlagAllowFileImagesForTests, // guestVMI boots a file:// image
-		"--termination-log", termLog, "--linger", "2s")
+		"--termination-log", termLog, "--linger", "2s", "--"+podlayout.FlagCPUProfile)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start the launcher: %v", err)
@@ -512,6 +514,22 @@ func TestInstanceLifecycle(t *testing.T) {
 		t.Errorf("Synchronized condition: %+v", condition(v, vmisync.ConditionSynchronized))
 	}
 	con.Expect(t, 0, "QVIRT-IP eth0 10.0.2.2", bootTimeout)
+
+	t.Run("the launcher wrote the CPU profile of its start", func(t *testing.T) {
+		file := filepath.Join(p.sockets, string(v.UID), podlayout.ProfileFile)
+		f, err := os.Open(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		prof, err := profile.Parse(f)
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if prof.PeriodType == nil || prof.PeriodType.Type != "cpu" || prof.DurationNanos <= 0 {
+			t.Errorf("%s: period type %v, duration %dns; want a CPU profile of the launcher's start", file, prof.PeriodType, prof.DurationNanos)
+		}
+	})
 
 	t.Run("the guest serves HTTP at the pod's address", func(t *testing.T) {
 		hc := http.Client{Timeout: 5 * time.Second}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -50,7 +51,10 @@ type ServeOptions struct {
 	// TerminationLog, when set, receives how the guest ended (the pod's terminationMessagePath), so
 	// the reason reaches the pod status even when no node agent is listening.
 	TerminationLog string
-	Log            logr.Logger
+	// CPUProfile writes a CPU profile of the launcher's start, until its guest first runs, to
+	// podlayout.ProfileFile in the instance's socket directory (flag --cpu-profile).
+	CPUProfile bool
+	Log        logr.Logger
 }
 
 // ServeVM runs the launcher pod's VM. Cancelling ctx (SIGTERM: the pod is being deleted) stops the
@@ -77,6 +81,12 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*protocol.Exit, error) {
 		Images: &images, FileImagesInPod: opts.AllowFileImages, CloudInitSecrets: opts.CloudInitSecrets,
 		ConfigVolumes: opts.ConfigVolumes}, uid: opts.VMIUID, emulation: opts.Emulation}
 	l := New(string(dir), res, Options{QEMU: opts.QEMU, Log: opts.Log})
+	if opts.CPUProfile {
+		file := filepath.Join(string(dir), podlayout.ProfileFile)
+		stop := profileStart(l, file, opts.Log)
+		owned.record(file) // once created
+		defer stop()
+	}
 	ln, err := Listen(dir.Command())
 	if err != nil {
 		return nil, err

@@ -39,18 +39,19 @@ func main() {
 		certDir     = flag.String("webhook-cert-dir", "", "directory with tls.crt and tls.key for the webhook server, instead of --webhook-cert-secret")
 		drainDelay  = flag.Duration("shutdown-delay", 0, "on SIGTERM, fail /readyz and keep serving the webhooks this long before stopping, so the webhook Service stops routing here first")
 		nodeTimeout = flag.Duration("node-heartbeat-timeout", nodehealth.DefaultTimeout, "how long a node agent may go without a heartbeat before its instances are failed")
+		pprofAddr   = flag.String("pprof-bind-address", "", "address of Go's /debug/pprof/ profiles, unauthenticated: bind it to loopback (empty disables it)")
 	)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr, *leaderElect, *namespace, *webhooks, *webhookPort, *certSecret, *certDir, *nodeTimeout, *drainDelay); err != nil {
+	if err := run(metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr, *pprofAddr, *leaderElect, *namespace, *webhooks, *webhookPort, *certSecret, *certDir, *nodeTimeout, *drainDelay); err != nil {
 		ctrl.Log.Error(err, "qvirt-controller failed")
 		os.Exit(1)
 	}
 }
 
-func run(metrics server.Options, probeAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certSecret, certDir string, nodeTimeout, drainDelay time.Duration) error {
+func run(metrics server.Options, probeAddr, pprofAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certSecret, certDir string, nodeTimeout, drainDelay time.Duration) error {
 	sch, err := scheme.New()
 	if err != nil {
 		return err
@@ -75,6 +76,7 @@ func run(metrics server.Options, probeAddr string, leaderElect bool, namespace s
 		Cache:                   controllers.CacheOptions(namespace),
 		Metrics:                 metrics,
 		HealthProbeBindAddress:  probeAddr,
+		PprofBindAddress:        pprofAddr,
 		LeaderElection:          leaderElect,
 		LeaderElectionID:        "qvirt-controller.qvirt.io",
 		LeaderElectionNamespace: namespace,

@@ -36,6 +36,7 @@ func main() {
 	metricsAddr := flag.String("metrics-bind-address", ":8443", "address of the Prometheus /metrics endpoint, HTTPS for scrapers bound to ClusterRole qvirt-metrics-reader (0 disables it)")
 	metricsCert := flag.String("metrics-cert-dir", "", "directory with tls.crt and tls.key for /metrics (empty: a self-signed certificate)")
 	probeAddr := flag.String("health-probe-bind-address", ":8444", "address of /healthz and /readyz")
+	pprofAddr := flag.String("pprof-bind-address", "", "address of Go's /debug/pprof/ profiles, unauthenticated: bind it to loopback (empty disables it)")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -53,13 +54,13 @@ func main() {
 		opts.Streams.AllowedClientNames = strings.Split(*allowed, ",")
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(opts, metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr); err != nil {
+	if err := run(opts, metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr, *pprofAddr); err != nil {
 		ctrl.Log.Error(err, "qvirt-handler failed")
 		os.Exit(1)
 	}
 }
 
-func run(opts handler.Options, metrics server.Options, probeAddr string) error {
+func run(opts handler.Options, metrics server.Options, probeAddr, pprofAddr string) error {
 	sch, err := scheme.New()
 	if err != nil {
 		return err
@@ -73,6 +74,7 @@ func run(opts handler.Options, metrics server.Options, probeAddr string) error {
 		Cache:                  handler.CacheOptions(opts.NodeName, opts.Namespace),
 		Metrics:                metrics,
 		HealthProbeBindAddress: probeAddr,
+		PprofBindAddress:       pprofAddr,
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)

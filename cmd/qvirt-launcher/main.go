@@ -79,6 +79,7 @@ func serve(args []string) int {
 	fs.StringVar(&opts.TerminationLog, "termination-log", "/dev/termination-log", "file receiving how the guest ended (empty: none)")
 	opts.Images = launcher.ImageMounts{KernelBoot: podlayout.KernelBootDir, ContainerDisks: podlayout.ContainerDiskDir}
 	fs.BoolVar(&opts.AllowFileImages, podlayout.FlagAllowFileImagesForTests, false, "TESTS ONLY: accept file:// images, which a launcher pod refuses")
+	fs.BoolVar(&opts.CPUProfile, podlayout.FlagCPUProfile, false, "write a CPU profile of the launcher's start, until the guest first runs, to "+podlayout.ProfileFile+" in the instance's socket directory")
 	verbose := fs.Int("v", 0, "log verbosity")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {

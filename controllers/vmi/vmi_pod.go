@@ -55,6 +55,9 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 	if cfg.UseEmulation {
 		args = append(args, "--"+podlayout.FlagEmulation)
 	}
+	if cfg.LauncherCPUProfile {
+		args = append(args, "--"+podlayout.FlagCPUProfile)
+	}
 	grace := v1alpha1.TerminationGracePeriodSeconds(spec)
 	hostname := spec.Hostname
 	if hostname == "" {

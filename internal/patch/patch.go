@@ -39,6 +39,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -148,16 +149,21 @@ func NewStatus(c client.Client, obj client.Object) *Status {
 // the two are compared in their JSON form, so a nil and an empty list, or two times within the
 // same second, are the same status.
 func (s *Status) Changed(obj client.Object) (bool, error) {
+	diff, err := s.diff(obj)
+	return diff != nil, err
+}
+
+// diff is the merge patch of obj's status against the snapshot's; nil when they are the same.
+func (s *Status) diff(obj client.Object) (json.RawMessage, error) {
 	data, err := client.MergeFrom(s.base).Data(obj)
 	if err != nil {
-		return false, fmt.Errorf("diff status of %s: %w", key(obj), err)
+		return nil, fmt.Errorf("diff status of %s: %w", key(obj), err)
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(data, &fields); err != nil {
-		return false, fmt.Errorf("diff status of %s: %w", key(obj), err)
+		return nil, fmt.Errorf("diff status of %s: %w", key(obj), err)
 	}
-	_, changed := fields["status"]
-	return changed, nil
+	return fields["status"], nil
 }
 
 // Patch writes obj's status to the status subresource when it changed since the snapshot: a merge
@@ -165,11 +171,17 @@ func (s *Status) Changed(obj client.Object) (bool, error) {
 // with a conflict (see Result) instead of overwriting a newer status. It refreshes obj from the
 // answer and reports whether it wrote. Errors, NotFound included, are returned wrapped.
 func (s *Status) Patch(ctx context.Context, obj client.Object) (patched bool, err error) {
-	changed, err := s.Changed(obj)
-	if err != nil || !changed {
+	diff, err := s.diff(obj)
+	if err != nil || diff == nil {
 		return false, err
 	}
-	if err := s.c.Status().Patch(ctx, obj, lockedMergeFrom(s.base)); err != nil {
+	// The diff made above is the patch, locked as MergeFromWithOptimisticLock locks (diffing the
+	// whole object a second time doubled the cost of a status write).
+	data, err := json.Marshal(lockedStatusPatch{Metadata: lock{ResourceVersion: s.base.GetResourceVersion()}, Status: diff})
+	if err != nil {
+		return false, fmt.Errorf("patch status of %s: %w", key(obj), err)
+	}
+	if err := s.c.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, data)); err != nil {
 		return false, fmt.Errorf("patch status of %s: %w", key(obj), err)
 	}
 	return true, nil
@@ -189,6 +201,17 @@ func (s *Status) Finish(ctx context.Context, obj client.Object, res ctrl.Result,
 func SetCondition(conditions *[]metav1.Condition, obj metav1.Object, c metav1.Condition) bool {
 	c.ObservedGeneration = obj.GetGeneration()
 	return meta.SetStatusCondition(conditions, c)
+}
+
+// lockedStatusPatch is a merge patch of the status that the API server applies only to the
+// resourceVersion it names (a conflict otherwise).
+type lockedStatusPatch struct {
+	Metadata lock            `json:"metadata"`
+	Status   json.RawMessage `json:"status"`
+}
+
+type lock struct {
+	ResourceVersion string `json:"resourceVersion"`
 }
 
 func lockedMergeFrom(base client.Object) client.Patch {

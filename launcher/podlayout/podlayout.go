@@ -61,7 +61,13 @@ const (
 	FlagSocketDir = "socket-dir"
 	FlagVMIUID    = "vmi-uid"
 	FlagEmulation = "emulation"
+	// FlagCPUProfile makes the launcher profile its start (ProfileFile).
+	FlagCPUProfile = "cpu-profile"
 )
+
+// ProfileFile is where a launcher started with FlagCPUProfile writes the CPU profile of its start
+// (from its own start until its guest first runs), in its instance's socket directory.
+const ProfileFile = "cpu.pprof"
 
 // ProbeCommand is the launcher's subcommand a guestAgentPing or exec probe runs in the compute
 // container (as KubeVirt's virt-probe), with FlagSocketDir, FlagVMIUID and FlagGuestAgentPing, or

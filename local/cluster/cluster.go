@@ -70,6 +70,9 @@ type Options struct {
 	// Ports place the control plane (zero: its defaults) and qvirt-controller's webhook (9443
 	// when zero) and probe (9441 when zero); replica i uses the port i-1 above these.
 	Ports Ports
+	// Profiling serves Go's /debug/pprof/ from every qvirt-controller replica and node agent, on
+	// loopback (PprofAddresses says where).
+	Profiling bool
 	// Progress receives one line per step.
 	Progress io.Writer
 	// Log receives the virtual nodes' logs.
@@ -239,7 +242,8 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	}
 	step("starting %d qvirt-controller replicas (one leads, all serve the webhooks)", ControllerReplicas)
 	if err := c.cp.StartControllers(ctx, nodeCtx, sup, cl, ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),
-		Namespace: Namespace, Address: apiAddress, WebhookPort: p.Webhook, ProbePort: p.ControllerProbe}); err != nil {
+		Namespace: Namespace, Address: apiAddress, WebhookPort: p.Webhook, ProbePort: p.ControllerProbe,
+		PprofPort: c.pprofPort(controllerPprofPort)}); err != nil {
 		return nil, err
 	}
 	step("starting qvirt-api (the aggregated API of consoles, VNC, QMP and VM actions)")
@@ -316,7 +320,8 @@ func (c *Cluster) handler(i int) supervise.Component {
 			"--device-plugin=false",
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
 			"--migration-bind-address=" + migration, "--migration-advertise-address=" + migration,
-			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe},
+			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe,
+			"--pprof-bind-address=" + pprofAddress(c.pprofPort(handlerPprofPort), i)},
 		Env:   []string{"KUBECONFIG=" + HandlerKubeconfig(c.opts.Dir, i)},
 		Ready: supervise.HTTPReady("http://"+probe+"/readyz", nil)}
 }
@@ -468,4 +473,43 @@ func installLauncher(bin, dst string) error {
 		}
 	}
 	return nil
+}
+
+// Where Options.Profiling serves Go's profiles: replica i of qvirt-controller (from 1) on loopback
+// port controllerPprofPort+i-1, node i's agent on handlerPprofPort+i-1.
+const (
+	controllerPprofPort = 9640
+	handlerPprofPort    = 9650
+)
+
+// pprofPort is base when profiling is on, else 0 (off).
+func (c *Cluster) pprofPort(base int) int {
+	if !c.opts.Profiling {
+		return 0
+	}
+	return base
+}
+
+// pprofAddress is component i's profile address from base (from pprofPort); "" when base is 0.
+func pprofAddress(base, i int) string {
+	if base == 0 {
+		return ""
+	}
+	return "127.0.0.1:" + strconv.Itoa(base+i-1)
+}
+
+// PprofAddresses are where each qvirt-controller replica and node agent serves /debug/pprof/, by
+// component name (empty unless Options.Profiling).
+func (c *Cluster) PprofAddresses() map[string]string {
+	out := map[string]string{}
+	if !c.opts.Profiling {
+		return out
+	}
+	for i := 1; i <= ControllerReplicas; i++ {
+		out[ControllerName(i)] = pprofAddress(controllerPprofPort, i)
+	}
+	for i := 1; i <= c.opts.Nodes; i++ {
+		out["qvirt-handler-"+NodeName(i)] = pprofAddress(handlerPprofPort, i)
+	}
+	return out
 }

@@ -31,6 +31,8 @@ type ControllerOptions struct {
 	// /readyz on 127.0.0.1:ProbePort+i-1.
 	Address                net.IP
 	WebhookPort, ProbePort int
+	// PprofPort, when set, serves Go's /debug/pprof/ from replica i on 127.0.0.1:PprofPort+i-1.
+	PprofPort int
 	// ShutdownDelay is each replica's --shutdown-delay (2s when zero).
 	ShutdownDelay time.Duration
 }
@@ -56,7 +58,7 @@ func (cp *ControlPlane) Controller(o ControllerOptions, i int) supervise.Compone
 	return supervise.Component{Name: ControllerName(i), Path: o.Binary,
 		Args: []string{"--namespace=" + o.Namespace, "--leader-elect", "--webhook-port=" + strconv.Itoa(o.WebhookPort+i-1),
 			"--shutdown-delay=" + delay.String(), "--metrics-bind-address=0",
-			"--health-probe-bind-address=" + o.probe(i)},
+			"--health-probe-bind-address=" + o.probe(i), "--pprof-bind-address=" + pprofAddress(o.PprofPort, i)},
 		Env:   []string{"KUBECONFIG=" + filepath.Clean(cp.Kubeconfig)},
 		Ready: supervise.HTTPReady("http://"+o.probe(i)+"/readyz", nil)}
 }
@@ -79,6 +81,13 @@ func (cp *ControlPlane) StartControllers(ctx, bg context.Context, sup *supervise
 	return nil
 }
 
+// readinessPeriod is how often the endpoint publisher probes each replica's /readyz, as a
+// kubelet's readiness probe (whose default is 10 s). Each probe costs the replica a TLS handshake
+// (its webhook server's started check dials itself), so probing every 100 ms made most of an idle
+// controller's CPU; a second still takes a stopping replica out of the endpoints well within its
+// shutdown delay (2 s).
+const readinessPeriod = time.Second
+
 // endpointPublisher writes replica i's readiness into EndpointSlice qvirt-controller-webhook-i.
 type endpointPublisher struct {
 	c     client.Client
@@ -88,7 +97,7 @@ type endpointPublisher struct {
 
 func (p *endpointPublisher) run(ctx context.Context) {
 	hc := &http.Client{Timeout: time.Second}
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(readinessPeriod)
 	defer tick.Stop()
 	for {
 		for i := 1; i <= ControllerReplicas; i++ {

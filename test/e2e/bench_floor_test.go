@@ -51,13 +51,9 @@ func captureLauncherArgv(b *testing.B, files string) qemuArgv {
 		if !strings.HasPrefix(arg, "/") || strings.HasPrefix(arg, a.runDir+"/") {
 			continue
 		}
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/root%s", pid, arg))
-		if err != nil {
-			b.Fatalf("copy %s the launcher's QEMU reads: %v", arg, err)
-		}
 		copied := filepath.Join(files, fmt.Sprintf("%d-%s", i, filepath.Base(arg)))
-		if err := os.WriteFile(copied, data, 0o644); err != nil {
-			b.Fatal(err)
+		if err := copyFile(fmt.Sprintf("/proc/%d/root%s", pid, arg), copied); err != nil {
+			b.Fatalf("copy %s the launcher's QEMU reads: %v", arg, err)
 		}
 		a.args[i] = copied
 	}

@@ -97,7 +97,7 @@ func Start(o Options) (*Cluster, func(), error) {
 	defer cancel()
 	started := time.Now()
 	c.Cluster, err = cluster.Up(ctx, cluster.Options{Dir: c.Dir, Nodes: 2, Emulation: true, Repo: repo, Tools: tools,
-		Bin: c.Bin, CNICache: filepath.Join(cache, "qvirt", "cni"), GuestDir: o.GuestDir, Progress: os.Stderr,
+		Bin: c.Bin, CNICache: filepath.Join(cache, "qvirt", "cni"), GuestDir: o.GuestDir, Progress: os.Stderr, Profiling: true,
 		Log: nodeLog})
 	if err != nil {
 		return nil, cleanup, err

@@ -11,15 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	watchtools "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -331,24 +328,9 @@ func (r *requestCounter) snapshot() requestCounts {
 // requests it served from every client.
 func apiserverRequests(ctx context.Context, b *testing.B, cfg *rest.Config) float64 {
 	b.Helper()
-	cs, err := kubernetes.NewForConfig(cfg)
+	counts, err := testutil.APIRequests(ctx, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
-	raw, err := cs.RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		b.Fatalf("kube-apiserver /metrics: %v", err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
-	if err != nil {
-		b.Fatalf("parse kube-apiserver /metrics: %v", err)
-	}
-	var total float64
-	if f := families["apiserver_request_total"]; f != nil {
-		for _, m := range f.GetMetric() {
-			total += m.GetCounter().GetValue()
-		}
-	}
-	return total
+	return testutil.Sum(counts)
 }

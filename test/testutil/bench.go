@@ -1,10 +1,16 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"runtime"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // LiveHeap is the heap in use after a full collection: what a benchmark's process holds.
@@ -30,4 +36,44 @@ func DrainWatch(ctx context.Context, w watch.Interface, see func(watch.Event)) {
 			see(ev)
 		}
 	}
+}
+
+// APIRequests is the API server's apiserver_request_total by "VERB resource[/subresource]",
+// summed over the other labels: the requests it served from every client since it started.
+func APIRequests(ctx context.Context, cfg *rest.Config) (map[string]float64, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := cs.RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kube-apiserver /metrics: %w", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("parse kube-apiserver /metrics: %w", err)
+	}
+	out := map[string]float64{}
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		key := labels["verb"] + " " + labels["resource"]
+		if sub := labels["subresource"]; sub != "" {
+			key += "/" + sub
+		}
+		out[key] += m.GetCounter().GetValue()
+	}
+	return out, nil
+}
+
+// Sum is the total of counts.
+func Sum(counts map[string]float64) float64 {
+	var t float64
+	for _, v := range counts {
+		t += v
+	}
+	return t
 }
