@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -57,7 +58,8 @@ func (d VMDefaulter) Default(ctx context.Context, vm *v1alpha1.VirtualMachine) e
 	return nil
 }
 
-// VMIDefaulter defaults VirtualMachineInstances when they are created (v1alpha1.SetDefaults).
+// VMIDefaulter defaults VirtualMachineInstances when they are created (v1alpha1.SetDefaults) and
+// gives them the graceful shutdown finalizer.
 // Updates keep the spec as stored: a hot-plugged disk gets its defaults when the node agent
 // attaches it.
 type VMIDefaulter struct{}
@@ -68,5 +70,8 @@ func (VMIDefaulter) Default(ctx context.Context, vmi *v1alpha1.VirtualMachineIns
 		return nil
 	}
 	v1alpha1.SetDefaults(&vmi.Spec)
+	// The finalizer the controller's first pass would otherwise add with a write of its own (and
+	// still does where no webhook ran), as KubeVirt's VMI mutator adds its own.
+	controllerutil.AddFinalizer(vmi, v1alpha1.GracefulShutdownFinalizer)
 	return nil
 }

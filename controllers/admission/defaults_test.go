@@ -172,6 +172,10 @@ func TestDefaultsRecorded(t *testing.T) {
 				t.Errorf("stored spec.%s = %q, want %q", c.field, c.got, c.want)
 			}
 		}
+		// Given at creation, so the controller's first pass writes nothing for it.
+		if got := strings.Join(vmi.Finalizers, ","); got != v1alpha1.GracefulShutdownFinalizer {
+			t.Errorf("stored metadata.finalizers %q, want %q", got, v1alpha1.GracefulShutdownFinalizer)
+		}
 	})
 
 	t.Run("devices store KubeVirt's defaults", func(t *testing.T) {

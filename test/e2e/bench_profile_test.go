@@ -8,7 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/google/pprof/profile"
 	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/cluster"
@@ -49,29 +49,11 @@ func cpuProfiles(ctx context.Context, b *testing.B, phase string, d time.Duratio
 }
 
 func fetchProfile(ctx context.Context, addr string, d time.Duration, file string) error {
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds()))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	raw, err := get(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, msg)
-	}
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", file, err)
-	}
-	return f.Close()
+	return os.WriteFile(file, raw, 0o644)
 }
 
 // launcherProfiles, when -startup.profile is set, turns launcherCPUProfile on in qvirt-config so
@@ -122,6 +104,11 @@ func copyFile(from, to string) error {
 // heap profile with gc=1), by component name. With -startup.profile each heap profile is also
 // written as <component>-heap-<phase>.pprof (go tool pprof -base compares two).
 func liveHeaps(ctx context.Context, b *testing.B, phase string) map[string]float64 {
+	if *profileDir != "" {
+		if err := os.MkdirAll(*profileDir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
 	out := map[string]float64{}
 	for name, addr := range lc.PprofAddresses() {
 		var keep string
@@ -138,39 +125,42 @@ func liveHeaps(ctx context.Context, b *testing.B, phase string) map[string]float
 }
 
 func liveHeap(ctx context.Context, addr, keep string) (float64, error) {
-	url := "http://" + addr + "/debug/pprof/heap?gc=1"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	// debug=1 ends with the runtime's MemStats, read after the collection gc=1 asks for: HeapAlloc
+	// is then the live heap exactly (the profile's own figures are sampled every 512 KiB).
+	text, err := get(ctx, "http://"+addr+"/debug/pprof/heap?gc=1&debug=1")
 	if err != nil {
 		return 0, err
+	}
+	_, after, found := strings.Cut(string(text), "\n# HeapAlloc = ")
+	if !found {
+		return 0, fmt.Errorf("%s: no HeapAlloc in the heap profile", addr)
+	}
+	n, err := strconv.ParseFloat(strings.Fields(after)[0], 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: HeapAlloc: %w", addr, err)
+	}
+	if keep == "" {
+		return n, nil
+	}
+	raw, err := get(ctx, "http://"+addr+"/debug/pprof/heap")
+	if err != nil {
+		return 0, err
+	}
+	return n, os.WriteFile(keep, raw, 0o644)
+}
+
+func get(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s: %s", url, resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("GET %s: %w", url, err)
-	}
-	if keep != "" {
-		if err := os.WriteFile(keep, raw, 0o644); err != nil {
-			return 0, err
-		}
-	}
-	prof, err := profile.ParseData(raw)
-	if err != nil {
-		return 0, fmt.Errorf("GET %s: %w", url, err)
-	}
-	i := slices.IndexFunc(prof.SampleType, func(t *profile.ValueType) bool { return t.Type == "inuse_space" })
-	if i < 0 {
-		return 0, fmt.Errorf("GET %s: no inuse_space in the heap profile", url)
-	}
-	var sum float64
-	for _, s := range prof.Sample {
-		sum += float64(s.Value[i])
-	}
-	return sum, nil
+	return io.ReadAll(resp.Body)
 }

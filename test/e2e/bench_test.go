@@ -98,6 +98,7 @@ func benchStartup(b *testing.B) {
 	profiled()
 	collectLaunchers()
 	reportHeapPerVMI(b, heapsBefore, liveHeaps(ctx, b, "running"))
+	reportOverhead(ctx, b, &benchVMI(ns.Name, "any", image).Spec)
 	argv := captureLauncherArgv(b, b.TempDir())
 
 	lat := clock.latencies()
