@@ -41,6 +41,8 @@ const (
 	DefaultSyncTimeout = 75 * time.Second
 	// DefaultMaxReplyBytes bounds a reply, and each status of a watch: a status is a few KiB.
 	DefaultMaxReplyBytes = 1 << 20
+	// watchBuffer is the initial line buffer of a status stream.
+	watchBuffer = 4 << 10
 	// WatchHeartbeat is how often a launcher repeats its status on a watch that saw no change, so
 	// a silent stream means a stuck launcher.
 	WatchHeartbeat = 15 * time.Second
@@ -262,8 +264,10 @@ func (c *Client) watch(ctx context.Context, call string, idle *idleTimer, fn fun
 		return apiError(resp.StatusCode, data)
 	}
 	sc := bufio.NewScanner(resp.Body)
-	// The scanner's limit is the larger of its buffer's capacity and max.
-	sc.Buffer(make([]byte, 0, min(64<<10, c.opts.MaxReplyBytes)), int(c.opts.MaxReplyBytes))
+	// The scanner's limit is the larger of its buffer's capacity and max. A status is a few KiB
+	// and the buffer grows for a larger one: the node agent holds one stream per instance, and a
+	// 64 KiB start made most of its memory per instance.
+	sc.Buffer(make([]byte, 0, min(watchBuffer, c.opts.MaxReplyBytes)), int(c.opts.MaxReplyBytes))
 	var last []byte
 	for sc.Scan() {
 		idle.reset()

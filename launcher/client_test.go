@@ -60,6 +60,11 @@ func TestClientBoundsLaunchers(t *testing.T) {
 	oneStatus := fakeLauncher(t, func(c net.Conn, _ *http.Request) {
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\n\r\n{\"phase\":\"Running\"}\n{\"phase\":\"Running\"}\n")
 	})
+	// A status past the stream's first buffer (watchBuffer) and within the limit.
+	bigError := strings.Repeat("e", 2*watchBuffer)
+	bigStatus := fakeLauncher(t, func(c net.Conn, _ *http.Request) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\n\r\n{\"phase\":\"Failed\",\"startError\":%q}\n", bigError)
+	})
 	ctx := context.Background()
 
 	t.Run("no answer", func(t *testing.T) {
@@ -96,6 +101,16 @@ func TestClientBoundsLaunchers(t *testing.T) {
 		}
 		if n != 1 {
 			t.Errorf("fn called %d times, want once (the second line repeats the first)", n)
+		}
+	})
+	t.Run("watch: a status larger than the first buffer", func(t *testing.T) {
+		var got protocol.Status
+		_ = NewClientWithOptions(bigStatus, ClientOptions{WatchIdleTimeout: 300 * time.Millisecond}).Watch(ctx, func(st protocol.Status) bool {
+			got = st
+			return false
+		})
+		if got.Phase != protocol.PhaseFailed || got.StartError != bigError {
+			t.Errorf("status phase %q with a %d-byte startError, want Failed with the %d bytes sent", got.Phase, len(got.StartError), len(bigError))
 		}
 	})
 	t.Run("the caller's cancellation is not a timeout", func(t *testing.T) {
