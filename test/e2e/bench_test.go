@@ -82,6 +82,7 @@ func benchStartup(b *testing.B) {
 	mem := newMemWatch()
 	stopMem := mem.run(500 * time.Millisecond)
 	heapsBefore := liveHeaps(ctx, b, "before")
+	counted := countRequests(ctx, b, "start-up")
 	collectLaunchers := launcherProfiles(ctx, b)
 	profiled := cpuProfiles(ctx, b, "startup", startupProfileWindow)
 	first := time.Now()
@@ -95,6 +96,7 @@ func benchStartup(b *testing.B) {
 	}
 	clock.waitRunning(b, benchVMIs, 10*time.Minute)
 	stopMem()
+	b.ReportMetric(counted()/benchVMIs, "api-requests-per-vmi")
 	profiled()
 	collectLaunchers()
 	reportHeapPerVMI(b, heapsBefore, liveHeaps(ctx, b, "running"))
@@ -173,6 +175,25 @@ const idleWindow = time.Minute
 // component uses in CPU-milliseconds per VMI per minute (qvirt's own goal: 1 in total), and the
 // requests the API server serves per VMI per minute; it logs the most frequent requests.
 func idleWatch(ctx context.Context, b *testing.B, d time.Duration) (cpu map[string]float64, requests float64) {
+	counted := countRequests(ctx, b, "idle")
+	idle := newMemWatch()
+	idle.fromNow = true
+	profiled := cpuProfiles(ctx, b, "idle", d)
+	idle.sample()
+	time.Sleep(d)
+	idle.sample()
+	profiled()
+	requests = counted()
+	cpu = map[string]float64{}
+	for name, sec := range idle.cpuSeconds() {
+		cpu[name] = sec * 1000 / benchVMIs / d.Minutes()
+	}
+	return cpu, requests / benchVMIs / d.Minutes()
+}
+
+// countRequests starts counting the requests the API server serves; done returns how many it
+// served since and logs the ten most frequent kinds under label.
+func countRequests(ctx context.Context, b *testing.B, label string) (done func() float64) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", lc.Kubeconfig)
 	if err != nil {
 		b.Fatal(err)
@@ -181,36 +202,27 @@ func idleWatch(ctx context.Context, b *testing.B, d time.Duration) (cpu map[stri
 	if err != nil {
 		b.Fatal(err)
 	}
-	idle := newMemWatch()
-	idle.fromNow = true
-	profiled := cpuProfiles(ctx, b, "idle", d)
-	idle.sample()
-	time.Sleep(d)
-	idle.sample()
-	profiled()
-	after, err := testutil.APIRequests(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cpu = map[string]float64{}
-	for name, sec := range idle.cpuSeconds() {
-		cpu[name] = sec * 1000 / benchVMIs / d.Minutes()
-	}
-	type kind struct {
-		name string
-		n    float64
-	}
-	var kinds []kind
-	for k, v := range after {
-		if n := v - before[k]; n > 0 {
-			kinds = append(kinds, kind{k, n})
+	return func() float64 {
+		after, err := testutil.APIRequests(ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
 		}
+		type kind struct {
+			name string
+			n    float64
+		}
+		var kinds []kind
+		for k, v := range after {
+			if n := v - before[k]; n > 0 {
+				kinds = append(kinds, kind{k, n})
+			}
+		}
+		sort.Slice(kinds, func(i, j int) bool { return kinds[i].n > kinds[j].n })
+		for _, k := range kinds[:min(len(kinds), 10)] {
+			b.Logf("%s: %.0f x %s", label, k.n, k.name)
+		}
+		return testutil.Sum(after) - testutil.Sum(before)
 	}
-	sort.Slice(kinds, func(i, j int) bool { return kinds[i].n > kinds[j].n })
-	for _, k := range kinds[:min(len(kinds), 10)] {
-		b.Logf("idle: %.0f x %s", k.n, k.name)
-	}
-	return cpu, (testutil.Sum(after) - testutil.Sum(before)) / benchVMIs / d.Minutes()
 }
 
 // benchVMI is a tiny instance: 64 MiB, no grace period (the run ends by deleting them all).
