@@ -69,7 +69,7 @@ func (cp *ControlPlane) Controller(o ControllerOptions, i int) supervise.Compone
 // --enable-aggregator-routing, sends each webhook call to a ready endpoint: a replica that stops
 // (SIGTERM: not ready, then it drains for its shutdown delay) gets no more calls.
 func (cp *ControlPlane) StartControllers(ctx, bg context.Context, sup *supervise.Supervisor, c client.Client, o ControllerOptions) error {
-	pub := &endpointPublisher{c: c, o: o, ready: map[int]bool{}}
+	pub := &endpointPublisher{c: c, o: o, ready: map[int]bool{}, serving: make(chan struct{})}
 	// The first replica cannot become ready before the others are listed: its readiness needs the
 	// certificate it issues as leader, nothing else.
 	go pub.run(bg)
@@ -78,44 +78,73 @@ func (cp *ControlPlane) StartControllers(ctx, bg context.Context, sup *supervise
 			return err
 		}
 	}
-	return nil
+	// Started means the webhooks answer through their Service, as a rollout waits for ready
+	// endpoints.
+	select {
+	case <-pub.serving:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for a ready webhook endpoint: %w", ctx.Err())
+	}
 }
 
-// readinessPeriod is how often the endpoint publisher probes each replica's /readyz, as a
-// kubelet's readiness probe (whose default is 10 s). Each probe costs the replica a TLS handshake
-// (its webhook server's started check dials itself), so probing every 100 ms made most of an idle
-// controller's CPU; a second still takes a stopping replica out of the endpoints well within its
-// shutdown delay (2 s).
-const readinessPeriod = time.Second
+// How often the endpoint publisher probes each replica's /readyz, as a kubelet's readiness probe
+// (whose default period is 10 s). Each probe costs the replica a TLS handshake (its webhook
+// server's started check dials itself), so probing every 100 ms made most of an idle controller's
+// CPU. While every replica is ready a second still takes a stopping one out of the endpoints well
+// within its shutdown delay (2 s); while one is not, a starting replica is published at once.
+const (
+	readinessPeriod         = time.Second
+	readinessPeriodNotReady = 100 * time.Millisecond
+)
 
 // endpointPublisher writes replica i's readiness into EndpointSlice qvirt-controller-webhook-i.
 type endpointPublisher struct {
 	c     client.Client
 	o     ControllerOptions
 	ready map[int]bool
+	// serving is closed once a replica was first published ready.
+	serving chan struct{}
 }
 
 func (p *endpointPublisher) run(ctx context.Context) {
 	hc := &http.Client{Timeout: time.Second}
-	tick := time.NewTicker(readinessPeriod)
-	defer tick.Stop()
 	for {
+		allReady := true
 		for i := 1; i <= ControllerReplicas; i++ {
 			ready := probeOK(ctx, hc, "http://"+p.o.probe(i)+"/readyz")
+			allReady = allReady && ready
 			if was, ok := p.ready[i]; ok && was == ready {
 				continue
 			}
 			if err := p.publish(ctx, i, ready); err != nil {
 				log.FromContext(ctx).Error(err, "publish the webhook endpoint", "replica", i, "ready", ready)
+				allReady = false
 				continue
 			}
 			p.ready[i] = ready
+			if ready && !isClosed(p.serving) {
+				close(p.serving)
+			}
+		}
+		period := readinessPeriod
+		if !allReady {
+			period = readinessPeriodNotReady
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-time.After(period):
 		}
+	}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
