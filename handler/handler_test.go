@@ -517,6 +517,11 @@ func TestInstanceLifecycle(t *testing.T) {
 
 	t.Run("the launcher wrote the CPU profile of its start", func(t *testing.T) {
 		file := filepath.Join(p.sockets, string(v.UID), podlayout.ProfileFile)
+		// It appears, complete, a second after the guest first ran.
+		testutil.Eventually(t, 10*time.Second, file, func() bool {
+			_, err := os.Stat(file)
+			return err == nil
+		})
 		f, err := os.Open(file)
 		if err != nil {
 			t.Fatal(err)

@@ -16,11 +16,12 @@ import (
 const profileTail = time.Second
 
 // profileStart writes a CPU profile of this process to file, from now until l's guest first runs
-// (or fails) and profileTail after, so `make profile` shows where a launcher's start goes. The
-// returned stop ends it sooner (the launcher is stopping) and waits until the file is written. A
-// profile that cannot be written is logged: it never stops the guest.
+// (or fails) and profileTail after, so `make profile` shows where a launcher's start goes; file
+// appears once complete. The returned stop ends it sooner (the launcher is stopping) and waits
+// until the file is written. A profile that cannot be written is logged: it never stops the guest.
 func profileStart(l *Launcher, file string, log logr.Logger) (stop func()) {
-	f, err := os.Create(file)
+	partial := file + ".partial"
+	f, err := os.Create(partial)
 	if err != nil {
 		log.Error(err, "CPU profile")
 		return func() {}
@@ -41,8 +42,13 @@ func profileStart(l *Launcher, file string, log logr.Logger) (stop func()) {
 			}
 		}
 		pprof.StopCPUProfile()
-		if err := f.Close(); err != nil {
+		err := f.Close()
+		if err == nil {
+			err = os.Rename(partial, file)
+		}
+		if err != nil {
 			log.Error(err, "CPU profile", "file", file)
+			_ = os.Remove(partial)
 		}
 	}()
 	return func() {

@@ -84,8 +84,10 @@ func ServeVM(ctx context.Context, opts ServeOptions) (*protocol.Exit, error) {
 	if opts.CPUProfile {
 		file := filepath.Join(string(dir), podlayout.ProfileFile)
 		stop := profileStart(l, file, opts.Log)
-		owned.record(file) // once created
-		defer stop()
+		defer func() {
+			stop()
+			owned.record(file) // once written
+		}()
 	}
 	ln, err := Listen(dir.Command())
 	if err != nil {
