@@ -76,6 +76,11 @@ func launcherProfiles(ctx context.Context, b *testing.B) (collect func()) {
 		// Each launcher pod's socket directory (an emptyDir) as its node keeps it.
 		files, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "pods", "*", "volumes", "kubernetes.io~empty-dir", "*", "*", podlayout.ProfileFile))
 		for i, f := range files {
+			// The directory is the tenant's too: take only what the launcher wrote, a regular
+			// file, never a link this process (root) would follow.
+			if fi, err := os.Lstat(f); err != nil || !fi.Mode().IsRegular() {
+				b.Fatalf("launcher profile %s is not a regular file (%v)", f, err)
+			}
 			if err := copyFile(f, filepath.Join(out, fmt.Sprintf("launcher-%03d.pprof", i))); err != nil {
 				b.Fatalf("launcher profile: %v", err)
 			}
