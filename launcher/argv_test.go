@@ -43,7 +43,9 @@ type host struct {
 	nics      map[string]machine.NIC
 	// ports places disks and NICs on spare root ports, as for a migration target.
 	ports map[string]string
-	m     *Machine // RunDir, images, kernel, spare ports, incoming
+	// pod is what the launcher pod holds for claims; nil translates outside a pod.
+	pod *translate.PodVolumes
+	m   *Machine // RunDir, images, kernel, spare ports, incoming
 }
 
 // argvCases are the representative machines of the golden files, each a VMI spec translated as
@@ -66,7 +68,7 @@ func argvCases(root, runDir string) []argvCase {
 			m: &Machine{RunDir: runDir, Images: map[string]DiskImage{}}}
 		mutate(&vmi.Spec, h)
 		// The goldens cover layouts (several NICs, legacy models) the node agent cannot set up yet.
-		desc, err := translate.Machine(vmi, translate.Host{Emulation: emulation, NICs: h.nics, SkipNotRealised: true})
+		desc, err := translate.Machine(vmi, translate.Host{Emulation: emulation, NICs: h.nics, SkipNotRealised: true, Pod: h.pod})
 		if err != nil {
 			panic(fmt.Sprintf("golden spec: %v", err))
 		}
@@ -154,6 +156,29 @@ func argvCases(root, runDir string) []argvCase {
 				HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.raw", Type: v1alpha1.HostDiskExists}}}}
 			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
 			h.m.SpareRootPorts = 2
+		})},
+		// Passed-through LUNs need a block device that takes SCSI commands, which these machines
+		// do not have: QEMU is not run on this case (TestQEMUTakesLun shows how far it gets).
+		{"lun", base(false, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			s.Domain.CPU = &v1alpha1.CPU{Model: "host-passthrough"}
+			s.Domain.Devices.Disks = []v1alpha1.Disk{
+				{Name: "root", BootOrder: ptr.To[uint32](1)},
+				{Name: "san", LUN: &v1alpha1.LunTarget{}},
+				{Name: "archive", LUN: &v1alpha1.LunTarget{ReadOnly: true}, Shareable: ptr.To(true)},
+			}
+			claim := func(name string) v1alpha1.VolumeSource {
+				return v1alpha1.VolumeSource{PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: name}}
+			}
+			s.Volumes = []v1alpha1.Volume{
+				{Name: "root", VolumeSource: claim("root-pvc")},
+				{Name: "san", VolumeSource: claim("san-pvc")},
+				{Name: "archive", VolumeSource: v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "archive-dv"}}},
+			}
+			h.pod = &translate.PodVolumes{Claims: map[string]translate.Claim{
+				"root-pvc": {CapacityBytes: 1 << 30}, "san-pvc": {Block: true}, "archive-dv": {Block: true}}}
+			h.m.Images["root"] = DiskImage{Path: "/var/run/qvirt/claims/root/disk.img", Format: "raw"}
+			h.m.Images["san"] = DiskImage{Path: "/dev/qvirt/san", Format: "raw", Device: true}
+			h.m.Images["archive"] = DiskImage{Path: "/dev/qvirt/archive", Format: "raw", Device: true, ReadOnly: true}
 		})},
 		{"incoming", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			withKernel(s, h)
@@ -428,6 +453,18 @@ func TestBuildArgvErrors(t *testing.T) {
 			m.Disks[0].Port, m.Disks[1].Port = "hotplug0", "hotplug0"
 		}, disks + "[1].port"},
 		{"hot-plugged sata disk", func(m *Machine) { m.Disks[2].Port = "hotplug0" }, disks + "[2].port"},
+		{"lun off the scsi bus", func(m *Machine) {
+			m.Disks[1].LUN, m.Disks[1].Source = true, machine.Source{Claim: &machine.Claim{Name: "c", Device: "/dev/c"}}
+		}, disks + "[1].bus"},
+		{"lun on an image file", func(m *Machine) { m.Disks[1].LUN, m.Disks[1].Bus = true, machine.BusSCSI }, disks + "[1].source"},
+		{"lun with a serial", func(m *Machine) {
+			m.Disks[1].LUN, m.Disks[1].Bus, m.Disks[1].Serial = true, machine.BusSCSI, "s1"
+			m.Disks[1].Source = machine.Source{Claim: &machine.Claim{Name: "c", Device: "/dev/c"}}
+		}, disks + "[1].serial"},
+		{"hot-plugged lun", func(m *Machine) {
+			m.Disks[1].LUN, m.Disks[1].Port = true, "hotplug0"
+			m.Disks[1].Source = machine.Source{Claim: &machine.Claim{Name: "c", Device: "/dev/c"}}
+		}, disks + "[1].port"},
 		{"EFI without OVMF's code", func(m *Machine) {
 			m.Firmware.EFI, m.EFIVars = &machine.EFI{}, "/private/efi-vars.fd"
 		}, "machine.firmware.efi.code"},

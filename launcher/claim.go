@@ -31,6 +31,9 @@ func claimOverlayFile(volume string) string { return "ephemeral-" + volume + ".q
 // claim resolves disk d's claim volume; errors are at p (the source's path).
 func (h HostResolver) claim(d *machine.Disk, c *machine.Claim, runDir string, p machine.Path) (DiskImage, *machine.FieldError) {
 	img, err := claimImage(c, d.ReadOnly || c.Overlay, p)
+	if err == nil && d.LUN {
+		err = checkSCSI(c, p)
+	}
 	if err != nil || !c.Overlay {
 		return img, err
 	}
@@ -54,6 +57,31 @@ func (h HostResolver) claim(d *machine.Disk, c *machine.Claim, runDir string, p 
 		return DiskImage{}, machine.Invalid(p.Child("overlay"), true, fmt.Sprintf("create the overlay over claim %s: %v", c.Name, err))
 	}
 	return DiskImage{Path: path, Format: "qcow2", Backing: &base, Ephemeral: true}, nil
+}
+
+// sgGetVersionNum is SG_GET_VERSION_NUM of <scsi/sg.h>, which golang.org/x/sys does not define:
+// the SG_IO driver version of a device that takes SCSI commands.
+const sgGetVersionNum = 0x2282
+
+// minSGVersion is the SG_IO version QEMU's scsi-block requires (3.0).
+const minSGVersion = 30000
+
+// checkSCSI checks that claim c's block device takes SCSI commands, as a passed-through LUN needs,
+// so that the refusal names the claim rather than QEMU's "Is this a SCSI device?".
+func checkSCSI(c *machine.Claim, p machine.Path) *machine.FieldError {
+	fd, err := unix.Open(c.Device, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return machine.Invalid(p.Child("device"), c.Device, fmt.Sprintf("block device of claim %s: %v", c.Name, err))
+	}
+	defer unix.Close(fd)
+	v, err := unix.IoctlGetInt(fd, sgGetVersionNum)
+	if err == nil && v < minSGVersion {
+		err = fmt.Errorf("SG_IO version %d, QEMU needs %d or later", v, minSGVersion)
+	}
+	if err != nil {
+		return machine.Invalid(p.Child("device"), c.Device, fmt.Sprintf("the block device of claim %s takes no SCSI commands (SG_IO: %v): a lun passes a SCSI LUN through (iSCSI, Fibre Channel); attach this claim with disk instead", c.Name, err))
+	}
+	return nil
 }
 
 // claimImage is the claim's raw image: its device, or its disk.img, created when absent and the

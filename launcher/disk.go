@@ -94,10 +94,33 @@ func checkDisk(p machine.Path, d *machine.Disk) machine.FieldErrors {
 	if d.CDROM && !d.ReadOnly {
 		errs = append(errs, machine.Invalid(p.Child("readOnly"), false, "a cdrom is read-only"))
 	}
-	if d.Port != "" && (d.Bus != machine.BusVirtio || d.CDROM || d.BootIndex != nil) {
+	if d.Port != "" && (d.Bus != machine.BusVirtio || d.CDROM || d.LUN || d.BootIndex != nil) {
 		errs = append(errs, machine.Invalid(p.Child("port"), d.Port, "only a virtio disk without a boot index can be hot-plugged"))
 	}
+	errs = append(errs, checkLUN(p, d)...)
 	return append(errs, checkDiskTuning(p, d)...)
+}
+
+// checkLUN checks what a passed-through LUN needs: the scsi bus (scsi-block is a SCSI device) and
+// a block device; QEMU's scsi-block has no serial of its own (the guest reads the LUN's).
+func checkLUN(p machine.Path, d *machine.Disk) machine.FieldErrors {
+	if !d.LUN {
+		return nil
+	}
+	var errs machine.FieldErrors
+	if d.Bus != machine.BusSCSI {
+		errs = append(errs, machine.NotSupported(p.Child("bus"), d.Bus, []string{string(machine.BusSCSI)}))
+	}
+	if d.CDROM {
+		errs = append(errs, machine.Invalid(p.Child("cdrom"), true, "a disk is either a cdrom or a lun"))
+	}
+	if d.Serial != "" {
+		errs = append(errs, machine.Invalid(p.Child("serial"), d.Serial, "a lun reports its device's own serial number"))
+	}
+	if c := d.Source.Claim; c == nil || c.Device == "" || c.Overlay {
+		errs = append(errs, machine.Invalid(p.Child("source"), "", "a lun passes a block device through: the source must be a block-mode claim's device, without an overlay"))
+	}
+	return errs
 }
 
 // maxDiskQueues is QEMU's limit on a virtio device's queues (VIRTIO_QUEUE_MAX).
@@ -332,6 +355,9 @@ func (b *builder) diskDevice(p machine.Path, d *machine.Disk, imgReadOnly bool) 
 		b.sata++
 		return props + b.diskProps(d), true
 	default: // scsi; checkDisk refused any other bus
+		if d.LUN {
+			return b.lunDevice(d), true
+		}
 		dev := "scsi-hd"
 		if d.CDROM {
 			dev = "scsi-cd"
@@ -340,6 +366,21 @@ func (b *builder) diskDevice(p machine.Path, d *machine.Disk, imgReadOnly bool) 
 		b.scsi++
 		return props + b.diskProps(d), true
 	}
+}
+
+// lunDevice is a passed-through LUN's -device argument: scsi-block, which forwards the guest's
+// SCSI commands to the device (SG_IO). It has no write cache or serial of its own: the LUN's are
+// the guest's.
+func (b *builder) lunDevice(d *machine.Disk) string {
+	props := fmt.Sprintf("scsi-block,id=%s,bus=%s.0,channel=0,scsi-id=%d,lun=0,drive=%s", DiskDeviceID(d.Name), SCSIControllerID, b.scsi, DriveNode(d.Name))
+	b.scsi++
+	if d.BootIndex != nil {
+		props += ",bootindex=" + strconv.FormatUint(uint64(*d.BootIndex), 10)
+	}
+	if d.Shareable {
+		props += ",share-rw=on"
+	}
+	return props
 }
 
 // diskProps are the QemuOpts properties every non-virtio disk device takes.

@@ -245,9 +245,12 @@ const IOThreadPrefix = "iothread-"
 
 // Disk is one disk or cdrom and the image behind it.
 type Disk struct {
-	Name     string `json:"name"`
-	Bus      Bus    `json:"bus"`
-	CDROM    bool   `json:"cdrom,omitempty"`
+	Name  string `json:"name"`
+	Bus   Bus    `json:"bus"`
+	CDROM bool   `json:"cdrom,omitempty"`
+	// LUN passes the source's block device through as a SCSI LUN (QEMU's scsi-block): the guest
+	// sends it SCSI commands. It takes the scsi bus and a block-mode claim.
+	LUN      bool   `json:"lun,omitempty"`
 	ReadOnly bool   `json:"readOnly,omitempty"`
 	Serial   string `json:"serial,omitempty"`
 	// BootIndex is the disk's place in the boot order; a machine where any disk has one tries

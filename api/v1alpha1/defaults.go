@@ -201,12 +201,15 @@ func SetVolumeDisks(spec *VirtualMachineInstanceSpec) {
 
 // DefaultDisk fills one disk's defaults (also for a disk hot-plugged into a running instance): a
 // disk with no target is a hard disk (KubeVirt's SetDefaults_DiskDevice), a hard disk's bus is
-// virtio, a cdrom's is sata, and a cdrom whose readonly is unset is read-only
+// virtio, a cdrom's is sata, a lun's scsi, and a cdrom whose readonly is unset is read-only
 // (SetDefaults_CDRomTarget). An explicit `readonly: false` stays as written, as in KubeVirt; the
 // cdrom is attached read-only either way.
 func DefaultDisk(disk *Disk) {
-	if disk.Disk == nil && disk.CDRom == nil {
+	if disk.Disk == nil && disk.CDRom == nil && disk.LUN == nil {
 		disk.Disk = &DiskTarget{}
+	}
+	if t := disk.LUN; t != nil && t.Bus == "" {
+		t.Bus = DiskBusSCSI
 	}
 	if t := disk.Disk; t != nil && t.Bus == "" {
 		t.Bus = DiskBusVirtio

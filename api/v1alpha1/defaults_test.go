@@ -92,12 +92,13 @@ func TestSetDefaultsKubeVirtRules(t *testing.T) {
 		spec  VirtualMachineInstanceSpec
 		check func(t *testing.T, s *VirtualMachineInstanceSpec)
 	}{
-		{"a volume without a disk gets a virtio disk, cloud-init included, in volume order",
+		{"a volume without a disk gets a virtio disk, cloud-init included, in volume order; a lun is on scsi",
 			VirtualMachineInstanceSpec{
-				Domain: DomainSpec{Devices: Devices{Disks: []Disk{{Name: "iso", CDRom: &CDRomTarget{}}}}},
+				Domain: DomainSpec{Devices: Devices{Disks: []Disk{{Name: "iso", CDRom: &CDRomTarget{}}, {Name: "san", LUN: &LunTarget{}}}}},
 				Volumes: []Volume{
 					{Name: "root", VolumeSource: VolumeSource{ContainerDisk: &ContainerDiskSource{Image: "r:1"}}},
 					{Name: "iso", VolumeSource: VolumeSource{EmptyDisk: &EmptyDiskSource{Capacity: resource.MustParse("1Mi")}}},
+					{Name: "san", VolumeSource: VolumeSource{PersistentVolumeClaim: &PersistentVolumeClaimVolumeSource{ClaimName: "san"}}},
 					{Name: "cloudinit", VolumeSource: VolumeSource{CloudInitNoCloud: &CloudInitNoCloudSource{UserData: "#cloud-config"}}},
 				},
 			},
@@ -109,9 +110,11 @@ func TestSetDefaultsKubeVirtRules(t *testing.T) {
 						got = append(got, d.Name+":disk:"+string(d.Disk.Bus))
 					case d.CDRom != nil:
 						got = append(got, d.Name+":cdrom:"+string(d.CDRom.Bus))
+					case d.LUN != nil:
+						got = append(got, d.Name+":lun:"+string(d.LUN.Bus))
 					}
 				}
-				if want := []string{"iso:cdrom:sata", "root:disk:virtio", "cloudinit:disk:virtio"}; !slices.Equal(got, want) {
+				if want := []string{"iso:cdrom:sata", "san:lun:scsi", "root:disk:virtio", "cloudinit:disk:virtio"}; !slices.Equal(got, want) {
 					t.Errorf("disks %v, want %v", got, want)
 				}
 			}},

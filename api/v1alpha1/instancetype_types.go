@@ -237,13 +237,9 @@ type VirtualMachineClusterPreferenceList struct {
 // VirtualMachinePreferenceSpec is what a preference fills in where the VirtualMachine leaves a
 // field unset.
 type VirtualMachinePreferenceSpec struct {
-	// Clock is KubeVirt's preferred clock offset and timers; not supported by this version of
-	// qvirt, whose instances have no clock settings (refused).
+	// Clock is the preferred clock offset and timers.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:Type=object
-	Clock *runtime.RawExtension `json:"clock,omitempty"`
+	Clock *ClockPreferences `json:"clock,omitempty"`
 
 	// CPU holds the preferred topology of the instancetype's vCPUs.
 	// +optional
@@ -407,8 +403,10 @@ type DevicePreferences struct {
 	// is a hard disk).
 	// +optional
 	PreferredDiskBus DiskBus `json:"preferredDiskBus,omitempty"`
-	// PreferredLunBus: not supported by this version of qvirt, which has no lun disks (refused).
+	// PreferredLunBus is the bus of luns that set none; scsi is the only bus a LUN can be passed
+	// through on.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == 'scsi'",message="a lun is passed through on the scsi bus; virtio and sata cannot carry SCSI commands"
 	PreferredLunBus DiskBus `json:"preferredLunBus,omitempty"`
 	// PreferredCdromBus is the bus of cdroms that set none.
 	// +optional
@@ -459,6 +457,18 @@ type DevicePreferences struct {
 	PreferredVideoType *string `json:"preferredVideoType,omitempty"`
 }
 
+// ClockPreferences are the preferred clock offset and timers, as KubeVirt's: each applies whole,
+// and only where the VirtualMachine's domain.clock sets no offset (or no timer).
+type ClockPreferences struct {
+	// PreferredClockOffset is domain.clock's utc or timezone.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="!(has(self.utc) && has(self.timezone))",message="utc and timezone are mutually exclusive: set at most one"
+	PreferredClockOffset *ClockOffset `json:"preferredClockOffset,omitempty"`
+	// PreferredTimer is domain.clock.timer.
+	// +optional
+	PreferredTimer *Timer `json:"preferredTimer,omitempty"`
+}
+
 // FeaturePreferences are the preferred platform features, each applied where the
 // VirtualMachine's domain.features leaves the feature unset.
 type FeaturePreferences struct {
@@ -468,19 +478,14 @@ type FeaturePreferences struct {
 	// PreferredApic is features.apic.
 	// +optional
 	PreferredApic *FeatureAPIC `json:"preferredApic,omitempty"`
-	// PreferredHyperv: not supported by this version of qvirt (refused).
+	// PreferredHyperv are features.hyperv's enlightenments, each where the VirtualMachine leaves
+	// it unset (not when hypervPassthrough is enabled).
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:Type=object
-	PreferredHyperv *runtime.RawExtension `json:"preferredHyperv,omitempty"`
-	// PreferredKvm: not supported by this version of qvirt (refused).
+	PreferredHyperv *FeatureHyperv `json:"preferredHyperv,omitempty"`
+	// PreferredKvm is features.kvm.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:Type=object
-	PreferredKvm *runtime.RawExtension `json:"preferredKvm,omitempty"`
-	// PreferredPvspinlock: not supported by this version of qvirt (refused).
+	PreferredKvm *FeatureKVM `json:"preferredKvm,omitempty"`
+	// PreferredPvspinlock is features.pvspinlock.
 	// +optional
 	PreferredPvspinlock *FeatureState `json:"preferredPvspinlock,omitempty"`
 	// PreferredSmm is features.smm.

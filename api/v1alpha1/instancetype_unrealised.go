@@ -59,9 +59,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 	no := func(fp *field.Path, what string) {
 		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage))
 	}
-	if spec.Clock != nil {
-		no(p.Child("clock"), "a preferred clock offset or timer")
-	}
 	if c := spec.CPU; c != nil && c.PreferredCPUFeatures != nil {
 		no(p.Child("cpu", "preferredCPUFeatures"), "CPU feature flags")
 	}
@@ -85,9 +82,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if b := d.PreferredUseVirtioTransitional; b != nil && *b {
 			no(dp.Child("preferredUseVirtioTransitional"), "virtio-transitional devices")
 		}
-		if d.PreferredLunBus != "" {
-			no(dp.Child("preferredLunBus"), "a lun disk")
-		}
 		if d.PreferredDiskBlockSize != nil {
 			no(dp.Child("preferredDiskBlockSize"), "a disk block size")
 		}
@@ -103,15 +97,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 	}
 	if f := spec.Features; f != nil {
 		fp := p.Child("features")
-		if f.PreferredHyperv != nil {
-			no(fp.Child("preferredHyperv"), "Hyper-V enlightenments")
-		}
-		if f.PreferredKvm != nil {
-			no(fp.Child("preferredKvm"), "KVM feature settings")
-		}
-		if f.PreferredPvspinlock != nil {
-			no(fp.Child("preferredPvspinlock"), "the pvspinlock feature")
-		}
 		if a := f.PreferredApic; a != nil && a.Enabled != nil && !*a.Enabled {
 			no(fp.Child("preferredApic", "enabled"), "turning the APIC off")
 		}

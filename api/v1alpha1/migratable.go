@@ -82,7 +82,7 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 func LocalDisks(spec *VirtualMachineInstanceSpec) []string {
 	readOnly := map[string]bool{}
 	for _, d := range spec.Domain.Devices.Disks {
-		readOnly[d.Name] = d.CDRom != nil || (d.Disk != nil && d.Disk.ReadOnly)
+		readOnly[d.Name] = d.CDRom != nil || (d.Disk != nil && d.Disk.ReadOnly) || (d.LUN != nil && d.LUN.ReadOnly)
 	}
 	var out []string
 	for _, v := range spec.Volumes {

@@ -56,6 +56,12 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 			no(kp.Child("kernelPath"), "booting an initrd without a kernel", "")
 		}
 	}
+	for i, d := range spec.Domain.Devices.Disks {
+		if d.LUN != nil && d.LUN.Reservation {
+			no(dp.Child("devices", "disks").Index(i).Child("lun", "reservation"), "SCSI persistent reservation",
+				"; it needs qemu-pr-helper, which qvirt does not run")
+		}
+	}
 	for i := 1; i < len(spec.Domain.Devices.Interfaces); i++ {
 		no(dp.Child("devices", "interfaces").Index(i), "a second interface", "; an instance has one interface, on the pod network")
 	}

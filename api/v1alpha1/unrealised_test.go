@@ -91,6 +91,11 @@ func TestNotRealised(t *testing.T) {
 		{"vmNetworkCIDR", func(s *VirtualMachineInstanceSpec) {
 			s.Networks[0].Pod.VMNetworkCIDR = "10.1.0.0/24"
 		}, "spec.networks[0].pod.vmNetworkCIDR"},
+		{"SCSI persistent reservation", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: "san", LUN: &LunTarget{Reservation: true}})
+			s.Volumes = append(s.Volumes, Volume{Name: "san", VolumeSource: VolumeSource{
+				PersistentVolumeClaim: &PersistentVolumeClaimVolumeSource{ClaimName: "san"}}})
+		}, "spec.domain.devices.disks[4].lun.reservation"},
 		{"HPET tick policy", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Clock.Timer.HPET.TickPolicy = HPETTickPolicyCatchup
 		}, "spec.domain.clock.timer.hpet.tickPolicy"},

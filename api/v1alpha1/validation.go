@@ -410,13 +410,17 @@ func validateDisk(d *Disk, dp *field.Path, names map[string]bool, boot map[uint3
 
 // OnVirtio says whether d is a hard disk on the virtio bus (the default bus).
 func OnVirtio(d *Disk) bool {
-	return d.CDRom == nil && (d.Disk == nil || d.Disk.Bus == "" || d.Disk.Bus == DiskBusVirtio)
+	return d.CDRom == nil && d.LUN == nil && (d.Disk == nil || d.Disk.Bus == "" || d.Disk.Bus == DiskBusVirtio)
 }
 
 func validateDiskTarget(d *Disk, p *field.Path) field.ErrorList {
 	switch {
 	case d.Disk != nil && d.CDRom != nil:
-		return field.ErrorList{field.Forbidden(p.Child("cdrom"), "a disk is either disk or cdrom, not both")}
+		return field.ErrorList{field.Forbidden(p.Child("cdrom"), "a disk is one of disk, cdrom or lun")}
+	case d.LUN != nil && (d.Disk != nil || d.CDRom != nil):
+		return field.ErrorList{field.Forbidden(p.Child("lun"), "a disk is one of disk, cdrom or lun")}
+	case d.LUN != nil && d.LUN.Bus != "" && d.LUN.Bus != DiskBusSCSI:
+		return field.ErrorList{field.NotSupported(p.Child("lun", "bus"), string(d.LUN.Bus), []string{string(DiskBusSCSI)})}
 	case d.Disk != nil && d.Disk.Bus != "":
 		errs := validateEnum(p.Child("disk", "bus"), string(d.Disk.Bus), string(DiskBusVirtio), string(DiskBusSATA), string(DiskBusSCSI))
 		if d.Disk.Bus == DiskBusSATA && d.Disk.ReadOnly {
@@ -678,6 +682,7 @@ func validateDiskVolumePairs(spec *VirtualMachineInstanceSpec, p *field.Path) fi
 			errs = append(errs, field.NotFound(p.Child("domain", "devices", "disks").Index(i).Child("name"), d.Name))
 		}
 	}
+	errs = append(errs, validateLunVolumes(spec, p)...)
 	shared := map[string]bool{}
 	for _, f := range spec.Domain.Devices.Filesystems {
 		shared[f.Name] = true
@@ -690,6 +695,24 @@ func validateDiskVolumePairs(spec *VirtualMachineInstanceSpec, p *field.Path) fi
 		}
 	}
 	return append(errs, validateFilesystems(spec, disks, p.Child("domain", "devices", "filesystems"))...)
+}
+
+// validateLunVolumes checks that every lun disk attaches a claim, the only volume that can be a
+// block device (whether the claim is in block mode is known once the pod has it).
+func validateLunVolumes(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, d := range spec.Domain.Devices.Disks {
+		if d.LUN == nil {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == d.Name && v.PersistentVolumeClaim == nil && v.DataVolume == nil {
+				errs = append(errs, field.Invalid(p.Child("domain", "devices", "disks").Index(i).Child("lun"), d.Name,
+					"a lun passes a block device through: its volume must be a persistentVolumeClaim or dataVolume of volumeMode Block"))
+			}
+		}
+	}
+	return errs
 }
 
 func validateInterfaceNetworkPairs(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {

@@ -88,6 +88,14 @@ func TestValidateVirtualMachine(t *testing.T) {
 			s.Domain.Devices.Disks[1].CDRom.Bus = DiskBusVirtio
 		}, "spec.template.spec.domain.devices.disks[1].cdrom.bus"},
 		{"disk and cdrom", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].Disk = &DiskTarget{} }, "spec.template.spec.domain.devices.disks[1].cdrom"},
+		{"lun and cdrom", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].LUN = &LunTarget{} }, "spec.template.spec.domain.devices.disks[1].lun"},
+		{"lun on a containerDisk", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks[0] = Disk{Name: "root", LUN: &LunTarget{}}
+		}, "spec.template.spec.domain.devices.disks[0].lun"},
+		{"lun on virtio", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks[0] = Disk{Name: "root", LUN: &LunTarget{Bus: DiskBusVirtio}}
+			s.Volumes[0].VolumeSource = VolumeSource{PersistentVolumeClaim: &PersistentVolumeClaimVolumeSource{ClaimName: "san"}}
+		}, "spec.template.spec.domain.devices.disks[0].lun.bus"},
 		{"duplicate bootOrder", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks[1].BootOrder = ptr.To[uint32](1)
 		}, "spec.template.spec.domain.devices.disks[1].bootOrder"},

@@ -192,6 +192,9 @@ func ValidateHotplugDisk(d *Disk, p *field.Path) field.ErrorList {
 	if d.CDRom != nil {
 		errs = append(errs, field.Forbidden(p.Child("cdrom"), "only hard disks can be hot-plugged, not CD-ROMs"))
 	}
+	if d.LUN != nil {
+		errs = append(errs, field.Forbidden(p.Child("lun"), "only hard disks can be hot-plugged, not LUNs"))
+	}
 	if d.Disk != nil && d.Disk.Bus != "" && d.Disk.Bus != DiskBusVirtio {
 		errs = append(errs, field.NotSupported(p.Child("disk", "bus"), string(d.Disk.Bus), []string{string(DiskBusVirtio)}))
 	}

@@ -634,8 +634,8 @@ type I6300ESBWatchdog struct {
 	Action WatchdogAction `json:"action,omitempty"`
 }
 
-// Disk attaches the volume of the same name to the guest as a disk or a CD-ROM.
-// +kubebuilder:validation:XValidation:rule="!(has(self.disk) && has(self.cdrom))",message="a disk is either disk or cdrom, not both"
+// Disk attaches the volume of the same name to the guest as a disk, a CD-ROM or a LUN.
+// +kubebuilder:validation:XValidation:rule="!(has(self.disk) && has(self.cdrom)) && !(has(self.lun) && (has(self.disk) || has(self.cdrom)))",message="a disk is one of disk, cdrom or lun"
 type Disk struct {
 	// Name is the disk's name; it must match a volume's name.
 	// +kubebuilder:validation:MinLength=1
@@ -650,6 +650,12 @@ type Disk struct {
 	// CDRom attaches the volume as a read-only CD-ROM.
 	// +optional
 	CDRom *CDRomTarget `json:"cdrom,omitempty"`
+
+	// LUN passes a block-mode claim's SCSI device through to the guest (QEMU's scsi-block), so
+	// that the guest sends it SCSI commands itself. The claim's device must take SCSI commands
+	// (SG_IO): an iSCSI or Fibre Channel LUN, not a loop or virtio disk.
+	// +optional
+	LUN *LunTarget `json:"lun,omitempty"`
 
 	// BootOrder is the disk's place in the boot order, from 1; disks without one are not tried.
 	// +optional
@@ -736,6 +742,23 @@ type CDRomTarget struct {
 	// even when readonly is false (accepted and kept as written, as KubeVirt does).
 	// +optional
 	ReadOnly *bool `json:"readonly,omitempty"`
+}
+
+// LunTarget attaches a volume as a passed-through SCSI LUN.
+type LunTarget struct {
+	// Bus is scsi, the default and the only bus a SCSI device can be passed through on.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == 'scsi'",message="a lun is passed through on the scsi bus; virtio and sata cannot carry SCSI commands"
+	Bus DiskBus `json:"bus,omitempty"`
+
+	// ReadOnly attaches the LUN read-only.
+	// +optional
+	ReadOnly bool `json:"readonly,omitempty"`
+
+	// Reservation lets the guest take SCSI persistent reservations on the LUN; not supported by
+	// this version of qvirt, which runs no qemu-pr-helper (refused).
+	// +optional
+	Reservation bool `json:"reservation,omitempty"`
 }
 
 // Interface is one guest network card, connected to the network of the same name.

@@ -292,6 +292,8 @@ func diskList(disks []v1alpha1.Disk) string {
 			out = append(out, d.Name+":disk:"+string(d.Disk.Bus))
 		case d.CDRom != nil:
 			out = append(out, d.Name+":cdrom:"+string(d.CDRom.Bus)+":readonly="+b(d.CDRom.ReadOnly))
+		case d.LUN != nil:
+			out = append(out, d.Name+":lun:"+string(d.LUN.Bus))
 		default:
 			out = append(out, d.Name+":no target")
 		}

@@ -108,10 +108,18 @@ spec:
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterInstancetype","metadata":{"name":"pinned"},
 				"spec":{"cpu":{"guest":1,"dedicatedCPUPlacement":true},"memory":{"guest":"1Gi","hugepages":{"pageSize":"2Mi"}}}}`)
 		}, []string{"spec.cpu.dedicatedCPUPlacement", "spec.memory.hugepages"}},
-		{"a preference with a TPM and Hyper-V", func() []byte {
+		{"a preference with a TPM and a sound card", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"windows"},
-				"spec":{"devices":{"preferredTPM":{}},"features":{"preferredHyperv":{"relaxed":{}}}}}`)
-		}, []string{"spec.devices.preferredTPM", "spec.features.preferredHyperv"}},
+				"spec":{"devices":{"preferredTPM":{},"preferredSoundModel":"ich9"},"features":{"preferredHyperv":{"relaxed":{}}}}}`)
+		}, []string{"spec.devices.preferredTPM", "spec.devices.preferredSoundModel"}},
+		{"a preferred clock with both utc and a timezone", func() []byte {
+			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"clock"},
+				"spec":{"clock":{"preferredClockOffset":{"utc":{},"timezone":"UTC"}}}}`)
+		}, []string{"spec.clock.preferredClockOffset", "utc and timezone are mutually exclusive"}},
+		{"a preferred lun bus other than scsi", func() []byte {
+			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachinePreference","metadata":{"name":"lun"},
+				"spec":{"devices":{"preferredLunBus":"sata"}}}`)
+		}, []string{"spec.devices.preferredLunBus", "a lun is passed through on the scsi bus"}},
 	}
 	for _, tc := range refusals {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,6 +134,18 @@ spec:
 			}
 		})
 	}
+
+	t.Run("a Windows preference's Hyper-V enlightenments and clock accepted", func(t *testing.T) {
+		// As KubeVirt's common-instancetypes write them for Windows, less the TPM qvirt lacks.
+		windows := []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"windows.2k22"},
+			"spec":{"clock":{"preferredClockOffset":{"utc":{}},"preferredTimer":{"hpet":{"present":false},"hyperv":{},"pit":{"tickPolicy":"delay"},"rtc":{"tickPolicy":"catchup"}}},
+			"features":{"preferredAcpi":{},"preferredApic":{},"preferredSmm":{},"preferredHyperv":{"frequencies":{},"ipi":{},"reenlightenment":{},"relaxed":{},"reset":{},
+				"runtime":{},"spinlocks":{"spinlocks":8191},"synic":{},"synictimer":{"direct":{}},"tlbflush":{},"vapic":{},"vpindex":{}}},
+			"devices":{"preferredDiskBus":"sata","preferredInterfaceModel":"e1000e","preferredLunBus":"scsi"}}}`)
+		if _, stderr, err := kubectlDefault(windows, "create", "--dry-run=server", "-f", "-"); err != nil {
+			t.Fatalf("refused: %v: %s", err, stderr)
+		}
+	})
 
 	t.Run("accepted, with the preference's machine type recorded", func(t *testing.T) {
 		vm := itVM(t, map[string]any{"name": "wh-small"})

@@ -170,6 +170,78 @@ func TestPreferenceFillsOnlyUnset(t *testing.T) {
 	}
 }
 
+// TestPlatformAndLunPreferences: the clock, Hyper-V, KVM, pvspinlock and lun-bus preferences fill
+// what the VM leaves unset as KubeVirt's apply does: the offset whole and only without one of the
+// VM's, Hyper-V enlightenment by enlightenment and not under passthrough; the disk cache and I/O
+// preferences reach hard disks only.
+func TestPlatformAndLunPreferences(t *testing.T) {
+	pref := &v1alpha1.VirtualMachinePreferenceSpec{
+		Clock: &v1alpha1.ClockPreferences{
+			PreferredClockOffset: &v1alpha1.ClockOffset{Timezone: ptr.To(v1alpha1.ClockOffsetTimezone("Europe/Berlin"))},
+			PreferredTimer:       &v1alpha1.Timer{KVM: &v1alpha1.KVMTimer{Enabled: ptr.To(false)}},
+		},
+		Features: &v1alpha1.FeaturePreferences{
+			PreferredHyperv:     &v1alpha1.FeatureHyperv{Relaxed: &v1alpha1.FeatureState{}, VAPIC: &v1alpha1.FeatureState{Enabled: ptr.To(true)}},
+			PreferredKvm:        &v1alpha1.FeatureKVM{Hidden: true},
+			PreferredPvspinlock: &v1alpha1.FeatureState{Enabled: ptr.To(false)},
+		},
+		Devices: &v1alpha1.DevicePreferences{PreferredLunBus: v1alpha1.DiskBusSCSI, PreferredDiskCache: v1alpha1.CacheWriteThrough, PreferredDiskIO: v1alpha1.IOThreads},
+	}
+	vm := baseVM()
+	tmpl := &vm.Spec.Template.Spec
+	tmpl.Domain.Devices.Disks = append(tmpl.Domain.Devices.Disks, v1alpha1.Disk{Name: "san", LUN: &v1alpha1.LunTarget{}})
+	tmpl.Volumes = append(tmpl.Volumes, v1alpha1.Volume{Name: "san", VolumeSource: v1alpha1.VolumeSource{
+		PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "san"}}})
+	tmpl.Domain.Features = &v1alpha1.Features{Hyperv: &v1alpha1.FeatureHyperv{VAPIC: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}}
+	spec, _, errs := Expand(vm, resolution(baseIT(), pref))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	d := spec.Domain
+	if c := d.Clock; c == nil || c.Timezone == nil || *c.Timezone != "Europe/Berlin" || c.UTC != nil || c.Timer == nil || c.Timer.KVM == nil {
+		t.Errorf("clock %+v, want the preferred timezone and timer", c)
+	}
+	f := d.Features
+	if h := f.Hyperv; h.Relaxed == nil || h.VAPIC == nil || *h.VAPIC.Enabled {
+		t.Errorf("hyperv %+v, want relaxed from the preference and the VM's own vapic (off)", h)
+	}
+	if f.KVM == nil || !f.KVM.Hidden || f.Pvspinlock == nil || *f.Pvspinlock.Enabled {
+		t.Errorf("kvm %+v pvspinlock %+v, want the preferred ones", f.KVM, f.Pvspinlock)
+	}
+	for _, disk := range d.Devices.Disks {
+		switch {
+		case disk.LUN != nil:
+			if disk.LUN.Bus != v1alpha1.DiskBusSCSI || disk.Cache != "" || disk.IO != "" {
+				t.Errorf("lun %+v, want the preferred scsi bus and no disk cache or I/O preference", disk)
+			}
+		case disk.CDRom != nil:
+			if disk.Cache != "" || disk.IO != "" {
+				t.Errorf("cdrom %s took cache %q io %q, preferences for hard disks", disk.Name, disk.Cache, disk.IO)
+			}
+		case disk.Cache != v1alpha1.CacheWriteThrough || disk.IO != v1alpha1.IOThreads:
+			t.Errorf("disk %s: cache %q io %q, want the preferred ones", disk.Name, disk.Cache, disk.IO)
+		}
+	}
+	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(spec, nil); len(errs) > 0 {
+		t.Errorf("the expanded spec is not valid: %v", errs)
+	}
+
+	// The VM's own offset is kept whole (no timezone joins its utc), and Hyper-V passthrough
+	// takes no enlightenments.
+	tmpl.Domain.Clock = &v1alpha1.Clock{ClockOffset: v1alpha1.ClockOffset{UTC: &v1alpha1.ClockOffsetUTC{OffsetSeconds: ptr.To(60)}}}
+	tmpl.Domain.Features = &v1alpha1.Features{HypervPassthrough: &v1alpha1.HyperVPassthrough{Enabled: ptr.To(true)}}
+	spec, _, errs = Expand(vm, resolution(baseIT(), pref))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if c := spec.Domain.Clock; c.UTC == nil || c.Timezone != nil || c.Timer == nil {
+		t.Errorf("clock %+v, want the VM's utc offset and the preferred timer", c)
+	}
+	if h := spec.Domain.Features.Hyperv; h != nil {
+		t.Errorf("hyperv %+v under passthrough, want none", h)
+	}
+}
+
 func TestTopology(t *testing.T) {
 	spread := func(across v1alpha1.SpreadAcross, ratio uint32) *v1alpha1.VirtualMachinePreferenceSpec {
 		return &v1alpha1.VirtualMachinePreferenceSpec{CPU: &v1alpha1.CPUPreferences{

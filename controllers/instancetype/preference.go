@@ -17,6 +17,9 @@ func applyPreference(spec *v1alpha1.VirtualMachineInstanceSpec, annotations *map
 	if fw := pref.Firmware; fw != nil {
 		applyFirmwarePreferences(d, fw)
 	}
+	if c := pref.Clock; c != nil {
+		applyClockPreferences(d, c)
+	}
 	if m := pref.Machine; m != nil && m.PreferredMachineType != "" && (d.Machine == nil || d.Machine.Type == "") {
 		d.Machine = &v1alpha1.Machine{Type: m.PreferredMachineType}
 	}
@@ -86,14 +89,22 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 // becomes a hard disk on the preferred bus, and the bus, cache, I/O mode and dedicated I/O thread
 // (virtio hard disks only) fill what the disk leaves unset.
 func applyDiskPreferences(disk *v1alpha1.Disk, p *v1alpha1.DevicePreferences) {
-	if disk.Disk == nil && disk.CDRom == nil {
+	if disk.Disk == nil && disk.CDRom == nil && disk.LUN == nil {
 		disk.Disk = &v1alpha1.DiskTarget{}
-	}
-	if t := disk.Disk; t != nil && t.Bus == "" {
-		t.Bus = p.PreferredDiskBus
 	}
 	if t := disk.CDRom; t != nil && t.Bus == "" {
 		t.Bus = p.PreferredCdromBus
+	}
+	if t := disk.LUN; t != nil && t.Bus == "" {
+		t.Bus = p.PreferredLunBus
+	}
+	t := disk.Disk
+	if t == nil {
+		// The cache, I/O and thread preferences are hard disks' only, as in KubeVirt.
+		return
+	}
+	if t.Bus == "" {
+		t.Bus = p.PreferredDiskBus
 	}
 	if disk.Cache == "" {
 		disk.Cache = p.PreferredDiskCache
@@ -101,29 +112,75 @@ func applyDiskPreferences(disk *v1alpha1.Disk, p *v1alpha1.DevicePreferences) {
 	if disk.IO == "" {
 		disk.IO = p.PreferredDiskIO
 	}
-	onVirtio := disk.Disk != nil && (disk.Disk.Bus == "" || disk.Disk.Bus == v1alpha1.DiskBusVirtio)
-	if t := p.PreferredDiskDedicatedIoThread; t != nil && *t && onVirtio && disk.DedicatedIOThread == nil {
+	onVirtio := t.Bus == "" || t.Bus == v1alpha1.DiskBusVirtio
+	if d := p.PreferredDiskDedicatedIoThread; d != nil && *d && onVirtio && disk.DedicatedIOThread == nil {
 		v := true
 		disk.DedicatedIOThread = &v
 	}
 }
 
 func applyFeaturePreferences(d *v1alpha1.DomainSpec, p *v1alpha1.FeaturePreferences) {
-	if p.PreferredAcpi == nil && p.PreferredApic == nil && p.PreferredSmm == nil {
+	if *p == (v1alpha1.FeaturePreferences{}) {
 		return
 	}
 	if d.Features == nil {
 		d.Features = &v1alpha1.Features{}
 	}
 	f := d.Features
-	if f.ACPI == nil && p.PreferredAcpi != nil {
-		f.ACPI = p.PreferredAcpi.DeepCopy()
+	fillUnset(&f.ACPI, p.PreferredAcpi)
+	fillUnset(&f.APIC, p.PreferredApic)
+	fillUnset(&f.SMM, p.PreferredSmm)
+	fillUnset(&f.KVM, p.PreferredKvm)
+	fillUnset(&f.Pvspinlock, p.PreferredPvspinlock)
+	passthrough := f.HypervPassthrough != nil && f.HypervPassthrough.Enabled != nil && *f.HypervPassthrough.Enabled
+	if h := p.PreferredHyperv; h != nil && !passthrough {
+		if f.Hyperv == nil {
+			f.Hyperv = &v1alpha1.FeatureHyperv{}
+		}
+		applyHypervPreferences(f.Hyperv, h)
 	}
-	if f.APIC == nil && p.PreferredApic != nil {
-		f.APIC = p.PreferredApic.DeepCopy()
+}
+
+// applyHypervPreferences fills each enlightenment the VM leaves unset, one by one (KubeVirt's
+// applyHyperVFeaturePreferences).
+func applyHypervPreferences(h, p *v1alpha1.FeatureHyperv) {
+	fillUnset(&h.Relaxed, p.Relaxed)
+	fillUnset(&h.VAPIC, p.VAPIC)
+	fillUnset(&h.Spinlocks, p.Spinlocks)
+	fillUnset(&h.VPIndex, p.VPIndex)
+	fillUnset(&h.Runtime, p.Runtime)
+	fillUnset(&h.SyNIC, p.SyNIC)
+	fillUnset(&h.SyNICTimer, p.SyNICTimer)
+	fillUnset(&h.Reset, p.Reset)
+	fillUnset(&h.VendorID, p.VendorID)
+	fillUnset(&h.Frequencies, p.Frequencies)
+	fillUnset(&h.Reenlightenment, p.Reenlightenment)
+	fillUnset(&h.TLBFlush, p.TLBFlush)
+	fillUnset(&h.IPI, p.IPI)
+	fillUnset(&h.EVMCS, p.EVMCS)
+}
+
+// applyClockPreferences is KubeVirt's applyClockPreferences: the preferred offset only where the
+// VM sets neither utc nor timezone (never a part of one), the preferred timers only where it sets
+// none.
+func applyClockPreferences(d *v1alpha1.DomainSpec, p *v1alpha1.ClockPreferences) {
+	if d.Clock == nil {
+		d.Clock = &v1alpha1.Clock{}
 	}
-	if f.SMM == nil && p.PreferredSmm != nil {
-		f.SMM = p.PreferredSmm.DeepCopy()
+	c := d.Clock
+	if o := p.PreferredClockOffset; o != nil && c.UTC == nil && c.Timezone == nil {
+		c.ClockOffset = *o.DeepCopy()
+	}
+	fillUnset(&c.Timer, p.PreferredTimer)
+}
+
+// fillUnset sets *dst to a copy of pref when *dst is unset.
+func fillUnset[T any, P interface {
+	*T
+	DeepCopy() *T
+}](dst *P, pref P) {
+	if *dst == nil && pref != nil {
+		*dst = P(pref.DeepCopy())
 	}
 }
 

@@ -269,11 +269,14 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.P
 		out.IO = machine.IO(d.IO)
 	}
 	out.Shareable = d.Shareable != nil && *d.Shareable
-	if d.CDRom != nil {
+	switch {
+	case d.CDRom != nil:
 		// A cdrom is always read-only: the guest cannot write to one, and readonly: false (which
 		// KubeVirt accepts too) does not change that.
 		out.CDROM, out.ReadOnly, out.Bus = true, true, machine.Bus(d.CDRom.Bus)
-	} else {
+	case d.LUN != nil:
+		out.LUN, out.ReadOnly, out.Bus = true, d.LUN.ReadOnly, machine.Bus(d.LUN.Bus)
+	default:
 		out.ReadOnly, out.Bus = d.Disk.ReadOnly, machine.Bus(d.Disk.Bus)
 	}
 	if vol == nil {
@@ -282,6 +285,9 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.P
 	src, err := source(vol, pod, field.NewPath("spec", "volumes").Key(vol.Name))
 	if err != nil {
 		return out, field.ErrorList{err}
+	}
+	if out.LUN && (src.Claim == nil || src.Claim.Device == "") {
+		return out, field.ErrorList{field.Invalid(p.Child("lun"), d.Name, "a lun passes a block device through: the volume must be a claim of volumeMode Block"+claimMode(src.Claim))}
 	}
 	out.Source = src
 	if vol.PersistentVolumeClaim != nil && vol.PersistentVolumeClaim.ReadOnly {
@@ -469,6 +475,14 @@ func hostFile(h *v1alpha1.HostDisk, pod *PodVolumes, p *field.Path) (*machine.Ho
 	mount := pod.HostDisks[best]
 	hf.Path, hf.Root = mount+strings.TrimPrefix(h.Path, strings.TrimSuffix(best, "/")), mount
 	return hf, nil
+}
+
+// claimMode is ", and claim X has volumeMode Filesystem" for a filesystem-mode claim, for messages.
+func claimMode(c *machine.Claim) string {
+	if c == nil || c.Device != "" {
+		return ""
+	}
+	return fmt.Sprintf(", and claim %s has volumeMode Filesystem", c.Name)
 }
 
 // claim is claim name attached as volume vol, from what the node agent found of it.

@@ -285,6 +285,15 @@ func TestPodVolumes(t *testing.T) {
 		{HostFile: &machine.HostFile{Path: "/var/run/qvirt/host-disks/var/lib/qvirt/default/vms/data.img", Format: "raw",
 			CreateBytes: 1 << 30, Root: "/var/run/qvirt/host-disks/var/lib/qvirt/default"}},
 	}
+	lun := v.DeepCopy()
+	lun.Spec.Domain.Devices.Disks[1] = v1alpha1.Disk{Name: "raw", LUN: &v1alpha1.LunTarget{ReadOnly: true}}
+	lm, err := translate.Machine(lun, translate.Host{Emulation: true, NICs: hostNICs, Pod: pod})
+	if err != nil {
+		t.Fatalf("a lun on a block-mode DataVolume's claim: %v", err)
+	}
+	if d := lm.Disks[1]; !d.LUN || d.Bus != machine.BusSCSI || !d.ReadOnly || !reflect.DeepEqual(d.Source, want[1]) {
+		t.Errorf("the lun translates to %+v, want a read-only LUN on scsi over %+v", d, want[1].Claim)
+	}
 	for i, d := range m.Disks {
 		if !reflect.DeepEqual(d.Source, want[i]) {
 			got, _ := json.Marshal(d.Source)
@@ -312,6 +321,9 @@ func TestPodVolumes(t *testing.T) {
 		"a host disk in a directory the pod does not mount": {func(v *v1alpha1.VirtualMachineInstance, _ *translate.PodVolumes) {
 			v.Spec.Volumes[3].HostDisk.Path = "/var/lib/qvirt/other/data.img"
 		}, "spec.volumes[data].hostDisk.path: Forbidden: /var/lib/qvirt/other/data.img is in no host directory the launcher pod mounts"},
+		"a lun on a filesystem-mode claim": {func(v *v1alpha1.VirtualMachineInstance, _ *translate.PodVolumes) {
+			v.Spec.Domain.Devices.Disks[0] = v1alpha1.Disk{Name: "root", LUN: &v1alpha1.LunTarget{}}
+		}, `spec.domain.devices.disks[0].lun: Invalid value: "root": a lun passes a block device through: the volume must be a claim of volumeMode Block, and claim root-pvc has volumeMode Filesystem`},
 		"a host disk in a directory whose name extends the mounted one": {func(v *v1alpha1.VirtualMachineInstance, _ *translate.PodVolumes) {
 			v.Spec.Volumes[3].HostDisk.Path = "/var/lib/qvirt/default2/data.img"
 		}, "spec.volumes[data].hostDisk.path: Forbidden"},

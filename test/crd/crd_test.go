@@ -370,7 +370,11 @@ func TestInvalidManifestsRejected(t *testing.T) {
 		{"cdrom on virtio", vm, func(t *testing.T, o obj) {
 			o.set(t, td+".disks.0", map[string]any{"name": "scratch", "cdrom": map[string]any{"bus": "virtio"}})
 		}, "spec.template.spec.domain.devices.disks[0].cdrom.bus", "cannot use the virtio bus"},
-		{"disk and cdrom", vm, func(t *testing.T, o obj) { o.set(t, td+".disks.0.cdrom", map[string]any{}) }, "spec.template.spec.domain.devices.disks[0]", "either disk or cdrom"},
+		{"disk and cdrom", vm, func(t *testing.T, o obj) { o.set(t, td+".disks.0.cdrom", map[string]any{}) }, "spec.template.spec.domain.devices.disks[0]", "one of disk, cdrom or lun"},
+		{"disk and lun", vm, func(t *testing.T, o obj) { o.set(t, td+".disks.0.lun", map[string]any{}) }, "spec.template.spec.domain.devices.disks[0]", "one of disk, cdrom or lun"},
+		{"lun on sata", vm, func(t *testing.T, o obj) {
+			o.set(t, td+".disks.0", map[string]any{"name": "root", "lun": map[string]any{"bus": "sata"}})
+		}, "spec.template.spec.domain.devices.disks[0].lun.bus", "a lun is passed through on the scsi bus"},
 		{"bad MAC", vmi, func(t *testing.T, o obj) { o.set(t, d+".interfaces.0.macAddress", "02:00:00:00:00") }, "spec.domain.devices.interfaces[0].macAddress", "should match"},
 		{"two bindings", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.bridge", map[string]any{}) }, "spec.template.spec.domain.devices.interfaces[0]", "masquerade or bridge, not both"},
 		{"unknown NIC model", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.model", "ne2k_pci") }, "spec.template.spec.domain.devices.interfaces[0].model", "Unsupported value"},

@@ -1,0 +1,93 @@
+package admission_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/machine"
+	"sigs.k8s.io/yaml"
+)
+
+// kvLun is KubeVirt's user guide example of a lun disk (Disks and Volumes: lun), with only the
+// apiVersion changed.
+const kvLun = `
+metadata:
+  name: testvmi-lun
+apiVersion: qvirt.io/v1alpha1
+kind: VirtualMachineInstance
+spec:
+  domain:
+    resources:
+      requests:
+        memory: 64M
+    devices:
+      disks:
+      - name: mypvcdisk
+        # This makes it a lun device
+        lun: {}
+  volumes:
+    - name: mypvcdisk
+      persistentVolumeClaim:
+        claimName: mypvc
+`
+
+// TestKubeVirtLun: KubeVirt's lun manifest is accepted through kube-apiserver with the webhooks
+// installed and stored with the lun on the scsi bus; it translates to a passed-through LUN over a
+// block-mode claim, and to a refusal naming the disk over a filesystem-mode one. Persistent
+// reservations and luns on other buses or volumes are refused, naming the field.
+func TestKubeVirtLun(t *testing.T) {
+	startWebhook(t)
+	createByKubectl(t, []byte(kvLun), "vmi", "testvmi-lun")
+	var vmi v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "testvmi-lun", &vmi)
+	if got, want := diskList(vmi.Spec.Domain.Devices.Disks), "mypvcdisk:lun:scsi"; got != want {
+		t.Errorf("stored disks %q, want %q", got, want)
+	}
+	host := func(block bool) translate.Host {
+		return translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}},
+			Pod: &translate.PodVolumes{Claims: map[string]translate.Claim{"mypvc": {CapacityBytes: 1 << 30, Block: block}}}}
+	}
+	m, err := translate.Machine(&vmi, host(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := m.Disks[0]; !d.LUN || d.Bus != machine.BusSCSI || d.Source.Claim == nil || d.Source.Claim.Device == "" {
+		t.Errorf("the lun translates to %+v, want a LUN on scsi over the claim's device", d)
+	}
+	_, err = translate.Machine(&vmi, host(false))
+	if err == nil || !strings.Contains(err.Error(), "spec.domain.devices.disks[0].lun") || !strings.Contains(err.Error(), "claim mypvc has volumeMode Filesystem") {
+		t.Errorf("a lun over a filesystem-mode claim: %v, want a refusal naming the disk and the claim's mode", err)
+	}
+
+	for name, tc := range map[string]struct {
+		mutate func(disk, vol map[string]any)
+		want   string
+	}{
+		"persistent reservation": {func(disk, _ map[string]any) { disk["lun"] = map[string]any{"reservation": true} },
+			"spec.domain.devices.disks[0].lun.reservation"},
+		"a lun on virtio": {func(disk, _ map[string]any) { disk["lun"] = map[string]any{"bus": "virtio"} },
+			"a lun is passed through on the scsi bus"},
+		"a lun on a containerDisk": {func(_, vol map[string]any) {
+			delete(vol, "persistentVolumeClaim")
+			vol["containerDisk"] = map[string]any{"image": "quay.io/containerdisks/fedora:latest"}
+		}, "spec.domain.devices.disks[0].lun"},
+		"a lun that is a cdrom too": {func(disk, _ map[string]any) { disk["cdrom"] = map[string]any{} },
+			"a disk is one of disk, cdrom or lun"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var o map[string]any
+			if err := yaml.Unmarshal([]byte(kvLun), &o); err != nil {
+				t.Fatal(err)
+			}
+			spec := o["spec"].(map[string]any)
+			disk := spec["domain"].(map[string]any)["devices"].(map[string]any)["disks"].([]any)[0].(map[string]any)
+			vol := spec["volumes"].([]any)[0].(map[string]any)
+			tc.mutate(disk, vol)
+			if _, stderr, err := apply(t, o, "testvmi-lun-refused"); err == nil || !strings.Contains(stderr, tc.want) {
+				t.Errorf("%v: %s; want a refusal with %q", err, stderr, tc.want)
+			}
+		})
+	}
+}
