@@ -9,7 +9,6 @@ import (
 	"maps"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -258,54 +257,6 @@ func (r *Resolver) resolveSide(ctx context.Context, vm *v1alpha1.VirtualMachine,
 		ref.ControllerRevisionRef = &v1alpha1.ControllerRevisionRef{Name: rev}
 	}
 	return k.specOf(obj), ref, nil
-}
-
-// infer is KubeVirt's inferFromVolume (pkg/instancetype/infer): the labels of the
-// PersistentVolumeClaim behind the named volume name the instancetype or preference and its kind
-// (cluster-scoped when the kind label is absent). Under the Ignore policy a volume that names none
-// gives no reference; under Reject (the default) it is an error.
-func (r *Resolver) infer(ctx context.Context, vm *v1alpha1.VirtualMachine, k *kindSpec, volume string, policy *v1alpha1.InferFromVolumeFailurePolicy) (name, kind string, err error) {
-	fp := k.path.Child("inferFromVolume")
-	fail := func(format string, args ...any) (string, string, error) {
-		if policy != nil && *policy == v1alpha1.IgnoreInferFromVolumeFailure {
-			return "", "", nil
-		}
-		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Value: volume, Detail: fmt.Sprintf(format, args...)}
-	}
-	var claim string
-	found := false
-	for _, v := range vm.Spec.Template.Spec.Volumes {
-		if v.Name != volume {
-			continue
-		}
-		found = true
-		switch {
-		case v.PersistentVolumeClaim != nil:
-			claim = v.PersistentVolumeClaim.ClaimName
-		case v.Ephemeral != nil && v.Ephemeral.PersistentVolumeClaim != nil:
-			claim = v.Ephemeral.PersistentVolumeClaim.ClaimName
-		}
-	}
-	switch {
-	case !found:
-		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Value: volume, Detail: fmt.Sprintf("volume %q is not in spec.template.spec.volumes", volume)}
-	case claim == "":
-		// KubeVirt also infers from DataVolumes (their labels, or their DataSource); qvirt does not
-		// yet: at admission a template's DataVolume and its claim do not exist.
-		return "", "", &Error{Reason: ReasonInferFromVolume, Field: fp, Value: volume, Detail: fmt.Sprintf("volume %q is not a persistentVolumeClaim (or ephemeral) volume; only a claim's labels can name the %s", volume, k.what)}
-	}
-	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Reader.Get(ctx, client.ObjectKey{Namespace: vm.Namespace, Name: claim}, pvc); err != nil {
-		if apierrors.IsNotFound(err) {
-			return fail("PersistentVolumeClaim %q of volume %q not found", claim, volume)
-		}
-		return "", "", fmt.Errorf("get PersistentVolumeClaim %s: %w", claim, err)
-	}
-	name = pvc.Labels[k.nameLabel]
-	if name == "" {
-		return fail("PersistentVolumeClaim %q of volume %q has no %s label", claim, volume, k.nameLabel)
-	}
-	return name, pvc.Labels[k.kindLabel], nil
 }
 
 // revisionObject is what a ControllerRevision's data holds: the whole instancetype or preference

@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,11 +19,10 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
-	"github.com/qvirt/qvirt/test/envtest"
+	testcdi "github.com/qvirt/qvirt/test/cdi"
 )
 
 // TestDataVolumes runs the VM reconciler against a real API server first without CDI, then with a
@@ -58,16 +56,7 @@ func TestDataVolumes(t *testing.T) {
 	}
 	stop()
 
-	crds, err := crenvtest.InstallCRDs(cp.Config, crenvtest.CRDInstallOptions{
-		Paths: []string{filepath.Join(envtest.RepoRoot(), "test", "cdi", "datavolume-crd.yaml")}, ErrorIfPathMissing: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := crenvtest.UninstallCRDs(cp.Config, crenvtest.CRDInstallOptions{CRDs: crds}); err != nil {
-			t.Errorf("uninstall the DataVolume CRD: %v", err)
-		}
-	})
+	testcdi.InstallCRDs(t, cp.Config)
 	// A new manager, as qvirt-controller restarted after CDI's installation: it watches DataVolumes.
 	stop = startVMManager(t)
 	defer stop()

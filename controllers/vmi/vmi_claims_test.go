@@ -3,7 +3,6 @@ package vmi
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,12 +12,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/cdi"
 	"github.com/qvirt/qvirt/internal/config"
-	"github.com/qvirt/qvirt/test/envtest"
+	testcdi "github.com/qvirt/qvirt/test/cdi"
 )
 
 // createClaim creates a PersistentVolumeClaim of 1Gi with the access mode and volume mode given.
@@ -246,16 +244,7 @@ func TestDataVolumeClaimInLauncherPod(t *testing.T) {
 // stand-in of its DataVolume CRD (test/cdi) is installed, and the test creates the claim and
 // writes the DataVolume's status.phase as CDI's importer would.
 func TestDataVolumeHoldsStandaloneInstance(t *testing.T) {
-	crds, err := crenvtest.InstallCRDs(cp.Config, crenvtest.CRDInstallOptions{
-		Paths: []string{filepath.Join(envtest.RepoRoot(), "test", "cdi", "datavolume-crd.yaml")}, ErrorIfPathMissing: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := crenvtest.UninstallCRDs(cp.Config, crenvtest.CRDInstallOptions{CRDs: crds}); err != nil {
-			t.Errorf("uninstall the DataVolume CRD: %v", err)
-		}
-	})
+	testcdi.InstallCRDs(t, cp.Config)
 	ns := newNamespace(t)
 	startManager(t, ns, emulationConfig(), cp.Config)
 	ctx := context.Background()

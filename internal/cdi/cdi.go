@@ -53,3 +53,39 @@ func Phase(dv *unstructured.Unstructured) string {
 
 // Usable says whether an instance may start on the DataVolume's claim in phase p.
 func Usable(p string) bool { return p == Succeeded || p == PendingPopulation }
+
+// DataSourceGVK is CDI's DataSource kind: a named pointer to a claim (or snapshot) that
+// DataVolumes clone through spec.sourceRef, as KubeVirt's common boot sources are published.
+var DataSourceGVK = schema.GroupVersionKind{Group: "cdi.kubevirt.io", Version: "v1beta1", Kind: "DataSource"}
+
+// GetDataSource reads a DataSource; without CDI installed the error is a meta.NoKindMatchError.
+func GetDataSource(ctx context.Context, r client.Reader, namespace, name string) (*unstructured.Unstructured, error) {
+	ds := &unstructured.Unstructured{}
+	ds.SetGroupVersionKind(DataSourceGVK)
+	if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ds); err != nil {
+		return nil, err
+	}
+	return ds, nil
+}
+
+// Ref names a namespaced object; Namespace may be empty where the referrer's is meant.
+type Ref struct{ Namespace, Name string }
+
+// SourcePVC is the claim a DataVolume's spec (or a DataSource's) copies from, spec.source.pvc.
+func SourcePVC(spec map[string]any) (Ref, bool) {
+	pvc, ok, _ := unstructured.NestedStringMap(spec, "source", "pvc")
+	if !ok || pvc["name"] == "" {
+		return Ref{}, false
+	}
+	return Ref{Namespace: pvc["namespace"], Name: pvc["name"]}, true
+}
+
+// SourceDataSource is the DataSource a DataVolume's spec names in spec.sourceRef (kind
+// DataSource, the only kind CDI has there).
+func SourceDataSource(spec map[string]any) (Ref, bool) {
+	ref, ok, _ := unstructured.NestedStringMap(spec, "sourceRef")
+	if !ok || ref["kind"] != DataSourceGVK.Kind || ref["name"] == "" {
+		return Ref{}, false
+	}
+	return Ref{Namespace: ref["namespace"], Name: ref["name"]}, true
+}
