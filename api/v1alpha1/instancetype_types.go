@@ -523,8 +523,8 @@ type MachinePreferences struct {
 
 // VolumePreferences are the preferred storage settings.
 type VolumePreferences struct {
-	// PreferredStorageClassName is the storage class of dataVolumeTemplates that name none; not
-	// supported by this version of qvirt (refused).
+	// PreferredStorageClassName is the storage class of dataVolumeTemplates whose pvc or storage
+	// names none, recorded in the VM when it is created or updated.
 	// +optional
 	PreferredStorageClassName string `json:"preferredStorageClassName,omitempty"`
 }

@@ -104,9 +104,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 	if efi := preferredEFI(spec.Firmware); efi != nil && efi.Persistent != nil && *efi.Persistent {
 		no(p.Child("firmware", "preferredEfi", "persistent"), "persistent EFI variables")
 	}
-	if v := spec.Volumes; v != nil && v.PreferredStorageClassName != "" {
-		no(p.Child("volumes", "preferredStorageClassName"), "a storage class for dataVolumeTemplates (DataVolumes are "+NotRealisedMessage+")")
-	}
 	if a := spec.PreferredArchitecture; a != nil && *a != "" && *a != "amd64" {
 		errs = append(errs, field.NotSupported(p.Child("preferredArchitecture"), *a, []string{"amd64"}))
 	}

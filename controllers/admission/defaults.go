@@ -27,8 +27,9 @@ import (
 
 // VMDefaulter defaults VirtualMachines: their template's machine type only (the instances a VM
 // creates get the rest), so that the machine ABI is pinned when the VM is created. With Reader
-// set it also resolves inferFromVolume references, and the machine type is the preference's
-// preferredMachineType when the VM has one (KubeVirt's vm-mutator does both).
+// set it also resolves inferFromVolume references, the machine type is the preference's
+// preferredMachineType when the VM has one, and the preference's storage class goes into the
+// dataVolumeTemplates that name none (KubeVirt's vm-mutator does all three).
 type VMDefaulter struct{ Reader client.Reader }
 
 // Default implements admission.Defaulter. A VM being deleted is left alone, as KubeVirt does, so
@@ -47,15 +48,24 @@ func (d VMDefaulter) Default(ctx context.Context, vm *v1alpha1.VirtualMachine) e
 			return err
 		}
 		// A preference that cannot be found is the validating webhook's to report.
-		if pref, err := r.FindPreference(ctx, vm); err == nil && pref != nil && pref.Machine != nil && pref.Machine.PreferredMachineType != "" {
-			d := &vm.Spec.Template.Spec.Domain
-			if d.Machine == nil || d.Machine.Type == "" {
-				d.Machine = &v1alpha1.Machine{Type: pref.Machine.PreferredMachineType}
-			}
+		if pref, err := r.FindPreference(ctx, vm); err == nil && pref != nil {
+			setPreferredMachineType(vm, pref)
+			instancetype.ApplyStorageClassPreference(vm, pref)
 		}
 	}
 	v1alpha1.SetVirtualMachineDefaults(&vm.Spec)
 	return nil
+}
+
+// setPreferredMachineType records the preference's machine type in a template that names none.
+func setPreferredMachineType(vm *v1alpha1.VirtualMachine, pref *v1alpha1.VirtualMachinePreferenceSpec) {
+	if pref.Machine == nil || pref.Machine.PreferredMachineType == "" {
+		return
+	}
+	d := &vm.Spec.Template.Spec.Domain
+	if d.Machine == nil || d.Machine.Type == "" {
+		d.Machine = &v1alpha1.Machine{Type: pref.Machine.PreferredMachineType}
+	}
 }
 
 // VMIDefaulter defaults VirtualMachineInstances when they are created (v1alpha1.SetDefaults) and

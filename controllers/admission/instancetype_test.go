@@ -187,6 +187,42 @@ spec:
 		}
 	})
 
+	t.Run("the preference's storage class recorded in the templates that name none", func(t *testing.T) {
+		createByKubectl(t, []byte(`apiVersion: qvirt.io/v1alpha1
+kind: VirtualMachineClusterPreference
+metadata: {name: wh-ceph}
+spec:
+  volumes: {preferredStorageClassName: ceph}
+`), "virtualmachineclusterpreference", "wh-ceph")
+		vm := itVM(t, map[string]any{"name": "wh-small"})
+		vm["spec"].(map[string]any)["preference"] = map[string]any{"name": "wh-ceph"}
+		size := map[string]any{"resources": map[string]any{"requests": map[string]any{"storage": "1Gi"}}}
+		local := map[string]any{"storageClassName": "local", "accessModes": []any{"ReadWriteOnce"}, "resources": size["resources"]}
+		vm["spec"].(map[string]any)["dataVolumeTemplates"] = []any{
+			map[string]any{"metadata": map[string]any{"name": "a"}, "spec": map[string]any{"source": map[string]any{"blank": map[string]any{}}, "storage": size}},
+			map[string]any{"metadata": map[string]any{"name": "b"}, "spec": map[string]any{"source": map[string]any{"blank": map[string]any{}}, "pvc": local}},
+		}
+		templateSpec(vm)["volumes"] = append(templateSpec(vm)["volumes"].([]any),
+			map[string]any{"name": "a", "dataVolume": map[string]any{"name": "a"}}, map[string]any{"name": "b", "dataVolume": map[string]any{"name": "b"}})
+		out, stderr, err := kubectlDefault(mustJSON(t, vm, "storage-pref"), "create", "--dry-run=server", "-o", "json", "-f", "-")
+		if err != nil {
+			t.Fatalf("refused: %v: %s", err, stderr)
+		}
+		var got struct {
+			Spec struct {
+				DataVolumeTemplates []struct {
+					Spec struct{ Storage, PVC map[string]any }
+				}
+			}
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatal(err)
+		}
+		if dvt := got.Spec.DataVolumeTemplates; len(dvt) != 2 || dvt[0].Spec.Storage["storageClassName"] != "ceph" || dvt[1].Spec.PVC["storageClassName"] != "local" {
+			t.Errorf("stored templates %+v, want ceph where none was named and local kept", dvt)
+		}
+	})
+
 	t.Run("inferFromVolume resolved from the claim's labels", func(t *testing.T) {
 		vm := itVM(t, map[string]any{"inferFromVolume": "data"})
 		vm["spec"].(map[string]any)["preference"] = map[string]any{"inferFromVolume": "data"}

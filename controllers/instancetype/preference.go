@@ -1,6 +1,8 @@
 package instancetype
 
 import (
+	"encoding/json"
+
 	"github.com/qvirt/qvirt/api/v1alpha1"
 )
 
@@ -208,4 +210,34 @@ func applyFirmwarePreferences(d *v1alpha1.DomainSpec, p *v1alpha1.FirmwarePrefer
 		d.Firmware = &v1alpha1.Firmware{}
 	}
 	d.Firmware.Bootloader = bl
+}
+
+// ApplyStorageClassPreference is KubeVirt's VM mutator step setPreferenceStorageClassName: the
+// preferred storage class goes into every dataVolumeTemplate whose spec.pvc or spec.storage names
+// none (a template's spec is CDI's, kept as JSON). A spec that is no JSON object is left to CDI's
+// admission to refuse.
+func ApplyStorageClassPreference(vm *v1alpha1.VirtualMachine, pref *v1alpha1.VirtualMachinePreferenceSpec) {
+	if pref == nil || pref.Volumes == nil || pref.Volumes.PreferredStorageClassName == "" {
+		return
+	}
+	for i := range vm.Spec.DataVolumeTemplates {
+		raw := &vm.Spec.DataVolumeTemplates[i].Spec
+		var spec map[string]any
+		if len(raw.Raw) == 0 || json.Unmarshal(raw.Raw, &spec) != nil {
+			continue
+		}
+		changed := false
+		for _, api := range []string{"pvc", "storage"} {
+			if s, ok := spec[api].(map[string]any); ok && s["storageClassName"] == nil {
+				s["storageClassName"] = pref.Volumes.PreferredStorageClassName
+				changed = true
+			}
+		}
+		if !changed {
+			continue
+		}
+		if data, err := json.Marshal(spec); err == nil {
+			raw.Raw, raw.Object = data, nil
+		}
+	}
 }
