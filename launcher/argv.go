@@ -156,6 +156,14 @@ const (
 	maxSocketLen = 107
 )
 
+// legacySlot takes the next conventional PCI slot on pcie.0, from lastFreeSlot down, and returns
+// its address for -device's addr=.
+func (b *builder) legacySlot() string {
+	addr := fmt.Sprintf("%#x", lastFreeSlot-b.legacy)
+	b.legacy++
+	return addr
+}
+
 // checkName requires a DNS-1123 label (at most 63 bytes).
 func checkName(p machine.Path, v string) *machine.FieldError {
 	if len(v) > 63 || !machine.IsLabel(v) {
@@ -211,8 +219,10 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.nics()        // nic.go
 	b.inputs()      // input.go
 	b.rng()         // rng.go
+	b.memBalloon()  // balloon.go
 	b.guestAgent()  // channel.go
 	b.watchdog()    // watchdog.go
+	b.sound()       // sound.go
 	b.filesystems() // filesystem.go
 	b.spares()
 	b.checkUnused()

@@ -199,6 +199,7 @@ func argvCases(root, runDir string) []argvCase {
 			s.Domain.Features = &v1alpha1.Features{ACPI: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}
 			s.Domain.Devices.AutoattachSerialConsole = ptr.To(false)
 			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
+			s.Domain.Devices.Sound = &v1alpha1.SoundDevice{Name: "speaker", Model: v1alpha1.SoundModelAC97}
 		})},
 		{"efi", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			// OVMF boots a kernel directly too (through fw_cfg); the disks' boot order is OVMF's.
@@ -237,11 +238,14 @@ func argvCases(root, runDir string) []argvCase {
 			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
 		})},
 		{"devices", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
-			// KubeVirt's devices without a host side: an entropy device, tablets on both buses, a
-			// watchdog beside a legacy NIC (both in legacy slots), and the APIC's paravirtual EOI.
+			// KubeVirt's devices without a host side: an entropy device, a memory balloon, tablets on
+			// both buses, a watchdog and an HD Audio sound card beside a legacy NIC (all in legacy
+			// slots), and the APIC's paravirtual EOI.
 			withKernel(s, h)
 			s.Domain.Features = &v1alpha1.Features{APIC: &v1alpha1.FeatureAPIC{EndOfInterrupt: true}}
 			s.Domain.Devices.Rng = &v1alpha1.Rng{}
+			s.Domain.Devices.AutoattachMemBalloon = ptr.To(true)
+			s.Domain.Devices.Sound = &v1alpha1.SoundDevice{Name: "speaker"}
 			s.Domain.Devices.Inputs = []v1alpha1.Input{
 				{Name: "tablet", Type: v1alpha1.InputTypeTablet, Bus: v1alpha1.InputBusUSB},
 				{Name: "vtablet", Bus: v1alpha1.InputBusVirtio},

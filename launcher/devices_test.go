@@ -13,7 +13,8 @@ import (
 )
 
 // TestGuestDevices boots the test guest once with KubeVirt's devices that need no host side, as
-// a KubeVirt manifest writes them (spec.domain.devices.rng, inputs, watchdog,
+// a KubeVirt manifest writes them (spec.domain.devices.rng, autoattachMemBalloon, sound, inputs,
+// watchdog,
 // spec.domain.features and spec.domain.clock), translated as the node agent does, and finds each
 // in the guest. The guest has no udev, so the shell loads each driver (they are in the initramfs,
 // test/guest).
@@ -33,6 +34,8 @@ func TestGuestDevices(t *testing.T) {
 			RTC: &v1alpha1.RTCTimer{TickPolicy: v1alpha1.RTCTickPolicyCatchup, Track: v1alpha1.TrackGuest}, Hyperv: &v1alpha1.HypervTimer{}}}
 	started := time.Now().UTC()
 	d.Devices.Rng = &v1alpha1.Rng{}
+	d.Devices.AutoattachMemBalloon = ptr(true)
+	d.Devices.Sound = &v1alpha1.SoundDevice{Name: "speaker"} // ich9 by default
 	d.Devices.Inputs = []v1alpha1.Input{
 		{Name: "tablet", Type: v1alpha1.InputTypeTablet}, // bus usb by default
 		{Name: "vtablet", Type: v1alpha1.InputTypeTablet, Bus: v1alpha1.InputBusVirtio},
@@ -104,6 +107,21 @@ func TestGuestDevices(t *testing.T) {
 			`grep Name= /proc/bus/input/devices`, `N: Name="QEMU QEMU USB Tablet"`)
 		if text := c.Text(); !strings.Contains(text, `N: Name="QEMU Virtio Tablet"`) {
 			t.Fatalf("no virtio tablet in /proc/bus/input/devices; console ends with %q", testutil.Tail(text, 600))
+		}
+	})
+	t.Run("the memory balloon reports free pages", func(t *testing.T) {
+		// Feature bit 5 of a virtio balloon is VIRTIO_BALLOON_F_REPORTING, negotiated by the driver.
+		run(t, `modprobe virtio_balloon; b=$(ls -d /sys/bus/virtio/drivers/virtio_balloon/virtio* | head -1); `+
+			`echo "BALLOON-[$(basename $b)]-[$(cut -c6 $b/features)]"`, "]-[1]")
+		if text := c.Text(); !strings.Contains(text, "BALLOON-[virtio") {
+			t.Fatalf("no virtio_balloon device in the guest; console ends with %q", testutil.Tail(text, 600))
+		}
+	})
+	t.Run("the sound card is an Intel HD Audio with QEMU's codec", func(t *testing.T) {
+		run(t, `modprobe snd_hda_intel; modprobe snd_hda_codec_generic; for i in $(seq 30); do grep -q . /proc/asound/card0/codec#0 2>/dev/null && break; sleep 1; done; `+
+			`echo "SND-[$(grep -m1 Codec: /proc/asound/card0/codec#0)]-[$(cat /proc/asound/card0/id)]"`, "]-[Intel]")
+		if text := c.Text(); !strings.Contains(text, "SND-[Codec: QEMU") {
+			t.Fatalf("no QEMU codec on the guest's HD Audio card; console ends with %q", testutil.Tail(text, 600))
 		}
 	})
 	t.Run("blockMultiQueue gives the disk a queue per vCPU", func(t *testing.T) {

@@ -116,10 +116,8 @@ func (b *builder) nic(p machine.Path, n *machine.NIC) {
 	}
 	id := NICDeviceID(n.Name)
 	if !nicDrivers[n.Model].pcie {
-		addr := fmt.Sprintf("%#x", lastFreeSlot-b.legacy)
-		b.legacy++
 		b.devs = append(b.devs, "-netdev", netdev,
-			"-device", nicDrivers[n.Model].driver+",id="+id+",bus=pcie.0,addr="+addr+",netdev="+NetdevID(n.Name)+",mac="+hw+",romfile=")
+			"-device", nicDrivers[n.Model].driver+",id="+id+",bus=pcie.0,addr="+b.legacySlot()+",netdev="+NetdevID(n.Name)+",mac="+hw+",romfile=")
 		return
 	}
 	port := n.Port

@@ -1,8 +1,6 @@
 package launcher
 
 import (
-	"fmt"
-
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -38,8 +36,6 @@ func (b *builder) watchdog() {
 	if !ok {
 		return
 	}
-	addr := fmt.Sprintf("%#x", lastFreeSlot-b.legacy)
-	b.legacy++
 	b.add("-action", "watchdog="+string(w.Action))
-	b.devs = append(b.devs, "-device", "i6300esb,id="+WatchdogDeviceID(w.Name)+",bus=pcie.0,addr="+addr)
+	b.devs = append(b.devs, "-device", "i6300esb,id="+WatchdogDeviceID(w.Name)+",bus=pcie.0,addr="+b.legacySlot())
 }

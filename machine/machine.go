@@ -75,6 +75,11 @@ type Machine struct {
 	NICs []NIC `json:"nics,omitempty"`
 	// RNG gives the guest a virtio entropy device fed from the host's /dev/urandom.
 	RNG bool `json:"rng,omitempty"`
+	// MemBalloon gives the guest a virtio memory balloon with free page reporting: the pages the
+	// guest frees go back to the host.
+	MemBalloon bool `json:"memBalloon,omitempty"`
+	// Sound is the guest's sound card; its output goes nowhere (QEMU's "none" audio backend).
+	Sound *Sound `json:"sound,omitempty"`
 	// GuestAgent adds the virtio-serial channel org.qemu.guest_agent.0, on which a guest's
 	// qemu-ga answers the launcher. The node agent sets it for every VMI, as KubeVirt does.
 	GuestAgent bool `json:"guestAgent,omitempty"`
@@ -468,6 +473,18 @@ const (
 const WatchdogI6300ESB = "i6300esb"
 
 // Watchdog is the guest's hardware watchdog.
+// Sound card models: Intel HD Audio (ICH9) with a duplex codec, or an AC97.
+const (
+	SoundICH9 = "ich9"
+	SoundAC97 = "ac97"
+)
+
+// Sound is a sound card.
+type Sound struct {
+	Name  string `json:"name"`
+	Model string `json:"model"`
+}
+
 type Watchdog struct {
 	Name   string         `json:"name"`
 	Model  string         `json:"model"`

@@ -65,12 +65,24 @@ func SetDefaults(spec *VirtualMachineInstanceSpec) {
 	setCPUTopology(&spec.Domain)
 	setPodInterface(spec)
 	SetVolumeDisks(spec)
+	setAutoattachedDevices(&spec.Domain.Devices)
 	FillDefaults(spec)
+}
+
+// setAutoattachedDevices records the devices KubeVirt attaches unless told not to: the memory
+// balloon (autoattachMemBalloon, true when unset) and, with autoattachInputDevice true, a USB
+// tablet when the spec has no input (KubeVirt's default-0). Recorded at creation rather than
+// filled in later, so an instance keeps the devices it started with (a migration target must).
+func setAutoattachedDevices(dev *Devices) {
+	dev.AutoattachMemBalloon = trueUnlessSet(dev.AutoattachMemBalloon)
+	if a := dev.AutoattachInputDevice; a != nil && *a && len(dev.Inputs) == 0 {
+		dev.Inputs = []Input{{Name: "default-0", Type: InputTypeTablet, Bus: InputBusUSB}}
+	}
 }
 
 // FillDefaults fills what spec leaves unset field by field: the machine type, the grace period,
 // each disk's target and bus, a cdrom's read-only flag, each interface's model, each input's bus
-// and type, the watchdog's model and action, the serial console, the graphics device, an EFI
+// and type, the watchdog's model and action, the sound card's model, the serial console, the graphics device, an EFI
 // bootloader's secureBoot (true, as KubeVirt reads an unset one), each present feature's
 // enabled flag, the Hyper-V spinlock retries and the Hyper-V features others need. It adds no
 // device and is idempotent.
@@ -97,6 +109,9 @@ func FillDefaults(spec *VirtualMachineInstanceSpec) {
 	}
 	if w := d.Devices.Watchdog; w != nil {
 		defaultWatchdog(w)
+	}
+	if snd := d.Devices.Sound; snd != nil && snd.Model == "" {
+		snd.Model = SoundModelICH9
 	}
 	for i := range d.Devices.Disks {
 		DefaultDisk(&d.Devices.Disks[i])

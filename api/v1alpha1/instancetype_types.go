@@ -365,8 +365,7 @@ type DevicePreferences struct {
 	// PreferredAutoattachGraphicsDevice is domain.devices.autoattachGraphicsDevice.
 	// +optional
 	PreferredAutoattachGraphicsDevice *bool `json:"preferredAutoattachGraphicsDevice,omitempty"`
-	// PreferredAutoattachMemBalloon: not supported by this version of qvirt, which attaches no
-	// balloon (refused).
+	// PreferredAutoattachMemBalloon is domain.devices.autoattachMemBalloon.
 	// +optional
 	PreferredAutoattachMemBalloon *bool `json:"preferredAutoattachMemBalloon,omitempty"`
 	// PreferredAutoattachPodInterface is domain.devices.autoattachPodInterface.
@@ -375,7 +374,7 @@ type DevicePreferences struct {
 	// PreferredAutoattachSerialConsole is domain.devices.autoattachSerialConsole.
 	// +optional
 	PreferredAutoattachSerialConsole *bool `json:"preferredAutoattachSerialConsole,omitempty"`
-	// PreferredAutoattachInputDevice: not supported by this version of qvirt (refused).
+	// PreferredAutoattachInputDevice is domain.devices.autoattachInputDevice.
 	// +optional
 	PreferredAutoattachInputDevice *bool `json:"preferredAutoattachInputDevice,omitempty"`
 	// PreferredDisableHotplug: not supported by this version of qvirt (refused).
@@ -387,8 +386,9 @@ type DevicePreferences struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	// +kubebuilder:validation:Type=object
 	PreferredVirtualGPUOptions *runtime.RawExtension `json:"preferredVirtualGPUOptions,omitempty"`
-	// PreferredSoundModel: not supported by this version of qvirt (refused).
+	// PreferredSoundModel is the model of a sound card that names none.
 	// +optional
+	// +kubebuilder:validation:Enum=ich9;ac97
 	PreferredSoundModel string `json:"preferredSoundModel,omitempty"`
 	// PreferredUseVirtioTransitional: not supported by this version of qvirt (refused).
 	// +optional

@@ -64,20 +64,11 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 	}
 	if d := spec.Devices; d != nil {
 		dp := p.Child("devices")
-		if b := d.PreferredAutoattachMemBalloon; b != nil && *b {
-			no(dp.Child("preferredAutoattachMemBalloon"), "a memory balloon")
-		}
-		if d.PreferredAutoattachInputDevice != nil && *d.PreferredAutoattachInputDevice {
-			no(dp.Child("preferredAutoattachInputDevice"), "an automatic input device (list inputs in domain.devices.inputs)")
-		}
 		if d.PreferredDisableHotplug != nil {
 			no(dp.Child("preferredDisableHotplug"), "disableHotplug")
 		}
 		if d.PreferredVirtualGPUOptions != nil {
 			no(dp.Child("preferredVirtualGPUOptions"), "virtual GPU options")
-		}
-		if d.PreferredSoundModel != "" {
-			no(dp.Child("preferredSoundModel"), "a sound device")
 		}
 		if b := d.PreferredUseVirtioTransitional; b != nil && *b {
 			no(dp.Child("preferredUseVirtioTransitional"), "virtio-transitional devices")

@@ -132,6 +132,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	errs = append(errs, validateDisks(d.Devices.Disks, p.Child("devices", "disks"))...)
 	errs = append(errs, validateInputs(d.Devices.Inputs, p.Child("devices", "inputs"))...)
 	errs = append(errs, validateWatchdog(d.Devices.Watchdog, p.Child("devices", "watchdog"))...)
+	errs = append(errs, validateSound(d.Devices.Sound, p.Child("devices", "sound"))...)
 	return append(errs, validateInterfaces(d.Devices.Interfaces, p.Child("devices", "interfaces"))...)
 }
 
@@ -165,6 +166,17 @@ func validateWatchdog(w *Watchdog, p *field.Path) field.ErrorList {
 	if e := w.I6300ESB; e != nil && e.Action != "" {
 		errs = append(errs, validateEnum(p.Child("i6300esb", "action"), string(e.Action),
 			string(WatchdogActionPoweroff), string(WatchdogActionReset), string(WatchdogActionShutdown))...)
+	}
+	return errs
+}
+
+func validateSound(snd *SoundDevice, p *field.Path) field.ErrorList {
+	if snd == nil {
+		return nil
+	}
+	errs := validateName(p.Child("name"), snd.Name, map[string]bool{})
+	if snd.Model != "" {
+		errs = append(errs, validateEnum(p.Child("model"), string(snd.Model), string(SoundModelICH9), string(SoundModelAC97))...)
 	}
 	return errs
 }

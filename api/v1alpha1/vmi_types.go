@@ -59,6 +59,9 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachGraphicsDevice) == has(oldSelf.domain.devices.autoattachGraphicsDevice) && (!has(self.domain.devices.autoattachGraphicsDevice) || self.domain.devices.autoattachGraphicsDevice == oldSelf.domain.devices.autoattachGraphicsDevice)",message="spec.domain.devices.autoattachGraphicsDevice is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachGraphicsDevice"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachPodInterface) == has(oldSelf.domain.devices.autoattachPodInterface) && (!has(self.domain.devices.autoattachPodInterface) || self.domain.devices.autoattachPodInterface == oldSelf.domain.devices.autoattachPodInterface)",message="spec.domain.devices.autoattachPodInterface is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachPodInterface"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.rng) == has(oldSelf.domain.devices.rng) && (!has(self.domain.devices.rng) || self.domain.devices.rng == oldSelf.domain.devices.rng)",message="spec.domain.devices.rng is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.rng"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachMemBalloon) == has(oldSelf.domain.devices.autoattachMemBalloon) && (!has(self.domain.devices.autoattachMemBalloon) || self.domain.devices.autoattachMemBalloon == oldSelf.domain.devices.autoattachMemBalloon)",message="spec.domain.devices.autoattachMemBalloon is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachMemBalloon"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachInputDevice) == has(oldSelf.domain.devices.autoattachInputDevice) && (!has(self.domain.devices.autoattachInputDevice) || self.domain.devices.autoattachInputDevice == oldSelf.domain.devices.autoattachInputDevice)",message="spec.domain.devices.autoattachInputDevice is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachInputDevice"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.sound) == has(oldSelf.domain.devices.sound) && (!has(self.domain.devices.sound) || self.domain.devices.sound == oldSelf.domain.devices.sound)",message="spec.domain.devices.sound is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.sound"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.blockMultiQueue) == has(oldSelf.domain.devices.blockMultiQueue) && (!has(self.domain.devices.blockMultiQueue) || self.domain.devices.blockMultiQueue == oldSelf.domain.devices.blockMultiQueue)",message="spec.domain.devices.blockMultiQueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.blockMultiQueue"
@@ -514,9 +517,25 @@ type Devices struct {
 	// +optional
 	AutoattachPodInterface *bool `json:"autoattachPodInterface,omitempty"`
 
+	// AutoattachMemBalloon gives the guest a virtio memory balloon that reports the pages it frees
+	// back to the host (free page reporting), as KubeVirt's. Defaults to true; recorded when the
+	// instance is created.
+	// +optional
+	AutoattachMemBalloon *bool `json:"autoattachMemBalloon,omitempty"`
+
+	// AutoattachInputDevice gives an instance created with no inputs a USB tablet named
+	// default-0, as KubeVirt's. Defaults to false.
+	// +optional
+	AutoattachInputDevice *bool `json:"autoattachInputDevice,omitempty"`
+
 	// Rng gives the guest a virtio entropy device (virtio-rng) fed from the host's /dev/urandom.
 	// +optional
 	Rng *Rng `json:"rng,omitempty"`
+
+	// Sound gives the guest a sound card (an Intel HD Audio controller with a codec, or an AC97),
+	// whose output goes nowhere: the node has no audio for it.
+	// +optional
+	Sound *SoundDevice `json:"sound,omitempty"`
 
 	// Inputs are the guest's input devices: tablets (absolute pointers, so the VNC pointer and the
 	// guest's agree) on USB or virtio.
@@ -565,6 +584,28 @@ type FilesystemVirtiofs struct{}
 
 // Rng is a virtio random number generator, as KubeVirt's (no settings).
 type Rng struct{}
+
+// SoundModel is a sound card model.
+// +kubebuilder:validation:Enum=ich9;ac97
+type SoundModel string
+
+// Sound card models, as KubeVirt's.
+const (
+	SoundModelICH9 SoundModel = "ich9"
+	SoundModelAC97 SoundModel = "ac97"
+)
+
+// SoundDevice is a named sound card (KubeVirt's SoundDevice).
+type SoundDevice struct {
+	// Name is the sound card's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// Model is ich9 (the default: Intel HD Audio) or ac97.
+	// +optional
+	Model SoundModel `json:"model,omitempty"`
+}
 
 // InputBus is the bus an input device is attached to.
 // +kubebuilder:validation:Enum=usb;virtio

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/translate"
 )
 
 // KubeVirt-shaped manifests, written from KubeVirt's documentation and examples with only the
@@ -107,6 +108,8 @@ spec:
       watchdog:
         name: mywatchdog
         i6300esb: {}
+      sound:
+        name: speaker
       autoattachPodInterface: false
 `
 
@@ -161,6 +164,7 @@ func TestDefaultsRecorded(t *testing.T) {
 			{"networks", netList(s.Networks), "default:pod"},
 			{"domain.devices.autoattachSerialConsole", b(d.Devices.AutoattachSerialConsole), "true"},
 			{"domain.devices.autoattachGraphicsDevice", b(d.Devices.AutoattachGraphicsDevice), "true"},
+			{"domain.devices.autoattachMemBalloon", b(d.Devices.AutoattachMemBalloon), "true"},
 		}
 		if d.CPU == nil {
 			t.Fatal("domain.cpu not stored")
@@ -198,6 +202,36 @@ func TestDefaultsRecorded(t *testing.T) {
 		}
 		if a := d.Features.APIC; a == nil || b(a.Enabled) != "true" {
 			t.Errorf("stored apic %+v, want enabled: true", a)
+		}
+		if snd := d.Devices.Sound; snd == nil || snd.Model != v1alpha1.SoundModelICH9 {
+			t.Errorf("stored sound %+v, want model ich9", snd)
+		}
+	})
+
+	t.Run("autoattachInputDevice stores a tablet, autoattachMemBalloon false no balloon", func(t *testing.T) {
+		createByKubectl(t, []byte(`apiVersion: qvirt.io/v1alpha1
+kind: VirtualMachineInstance
+metadata: {name: kv-autoattach}
+spec:
+  domain:
+    memory: {guest: 64Mi}
+    devices: {autoattachInputDevice: true, autoattachMemBalloon: false, autoattachPodInterface: false}
+`), "vmi", "kv-autoattach")
+		var vmi v1alpha1.VirtualMachineInstance
+		get(t, "vmi", "kv-autoattach", &vmi)
+		dev := vmi.Spec.Domain.Devices
+		if in := dev.Inputs; len(in) != 1 || in[0].Name != "default-0" || in[0].Bus != v1alpha1.InputBusUSB || in[0].Type != v1alpha1.InputTypeTablet {
+			t.Errorf("stored inputs %+v, want KubeVirt's default-0 USB tablet", in)
+		}
+		if b(dev.AutoattachMemBalloon) != "false" {
+			t.Errorf("stored autoattachMemBalloon %s, want false as written", b(dev.AutoattachMemBalloon))
+		}
+		m, err := translate.Machine(&vmi, translate.Host{Emulation: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.MemBalloon || len(m.Inputs) != 1 {
+			t.Errorf("machine balloon %v inputs %+v, want no balloon and the tablet", m.MemBalloon, m.Inputs)
 		}
 	})
 

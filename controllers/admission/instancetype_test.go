@@ -108,10 +108,10 @@ spec:
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterInstancetype","metadata":{"name":"pinned"},
 				"spec":{"cpu":{"guest":1,"dedicatedCPUPlacement":true},"memory":{"guest":"1Gi","hugepages":{"pageSize":"2Mi"}}}}`)
 		}, []string{"spec.cpu.dedicatedCPUPlacement", "spec.memory.hugepages"}},
-		{"a preference with a TPM and a sound card", func() []byte {
+		{"a preference with a TPM and a video type", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"windows"},
-				"spec":{"devices":{"preferredTPM":{},"preferredSoundModel":"ich9"},"features":{"preferredHyperv":{"relaxed":{}}}}}`)
-		}, []string{"spec.devices.preferredTPM", "spec.devices.preferredSoundModel"}},
+				"spec":{"devices":{"preferredTPM":{},"preferredVideoType":"vga","preferredSoundModel":"ich9"},"features":{"preferredHyperv":{"relaxed":{}}}}}`)
+		}, []string{"spec.devices.preferredTPM", "spec.devices.preferredVideoType"}},
 		{"a preferred clock with both utc and a timezone", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"clock"},
 				"spec":{"clock":{"preferredClockOffset":{"utc":{},"timezone":"UTC"}}}}`)

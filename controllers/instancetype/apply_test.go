@@ -170,7 +170,8 @@ func TestPreferenceFillsOnlyUnset(t *testing.T) {
 	}
 }
 
-// TestPlatformAndLunPreferences: the clock, Hyper-V, KVM, pvspinlock and lun-bus preferences fill
+// TestPlatformAndLunPreferences: the clock, Hyper-V, KVM, pvspinlock, lun-bus, balloon, input
+// device and sound model preferences fill
 // what the VM leaves unset as KubeVirt's apply does: the offset whole and only without one of the
 // VM's, Hyper-V enlightenment by enlightenment and not under passthrough; the disk cache and I/O
 // preferences reach hard disks only.
@@ -185,7 +186,8 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 			PreferredKvm:        &v1alpha1.FeatureKVM{Hidden: true},
 			PreferredPvspinlock: &v1alpha1.FeatureState{Enabled: ptr.To(false)},
 		},
-		Devices: &v1alpha1.DevicePreferences{PreferredLunBus: v1alpha1.DiskBusSCSI, PreferredDiskCache: v1alpha1.CacheWriteThrough, PreferredDiskIO: v1alpha1.IOThreads},
+		Devices: &v1alpha1.DevicePreferences{PreferredLunBus: v1alpha1.DiskBusSCSI, PreferredDiskCache: v1alpha1.CacheWriteThrough, PreferredDiskIO: v1alpha1.IOThreads,
+			PreferredAutoattachMemBalloon: ptr.To(false), PreferredAutoattachInputDevice: ptr.To(true), PreferredSoundModel: "ac97"},
 	}
 	vm := baseVM()
 	tmpl := &vm.Spec.Template.Spec
@@ -193,11 +195,16 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 	tmpl.Volumes = append(tmpl.Volumes, v1alpha1.Volume{Name: "san", VolumeSource: v1alpha1.VolumeSource{
 		PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "san"}}})
 	tmpl.Domain.Features = &v1alpha1.Features{Hyperv: &v1alpha1.FeatureHyperv{VAPIC: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}}
+	tmpl.Domain.Devices.Sound = &v1alpha1.SoundDevice{Name: "speaker"}
 	spec, _, errs := Expand(vm, resolution(baseIT(), pref))
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
 	d := spec.Domain
+	if dev := d.Devices; dev.AutoattachMemBalloon == nil || *dev.AutoattachMemBalloon || dev.AutoattachInputDevice == nil || !*dev.AutoattachInputDevice ||
+		dev.Sound.Model != v1alpha1.SoundModelAC97 {
+		t.Errorf("balloon %v input device %v sound %+v, want the preferred false, true and ac97", dev.AutoattachMemBalloon, dev.AutoattachInputDevice, dev.Sound)
+	}
 	if c := d.Clock; c == nil || c.Timezone == nil || *c.Timezone != "Europe/Berlin" || c.UTC != nil || c.Timer == nil || c.Timer.KVM == nil {
 		t.Errorf("clock %+v, want the preferred timezone and timer", c)
 	}

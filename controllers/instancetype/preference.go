@@ -57,6 +57,11 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 	setBool(&dev.AutoattachSerialConsole, p.PreferredAutoattachSerialConsole)
 	setBool(&dev.BlockMultiQueue, p.PreferredBlockMultiQueue)
 	setBool(&dev.NetworkInterfaceMultiQueue, p.PreferredNetworkInterfaceMultiQueue)
+	setBool(&dev.AutoattachMemBalloon, p.PreferredAutoattachMemBalloon)
+	setBool(&dev.AutoattachInputDevice, p.PreferredAutoattachInputDevice)
+	if s := dev.Sound; s != nil && s.Model == "" {
+		s.Model = v1alpha1.SoundModel(p.PreferredSoundModel)
+	}
 	if dev.Rng == nil && p.PreferredRng != nil {
 		dev.Rng = &v1alpha1.Rng{}
 	}

@@ -52,7 +52,8 @@ BOOT_MODULES=(
 # `mount -t ext4`, for example; tests modprobe the device drivers of the
 # devices they attach: the guest has no udev).
 EXTRA_MODULES=(ext4 crc32c_generic efivarfs
-	virtio_rng virtio_input xhci_pci usbhid hid_generic i6300esb virtiofs)
+	virtio_rng virtio_input xhci_pci usbhid hid_generic i6300esb virtiofs
+	virtio_balloon snd_hda_intel snd_hda_codec_generic)
 
 # Recommended kernel command line, written to OUTDIR/cmdline.
 CMDLINE="console=ttyS0 quiet panic=-1"
