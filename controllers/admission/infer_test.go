@@ -96,7 +96,9 @@ func TestInferFromDataVolumes(t *testing.T) {
 			if err != nil {
 				t.Fatalf("refused: %v: %s", err, stderr)
 			}
-			var got struct{ Spec struct{ Instancetype, Preference map[string]any } }
+			var got struct {
+				Spec struct{ Instancetype, Preference map[string]any }
+			}
 			if err := json.Unmarshal([]byte(out), &got); err != nil {
 				t.Fatal(err)
 			}
