@@ -6,9 +6,10 @@ set -euo pipefail
 # mmdebstrap, dosfstools, mtools and fdisk build the cloud image (test/guest/cloud/build.sh);
 # ovmf is the UEFI firmware, sbsigntool and openssl sign the secure-boot test loader.
 # runc runs the containers of real kubelet nodes (containerd is built by hack/build-node.sh).
+# swtpm emulates the TPM of instances that have one (launcher/tpm.go).
 # qemu-guest-agent: its qemu-ga and the libraries it links go into the test guest (test/guest/build.sh).
 pkgs=(qemu-system-x86 qemu-utils ovmf mtools sbsigntool openssl busybox-static iproute2 nftables cpio kmod mount
-  mmdebstrap dosfstools fdisk debian-archive-keyring qemu-guest-agent runc)
+  mmdebstrap dosfstools fdisk debian-archive-keyring qemu-guest-agent runc swtpm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

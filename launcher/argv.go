@@ -223,6 +223,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.guestAgent()  // channel.go
 	b.watchdog()    // watchdog.go
 	b.sound()       // sound.go
+	b.tpm()         // tpm.go
 	b.filesystems() // filesystem.go
 	b.spares()
 	b.checkUnused()

@@ -20,18 +20,11 @@ package launcher
 // lock directory under /var/run either.
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
 	"syscall"
-
-	"github.com/go-logr/logr"
 
 	"github.com/qvirt/qvirt/machine"
 )
@@ -97,31 +90,9 @@ func sharedDir(p machine.Path, f machine.Filesystem) *machine.FieldError {
 	return nil
 }
 
-// fsDaemons are the virtiofsd processes of one QEMU.
-type fsDaemons struct {
-	log  logr.Logger
-	mu   sync.Mutex
-	cmds []*exec.Cmd
-	// stopping is set once the launcher ends them, so their exit is not a failure.
-	stopping bool
-	// failed receives the first daemon that ended on its own while QEMU needed it.
-	failed chan error
-}
-
-// startFilesystems starts a virtiofsd for each of m's filesystems, listening on its socket before
-// it returns, so QEMU finds them when it starts. The daemons die with the launcher.
-func startFilesystems(m *Machine, virtiofsd string, log logr.Logger) (*fsDaemons, error) {
-	d := &fsDaemons{log: log, failed: make(chan error, 1)}
-	for i, f := range m.Filesystems {
-		if err := d.start(i, f, m.FilesystemSocket(i), virtiofsd); err != nil {
-			d.stop()
-			return nil, fmt.Errorf("filesystem %q: %w", f.Name, err)
-		}
-	}
-	return d, nil
-}
-
-func (d *fsDaemons) start(i int, f machine.Filesystem, socket, virtiofsd string) error {
+// startFilesystem starts the virtiofsd of filesystem f, listening on socket before it returns, so
+// QEMU finds it when it starts.
+func (d *daemons) startFilesystem(f machine.Filesystem, socket, virtiofsd string) error {
 	st, err := os.Stat(f.Dir)
 	if err != nil {
 		return fmt.Errorf("shared directory: %w", err)
@@ -129,18 +100,7 @@ func (d *fsDaemons) start(i int, f machine.Filesystem, socket, virtiofsd string)
 	if !st.IsDir() {
 		return fmt.Errorf("shared directory %s is not a directory", f.Dir)
 	}
-	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
-	if err != nil {
-		return fmt.Errorf("listen for QEMU: %w", err)
-	}
-	// virtiofsd owns the socket from here; the launcher's copy only keeps it from being removed
-	// when closed.
-	ln.SetUnlinkOnClose(false)
-	sock, err := ln.File()
-	_ = ln.Close()
+	sock, err := listenFor(socket)
 	if err != nil {
 		return err
 	}
@@ -157,73 +117,7 @@ func (d *fsDaemons) start(i int, f machine.Filesystem, socket, virtiofsd string)
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
 		GidMappingsEnableSetgroups: false,
 	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s in a user namespace: %w", virtiofsd, err)
-	}
-	d.mu.Lock()
-	d.cmds = append(d.cmds, cmd)
-	d.mu.Unlock()
-	log := d.log.WithValues("filesystem", f.Name, "pid", cmd.Process.Pid)
-	log.Info("virtiofsd started", "dir", f.Dir)
-	tail := newTailBuffer(1024)
-	copied := make(chan struct{})
-	go copyLines(stderr, copied, func(line string) {
-		tail.Write([]byte(line + "\n"))
-		log.Info("virtiofsd", "stderr", line)
-	})
-	go func() {
-		<-copied
-		err := cmd.Wait()
-		d.mu.Lock()
-		stopping := d.stopping
-		d.mu.Unlock()
-		// virtiofsd exits 0 when QEMU closes its socket, which QEMU does only as it ends (a guest
-		// powering off): no failure, and QEMU's own exit tells why.
-		if stopping || err == nil {
-			log.Info("virtiofsd ended", "error", err)
-			return
-		}
-		log.Error(err, "virtiofsd ended while the guest needs it")
-		select {
-		case d.failed <- fmt.Errorf("virtiofsd of filesystem %q ended (%v): %s", f.Name, err, tail.String()):
-		default:
-		}
-	}()
-	return nil
-}
-
-// stop ends the daemons (QEMU has ended or failed to start).
-func (d *fsDaemons) stop() {
-	if d == nil {
-		return
-	}
-	d.mu.Lock()
-	d.stopping = true
-	cmds := d.cmds
-	d.mu.Unlock()
-	for _, c := range cmds {
-		_ = c.Process.Kill()
-	}
-}
-
-// watch kills QEMU when a daemon ends before it: the guest's filesystem would hang otherwise. The
-// exit says which daemon ended.
-func (d *fsDaemons) watch(p *Process) {
-	select {
-	case err := <-d.failed:
-		p.daemonFailed(err)
-	case <-p.exited:
-	}
-}
-
-func copyLines(r io.Reader, done chan<- struct{}, line func(string)) {
-	defer close(done)
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line(sc.Text())
-	}
+	// virtiofsd exits 0 when QEMU closes its socket, which QEMU does only as it ends (a guest
+	// powering off): no failure, and QEMU's own exit tells why.
+	return d.run(daemon{name: "virtiofsd", of: fmt.Sprintf("filesystem %q", f.Name), cmd: cmd}, d.log.WithValues("filesystem", f.Name, "dir", f.Dir))
 }

@@ -49,6 +49,8 @@ type Options struct {
 	StartTimeout time.Duration
 	// Virtiofsd is the daemon serving the machine's filesystems; DefaultVirtiofsd when empty.
 	Virtiofsd string
+	// SWTPM is the TPM emulator behind the machine's TPM; DefaultSWTPM when empty.
+	SWTPM string
 }
 
 // Process supervises one QEMU: it starts it paused, connects QMP, resumes the guest and tracks the
@@ -60,7 +62,7 @@ type Process struct {
 	cmd     *exec.Cmd
 	mon     *qmp.Monitor
 	stderr  *tailBuffer
-	fs      *fsDaemons // the filesystems' virtiofsd processes; nil without filesystems
+	daemons *daemons // virtiofsd and swtpm processes; nil when the machine needs none
 
 	exited chan struct{} // closed when QEMU's process has been reaped
 	done   chan struct{} // closed when the exit is classified
@@ -69,7 +71,7 @@ type Process struct {
 	state     qmp.RunState
 	shutdown  string // reason of the last SHUTDOWN event
 	panicked  bool
-	daemonErr error // a virtiofsd that ended before QEMU, which was killed for it
+	daemonErr error // a daemon that ended before QEMU, which was killed for it
 	migrated  bool
 	exit      *protocol.Exit
 	version   string
@@ -103,7 +105,7 @@ func Start(ctx context.Context, m *Machine, opts Options) (*Process, error) {
 		run  func(context.Context) error
 	}{
 		{"prepare run directory", p.prepareRunDir},
-		{"start virtiofsd", func(context.Context) error { return p.startFilesystems(opts.Virtiofsd) }},
+		{"start daemons", func(context.Context) error { return p.startDaemons(opts) }},
 		{"exec " + opts.QEMU, func(context.Context) error { return p.exec(opts.QEMU, argv) }},
 		{"connect QMP", func(ctx context.Context) error { return p.connect(ctx, opts.StartTimeout) }},
 		{"resume guest", p.resume},
@@ -130,28 +132,23 @@ func (p *Process) prepareRunDir(context.Context) error {
 	return nil
 }
 
-// startFilesystems starts the filesystems' daemons, which QEMU connects to when it starts.
-func (p *Process) startFilesystems(virtiofsd string) error {
-	if len(p.machine.Filesystems) == 0 {
-		return nil
-	}
-	if virtiofsd == "" {
-		virtiofsd = DefaultVirtiofsd
-	}
-	fs, err := startFilesystems(p.machine, virtiofsd, p.log)
+// startDaemons starts the filesystems' and the TPM's daemons, which QEMU connects to when it
+// starts.
+func (p *Process) startDaemons(opts Options) error {
+	d, err := startDaemons(p.machine, opts, p.log)
 	if err != nil {
 		return err
 	}
-	p.fs = fs
+	p.daemons = d
 	return nil
 }
 
-// daemonFailed ends QEMU because a virtiofsd it needs ended; the exit carries err.
+// daemonFailed ends QEMU because a daemon it needs ended; the exit carries err.
 func (p *Process) daemonFailed(err error) {
 	p.mu.Lock()
 	p.daemonErr = err
 	p.mu.Unlock()
-	p.log.Error(err, "ending QEMU: a filesystem's daemon ended")
+	p.log.Error(err, "ending QEMU: a daemon it needs ended")
 	_ = p.cmd.Process.Kill()
 }
 
@@ -169,8 +166,8 @@ func (p *Process) exec(qemu string, argv []string) error {
 	}
 	p.cmd = cmd
 	p.log.Info("qemu started", "pid", cmd.Process.Pid)
-	if p.fs != nil {
-		go p.fs.watch(p)
+	if p.daemons != nil {
+		go p.daemons.watch(p)
 	}
 	copied := make(chan struct{})
 	go p.copyStderr(stderr, copied)
@@ -277,7 +274,7 @@ func (p *Process) abort() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
-	p.fs.stop()
+	p.daemons.stop()
 	p.close()
 }
 
@@ -342,7 +339,7 @@ func (p *Process) notifyLocked() {
 
 func (p *Process) onExit(waitErr error) {
 	close(p.exited)
-	p.fs.stop() // the daemons serve this QEMU only
+	p.daemons.stop() // the daemons serve this QEMU only
 	exit := p.classify(waitErr)
 	p.mu.Lock()
 	p.exit = &exit

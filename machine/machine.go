@@ -80,6 +80,9 @@ type Machine struct {
 	MemBalloon bool `json:"memBalloon,omitempty"`
 	// Sound is the guest's sound card; its output goes nowhere (QEMU's "none" audio backend).
 	Sound *Sound `json:"sound,omitempty"`
+	// TPM gives the guest a TPM 2.0 (a TIS interface) emulated by a swtpm the launcher runs. Its
+	// state lives as long as the QEMU: a new start gets a new, empty TPM.
+	TPM bool `json:"tpm,omitempty"`
 	// GuestAgent adds the virtio-serial channel org.qemu.guest_agent.0, on which a guest's
 	// qemu-ga answers the launcher. The node agent sets it for every VMI, as KubeVirt does.
 	GuestAgent bool `json:"guestAgent,omitempty"`

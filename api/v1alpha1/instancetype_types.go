@@ -440,12 +440,9 @@ type DevicePreferences struct {
 	// PreferredNetworkInterfaceMultiQueue is domain.devices.networkInterfaceMultiqueue.
 	// +optional
 	PreferredNetworkInterfaceMultiQueue *bool `json:"preferredNetworkInterfaceMultiQueue,omitempty"`
-	// PreferredTPM: not supported by this version of qvirt (refused).
+	// PreferredTPM is domain.devices.tpm when the VirtualMachine has none.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:Type=object
-	PreferredTPM *runtime.RawExtension `json:"preferredTPM,omitempty"`
+	PreferredTPM *TPMDevice `json:"preferredTPM,omitempty"`
 	// PreferredInterfaceMasquerade gives interfaces that name no binding the masquerade binding.
 	// +optional
 	PreferredInterfaceMasquerade *InterfaceMasquerade `json:"preferredInterfaceMasquerade,omitempty"`

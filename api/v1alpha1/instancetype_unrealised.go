@@ -76,8 +76,8 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if d.PreferredDiskBlockSize != nil {
 			no(dp.Child("preferredDiskBlockSize"), "a disk block size")
 		}
-		if d.PreferredTPM != nil {
-			no(dp.Child("preferredTPM"), "a TPM")
+		if t := d.PreferredTPM; t != nil && t.Persistent != nil && *t.Persistent {
+			no(dp.Child("preferredTPM", "persistent"), "a persistent TPM")
 		}
 		if d.PreferredPanicDeviceModel != nil {
 			no(dp.Child("preferredPanicDeviceModel"), "a panic device")

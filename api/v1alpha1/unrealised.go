@@ -56,6 +56,10 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 			no(kp.Child("kernelPath"), "booting an initrd without a kernel", "")
 		}
 	}
+	if t := spec.Domain.Devices.TPM; TPMEnabled(&spec.Domain.Devices) && t.Persistent != nil && *t.Persistent {
+		no(dp.Child("devices", "tpm", "persistent"), "a persistent TPM (its state kept across restarts of the VM)",
+			"; it needs backend storage qvirt does not create yet, and without it the TPM's state lasts as long as the instance")
+	}
 	for i, d := range spec.Domain.Devices.Disks {
 		if d.LUN != nil && d.LUN.Reservation {
 			no(dp.Child("devices", "disks").Index(i).Child("lun", "reservation"), "SCSI persistent reservation",

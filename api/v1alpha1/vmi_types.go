@@ -62,6 +62,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachMemBalloon) == has(oldSelf.domain.devices.autoattachMemBalloon) && (!has(self.domain.devices.autoattachMemBalloon) || self.domain.devices.autoattachMemBalloon == oldSelf.domain.devices.autoattachMemBalloon)",message="spec.domain.devices.autoattachMemBalloon is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachMemBalloon"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachInputDevice) == has(oldSelf.domain.devices.autoattachInputDevice) && (!has(self.domain.devices.autoattachInputDevice) || self.domain.devices.autoattachInputDevice == oldSelf.domain.devices.autoattachInputDevice)",message="spec.domain.devices.autoattachInputDevice is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachInputDevice"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.sound) == has(oldSelf.domain.devices.sound) && (!has(self.domain.devices.sound) || self.domain.devices.sound == oldSelf.domain.devices.sound)",message="spec.domain.devices.sound is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.sound"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.tpm) == has(oldSelf.domain.devices.tpm) && (!has(self.domain.devices.tpm) || self.domain.devices.tpm == oldSelf.domain.devices.tpm)",message="spec.domain.devices.tpm is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.tpm"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.blockMultiQueue) == has(oldSelf.domain.devices.blockMultiQueue) && (!has(self.domain.devices.blockMultiQueue) || self.domain.devices.blockMultiQueue == oldSelf.domain.devices.blockMultiQueue)",message="spec.domain.devices.blockMultiQueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.blockMultiQueue"
@@ -532,6 +533,11 @@ type Devices struct {
 	// +optional
 	Rng *Rng `json:"rng,omitempty"`
 
+	// TPM gives the guest a TPM 2.0, emulated by swtpm in the launcher pod. Its state lasts as long
+	// as the instance's QEMU (KubeVirt's non-persistent vTPM).
+	// +optional
+	TPM *TPMDevice `json:"tpm,omitempty"`
+
 	// Sound gives the guest a sound card (an Intel HD Audio controller with a codec, or an AC97),
 	// whose output goes nowhere: the node has no audio for it.
 	// +optional
@@ -584,6 +590,22 @@ type FilesystemVirtiofs struct{}
 
 // Rng is a virtio random number generator, as KubeVirt's (no settings).
 type Rng struct{}
+
+// TPMDevice is a virtual TPM 2.0 (KubeVirt's TPMDevice).
+type TPMDevice struct {
+	// Enabled false leaves the TPM out, even one a preference asks for. Defaults to true.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// Persistent keeps the TPM's state across restarts of the VM; not supported by this version of
+	// qvirt, which has no backend storage for it (refused).
+	// +optional
+	Persistent *bool `json:"persistent,omitempty"`
+}
+
+// TPMEnabled says whether dev gives the guest a TPM: present, and enabled unless set to false.
+func TPMEnabled(dev *Devices) bool {
+	return dev.TPM != nil && (dev.TPM.Enabled == nil || *dev.TPM.Enabled)
+}
 
 // SoundModel is a sound card model.
 // +kubebuilder:validation:Enum=ich9;ac97

@@ -112,12 +112,12 @@ func TestConflicts(t *testing.T) {
 func TestNotRealisedReferences(t *testing.T) {
 	it := baseIT()
 	it.GPUs = &runtime.RawExtension{Raw: []byte(`[{}]`)}
-	pref := &v1alpha1.VirtualMachinePreferenceSpec{Devices: &v1alpha1.DevicePreferences{PreferredTPM: &runtime.RawExtension{Raw: []byte(`{}`)}}}
+	pref := &v1alpha1.VirtualMachinePreferenceSpec{Devices: &v1alpha1.DevicePreferences{PreferredTPM: &v1alpha1.TPMDevice{Persistent: ptr.To(true)}}}
 	_, _, errs := Expand(baseVM(), resolution(it, pref))
 	msg := errs.ToAggregate().Error()
 	if len(errs) != 2 || !strings.Contains(msg, `spec.instancetype: Forbidden: VirtualMachineClusterInstancetype "it": spec.gpus: Forbidden: GPU passthrough is not supported`) ||
-		!strings.Contains(msg, `spec.preference: Forbidden: VirtualMachineClusterPreference "pref": spec.devices.preferredTPM`) {
-		t.Fatalf("errors %v, want the GPUs and the TPM refused", errs)
+		!strings.Contains(msg, `spec.preference: Forbidden: VirtualMachineClusterPreference "pref": spec.devices.preferredTPM.persistent`) {
+		t.Fatalf("errors %v, want the GPUs and the persistent TPM refused", errs)
 	}
 }
 
@@ -187,7 +187,8 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 			PreferredPvspinlock: &v1alpha1.FeatureState{Enabled: ptr.To(false)},
 		},
 		Devices: &v1alpha1.DevicePreferences{PreferredLunBus: v1alpha1.DiskBusSCSI, PreferredDiskCache: v1alpha1.CacheWriteThrough, PreferredDiskIO: v1alpha1.IOThreads,
-			PreferredAutoattachMemBalloon: ptr.To(false), PreferredAutoattachInputDevice: ptr.To(true), PreferredSoundModel: "ac97"},
+			PreferredAutoattachMemBalloon: ptr.To(false), PreferredAutoattachInputDevice: ptr.To(true), PreferredSoundModel: "ac97",
+			PreferredTPM: &v1alpha1.TPMDevice{}},
 	}
 	vm := baseVM()
 	tmpl := &vm.Spec.Template.Spec
@@ -204,6 +205,9 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 	if dev := d.Devices; dev.AutoattachMemBalloon == nil || *dev.AutoattachMemBalloon || dev.AutoattachInputDevice == nil || !*dev.AutoattachInputDevice ||
 		dev.Sound.Model != v1alpha1.SoundModelAC97 {
 		t.Errorf("balloon %v input device %v sound %+v, want the preferred false, true and ac97", dev.AutoattachMemBalloon, dev.AutoattachInputDevice, dev.Sound)
+	}
+	if !v1alpha1.TPMEnabled(&d.Devices) {
+		t.Errorf("tpm %+v, want the preferred one", d.Devices.TPM)
 	}
 	if c := d.Clock; c == nil || c.Timezone == nil || *c.Timezone != "Europe/Berlin" || c.UTC != nil || c.Timer == nil || c.Timer.KVM == nil {
 		t.Errorf("clock %+v, want the preferred timezone and timer", c)

@@ -65,6 +65,7 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 	if dev.Rng == nil && p.PreferredRng != nil {
 		dev.Rng = &v1alpha1.Rng{}
 	}
+	fillUnset(&dev.TPM, p.PreferredTPM)
 	// Every volume without a disk gets its disk before the disk preferences apply, as the
 	// instance's defaulting would afterwards: otherwise such a disk would get the default bus,
 	// not the preferred one.

@@ -156,13 +156,14 @@ func cloudInitMetaData(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) {
 	}
 }
 
-// devices are the devices that need no host side: the entropy device, the memory balloon (as
-// admission recorded it: an instance stored without the field has none), the sound card, the
-// input devices and the watchdog, each after FillDefaults (an input's bus and type, the
+// devices are the devices the launcher makes alone: the entropy device, the memory balloon (as
+// admission recorded it: an instance stored without the field has none), the TPM, the sound
+// card, the input devices and the watchdog, each after FillDefaults (an input's bus and type, the
 // watchdog's model and action, the sound card's model).
 func devices(d *v1alpha1.Devices, m *machine.Machine) {
 	m.RNG = d.Rng != nil
 	m.MemBalloon = d.AutoattachMemBalloon != nil && *d.AutoattachMemBalloon
+	m.TPM = v1alpha1.TPMEnabled(d)
 	if snd := d.Sound; snd != nil {
 		m.Sound = &machine.Sound{Name: snd.Name, Model: string(snd.Model)}
 	}

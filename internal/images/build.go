@@ -29,7 +29,7 @@ import (
 
 // RootPackages are the packages whose files the QEMU layer carries; the lock adds the libraries
 // they need (Lock.Update finds them).
-var RootPackages = []string{"qemu-system-x86", "qemu-system-common", "qemu-system-data", "qemu-utils", "seabios", "ovmf"}
+var RootPackages = []string{"qemu-system-x86", "qemu-system-common", "qemu-system-data", "qemu-utils", "seabios", "ovmf", "swtpm"}
 
 // qemuFiles are the files of the QEMU layer besides their shared libraries: the emulator,
 // qemu-img, the TCG accelerator (a module in Debian's build: emulation needs it), and the
@@ -37,7 +37,7 @@ var RootPackages = []string{"qemu-system-x86", "qemu-system-common", "qemu-syste
 // /usr/share/qemu, /usr/share/seabios, /usr/lib/ipxe/qemu). NICs get no option ROM
 // (romfile=""), so iPXE's are left out. The VNC server loads QEMU's default keymap, en-us, at
 // start even though clients send raw key codes (QEMU exits without it). QEMU's virtiofsd serves
-// the filesystems.
+// the filesystems, swtpm the TPM.
 func qemuFiles() []string {
 	files := []string{
 		"/usr/bin/qemu-system-x86_64",
@@ -56,6 +56,8 @@ func qemuFiles() []string {
 		"/usr/share/qemu/keymaps/en-us",
 		// The daemon behind virtiofs filesystems (launcher/filesystem.go).
 		launcher.DefaultVirtiofsd,
+		// The TPM emulator (launcher/tpm.go).
+		launcher.DefaultSWTPM,
 	}
 	for _, sb := range []bool{false, true} {
 		code, vars := launcher.OVMFFiles(sb)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
@@ -194,6 +195,11 @@ func TestLauncherImageBootsTheTestGuest(t *testing.T) {
 	out, err = runInImage(t, root, nil, "/usr/bin/qemu-img", "--version").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "qemu-img version 7.2") {
 		t.Fatalf("qemu-img --version in the image: %v\n%s", err, out)
+	}
+	// swtpm finds its own library through its run path (/usr/lib/x86_64-linux-gnu/swtpm).
+	out, err = runInImage(t, root, nil, launcher.DefaultSWTPM, "--version").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "TPM emulator version") {
+		t.Fatalf("swtpm --version in the image: %v\n%s", err, out)
 	}
 
 	// The test guest as test/guest/vmi.yaml describes it, from the image's view of the files,

@@ -133,6 +133,8 @@ var libDirs = []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/l
 // package provides.
 type MissingLibraryError struct {
 	Soname, NeededBy, Package string
+	// RunPath is where the needing file asks the loader to look first (runPath).
+	RunPath []string
 }
 
 func (e *MissingLibraryError) Error() string {
@@ -200,10 +202,11 @@ func (s *selection) addNeeded(p string, e *entry) error {
 	if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
 		return fmt.Errorf("%s: read DT_NEEDED: %w", p, err)
 	}
+	dirs := runPath(f, p)
 	for _, so := range needed {
-		lib, ok := s.findLib(so)
+		lib, ok := s.findLib(so, dirs)
 		if !ok {
-			s.missing = append(s.missing, &MissingLibraryError{Soname: so, NeededBy: p, Package: e.Pkg})
+			s.missing = append(s.missing, &MissingLibraryError{Soname: so, NeededBy: p, Package: e.Pkg, RunPath: dirs})
 			continue
 		}
 		if err := s.add(lib); err != nil {
@@ -213,11 +216,32 @@ func (s *selection) addNeeded(p string, e *entry) error {
 	return nil
 }
 
-func (s *selection) findLib(soname string) (string, bool) {
+// runPath is the directories an ELF file at p names for its libraries (DT_RUNPATH, else
+// DT_RPATH, $ORIGIN expanded), which the loader searches before libDirs: swtpm finds its own
+// library in /usr/lib/x86_64-linux-gnu/swtpm that way.
+func runPath(f *elf.File, p string) []string {
+	paths, _ := f.DynString(elf.DT_RUNPATH)
+	if len(paths) == 0 {
+		paths, _ = f.DynString(elf.DT_RPATH)
+	}
+	var dirs []string
+	for _, list := range paths {
+		for _, d := range strings.Split(list, ":") {
+			d = strings.ReplaceAll(strings.ReplaceAll(d, "${ORIGIN}", path.Dir(p)), "$ORIGIN", path.Dir(p))
+			if path.IsAbs(d) {
+				dirs = append(dirs, path.Clean(d))
+			}
+		}
+	}
+	return dirs
+}
+
+// findLib is where the loader finds soname: in dirs (the needing file's run path), then libDirs.
+func (s *selection) findLib(soname string, dirs []string) (string, bool) {
 	if strings.Contains(soname, "/") {
 		return soname, s.t.exists(soname)
 	}
-	for _, d := range libDirs {
+	for _, d := range append(dirs, libDirs...) {
 		if p := path.Join(d, soname); s.t.exists(p) {
 			return p, true
 		}

@@ -90,7 +90,7 @@ func findProvider(ctx context.Context, f *Fetcher, m *MissingLibraryError, locke
 			probed[pkg], probedControls[pkg] = pt, c
 		}
 		s := newSelection(pt)
-		if _, ok := s.findLib(m.Soname); ok {
+		if _, ok := s.findLib(m.Soname, m.RunPath); ok {
 			return pkg, nil
 		}
 		queue = append(queue, probedControls[pkg].Depends...)

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/machine"
@@ -91,3 +93,39 @@ func TestKubeVirtLun(t *testing.T) {
 		})
 	}
 }
+
+// TestKubeVirtTPM: KubeVirt's vTPM manifest (the user guide's "Trusted Platform Module" example,
+// devices.tpm: {}) is accepted and translates to a TPM; a persistent TPM is refused naming the
+// field; enabled: false leaves it out.
+func TestKubeVirtTPM(t *testing.T) {
+	startWebhook(t)
+	vmi := func(tpm map[string]any) map[string]any {
+		o := sample(t, "vmi_testguest.yaml")
+		o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["tpm"] = tpm
+		return o
+	}
+	if _, stderr, err := apply(t, vmi(map[string]any{}), "vmi-tpm"); err != nil {
+		t.Fatalf("tpm: {} refused: %v: %s", err, stderr)
+	}
+	if _, stderr, err := apply(t, vmi(map[string]any{"persistent": true}), "vmi-tpm-persistent"); err == nil ||
+		!strings.Contains(stderr, "spec.domain.devices.tpm.persistent") {
+		t.Errorf("a persistent TPM: %v: %s; want a refusal naming spec.domain.devices.tpm.persistent", err, stderr)
+	}
+	for _, tc := range []struct {
+		tpm  *v1alpha1.TPMDevice
+		want bool
+	}{{&v1alpha1.TPMDevice{}, true}, {&v1alpha1.TPMDevice{Enabled: ptrTo(false)}, false}, {nil, false}} {
+		spec := v1alpha1.VirtualMachineInstance{}
+		spec.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptrTo(resource.MustParse("64Mi"))}
+		spec.Spec.Domain.Devices.TPM = tc.tpm
+		m, err := translate.Machine(&spec, translate.Host{Emulation: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.TPM != tc.want {
+			t.Errorf("tpm %+v translates to TPM %v, want %v", tc.tpm, m.TPM, tc.want)
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -1,0 +1,155 @@
+package launcher
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+
+	"github.com/go-logr/logr"
+)
+
+// daemons are the helper processes of one QEMU: a virtiofsd per filesystem (filesystem.go) and a
+// swtpm for the TPM (tpm.go). Each listens on a unix socket the launcher makes and hands it, so it
+// is ready before QEMU starts and connects. They die with the launcher (Pdeathsig), are ended
+// when QEMU ends, and one that ends on its own while QEMU runs ends QEMU too (watch): the guest
+// would hang on its device otherwise.
+type daemons struct {
+	log  logr.Logger
+	mu   sync.Mutex
+	cmds []*exec.Cmd
+	// stopping is set once the launcher ends them, so their exit is not a failure.
+	stopping bool
+	// failed receives the first daemon that ended on its own while QEMU needed it.
+	failed chan error
+}
+
+// daemon is one helper process to start: name is the program, of what it serves, for messages.
+type daemon struct {
+	name, of string
+	cmd      *exec.Cmd
+}
+
+// startDaemons starts the daemons m needs: nil when it needs none.
+func startDaemons(m *Machine, opts Options, log logr.Logger) (*daemons, error) {
+	if len(m.Filesystems) == 0 && !m.TPM {
+		return nil, nil
+	}
+	d := &daemons{log: log, failed: make(chan error, 1)}
+	virtiofsd := opts.Virtiofsd
+	if virtiofsd == "" {
+		virtiofsd = DefaultVirtiofsd
+	}
+	for i, f := range m.Filesystems {
+		if err := d.startFilesystem(f, m.FilesystemSocket(i), virtiofsd); err != nil {
+			d.stop()
+			return nil, fmt.Errorf("filesystem %q: %w", f.Name, err)
+		}
+	}
+	if m.TPM {
+		if err := d.startTPM(m, opts.SWTPM); err != nil {
+			d.stop()
+			return nil, fmt.Errorf("tpm: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// listenFor makes the listening unix socket at path that QEMU connects to, for a daemon to accept
+// on: the file to pass it. The daemon owns the socket from then on; the launcher's copy only keeps
+// it from being removed when closed.
+func listenFor(path string) (*os.File, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen for QEMU: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	f, err := ln.File()
+	_ = ln.Close()
+	return f, err
+}
+
+// run starts the daemon, logging its stderr. An exit 0 is the daemon seeing QEMU close its socket,
+// which QEMU does only as it ends: no failure, QEMU's own exit tells why; any other exit while
+// the launcher has not stopped it is a failure (watch).
+func (d *daemons) run(dm daemon, log logr.Logger) error {
+	cmd := dm.cmd
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	d.mu.Lock()
+	d.cmds = append(d.cmds, cmd)
+	d.mu.Unlock()
+	log = log.WithValues("pid", cmd.Process.Pid)
+	log.Info(dm.name + " started")
+	tail := newTailBuffer(1024)
+	copied := make(chan struct{})
+	go copyLines(stderr, copied, func(line string) {
+		tail.Write([]byte(line + "\n"))
+		log.Info(dm.name, "stderr", line)
+	})
+	go func() {
+		<-copied
+		err := cmd.Wait()
+		d.mu.Lock()
+		stopping := d.stopping
+		d.mu.Unlock()
+		if stopping || err == nil {
+			log.Info(dm.name+" ended", "error", err)
+			return
+		}
+		log.Error(err, dm.name+" ended while the guest needs it")
+		select {
+		case d.failed <- fmt.Errorf("%s of %s ended (%v): %s", dm.name, dm.of, err, tail.String()):
+		default:
+		}
+	}()
+	return nil
+}
+
+// stop ends the daemons (QEMU has ended or failed to start).
+func (d *daemons) stop() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	d.stopping = true
+	cmds := d.cmds
+	d.mu.Unlock()
+	for _, c := range cmds {
+		_ = c.Process.Kill()
+	}
+}
+
+// watch kills QEMU when a daemon ends before it. The exit says which daemon ended.
+func (d *daemons) watch(p *Process) {
+	select {
+	case err := <-d.failed:
+		p.daemonFailed(err)
+	case <-p.exited:
+	}
+}
+
+func copyLines(r io.Reader, done chan<- struct{}, line func(string)) {
+	defer close(done)
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line(sc.Text())
+	}
+}
