@@ -227,6 +227,7 @@ func argvCases(root, runDir string) []argvCase {
 				HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.qcow2", Type: v1alpha1.HostDiskExists}}}}
 			h.m.Images["root"] = DiskImage{Path: img("root.qcow2"), Format: "qcow2"}
 			efiFiles(h.m, root, true)
+			s.Domain.Devices.Video = &v1alpha1.VideoDevice{Type: v1alpha1.VideoBochs}
 		})},
 		{"bios-serial", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			s.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{BIOS: &v1alpha1.BIOS{UseSerial: ptr.To(true)}}}
@@ -246,6 +247,7 @@ func argvCases(root, runDir string) []argvCase {
 			s.Domain.Devices.Rng = &v1alpha1.Rng{}
 			s.Domain.Devices.AutoattachMemBalloon = ptr.To(true)
 			s.Domain.Devices.Sound = &v1alpha1.SoundDevice{Name: "speaker"}
+			s.Domain.Devices.Video = &v1alpha1.VideoDevice{Type: v1alpha1.VideoVirtio}
 			s.Domain.Devices.Inputs = []v1alpha1.Input{
 				{Name: "tablet", Type: v1alpha1.InputTypeTablet, Bus: v1alpha1.InputBusUSB},
 				{Name: "vtablet", Bus: v1alpha1.InputBusVirtio},
@@ -262,6 +264,7 @@ func argvCases(root, runDir string) []argvCase {
 			// hour behind UTC on guest time catching up, the PIT delaying, no HPET, no KVM clock,
 			// KVM hidden, paravirtual spinlocks off, SMM on.
 			withKernel(s, h)
+			s.Domain.Devices.Video = &v1alpha1.VideoDevice{Type: v1alpha1.VideoRamfb}
 			s.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{}, KVM: &v1alpha1.FeatureKVM{Hidden: true},
 				Pvspinlock: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}
 			s.Domain.Clock = &v1alpha1.Clock{ClockOffset: v1alpha1.ClockOffset{UTC: &v1alpha1.ClockOffsetUTC{OffsetSeconds: ptr.To(-3600)}},
@@ -283,6 +286,7 @@ func argvCases(root, runDir string) []argvCase {
 		})},
 		{"backing-chain-and-legacy-nics", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			withKernel(s, h)
+			s.Domain.Devices.Video = &v1alpha1.VideoDevice{Type: v1alpha1.VideoCirrus}
 			s.Domain.CPU = &v1alpha1.CPU{Model: "max", Cores: 4}
 			long := "a-very-long-disk-name-that-exceeds-qemu-node-names"
 			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)}, {Name: long}}

@@ -13,8 +13,8 @@ import (
 )
 
 // TestGuestDevices boots the test guest once with KubeVirt's devices that need no host side, as
-// a KubeVirt manifest writes them (spec.domain.devices.rng, autoattachMemBalloon, sound, inputs,
-// watchdog,
+// a KubeVirt manifest writes them (spec.domain.devices.rng, autoattachMemBalloon, sound, video,
+// inputs, watchdog,
 // spec.domain.features and spec.domain.clock), translated as the node agent does, and finds each
 // in the guest. The guest has no udev, so the shell loads each driver (they are in the initramfs,
 // test/guest).
@@ -36,6 +36,7 @@ func TestGuestDevices(t *testing.T) {
 	d.Devices.Rng = &v1alpha1.Rng{}
 	d.Devices.AutoattachMemBalloon = ptr(true)
 	d.Devices.Sound = &v1alpha1.SoundDevice{Name: "speaker"} // ich9 by default
+	d.Devices.AutoattachGraphicsDevice, d.Devices.Video = ptr(true), &v1alpha1.VideoDevice{Type: v1alpha1.VideoVirtio}
 	d.Devices.Inputs = []v1alpha1.Input{
 		{Name: "tablet", Type: v1alpha1.InputTypeTablet}, // bus usb by default
 		{Name: "vtablet", Type: v1alpha1.InputTypeTablet, Bus: v1alpha1.InputBusVirtio},
@@ -123,6 +124,10 @@ func TestGuestDevices(t *testing.T) {
 		if text := c.Text(); !strings.Contains(text, "SND-[Codec: QEMU") {
 			t.Fatalf("no QEMU codec on the guest's HD Audio card; console ends with %q", testutil.Tail(text, 600))
 		}
+	})
+	t.Run("the video adapter is virtio-gpu with VGA", func(t *testing.T) {
+		// 1af4:1050 is a modern virtio GPU; its class 0x0300 a VGA-compatible controller.
+		run(t, `v=/sys/bus/pci/devices/0000:00:01.0; echo "VIDEO-[$(cat $v/vendor):$(cat $v/device):$(cat $v/class)]"`, "VIDEO-[0x1af4:0x1050:0x030000]")
 	})
 	t.Run("blockMultiQueue gives the disk a queue per vCPU", func(t *testing.T) {
 		run(t, `echo "MQ-[$(ls /sys/block/vda/mq | wc -l)]"`, "MQ-[2]")

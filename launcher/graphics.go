@@ -9,7 +9,8 @@ import (
 	"github.com/qvirt/qvirt/qmp"
 )
 
-// The graphics device kind: a VGA adapter at a fixed PCI address (see the layout in argv.go) shown
+// The graphics device kind: a video adapter (VGA unless the machine names another model) at a
+// fixed PCI address (see the layout in argv.go) shown
 // on a VNC server listening on a unix socket in RunDir, and the screenshot taken of it over QMP.
 // The launcher attaches no display while the guest runs, so the device has only a cold form.
 
@@ -22,12 +23,35 @@ const vgaSlot = 0x01
 // VNCSocket is the VNC display, when a graphics device is attached.
 func (m *Machine) VNCSocket() string { return Dir(m.RunDir).VNC() }
 
-// graphics adds the VNC server and the VGA adapter, when the machine has a display.
+// videoDrivers are QEMU's devices of the video models. ramfb is no PCI device: QEMU's firmware
+// interface carries it, so it takes no slot.
+var videoDrivers = map[string]string{
+	machine.VideoVGA: "VGA", machine.VideoVirtio: "virtio-vga", machine.VideoBochs: "bochs-display",
+	machine.VideoCirrus: "cirrus-vga", machine.VideoRamfb: "ramfb",
+}
+
+// graphics adds the VNC server and the video adapter, when the machine has a display.
 func (b *builder) graphics() {
-	if b.m.Graphics {
-		b.add("-vnc", "unix:"+optEscape(b.m.VNCSocket()),
-			"-device", fmt.Sprintf("VGA,id=video0,bus=pcie.0,addr=%#x", vgaSlot))
+	if !b.m.Graphics {
+		if b.m.Video != "" {
+			b.fail(machine.Invalid(machinePath.Child("video"), b.m.Video, "a video model needs the graphics device"))
+		}
+		return
 	}
+	model := b.m.Video
+	if model == "" {
+		model = machine.VideoVGA
+	}
+	driver, ok := videoDrivers[model]
+	if !ok {
+		b.fail(machine.NotSupported(machinePath.Child("video"), model, []string{machine.VideoVGA, machine.VideoVirtio, machine.VideoBochs, machine.VideoCirrus, machine.VideoRamfb}))
+		return
+	}
+	dev := fmt.Sprintf("%s,id=video0,bus=pcie.0,addr=%#x", driver, vgaSlot)
+	if model == machine.VideoRamfb {
+		dev = driver + ",id=video0"
+	}
+	b.add("-vnc", "unix:"+optEscape(b.m.VNCSocket()), "-device", dev)
 }
 
 // Screenshot captures the guest's display as a PNG. QEMU writes it (screendump, format png) to a

@@ -66,6 +66,8 @@ type Machine struct {
 	// SerialConsole attaches ttyS0 to the serial socket; Graphics attaches a VGA on the VNC socket.
 	SerialConsole bool `json:"serialConsole,omitempty"`
 	Graphics      bool `json:"graphics,omitempty"`
+	// Video is the graphics device's model: VideoVGA when empty.
+	Video string `json:"video,omitempty"`
 	// IOThreads are the I/O threads the disks name, by id; each id starts with IOThreadPrefix.
 	IOThreads []string `json:"ioThreads,omitempty"`
 	// Disks in the guest's order; those with a Port were hot-plugged (a migration target starts
@@ -476,6 +478,16 @@ const (
 const WatchdogI6300ESB = "i6300esb"
 
 // Watchdog is the guest's hardware watchdog.
+// Video models: the standard VGA, virtio-gpu with VGA, Bochs' display (no legacy VGA), a Cirrus
+// CLGD 5446, or a RAM framebuffer (no PCI device).
+const (
+	VideoVGA    = "vga"
+	VideoVirtio = "virtio"
+	VideoBochs  = "bochs"
+	VideoCirrus = "cirrus"
+	VideoRamfb  = "ramfb"
+)
+
 // Sound card models: Intel HD Audio (ICH9) with a duplex codec, or an AC97.
 const (
 	SoundICH9 = "ich9"

@@ -449,7 +449,7 @@ type DevicePreferences struct {
 	// PreferredPanicDeviceModel: not supported by this version of qvirt (refused).
 	// +optional
 	PreferredPanicDeviceModel *string `json:"preferredPanicDeviceModel,omitempty"`
-	// PreferredVideoType: not supported by this version of qvirt (refused).
+	// PreferredVideoType is domain.devices.video's type when the VirtualMachine names none.
 	// +optional
 	PreferredVideoType *string `json:"preferredVideoType,omitempty"`
 }

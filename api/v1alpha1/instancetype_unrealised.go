@@ -82,8 +82,8 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if d.PreferredPanicDeviceModel != nil {
 			no(dp.Child("preferredPanicDeviceModel"), "a panic device")
 		}
-		if d.PreferredVideoType != nil {
-			no(dp.Child("preferredVideoType"), "a video type")
+		if v := d.PreferredVideoType; v != nil && *v != "" {
+			errs = append(errs, validateEnum(dp.Child("preferredVideoType"), *v, string(VideoVGA), string(VideoVirtio), string(VideoBochs), string(VideoCirrus), string(VideoRamfb))...)
 		}
 	}
 	if f := spec.Features; f != nil {

@@ -133,6 +133,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	errs = append(errs, validateInputs(d.Devices.Inputs, p.Child("devices", "inputs"))...)
 	errs = append(errs, validateWatchdog(d.Devices.Watchdog, p.Child("devices", "watchdog"))...)
 	errs = append(errs, validateSound(d.Devices.Sound, p.Child("devices", "sound"))...)
+	errs = append(errs, validateVideo(&d.Devices, p.Child("devices", "video"))...)
 	return append(errs, validateInterfaces(d.Devices.Interfaces, p.Child("devices", "interfaces"))...)
 }
 
@@ -168,6 +169,20 @@ func validateWatchdog(w *Watchdog, p *field.Path) field.ErrorList {
 			string(WatchdogActionPoweroff), string(WatchdogActionReset), string(WatchdogActionShutdown))...)
 	}
 	return errs
+}
+
+func validateVideo(dev *Devices, p *field.Path) field.ErrorList {
+	v := dev.Video
+	if v == nil {
+		return nil
+	}
+	if g := dev.AutoattachGraphicsDevice; g != nil && !*g {
+		return field.ErrorList{field.Invalid(p, v.Type, "a video device needs the graphics device: autoattachGraphicsDevice is false")}
+	}
+	if v.Type == "" {
+		return nil
+	}
+	return validateEnum(p.Child("type"), string(v.Type), string(VideoVGA), string(VideoVirtio), string(VideoBochs), string(VideoCirrus), string(VideoRamfb))
 }
 
 func validateSound(snd *SoundDevice, p *field.Path) field.ErrorList {

@@ -63,6 +63,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachInputDevice) == has(oldSelf.domain.devices.autoattachInputDevice) && (!has(self.domain.devices.autoattachInputDevice) || self.domain.devices.autoattachInputDevice == oldSelf.domain.devices.autoattachInputDevice)",message="spec.domain.devices.autoattachInputDevice is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachInputDevice"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.sound) == has(oldSelf.domain.devices.sound) && (!has(self.domain.devices.sound) || self.domain.devices.sound == oldSelf.domain.devices.sound)",message="spec.domain.devices.sound is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.sound"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.tpm) == has(oldSelf.domain.devices.tpm) && (!has(self.domain.devices.tpm) || self.domain.devices.tpm == oldSelf.domain.devices.tpm)",message="spec.domain.devices.tpm is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.tpm"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.video) == has(oldSelf.domain.devices.video) && (!has(self.domain.devices.video) || self.domain.devices.video == oldSelf.domain.devices.video)",message="spec.domain.devices.video is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.video"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.blockMultiQueue) == has(oldSelf.domain.devices.blockMultiQueue) && (!has(self.domain.devices.blockMultiQueue) || self.domain.devices.blockMultiQueue == oldSelf.domain.devices.blockMultiQueue)",message="spec.domain.devices.blockMultiQueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.blockMultiQueue"
@@ -533,6 +534,10 @@ type Devices struct {
 	// +optional
 	Rng *Rng `json:"rng,omitempty"`
 
+	// Video is the graphics device's model; vga when unset. It needs autoattachGraphicsDevice.
+	// +optional
+	Video *VideoDevice `json:"video,omitempty"`
+
 	// TPM gives the guest a TPM 2.0, emulated by swtpm in the launcher pod. Its state lasts as long
 	// as the instance's QEMU (KubeVirt's non-persistent vTPM).
 	// +optional
@@ -590,6 +595,26 @@ type FilesystemVirtiofs struct{}
 
 // Rng is a virtio random number generator, as KubeVirt's (no settings).
 type Rng struct{}
+
+// VideoType is a graphics device model.
+// +kubebuilder:validation:Enum=vga;virtio;bochs;cirrus;ramfb
+type VideoType string
+
+// Video models, as KubeVirt's.
+const (
+	VideoVGA    VideoType = "vga"
+	VideoVirtio VideoType = "virtio"
+	VideoBochs  VideoType = "bochs"
+	VideoCirrus VideoType = "cirrus"
+	VideoRamfb  VideoType = "ramfb"
+)
+
+// VideoDevice is the graphics device's model (KubeVirt's VideoDevice).
+type VideoDevice struct {
+	// Type is vga (the default), virtio, bochs, cirrus or ramfb.
+	// +optional
+	Type VideoType `json:"type,omitempty"`
+}
 
 // TPMDevice is a virtual TPM 2.0 (KubeVirt's TPMDevice).
 type TPMDevice struct {

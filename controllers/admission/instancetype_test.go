@@ -108,10 +108,10 @@ spec:
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterInstancetype","metadata":{"name":"pinned"},
 				"spec":{"cpu":{"guest":1,"dedicatedCPUPlacement":true},"memory":{"guest":"1Gi","hugepages":{"pageSize":"2Mi"}}}}`)
 		}, []string{"spec.cpu.dedicatedCPUPlacement", "spec.memory.hugepages"}},
-		{"a preference with a TPM and a video type", func() []byte {
+		{"a preference with a persistent TPM and a panic device", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"windows"},
-				"spec":{"devices":{"preferredTPM":{},"preferredVideoType":"vga","preferredSoundModel":"ich9"},"features":{"preferredHyperv":{"relaxed":{}}}}}`)
-		}, []string{"spec.devices.preferredTPM", "spec.devices.preferredVideoType"}},
+				"spec":{"devices":{"preferredTPM":{"persistent":true},"preferredPanicDeviceModel":"hyperv","preferredVideoType":"vga","preferredSoundModel":"ich9"},"features":{"preferredHyperv":{"relaxed":{}}}}}`)
+		}, []string{"spec.devices.preferredTPM.persistent", "spec.devices.preferredPanicDeviceModel"}},
 		{"a preferred clock with both utc and a timezone", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"clock"},
 				"spec":{"clock":{"preferredClockOffset":{"utc":{},"timezone":"UTC"}}}}`)
@@ -136,12 +136,12 @@ spec:
 	}
 
 	t.Run("a Windows preference's Hyper-V enlightenments and clock accepted", func(t *testing.T) {
-		// As KubeVirt's common-instancetypes write them for Windows, less the TPM qvirt lacks.
+		// As KubeVirt's common-instancetypes write them for Windows.
 		windows := []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"windows.2k22"},
 			"spec":{"clock":{"preferredClockOffset":{"utc":{}},"preferredTimer":{"hpet":{"present":false},"hyperv":{},"pit":{"tickPolicy":"delay"},"rtc":{"tickPolicy":"catchup"}}},
 			"features":{"preferredAcpi":{},"preferredApic":{},"preferredSmm":{},"preferredHyperv":{"frequencies":{},"ipi":{},"reenlightenment":{},"relaxed":{},"reset":{},
 				"runtime":{},"spinlocks":{"spinlocks":8191},"synic":{},"synictimer":{"direct":{}},"tlbflush":{},"vapic":{},"vpindex":{}}},
-			"devices":{"preferredDiskBus":"sata","preferredInterfaceModel":"e1000e","preferredLunBus":"scsi"}}}`)
+			"devices":{"preferredDiskBus":"sata","preferredInterfaceModel":"e1000e","preferredLunBus":"scsi","preferredTPM":{},"preferredVideoType":"virtio"}}}`)
 		if _, stderr, err := kubectlDefault(windows, "create", "--dry-run=server", "-f", "-"); err != nil {
 			t.Fatalf("refused: %v: %s", err, stderr)
 		}

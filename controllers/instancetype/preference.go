@@ -66,6 +66,9 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 		dev.Rng = &v1alpha1.Rng{}
 	}
 	fillUnset(&dev.TPM, p.PreferredTPM)
+	if v := p.PreferredVideoType; v != nil && *v != "" && (dev.Video == nil || dev.Video.Type == "") {
+		dev.Video = &v1alpha1.VideoDevice{Type: v1alpha1.VideoType(*v)}
+	}
 	// Every volume without a disk gets its disk before the disk preferences apply, as the
 	// instance's defaulting would afterwards: otherwise such a disk would get the default bus,
 	// not the preferred one.

@@ -164,6 +164,9 @@ func devices(d *v1alpha1.Devices, m *machine.Machine) {
 	m.RNG = d.Rng != nil
 	m.MemBalloon = d.AutoattachMemBalloon != nil && *d.AutoattachMemBalloon
 	m.TPM = v1alpha1.TPMEnabled(d)
+	if v := d.Video; v != nil {
+		m.Video = string(v.Type)
+	}
 	if snd := d.Sound; snd != nil {
 		m.Sound = &machine.Sound{Name: snd.Name, Model: string(snd.Model)}
 	}

@@ -46,6 +46,11 @@ func qemuFiles() []string {
 		// SeaBIOS (the default firmware of pc and q35) and the VGA BIOS of the launcher's VGA.
 		"/usr/share/seabios/bios-256k.bin",
 		"/usr/share/seabios/vgabios-stdvga.bin",
+		// The VGA BIOSes of the other video models (launcher/graphics.go).
+		"/usr/share/seabios/vgabios-virtio.bin",
+		"/usr/share/seabios/vgabios-bochs-display.bin",
+		"/usr/share/seabios/vgabios-cirrus.bin",
+		"/usr/share/seabios/vgabios-ramfb.bin",
 		// Direct kernel boot, multiboot and PVH loaders; the TPR patching ROM KVM uses.
 		"/usr/share/qemu/linuxboot.bin",
 		"/usr/share/qemu/linuxboot_dma.bin",
