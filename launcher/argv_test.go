@@ -265,6 +265,8 @@ func argvCases(root, runDir string) []argvCase {
 			// KVM hidden, paravirtual spinlocks off, SMM on.
 			withKernel(s, h)
 			s.Domain.Devices.Video = &v1alpha1.VideoDevice{Type: v1alpha1.VideoRamfb}
+			s.Domain.CPU = &v1alpha1.CPU{Features: []v1alpha1.CPUFeature{{Name: "aes"}, {Name: "abm", Policy: v1alpha1.CPUFeatureOptional},
+				{Name: "svm", Policy: v1alpha1.CPUFeatureDisable}, {Name: "sse4.2", Policy: v1alpha1.CPUFeatureForbid}}}
 			s.Domain.Features = &v1alpha1.Features{SMM: &v1alpha1.FeatureState{}, KVM: &v1alpha1.FeatureKVM{Hidden: true},
 				Pvspinlock: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}
 			s.Domain.Clock = &v1alpha1.Clock{ClockOffset: v1alpha1.ClockOffset{UTC: &v1alpha1.ClockOffsetUTC{OffsetSeconds: ptr.To(-3600)}},
@@ -473,6 +475,8 @@ func TestBuildArgvErrors(t *testing.T) {
 			m.Disks[1].LUN, m.Disks[1].Port = true, "hotplug0"
 			m.Disks[1].Source = machine.Source{Claim: &machine.Claim{Name: "c", Device: "/dev/c"}}
 		}, disks + "[1].port"},
+		{"CPU feature with an option", func(m *Machine) { m.CPU.Features = []machine.CPUFeature{{Name: "aes,vmx=on", Policy: "require"}} }, "machine.cpu.features[0].name"},
+		{"unknown CPU feature policy", func(m *Machine) { m.CPU.Features = []machine.CPUFeature{{Name: "aes", Policy: "prefer"}} }, "machine.cpu.features[0].policy"},
 		{"EFI without OVMF's code", func(m *Machine) {
 			m.Firmware.EFI, m.EFIVars = &machine.EFI{}, "/private/efi-vars.fd"
 		}, "machine.firmware.efi.code"},

@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -32,7 +33,7 @@ func (b *builder) cpuMemory() {
 		// under TCG QEMU accepts it and it does nothing.
 		model += ",kvm-pv-eoi=on"
 	}
-	model += b.kvmFlags(cpu) + b.hypervFlags(cpu.HyperV, cp.Child("hyperV"))
+	model += b.kvmFlags(cpu) + b.hypervFlags(cpu.HyperV, cp.Child("hyperV")) + b.featureFlags(cpu.Features, cp.Child("features"))
 	b.add("-cpu", model)
 	b.add("-smp", fmt.Sprintf("cpus=%d,sockets=%d,cores=%d,threads=%d", cpu.VCPUs, cpu.Sockets, cpu.Cores, cpu.Threads))
 	if m.MemoryMiB <= 0 {
@@ -44,6 +45,35 @@ func (b *builder) cpuMemory() {
 		// a memfd QEMU passes to the daemon over the vhost-user socket (machineType names it).
 		b.add("-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=on", GuestRAMID, m.MemoryMiB))
 	}
+}
+
+// featureFlags turn the CPU features on (force, require, optional) or off (disable, forbid);
+// checkCPUFeatures holds require and forbid to their word once QEMU has made the vCPUs.
+func (b *builder) featureFlags(features []machine.CPUFeature, p machine.Path) string {
+	var s string
+	seen := map[string]bool{}
+	for i, f := range features {
+		fp := p.Index(i)
+		if !machine.IsCPUFeature(f.Name) {
+			b.fail(machine.Invalid(fp.Child("name"), f.Name, "must be a QEMU CPU feature name: lower-case letters, digits, '-', '_' or '.'"))
+			continue
+		}
+		if seen[f.Name] {
+			b.fail(machine.Duplicate(fp.Child("name"), f.Name))
+			continue
+		}
+		seen[f.Name] = true
+		switch f.Policy {
+		case machine.CPUFeatureForce, machine.CPUFeatureRequire, machine.CPUFeatureOptional:
+			s += "," + f.Name + "=on"
+		case machine.CPUFeatureDisable, machine.CPUFeatureForbid:
+			s += "," + f.Name + "=off"
+		default:
+			b.fail(machine.NotSupported(fp.Child("policy"), f.Policy, []string{machine.CPUFeatureForce, machine.CPUFeatureRequire,
+				machine.CPUFeatureOptional, machine.CPUFeatureDisable, machine.CPUFeatureForbid}))
+		}
+	}
+	return s
 }
 
 // kvmFlags are KVM's paravirtual features, as libvirt writes them: <kvm><hidden state='on'/> is
@@ -120,4 +150,54 @@ func (b *builder) hypervFlags(hv *machine.HyperV, p machine.Path) string {
 	}
 	flag(hv.Time, "time")
 	return s.String()
+}
+
+// checkCPUFeatures holds the require and forbid policies to their word before the guest runs: a
+// required feature the vCPUs do not have (QEMU drops what the accelerator cannot give, with only
+// a warning) or a forbidden one the host has fails the start, naming the feature.
+func (p *Process) checkCPUFeatures(ctx context.Context) error {
+	var require, forbid []int
+	for i, f := range p.machine.CPU.Features {
+		switch f.Policy {
+		case machine.CPUFeatureRequire:
+			require = append(require, i)
+		case machine.CPUFeatureForbid:
+			forbid = append(forbid, i)
+		}
+	}
+	if len(require)+len(forbid) == 0 {
+		return nil
+	}
+	fp := machinePath.Child("cpu", "features")
+	if len(require) > 0 {
+		cpus, err := p.mon.QueryCPUsFast(ctx)
+		if err != nil || len(cpus) == 0 {
+			return fmt.Errorf("list the vCPUs: %v", err)
+		}
+		for _, i := range require {
+			name := p.machine.CPU.Features[i].Name
+			on, err := p.mon.CPUFeatureOn(ctx, cpus[0].QOMPath, name)
+			if err != nil {
+				return machine.Invalid(fp.Index(i).Child("name"), name, fmt.Sprintf("QEMU knows no such CPU feature: %v", err))
+			}
+			if !on {
+				return machine.Invalid(fp.Index(i).Child("policy"), machine.CPUFeatureRequire,
+					fmt.Sprintf("the host cannot give the guest CPU feature %s (%s): use policy optional to start without it", name, p.machine.Accel))
+			}
+		}
+	}
+	if len(forbid) > 0 {
+		host, err := p.mon.ModelFeatures(ctx, "max")
+		if err != nil {
+			return fmt.Errorf("read the host's CPU features: %w", err)
+		}
+		for _, i := range forbid {
+			name := p.machine.CPU.Features[i].Name
+			if on, _ := host[name].(bool); on {
+				return machine.Invalid(fp.Index(i).Child("policy"), machine.CPUFeatureForbid,
+					fmt.Sprintf("the host has CPU feature %s (%s), which the VM forbids", name, p.machine.Accel))
+			}
+		}
+	}
+	return nil
 }

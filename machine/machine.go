@@ -139,6 +139,25 @@ type CPU struct {
 	KVMClock *bool `json:"kvmClock,omitempty"`
 	// HyperV are the Hyper-V enlightenments; none when nil. They need KVM.
 	HyperV *HyperV `json:"hyperV,omitempty"`
+	// Features turn CPU features on or off beyond the model's, each by its policy.
+	Features []CPUFeature `json:"features,omitempty"`
+}
+
+// CPU feature policies, as KubeVirt's and libvirt's: force, require and optional turn the feature
+// on (require fails the start when the guest does not get it), disable and forbid turn it off
+// (forbid fails the start when the host has it).
+const (
+	CPUFeatureForce    = "force"
+	CPUFeatureRequire  = "require"
+	CPUFeatureOptional = "optional"
+	CPUFeatureDisable  = "disable"
+	CPUFeatureForbid   = "forbid"
+)
+
+// CPUFeature is one CPU feature (QEMU's property name, such as vmx or sse4.2) and its policy.
+type CPUFeature struct {
+	Name   string `json:"name"`
+	Policy string `json:"policy"`
 }
 
 // HyperV are the Hyper-V enlightenments, each QEMU's hv-* CPU flag of the same name

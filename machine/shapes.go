@@ -95,6 +95,10 @@ func IsMachineType(s string) bool {
 	return s != "" && lowerDigitSet.has(s[0]) && machineTypeSet.all(s)
 }
 
+// IsCPUFeature: ^[a-z0-9][a-z0-9_.-]*$, at most 64 bytes: a -cpu property name, which cannot
+// carry QemuOpts' "," or "=".
+func IsCPUFeature(s string) bool { return len(s) <= 64 && IsMachineType(s) }
+
 // IsTapName: ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$, an interface name (IFNAMSIZ less the NUL).
 func IsTapName(s string) bool {
 	return s != "" && len(s) <= 15 && tapFirstSet.has(s[0]) && tapSet.all(s)

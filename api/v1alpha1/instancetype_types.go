@@ -327,12 +327,13 @@ type CPUPreferences struct {
 	// +optional
 	SpreadOptions *SpreadOptions `json:"spreadOptions,omitempty"`
 
-	// PreferredCPUFeatures are KubeVirt's CPU feature flags; not supported by this version of
-	// qvirt, whose instances have no cpu.features (refused).
+	// PreferredCPUFeatures are added to domain.cpu.features, each unless the VirtualMachine names
+	// the same feature.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	PreferredCPUFeatures *runtime.RawExtension `json:"preferredCPUFeatures,omitempty"`
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	PreferredCPUFeatures []CPUFeature `json:"preferredCPUFeatures,omitempty"`
 }
 
 // SpreadAcross is what a spread topology spreads vCPUs across.

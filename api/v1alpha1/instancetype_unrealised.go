@@ -59,8 +59,8 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 	no := func(fp *field.Path, what string) {
 		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage))
 	}
-	if c := spec.CPU; c != nil && c.PreferredCPUFeatures != nil {
-		no(p.Child("cpu", "preferredCPUFeatures"), "CPU feature flags")
+	if c := spec.CPU; c != nil {
+		errs = append(errs, validateCPUFeatures(c.PreferredCPUFeatures, p.Child("cpu", "preferredCPUFeatures"))...)
 	}
 	if d := spec.Devices; d != nil {
 		dp := p.Child("devices")

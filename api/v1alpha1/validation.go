@@ -196,6 +196,8 @@ func validateSound(snd *SoundDevice, p *field.Path) field.ErrorList {
 	return errs
 }
 
+var cpuFeatureRE = regexp.MustCompile(`^[a-z0-9][-a-z0-9_.]*$`)
+
 func validateCPU(cpu *CPU, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	if cpu.Model != "" && !cpuRE.MatchString(cpu.Model) {
@@ -203,6 +205,29 @@ func validateCPU(cpu *CPU, p *field.Path) field.ErrorList {
 	}
 	if v := VCPUs(cpu); v > MaxVCPUs {
 		errs = append(errs, field.Invalid(p, v, fmt.Sprintf("sockets*cores*threads must be at most %d", MaxVCPUs)))
+	}
+	return append(errs, validateCPUFeatures(cpu.Features, p.Child("features"))...)
+}
+
+func validateCPUFeatures(features []CPUFeature, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	seen := map[string]bool{}
+	for i, f := range features {
+		fp := p.Index(i)
+		switch {
+		case len(f.Name) > 64 || !cpuFeatureRE.MatchString(f.Name):
+			errs = append(errs, field.Invalid(fp.Child("name"), f.Name, "must be a QEMU CPU feature name such as vmx or sse4.2: lower-case letters, digits, '-', '_' or '.'"))
+		case seen[f.Name]:
+			errs = append(errs, field.Duplicate(fp.Child("name"), f.Name))
+		}
+		seen[f.Name] = true
+		if f.Policy != "" {
+			errs = append(errs, validateEnum(fp.Child("policy"), string(f.Policy), string(CPUFeatureForce), string(CPUFeatureRequire),
+				string(CPUFeatureOptional), string(CPUFeatureDisable), string(CPUFeatureForbid))...)
+		}
+	}
+	if len(features) > 64 {
+		errs = append(errs, field.TooMany(p, len(features), 64))
 	}
 	return errs
 }

@@ -88,6 +88,15 @@ func TestValidateVirtualMachine(t *testing.T) {
 			s.Domain.Devices.Disks[1].CDRom.Bus = DiskBusVirtio
 		}, "spec.template.spec.domain.devices.disks[1].cdrom.bus"},
 		{"disk and cdrom", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].Disk = &DiskTarget{} }, "spec.template.spec.domain.devices.disks[1].cdrom"},
+		{"CPU feature with an option", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Features: []CPUFeature{{Name: "aes,vmx=on"}}}
+		}, "spec.template.spec.domain.cpu.features[0].name"},
+		{"CPU feature twice", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Features: []CPUFeature{{Name: "aes"}, {Name: "aes", Policy: CPUFeatureDisable}}}
+		}, "spec.template.spec.domain.cpu.features[1].name"},
+		{"unknown CPU feature policy", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Features: []CPUFeature{{Name: "aes", Policy: "prefer"}}}
+		}, "spec.template.spec.domain.cpu.features[0].policy"},
 		{"lun and cdrom", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[1].LUN = &LunTarget{} }, "spec.template.spec.domain.devices.disks[1].lun"},
 		{"lun on a containerDisk", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks[0] = Disk{Name: "root", LUN: &LunTarget{}}

@@ -310,6 +310,45 @@ type CPU struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][-A-Za-z0-9_.]*$`
 	Model string `json:"model,omitempty"`
+
+	// Features turn CPU features (CPUID flags, QEMU's names such as vmx, svm, pcid, sse4.2) on or
+	// off beyond the model's.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Features []CPUFeature `json:"features,omitempty"`
+}
+
+// CPUFeaturePolicy is how a CPU feature is given to the guest (KubeVirt's and libvirt's policies).
+// +kubebuilder:validation:Enum=force;require;optional;disable;forbid
+type CPUFeaturePolicy string
+
+// CPU feature policies.
+const (
+	// CPUFeatureForce claims the feature whatever the host offers (QEMU drops what the
+	// accelerator cannot give, with a warning in the launcher's log).
+	CPUFeatureForce CPUFeaturePolicy = "force"
+	// CPUFeatureRequire gives the feature and fails the start when the host cannot (the default).
+	CPUFeatureRequire CPUFeaturePolicy = "require"
+	// CPUFeatureOptional gives the feature when the host can.
+	CPUFeatureOptional CPUFeaturePolicy = "optional"
+	// CPUFeatureDisable hides the feature.
+	CPUFeatureDisable CPUFeaturePolicy = "disable"
+	// CPUFeatureForbid hides the feature and fails the start when the host has it.
+	CPUFeatureForbid CPUFeaturePolicy = "forbid"
+)
+
+// CPUFeature is one CPU feature and its policy (KubeVirt's CPUFeature).
+type CPUFeature struct {
+	// Name is the feature's name as QEMU spells it (its -cpu help lists them).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[a-z0-9][-a-z0-9_.]*$`
+	Name string `json:"name"`
+	// Policy is force, require (the default), optional, disable or forbid.
+	// +optional
+	Policy CPUFeaturePolicy `json:"policy,omitempty"`
 }
 
 // Memory is the guest memory.

@@ -197,6 +197,8 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 		PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "san"}}})
 	tmpl.Domain.Features = &v1alpha1.Features{Hyperv: &v1alpha1.FeatureHyperv{VAPIC: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}}
 	tmpl.Domain.Devices.Sound = &v1alpha1.SoundDevice{Name: "speaker"}
+	tmpl.Domain.CPU = &v1alpha1.CPU{Features: []v1alpha1.CPUFeature{{Name: "vmx", Policy: v1alpha1.CPUFeatureDisable}}}
+	pref.CPU = &v1alpha1.CPUPreferences{PreferredCPUFeatures: []v1alpha1.CPUFeature{{Name: "vmx"}, {Name: "pcid", Policy: v1alpha1.CPUFeatureOptional}}}
 	spec, _, errs := Expand(vm, resolution(baseIT(), pref))
 	if len(errs) > 0 {
 		t.Fatal(errs)
@@ -205,6 +207,9 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 	if dev := d.Devices; dev.AutoattachMemBalloon == nil || *dev.AutoattachMemBalloon || dev.AutoattachInputDevice == nil || !*dev.AutoattachInputDevice ||
 		dev.Sound.Model != v1alpha1.SoundModelAC97 {
 		t.Errorf("balloon %v input device %v sound %+v, want the preferred false, true and ac97", dev.AutoattachMemBalloon, dev.AutoattachInputDevice, dev.Sound)
+	}
+	if f := d.CPU.Features; len(f) != 2 || f[0].Policy != v1alpha1.CPUFeatureDisable || f[1].Name != "pcid" {
+		t.Errorf("cpu features %+v, want the VM's vmx (disabled) and the preferred pcid", f)
 	}
 	if !v1alpha1.TPMEnabled(&d.Devices) {
 		t.Errorf("tpm %+v, want the preferred one", d.Devices.TPM)

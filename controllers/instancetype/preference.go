@@ -22,6 +22,9 @@ func applyPreference(spec *v1alpha1.VirtualMachineInstanceSpec, annotations *map
 	if c := pref.Clock; c != nil {
 		applyClockPreferences(d, c)
 	}
+	if c := pref.CPU; c != nil && len(c.PreferredCPUFeatures) > 0 {
+		applyCPUFeaturePreferences(d, c.PreferredCPUFeatures)
+	}
 	if m := pref.Machine; m != nil && m.PreferredMachineType != "" && (d.Machine == nil || d.Machine.Type == "") {
 		d.Machine = &v1alpha1.Machine{Type: m.PreferredMachineType}
 	}
@@ -183,6 +186,23 @@ func applyClockPreferences(d *v1alpha1.DomainSpec, p *v1alpha1.ClockPreferences)
 		c.ClockOffset = *o.DeepCopy()
 	}
 	fillUnset(&c.Timer, p.PreferredTimer)
+}
+
+// applyCPUFeaturePreferences is KubeVirt's: each preferred CPU feature the VM does not name is
+// added to its features.
+func applyCPUFeaturePreferences(d *v1alpha1.DomainSpec, preferred []v1alpha1.CPUFeature) {
+	if d.CPU == nil {
+		d.CPU = &v1alpha1.CPU{}
+	}
+	named := map[string]bool{}
+	for _, f := range d.CPU.Features {
+		named[f.Name] = true
+	}
+	for _, f := range preferred {
+		if !named[f.Name] {
+			d.CPU.Features = append(d.CPU.Features, f)
+		}
+	}
 }
 
 // fillUnset sets *dst to a copy of pref when *dst is unset.

@@ -224,6 +224,13 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	if f := d.Features; f != nil && f.APIC != nil && f.APIC.EndOfInterrupt {
 		m.CPU.PVEOI = true
 	}
+	for _, f := range c.Features {
+		policy := f.Policy
+		if policy == "" {
+			policy = v1alpha1.CPUFeatureRequire
+		}
+		m.CPU.Features = append(m.CPU.Features, machine.CPUFeature{Name: f.Name, Policy: string(policy)})
+	}
 	return nil
 }
 

@@ -102,7 +102,7 @@ func TestDecisions(t *testing.T) {
 	if m.GracePeriodSeconds != 30 || !m.StartPaused || m.Graphics || !m.SerialConsole {
 		t.Errorf("grace %d, startPaused %v, graphics %v, serial %v", m.GracePeriodSeconds, m.StartPaused, m.Graphics, m.SerialConsole)
 	}
-	if m.CPU != (machine.CPU{Model: "max", VCPUs: 4, Sockets: 2, Cores: 2, Threads: 1}) || m.MemoryMiB != 1024 {
+	if !reflect.DeepEqual(m.CPU, machine.CPU{Model: "max", VCPUs: 4, Sockets: 2, Cores: 2, Threads: 1}) || m.MemoryMiB != 1024 {
 		t.Errorf("cpu %+v, memory %d MiB", m.CPU, m.MemoryMiB)
 	}
 	if m.UUID != "6a1c6d35-6a0e-4b9b-9d3a-0123456789ab" || m.SMBIOSSerial != "s-1" {
