@@ -909,3 +909,26 @@ func FuzzBuildArgv(f *testing.F) {
 		}
 	})
 }
+
+// TestNoHotplugLeavesNoSparePorts: a machine with hot-plug disabled gets none of the resolver's
+// spare root ports, so its argv has no hotplug port.
+func TestNoHotplugLeavesNoSparePorts(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		desc := fullMachine(t).Machine
+		desc.Disks, desc.NICs, desc.NoHotplug = nil, nil, off
+		kernel := desc.Kernel
+		desc.Kernel = nil // the resolver would pull it
+		m, err := HostResolver{SpareRootPorts: 3}.Resolve(&desc, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Kernel, m.KernelFile, m.InitrdFile = kernel, "/boot/vmlinuz", "/boot/initrd.img"
+		argv, err := BuildArgv(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Count(strings.Join(argv, " "), "id="+SpareRootPortPrefix); (got == 0) != off || (!off && got != 3) {
+			t.Errorf("noHotplug %v: %d spare root ports in %q", off, got, argv)
+		}
+	}
+}

@@ -53,6 +53,9 @@ type HostResolver struct {
 // Resolve implements Resolver.
 func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, error) {
 	m := &Machine{Machine: *desc, RunDir: runDir, Images: map[string]DiskImage{}, SpareRootPorts: h.SpareRootPorts}
+	if desc.NoHotplug {
+		m.SpareRootPorts = 0
+	}
 	if off := desc.Clock.RTCOffsetSeconds; off != 0 {
 		m.RTCStart = time.Now().UTC().Add(time.Duration(off) * time.Second)
 	}

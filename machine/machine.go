@@ -66,6 +66,8 @@ type Machine struct {
 	// SerialConsole attaches ttyS0 to the serial socket; Graphics attaches a VGA on the VNC socket.
 	SerialConsole bool `json:"serialConsole,omitempty"`
 	Graphics      bool `json:"graphics,omitempty"`
+	// NoHotplug leaves the machine without spare root ports: nothing can be hot-plugged.
+	NoHotplug bool `json:"noHotplug,omitempty"`
 	// Video is the graphics device's model: VideoVGA when empty.
 	Video string `json:"video,omitempty"`
 	// IOThreads are the I/O threads the disks name, by id; each id starts with IOThreadPrefix.

@@ -378,7 +378,8 @@ type DevicePreferences struct {
 	// PreferredAutoattachInputDevice is domain.devices.autoattachInputDevice.
 	// +optional
 	PreferredAutoattachInputDevice *bool `json:"preferredAutoattachInputDevice,omitempty"`
-	// PreferredDisableHotplug: not supported by this version of qvirt (refused).
+	// PreferredDisableHotplug is domain.devices.disableHotplug when the VirtualMachine leaves it
+	// false.
 	// +optional
 	PreferredDisableHotplug *bool `json:"preferredDisableHotplug,omitempty"`
 	// PreferredVirtualGPUOptions: not supported by this version of qvirt (refused).

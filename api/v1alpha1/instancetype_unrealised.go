@@ -64,9 +64,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 	}
 	if d := spec.Devices; d != nil {
 		dp := p.Child("devices")
-		if d.PreferredDisableHotplug != nil {
-			no(dp.Child("preferredDisableHotplug"), "disableHotplug")
-		}
 		if d.PreferredVirtualGPUOptions != nil {
 			no(dp.Child("preferredVirtualGPUOptions"), "virtual GPU options")
 		}

@@ -72,6 +72,16 @@ func ValidateVirtualMachineInstanceUpdate(old, vmi *VirtualMachineInstance) fiel
 	for _, fp := range specDiff(reflect.ValueOf(old.Spec), reflect.ValueOf(vmi.Spec), p, isHotplugField) {
 		errs = append(errs, field.Forbidden(fp, ImmutableMessage(fp.String())))
 	}
+	if old.Spec.Domain.Devices.DisableHotplug {
+		for _, fp := range specDiff(reflect.ValueOf(old.Spec), reflect.ValueOf(vmi.Spec), p, func(*field.Path) bool { return false }) {
+			if isHotplugField(fp) {
+				errs = append(errs, field.Forbidden(fp, "hot-plug is disabled for this instance (spec.domain.devices.disableHotplug)"))
+			}
+		}
+		if len(errs) > 0 {
+			return errs
+		}
+	}
 	errs = append(errs, ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)...)
 	errs = append(errs, validateDiskUpdate(old, vmi, p.Child("domain", "devices", "disks"))...)
 	errs = append(errs, validateVolumeUpdate(old, vmi, p.Child("volumes"))...)

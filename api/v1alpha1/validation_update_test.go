@@ -126,6 +126,25 @@ func TestValidateVirtualMachineInstanceUpdate(t *testing.T) {
 	}
 }
 
+// TestDisableHotplugRefusesHotplug: an instance created with disableHotplug takes no hot-plug,
+// each list refused naming the field that disables it.
+func TestDisableHotplugRefusesHotplug(t *testing.T) {
+	old := runningVMI()
+	old.Spec.Domain.Devices.DisableHotplug = true
+	vmi := hotplugUpdate(old)
+	vmi.Spec.Domain.Devices.DisableHotplug = true
+	errs := ValidateVirtualMachineInstanceUpdate(old, vmi)
+	got := map[string]bool{}
+	for _, e := range errs {
+		if strings.Contains(e.Detail, "spec.domain.devices.disableHotplug") {
+			got[e.Field] = true
+		}
+	}
+	if !got["spec.domain.devices.disks"] || !got["spec.volumes"] {
+		t.Fatalf("errors %v, want the disks and volumes refused naming spec.domain.devices.disableHotplug", errs)
+	}
+}
+
 func TestImmutableFieldMessages(t *testing.T) {
 	old := runningVMI()
 	vmi := old.DeepCopy()

@@ -64,6 +64,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.sound) == has(oldSelf.domain.devices.sound) && (!has(self.domain.devices.sound) || self.domain.devices.sound == oldSelf.domain.devices.sound)",message="spec.domain.devices.sound is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.sound"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.tpm) == has(oldSelf.domain.devices.tpm) && (!has(self.domain.devices.tpm) || self.domain.devices.tpm == oldSelf.domain.devices.tpm)",message="spec.domain.devices.tpm is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.tpm"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.video) == has(oldSelf.domain.devices.video) && (!has(self.domain.devices.video) || self.domain.devices.video == oldSelf.domain.devices.video)",message="spec.domain.devices.video is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.video"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.disableHotplug) == has(oldSelf.domain.devices.disableHotplug) && (!has(self.domain.devices.disableHotplug) || self.domain.devices.disableHotplug == oldSelf.domain.devices.disableHotplug)",message="spec.domain.devices.disableHotplug is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.disableHotplug"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.blockMultiQueue) == has(oldSelf.domain.devices.blockMultiQueue) && (!has(self.domain.devices.blockMultiQueue) || self.domain.devices.blockMultiQueue == oldSelf.domain.devices.blockMultiQueue)",message="spec.domain.devices.blockMultiQueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.blockMultiQueue"
@@ -572,6 +573,11 @@ type Devices struct {
 	// Rng gives the guest a virtio entropy device (virtio-rng) fed from the host's /dev/urandom.
 	// +optional
 	Rng *Rng `json:"rng,omitempty"`
+
+	// DisableHotplug leaves the instance without spare PCIe ports, so nothing can be hot-plugged
+	// into it (disks, volumes, interfaces and networks are then as fixed as the rest of the spec).
+	// +optional
+	DisableHotplug bool `json:"disableHotplug,omitempty"`
 
 	// Video is the graphics device's model; vga when unset. It needs autoattachGraphicsDevice.
 	// +optional

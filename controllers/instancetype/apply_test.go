@@ -188,7 +188,7 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 		},
 		Devices: &v1alpha1.DevicePreferences{PreferredLunBus: v1alpha1.DiskBusSCSI, PreferredDiskCache: v1alpha1.CacheWriteThrough, PreferredDiskIO: v1alpha1.IOThreads,
 			PreferredAutoattachMemBalloon: ptr.To(false), PreferredAutoattachInputDevice: ptr.To(true), PreferredSoundModel: "ac97",
-			PreferredTPM: &v1alpha1.TPMDevice{}},
+			PreferredTPM: &v1alpha1.TPMDevice{}, PreferredDisableHotplug: ptr.To(true)},
 	}
 	vm := baseVM()
 	tmpl := &vm.Spec.Template.Spec
@@ -210,6 +210,9 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 	}
 	if f := d.CPU.Features; len(f) != 2 || f[0].Policy != v1alpha1.CPUFeatureDisable || f[1].Name != "pcid" {
 		t.Errorf("cpu features %+v, want the VM's vmx (disabled) and the preferred pcid", f)
+	}
+	if !d.Devices.DisableHotplug {
+		t.Error("disableHotplug false, want the preferred true")
 	}
 	if !v1alpha1.TPMEnabled(&d.Devices) {
 		t.Errorf("tpm %+v, want the preferred one", d.Devices.TPM)

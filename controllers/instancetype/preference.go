@@ -69,6 +69,9 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 		dev.Rng = &v1alpha1.Rng{}
 	}
 	fillUnset(&dev.TPM, p.PreferredTPM)
+	if d := p.PreferredDisableHotplug; d != nil && !dev.DisableHotplug {
+		dev.DisableHotplug = *d
+	}
 	if v := p.PreferredVideoType; v != nil && *v != "" && (dev.Video == nil || dev.Video.Type == "") {
 		dev.Video = &v1alpha1.VideoDevice{Type: v1alpha1.VideoType(*v)}
 	}

@@ -164,6 +164,7 @@ func devices(d *v1alpha1.Devices, m *machine.Machine) {
 	m.RNG = d.Rng != nil
 	m.MemBalloon = d.AutoattachMemBalloon != nil && *d.AutoattachMemBalloon
 	m.TPM = v1alpha1.TPMEnabled(d)
+	m.NoHotplug = d.DisableHotplug
 	if v := d.Video; v != nil {
 		m.Video = string(v.Type)
 	}
