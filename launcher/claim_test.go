@@ -31,15 +31,21 @@ func claimGuest(t *testing.T, dir, device string, ephemeral bool) *protocol.Sync
 	vmi.Spec.Domain.Devices.Disks = []v1alpha1.Disk{disk("data", "DATA"), disk("raw", "RAW")}
 	vmi.Spec.Volumes = []v1alpha1.Volume{{Name: "data", VolumeSource: data}, {Name: "raw", VolumeSource: v1alpha1.VolumeSource{
 		PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "raw-pvc"}}}}
-	m, err := translate.Machine(vmi, translate.Host{Emulation: true, Pod: &translate.PodVolumes{Claims: map[string]translate.Claim{
-		"data-pvc": {CapacityBytes: 64 << 20}, "raw-pvc": {Block: true}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := claimMachine(t, vmi, map[string]translate.Claim{"data-pvc": {CapacityBytes: 64 << 20}, "raw-pvc": {Block: true}})
 	// The pod's paths, as the launcher pod would have them, are here the test's.
 	m.Disks[0].Source.Claim.Dir = dir
 	m.Disks[1].Source.Claim.Device = device
 	return &protocol.SyncRequest{Machine: *m}
+}
+
+// claimMachine translates vmi as the node agent would in a pod that has claims.
+func claimMachine(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, claims map[string]translate.Claim) *machine.Machine {
+	t.Helper()
+	m, err := translate.Machine(vmi, translate.Host{Emulation: true, Pod: &translate.PodVolumes{Claims: claims}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // loopDevice attaches a new file of size bytes as a loop device, detached when the test ends.

@@ -24,11 +24,7 @@ func lunGuest(t *testing.T, device string) *machine.Machine {
 	vmi.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "san", LUN: &v1alpha1.LunTarget{}}}
 	vmi.Spec.Volumes = []v1alpha1.Volume{{Name: "san", VolumeSource: v1alpha1.VolumeSource{
 		PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "san-pvc"}}}}
-	m, err := translate.Machine(vmi, translate.Host{Emulation: true, Pod: &translate.PodVolumes{Claims: map[string]translate.Claim{
-		"san-pvc": {Block: true}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := claimMachine(t, vmi, map[string]translate.Claim{"san-pvc": {Block: true}})
 	if d := m.Disks[0]; !d.LUN || d.Bus != machine.BusSCSI {
 		t.Fatalf("the lun disk translates to %+v, want a LUN on the scsi bus", d)
 	}

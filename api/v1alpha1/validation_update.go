@@ -73,11 +73,7 @@ func ValidateVirtualMachineInstanceUpdate(old, vmi *VirtualMachineInstance) fiel
 		errs = append(errs, field.Forbidden(fp, ImmutableMessage(fp.String())))
 	}
 	if old.Spec.Domain.Devices.DisableHotplug {
-		for _, fp := range specDiff(reflect.ValueOf(old.Spec), reflect.ValueOf(vmi.Spec), p, func(*field.Path) bool { return false }) {
-			if isHotplugField(fp) {
-				errs = append(errs, field.Forbidden(fp, "hot-plug is disabled for this instance (spec.domain.devices.disableHotplug)"))
-			}
-		}
+		errs = append(errs, hotplugDisabled(old, vmi, p)...)
 		if len(errs) > 0 {
 			return errs
 		}
@@ -102,6 +98,29 @@ func AddedVolumes(old, vmi *VirtualMachineInstance) []int {
 		}
 	}
 	return out
+}
+
+// hotplugDisabled refuses any change of the four hot-plug lists of an instance created with
+// spec.domain.devices.disableHotplug.
+func hotplugDisabled(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
+	const msg = "hot-plug is disabled for this instance (spec.domain.devices.disableHotplug)"
+	o, n := &old.Spec, &vmi.Spec
+	lists := []struct {
+		path     *field.Path
+		old, new any
+	}{
+		{p.Child("volumes"), o.Volumes, n.Volumes},
+		{p.Child("domain", "devices", "disks"), o.Domain.Devices.Disks, n.Domain.Devices.Disks},
+		{p.Child("networks"), o.Networks, n.Networks},
+		{p.Child("domain", "devices", "interfaces"), o.Domain.Devices.Interfaces, n.Domain.Devices.Interfaces},
+	}
+	var errs field.ErrorList
+	for _, l := range lists {
+		if !equality.Semantic.DeepEqual(l.old, l.new) {
+			errs = append(errs, field.Forbidden(l.path, msg))
+		}
+	}
+	return errs
 }
 
 func isHotplugField(p *field.Path) bool {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
@@ -114,9 +115,9 @@ func TestKubeVirtTPM(t *testing.T) {
 	for _, tc := range []struct {
 		tpm  *v1alpha1.TPMDevice
 		want bool
-	}{{&v1alpha1.TPMDevice{}, true}, {&v1alpha1.TPMDevice{Enabled: ptrTo(false)}, false}, {nil, false}} {
+	}{{&v1alpha1.TPMDevice{}, true}, {&v1alpha1.TPMDevice{Enabled: ptr.To(false)}, false}, {nil, false}} {
 		spec := v1alpha1.VirtualMachineInstance{}
-		spec.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptrTo(resource.MustParse("64Mi"))}
+		spec.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("64Mi"))}
 		spec.Spec.Domain.Devices.TPM = tc.tpm
 		m, err := translate.Machine(&spec, translate.Host{Emulation: true})
 		if err != nil {
@@ -127,5 +128,3 @@ func TestKubeVirtTPM(t *testing.T) {
 		}
 	}
 }
-
-func ptrTo[T any](v T) *T { return &v }

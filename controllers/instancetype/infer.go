@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -143,15 +144,13 @@ func (in *inference) fromDataVolume(ctx context.Context, name string) (string, s
 	}
 	key := in.key(cdi.Ref{Name: name})
 	what := in.describe("DataVolume", key)
-	dv, err := cdi.Get(ctx, in.r.Reader, key.Namespace, key.Name)
+	dv, err := found(what, cdi.DataVolumeGVK.GroupKind())(cdi.Get(ctx, in.r.Reader, key.Namespace, key.Name))
 	switch {
-	case meta.IsNoMatchError(err):
-		return "", "", inferMiss(fmt.Sprintf("%s cannot be read: CDI is not installed (no %s)", what, cdi.DataVolumeGVK.GroupKind()))
-	case apierrors.IsNotFound(err):
+	case err != nil:
+		return "", "", err
+	case dv == nil:
 		// Garbage-collected once its claim was populated: the claim keeps its name.
 		return in.fromClaim(ctx, cdi.Ref{Name: name})
-	case err != nil:
-		return "", "", fmt.Errorf("get %s: %w", what, err)
 	}
 	if n, k := in.labelled(what, dv.GetLabels()); n != "" {
 		return n, k, nil
@@ -175,14 +174,12 @@ func (in *inference) fromDataVolumeSpec(ctx context.Context, what string, spec m
 func (in *inference) fromDataSource(ctx context.Context, ref cdi.Ref) (string, string, error) {
 	key := in.key(ref)
 	what := in.describe("DataSource", key)
-	ds, err := cdi.GetDataSource(ctx, in.r.Reader, key.Namespace, key.Name)
+	ds, err := found(what, cdi.DataSourceGVK.GroupKind())(cdi.GetDataSource(ctx, in.r.Reader, key.Namespace, key.Name))
 	switch {
-	case meta.IsNoMatchError(err):
-		return "", "", inferMiss(fmt.Sprintf("%s cannot be read: CDI is not installed (no %s)", what, cdi.DataSourceGVK.GroupKind()))
-	case apierrors.IsNotFound(err):
-		return "", "", inferMiss(what + " not found")
 	case err != nil:
-		return "", "", fmt.Errorf("get %s: %w", what, err)
+		return "", "", err
+	case ds == nil:
+		return "", "", inferMiss(what + " not found")
 	}
 	if n, k := in.labelled(what, ds.GetLabels()); n != "" {
 		return n, k, nil
@@ -196,4 +193,20 @@ func (in *inference) fromDataSource(ctx context.Context, ref cdi.Ref) (string, s
 		return in.fromClaim(ctx, pvc)
 	}
 	return "", "", nil
+}
+
+// found sorts the outcome of reading a CDI object described as what, of kind gk: CDI's CRD
+// missing is an inferMiss; the object missing is nil, for the caller to look elsewhere.
+func found(what string, gk schema.GroupKind) func(*unstructured.Unstructured, error) (*unstructured.Unstructured, error) {
+	return func(obj *unstructured.Unstructured, err error) (*unstructured.Unstructured, error) {
+		switch {
+		case meta.IsNoMatchError(err):
+			return nil, inferMiss(fmt.Sprintf("%s cannot be read: CDI is not installed (no %s)", what, gk))
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		case err != nil:
+			return nil, fmt.Errorf("get %s: %w", what, err)
+		}
+		return obj, nil
+	}
 }
