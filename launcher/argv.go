@@ -205,26 +205,27 @@ func BuildArgv(m *Machine) ([]string, error) {
 	}
 	b := &builder{m: m, nodes: map[string]string{}, hotPorts: map[string]string{}, macs: map[string]string{}, names: map[string]bool{}}
 	// The order of these calls is the order of the command line (and of the errors).
-	b.identity()    // argv.go
-	b.smbios()      // firmware.go
-	b.process()     // argv.go
-	b.machineType() // firmware.go
-	b.cpuMemory()   // cpu.go
-	b.clock()       // clock.go
-	b.kernelBoot()  // firmware.go
-	b.consoles()    // console.go
-	b.graphics()    // graphics.go
-	b.ioThreads()   // disk.go
-	b.disks()       // disk.go
-	b.nics()        // nic.go
-	b.inputs()      // input.go
-	b.rng()         // rng.go
-	b.memBalloon()  // balloon.go
-	b.guestAgent()  // channel.go
-	b.watchdog()    // watchdog.go
-	b.sound()       // sound.go
-	b.tpm()         // tpm.go
-	b.filesystems() // filesystem.go
+	b.identity()     // argv.go
+	b.smbios()       // firmware.go
+	b.process()      // argv.go
+	b.machineType()  // firmware.go
+	b.cpuMemory()    // cpu.go
+	b.clock()        // clock.go
+	b.kernelBoot()   // firmware.go
+	b.consoles()     // console.go
+	b.graphics()     // graphics.go
+	b.ioThreads()    // disk.go
+	b.disks()        // disk.go
+	b.nics()         // nic.go
+	b.inputs()       // input.go
+	b.rng()          // rng.go
+	b.memBalloon()   // balloon.go
+	b.guestAgent()   // channel.go
+	b.watchdog()     // watchdog.go
+	b.sound()        // sound.go
+	b.tpm()          // tpm.go
+	b.filesystems()  // filesystem.go
+	b.panicDevices() // panic.go
 	b.spares()
 	b.checkUnused()
 	if len(b.errs) > 0 {

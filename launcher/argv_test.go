@@ -241,7 +241,7 @@ func argvCases(root, runDir string) []argvCase {
 		{"devices", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			// KubeVirt's devices without a host side: an entropy device, a memory balloon, tablets on
 			// both buses, a watchdog and an HD Audio sound card beside a legacy NIC (all in legacy
-			// slots), and the APIC's paravirtual EOI.
+			// slots), both pvpanic devices, and the APIC's paravirtual EOI.
 			withKernel(s, h)
 			s.Domain.Features = &v1alpha1.Features{APIC: &v1alpha1.FeatureAPIC{EndOfInterrupt: true}}
 			s.Domain.Devices.Rng = &v1alpha1.Rng{}
@@ -254,6 +254,7 @@ func argvCases(root, runDir string) []argvCase {
 				{Name: "tablet2"},
 			}
 			s.Domain.Devices.Watchdog = &v1alpha1.Watchdog{Name: "wd", I6300ESB: &v1alpha1.I6300ESBWatchdog{Action: v1alpha1.WatchdogActionPoweroff}}
+			s.Domain.Devices.PanicDevices = []v1alpha1.PanicDevice{{}, {Model: ptr.To(v1alpha1.PanicPvpanic)}} // isa by default
 			s.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Model: "e1000", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
 			s.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:01"}
@@ -276,7 +277,8 @@ func argvCases(root, runDir string) []argvCase {
 			h.m.RTCStart = time.Date(2026, 1, 2, 2, 4, 5, 0, time.UTC)
 		})},
 		{"hyperv-kvm", base(false, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
-			// KubeVirt's Windows enlightenments: the ones synictimer and evmcs need come with them.
+			// KubeVirt's Windows enlightenments: the ones synictimer and evmcs need come with them;
+			// a hyperv panic device is hv-crash.
 			withKernel(s, h)
 			s.Domain.Features = &v1alpha1.Features{Hyperv: &v1alpha1.FeatureHyperv{
 				Relaxed: &v1alpha1.FeatureState{}, VAPIC: &v1alpha1.FeatureState{}, Spinlocks: &v1alpha1.FeatureSpinlocks{},
@@ -285,6 +287,7 @@ func argvCases(root, runDir string) []argvCase {
 				Reset: &v1alpha1.FeatureState{}, TLBFlush: &v1alpha1.TLBFlush{Direct: &v1alpha1.FeatureState{}, Extended: &v1alpha1.FeatureState{}},
 				VendorID: &v1alpha1.FeatureVendorID{VendorID: "Microsoft Hv"}, EVMCS: &v1alpha1.FeatureState{}}}
 			s.Domain.Clock = &v1alpha1.Clock{Timer: &v1alpha1.Timer{Hyperv: &v1alpha1.HypervTimer{}}}
+			s.Domain.Devices.PanicDevices = []v1alpha1.PanicDevice{{Model: ptr.To(v1alpha1.PanicHyperv)}}
 		})},
 		{"backing-chain-and-legacy-nics", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			withKernel(s, h)
@@ -511,6 +514,8 @@ func TestBuildArgvErrors(t *testing.T) {
 		{"watchdog name with an option", func(m *Machine) {
 			m.Watchdog = &machine.Watchdog{Name: "wd,addr=0x3", Model: machine.WatchdogI6300ESB, Action: machine.WatchdogReset}
 		}, "machine.watchdog.name"},
+		{"unknown panic device", func(m *Machine) { m.Panic = []string{machine.PanicISA, "s390"} }, "machine.panic[1]"},
+		{"two ISA panic devices", func(m *Machine) { m.Panic = []string{machine.PanicISA, machine.PanicISA} }, "machine.panic[1]"},
 		{"OVMF's files for a SeaBIOS machine", func(m *Machine) { m.EFICode = "/ovmf/code.fd" }, "machine.firmware.efi"},
 		{"SeaBIOS's serial output under EFI", func(m *Machine) {
 			m.Firmware.EFI, m.EFICode, m.EFIVars = &machine.EFI{}, "/ovmf/code.fd", "/private/efi-vars.fd"

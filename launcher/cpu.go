@@ -143,6 +143,7 @@ func (b *builder) hypervFlags(hv *machine.HyperV, p machine.Path) string {
 	flag(hv.TLBFlushDirect, "tlbflush-direct")
 	flag(hv.TLBFlushExt, "tlbflush-ext")
 	flag(hv.IPI, "ipi")
+	flag(hv.Crash, "crash")
 	if hv.EVMCS {
 		// KubeVirt requires the vmx CPU feature with evmcs (its webhook adds it); qvirt's API has
 		// no CPU feature list, so the flag comes with it.

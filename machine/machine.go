@@ -94,6 +94,10 @@ type Machine struct {
 	Inputs []Input `json:"inputs,omitempty"`
 	// Watchdog is the guest's hardware watchdog; none when nil.
 	Watchdog *Watchdog `json:"watchdog,omitempty"`
+	// Panic are the devices through which the guest reports a kernel panic (PanicISA, PanicPCI);
+	// with any, QEMU ends when the guest panics rather than pausing it. Hyper-V's crash MSRs are
+	// CPU.HyperV.Crash.
+	Panic []string `json:"panic,omitempty"`
 	// Filesystems are directories of the launcher's pod shared with the guest by virtio-fs, each
 	// served by a virtiofsd the launcher runs. With any, the guest's RAM is shared memory (a memfd)
 	// that the daemons map.
@@ -182,6 +186,8 @@ type HyperV struct {
 	TLBFlushDirect  bool `json:"tlbflushDirect,omitempty"`
 	TLBFlushExt     bool `json:"tlbflushExt,omitempty"`
 	IPI             bool `json:"ipi,omitempty"`
+	// Crash is hv-crash, the crash MSRs through which a Windows guest reports a panic.
+	Crash bool `json:"crash,omitempty"`
 	// EVMCS is hv-evmcs with the vmx CPU feature it serves.
 	EVMCS bool `json:"evmcs,omitempty"`
 	// Time is hv-time, the Hyper-V reference clock.
@@ -493,6 +499,12 @@ const (
 	WatchdogReset WatchdogAction = "reset"
 	// WatchdogShutdown presses the ACPI power button.
 	WatchdogShutdown WatchdogAction = "shutdown"
+)
+
+// Panic devices: QEMU's pvpanic on the ISA bus (I/O port 0x505) and on PCI.
+const (
+	PanicISA = "isa"
+	PanicPCI = "pci"
 )
 
 // WatchdogI6300ESB is the Intel 6300ESB watchdog, the only model.

@@ -110,6 +110,13 @@ func FillDefaults(spec *VirtualMachineInstanceSpec) {
 	if w := d.Devices.Watchdog; w != nil {
 		defaultWatchdog(w)
 	}
+	for i := range d.Devices.PanicDevices {
+		if pd := &d.Devices.PanicDevices[i]; pd.Model == nil {
+			// libvirt's x86 default, which KubeVirt leaves it to pick.
+			m := PanicIsa
+			pd.Model = &m
+		}
+	}
 	if snd := d.Devices.Sound; snd != nil && snd.Model == "" {
 		snd.Model = SoundModelICH9
 	}

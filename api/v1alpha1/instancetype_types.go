@@ -448,9 +448,9 @@ type DevicePreferences struct {
 	// PreferredInterfaceMasquerade gives interfaces that name no binding the masquerade binding.
 	// +optional
 	PreferredInterfaceMasquerade *InterfaceMasquerade `json:"preferredInterfaceMasquerade,omitempty"`
-	// PreferredPanicDeviceModel: not supported by this version of qvirt (refused).
+	// PreferredPanicDeviceModel is the model of panic devices that name none.
 	// +optional
-	PreferredPanicDeviceModel *string `json:"preferredPanicDeviceModel,omitempty"`
+	PreferredPanicDeviceModel *PanicDeviceModel `json:"preferredPanicDeviceModel,omitempty"`
 	// PreferredVideoType is domain.devices.video's type when the VirtualMachine names none.
 	// +optional
 	PreferredVideoType *string `json:"preferredVideoType,omitempty"`

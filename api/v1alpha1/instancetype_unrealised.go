@@ -76,9 +76,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if t := d.PreferredTPM; t != nil && t.Persistent != nil && *t.Persistent {
 			no(dp.Child("preferredTPM", "persistent"), "a persistent TPM")
 		}
-		if d.PreferredPanicDeviceModel != nil {
-			no(dp.Child("preferredPanicDeviceModel"), "a panic device")
-		}
 		if v := d.PreferredVideoType; v != nil && *v != "" {
 			errs = append(errs, validateEnum(dp.Child("preferredVideoType"), *v, string(VideoVGA), string(VideoVirtio), string(VideoBochs), string(VideoCirrus), string(VideoRamfb))...)
 		}

@@ -133,6 +133,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	errs = append(errs, validateInputs(d.Devices.Inputs, p.Child("devices", "inputs"))...)
 	errs = append(errs, validateWatchdog(d.Devices.Watchdog, p.Child("devices", "watchdog"))...)
 	errs = append(errs, validateSound(d.Devices.Sound, p.Child("devices", "sound"))...)
+	errs = append(errs, validatePanicDevices(d.Devices.PanicDevices, p.Child("devices", "panicDevices"))...)
 	errs = append(errs, validateVideo(&d.Devices, p.Child("devices", "video"))...)
 	return append(errs, validateInterfaces(d.Devices.Interfaces, p.Child("devices", "interfaces"))...)
 }
@@ -183,6 +184,29 @@ func validateVideo(dev *Devices, p *field.Path) field.ErrorList {
 		return nil
 	}
 	return validateEnum(p.Child("type"), string(v.Type), string(VideoVGA), string(VideoVirtio), string(VideoBochs), string(VideoCirrus), string(VideoRamfb))
+}
+
+// validatePanicDevices checks each model is KubeVirt's and appears once: QEMU takes one device
+// of each.
+func validatePanicDevices(pds []PanicDevice, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	seen := map[PanicDeviceModel]bool{}
+	for i, pd := range pds {
+		model := PanicIsa // the default
+		if pd.Model != nil {
+			model = *pd.Model
+		}
+		mp := p.Index(i).Child("model")
+		if e := validateEnum(mp, string(model), string(PanicHyperv), string(PanicIsa), string(PanicPvpanic)); len(e) > 0 {
+			errs = append(errs, e...)
+			continue
+		}
+		if seen[model] {
+			errs = append(errs, field.Duplicate(mp, model))
+		}
+		seen[model] = true
+	}
+	return errs
 }
 
 func validateSound(snd *SoundDevice, p *field.Path) field.ErrorList {

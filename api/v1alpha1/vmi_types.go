@@ -67,6 +67,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.disableHotplug) == has(oldSelf.domain.devices.disableHotplug) && (!has(self.domain.devices.disableHotplug) || self.domain.devices.disableHotplug == oldSelf.domain.devices.disableHotplug)",message="spec.domain.devices.disableHotplug is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.disableHotplug"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.panicDevices) == has(oldSelf.domain.devices.panicDevices) && (!has(self.domain.devices.panicDevices) || self.domain.devices.panicDevices == oldSelf.domain.devices.panicDevices)",message="spec.domain.devices.panicDevices is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.panicDevices"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.blockMultiQueue) == has(oldSelf.domain.devices.blockMultiQueue) && (!has(self.domain.devices.blockMultiQueue) || self.domain.devices.blockMultiQueue == oldSelf.domain.devices.blockMultiQueue)",message="spec.domain.devices.blockMultiQueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.blockMultiQueue"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.networkInterfaceMultiqueue) == has(oldSelf.domain.devices.networkInterfaceMultiqueue) && (!has(self.domain.devices.networkInterfaceMultiqueue) || self.domain.devices.networkInterfaceMultiqueue == oldSelf.domain.devices.networkInterfaceMultiqueue)",message="spec.domain.devices.networkInterfaceMultiqueue is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.networkInterfaceMultiqueue"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.filesystems) == has(oldSelf.domain.devices.filesystems) && (!has(self.domain.devices.filesystems) || self.domain.devices.filesystems == oldSelf.domain.devices.filesystems)",message="spec.domain.devices.filesystems is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.filesystems"
@@ -606,6 +607,14 @@ type Devices struct {
 	// +optional
 	Watchdog *Watchdog `json:"watchdog,omitempty"`
 
+	// PanicDevices let the guest kernel report its panic to the host: the instance then stops and
+	// fails with reason GuestPanicked, as KubeVirt's (libvirt's on_crash destroy), rather than
+	// rebooting or hanging.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=3
+	PanicDevices []PanicDevice `json:"panicDevices,omitempty"`
+
 	// BlockMultiQueue gives each virtio disk one request queue per vCPU, so the guest's CPUs
 	// submit I/O without contending for one queue.
 	// +optional
@@ -653,6 +662,28 @@ const (
 	VideoCirrus VideoType = "cirrus"
 	VideoRamfb  VideoType = "ramfb"
 )
+
+// PanicDeviceModel is how the guest reports a panic.
+// +kubebuilder:validation:Enum=hyperv;isa;pvpanic
+type PanicDeviceModel string
+
+// Panic device models, as KubeVirt's.
+const (
+	// PanicHyperv is Hyper-V's crash MSRs (hv-crash), which Windows uses; it needs KVM.
+	PanicHyperv PanicDeviceModel = "hyperv"
+	// PanicIsa is QEMU's pvpanic ISA device (I/O port 0x505, ACPI QEMU0001).
+	PanicIsa PanicDeviceModel = "isa"
+	// PanicPvpanic is QEMU's pvpanic PCI device (1b36:0011).
+	PanicPvpanic PanicDeviceModel = "pvpanic"
+)
+
+// PanicDevice is a device through which the guest reports a kernel panic (KubeVirt's
+// PanicDevice).
+type PanicDevice struct {
+	// Model is hyperv, isa or pvpanic; isa when unset (recorded when the instance is created).
+	// +optional
+	Model *PanicDeviceModel `json:"model,omitempty"`
+}
 
 // VideoDevice is the graphics device's model (KubeVirt's VideoDevice).
 type VideoDevice struct {

@@ -108,10 +108,14 @@ spec:
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterInstancetype","metadata":{"name":"pinned"},
 				"spec":{"cpu":{"guest":1,"dedicatedCPUPlacement":true},"memory":{"guest":"1Gi","hugepages":{"pageSize":"2Mi"}}}}`)
 		}, []string{"spec.cpu.dedicatedCPUPlacement", "spec.memory.hugepages"}},
-		{"a preference with a persistent TPM and a panic device", func() []byte {
+		{"a preference with a persistent TPM", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"windows"},
 				"spec":{"devices":{"preferredTPM":{"persistent":true},"preferredPanicDeviceModel":"hyperv","preferredVideoType":"vga","preferredSoundModel":"ich9"},"features":{"preferredHyperv":{"relaxed":{}}}}}`)
-		}, []string{"spec.devices.preferredTPM.persistent", "spec.devices.preferredPanicDeviceModel"}},
+		}, []string{"spec.devices.preferredTPM.persistent"}},
+		{"a preferred panic device of s390", func() []byte {
+			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachinePreference","metadata":{"name":"s390"},
+				"spec":{"devices":{"preferredPanicDeviceModel":"s390"}}}`)
+		}, []string{"spec.devices.preferredPanicDeviceModel", `"hyperv", "isa", "pvpanic"`}},
 		{"a preferred clock with both utc and a timezone", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"clock"},
 				"spec":{"clock":{"preferredClockOffset":{"utc":{},"timezone":"UTC"}}}}`)
@@ -141,7 +145,7 @@ spec:
 			"spec":{"clock":{"preferredClockOffset":{"utc":{}},"preferredTimer":{"hpet":{"present":false},"hyperv":{},"pit":{"tickPolicy":"delay"},"rtc":{"tickPolicy":"catchup"}}},
 			"features":{"preferredAcpi":{},"preferredApic":{},"preferredSmm":{},"preferredHyperv":{"frequencies":{},"ipi":{},"reenlightenment":{},"relaxed":{},"reset":{},
 				"runtime":{},"spinlocks":{"spinlocks":8191},"synic":{},"synictimer":{"direct":{}},"tlbflush":{},"vapic":{},"vpindex":{}}},
-			"devices":{"preferredDiskBus":"sata","preferredInterfaceModel":"e1000e","preferredLunBus":"scsi","preferredTPM":{},"preferredVideoType":"virtio"}}}`)
+			"devices":{"preferredDiskBus":"sata","preferredInterfaceModel":"e1000e","preferredLunBus":"scsi","preferredTPM":{},"preferredVideoType":"virtio","preferredPanicDeviceModel":"hyperv"}}}`)
 		if _, stderr, err := kubectlDefault(windows, "create", "--dry-run=server", "-f", "-"); err != nil {
 			t.Fatalf("refused: %v: %s", err, stderr)
 		}

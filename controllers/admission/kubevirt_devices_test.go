@@ -128,3 +128,47 @@ func TestKubeVirtTPM(t *testing.T) {
 		}
 	}
 }
+
+// TestKubeVirtPanicDevices: KubeVirt's panicDevices are accepted and stored with the model
+// defaulted to isa (libvirt's x86 default), and translate to QEMU's ISA and PCI pvpanic; a model
+// KubeVirt does not know, or one given twice, is refused naming the device.
+func TestKubeVirtPanicDevices(t *testing.T) {
+	startWebhook(t)
+	vmi := func(devices ...any) map[string]any {
+		o := sample(t, "vmi_testguest.yaml")
+		o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["panicDevices"] = devices
+		return o
+	}
+	data, _ := yaml.Marshal(vmi(map[string]any{}, map[string]any{"model": "pvpanic"}))
+	createByKubectl(t, data, "vmi", "testvmi")
+	var stored v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "testvmi", &stored)
+	var models []string
+	for _, pd := range stored.Spec.Domain.Devices.PanicDevices {
+		models = append(models, string(ptr.Deref(pd.Model, "")))
+	}
+	if got := strings.Join(models, ","); got != "isa,pvpanic" {
+		t.Errorf("stored panic device models %q, want isa,pvpanic", got)
+	}
+	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(m.Panic, ","); got != machine.PanicISA+","+machine.PanicPCI {
+		t.Errorf("the panic devices translate to %q, want QEMU's ISA and PCI pvpanic", got)
+	}
+
+	for name, tc := range map[string]struct {
+		devices []any
+		want    string
+	}{
+		"s390's model":    {[]any{map[string]any{"model": "s390"}}, "spec.domain.devices.panicDevices[0].model"},
+		"two isa devices": {[]any{map[string]any{"model": "isa"}, map[string]any{}}, "spec.domain.devices.panicDevices[1].model: Duplicate value"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, stderr, err := apply(t, vmi(tc.devices...), "vmi-panic-refused"); err == nil || !strings.Contains(stderr, tc.want) {
+				t.Errorf("%v: %s; want a refusal with %q", err, stderr, tc.want)
+			}
+		})
+	}
+}

@@ -188,7 +188,7 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 		},
 		Devices: &v1alpha1.DevicePreferences{PreferredLunBus: v1alpha1.DiskBusSCSI, PreferredDiskCache: v1alpha1.CacheWriteThrough, PreferredDiskIO: v1alpha1.IOThreads,
 			PreferredAutoattachMemBalloon: ptr.To(false), PreferredAutoattachInputDevice: ptr.To(true), PreferredSoundModel: "ac97",
-			PreferredTPM: &v1alpha1.TPMDevice{}, PreferredDisableHotplug: ptr.To(true)},
+			PreferredTPM: &v1alpha1.TPMDevice{}, PreferredDisableHotplug: ptr.To(true), PreferredPanicDeviceModel: ptr.To(v1alpha1.PanicPvpanic)},
 	}
 	vm := baseVM()
 	tmpl := &vm.Spec.Template.Spec
@@ -197,6 +197,7 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 		PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "san"}}})
 	tmpl.Domain.Features = &v1alpha1.Features{Hyperv: &v1alpha1.FeatureHyperv{VAPIC: &v1alpha1.FeatureState{Enabled: ptr.To(false)}}}
 	tmpl.Domain.Devices.Sound = &v1alpha1.SoundDevice{Name: "speaker"}
+	tmpl.Domain.Devices.PanicDevices = []v1alpha1.PanicDevice{{}, {Model: ptr.To(v1alpha1.PanicHyperv)}}
 	tmpl.Domain.CPU = &v1alpha1.CPU{Features: []v1alpha1.CPUFeature{{Name: "vmx", Policy: v1alpha1.CPUFeatureDisable}}}
 	pref.CPU = &v1alpha1.CPUPreferences{PreferredCPUFeatures: []v1alpha1.CPUFeature{{Name: "vmx"}, {Name: "pcid", Policy: v1alpha1.CPUFeatureOptional}}}
 	spec, _, errs := Expand(vm, resolution(baseIT(), pref))
@@ -210,6 +211,9 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 	}
 	if f := d.CPU.Features; len(f) != 2 || f[0].Policy != v1alpha1.CPUFeatureDisable || f[1].Name != "pcid" {
 		t.Errorf("cpu features %+v, want the VM's vmx (disabled) and the preferred pcid", f)
+	}
+	if p := d.Devices.PanicDevices; len(p) != 2 || p[0].Model == nil || *p[0].Model != v1alpha1.PanicPvpanic || *p[1].Model != v1alpha1.PanicHyperv {
+		t.Errorf("panic devices %+v, want the preferred pvpanic where the VM named no model and its own hyperv", p)
 	}
 	if !d.Devices.DisableHotplug {
 		t.Error("disableHotplug false, want the preferred true")

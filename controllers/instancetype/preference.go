@@ -72,6 +72,12 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 	if d := p.PreferredDisableHotplug; d != nil && !dev.DisableHotplug {
 		dev.DisableHotplug = *d
 	}
+	for i := range dev.PanicDevices {
+		if pd := &dev.PanicDevices[i]; pd.Model == nil && p.PreferredPanicDeviceModel != nil {
+			m := *p.PreferredPanicDeviceModel
+			pd.Model = &m
+		}
+	}
 	if v := p.PreferredVideoType; v != nil && *v != "" && (dev.Video == nil || dev.Video.Type == "") {
 		dev.Video = &v1alpha1.VideoDevice{Type: v1alpha1.VideoType(*v)}
 	}

@@ -21,6 +21,7 @@ var machineFields = []struct{ machine, spec string }{
 	{"machine.cpu.pvEOI", "spec.domain.features.apic.endOfInterrupt"},
 	{"machine.cpu.hyperV.spinlocks", "spec.domain.features.hyperv.spinlocks.spinlocks"},
 	{"machine.cpu.hyperV.vendorID", "spec.domain.features.hyperv.vendorid.vendorid"},
+	{"machine.cpu.hyperV.crash", "spec.domain.devices.panicDevices"},
 	{"machine.cpu.hyperV", "spec.domain.features.hyperv"},
 	{"machine.cpu.kvmHidden", "spec.domain.features.kvm.hidden"},
 	{"machine.cpu.pvUnhalt", "spec.domain.features.pvspinlock"},
@@ -43,6 +44,7 @@ var machineFields = []struct{ machine, spec string }{
 	{"machine.rng", "spec.domain.devices.rng"},
 	{"machine.watchdog.action", "spec.domain.devices.watchdog.i6300esb.action"},
 	{"machine.watchdog", "spec.domain.devices.watchdog"},
+	{"machine.panic", "spec.domain.devices.panicDevices"},
 }
 
 // SpecField is the field of v's spec that the machine description's field (a launcher's refusal
@@ -54,7 +56,7 @@ func SpecField(v *v1alpha1.VirtualMachineInstance, field string) string {
 		return indexedField(v, m[1], m[2], m[3])
 	}
 	for _, f := range machineFields {
-		if field == f.machine || strings.HasPrefix(field, f.machine+".") {
+		if field == f.machine || strings.HasPrefix(field, f.machine+".") || strings.HasPrefix(field, f.machine+"[") {
 			return f.spec
 		}
 	}

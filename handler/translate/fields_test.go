@@ -37,6 +37,8 @@ func TestSpecField(t *testing.T) {
 		"machine.inputs[1].bus":                         "",
 		"machine.watchdog.action":                       "spec.domain.devices.watchdog.i6300esb.action",
 		"machine.watchdog.name":                         "spec.domain.devices.watchdog",
+		"machine.panic[1]":                              "spec.domain.devices.panicDevices",
+		"machine.cpu.hyperV.crash":                      "spec.domain.devices.panicDevices",
 		"machine.rng":                                   "spec.domain.devices.rng",
 		"machine.cpu.pvEOI":                             "spec.domain.features.apic.endOfInterrupt",
 	} {

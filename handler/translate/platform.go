@@ -13,7 +13,7 @@ import (
 // Hyper-V enlightenments: QEMU 7.2 builds the Hyper-V CPUID leaves only for KVM, so under TCG the
 // guest would see none of them, and hv-vpindex makes QEMU refuse to start ("kernel doesn't allow
 // setting HyperV VP_INDEX").
-const NoteHypervEmulation = "Hyper-V enlightenments (features.hyperv, features.hypervPassthrough, clock.timer.hyperv) left out: " +
+const NoteHypervEmulation = "Hyper-V enlightenments (features.hyperv, features.hypervPassthrough, clock.timer.hyperv, a hyperv panic device) left out: " +
 	"this node runs guests under emulation, where QEMU gives the guest none of them"
 
 // platform is the KVM features, the Hyper-V enlightenments and the clock, after FillDefaults
@@ -29,6 +29,13 @@ func platform(d *v1alpha1.DomainSpec, m *machine.Machine, now time.Time) field.E
 	} else if v1alpha1.HypervClock(d) {
 		m.CPU.HyperV = &machine.HyperV{Time: true}
 	}
+	if panicModel(&d.Devices, v1alpha1.PanicHyperv) {
+		if m.CPU.HyperV == nil {
+			m.CPU.HyperV = &machine.HyperV{}
+		}
+		// hv-passthrough has hv-crash among the rest.
+		m.CPU.HyperV.Crash = !m.CPU.HyperV.Passthrough
+	}
 	if m.CPU.HyperV != nil && *m.CPU.HyperV == (machine.HyperV{}) {
 		m.CPU.HyperV = nil
 	}
@@ -37,6 +44,16 @@ func platform(d *v1alpha1.DomainSpec, m *machine.Machine, now time.Time) field.E
 		m.Notes = append(m.Notes, NoteHypervEmulation)
 	}
 	return clock(d.Clock, m, now)
+}
+
+// panicModel reports whether the instance has a panic device of that model (after FillDefaults).
+func panicModel(d *v1alpha1.Devices, model v1alpha1.PanicDeviceModel) bool {
+	for _, pd := range d.PanicDevices {
+		if pd.Model != nil && *pd.Model == model {
+			return true
+		}
+	}
+	return false
 }
 
 func on(fs *v1alpha1.FeatureState) bool { return fs != nil && (fs.Enabled == nil || *fs.Enabled) }

@@ -158,7 +158,7 @@ func cloudInitMetaData(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) {
 
 // devices are the devices the launcher makes alone: the entropy device, the memory balloon (as
 // admission recorded it: an instance stored without the field has none), the TPM, the sound
-// card, the input devices and the watchdog, each after FillDefaults (an input's bus and type, the
+// card, the input devices, the watchdog and the pvpanic devices, each after FillDefaults (an input's bus and type, the
 // watchdog's model and action, the sound card's model).
 func devices(d *v1alpha1.Devices, m *machine.Machine) {
 	m.RNG = d.Rng != nil
@@ -176,6 +176,13 @@ func devices(d *v1alpha1.Devices, m *machine.Machine) {
 	}
 	if w := d.Watchdog; w != nil {
 		m.Watchdog = &machine.Watchdog{Name: w.Name, Model: machine.WatchdogI6300ESB, Action: machine.WatchdogAction(w.I6300ESB.Action)}
+	}
+	// A hyperv panic device is a CPU flag (platform).
+	if panicModel(d, v1alpha1.PanicIsa) {
+		m.Panic = append(m.Panic, machine.PanicISA)
+	}
+	if panicModel(d, v1alpha1.PanicPvpanic) {
+		m.Panic = append(m.Panic, machine.PanicPCI)
 	}
 }
 
