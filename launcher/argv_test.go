@@ -94,7 +94,8 @@ func argvCases(root, runDir string) []argvCase {
 			s.Domain.Firmware.UUID = "6a1c6d35-6a0e-4b9b-9d3a-0123456789ab"
 			s.Domain.Firmware.Serial = "qvirt-0001"
 			s.Domain.Devices.Disks = []v1alpha1.Disk{
-				{Name: "root", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}, BootOrder: ptr.To[uint32](1), Serial: "root-0001"},
+				{Name: "root", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}, BootOrder: ptr.To[uint32](1), Serial: "root-0001",
+					BlockSize: &v1alpha1.BlockSize{Custom: &v1alpha1.CustomBlockSize{Logical: 512, Physical: 4096}}},
 				{Name: "data", Disk: &v1alpha1.DiskTarget{}, Cache: v1alpha1.CacheWriteBack},
 				{Name: "cidata", CDRom: &v1alpha1.CDRomTarget{Bus: v1alpha1.DiskBusSATA}},
 			}
@@ -125,10 +126,12 @@ func argvCases(root, runDir string) []argvCase {
 			s.Domain.Devices.AutoattachGraphicsDevice = ptr.To(false)
 			s.Domain.Devices.Disks = []v1alpha1.Disk{
 				{Name: "root", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Cache: v1alpha1.CacheNone, IO: v1alpha1.IONative, BootOrder: ptr.To[uint32](2)},
-				{Name: "logs", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Cache: v1alpha1.CacheWriteThrough},
+				{Name: "logs", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}, Cache: v1alpha1.CacheWriteThrough,
+					BlockSize: &v1alpha1.BlockSize{Custom: &v1alpha1.CustomBlockSize{Logical: 4096, Physical: 4096, DiscardGranularity: ptr.To[uint32](8192)}}},
 				{Name: "shared", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI, ReadOnly: true}, Serial: "shared-1"},
 				{Name: "install", CDRom: &v1alpha1.CDRomTarget{Bus: v1alpha1.DiskBusSCSI}, BootOrder: ptr.To[uint32](1)},
-				{Name: "scratch", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA}},
+				{Name: "scratch", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSATA},
+					BlockSize: &v1alpha1.BlockSize{Custom: &v1alpha1.CustomBlockSize{Logical: 512, Physical: 4096}}},
 			}
 			hostDisk := func(path string) v1alpha1.VolumeSource {
 				return v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: path, Type: v1alpha1.HostDiskExists}}
@@ -514,6 +517,12 @@ func TestBuildArgvErrors(t *testing.T) {
 		{"watchdog name with an option", func(m *Machine) {
 			m.Watchdog = &machine.Watchdog{Name: "wd,addr=0x3", Model: machine.WatchdogI6300ESB, Action: machine.WatchdogReset}
 		}, "machine.watchdog.name"},
+		{"a block size QEMU does not take", func(m *Machine) {
+			m.Disks[0].BlockSize = &machine.BlockSize{Logical: 4096, Physical: 3000}
+		}, "machine.disks[0].blockSize.physical"},
+		{"logical blocks larger than physical", func(m *Machine) {
+			m.Disks[0].BlockSize = &machine.BlockSize{Logical: 4096, Physical: 512}
+		}, "machine.disks[0].blockSize.logical"},
 		{"unknown panic device", func(m *Machine) { m.Panic = []string{machine.PanicISA, "s390"} }, "machine.panic[1]"},
 		{"two ISA panic devices", func(m *Machine) { m.Panic = []string{machine.PanicISA, machine.PanicISA} }, "machine.panic[1]"},
 		{"OVMF's files for a SeaBIOS machine", func(m *Machine) { m.EFICode = "/ovmf/code.fd" }, "machine.firmware.efi"},

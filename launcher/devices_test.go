@@ -14,7 +14,7 @@ import (
 
 // TestGuestDevices boots the test guest once with KubeVirt's devices that need no host side, as
 // a KubeVirt manifest writes them (spec.domain.devices.rng, autoattachMemBalloon, sound, video,
-// inputs, watchdog,
+// inputs, watchdog, a disk's blockSize,
 // spec.domain.features and spec.domain.clock), translated as the node agent does, and finds each
 // in the guest. The guest has no udev, so the shell loads each driver (they are in the initramfs,
 // test/guest).
@@ -47,6 +47,7 @@ func TestGuestDevices(t *testing.T) {
 	d.Devices.BlockMultiQueue = ptr(true)
 	d.IOThreadsPolicy = ptr(v1alpha1.IOThreadsPolicyShared)
 	d.Devices.Disks[0].Shareable = ptr(true)
+	d.Devices.Disks[0].BlockSize = &v1alpha1.BlockSize{Custom: &v1alpha1.CustomBlockSize{Logical: 4096, Physical: 8192}}
 
 	v := newLauncher(t)
 	ctx := context.Background()
@@ -131,6 +132,9 @@ func TestGuestDevices(t *testing.T) {
 	})
 	t.Run("blockMultiQueue gives the disk a queue per vCPU", func(t *testing.T) {
 		run(t, `echo "MQ-[$(ls /sys/block/vda/mq | wc -l)]"`, "MQ-[2]")
+	})
+	t.Run("the disk has the custom block sizes", func(t *testing.T) {
+		run(t, `q=/sys/block/vda/queue; echo "BS-[$(cat $q/logical_block_size)/$(cat $q/physical_block_size)]"`, "BS-[4096/8192]")
 	})
 	t.Run("the disk runs in the shared I/O thread and takes no write lock", func(t *testing.T) {
 		mon := dialWhenListening(t, launcher.Dir(v.runDir).ShellQMP())

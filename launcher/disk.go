@@ -139,7 +139,59 @@ func checkDiskTuning(p machine.Path, d *machine.Disk) machine.FieldErrors {
 	if d.Shareable && d.Cache != machine.CacheNone {
 		errs = append(errs, machine.Invalid(p.Child("shareable"), true, "a shareable disk needs cache none"))
 	}
+	return append(errs, checkBlockSize(p.Child("blockSize"), d)...)
+}
+
+// checkBlockSize checks a disk's block sizes against QEMU's limits: a hard disk's only, logical
+// blocks of 512 bytes on sata (QEMU's IDE disk takes no other).
+func checkBlockSize(p machine.Path, d *machine.Disk) machine.FieldErrors {
+	bs := d.BlockSize
+	if bs == nil {
+		return nil
+	}
+	if d.CDROM || d.LUN {
+		return machine.FieldErrors{machine.Invalid(p, "set", "only a hard disk takes a block size")}
+	}
+	var errs machine.FieldErrors
+	for _, s := range []struct {
+		name string
+		v    uint32
+	}{{"logical", bs.Logical}, {"physical", bs.Physical}} {
+		if s.v < 512 || s.v > 2<<20 || s.v&(s.v-1) != 0 {
+			errs = append(errs, machine.Invalid(p.Child(s.name), s.v, "must be a power of two from 512 to 2097152"))
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	if bs.Logical > bs.Physical {
+		errs = append(errs, machine.Invalid(p.Child("logical"), bs.Logical, "must be at most the physical block size"))
+	}
+	if bs.DiscardGranularity%bs.Logical != 0 {
+		errs = append(errs, machine.Invalid(p.Child("discardGranularity"), bs.DiscardGranularity, "must be a multiple of the logical block size"))
+	}
+	if d.Bus == machine.BusSATA && bs.Logical != 512 {
+		errs = append(errs, machine.Invalid(p.Child("logical"), bs.Logical, "a sata disk has 512-byte logical blocks"))
+	}
 	return errs
+}
+
+// blockSizeProp is one of a disk device's block size properties, by QEMU's name.
+type blockSizeProp struct {
+	name  string
+	value uint32
+}
+
+// blockSizeProps are a disk device's block size properties.
+func blockSizeProps(bs *machine.BlockSize) []blockSizeProp {
+	if bs == nil {
+		return nil
+	}
+	props := []blockSizeProp{{"logical_block_size", bs.Logical}, {"physical_block_size", bs.Physical}}
+	if bs.DiscardGranularity != 0 {
+		props = append(props, blockSizeProp{"discard_granularity", bs.DiscardGranularity})
+	}
+	return props
 }
 
 // checkIOThread checks that the disk at p names one of the machine's I/O threads, if any.
@@ -254,6 +306,9 @@ func virtioDiskDevice(d *machine.Disk, port string) qmp.Device {
 	}
 	if d.Shareable {
 		props["share-rw"] = true
+	}
+	for _, bp := range blockSizeProps(d.BlockSize) {
+		props[bp.name] = bp.value
 	}
 	return qmp.Device{Driver: "virtio-blk-pci", ID: DiskDeviceID(d.Name), Bus: port, Props: props}
 }
@@ -395,6 +450,9 @@ func (b *builder) diskProps(d *machine.Disk) string {
 	}
 	if d.Shareable {
 		props += ",share-rw=on"
+	}
+	for _, bp := range blockSizeProps(d.BlockSize) {
+		props += fmt.Sprintf(",%s=%d", bp.name, bp.value)
 	}
 	return props
 }

@@ -305,6 +305,16 @@ type Disk struct {
 	// IOThread is one of the machine's IOThreads that serves a virtio disk; QEMU's main loop
 	// when "".
 	IOThread string `json:"ioThread,omitempty"`
+	// BlockSize is the block sizes the guest sees; QEMU's (512 bytes) when nil.
+	BlockSize *BlockSize `json:"blockSize,omitempty"`
+}
+
+// BlockSize is a disk's block sizes in bytes: powers of two from 512 to 2 MiB, Logical at most
+// Physical; DiscardGranularity, a multiple of Logical, is QEMU's default when 0.
+type BlockSize struct {
+	Logical            uint32 `json:"logical"`
+	Physical           uint32 `json:"physical"`
+	DiscardGranularity uint32 `json:"discardGranularity,omitempty"`
 }
 
 // Source is where a disk's image comes from; exactly one field is set.

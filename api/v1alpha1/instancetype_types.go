@@ -423,12 +423,9 @@ type DevicePreferences struct {
 	// PreferredDiskIO is the I/O mode of disks that set none.
 	// +optional
 	PreferredDiskIO DriverIO `json:"preferredDiskIO,omitempty"`
-	// PreferredDiskBlockSize: not supported by this version of qvirt (refused).
+	// PreferredDiskBlockSize is the block size of hard disks that set none.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:Type=object
-	PreferredDiskBlockSize *runtime.RawExtension `json:"preferredDiskBlockSize,omitempty"`
+	PreferredDiskBlockSize *BlockSize `json:"preferredDiskBlockSize,omitempty"`
 	// PreferredInterfaceModel is the model of interfaces that set none.
 	// +optional
 	// +kubebuilder:validation:Enum=virtio;e1000;e1000e;rtl8139

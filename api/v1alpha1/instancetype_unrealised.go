@@ -70,8 +70,9 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if b := d.PreferredUseVirtioTransitional; b != nil && *b {
 			no(dp.Child("preferredUseVirtioTransitional"), "virtio-transitional devices")
 		}
-		if d.PreferredDiskBlockSize != nil {
-			no(dp.Child("preferredDiskBlockSize"), "a disk block size")
+		errs = append(errs, validateBlockSize(d.PreferredDiskBlockSize, dp.Child("preferredDiskBlockSize"))...)
+		if MatchVolumeBlockSize(d.PreferredDiskBlockSize) {
+			no(dp.Child("preferredDiskBlockSize", "matchVolume"), "taking the block sizes of the volume's storage")
 		}
 		if t := d.PreferredTPM; t != nil && t.Persistent != nil && *t.Persistent {
 			no(dp.Child("preferredTPM", "persistent"), "a persistent TPM")

@@ -61,6 +61,10 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 			"; it needs backend storage qvirt does not create yet, and without it the TPM's state lasts as long as the instance")
 	}
 	for i, d := range spec.Domain.Devices.Disks {
+		if MatchVolumeBlockSize(d.BlockSize) {
+			no(dp.Child("devices", "disks").Index(i).Child("blockSize", "matchVolume"), "taking the block sizes of the volume's storage",
+				"; a live migration would have to carry the source's sizes to the target: give them with custom")
+		}
 		if d.LUN != nil && d.LUN.Reservation {
 			no(dp.Child("devices", "disks").Index(i).Child("lun", "reservation"), "SCSI persistent reservation",
 				"; it needs qemu-pr-helper, which qvirt does not run")

@@ -466,6 +466,7 @@ func validateDisk(d *Disk, dp *field.Path, names map[string]bool, boot map[uint3
 	if d.Serial != "" && (len(d.Serial) > 20 || !machine.IsSerial(d.Serial)) {
 		errs = append(errs, field.Invalid(dp.Child("serial"), d.Serial, "must be at most 20 letters, digits or _.+-"))
 	}
+	errs = append(errs, validateDiskBlockSize(d, dp)...)
 	if d.Cache != "" {
 		errs = append(errs, validateEnum(dp.Child("cache"), string(d.Cache), string(CacheNone), string(CacheWriteThrough), string(CacheWriteBack))...)
 	}
@@ -885,4 +886,63 @@ func countSet(vs ...bool) int {
 		}
 	}
 	return n
+}
+
+// Block sizes QEMU takes (its logical_block_size and physical_block_size limits).
+const (
+	minBlockSize = 512
+	maxBlockSize = 2 << 20
+)
+
+// validateDiskBlockSize checks a disk's blockSize: a hard disk's (a cdrom and a passed-through LUN
+// have their media's), 512-byte logical blocks on sata (QEMU's IDE disks take no other).
+func validateDiskBlockSize(d *Disk, dp *field.Path) field.ErrorList {
+	if d.BlockSize == nil {
+		return nil
+	}
+	bp := dp.Child("blockSize")
+	if d.Disk == nil && (d.CDRom != nil || d.LUN != nil) {
+		return field.ErrorList{field.Forbidden(bp, "only a hard disk (disk) takes a block size: a cdrom's and a lun's are their media's")}
+	}
+	errs := validateBlockSize(d.BlockSize, bp)
+	if c := d.BlockSize.Custom; c != nil && d.Disk != nil && d.Disk.Bus == DiskBusSATA && c.Logical != minBlockSize {
+		errs = append(errs, field.Invalid(bp.Child("custom", "logical"), c.Logical, "a sata disk has 512-byte logical blocks; use virtio or scsi for larger ones"))
+	}
+	return errs
+}
+
+// validateBlockSize checks a block size (a disk's or a preference's) at p.
+func validateBlockSize(bs *BlockSize, p *field.Path) field.ErrorList {
+	if bs == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	c := bs.Custom
+	if c == nil {
+		return errs
+	}
+	cp := p.Child("custom")
+	size := func(name string, v uint32) bool {
+		if v < minBlockSize || v > maxBlockSize || v&(v-1) != 0 {
+			errs = append(errs, field.Invalid(cp.Child(name), v, "must be a power of two from 512 to 2097152 bytes"))
+			return false
+		}
+		return true
+	}
+	okL, okP := size("logical", c.Logical), size("physical", c.Physical)
+	if okL && okP && c.Logical > c.Physical {
+		errs = append(errs, field.Invalid(cp.Child("logical"), c.Logical, fmt.Sprintf("must be at most the physical block size (%d)", c.Physical)))
+	}
+	if g := c.DiscardGranularity; g != nil && okL && *g%c.Logical != 0 {
+		errs = append(errs, field.Invalid(cp.Child("discardGranularity"), *g, fmt.Sprintf("must be a multiple of the logical block size (%d)", c.Logical)))
+	}
+	if MatchVolumeBlockSize(bs) {
+		errs = append(errs, field.Invalid(p, "custom and matchVolume", "give either custom or matchVolume"))
+	}
+	return errs
+}
+
+// MatchVolumeBlockSize reports whether bs asks for the volume's own block sizes.
+func MatchVolumeBlockSize(bs *BlockSize) bool {
+	return bs != nil && bs.MatchVolume != nil && (bs.MatchVolume.Enabled == nil || *bs.MatchVolume.Enabled)
 }

@@ -850,6 +850,32 @@ type Disk struct {
 	// DedicatedIOThread gives this virtio disk an I/O thread to itself (see ioThreadsPolicy).
 	// +optional
 	DedicatedIOThread *bool `json:"dedicatedIOThread,omitempty"`
+
+	// BlockSize is the block sizes the guest sees on this hard disk, rather than QEMU's 512 bytes.
+	// +optional
+	BlockSize *BlockSize `json:"blockSize,omitempty"`
+}
+
+// BlockSize is a disk's block sizes as the guest sees them (KubeVirt's BlockSize).
+type BlockSize struct {
+	// Custom gives the sizes.
+	// +optional
+	Custom *CustomBlockSize `json:"custom,omitempty"`
+	// MatchVolume takes the sizes of the volume's storage; not supported by this version of qvirt
+	// (refused): a live migration would have to carry the source's sizes to the target.
+	// +optional
+	MatchVolume *FeatureState `json:"matchVolume,omitempty"`
+}
+
+// CustomBlockSize is a disk's block sizes in bytes: powers of two from 512 to 2 MiB, the logical
+// size at most the physical one (QEMU's limits).
+type CustomBlockSize struct {
+	Logical  uint32 `json:"logical"`
+	Physical uint32 `json:"physical"`
+	// DiscardGranularity is the unit the guest discards in: a multiple of the logical size; QEMU's
+	// default (the logical size) when unset.
+	// +optional
+	DiscardGranularity *uint32 `json:"discardGranularity,omitempty"`
 }
 
 // DiskBus is the bus a disk is attached to.

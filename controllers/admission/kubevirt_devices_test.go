@@ -139,10 +139,12 @@ func TestKubeVirtPanicDevices(t *testing.T) {
 		o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["panicDevices"] = devices
 		return o
 	}
-	data, _ := yaml.Marshal(vmi(map[string]any{}, map[string]any{"model": "pvpanic"}))
-	createByKubectl(t, data, "vmi", "testvmi")
+	o := vmi(map[string]any{}, map[string]any{"model": "pvpanic"})
+	o["metadata"].(map[string]any)["name"] = "vmi-panic"
+	data, _ := yaml.Marshal(o)
+	createByKubectl(t, data, "vmi", "vmi-panic")
 	var stored v1alpha1.VirtualMachineInstance
-	get(t, "vmi", "testvmi", &stored)
+	get(t, "vmi", "vmi-panic", &stored)
 	var models []string
 	for _, pd := range stored.Spec.Domain.Devices.PanicDevices {
 		models = append(models, string(ptr.Deref(pd.Model, "")))
@@ -167,6 +169,60 @@ func TestKubeVirtPanicDevices(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, stderr, err := apply(t, vmi(tc.devices...), "vmi-panic-refused"); err == nil || !strings.Contains(stderr, tc.want) {
+				t.Errorf("%v: %s; want a refusal with %q", err, stderr, tc.want)
+			}
+		})
+	}
+}
+
+// TestKubeVirtDiskBlockSize: a disk's blockSize.custom, as KubeVirt's user guide writes it, is
+// accepted, stored and translated to the disk's sizes; matchVolume, sizes QEMU does not take, a
+// cdrom's block size and large logical blocks on sata are refused naming the field.
+func TestKubeVirtDiskBlockSize(t *testing.T) {
+	startWebhook(t)
+	vmi := func(mutate func(disk map[string]any)) map[string]any {
+		o := sample(t, "vmi_testguest.yaml")
+		o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["disks"] = []any{map[string]any{"name": "scratch"}}
+		o["spec"].(map[string]any)["volumes"] = []any{map[string]any{"name": "scratch", "emptyDisk": map[string]any{"capacity": "64Mi"}}}
+		mutate(o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["disks"].([]any)[0].(map[string]any))
+		return o
+	}
+	custom := func(logical, physical int) map[string]any {
+		return map[string]any{"custom": map[string]any{"logical": logical, "physical": physical}}
+	}
+	o := vmi(func(d map[string]any) { d["blockSize"] = custom(512, 4096) })
+	o["metadata"].(map[string]any)["name"] = "vmi-blocksize"
+	data, _ := yaml.Marshal(o)
+	createByKubectl(t, data, "vmi", "vmi-blocksize")
+	var stored v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "vmi-blocksize", &stored)
+	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bs := m.Disks[0].BlockSize; bs == nil || bs.Logical != 512 || bs.Physical != 4096 {
+		t.Errorf("the disk translates with block size %+v, want 512/4096", bs)
+	}
+
+	for name, tc := range map[string]struct {
+		mutate func(d map[string]any)
+		want   string
+	}{
+		"matchVolume": {func(d map[string]any) { d["blockSize"] = map[string]any{"matchVolume": map[string]any{}} },
+			"spec.domain.devices.disks[0].blockSize.matchVolume"},
+		"physical not a power of two": {func(d map[string]any) { d["blockSize"] = custom(512, 3000) },
+			"spec.domain.devices.disks[0].blockSize.custom.physical"},
+		"logical above physical": {func(d map[string]any) { d["blockSize"] = custom(4096, 512) },
+			"spec.domain.devices.disks[0].blockSize.custom.logical"},
+		"a cdrom's block size": {func(d map[string]any) { d["cdrom"] = map[string]any{}; d["blockSize"] = custom(2048, 2048) },
+			"spec.domain.devices.disks[0].blockSize"},
+		"4 KiB logical blocks on sata": {func(d map[string]any) {
+			d["disk"] = map[string]any{"bus": "sata"}
+			d["blockSize"] = custom(4096, 4096)
+		}, "spec.domain.devices.disks[0].blockSize.custom.logical"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, stderr, err := apply(t, vmi(tc.mutate), "vmi-bs-refused"); err == nil || !strings.Contains(stderr, tc.want) {
 				t.Errorf("%v: %s; want a refusal with %q", err, stderr, tc.want)
 			}
 		})

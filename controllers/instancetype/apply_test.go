@@ -188,7 +188,8 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 		},
 		Devices: &v1alpha1.DevicePreferences{PreferredLunBus: v1alpha1.DiskBusSCSI, PreferredDiskCache: v1alpha1.CacheWriteThrough, PreferredDiskIO: v1alpha1.IOThreads,
 			PreferredAutoattachMemBalloon: ptr.To(false), PreferredAutoattachInputDevice: ptr.To(true), PreferredSoundModel: "ac97",
-			PreferredTPM: &v1alpha1.TPMDevice{}, PreferredDisableHotplug: ptr.To(true), PreferredPanicDeviceModel: ptr.To(v1alpha1.PanicPvpanic)},
+			PreferredTPM: &v1alpha1.TPMDevice{}, PreferredDisableHotplug: ptr.To(true), PreferredPanicDeviceModel: ptr.To(v1alpha1.PanicPvpanic),
+			PreferredDiskBlockSize: &v1alpha1.BlockSize{Custom: &v1alpha1.CustomBlockSize{Logical: 4096, Physical: 4096}}},
 	}
 	vm := baseVM()
 	tmpl := &vm.Spec.Template.Spec
@@ -234,15 +235,15 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 	for _, disk := range d.Devices.Disks {
 		switch {
 		case disk.LUN != nil:
-			if disk.LUN.Bus != v1alpha1.DiskBusSCSI || disk.Cache != "" || disk.IO != "" {
+			if disk.LUN.Bus != v1alpha1.DiskBusSCSI || disk.Cache != "" || disk.IO != "" || disk.BlockSize != nil {
 				t.Errorf("lun %+v, want the preferred scsi bus and no disk cache or I/O preference", disk)
 			}
 		case disk.CDRom != nil:
-			if disk.Cache != "" || disk.IO != "" {
+			if disk.Cache != "" || disk.IO != "" || disk.BlockSize != nil {
 				t.Errorf("cdrom %s took cache %q io %q, preferences for hard disks", disk.Name, disk.Cache, disk.IO)
 			}
-		case disk.Cache != v1alpha1.CacheWriteThrough || disk.IO != v1alpha1.IOThreads:
-			t.Errorf("disk %s: cache %q io %q, want the preferred ones", disk.Name, disk.Cache, disk.IO)
+		case disk.Cache != v1alpha1.CacheWriteThrough || disk.IO != v1alpha1.IOThreads || disk.BlockSize == nil || disk.BlockSize.Custom.Logical != 4096:
+			t.Errorf("disk %s: cache %q io %q block size %+v, want the preferred ones", disk.Name, disk.Cache, disk.IO, disk.BlockSize)
 		}
 	}
 	if errs := v1alpha1.ValidateVirtualMachineInstanceSpec(spec, nil); len(errs) > 0 {

@@ -123,7 +123,7 @@ func applyDiskPreferences(disk *v1alpha1.Disk, p *v1alpha1.DevicePreferences) {
 	}
 	t := disk.Disk
 	if t == nil {
-		// The cache, I/O and thread preferences are hard disks' only, as in KubeVirt.
+		// The cache, I/O, block size and thread preferences are hard disks' only, as in KubeVirt.
 		return
 	}
 	if t.Bus == "" {
@@ -135,6 +135,7 @@ func applyDiskPreferences(disk *v1alpha1.Disk, p *v1alpha1.DevicePreferences) {
 	if disk.IO == "" {
 		disk.IO = p.PreferredDiskIO
 	}
+	fillUnset(&disk.BlockSize, p.PreferredDiskBlockSize)
 	onVirtio := t.Bus == "" || t.Bus == v1alpha1.DiskBusVirtio
 	if d := p.PreferredDiskDedicatedIoThread; d != nil && *d && onVirtio && disk.DedicatedIOThread == nil {
 		v := true

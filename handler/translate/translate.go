@@ -17,6 +17,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher/podlayout"
@@ -294,6 +295,9 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.P
 		out.IO = machine.IO(d.IO)
 	}
 	out.Shareable = d.Shareable != nil && *d.Shareable
+	if bs := d.BlockSize; bs != nil && bs.Custom != nil {
+		out.BlockSize = &machine.BlockSize{Logical: bs.Custom.Logical, Physical: bs.Custom.Physical, DiscardGranularity: ptr.Deref(bs.Custom.DiscardGranularity, 0)}
+	}
 	switch {
 	case d.CDRom != nil:
 		// A cdrom is always read-only: the guest cannot write to one, and readonly: false (which
