@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/machine"
+	"github.com/qvirt/qvirt/qmp"
 )
 
 // This file turns a VMI spec plus what the caller resolved on the host into QEMU 7.2's command line.
@@ -32,8 +33,9 @@ import (
 //	               slot<<3|function, all unique.
 //	00:1e.0 down   conventional PCI devices, one slot each, as integrated endpoints (QEMU's
 //	               docs/pcie.txt: legacy PCI devices belong on pcie.0, not behind a root port):
-//	               the legacy NICs (e1000, rtl8139), then the i6300esb watchdog. They cannot be
-//	               unplugged.
+//	               the legacy NICs (e1000, rtl8139), then the i6300esb watchdog; on a machine
+//	               with VirtioTransitional, the transitional virtio devices take these slots
+//	               instead of root ports, in the order above. They cannot be unplugged.
 //	00:1f.x        ICH9 LPC, AHCI (ide.0..ide.5), SMBus (built in)
 //
 // Every PCIe device sits alone behind its own root port, as libvirt and KubeVirt do, so it can be
@@ -162,6 +164,37 @@ func (b *builder) legacySlot() string {
 	addr := fmt.Sprintf("%#x", lastFreeSlot-b.legacy)
 	b.legacy++
 	return addr
+}
+
+// slot is where a device goes: its driver, its bus and, on pcie.0, its address.
+type slot struct{ driver, bus, addr string }
+
+// opts is the slot's bus and address as -device QemuOpts properties.
+func (s slot) opts() string {
+	if s.addr == "" {
+		return ",bus=" + s.bus
+	}
+	return ",bus=" + s.bus + ",addr=" + s.addr
+}
+
+// place sets the slot's driver, bus and address on a JSON -device.
+func (s slot) place(d qmp.Device) qmp.Device {
+	d.Driver, d.Bus = s.driver, s.bus
+	if s.addr != "" {
+		d.Props["addr"] = s.addr
+	}
+	return d
+}
+
+// virtioSlot places a cold-plugged virtio device of the given (modern) driver: on its own root
+// port; or, on a machine with VirtioTransitional, QEMU's transitional model in a legacy slot on
+// pcie.0, a conventional PCI device whose I/O BAR a pre-1.0 virtio driver finds (libvirt puts
+// virtio-transitional devices on conventional PCI for the same reason).
+func (b *builder) virtioSlot(driver, id string) slot {
+	if !b.m.VirtioTransitional {
+		return slot{driver: driver, bus: b.rootPort("port-" + id)}
+	}
+	return slot{driver: driver + "-transitional", bus: "pcie.0", addr: b.legacySlot()}
 }
 
 // checkName requires a DNS-1123 label (at most 63 bytes).

@@ -263,6 +263,27 @@ func argvCases(root, runDir string) []argvCase {
 			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:01"}
 			h.m.SpareRootPorts = 2
 		})},
+		{"virtio-transitional", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
+			// Transitional models in legacy slots for what has one; the tablet stays virtio 1.0 on
+			// its root port, and so do the spare ports' hot-plugged devices.
+			withKernel(s, h)
+			s.Domain.Devices.UseVirtioTransitional = ptr.To(true)
+			s.Domain.Devices.Rng = &v1alpha1.Rng{}
+			s.Domain.Devices.AutoattachMemBalloon = ptr.To(true)
+			s.Domain.Devices.Inputs = []v1alpha1.Input{{Name: "vtablet", Bus: v1alpha1.InputBusVirtio}}
+			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)},
+				{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}}}
+			s.Volumes = []v1alpha1.Volume{
+				{Name: "root", VolumeSource: v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.raw", Type: v1alpha1.HostDiskExists}}},
+				{Name: "data", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
+			}
+			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
+			h.m.Images["data"] = DiskImage{Path: img("data.raw"), Format: "raw"}
+			s.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
+			s.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:02"}
+			h.m.SpareRootPorts = 1
+		})},
 		{"clock", base(true, func(s *v1alpha1.VirtualMachineInstanceSpec, h *host) {
 			// KubeVirt's clock and KVM features, which QEMU accepts under emulation too: an RTC an
 			// hour behind UTC on guest time catching up, the PIT delaying, no HPET, no KVM clock,

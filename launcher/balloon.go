@@ -13,5 +13,6 @@ func (b *builder) memBalloon() {
 	if !b.m.MemBalloon {
 		return
 	}
-	b.devs = append(b.devs, "-device", "virtio-balloon-pci,id="+MemBalloonDeviceID+",free-page-reporting=on,bus="+b.rootPort("port-"+MemBalloonDeviceID))
+	at := b.virtioSlot("virtio-balloon-pci", MemBalloonDeviceID)
+	b.devs = append(b.devs, "-device", at.driver+",id="+MemBalloonDeviceID+",free-page-reporting=on"+at.opts())
 }

@@ -24,8 +24,9 @@ func (b *builder) guestAgent() {
 	if !m.GuestAgent {
 		return
 	}
+	at := b.virtioSlot("virtio-serial-pci", VirtioSerialID)
 	b.devs = append(b.devs,
-		"-device", "virtio-serial-pci,id="+VirtioSerialID+",bus="+b.rootPort("port-"+VirtioSerialID),
+		"-device", at.driver+",id="+VirtioSerialID+at.opts(),
 		"-chardev", "socket,id="+GuestAgentChardevID+",path="+optEscape(m.GuestAgentSocket())+",server=on,wait=off",
 		"-device", "virtserialport,id="+GuestAgentPortID+",bus="+VirtioSerialID+".0,chardev="+GuestAgentChardevID+",name="+GuestAgentPortName)
 }

@@ -323,8 +323,11 @@ func (b *builder) disks() {
 		if d.Bus == machine.BusSCSI && !b.scsiCtl {
 			// One controller for all scsi disks and cdroms, placed before the disks that use it.
 			b.scsiCtl = true
-			port := b.rootPort("port-" + SCSIControllerID)
-			b.devs = append(b.devs, "-device", "virtio-scsi-pci,id="+SCSIControllerID+",bus="+port+",addr=0x0")
+			at := b.virtioSlot("virtio-scsi-pci", SCSIControllerID)
+			if at.addr == "" {
+				at.addr = "0x0"
+			}
+			b.devs = append(b.devs, "-device", at.driver+",id="+SCSIControllerID+at.opts())
 		}
 	}
 	if bootSeen {
@@ -386,13 +389,13 @@ func (b *builder) diskDevice(p machine.Path, d *machine.Disk, imgReadOnly bool) 
 	id := DiskDeviceID(d.Name)
 	switch d.Bus {
 	case machine.BusVirtio:
-		port := d.Port
-		if port == "" {
-			port = b.rootPort("port-" + id)
-		} else if !b.placeOnSparePort(p.Child("port"), port, fmt.Sprintf("disk %q", d.Name)) {
+		if d.Port == "" {
+			return jsonArg(b.virtioSlot("virtio-blk-pci", id).place(virtioDiskDevice(d, ""))), true
+		}
+		if !b.placeOnSparePort(p.Child("port"), d.Port, fmt.Sprintf("disk %q", d.Name)) {
 			return "", false
 		}
-		return jsonArg(virtioDiskDevice(d, port)), true
+		return jsonArg(virtioDiskDevice(d, d.Port)), true
 	case machine.BusSATA:
 		if b.sata >= sataPorts {
 			b.fail(machine.Invalid(p.Child("bus"), d.Bus, fmt.Sprintf("q35's AHCI controller has %d ports: at most %d sata disks and cdroms", sataPorts, sataPorts)))

@@ -120,13 +120,18 @@ func (b *builder) nic(p machine.Path, n *machine.NIC) {
 			"-device", nicDrivers[n.Model].driver+",id="+id+",bus=pcie.0,addr="+b.legacySlot()+",netdev="+NetdevID(n.Name)+",mac="+hw+",romfile=")
 		return
 	}
-	port := n.Port
-	if port == "" {
-		port = b.rootPort("port-" + id)
-	} else if !b.placeOnSparePort(p.Child("port"), port, fmt.Sprintf("interface %q", n.Name)) {
-		return
+	dev := nicDevice(n, hw, n.Port)
+	switch {
+	case n.Port != "":
+		if !b.placeOnSparePort(p.Child("port"), n.Port, fmt.Sprintf("interface %q", n.Name)) {
+			return
+		}
+	case n.Model == machine.NICVirtio:
+		dev = b.virtioSlot(dev.Driver, id).place(dev)
+	default:
+		dev.Bus = b.rootPort("port-" + id)
 	}
-	b.devs = append(b.devs, "-netdev", netdev, "-device", jsonArg(nicDevice(n, hw, port)))
+	b.devs = append(b.devs, "-netdev", netdev, "-device", jsonArg(dev))
 }
 
 // uniqueMAC records interface name's MAC hw (QEMU's form), failing at p when another NIC has it.

@@ -18,6 +18,7 @@ func (b *builder) rng() {
 	if !b.m.RNG {
 		return
 	}
+	at := b.virtioSlot("virtio-rng-pci", RNGDeviceID)
 	b.devs = append(b.devs, "-object", "rng-random,id="+RNGBackendID+",filename="+rngSource,
-		"-device", "virtio-rng-pci,id="+RNGDeviceID+",rng="+RNGBackendID+",bus="+b.rootPort("port-"+RNGDeviceID))
+		"-device", at.driver+",id="+RNGDeviceID+",rng="+RNGBackendID+at.opts())
 }

@@ -66,6 +66,9 @@ type Machine struct {
 	// SerialConsole attaches ttyS0 to the serial socket; Graphics attaches a VGA on the VNC socket.
 	SerialConsole bool `json:"serialConsole,omitempty"`
 	Graphics      bool `json:"graphics,omitempty"`
+	// VirtioTransitional gives the cold-plugged virtio devices that have one QEMU's transitional
+	// model (virtio 0.9 and 1.0), as conventional PCI devices on pcie.0.
+	VirtioTransitional bool `json:"virtioTransitional,omitempty"`
 	// NoHotplug leaves the machine without spare root ports: nothing can be hot-plugged.
 	NoHotplug bool `json:"noHotplug,omitempty"`
 	// Video is the graphics device's model: VideoVGA when empty.

@@ -392,7 +392,8 @@ type DevicePreferences struct {
 	// +optional
 	// +kubebuilder:validation:Enum=ich9;ac97
 	PreferredSoundModel string `json:"preferredSoundModel,omitempty"`
-	// PreferredUseVirtioTransitional: not supported by this version of qvirt (refused).
+	// PreferredUseVirtioTransitional is domain.devices.useVirtioTransitional when the VM leaves it
+	// unset.
 	// +optional
 	PreferredUseVirtioTransitional *bool `json:"preferredUseVirtioTransitional,omitempty"`
 	// PreferredInputBus is the bus of inputs that set none.

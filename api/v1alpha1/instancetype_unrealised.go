@@ -67,9 +67,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if d.PreferredVirtualGPUOptions != nil {
 			no(dp.Child("preferredVirtualGPUOptions"), "virtual GPU options")
 		}
-		if b := d.PreferredUseVirtioTransitional; b != nil && *b {
-			no(dp.Child("preferredUseVirtioTransitional"), "virtio-transitional devices")
-		}
 		errs = append(errs, validateBlockSize(d.PreferredDiskBlockSize, dp.Child("preferredDiskBlockSize"))...)
 		if MatchVolumeBlockSize(d.PreferredDiskBlockSize) {
 			no(dp.Child("preferredDiskBlockSize", "matchVolume"), "taking the block sizes of the volume's storage")

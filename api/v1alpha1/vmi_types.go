@@ -65,6 +65,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.tpm) == has(oldSelf.domain.devices.tpm) && (!has(self.domain.devices.tpm) || self.domain.devices.tpm == oldSelf.domain.devices.tpm)",message="spec.domain.devices.tpm is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.tpm"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.video) == has(oldSelf.domain.devices.video) && (!has(self.domain.devices.video) || self.domain.devices.video == oldSelf.domain.devices.video)",message="spec.domain.devices.video is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.video"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.disableHotplug) == has(oldSelf.domain.devices.disableHotplug) && (!has(self.domain.devices.disableHotplug) || self.domain.devices.disableHotplug == oldSelf.domain.devices.disableHotplug)",message="spec.domain.devices.disableHotplug is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.disableHotplug"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.useVirtioTransitional) == has(oldSelf.domain.devices.useVirtioTransitional) && (!has(self.domain.devices.useVirtioTransitional) || self.domain.devices.useVirtioTransitional == oldSelf.domain.devices.useVirtioTransitional)",message="spec.domain.devices.useVirtioTransitional is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.useVirtioTransitional"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.panicDevices) == has(oldSelf.domain.devices.panicDevices) && (!has(self.domain.devices.panicDevices) || self.domain.devices.panicDevices == oldSelf.domain.devices.panicDevices)",message="spec.domain.devices.panicDevices is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.panicDevices"
@@ -574,6 +575,13 @@ type Devices struct {
 	// Rng gives the guest a virtio entropy device (virtio-rng) fed from the host's /dev/urandom.
 	// +optional
 	Rng *Rng `json:"rng,omitempty"`
+
+	// UseVirtioTransitional gives the guest transitional virtio devices (virtio 0.9 and 1.0), as
+	// conventional PCI devices, so that guests older than virtio 1.0 (RHEL 6, for one) find their
+	// disks, interfaces, SCSI controller, serial channel, entropy device and balloon. Input devices
+	// and virtio-fs exist in virtio 1.0 only; hot-plugged devices are virtio 1.0 too.
+	// +optional
+	UseVirtioTransitional *bool `json:"useVirtioTransitional,omitempty"`
 
 	// DisableHotplug leaves the instance without spare PCIe ports, so nothing can be hot-plugged
 	// into it (disks, volumes, interfaces and networks are then as fixed as the rest of the spec).

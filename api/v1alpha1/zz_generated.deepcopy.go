@@ -659,6 +659,11 @@ func (in *Devices) DeepCopyInto(out *Devices) {
 		*out = new(Rng)
 		**out = **in
 	}
+	if in.UseVirtioTransitional != nil {
+		in, out := &in.UseVirtioTransitional, &out.UseVirtioTransitional
+		*out = new(bool)
+		**out = **in
+	}
 	if in.Video != nil {
 		in, out := &in.Video, &out.Video
 		*out = new(VideoDevice)

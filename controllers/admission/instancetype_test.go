@@ -145,7 +145,7 @@ spec:
 			"spec":{"clock":{"preferredClockOffset":{"utc":{}},"preferredTimer":{"hpet":{"present":false},"hyperv":{},"pit":{"tickPolicy":"delay"},"rtc":{"tickPolicy":"catchup"}}},
 			"features":{"preferredAcpi":{},"preferredApic":{},"preferredSmm":{},"preferredHyperv":{"frequencies":{},"ipi":{},"reenlightenment":{},"relaxed":{},"reset":{},
 				"runtime":{},"spinlocks":{"spinlocks":8191},"synic":{},"synictimer":{"direct":{}},"tlbflush":{},"vapic":{},"vpindex":{}}},
-			"devices":{"preferredDiskBus":"sata","preferredInterfaceModel":"e1000e","preferredLunBus":"scsi","preferredTPM":{},"preferredVideoType":"virtio","preferredPanicDeviceModel":"hyperv"}}}`)
+			"devices":{"preferredDiskBus":"sata","preferredInterfaceModel":"e1000e","preferredLunBus":"scsi","preferredTPM":{},"preferredVideoType":"virtio","preferredPanicDeviceModel":"hyperv","preferredUseVirtioTransitional":true}}}`)
 		if _, stderr, err := kubectlDefault(windows, "create", "--dry-run=server", "-f", "-"); err != nil {
 			t.Fatalf("refused: %v: %s", err, stderr)
 		}

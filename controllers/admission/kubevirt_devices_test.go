@@ -228,3 +228,23 @@ func TestKubeVirtDiskBlockSize(t *testing.T) {
 		})
 	}
 }
+
+// TestKubeVirtVirtioTransitional: KubeVirt's useVirtioTransitional (its user guide's example for
+// old guests) is accepted, stored, and translates to a machine with transitional virtio devices.
+func TestKubeVirtVirtioTransitional(t *testing.T) {
+	startWebhook(t)
+	o := sample(t, "vmi_testguest.yaml")
+	o["metadata"].(map[string]any)["name"] = "vmi-transitional"
+	o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["useVirtioTransitional"] = true
+	data, _ := yaml.Marshal(o)
+	createByKubectl(t, data, "vmi", "vmi-transitional")
+	var stored v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "vmi-transitional", &stored)
+	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.VirtioTransitional {
+		t.Error("useVirtioTransitional: true translates to a machine without transitional virtio devices")
+	}
+}

@@ -188,7 +188,7 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 		},
 		Devices: &v1alpha1.DevicePreferences{PreferredLunBus: v1alpha1.DiskBusSCSI, PreferredDiskCache: v1alpha1.CacheWriteThrough, PreferredDiskIO: v1alpha1.IOThreads,
 			PreferredAutoattachMemBalloon: ptr.To(false), PreferredAutoattachInputDevice: ptr.To(true), PreferredSoundModel: "ac97",
-			PreferredTPM: &v1alpha1.TPMDevice{}, PreferredDisableHotplug: ptr.To(true), PreferredPanicDeviceModel: ptr.To(v1alpha1.PanicPvpanic),
+			PreferredTPM: &v1alpha1.TPMDevice{}, PreferredDisableHotplug: ptr.To(true), PreferredPanicDeviceModel: ptr.To(v1alpha1.PanicPvpanic), PreferredUseVirtioTransitional: ptr.To(true),
 			PreferredDiskBlockSize: &v1alpha1.BlockSize{Custom: &v1alpha1.CustomBlockSize{Logical: 4096, Physical: 4096}}},
 	}
 	vm := baseVM()
@@ -215,6 +215,9 @@ func TestPlatformAndLunPreferences(t *testing.T) {
 	}
 	if p := d.Devices.PanicDevices; len(p) != 2 || p[0].Model == nil || *p[0].Model != v1alpha1.PanicPvpanic || *p[1].Model != v1alpha1.PanicHyperv {
 		t.Errorf("panic devices %+v, want the preferred pvpanic where the VM named no model and its own hyperv", p)
+	}
+	if u := d.Devices.UseVirtioTransitional; u == nil || !*u {
+		t.Errorf("useVirtioTransitional %v, want the preferred true", u)
 	}
 	if !d.Devices.DisableHotplug {
 		t.Error("disableHotplug false, want the preferred true")

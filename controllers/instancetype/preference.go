@@ -62,6 +62,7 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 	setBool(&dev.NetworkInterfaceMultiQueue, p.PreferredNetworkInterfaceMultiQueue)
 	setBool(&dev.AutoattachMemBalloon, p.PreferredAutoattachMemBalloon)
 	setBool(&dev.AutoattachInputDevice, p.PreferredAutoattachInputDevice)
+	setBool(&dev.UseVirtioTransitional, p.PreferredUseVirtioTransitional)
 	if s := dev.Sound; s != nil && s.Model == "" {
 		s.Model = v1alpha1.SoundModel(p.PreferredSoundModel)
 	}

@@ -166,6 +166,7 @@ func devices(d *v1alpha1.Devices, m *machine.Machine) {
 	m.MemBalloon = d.AutoattachMemBalloon != nil && *d.AutoattachMemBalloon
 	m.TPM = v1alpha1.TPMEnabled(d)
 	m.NoHotplug = d.DisableHotplug
+	m.VirtioTransitional = d.UseVirtioTransitional != nil && *d.UseVirtioTransitional
 	if v := d.Video; v != nil {
 		m.Video = string(v.Type)
 	}

@@ -1,0 +1,37 @@
+package launcher_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/qvirt/qvirt/launcher/protocol"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// TestGuestVirtioTransitional: with useVirtioTransitional, a guest whose virtio driver speaks only
+// the legacy (pre-1.0) interface, as RHEL 6's does (here the test guest's own driver made to by
+// virtio_pci.force_legacy), boots and reads its virtio disk, which is QEMU's transitional
+// virtio-blk (1af4:1001) on conventional PCI.
+func TestGuestVirtioTransitional(t *testing.T) {
+	vmi := guestVMI(t)
+	vmi.Spec.Domain.Devices.UseVirtioTransitional = ptr(true)
+	kb := vmi.Spec.Domain.Firmware.KernelBoot
+	kb.KernelArgs += " virtio_pci.force_legacy=1"
+	v := newLauncher(t)
+	ctx := context.Background()
+	if st, err := v.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil || st.Phase != protocol.PhaseRunning {
+		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
+	}
+	c := attach(t, v.runDir)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	run := func(line, want string) {
+		t.Helper()
+		from := len(c.Text())
+		c.Send(t, line)
+		c.Expect(t, from, want, time.Minute)
+	}
+	run(`echo "LEGACY-[$(cat /sys/module/virtio_pci/parameters/force_legacy)]"`, "LEGACY-[Y]")
+	run(`d=$(readlink -f /sys/block/vda/device/..); echo "VDA-[$(cat $d/vendor):$(cat $d/device)]"`, "VDA-[0x1af4:0x1001]")
+	run(`echo "READ-[$(dd if=/dev/vda bs=4096 count=4 2>/dev/null | wc -c)]"`, "READ-[16384]")
+}
