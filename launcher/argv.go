@@ -323,7 +323,7 @@ func (b *builder) process() {
 		b.fail(machine.Invalid(machinePath.Child("gracePeriodSeconds"), m.GracePeriodSeconds, "must be 0 or more"))
 	}
 	b.checkAbs(machinePath.Child("runDir"), m.RunDir)
-	for _, s := range []string{m.QMPSocket(), m.ShellQMPSocket(), m.SerialSocket(), m.VNCSocket(), m.GuestAgentSocket()} {
+	for _, s := range []string{m.QMPSocket(), m.ShellQMPSocket(), m.SerialSocket(), m.VNCSocket(), m.GuestAgentSocket(), Dir(m.RunDir).DownwardMetrics()} {
 		if len(s) > maxSocketLen {
 			b.fail(machine.Invalid(machinePath.Child("runDir"), m.RunDir, fmt.Sprintf("too long: socket path %s exceeds the %d bytes of a unix socket address", s, maxSocketLen)))
 			break

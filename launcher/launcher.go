@@ -115,6 +115,9 @@ func (l *Launcher) Sync(ctx context.Context, req *protocol.SyncRequest) error {
 		l.agent = &agentState{}
 		go l.watchAgent(proc, l.agent)
 	}
+	if m.DownwardMetrics != nil {
+		go l.serveDownwardMetrics(proc)
+	}
 	return nil
 }
 

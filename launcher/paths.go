@@ -49,3 +49,7 @@ func (d Dir) NBDOut() string { return filepath.Join(string(d), "nbd-out.sock") }
 // GuestAgent is the host end of the guest agent's virtio-serial channel (org.qemu.guest_agent.0);
 // only the launcher connects to it.
 func (d Dir) GuestAgent() string { return filepath.Join(string(d), "guest-agent.sock") }
+
+// DownwardMetrics is the host end of the downward metrics port (org.github.vhostmd.1); only the
+// launcher connects to it.
+func (d Dir) DownwardMetrics() string { return filepath.Join(string(d), "downward-metrics.sock") }

@@ -66,6 +66,9 @@ type Machine struct {
 	// SerialConsole attaches ttyS0 to the serial socket; Graphics attaches a VGA on the VNC socket.
 	SerialConsole bool `json:"serialConsole,omitempty"`
 	Graphics      bool `json:"graphics,omitempty"`
+	// DownwardMetrics serves the guest metrics of its node and of itself on the virtio-serial port
+	// org.github.vhostmd.1 (vhostmd's protocol); none when nil.
+	DownwardMetrics *DownwardMetrics `json:"downwardMetrics,omitempty"`
 	// VirtioTransitional gives the cold-plugged virtio devices that have one QEMU's transitional
 	// model (virtio 0.9 and 1.0), as conventional PCI devices on pcie.0.
 	VirtioTransitional bool `json:"virtioTransitional,omitempty"`
@@ -513,6 +516,12 @@ const (
 	// WatchdogShutdown presses the ACPI power button.
 	WatchdogShutdown WatchdogAction = "shutdown"
 )
+
+// DownwardMetrics is what the downward metrics port reports beyond what the launcher measures.
+type DownwardMetrics struct {
+	// NodeName is the node the instance runs on (the HostName metric).
+	NodeName string `json:"nodeName"`
+}
 
 // Panic devices: QEMU's pvpanic on the ISA bus (I/O port 0x505) and on PCI.
 const (

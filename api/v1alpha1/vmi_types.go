@@ -65,6 +65,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.tpm) == has(oldSelf.domain.devices.tpm) && (!has(self.domain.devices.tpm) || self.domain.devices.tpm == oldSelf.domain.devices.tpm)",message="spec.domain.devices.tpm is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.tpm"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.video) == has(oldSelf.domain.devices.video) && (!has(self.domain.devices.video) || self.domain.devices.video == oldSelf.domain.devices.video)",message="spec.domain.devices.video is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.video"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.disableHotplug) == has(oldSelf.domain.devices.disableHotplug) && (!has(self.domain.devices.disableHotplug) || self.domain.devices.disableHotplug == oldSelf.domain.devices.disableHotplug)",message="spec.domain.devices.disableHotplug is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.disableHotplug"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.downwardMetrics) == has(oldSelf.domain.devices.downwardMetrics) && (!has(self.domain.devices.downwardMetrics) || self.domain.devices.downwardMetrics == oldSelf.domain.devices.downwardMetrics)",message="spec.domain.devices.downwardMetrics is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.downwardMetrics"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.useVirtioTransitional) == has(oldSelf.domain.devices.useVirtioTransitional) && (!has(self.domain.devices.useVirtioTransitional) || self.domain.devices.useVirtioTransitional == oldSelf.domain.devices.useVirtioTransitional)",message="spec.domain.devices.useVirtioTransitional is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.useVirtioTransitional"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.watchdog) == has(oldSelf.domain.devices.watchdog) && (!has(self.domain.devices.watchdog) || self.domain.devices.watchdog == oldSelf.domain.devices.watchdog)",message="spec.domain.devices.watchdog is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.watchdog"
@@ -583,6 +584,13 @@ type Devices struct {
 	// +optional
 	UseVirtioTransitional *bool `json:"useVirtioTransitional,omitempty"`
 
+	// DownwardMetrics gives the guest a virtio-serial port, org.github.vhostmd.1, on which it reads
+	// metrics of its node and of itself in vhostmd's XML (vm-dump-metrics, or "GET /metrics/XML"
+	// written to the port). The cluster must enable it (enableDownwardMetrics in qvirt-config), as
+	// KubeVirt's DownwardMetrics feature gate: it shows the guest its node's load.
+	// +optional
+	DownwardMetrics *DownwardMetrics `json:"downwardMetrics,omitempty"`
+
 	// DisableHotplug leaves the instance without spare PCIe ports, so nothing can be hot-plugged
 	// into it (disks, volumes, interfaces and networks are then as fixed as the rest of the spec).
 	// +optional
@@ -670,6 +678,9 @@ const (
 	VideoCirrus VideoType = "cirrus"
 	VideoRamfb  VideoType = "ramfb"
 )
+
+// DownwardMetrics is the downward metrics port (no settings, as KubeVirt's).
+type DownwardMetrics struct{}
 
 // PanicDeviceModel is how the guest reports a panic.
 // +kubebuilder:validation:Enum=hyperv;isa;pvpanic

@@ -177,6 +177,7 @@ func checkRunnable(cfg config.Config, namespace string, spec *v1alpha1.VirtualMa
 	errs := v1alpha1.NotRealised(spec, p)
 	errs = append(errs, validateHostPaths(cfg, namespace, spec, p, allVolumes(spec))...)
 	errs = append(errs, validateVirtiofs(cfg, spec, p)...)
+	errs = append(errs, validateDownwardMetrics(cfg, spec, p)...)
 	return append(errs, validateEmulation(cfg, spec, p)...)
 }
 
@@ -189,6 +190,16 @@ func validateVirtiofs(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSp
 	return field.ErrorList{field.Forbidden(p.Child("domain", "devices", "filesystems"), fmt.Sprintf(
 		"virtiofs filesystems are not enabled in this cluster (enableVirtiofs in ConfigMap %s): their launcher pod runs without a seccomp profile, "+
 			"because QEMU 7.2's virtiofsd sandboxes itself in a user namespace; share the volume as a disk instead", config.ConfigMapName))}
+}
+
+// validateDownwardMetrics refuses the downward metrics port unless the cluster enabled it (see
+// config.Config.EnableDownwardMetrics).
+func validateDownwardMetrics(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	if cfg.EnableDownwardMetrics || spec.Domain.Devices.DownwardMetrics == nil {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(p.Child("domain", "devices", "downwardMetrics"), fmt.Sprintf(
+		"downward metrics are not enabled in this cluster (enableDownwardMetrics in ConfigMap %s): they show the guest its node's load", config.ConfigMapName))}
 }
 
 // validateEmulation refuses the host CPU models (host-passthrough, host-model) where guests run

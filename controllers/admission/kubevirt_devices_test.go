@@ -9,6 +9,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/machine"
 	"sigs.k8s.io/yaml"
 )
@@ -246,5 +247,35 @@ func TestKubeVirtVirtioTransitional(t *testing.T) {
 	}
 	if !m.VirtioTransitional {
 		t.Error("useVirtioTransitional: true translates to a machine without transitional virtio devices")
+	}
+}
+
+// TestKubeVirtDownwardMetrics: KubeVirt's downwardMetrics device (its user guide's virtio-serial
+// example) is refused, naming the field and the key, until the cluster enables it; then accepted
+// and translated to the metrics port, with the node's name for the guest.
+func TestKubeVirtDownwardMetrics(t *testing.T) {
+	startWebhook(t)
+	o := sample(t, "vmi_testguest.yaml")
+	o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["downwardMetrics"] = map[string]any{}
+	if _, stderr, err := apply(t, o, "vmi-metrics-off"); err == nil || !strings.Contains(stderr, "spec.domain.devices.downwardMetrics") ||
+		!strings.Contains(stderr, "enableDownwardMetrics") {
+		t.Fatalf("with downward metrics not enabled: %v: %s; want a refusal naming spec.domain.devices.downwardMetrics and enableDownwardMetrics", err, stderr)
+	}
+	cfg := config.Default()
+	cfg.EnableDownwardMetrics = true
+	store.Set(cfg)
+	t.Cleanup(func() { store.Set(config.Default()) })
+	o["metadata"].(map[string]any)["name"] = "vmi-metrics"
+	data, _ := yaml.Marshal(o)
+	createByKubectl(t, data, "vmi", "vmi-metrics")
+	var stored v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "vmi-metrics", &stored)
+	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NodeName: "node-a",
+		NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.DownwardMetrics == nil || m.DownwardMetrics.NodeName != "node-a" {
+		t.Errorf("downwardMetrics translates to %+v, want the metrics port reporting node-a", m.DownwardMetrics)
 	}
 }

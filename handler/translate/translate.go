@@ -31,6 +31,8 @@ type Host struct {
 	// NICs are the host sides the node agent made for the spec's interfaces, by interface name.
 	// Each carries the MAC the interface gets (the spec's, else the one the network setup chose).
 	NICs map[string]machine.NIC
+	// NodeName is the node the launcher runs on, for the downward metrics.
+	NodeName string
 	// SkipNotRealised describes even what this version does not realise (v1alpha1.NotRealised):
 	// for a migration target, which runs what its source runs (a spec admitted by an older version
 	// included), and for tests of the argv builder's layouts that the network setup cannot make yet
@@ -120,6 +122,9 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		m.NICs = append(m.NICs, n)
 	}
 	devices(&spec.Domain.Devices, m)
+	if spec.Domain.Devices.DownwardMetrics != nil {
+		m.DownwardMetrics = &machine.DownwardMetrics{NodeName: host.NodeName}
+	}
 	m.IOThreads = ioThreads(&spec.Domain)
 	for i := range m.Disks {
 		tuneDisk(&spec.Domain, i, &m.Disks[i])

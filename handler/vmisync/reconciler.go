@@ -404,7 +404,7 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	if err != nil {
 		return protocol.Status{}, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("the launcher pod's volumes: %w", err))
 	}
-	m, err := translate.Machine(v, translate.Host{Emulation: launcherEmulation(pod), NICs: nics, SkipNotRealised: incoming, Pod: vols})
+	m, err := translate.Machine(v, translate.Host{Emulation: launcherEmulation(pod), NICs: nics, SkipNotRealised: incoming, Pod: vols, NodeName: r.NodeName})
 	if err == nil && incoming {
 		err = placeHotplugged(v, m)
 	}

@@ -67,6 +67,10 @@ type Config struct {
 	// runtime's default profile forbids; a tenant who execs into such a pod reaches more of the
 	// node's kernel. Key: enableVirtiofs.
 	EnableVirtiofs bool
+	// EnableDownwardMetrics admits instances with devices.downwardMetrics. Off by default, as
+	// KubeVirt's DownwardMetrics feature gate: the port shows the guest its node's free memory and
+	// CPU time, which other tenants' load moves. Key: enableDownwardMetrics.
+	EnableDownwardMetrics bool
 	// LauncherCPUProfile makes every new launcher write a CPU profile of its start
 	// (podlayout.ProfileFile in its socket directory), for `make profile`; off by default. Key:
 	// launcherCPUProfile.
@@ -193,12 +197,14 @@ func (c *Config) set(key, val string) error {
 		c.EvictionStrategy, err = evictionStrategy(val)
 	case "enableVirtiofs":
 		c.EnableVirtiofs, err = strconv.ParseBool(val)
+	case "enableDownwardMetrics":
+		c.EnableDownwardMetrics, err = strconv.ParseBool(val)
 	case "launcherCPUProfile":
 		c.LauncherCPUProfile, err = strconv.ParseBool(val)
 	default:
 		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
 			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, progressTimeout, memoryOverheadBase, " +
-			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, evictionStrategy, enableVirtiofs, launcherCPUProfile")
+			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, evictionStrategy, enableVirtiofs, enableDownwardMetrics, launcherCPUProfile")
 	}
 	return err
 }
