@@ -14,10 +14,10 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage))
 	}
 	if spec.GPUs != nil {
-		no(p.Child("gpus"), "GPU passthrough")
+		errs = append(errs, field.Forbidden(p.Child("gpus"), "GPU passthrough is "+NotRealisedMessage+PassthroughReason))
 	}
 	if spec.HostDevices != nil {
-		no(p.Child("hostDevices"), "host device passthrough")
+		errs = append(errs, field.Forbidden(p.Child("hostDevices"), "host device passthrough is "+NotRealisedMessage+PassthroughReason))
 	}
 	if spec.IOThreads != nil {
 		no(p.Child("ioThreads"), "a supplemental I/O thread pool (use ioThreadsPolicy shared or auto)")

@@ -9,6 +9,10 @@ import (
 // NotRealisedMessage ends every refusal of NotRealised.
 const NotRealisedMessage = "not supported by this version of qvirt"
 
+// PassthroughReason ends the refusal of GPUs and host devices.
+const PassthroughReason = "; it needs a device plugin offering deviceName as a node resource and VFIO passthrough by the launcher, " +
+	"neither of which qvirt has yet"
+
 // DefaultVMNetworkCIDR is the guest network of the masquerade binding (netsetup.DefaultVMCIDR), the
 // only one this version realises.
 const DefaultVMNetworkCIDR = "10.0.2.0/24"
@@ -59,6 +63,20 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 	if t := spec.Domain.Devices.TPM; TPMEnabled(&spec.Domain.Devices) && t.Persistent != nil && *t.Persistent {
 		no(dp.Child("devices", "tpm", "persistent"), "a persistent TPM (its state kept across restarts of the VM)",
 			"; it needs backend storage qvirt does not create yet, and without it the TPM's state lasts as long as the instance")
+	}
+	devp := dp.Child("devices")
+	if v := spec.Domain.Devices.AutoattachVSOCK; v != nil && *v {
+		no(devp.Child("autoattachVSOCK"), "a VSOCK device", "; the node's kernel keeps one CID space for every guest and process on the node, "+
+			"so any process there could connect to the guest, which qvirt's tenant isolation does not allow")
+	}
+	if spec.Domain.Devices.ClientPassthrough != nil {
+		no(devp.Child("clientPassthrough"), "USB redirection from a client", "; qvirtctl has no usbredir")
+	}
+	if len(spec.Domain.Devices.GPUs) > 0 {
+		no(devp.Child("gpus"), "GPU passthrough", PassthroughReason)
+	}
+	if len(spec.Domain.Devices.HostDevices) > 0 {
+		no(devp.Child("hostDevices"), "host device passthrough", PassthroughReason)
 	}
 	for i, d := range spec.Domain.Devices.Disks {
 		if MatchVolumeBlockSize(d.BlockSize) {

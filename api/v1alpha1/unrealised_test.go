@@ -105,6 +105,18 @@ func TestNotRealised(t *testing.T) {
 		{"APIC off", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Features.APIC.Enabled = ptr.To(false)
 		}, "spec.domain.features.apic.enabled"},
+		{"VSOCK", func(s *VirtualMachineInstanceSpec) { s.Domain.Devices.AutoattachVSOCK = ptr.To(true) }, "spec.domain.devices.autoattachVSOCK"},
+		{"USB redirection", func(s *VirtualMachineInstanceSpec) { s.Domain.Devices.ClientPassthrough = &ClientPassthroughDevices{} },
+			"spec.domain.devices.clientPassthrough"},
+		{"a GPU", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.GPUs = []GPU{{Name: "gpu1", DeviceName: "nvidia.com/TU104GL_Tesla_T4"}}
+		}, "spec.domain.devices.gpus"},
+		{"a host device", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.HostDevices = []HostDevice{{Name: "qat", DeviceName: "intel.com/qat"}}
+		}, "spec.domain.devices.hostDevices"},
+		{"block sizes of the volume", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Disks[0].BlockSize = &BlockSize{MatchVolume: &FeatureState{}}
+		}, "spec.domain.devices.disks[0].blockSize.matchVolume"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

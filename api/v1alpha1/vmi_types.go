@@ -4,6 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -65,6 +66,10 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.tpm) == has(oldSelf.domain.devices.tpm) && (!has(self.domain.devices.tpm) || self.domain.devices.tpm == oldSelf.domain.devices.tpm)",message="spec.domain.devices.tpm is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.tpm"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.video) == has(oldSelf.domain.devices.video) && (!has(self.domain.devices.video) || self.domain.devices.video == oldSelf.domain.devices.video)",message="spec.domain.devices.video is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.video"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.disableHotplug) == has(oldSelf.domain.devices.disableHotplug) && (!has(self.domain.devices.disableHotplug) || self.domain.devices.disableHotplug == oldSelf.domain.devices.disableHotplug)",message="spec.domain.devices.disableHotplug is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.disableHotplug"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.autoattachVSOCK) == has(oldSelf.domain.devices.autoattachVSOCK) && (!has(self.domain.devices.autoattachVSOCK) || self.domain.devices.autoattachVSOCK == oldSelf.domain.devices.autoattachVSOCK)",message="spec.domain.devices.autoattachVSOCK is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.autoattachVSOCK"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.clientPassthrough) == has(oldSelf.domain.devices.clientPassthrough) && (!has(self.domain.devices.clientPassthrough) || self.domain.devices.clientPassthrough == oldSelf.domain.devices.clientPassthrough)",message="spec.domain.devices.clientPassthrough is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.clientPassthrough"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.gpus) == has(oldSelf.domain.devices.gpus) && (!has(self.domain.devices.gpus) || self.domain.devices.gpus == oldSelf.domain.devices.gpus)",message="spec.domain.devices.gpus is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.gpus"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.hostDevices) == has(oldSelf.domain.devices.hostDevices) && (!has(self.domain.devices.hostDevices) || self.domain.devices.hostDevices == oldSelf.domain.devices.hostDevices)",message="spec.domain.devices.hostDevices is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.hostDevices"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.downwardMetrics) == has(oldSelf.domain.devices.downwardMetrics) && (!has(self.domain.devices.downwardMetrics) || self.domain.devices.downwardMetrics == oldSelf.domain.devices.downwardMetrics)",message="spec.domain.devices.downwardMetrics is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.downwardMetrics"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.useVirtioTransitional) == has(oldSelf.domain.devices.useVirtioTransitional) && (!has(self.domain.devices.useVirtioTransitional) || self.domain.devices.useVirtioTransitional == oldSelf.domain.devices.useVirtioTransitional)",message="spec.domain.devices.useVirtioTransitional is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.useVirtioTransitional"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.devices.inputs) == has(oldSelf.domain.devices.inputs) && (!has(self.domain.devices.inputs) || self.domain.devices.inputs == oldSelf.domain.devices.inputs)",message="spec.domain.devices.inputs is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.devices.inputs"
@@ -591,6 +596,30 @@ type Devices struct {
 	// +optional
 	DownwardMetrics *DownwardMetrics `json:"downwardMetrics,omitempty"`
 
+	// AutoattachVSOCK gives the guest a virtio VSOCK device; not supported by this version of qvirt
+	// (refused when true): the node's kernel keeps one CID space for every guest and process on
+	// the node, so any process there could reach the guest.
+	// +optional
+	AutoattachVSOCK *bool `json:"autoattachVSOCK,omitempty"`
+
+	// ClientPassthrough redirects USB devices of a client (virtctl usbredir); not supported by this
+	// version of qvirt (refused): qvirtctl has no USB redirection.
+	// +optional
+	ClientPassthrough *ClientPassthroughDevices `json:"clientPassthrough,omitempty"`
+
+	// GPUs pass host GPUs through to the guest; not supported by this version of qvirt (refused).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	GPUs []GPU `json:"gpus,omitempty"`
+
+	// HostDevices pass host PCI or mediated devices through to the guest; not supported by this
+	// version of qvirt (refused).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	HostDevices []HostDevice `json:"hostDevices,omitempty"`
+
 	// DisableHotplug leaves the instance without spare PCIe ports, so nothing can be hot-plugged
 	// into it (disks, volumes, interfaces and networks are then as fixed as the rest of the spec).
 	// +optional
@@ -678,6 +707,36 @@ const (
 	VideoCirrus VideoType = "cirrus"
 	VideoRamfb  VideoType = "ramfb"
 )
+
+// ClientPassthroughDevices is USB redirection from a client (no settings, as KubeVirt's).
+type ClientPassthroughDevices struct{}
+
+// GPU is a host GPU passed through to the guest (KubeVirt's GPU).
+type GPU struct {
+	Name string `json:"name"`
+	// DeviceName is the device plugin's resource name, e.g. nvidia.com/TU104GL_Tesla_T4.
+	DeviceName string `json:"deviceName"`
+	// VirtualGPUOptions are a mediated GPU's display options.
+	// +optional
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Type=object
+	VirtualGPUOptions *runtime.RawExtension `json:"virtualGPUOptions,omitempty"`
+	// Tag is the device's role tag for the guest.
+	// +optional
+	Tag string `json:"tag,omitempty"`
+}
+
+// HostDevice is a host PCI or mediated device passed through to the guest (KubeVirt's
+// HostDevice).
+type HostDevice struct {
+	Name string `json:"name"`
+	// DeviceName is the device plugin's resource name, e.g. intel.com/qat.
+	DeviceName string `json:"deviceName"`
+	// Tag is the device's role tag for the guest.
+	// +optional
+	Tag string `json:"tag,omitempty"`
+}
 
 // DownwardMetrics is the downward metrics port (no settings, as KubeVirt's).
 type DownwardMetrics struct{}

@@ -279,3 +279,36 @@ func TestKubeVirtDownwardMetrics(t *testing.T) {
 		t.Errorf("downwardMetrics translates to %+v, want the metrics port reporting node-a", m.DownwardMetrics)
 	}
 }
+
+// TestKubeVirtRefusedDevices: KubeVirt's devices qvirt cannot give are refused through
+// kube-apiserver naming the field and why, not as unknown fields: GPUs and host devices (the user
+// guide's examples), VSOCK and USB redirection.
+func TestKubeVirtRefusedDevices(t *testing.T) {
+	startWebhook(t)
+	for name, tc := range map[string]struct {
+		field string
+		value any
+		want  []string
+	}{
+		"gpus": {"gpus", []any{map[string]any{"name": "gpu1", "deviceName": "nvidia.com/TU104GL_Tesla_T4"}},
+			[]string{"spec.domain.devices.gpus", "device plugin"}},
+		"hostDevices": {"hostDevices", []any{map[string]any{"name": "quickaccess", "deviceName": "intel.com/qat"}},
+			[]string{"spec.domain.devices.hostDevices", "device plugin"}},
+		"autoattachVSOCK":   {"autoattachVSOCK", true, []string{"spec.domain.devices.autoattachVSOCK", "CID space"}},
+		"clientPassthrough": {"clientPassthrough", map[string]any{}, []string{"spec.domain.devices.clientPassthrough", "usbredir"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := sample(t, "vmi_testguest.yaml")
+			o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)[tc.field] = tc.value
+			_, stderr, err := apply(t, o, "vmi-refused-device")
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("refusal does not say %q: %s", w, stderr)
+				}
+			}
+		})
+	}
+}
