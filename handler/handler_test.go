@@ -628,7 +628,9 @@ func TestInstanceLifecycle(t *testing.T) {
 
 // TestHandlerRestartKeepsGuests kills the node agent while two VMs run and starts a new one: neither
 // guest reboots (their tick counters go on, QEMU keeps its PID), and a change made while no agent
-// ran (a pause) is in the status again within 5 s.
+// ran (a pause) is in the status again within 5 s. vm-b's masquerade network is KubeVirt's
+// vmNetworkCIDR 10.11.12.0/24: its guest gets 10.11.12.2, and the new agent finds that setup as
+// it left it.
 func TestHandlerRestartKeepsGuests(t *testing.T) {
 	e := newEnv(t)
 	names := []string{"vm-a", "vm-b"}
@@ -636,6 +638,9 @@ func TestHandlerRestartKeepsGuests(t *testing.T) {
 	cons := map[string]*testutil.Console{}
 	for _, name := range names {
 		v := e.guestVMI(name)
+		if name == "vm-b" {
+			v.Spec.Networks[0].Pod.VMNetworkCIDR = "10.11.12.0/24"
+		}
 		e.create(v)
 		e.kubelet.run(v, true)
 		cons[name] = e.console(v)
@@ -647,6 +652,8 @@ func TestHandlerRestartKeepsGuests(t *testing.T) {
 			return v.Status.Phase == v1alpha1.Running && isTrue(v, v1alpha1.VirtualMachineInstanceReady)
 		})
 		cons[name].Expect(t, 0, "tick 2\r\n", bootTimeout)
+		ip := map[string]string{"vm-a": "10.0.2.2", "vm-b": "10.11.12.2"}[name]
+		cons[name].Expect(t, 0, "QVIRT-IP eth0 "+ip, bootTimeout)
 		st, err := e.launcherClient(vmis[name]).Status(context.Background())
 		if err != nil {
 			t.Fatal(err)

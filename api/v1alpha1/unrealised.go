@@ -1,8 +1,6 @@
 package v1alpha1
 
 import (
-	"net/netip"
-
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -13,8 +11,8 @@ const NotRealisedMessage = "not supported by this version of qvirt"
 const PassthroughReason = "; it needs a device plugin offering deviceName as a node resource and VFIO passthrough by the launcher, " +
 	"neither of which qvirt has yet"
 
-// DefaultVMNetworkCIDR is the guest network of the masquerade binding (netsetup.DefaultVMCIDR), the
-// only one this version realises.
+// DefaultVMNetworkCIDR is the masquerade binding's guest network when the pod network's
+// vmNetworkCIDR is unset (netsetup.DefaultVMCIDR).
 const DefaultVMNetworkCIDR = "10.0.2.0/24"
 
 // NotRealised lists what the schema and ValidateVirtualMachineInstanceSpec accept (the fields keep
@@ -96,9 +94,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		if n.Multus != nil {
 			no(np.Child("multus"), "a multus network", "; only the pod network")
 		}
-		if n.Pod != nil && n.Pod.VMNetworkCIDR != "" && !isDefaultVMNetwork(n.Pod.VMNetworkCIDR) {
-			no(np.Child("pod", "vmNetworkCIDR"), "a vmNetworkCIDR other than "+DefaultVMNetworkCIDR, "")
-		}
 	}
 	return errs
 }
@@ -108,11 +103,4 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 // the VM controller creates CDI DataVolumes); it stays as the place for the next one.
 func NotRealisedVM(spec *VirtualMachineSpec) field.ErrorList {
 	return nil
-}
-
-// isDefaultVMNetwork says whether cidr is DefaultVMNetworkCIDR, host bits aside (the node agent
-// masks them, as for the default).
-func isDefaultVMNetwork(cidr string) bool {
-	pfx, err := netip.ParsePrefix(cidr)
-	return err == nil && pfx.Masked() == netip.MustParsePrefix(DefaultVMNetworkCIDR)
 }

@@ -88,9 +88,6 @@ func TestNotRealised(t *testing.T) {
 			s.Domain.Devices.Interfaces[0] = Interface{Name: "default", Bridge: &InterfaceBridge{}, Ports: []Port{{Name: "http", Port: 80}}}
 			s.Networks[0] = Network{Name: "default", Multus: &MultusNetwork{NetworkName: "lab"}}
 		}, "spec.networks[0].multus"},
-		{"vmNetworkCIDR", func(s *VirtualMachineInstanceSpec) {
-			s.Networks[0].Pod.VMNetworkCIDR = "10.1.0.0/24"
-		}, "spec.networks[0].pod.vmNetworkCIDR"},
 		{"SCSI persistent reservation", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: "san", LUN: &LunTarget{Reservation: true}})
 			s.Volumes = append(s.Volumes, Volume{Name: "san", VolumeSource: VolumeSource{

@@ -57,6 +57,13 @@ func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface,
 	// Migration streams reach a target through the node agent and a socket in the pod, never a
 	// port of the pod: the pod keeps no port of its own from the guest.
 	m := netsetup.Masquerade{TapOwner: peer.UID, TapGroup: peer.GID, TapMultiQueue: multiQueue}
+	if cidr := vmNetworkCIDR(v, in.Name); cidr != "" {
+		pfx, err := netip.ParsePrefix(cidr)
+		if err != nil {
+			return machine.NIC{}, field.Invalid(field.NewPath("spec", "networks").Key(in.Name).Child("pod", "vmNetworkCIDR"), cidr, err.Error())
+		}
+		m.VMCIDR = pfx
+	}
 	for i, port := range in.Ports {
 		if port.Port < 1 || port.Port > 65535 {
 			return machine.NIC{}, field.Invalid(p.Child("ports").Index(i).Child("port"), port.Port, "must be 1-65535")
@@ -72,6 +79,17 @@ func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface,
 	return machine.NIC{Name: in.Name, Tap: res.TapName, MAC: mac, DHCP: &machine.DHCP{
 		Interface: res.BridgeName, IP: res.GuestIP, Gateway: res.GatewayIP, DNS: dns, Hostname: hostname, MTU: res.MTU,
 	}}, nil
+}
+
+// vmNetworkCIDR is the pod network's vmNetworkCIDR for the interface named name; "" for the
+// default.
+func vmNetworkCIDR(v *v1alpha1.VirtualMachineInstance, name string) string {
+	for _, n := range v.Spec.Networks {
+		if n.Name == name && n.Pod != nil {
+			return n.Pod.VMNetworkCIDR
+		}
+	}
+	return ""
 }
 
 func bridgeSetup(in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, multiQueue bool) (machine.NIC, error) {
