@@ -35,9 +35,8 @@ func (l *Launcher) serveDownwardMetrics(p *Process) {
 	var cache metricsCache
 	for {
 		if conn, err := net.Dial("unix", socket); err == nil {
-			if err := serveMetrics(conn, func() ([]byte, error) { return cache.get(p) }); err != nil {
-				l.opts.Log.V(1).Info("downward metrics connection ended", "err", err.Error())
-			}
+			err := serveMetrics(conn, func() ([]byte, error) { return cache.get(p) })
+			l.opts.Log.V(1).Info("downward metrics connection ended", "err", err.Error())
 			_ = conn.Close()
 		}
 		select {
@@ -49,7 +48,8 @@ func (l *Launcher) serveDownwardMetrics(p *Process) {
 }
 
 // serveMetrics reads requests from conn, each ended by a blank line, and writes doc's answer to
-// each metrics request; other requests, and lines too long to be one, are dropped.
+// each metrics request; other requests, and lines too long to be one, are dropped. It returns
+// when conn fails or ends (io.EOF).
 func serveMetrics(conn io.ReadWriter, doc func() ([]byte, error)) error {
 	r := bufio.NewReaderSize(conn, maxMetricsRequest)
 	var req []byte
