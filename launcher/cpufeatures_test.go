@@ -9,7 +9,6 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
-	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
@@ -22,13 +21,8 @@ func TestGuestCPUFeatures(t *testing.T) {
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.CPU = &v1alpha1.CPU{Model: "qemu64", Features: []v1alpha1.CPUFeature{
 		{Name: "aes"}, {Name: "abm", Policy: v1alpha1.CPUFeatureOptional}, {Name: "svm", Policy: v1alpha1.CPUFeatureDisable}}}
-	v := newLauncher(t)
+	_, c := bootGuest(t, testutil.SyncRequest(t, vmi, nil))
 	ctx := context.Background()
-	if st, err := v.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
-	}
-	c := attach(t, v.runDir)
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 	from := len(c.Text())
 	c.Send(t, `f=$(grep -m1 '^flags' /proc/cpuinfo); for x in aes abm svm; do case " $f " in *" $x "*) echo "CPUF-$x-on";; *) echo "CPUF-$x-off";; esac; done; echo CPUF-DONE-$((1+1))`)
 	c.Expect(t, from, "CPUF-DONE-2", time.Minute)

@@ -49,13 +49,8 @@ func TestGuestDevices(t *testing.T) {
 	d.Devices.Disks[0].Shareable = ptr(true)
 	d.Devices.Disks[0].BlockSize = &v1alpha1.BlockSize{Custom: &v1alpha1.CustomBlockSize{Logical: 4096, Physical: 8192}}
 
-	v := newLauncher(t)
+	v, c := bootGuest(t, testutil.SyncRequest(t, vmi, nil))
 	ctx := context.Background()
-	if st, err := v.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
-	}
-	c := attach(t, v.runDir)
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 
 	// Each command's output differs from its echo (test/guest/README.md).
 	run := func(t *testing.T, line, want string) {

@@ -1,7 +1,6 @@
 package launcher_test
 
 import (
-	"context"
 	"regexp"
 	"strconv"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
@@ -22,13 +20,7 @@ func TestGuestDownwardMetrics(t *testing.T) {
 	vmi.Spec.Domain.Devices.DownwardMetrics = &v1alpha1.DownwardMetrics{}
 	req := testutil.SyncRequest(t, vmi, nil)
 	req.Machine.DownwardMetrics.NodeName = "node-a"
-	v := newLauncher(t)
-	ctx := context.Background()
-	if st, err := v.client.Sync(ctx, req); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
-	}
-	c := attach(t, v.runDir)
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	_, c := bootGuest(t, req)
 	from := len(c.Text())
 	c.Send(t, `for d in /sys/class/virtio-ports/*; do [ "$(cat $d/name)" = org.github.vhostmd.1 ] && p=/dev/${d##*/}; done; exec 3<>$p; `+
 		`head -c 1000 /dev/zero | tr '\0' x >&3; printf '\n\nGET /metrics/XML\n\n' >&3; `+

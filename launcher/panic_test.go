@@ -17,13 +17,8 @@ import (
 func TestGuestPanic(t *testing.T) {
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.Devices.PanicDevices = []v1alpha1.PanicDevice{{}, {Model: ptr(v1alpha1.PanicPvpanic)}}
-	v := newLauncher(t)
+	v, c := bootGuest(t, testutil.SyncRequest(t, vmi, nil))
 	ctx := context.Background()
-	if st, err := v.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
-	}
-	c := attach(t, v.runDir)
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 
 	// The ISA device is ACPI's QEMU0001 under pvpanic-mmio; the PCI one is 1b36:0011.
 	from := len(c.Text())

@@ -1,11 +1,9 @@
 package launcher_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
@@ -18,13 +16,7 @@ func TestGuestVirtioTransitional(t *testing.T) {
 	vmi.Spec.Domain.Devices.UseVirtioTransitional = ptr(true)
 	kb := vmi.Spec.Domain.Firmware.KernelBoot
 	kb.KernelArgs += " virtio_pci.force_legacy=1"
-	v := newLauncher(t)
-	ctx := context.Background()
-	if st, err := v.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
-	}
-	c := attach(t, v.runDir)
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	_, c := bootGuest(t, testutil.SyncRequest(t, vmi, nil))
 	run := func(line, want string) {
 		t.Helper()
 		from := len(c.Text())

@@ -99,6 +99,18 @@ type vm struct {
 	client *launcher.Client
 }
 
+// bootGuest starts req's guest in a new launcher and waits for the guest's ready line.
+func bootGuest(t *testing.T, req *protocol.SyncRequest) (*vm, *console) {
+	t.Helper()
+	v := newLauncher(t)
+	if st, err := v.client.Sync(context.Background(), req); err != nil || st.Phase != protocol.PhaseRunning {
+		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
+	}
+	c := attach(t, v.runDir)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	return v, c
+}
+
 func newLauncher(t *testing.T) *vm {
 	t.Helper()
 	return newLauncherWith(t, launcher.HostResolver{SpareRootPorts: 2})
