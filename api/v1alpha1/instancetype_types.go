@@ -94,7 +94,8 @@ type VirtualMachineInstancetypeSpec struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	HostDevices *runtime.RawExtension `json:"hostDevices,omitempty"`
 
-	// IOThreadsPolicy is the instance's domain.ioThreadsPolicy: shared or auto.
+	// IOThreadsPolicy is the instance's domain.ioThreadsPolicy: shared or auto (supplementalPool is
+	// refused, as on an instance).
 	// +optional
 	IOThreadsPolicy *IOThreadsPolicy `json:"ioThreadsPolicy,omitempty"`
 

@@ -19,8 +19,11 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 	if spec.HostDevices != nil {
 		errs = append(errs, field.Forbidden(p.Child("hostDevices"), "host device passthrough is "+NotRealisedMessage+PassthroughReason))
 	}
+	if t := spec.IOThreadsPolicy; t != nil && *t == IOThreadsPolicySupplementalPool {
+		errs = append(errs, field.Forbidden(p.Child("ioThreadsPolicy"), "the supplementalPool I/O thread policy is "+NotRealisedMessage+SupplementalPoolReason))
+	}
 	if spec.IOThreads != nil {
-		no(p.Child("ioThreads"), "a supplemental I/O thread pool (use ioThreadsPolicy shared or auto)")
+		errs = append(errs, field.Forbidden(p.Child("ioThreads"), "a supplemental I/O thread pool is "+NotRealisedMessage+SupplementalPoolReason))
 	}
 	if spec.LaunchSecurity != nil {
 		no(p.Child("launchSecurity"), "launch security (SEV)")

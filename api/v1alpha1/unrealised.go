@@ -11,6 +11,10 @@ const NotRealisedMessage = "not supported by this version of qvirt"
 const PassthroughReason = "; it needs a device plugin offering deviceName as a node resource and VFIO passthrough by the launcher, " +
 	"neither of which qvirt has yet"
 
+// SupplementalPoolReason ends the refusal of the supplementalPool I/O thread policy.
+const SupplementalPoolReason = "; it spreads a disk's queues over several I/O threads, which QEMU 7.2 cannot " +
+	"(its virtio-blk takes one iothread; iothread-vq-mapping came in QEMU 9.0): use ioThreadsPolicy shared or auto"
+
 // DefaultVMNetworkCIDR is the masquerade binding's guest network when the pod network's
 // vmNetworkCIDR is unset (netsetup.DefaultVMCIDR).
 const DefaultVMNetworkCIDR = "10.0.2.0/24"
@@ -61,6 +65,12 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 	if t := spec.Domain.Devices.TPM; TPMEnabled(&spec.Domain.Devices) && t.Persistent != nil && *t.Persistent {
 		no(dp.Child("devices", "tpm", "persistent"), "a persistent TPM (its state kept across restarts of the VM)",
 			"; it needs backend storage qvirt does not create yet, and without it the TPM's state lasts as long as the instance")
+	}
+	if t := spec.Domain.IOThreadsPolicy; t != nil && *t == IOThreadsPolicySupplementalPool {
+		no(dp.Child("ioThreadsPolicy"), "the supplementalPool I/O thread policy", SupplementalPoolReason)
+	}
+	if spec.Domain.IOThreads != nil {
+		no(dp.Child("ioThreads"), "a supplemental I/O thread pool", SupplementalPoolReason)
 	}
 	devp := dp.Child("devices")
 	if v := spec.Domain.Devices.AutoattachVSOCK; v != nil && *v {

@@ -102,6 +102,12 @@ func TestNotRealised(t *testing.T) {
 		{"APIC off", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Features.APIC.Enabled = ptr.To(false)
 		}, "spec.domain.features.apic.enabled"},
+		{"supplementalPool", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.IOThreadsPolicy = ptr.To(IOThreadsPolicySupplementalPool)
+		}, "spec.domain.ioThreadsPolicy"},
+		{"a supplemental I/O thread pool", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.IOThreads = &DiskIOThreads{SupplementalPoolThreadCount: ptr.To[uint32](4)}
+		}, "spec.domain.ioThreads"},
 		{"VSOCK", func(s *VirtualMachineInstanceSpec) { s.Domain.Devices.AutoattachVSOCK = ptr.To(true) }, "spec.domain.devices.autoattachVSOCK"},
 		{"USB redirection", func(s *VirtualMachineInstanceSpec) { s.Domain.Devices.ClientPassthrough = &ClientPassthroughDevices{} },
 			"spec.domain.devices.clientPassthrough"},

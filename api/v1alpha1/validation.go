@@ -127,7 +127,8 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	errs = append(errs, validateFeatures(d, p)...)
 	errs = append(errs, validateClock(d.Clock, p)...)
 	if d.IOThreadsPolicy != nil {
-		errs = append(errs, validateEnum(p.Child("ioThreadsPolicy"), string(*d.IOThreadsPolicy), string(IOThreadsPolicyShared), string(IOThreadsPolicyAuto))...)
+		errs = append(errs, validateEnum(p.Child("ioThreadsPolicy"), string(*d.IOThreadsPolicy), string(IOThreadsPolicyShared), string(IOThreadsPolicyAuto),
+			string(IOThreadsPolicySupplementalPool))...)
 	}
 	errs = append(errs, validateDisks(d.Devices.Disks, p.Child("devices", "disks"))...)
 	errs = append(errs, validateInputs(d.Devices.Inputs, p.Child("devices", "inputs"))...)
