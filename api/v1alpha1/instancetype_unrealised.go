@@ -68,7 +68,7 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 	if d := spec.Devices; d != nil {
 		dp := p.Child("devices")
 		if d.PreferredVirtualGPUOptions != nil {
-			no(dp.Child("preferredVirtualGPUOptions"), "virtual GPU options")
+			errs = append(errs, field.Forbidden(dp.Child("preferredVirtualGPUOptions"), "virtual GPU options (for GPUs) are "+NotRealisedMessage+PassthroughReason))
 		}
 		errs = append(errs, validateBlockSize(d.PreferredDiskBlockSize, dp.Child("preferredDiskBlockSize"))...)
 		if MatchVolumeBlockSize(d.PreferredDiskBlockSize) {
