@@ -723,6 +723,13 @@ func TestHandlerRestartKeepsGuests(t *testing.T) {
 		}
 	}
 
+	t.Run("vm-b's network is as the old agent left it", func(t *testing.T) {
+		// The new agent's setup found the bridge on 10.11.12.1, the guest's gateway, and left it.
+		from := len(cons["vm-b"].Text())
+		cons["vm-b"].Send(t, `ping -c 1 -W 5 10.11.12.1 >/dev/null && echo "GW-OK" || echo "GW-FAILED"`)
+		cons["vm-b"].Expect(t, from, "GW-OK\r\n", 30*time.Second)
+	})
+
 	t.Run("a guest powered off from inside ends its instance Succeeded", func(t *testing.T) {
 		cons["vm-b"].Send(t, "poweroff -f")
 		v := e.waitVMI("vm-b", 30*time.Second, "Succeeded", func(v *v1alpha1.VirtualMachineInstance) bool {

@@ -323,7 +323,11 @@ func (b *builder) process() {
 		b.fail(machine.Invalid(machinePath.Child("gracePeriodSeconds"), m.GracePeriodSeconds, "must be 0 or more"))
 	}
 	b.checkAbs(machinePath.Child("runDir"), m.RunDir)
-	for _, s := range []string{m.QMPSocket(), m.ShellQMPSocket(), m.SerialSocket(), m.VNCSocket(), m.GuestAgentSocket(), Dir(m.RunDir).DownwardMetrics()} {
+	sockets := []string{m.QMPSocket(), m.ShellQMPSocket(), m.SerialSocket(), m.VNCSocket(), m.GuestAgentSocket()}
+	if m.DownwardMetrics != nil {
+		sockets = append(sockets, Dir(m.RunDir).DownwardMetrics())
+	}
+	for _, s := range sockets {
 		if len(s) > maxSocketLen {
 			b.fail(machine.Invalid(machinePath.Child("runDir"), m.RunDir, fmt.Sprintf("too long: socket path %s exceeds the %d bytes of a unix socket address", s, maxSocketLen)))
 			break
@@ -415,7 +419,8 @@ func (b *builder) checkUnused() {
 	}
 	if slots := (len(b.ports)+7)/8 + b.legacy; slots > freeSlots {
 		b.fail(machine.Invalid(machinePath.Child("spareRootPorts"), b.m.SpareRootPorts, fmt.Sprintf(
-			"%d root ports (PCIe devices plus spares) and %d legacy NICs do not fit on pcie.0's %d free slots (eight root ports per slot)",
+			"%d root ports (PCIe devices plus spares) and %d conventional PCI devices (legacy NICs, watchdog, sound card, transitional virtio devices) "+
+				"do not fit on pcie.0's %d free slots (eight root ports per slot)",
 			len(b.ports), b.legacy, freeSlots)))
 	}
 }

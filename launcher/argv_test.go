@@ -272,13 +272,16 @@ func argvCases(root, runDir string) []argvCase {
 			s.Domain.Devices.AutoattachMemBalloon = ptr.To(true)
 			s.Domain.Devices.Inputs = []v1alpha1.Input{{Name: "vtablet", Bus: v1alpha1.InputBusVirtio}}
 			s.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root", BootOrder: ptr.To[uint32](1)},
-				{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}}}
+				{Name: "data", Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusSCSI}}, {Name: "hot"}}
 			s.Volumes = []v1alpha1.Volume{
 				{Name: "root", VolumeSource: v1alpha1.VolumeSource{HostDisk: &v1alpha1.HostDisk{Path: "/var/lib/images/root.raw", Type: v1alpha1.HostDiskExists}}},
 				{Name: "data", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
+				{Name: "hot", VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}},
 			}
 			h.m.Images["root"] = DiskImage{Path: img("root.raw"), Format: "raw"}
 			h.m.Images["data"] = DiskImage{Path: img("data.raw"), Format: "raw"}
+			h.m.Images["hot"] = DiskImage{Path: img("hot.raw"), Format: "raw"}
+			h.ports["hot"] = HotplugPortID(0) // hot-plugged before: virtio 1.0 on its spare port
 			s.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
 			s.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 			h.nics["default"] = machine.NIC{Tap: "tap0", MAC: "02:00:00:aa:bb:02"}

@@ -17,13 +17,16 @@ import (
 // guest writes "GET /metrics/XML" and a blank line on the port org.github.vhostmd.1 (channel.go)
 // and reads the metrics document, also ended by a blank line: its node's name, CPUs, CPU time and
 // free memory, and its own CPU time and sizes, as vm-dump-metrics reads them. The guest's bytes
-// are untrusted: a request is read up to maxMetricsRequest bytes, and the document is built at
-// most once per metricsMinInterval however often the guest asks.
+// are untrusted: a request is read up to maxMetricsRequest bytes (a longer line is dropped whole),
+// the answers are paced (metricsAnswerInterval), and the document is built at most once per
+// metricsMinInterval however often the guest asks.
 
 const (
 	metricsRequest     = "GET /metrics/XML"
 	maxMetricsRequest  = 256
 	metricsMinInterval = time.Second
+	// metricsAnswerInterval paces the answers: a guest asking in a loop gets ten a second.
+	metricsAnswerInterval = 100 * time.Millisecond
 	// metricsRedial is how long the server waits before connecting again to QEMU's end of the
 	// port, when it could not or its connection ended while QEMU runs.
 	metricsRedial = time.Second
@@ -32,11 +35,22 @@ const (
 // serveDownwardMetrics answers the guest's metrics requests until QEMU exits.
 func (l *Launcher) serveDownwardMetrics(p *Process) {
 	socket := Dir(p.Machine().RunDir).DownwardMetrics()
-	var cache metricsCache
+	log := l.opts.Log.WithValues("socket", socket)
+	cache := metricsCache{build: func() ([]byte, error) { return metricsDocument(p) }}
+	dialFailed := false
 	for {
-		if conn, err := net.Dial("unix", socket); err == nil {
-			err := serveMetrics(conn, func() ([]byte, error) { return cache.get(p) })
-			l.opts.Log.V(1).Info("downward metrics connection ended", "err", err.Error())
+		conn, err := net.Dial("unix", socket)
+		switch {
+		case err != nil && !dialFailed:
+			// Once per run of failures: QEMU serves the socket for as long as it runs.
+			log.Error(err, "cannot reach the downward metrics port; retrying")
+			dialFailed = true
+		case err == nil:
+			dialFailed = false
+			err := serveMetrics(conn, cache.get, metricsAnswerInterval, func(err error) {
+				log.Error(err, "downward metrics: no answer to the guest's request")
+			})
+			log.V(1).Info("downward metrics connection ended", "err", err.Error())
 			_ = conn.Close()
 		}
 		select {
@@ -48,19 +62,26 @@ func (l *Launcher) serveDownwardMetrics(p *Process) {
 }
 
 // serveMetrics reads requests from conn, each ended by a blank line, and writes doc's answer to
-// each metrics request; other requests, and lines too long to be one, are dropped. It returns
-// when conn fails or ends (io.EOF).
-func serveMetrics(conn io.ReadWriter, doc func() ([]byte, error)) error {
+// each metrics request, at most one answer per interval (a later one waits); other requests, and
+// lines too long to be part of one, are dropped. A document doc cannot build is reported to
+// failed and the request goes unanswered. It returns when conn fails or ends (io.EOF).
+func serveMetrics(conn io.ReadWriter, doc func() ([]byte, error), interval time.Duration, failed func(error)) error {
 	r := bufio.NewReaderSize(conn, maxMetricsRequest)
 	var req []byte
+	discarding := false // the rest of an overlong line
+	var next time.Time
 	for {
 		line, err := r.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
-			req = req[:0] // junk: no request is this long
+			req, discarding = req[:0], true
 			continue
 		}
 		if err != nil {
 			return err
+		}
+		if discarding {
+			discarding = false
+			continue
 		}
 		line = bytes.TrimRight(line, "\r\n")
 		if len(line) > 0 {
@@ -71,30 +92,36 @@ func serveMetrics(conn io.ReadWriter, doc func() ([]byte, error)) error {
 			continue
 		}
 		// A blank line ends the request.
-		if string(bytes.TrimSpace(req)) == metricsRequest {
-			answer, err := doc()
-			if err != nil {
-				return fmt.Errorf("downward metrics: %w", err)
-			}
-			if _, err := conn.Write(append(answer, "\n\n"...)); err != nil {
-				return err
-			}
-		}
+		asked := string(bytes.TrimSpace(req)) == metricsRequest
 		req = req[:0]
+		if !asked {
+			continue
+		}
+		time.Sleep(time.Until(next))
+		next = time.Now().Add(interval)
+		answer, err := doc()
+		if err != nil {
+			failed(err)
+			continue
+		}
+		if _, err := conn.Write(append(answer, "\n\n"...)); err != nil {
+			return err
+		}
 	}
 }
 
-// metricsCache keeps the last metrics document for metricsMinInterval.
+// metricsCache keeps the last document build made for metricsMinInterval.
 type metricsCache struct {
-	at  time.Time
-	doc []byte
+	build func() ([]byte, error)
+	at    time.Time
+	doc   []byte
 }
 
-func (c *metricsCache) get(p *Process) ([]byte, error) {
+func (c *metricsCache) get() ([]byte, error) {
 	if c.doc != nil && time.Since(c.at) < metricsMinInterval {
 		return c.doc, nil
 	}
-	doc, err := metricsDocument(p)
+	doc, err := c.build()
 	if err != nil {
 		return nil, err
 	}

@@ -4,8 +4,8 @@ import "github.com/qvirt/qvirt/machine"
 
 // The panic device kind: QEMU's pvpanic, on the ISA bus (I/O port 0x505, found by the guest
 // through ACPI as QEMU0001) or as a PCI device on its own root port, through which the guest
-// kernel reports its panic. QEMU then ends (-action panic=shutdown), as libvirt's on_crash
-// destroy does for KubeVirt: the launcher reports the exit as a guest panic, and the instance
+// kernel reports its panic. QEMU then ends (-action panic=shutdown: its default, stated so that
+// no other default can pause the guest instead), as libvirt's on_crash destroy does for KubeVirt: the launcher reports the exit as a guest panic, and the instance
 // fails. Hyper-V's crash MSRs are a CPU flag (cpu.go). It is fixed when QEMU starts, so it has
 // only a cold form.
 

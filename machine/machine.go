@@ -101,8 +101,8 @@ type Machine struct {
 	// Watchdog is the guest's hardware watchdog; none when nil.
 	Watchdog *Watchdog `json:"watchdog,omitempty"`
 	// Panic are the devices through which the guest reports a kernel panic (PanicISA, PanicPCI);
-	// with any, QEMU ends when the guest panics rather than pausing it. Hyper-V's crash MSRs are
-	// CPU.HyperV.Crash.
+	// with any, QEMU ends when the guest panics (its default action, which the launcher states).
+	// Hyper-V's crash MSRs are CPU.HyperV.Crash.
 	Panic []string `json:"panic,omitempty"`
 	// Filesystems are directories of the launcher's pod shared with the guest by virtio-fs, each
 	// served by a virtiofsd the launcher runs. With any, the guest's RAM is shared memory (a memfd)

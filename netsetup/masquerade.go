@@ -164,6 +164,10 @@ func setupMasquerade(netNS ns.NetNS, m Masquerade) (res *Result, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.VMCIDR.Contains(podIP) {
+		// The bridge's route would take the pod's own address away from its interface.
+		return nil, fmt.Errorf("masquerade: the VM network %v holds the pod's address %v: pick another vmNetworkCIDR", m.VMCIDR, podIP)
+	}
 	mtu := m.MTU
 	if mtu == 0 {
 		mtu = podLink.Attrs().MTU

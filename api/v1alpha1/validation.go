@@ -135,6 +135,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	errs = append(errs, validateWatchdog(d.Devices.Watchdog, p.Child("devices", "watchdog"))...)
 	errs = append(errs, validateSound(d.Devices.Sound, p.Child("devices", "sound"))...)
 	errs = append(errs, validatePanicDevices(d.Devices.PanicDevices, p.Child("devices", "panicDevices"))...)
+	errs = append(errs, validateTransitional(&d.Devices, p.Child("devices"))...)
 	errs = append(errs, validateVideo(&d.Devices, p.Child("devices", "video"))...)
 	return append(errs, validateInterfaces(d.Devices.Interfaces, p.Child("devices", "interfaces"))...)
 }
@@ -185,6 +186,30 @@ func validateVideo(dev *Devices, p *field.Path) field.ErrorList {
 		return nil
 	}
 	return validateEnum(p.Child("type"), string(v.Type), string(VideoVGA), string(VideoVirtio), string(VideoBochs), string(VideoCirrus), string(VideoRamfb))
+}
+
+// MaxTransitionalDevices is how many virtio disks and interfaces an instance with
+// useVirtioTransitional may have: each takes a conventional PCI slot of its own on pcie.0, which
+// has 29, and the SCSI and serial controllers, the entropy device, the balloon, the watchdog, the
+// sound card and the root ports of the other devices and the spares need the rest.
+const MaxTransitionalDevices = 16
+
+// validateTransitional keeps an instance with transitional virtio devices within pcie.0's slots.
+func validateTransitional(dev *Devices, p *field.Path) field.ErrorList {
+	if dev.UseVirtioTransitional == nil || !*dev.UseVirtioTransitional {
+		return nil
+	}
+	n := len(dev.Interfaces) // every model but e1000e takes a slot of its own then
+	for _, d := range dev.Disks {
+		if d.Disk != nil && (d.Disk.Bus == "" || d.Disk.Bus == DiskBusVirtio) {
+			n++
+		}
+	}
+	if n <= MaxTransitionalDevices {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(p.Child("useVirtioTransitional"), true, fmt.Sprintf(
+		"%d virtio disks and interfaces: with transitional virtio devices an instance has at most %d, each a conventional PCI device in a slot of its own", n, MaxTransitionalDevices))}
 }
 
 // validatePanicDevices checks each model is KubeVirt's and appears once: QEMU takes one device
@@ -873,8 +898,14 @@ func validateCIDR(p *field.Path, v string) field.ErrorList {
 	if err != nil || ip.To4() == nil {
 		return field.ErrorList{field.Invalid(p, v, "must be an IPv4 CIDR such as 10.0.2.0/24")}
 	}
-	if ones, _ := n.Mask.Size(); ones > 30 {
+	ones, _ := n.Mask.Size()
+	switch {
+	case ones > 30:
 		return field.ErrorList{field.Invalid(p, v, "must leave room for a gateway and a guest: prefix /30 or shorter")}
+	case ones < 8:
+		return field.ErrorList{field.Invalid(p, v, "must be a network of prefix /8 or longer: a shorter one would hide the pod's own routes")}
+	case n.IP.IsLoopback() || n.IP.IsLinkLocalUnicast() || n.IP.IsMulticast() || n.IP.IsUnspecified() || n.IP.To4()[0] == 0 || n.IP.To4()[0] >= 240:
+		return field.ErrorList{field.Invalid(p, v, "must be a unicast network outside 0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16, multicast and 240.0.0.0/4")}
 	}
 	return nil
 }

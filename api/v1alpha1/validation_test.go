@@ -626,3 +626,28 @@ func TestNICQueues(t *testing.T) {
 		})
 	}
 }
+
+// TestTransitionalDevicesFitPCIe0: with useVirtioTransitional every virtio disk and interface takes
+// a conventional PCI slot of its own, so an instance with more than MaxTransitionalDevices is
+// refused at admission, naming the field, rather than by the launcher after scheduling.
+func TestTransitionalDevicesFitPCIe0(t *testing.T) {
+	spec := func(disks int) *VirtualMachineInstanceSpec {
+		s := realisedSpec()
+		s.Domain.Devices.UseVirtioTransitional = ptr.To(true)
+		s.Domain.Devices.Disks, s.Volumes = nil, nil
+		for i := range disks {
+			name := fmt.Sprintf("d%d", i)
+			s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: name, Disk: &DiskTarget{Bus: DiskBusVirtio}})
+			s.Volumes = append(s.Volumes, Volume{Name: name, VolumeSource: VolumeSource{EmptyDisk: &EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}})
+		}
+		return s
+	}
+	p := field.NewPath("spec")
+	if errs := ValidateVirtualMachineInstanceSpec(spec(MaxTransitionalDevices-1), p); len(errs) != 0 {
+		t.Fatalf("%d disks and an interface: %v", MaxTransitionalDevices-1, errs)
+	}
+	errs := ValidateVirtualMachineInstanceSpec(spec(MaxTransitionalDevices), p)
+	if len(errs) != 1 || errs[0].Field != "spec.domain.devices.useVirtioTransitional" {
+		t.Fatalf("%d disks and an interface: %v, want one error at spec.domain.devices.useVirtioTransitional", MaxTransitionalDevices, errs)
+	}
+}
