@@ -61,7 +61,9 @@ type firmware struct {
 	// of the firmware's variable store template, when it has one.
 	args func(vars string) []string
 	vars string
-	// kernel are lines the kernel prints on the console under this firmware.
+	// kernel are lines of the kernel's log under this firmware: on the console as the kernel
+	// prints them, and again from dmesg at the end of the boot (QVIRT-DMESG lines), since under
+	// load the serial console has missed an early line now and then.
 	kernel []string
 	// bootMode is what the guest's userspace reports: /sys/firmware/efi present, and mokutil's
 	// answer (EFI variables do not exist under BIOS).
@@ -219,14 +221,15 @@ func bootAndCheck(t *testing.T, fw firmware) string {
 }
 
 // noCloudSeed writes a NoCloud volume (a FAT file system labelled CIDATA, which cloud-init
-// accepts as well as an ISO) whose meta-data names the host and whose user data prints the boot
-// mode on the console.
+// accepts as well as an ISO) whose meta-data names the host and whose user data prints the
+// kernel's firmware lines (from dmesg) and the boot mode on the console.
 func noCloudSeed(t *testing.T, dir, hostname string) string {
 	t.Helper()
 	files := map[string]string{
 		"meta-data": "instance-id: iid-" + hostname + "\nlocal-hostname: " + hostname + "\n",
 		"user-data": `#cloud-config
 runcmd:
+  - [sh, -c, 'dmesg | grep -E "DMI: |efi: EFI v|secureboot: |locked down" | sed "s/^/QVIRT-DMESG /" >/dev/console']
   - [sh, -c, 'if [ -d /sys/firmware/efi ]; then m=efi; else m=bios; fi; echo "QVIRT-BOOT mode=$m $(mokutil --sb-state 2>&1 | head -n1 | tr " " _)" >/dev/console']
 `,
 	}

@@ -360,9 +360,9 @@ func TestInvalidManifestsRejected(t *testing.T) {
 		{"watchdog action KubeVirt has not", vmi, func(t *testing.T, o obj) {
 			o.set(t, d+".watchdog", map[string]any{"name": "wd", "i6300esb": map[string]any{"action": "pause"}})
 		}, "spec.domain.devices.watchdog.i6300esb.action", `Unsupported value: "pause"`},
-		{"KubeVirt-only field gpus", vm, func(t *testing.T, o obj) {
-			o.set(t, td+".gpus", []any{map[string]any{"name": "gpu1", "deviceName": "nvidia.com/GP102GL"}})
-		}, "spec.template.spec.domain.devices.gpus", "unknown field"},
+		{"KubeVirt-only field launchSecurity", vm, func(t *testing.T, o obj) {
+			o.set(t, "spec.template.spec.domain.launchSecurity", map[string]any{"sev": map[string]any{}})
+		}, "spec.template.spec.domain.launchSecurity", "unknown field"},
 		{"KubeVirt-only field dataVolumeTemplates[].status", vm, func(t *testing.T, o obj) {
 			o.set(t, "spec.dataVolumeTemplates", []any{map[string]any{"metadata": map[string]any{"name": "dv"}, "status": map[string]any{}}})
 		}, "spec.dataVolumeTemplates[0].status", "unknown field"},
