@@ -116,6 +116,7 @@ func guestNumber(t *testing.T, c *console, cmd string) int {
 // cache dropped), the containerDisk's image still shows under the guest's writes, and the target's
 // NBD server is gone once the guest runs there.
 func TestBlockMigrationCarriesLocalDisks(t *testing.T) {
+	t.Parallel()
 	vmi := localDiskVMI(t)
 	src, c := bootLocalDiskGuest(t, vmi)
 	ctx := context.Background()
@@ -189,6 +190,7 @@ func TestBlockMigrationCarriesLocalDisks(t *testing.T) {
 // writing and reading them); a migration without a target for the local disks is refused, naming
 // them; and a later migration to a new target carries the disks.
 func TestBlockMigrationFailureKeepsTheSourceDisks(t *testing.T) {
+	t.Parallel()
 	vmi := localDiskVMI(t)
 	src, c := bootLocalDiskGuest(t, vmi)
 	ctx := context.Background()

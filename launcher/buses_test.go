@@ -17,6 +17,7 @@ import (
 // ATA vendor), a SCSI disk on virtio-scsi (QEMU's vendor), each at its size, and the cdrom,
 // readable.
 func TestDiskBusesSeenByTheGuest(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	vmi := guestVMI(t)
 	disk := func(name string, bus v1alpha1.DiskBus) v1alpha1.Disk {

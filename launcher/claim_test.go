@@ -98,6 +98,7 @@ func runClaimGuest(t *testing.T, req *protocol.SyncRequest, script string, n int
 // claim as an ephemeral volume shows the guest what the claim holds, takes its writes in an
 // overlay, and the next start finds the claim as it was.
 func TestClaimDisksKeepDataAcrossLaunchers(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	dev := loopDevice(t, 16<<20)
 	read := `echo "DATA=$(head -c 12 /dev/vda) RAW=$(head -c 11 /dev/vdb) SIZE=$(cat /sys/block/vda/size)"`

@@ -23,6 +23,7 @@ import (
 // on a virtio disk and a configMap on a sata cdrom, their files laid out as the kubelet writes
 // them; the guest mounts each as iso9660 and reads the files under their keys.
 func TestCloudInitInTheGuest(t *testing.T) {
+	t.Parallel()
 	const userData = "#cloud-config\n# QVIRT-NOCLOUD-USERDATA-FROM-SECRET\n"
 	secrets := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(secrets, "cidata", "userdata"), 0o755); err != nil {

@@ -57,6 +57,7 @@ func fileSum(t *testing.T, path string) [32]byte {
 // next start of the same VM (with the same scratch directory) sees the image as pulled. A
 // containerDisk the spec marks readonly stays read-only, without an overlay.
 func TestContainerDiskWritesGoToAnEphemeralOverlay(t *testing.T) {
+	t.Parallel()
 	rawDir, rawFile := containerDiskImage(t, "QVIRT-ORIGINAL-1", "raw")
 	qcowDir, qcowFile := containerDiskImage(t, "QVIRT-ORIGINAL-2", "qcow2")
 	roDir, roFile := containerDiskImage(t, "QVIRT-ORIGINAL-3", "raw")

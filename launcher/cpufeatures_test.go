@@ -18,6 +18,7 @@ import (
 // feature the host cannot give (vmx, which TCG does not emulate) and a forbidden one it has (sse2)
 // fail the start, naming the feature's policy.
 func TestGuestCPUFeatures(t *testing.T) {
+	t.Parallel()
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.CPU = &v1alpha1.CPU{Model: "qemu64", Features: []v1alpha1.CPUFeature{
 		{Name: "aes"}, {Name: "abm", Policy: v1alpha1.CPUFeatureOptional}, {Name: "svm", Policy: v1alpha1.CPUFeatureDisable}}}

@@ -19,6 +19,7 @@ import (
 // in the guest. The guest has no udev, so the shell loads each driver (they are in the initramfs,
 // test/guest).
 func TestGuestDevices(t *testing.T) {
+	t.Parallel()
 	vmi := guestVMI(t)
 	d := &vmi.Spec.Domain
 	// A Windows manifest's platform (KubeVirt's vmi-windows example): its Hyper-V enlightenments,

@@ -21,6 +21,7 @@ import (
 // screenshot, soft-reboots the guest (it boots again in the same QEMU while the launcher keeps
 // reporting Running), and checks both actions against a paused guest.
 func TestSoftRebootAndScreenshot(t *testing.T) {
+	t.Parallel()
 	v := newLauncher(t)
 	ctx := context.Background()
 	req := guestSpec(t)

@@ -16,6 +16,7 @@ import (
 // (printf "GET /metrics/XML\n\n" to the port, then read it): its node's name and its own memory.
 // Junk first does not stop the server from answering.
 func TestGuestDownwardMetrics(t *testing.T) {
+	t.Parallel()
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.Devices.DownwardMetrics = &v1alpha1.DownwardMetrics{}
 	req := testutil.SyncRequest(t, vmi, nil)

@@ -29,6 +29,7 @@ import (
 // ConfigMap's file and writes into the claim, and the file shows up on the host. When one daemon
 // dies, the launcher ends QEMU saying which, and the other daemon goes with it.
 func TestVirtiofsGuest(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat(launcher.DefaultVirtiofsd); err != nil {
 		t.Fatalf("%s: %v (qemu-system-common installs it with QEMU)", launcher.DefaultVirtiofsd, err)
 	}
@@ -252,6 +253,7 @@ func machineFS(name, dir string) machine.Filesystem {
 // its user namespace without any privilege, the guest's root writes a file into the share, and on
 // the host the file belongs to the launcher's user.
 func TestVirtiofsUnprivilegedLauncher(t *testing.T) {
+	t.Parallel()
 	const nobody = 65534
 	uid, gid := os.Getuid(), os.Getgid()
 	if uid == 0 {

@@ -81,6 +81,7 @@ func contains(t *testing.T, path, want string) bool {
 // the instance's own variable store (a copy of the template, which stays untouched), survives a
 // guest reboot, and goes with the guest on a live migration.
 func TestEFIGuest(t *testing.T) {
+	t.Parallel()
 	_, tmplName := launcher.OVMFFiles(false)
 	tmpl := filepath.Join(launcher.DefaultOVMFDir, tmplName)
 	tmplSum := fileSum(t, tmpl)
@@ -167,6 +168,7 @@ func TestEFIGuest(t *testing.T) {
 // do not sign (the same Debian kernel, which Debian's own key signs) is refused, while OVMF
 // without Secure Boot starts it.
 func TestSecureBoot(t *testing.T) {
+	t.Parallel()
 	t.Run("the guest sees Secure Boot on", func(t *testing.T) {
 		_, c := bootVMI(t, efiVMI(t, true))
 		c.Run(t, bootModeCmd, "FW-EFI", time.Minute)
@@ -213,6 +215,7 @@ func espVMI(t *testing.T, esp string) *v1alpha1.VirtualMachineInstance {
 // with it (sbsigntool) as the disk's bootloader: OVMF starts it and its EFI stub reports Secure
 // Boot on. The unsigned one is refused in TestSecureBoot.
 func TestSecureBootStartsSignedBootloader(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	code, tmpl := launcher.OVMFFiles(true)
 	for link, target := range map[string]string{code: code, tmpl: "OVMF_VARS_4M.snakeoil.fd"} {
@@ -243,6 +246,7 @@ func TestSecureBootStartsSignedBootloader(t *testing.T) {
 // boots the sata disk: it probes AHCI first); OVMF, which cannot boot a BIOS boot sector, tries
 // bootOrder 1, then 2, and never the disk without one.
 func TestBootOrderUnderBothFirmwares(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	images := map[string]string{}
 	for _, name := range []string{"unordered", "second", "first"} {

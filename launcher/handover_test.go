@@ -21,6 +21,7 @@ import (
 // back: it runs on with its state (the counter goes on, no boot) and the migration is failed
 // saying why.
 func TestTargetKilledDuringHandoverKeepsTheGuestOnTheSource(t *testing.T) {
+	t.Parallel()
 	src, srcConsole := boot(t)
 	ctx := context.Background()
 	dst := countingTarget(t, src, srcConsole)

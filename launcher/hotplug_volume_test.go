@@ -23,6 +23,7 @@ import (
 // agent describes them, to the running test guest through POST /v1/disks, sees them in the guest by serial, and detaches them again; bad requests
 // are refused with the field named and leave the guest alone.
 func TestVolumeHotplug(t *testing.T) {
+	t.Parallel()
 	v, c := boot(t)
 	ctx := context.Background()
 

@@ -123,6 +123,7 @@ func registrySpec(t *testing.T, imgs registry.Images) *protocol.SyncRequest {
 // launcher on the node uses the cache: it resolves the :latest tag but fetches no blob, and with
 // IfNotPresent it does not contact the registry at all.
 func TestBootFromRegistryImagesAndCache(t *testing.T) {
+	t.Parallel()
 	reg := startRegistry(t)
 	cache := t.TempDir()
 	ctx := context.Background()

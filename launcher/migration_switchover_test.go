@@ -20,6 +20,7 @@ import (
 // source with its state (its counter goes on; it does not boot again). A kill after the source
 // heard is TestTargetKilledDuringHandoverKeepsTheGuestOnTheSource.
 func TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource(t *testing.T) {
+	t.Parallel()
 	src, srcConsole := boot(t)
 	ctx := context.Background()
 	dst := countingTarget(t, src, srcConsole)

@@ -21,6 +21,7 @@ import (
 // node agent does after setting up the host side: the guest's udhcpc gets the lease; unplugging
 // closes the server's socket.
 func TestHotpluggedNICGetsItsLease(t *testing.T) {
+	t.Parallel()
 	v, c := boot(t)
 	ctx := context.Background()
 	tap := fmt.Sprintf("qvh%d", os.Getpid()%100000)

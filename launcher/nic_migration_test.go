@@ -25,6 +25,7 @@ import (
 // Before placed NICs existed, the target started the NIC as a cold-plugged interface and QEMU
 // refused the stream ("Unknown ramblock 0000:00:02.2:00.0/virtio-net-pci.rom").
 func TestMigrationKeepsAHotpluggedNIC(t *testing.T) {
+	t.Parallel()
 	src, srcConsole := boot(t)
 	ctx := context.Background()
 	// Taps of our own in this process's network namespace (the launchers run here), one per side:

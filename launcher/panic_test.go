@@ -15,6 +15,7 @@ import (
 // agent turns into a Failed instance (GuestPanicked), instead of the reboot the guest's panic=-1
 // asks for.
 func TestGuestPanic(t *testing.T) {
+	t.Parallel()
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.Devices.PanicDevices = []v1alpha1.PanicDevice{{}, {Model: ptr(v1alpha1.PanicPvpanic)}}
 	v, c := bootGuest(t, testutil.SyncRequest(t, vmi, nil))

@@ -16,6 +16,7 @@ import (
 // guest paused, but not one byte reaches the serial console until it is resumed. A live migration
 // keeps it that way (the target does not start it); resumed on the target, it boots.
 func TestStartPaused(t *testing.T) {
+	t.Parallel()
 	src := newLauncher(t)
 	ctx := context.Background()
 	req := guestSpec(t)

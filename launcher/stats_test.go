@@ -19,6 +19,7 @@ import (
 // while the guest computes, reads and writes its disk, and exchanges packets over a NIC whose tap
 // lives in this test's network namespace (which is the launcher's: it runs in this process).
 func TestStatsFollowTheGuest(t *testing.T) {
+	t.Parallel()
 	v, c := boot(t)
 	ctx := context.Background()
 

@@ -19,6 +19,7 @@ import (
 // gets random bytes from it (TPM2_GetRandom through /dev/tpm0), served by the swtpm the launcher
 // runs, which ends with QEMU.
 func TestGuestTPM(t *testing.T) {
+	t.Parallel()
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.Devices.TPM = &v1alpha1.TPMDevice{}
 	v := newLauncher(t)
@@ -81,6 +82,7 @@ const tpmShell = `pcrs() { for i in 0 1 2 3 4 5 6 7; do cut -c1-16 /sys/class/tp
 // the same there and the TPM answers as one that has started (a fresh swtpm would answer
 // TPM_RC_INITIALIZE); the source's swtpm ends with its QEMU.
 func TestTPMMigrates(t *testing.T) {
+	t.Parallel()
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, nil
 	vmi.Spec.Domain.Devices.TPM = &v1alpha1.TPMDevice{}

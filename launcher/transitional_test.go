@@ -12,6 +12,7 @@ import (
 // virtio_pci.force_legacy), boots and reads its virtio disk, which is QEMU's transitional
 // virtio-blk (1af4:1001) on conventional PCI.
 func TestGuestVirtioTransitional(t *testing.T) {
+	t.Parallel()
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.Devices.UseVirtioTransitional = ptr(true)
 	kb := vmi.Spec.Domain.Firmware.KernelBoot

@@ -208,6 +208,7 @@ func boot(t *testing.T) (*vm, *console) {
 }
 
 func TestGuestLifecycle(t *testing.T) {
+	t.Parallel()
 	v, c := boot(t)
 	ctx := context.Background()
 
@@ -372,6 +373,7 @@ func TestKilledQEMUIsReportedAtOnce(t *testing.T) {
 }
 
 func TestMigrationKeepsTheGuestRunning(t *testing.T) {
+	t.Parallel()
 	src, srcConsole := boot(t)
 	ctx := context.Background()
 	// A disk hotplugged on the source must be on the target too: QEMU refuses a migration between
@@ -473,6 +475,7 @@ func TestEarlyQEMUExitReportsItsError(t *testing.T) {
 }
 
 func TestRunCommandBootsAndPowersOff(t *testing.T) {
+	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "qvirt-launcher")
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v: %s", err, out)
@@ -509,6 +512,7 @@ func TestRunCommandBootsAndPowersOff(t *testing.T) {
 // reads) is cancelled after the progress timeout, its failure says why, and the guest goes on
 // running on the source.
 func TestStalledMigrationIsAborted(t *testing.T) {
+	t.Parallel()
 	src := newLauncher(t)
 	ctx := context.Background()
 	spec := guestSpec(t)
