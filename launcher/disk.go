@@ -142,36 +142,18 @@ func checkDiskTuning(p machine.Path, d *machine.Disk) machine.FieldErrors {
 	return append(errs, checkBlockSize(p.Child("blockSize"), d)...)
 }
 
-// checkBlockSize checks a disk's block sizes against QEMU's limits: a hard disk's only, logical
-// blocks of 512 bytes on sata (QEMU's IDE disk takes no other).
+// checkBlockSize checks a disk's block sizes against QEMU's limits (machine.BlockSize.Problems):
+// a hard disk's only.
 func checkBlockSize(p machine.Path, d *machine.Disk) machine.FieldErrors {
-	bs := d.BlockSize
-	if bs == nil {
+	if d.BlockSize == nil {
 		return nil
 	}
 	if d.CDROM || d.LUN {
 		return machine.FieldErrors{machine.Invalid(p, "set", "only a hard disk takes a block size")}
 	}
 	var errs machine.FieldErrors
-	for _, s := range []struct {
-		name string
-		v    uint32
-	}{{"logical", bs.Logical}, {"physical", bs.Physical}} {
-		if s.v < 512 || s.v > 2<<20 || s.v&(s.v-1) != 0 {
-			errs = append(errs, machine.Invalid(p.Child(s.name), s.v, "must be a power of two from 512 to 2097152"))
-		}
-	}
-	if len(errs) > 0 {
-		return errs
-	}
-	if bs.Logical > bs.Physical {
-		errs = append(errs, machine.Invalid(p.Child("logical"), bs.Logical, "must be at most the physical block size"))
-	}
-	if bs.DiscardGranularity%bs.Logical != 0 {
-		errs = append(errs, machine.Invalid(p.Child("discardGranularity"), bs.DiscardGranularity, "must be a multiple of the logical block size"))
-	}
-	if d.Bus == machine.BusSATA && bs.Logical != 512 {
-		errs = append(errs, machine.Invalid(p.Child("logical"), bs.Logical, "a sata disk has 512-byte logical blocks"))
+	for _, pr := range d.BlockSize.Problems(d.Bus == machine.BusSATA) {
+		errs = append(errs, machine.Invalid(p.Child(pr.Field), pr.Value, pr.Detail))
 	}
 	return errs
 }

@@ -70,7 +70,7 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if d.PreferredVirtualGPUOptions != nil {
 			errs = append(errs, field.Forbidden(dp.Child("preferredVirtualGPUOptions"), "virtual GPU options (for GPUs) are "+NotRealisedMessage+PassthroughReason))
 		}
-		errs = append(errs, validateBlockSize(d.PreferredDiskBlockSize, dp.Child("preferredDiskBlockSize"))...)
+		errs = append(errs, validateBlockSize(d.PreferredDiskBlockSize, false, dp.Child("preferredDiskBlockSize"))...)
 		if MatchVolumeBlockSize(d.PreferredDiskBlockSize) {
 			no(dp.Child("preferredDiskBlockSize", "matchVolume"), "taking the block sizes of the volume's storage")
 		}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 )
 
 // The API server enforces the CRD schema and its CEL rules. The functions below check the same spec
@@ -920,12 +921,6 @@ func countSet(vs ...bool) int {
 	return n
 }
 
-// Block sizes QEMU takes (its logical_block_size and physical_block_size limits).
-const (
-	minBlockSize = 512
-	maxBlockSize = 2 << 20
-)
-
 // validateDiskBlockSize checks a disk's blockSize: a hard disk's (a cdrom and a passed-through LUN
 // have their media's), 512-byte logical blocks on sata (QEMU's IDE disks take no other).
 func validateDiskBlockSize(d *Disk, dp *field.Path) field.ErrorList {
@@ -936,40 +931,26 @@ func validateDiskBlockSize(d *Disk, dp *field.Path) field.ErrorList {
 	if d.Disk == nil && (d.CDRom != nil || d.LUN != nil) {
 		return field.ErrorList{field.Forbidden(bp, "only a hard disk (disk) takes a block size: a cdrom's and a lun's are their media's")}
 	}
-	errs := validateBlockSize(d.BlockSize, bp)
-	if c := d.BlockSize.Custom; c != nil && d.Disk != nil && d.Disk.Bus == DiskBusSATA && c.Logical != minBlockSize {
-		errs = append(errs, field.Invalid(bp.Child("custom", "logical"), c.Logical, "a sata disk has 512-byte logical blocks; use virtio or scsi for larger ones"))
-	}
-	return errs
+	return validateBlockSize(d.BlockSize, d.Disk != nil && d.Disk.Bus == DiskBusSATA, bp)
 }
 
-// validateBlockSize checks a block size (a disk's or a preference's) at p.
-func validateBlockSize(bs *BlockSize, p *field.Path) field.ErrorList {
+// validateBlockSize checks a block size (a disk's or a preference's) at p against QEMU's rules
+// (machine.BlockSize.Problems), on a sata disk or not.
+func validateBlockSize(bs *BlockSize, sata bool, p *field.Path) field.ErrorList {
 	if bs == nil {
 		return nil
 	}
 	var errs field.ErrorList
+	if MatchVolumeBlockSize(bs) && bs.Custom != nil {
+		errs = append(errs, field.Invalid(p, "custom and matchVolume", "give either custom or matchVolume"))
+	}
 	c := bs.Custom
 	if c == nil {
 		return errs
 	}
-	cp := p.Child("custom")
-	size := func(name string, v uint32) bool {
-		if v < minBlockSize || v > maxBlockSize || v&(v-1) != 0 {
-			errs = append(errs, field.Invalid(cp.Child(name), v, "must be a power of two from 512 to 2097152 bytes"))
-			return false
-		}
-		return true
-	}
-	okL, okP := size("logical", c.Logical), size("physical", c.Physical)
-	if okL && okP && c.Logical > c.Physical {
-		errs = append(errs, field.Invalid(cp.Child("logical"), c.Logical, fmt.Sprintf("must be at most the physical block size (%d)", c.Physical)))
-	}
-	if g := c.DiscardGranularity; g != nil && okL && *g%c.Logical != 0 {
-		errs = append(errs, field.Invalid(cp.Child("discardGranularity"), *g, fmt.Sprintf("must be a multiple of the logical block size (%d)", c.Logical)))
-	}
-	if MatchVolumeBlockSize(bs) {
-		errs = append(errs, field.Invalid(p, "custom and matchVolume", "give either custom or matchVolume"))
+	m := machine.BlockSize{Logical: c.Logical, Physical: c.Physical, DiscardGranularity: ptr.Deref(c.DiscardGranularity, 0)}
+	for _, pr := range m.Problems(sata) {
+		errs = append(errs, field.Invalid(p.Child("custom", pr.Field), pr.Value, pr.Detail))
 	}
 	return errs
 }
