@@ -253,7 +253,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.inputs()       // input.go
 	b.rng()          // rng.go
 	b.memBalloon()   // balloon.go
-	b.guestAgent()   // channel.go
+	b.channels()     // channel.go
 	b.watchdog()     // watchdog.go
 	b.sound()        // sound.go
 	b.tpm()          // tpm.go

@@ -21,10 +21,10 @@ const (
 // GuestAgentSocket is the host end of the guest agent's channel.
 func (m *Machine) GuestAgentSocket() string { return Dir(m.RunDir).GuestAgent() }
 
-// guestAgent adds the virtio-serial controller on its own root port and the ports on it: the
+// channels adds the virtio-serial controller on its own root port and the ports on it: the
 // guest agent's and the downward metrics'. wait=off: QEMU starts without the launcher connected;
 // the guest's writes wait until it is.
-func (b *builder) guestAgent() {
+func (b *builder) channels() {
 	m := b.m
 	if !m.GuestAgent && m.DownwardMetrics == nil {
 		return
