@@ -29,6 +29,10 @@ import (
 // These tests boot the real test guest (test/guest/build.sh) under TCG with the real QEMU and talk
 // to the launcher through its real command socket. They need qemu-system-x86_64 and fail, not
 // skip, without it: `make test` installs it.
+//
+// Tests that boot a guest run two at a time (t.Parallel): a TCG guest keeps one of the machine's
+// 2 cores busy, so two at once nearly halve the package's time. A test that changes a package
+// variable (AgentPollInterval) stays serial: serial tests run before the parallel ones start.
 
 var guestDir string
 

@@ -20,6 +20,7 @@ import (
 // the host's disk, which has less free space than the 1 PiB asked), and a claim that does not
 // exist. No guest boots.
 func TestClaimErrors(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	claim := func(name, size string) {
 		pvc := &corev1.PersistentVolumeClaim{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},

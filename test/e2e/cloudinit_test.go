@@ -21,6 +21,7 @@ import (
 // reads the Secret's user data from the cidata cdrom. The whole way: the controller's Secret
 // volume, the virtual node's Secret volume, the launcher's ISO image in its pod.
 func TestCloudInitFromSecret(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	const name, secret = "ci", "ci-user"
 	vm := demoVM(t, ns, name, v1alpha1.RunStrategyAlways)

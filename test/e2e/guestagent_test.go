@@ -16,6 +16,7 @@ import (
 // the pod's under masquerade); `qvirtctl guestosinfo` prints the agent's report. Killing qemu-ga
 // in the guest removes AgentConnected and qvirtctl then says the agent is not connected.
 func TestGuestAgent(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	const name = "agent"
 	_, con := startDemo(t, ns, name, v1alpha1.RunStrategyAlways)

@@ -17,6 +17,7 @@ import (
 // with no disk under /disk/ gets a Synchronized condition naming the volume and what was
 // expected. Neither boots a guest.
 func TestContainerDiskImageErrors(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	withDisk := func(name, image string) *v1alpha1.VirtualMachine {
 		vm := demoVM(t, ns, name, v1alpha1.RunStrategyAlways)

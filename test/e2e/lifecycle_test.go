@@ -23,6 +23,7 @@ import (
 // (the masquerade binding end to end), and deleting the VM powers the guest off and leaves
 // nothing behind.
 func TestDemoVM(t *testing.T) {
+	t.Parallel()
 	const ns, name = "default", "demo"
 	run(t, nil, kubectl, "apply", "-f", filepath.Join(envtest.RepoRoot(), "config", "samples", "vm-demo.yaml"))
 	t.Cleanup(func() {

@@ -2,6 +2,11 @@
 // the objects, the status' stateChangeRequests for start/stop/restart, the guests' consoles and
 // HTTP servers for what the user sees. One cluster serves every test of the package (TestMain),
 // brought up as `qvirtctl local up --emulation --nodes 2` would.
+//
+// Tests that only use their own namespace run two at a time (t.Parallel): a guest under TCG keeps
+// one of the machine's 2 cores busy. Those that act on the whole cluster (component restarts,
+// a node drain, node certificates) or whose assertions depend on timing (the probes: the guest
+// must handle the power button within its grace period) run alone, before the parallel ones.
 package e2e
 
 import (

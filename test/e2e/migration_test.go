@@ -20,6 +20,7 @@ import (
 // the migration succeeds, the guest keeps counting on the target (no reboot), its page answers at
 // the new pod's address, and the source pod is gone.
 func TestLiveMigration(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	const name = "mig"
 	vmi, src := startDemo(t, ns, name, v1alpha1.RunStrategyAlways)
@@ -61,6 +62,7 @@ func TestLiveMigration(t *testing.T) {
 // target node's disk: the disk's contents went along (block migration, tunnelled between the node
 // agents), they were not left behind on the source node.
 func TestLiveMigrationCarriesEmptyDisk(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	const name = "blockmig"
 	vm := demoVM(t, ns, name, v1alpha1.RunStrategyAlways)

@@ -64,6 +64,7 @@ func qmpStatus(t *testing.T, ns, name string) string {
 // and removed, a live migration with --wait, stop and start again (paused, then unpaused); and the
 // errors a user meets.
 func TestQvirtctl(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	const name = "cli"
 	vm := demoVM(t, ns, name, v1alpha1.RunStrategyManual)
@@ -200,6 +201,7 @@ func TestQvirtctl(t *testing.T) {
 // TestQvirtctlErrors: what a user gets wrong gets a clear error and a non-zero exit, and the VM runs
 // on undisturbed.
 func TestQvirtctlErrors(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	const name = "oops"
 	vmi, _ := startDemo(t, ns, name, v1alpha1.RunStrategyAlways)

@@ -11,6 +11,7 @@ import (
 // TestStopStartRestart: stop, start and restart through status.stateChangeRequests on a Manual
 // VM; each start is a fresh boot, a stop leaves no instance.
 func TestStopStartRestart(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	const name = "ssr"
 	vmi, _ := startDemo(t, ns, name, v1alpha1.RunStrategyManual)
@@ -34,6 +35,7 @@ func TestStopStartRestart(t *testing.T) {
 // TestRunStrategies: Always restarts a guest that powered itself off; Halted keeps the VM off;
 // RerunOnFailure restarts after QEMU is killed but not after a guest poweroff.
 func TestRunStrategies(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 
 	t.Run("Always restarts a guest that powered off", func(t *testing.T) {
