@@ -13,8 +13,9 @@ import (
 // DefaultOVMFDir is where Debian's ovmf package installs its builds.
 const DefaultOVMFDir = "/usr/share/OVMF"
 
-// EFIVarsFile is the name of an EFI machine's variable store (NVRAM) in the scratch directory.
-const EFIVarsFile = "efi-vars.fd"
+// EFIVarsFile is the name of an EFI machine's variable store (NVRAM) in the scratch directory, or
+// in the state directory when the variables persist (machine.State).
+const EFIVarsFile = machine.EFIVarsFile
 
 // OVMFFiles names the OVMF build a machine runs, in Debian's ovmf package: the 4 MiB flash
 // layout; for Secure Boot the build that needs SMM, with a variables template that has
@@ -27,26 +28,26 @@ func OVMFFiles(secureBoot bool) (code, varsTemplate string) {
 }
 
 // resolveEFI finds OVMF's code and variables template for efi under OVMFDir and gives the
-// machine its own variable store in scratch, a copy of the template. An existing store is kept:
-// the variables the guest wrote last as long as the launcher's scratch directory, the instance's
-// life. The template itself is only ever read.
-func (h HostResolver) resolveEFI(efi *machine.EFI, scratch string) (code, vars string, ferr *machine.FieldError) {
+// machine its own variable store in dir, a copy of the template. An existing store is kept: the
+// variables the guest wrote last as long as dir, the launcher's scratch directory (the instance's
+// life) or the VM's state directory (the VM's). The template itself is only ever read.
+func (h HostResolver) resolveEFI(efi *machine.EFI, dir string) (code, vars string, ferr *machine.FieldError) {
 	p := machinePath.Child("firmware", "efi")
 	if efi.SecureBoot {
 		p = p.Child("secureBoot")
 	}
-	dir := h.OVMFDir
-	if dir == "" {
-		dir = DefaultOVMFDir
+	ovmf := h.OVMFDir
+	if ovmf == "" {
+		ovmf = DefaultOVMFDir
 	}
 	codeName, tmplName := OVMFFiles(efi.SecureBoot)
-	code, tmpl := filepath.Join(dir, codeName), filepath.Join(dir, tmplName)
+	code, tmpl := filepath.Join(ovmf, codeName), filepath.Join(ovmf, tmplName)
 	for _, f := range []string{code, tmpl} {
 		if err := regularFile(f); err != nil {
 			return "", "", machine.Invalid(p, f, fmt.Sprintf("the OVMF firmware file is missing (%v): install Debian's ovmf package on the node", err))
 		}
 	}
-	vars = filepath.Join(scratch, EFIVarsFile)
+	vars = filepath.Join(dir, EFIVarsFile)
 	if err := copyOnce(tmpl, vars); err != nil {
 		return "", "", machine.Invalid(p, vars, fmt.Sprintf("create the EFI variable store from %s: %v", tmpl, err))
 	}

@@ -73,9 +73,18 @@ func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, e
 			errs = append(errs, machine.Invalid(p.Child("initrdPath"), kb.InitrdPath, err.Error()))
 		}
 	}
+	if st := desc.State; st != nil {
+		if err := stateDir(st.Dir); err != nil {
+			return nil, machine.Invalid(machinePath.Child("state", "dir"), st.Dir, err.Error())
+		}
+	}
 	if efi := desc.Firmware.EFI; efi != nil {
+		dir := h.scratch(runDir)
+		if desc.State != nil && desc.State.EFIVars {
+			dir = desc.State.Dir
+		}
 		var err *machine.FieldError
-		if m.EFICode, m.EFIVars, err = h.resolveEFI(efi, h.scratch(runDir)); err != nil {
+		if m.EFICode, m.EFIVars, err = h.resolveEFI(efi, dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -381,4 +390,19 @@ func createSparse(path string, size int64) error {
 		return err
 	}
 	return f.Close()
+}
+
+// stateDir checks the VM's state directory: an existing directory, named absolutely.
+func stateDir(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("must be an absolute path")
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("the backend-storage claim is not mounted there: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("must be a directory")
+	}
+	return nil
 }

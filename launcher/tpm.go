@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+
+	"github.com/qvirt/qvirt/machine"
 )
 
 // The TPM kind: a TPM 2.0 on QEMU's TIS interface (tpm-tis, an ISA device, as KubeVirt's amd64
@@ -12,7 +14,9 @@ import (
 // it over its control socket (the emulator backend: QEMU also hands it the data channel) and
 // swtpm ends when QEMU closes that socket (--terminate). The TPM's state is in the run directory,
 // made afresh at each start: it lasts as long as the QEMU (a guest reboot keeps it, a restart of
-// the VM does not), KubeVirt's non-persistent vTPM. Fixed when QEMU starts: cold form only.
+// the VM does not), KubeVirt's non-persistent vTPM; a persistent TPM's is in the VM's state
+// directory (machine.State), kept from one instance to the next. Fixed when QEMU starts: cold
+// form only.
 
 // DefaultSWTPM is the TPM emulator as Debian installs it (package swtpm).
 const DefaultSWTPM = "/usr/bin/swtpm"
@@ -47,12 +51,9 @@ func (d *daemons) startTPM(m *Machine, swtpm string) error {
 	if swtpm == "" {
 		swtpm = DefaultSWTPM
 	}
-	state := Dir(m.RunDir).TPMState()
-	if err := os.RemoveAll(state); err != nil {
-		return fmt.Errorf("remove the last TPM state: %w", err)
-	}
-	if err := os.Mkdir(state, 0o700); err != nil {
-		return fmt.Errorf("TPM state directory: %w", err)
+	state, err := tpmState(m)
+	if err != nil {
+		return err
 	}
 	sock, err := listenFor(Dir(m.RunDir).TPM())
 	if err != nil {
@@ -66,4 +67,24 @@ func (d *daemons) startTPM(m *Machine, swtpm string) error {
 	cmd.Dir = state
 	cmd.ExtraFiles = []*os.File{sock}
 	return d.run(daemon{name: "swtpm", of: "the TPM", cmd: cmd}, d.log.WithValues("tpm", state))
+}
+
+// tpmState makes the directory of the TPM's state: in the VM's state directory when the TPM
+// persists (machine.State), as it was left; otherwise afresh in the run directory.
+func tpmState(m *Machine) (string, error) {
+	if st := m.State; st != nil && st.TPM {
+		state := filepath.Join(st.Dir, machine.TPMStateDir)
+		if err := os.MkdirAll(state, 0o700); err != nil {
+			return "", fmt.Errorf("TPM state directory: %w", err)
+		}
+		return state, nil
+	}
+	state := Dir(m.RunDir).TPMState()
+	if err := os.RemoveAll(state); err != nil {
+		return "", fmt.Errorf("remove the last TPM state: %w", err)
+	}
+	if err := os.Mkdir(state, 0o700); err != nil {
+		return "", fmt.Errorf("TPM state directory: %w", err)
+	}
+	return state, nil
 }

@@ -435,6 +435,12 @@ func TestBadMachinesFailBeforeQEMUStarts(t *testing.T) {
 		{"bad MAC", func(m *machine.Machine) {
 			m.NICs = []machine.NIC{{Name: "default", Tap: "tap0", MAC: "02:00:00:00:00", Model: machine.NICVirtio}}
 		}, "machine.nics[0].mac"},
+		{"relative state directory", func(m *machine.Machine) {
+			m.State = &machine.State{Dir: "state", TPM: true}
+		}, "machine.state.dir"},
+		{"state directory not mounted", func(m *machine.Machine) {
+			m.State = &machine.State{Dir: "/no/such/state", TPM: true}
+		}, "machine.state.dir"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -91,8 +91,11 @@ type Machine struct {
 	// Sound is the guest's sound card; its output goes nowhere (QEMU's "none" audio backend).
 	Sound *Sound `json:"sound,omitempty"`
 	// TPM gives the guest a TPM 2.0 (a TIS interface) emulated by a swtpm the launcher runs. Its
-	// state lives as long as the QEMU: a new start gets a new, empty TPM.
+	// state lives as long as the QEMU (a new start gets a new, empty TPM) unless State keeps it.
 	TPM bool `json:"tpm,omitempty"`
+	// State keeps the TPM's state or the EFI variable store across instances, in a directory
+	// that outlives them; nil: they last as long as the QEMU.
+	State *State `json:"state,omitempty"`
 	// GuestAgent adds the virtio-serial channel org.qemu.guest_agent.0, on which a guest's
 	// qemu-ga answers the launcher. The node agent sets it for every VMI, as KubeVirt does.
 	GuestAgent bool `json:"guestAgent,omitempty"`
@@ -314,6 +317,23 @@ type Disk struct {
 	// BlockSize is the block sizes the guest sees; QEMU's (512 bytes) when nil.
 	BlockSize *BlockSize `json:"blockSize,omitempty"`
 }
+
+// State is the VM's persistent state: what of it lives in Dir (absolute, writable by the
+// launcher; the backend-storage claim the launcher pod mounts).
+type State struct {
+	Dir string `json:"dir"`
+	// EFIVars keeps the EFI variable store in Dir (EFIVarsFile), made from the firmware's template
+	// when it is not there yet.
+	EFIVars bool `json:"efiVars,omitempty"`
+	// TPM keeps the TPM's state in Dir (TPMStateDir).
+	TPM bool `json:"tpm,omitempty"`
+}
+
+// Where in State.Dir the state lives.
+const (
+	EFIVarsFile = "efi-vars.fd"
+	TPMStateDir = "tpm"
+)
 
 // BlockSize is a disk's block sizes in bytes: powers of two from 512 to 2 MiB, Logical at most
 // Physical; DiscardGranularity, a multiple of Logical, is QEMU's default when 0.

@@ -74,9 +74,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if MatchVolumeBlockSize(d.PreferredDiskBlockSize) {
 			no(dp.Child("preferredDiskBlockSize", "matchVolume"), "taking the block sizes of the volume's storage")
 		}
-		if t := d.PreferredTPM; t != nil && t.Persistent != nil && *t.Persistent {
-			no(dp.Child("preferredTPM", "persistent"), "a persistent TPM")
-		}
 		if v := d.PreferredVideoType; v != nil && *v != "" {
 			errs = append(errs, validateEnum(dp.Child("preferredVideoType"), *v, string(VideoVGA), string(VideoVirtio), string(VideoBochs), string(VideoCirrus), string(VideoRamfb))...)
 		}
@@ -86,9 +83,6 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 		if a := f.PreferredApic; a != nil && a.Enabled != nil && !*a.Enabled {
 			no(fp.Child("preferredApic", "enabled"), "turning the APIC off")
 		}
-	}
-	if efi := preferredEFI(spec.Firmware); efi != nil && efi.Persistent != nil && *efi.Persistent {
-		no(p.Child("firmware", "preferredEfi", "persistent"), "persistent EFI variables")
 	}
 	if a := spec.PreferredArchitecture; a != nil && *a != "" && *a != "amd64" {
 		errs = append(errs, field.NotSupported(p.Child("preferredArchitecture"), *a, []string{"amd64"}))

@@ -12,6 +12,11 @@ const (
 	HypervPassthroughReason = "HypervPassthroughNotLiveMigratable"
 	// VirtIOFSReason is KubeVirt's VirtualMachineInstanceReasonVirtIOFSNotMigratable.
 	VirtIOFSReason = "VirtIOFSNotLiveMigratable"
+	// PersistentStateReason: the instance keeps a persistent TPM or EFI variables on its
+	// backend-storage claim (backendstorage.go). Not migrated yet: a persistent TPM's swtpm (0.7,
+	// Debian bookworm's) locks its state directory, so a target's swtpm cannot open the shared
+	// claim while the source's runs; a shared EFI variable store is not tested in a migration.
+	PersistentStateReason = "PersistentStateNotLiveMigratable"
 )
 
 // ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim,
@@ -65,6 +70,12 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 		// virtiofsd's state (the guest's open files, its inode numbers) does not migrate with QEMU
 		// 7.2's vhost-user-fs device, which blocks migration; KubeVirt refuses it the same way.
 		return false, VirtIOFSReason, fmt.Sprintf("filesystem %q is shared with virtiofs, whose state does not migrate", fss[0].Name)
+	}
+	if PersistentTPM(spec) {
+		return false, PersistentStateReason, "devices.tpm.persistent: the TPM's state is on the backend-storage claim, which the swtpm of a migration target cannot open while the source's holds it"
+	}
+	if PersistentEFI(spec) {
+		return false, PersistentStateReason, "firmware.bootloader.efi.persistent: qvirt does not migrate an instance whose EFI variables are on its backend-storage claim yet"
 	}
 	for _, v := range spec.Volumes {
 		if v.HostDisk != nil && (v.HostDisk.Shared == nil || !*v.HostDisk.Shared) {

@@ -48,11 +48,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 			no(tp.Child("rtc", "present"), "leaving the RTC out", "; q35's RTC is part of its chipset")
 		}
 	}
-	if efi := EFIBootloader(&spec.Domain); efi != nil && efi.Persistent != nil && *efi.Persistent {
-		// KubeVirt keeps them on a backend-storage claim qvirt does not create yet.
-		no(dp.Child("firmware", "bootloader", "efi", "persistent"), "persistent EFI variables (kept across restarts of the VM)",
-			"; without it they last as long as the instance")
-	}
 	if fw := spec.Domain.Firmware; fw != nil && fw.KernelBoot != nil {
 		kp := dp.Child("firmware", "kernelBoot", "container")
 		switch c := fw.KernelBoot.Container; {
@@ -61,10 +56,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		case c.KernelPath == "":
 			no(kp.Child("kernelPath"), "booting an initrd without a kernel", "")
 		}
-	}
-	if t := spec.Domain.Devices.TPM; TPMEnabled(&spec.Domain.Devices) && t.Persistent != nil && *t.Persistent {
-		no(dp.Child("devices", "tpm", "persistent"), "a persistent TPM (its state kept across restarts of the VM)",
-			"; it needs backend storage qvirt does not create yet, and without it the TPM's state lasts as long as the instance")
 	}
 	if t := spec.Domain.IOThreadsPolicy; t != nil && *t == IOThreadsPolicySupplementalPool {
 		no(dp.Child("ioThreadsPolicy"), "the supplementalPool I/O thread policy", SupplementalPoolReason)

@@ -70,9 +70,6 @@ func TestNotRealised(t *testing.T) {
 		mutate func(s *VirtualMachineInstanceSpec)
 		path   string
 	}{
-		{"persistent EFI variables", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Firmware.Bootloader.EFI.Persistent = ptr.To(true)
-		}, "spec.domain.firmware.bootloader.efi.persistent"},
 		{"kernelBoot without a container", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware.KernelBoot = &KernelBoot{}
 		}, "spec.domain.firmware.kernelBoot.container"},

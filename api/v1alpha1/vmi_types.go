@@ -445,9 +445,9 @@ type EFI struct {
 	// +optional
 	SecureBoot *bool `json:"secureBoot,omitempty"`
 
-	// Persistent would keep the EFI variables across restarts of the VirtualMachine (KubeVirt's
-	// backend storage); not supported yet: the variables live as long as the instance.
-	// Defaults to false.
+	// Persistent keeps the EFI variables across restarts of the VirtualMachine, on its
+	// backend-storage claim persistent-state-for-<name> (KubeVirt's backend storage); such an
+	// instance does not live-migrate. Defaults to false: the variables live as long as the instance.
 	// +optional
 	Persistent *bool `json:"persistent,omitempty"`
 }
@@ -792,8 +792,9 @@ type TPMDevice struct {
 	// Enabled false leaves the TPM out, even one a preference asks for. Defaults to true.
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
-	// Persistent keeps the TPM's state across restarts of the VM; not supported by this version of
-	// qvirt, which has no backend storage for it (refused).
+	// Persistent keeps the TPM's state across restarts of the VM, on its backend-storage claim
+	// persistent-state-for-<name> (KubeVirt's backend storage); such an instance does not
+	// live-migrate.
 	// +optional
 	Persistent *bool `json:"persistent,omitempty"`
 }

@@ -108,10 +108,6 @@ spec:
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterInstancetype","metadata":{"name":"pinned"},
 				"spec":{"cpu":{"guest":1,"dedicatedCPUPlacement":true},"memory":{"guest":"1Gi","hugepages":{"pageSize":"2Mi"}}}}`)
 		}, []string{"spec.cpu.dedicatedCPUPlacement", "spec.memory.hugepages"}},
-		{"a preference with a persistent TPM", func() []byte {
-			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterPreference","metadata":{"name":"windows"},
-				"spec":{"devices":{"preferredTPM":{"persistent":true},"preferredPanicDeviceModel":"hyperv","preferredVideoType":"vga","preferredSoundModel":"ich9"},"features":{"preferredHyperv":{"relaxed":{}}}}}`)
-		}, []string{"spec.devices.preferredTPM.persistent"}},
 		{"a preferred panic device of s390", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachinePreference","metadata":{"name":"s390"},
 				"spec":{"devices":{"preferredPanicDeviceModel":"s390"}}}`)

@@ -151,11 +151,7 @@ func addClaimVolumes(pod *corev1.Pod, spec *v1alpha1.VirtualMachineInstanceSpec,
 	c := &pod.Spec.Containers[0]
 	cvs := v1alpha1.ClaimVolumes(spec)
 	if len(cvs) > 0 {
-		// The launcher creates disk.img in a claim: its volume is made writable for the launcher's
-		// group, as the kubelet does with fsGroup for the volume types that manage ownership;
-		// only when the volume's root is not so already, as a large claim's tree takes a while.
-		onRootMismatch := corev1.FSGroupChangeOnRootMismatch
-		pod.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroup: ptr.To[int64](podlayout.LauncherUID), FSGroupChangePolicy: &onRootMismatch}
+		setLauncherFSGroup(pod)
 	}
 	for i, cv := range cvs {
 		pvc := claims[cv.Claim]
@@ -172,6 +168,15 @@ func addClaimVolumes(pod *corev1.Pod, spec *v1alpha1.VirtualMachineInstanceSpec,
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: podlayout.ClaimMount(cv.Volume), ReadOnly: cv.ReadOnly})
 	}
 	return nil
+}
+
+// setLauncherFSGroup makes the pod's claim volumes writable for the launcher's group: the launcher
+// creates files in them (disk.img, the backend storage's state), as the kubelet does with fsGroup
+// for the volume types that manage ownership; only when the volume's root is not so already, as a
+// large claim's tree takes a while.
+func setLauncherFSGroup(pod *corev1.Pod) {
+	onRootMismatch := corev1.FSGroupChangeOnRootMismatch
+	pod.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroup: ptr.To[int64](podlayout.LauncherUID), FSGroupChangePolicy: &onRootMismatch}
 }
 
 // addHostDiskVolumes mounts the namespace's host disk directories when hostDisk is enabled for

@@ -93,7 +93,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes,verbs=get
 
 // Reconcile brings one instance's launcher pod and status in line.
@@ -177,6 +177,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 		if len(waiting) > 0 {
 			return ctrl.Result{RequeueAfter: dataVolumeRecheck}, o, nil
 		}
+	}
+	if err := r.ensureBackendStorage(ctx, vmi); err != nil {
+		return res, o, err
 	}
 	return res, o, r.createPod(ctx, vmi, claims)
 }

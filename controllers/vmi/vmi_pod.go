@@ -129,6 +129,7 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 	if err := addClaimVolumes(pod, spec, claims); err != nil {
 		return nil, err
 	}
+	addBackendStorage(pod, vmi)
 	if err := addHostDiskVolumes(pod, vmi.Namespace, spec, cfg); err != nil {
 		return nil, err
 	}

@@ -52,6 +52,8 @@ type PodVolumes struct {
 	HostDisks map[string]string
 	// Claims are the claims the spec names, by claim name.
 	Claims map[string]Claim
+	// StateDir is where the pod mounts the instance's backend-storage claim; "" when it does not.
+	StateDir string
 }
 
 // Claim is what the node agent read of a PersistentVolumeClaim.
@@ -122,6 +124,9 @@ func Machine(v *v1alpha1.VirtualMachineInstance, host Host) (*machine.Machine, e
 		m.NICs = append(m.NICs, n)
 	}
 	devices(&spec.Domain.Devices, m)
+	if err := state(spec, host, m); err != nil {
+		errs = append(errs, err)
+	}
 	if spec.Domain.Devices.DownwardMetrics != nil {
 		m.DownwardMetrics = &machine.DownwardMetrics{NodeName: host.NodeName}
 	}
@@ -160,6 +165,28 @@ func cloudInitMetaData(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) {
 			ci.InstanceID, ci.UUID = v.Name+"."+v.Namespace, m.UUID
 		}
 	}
+}
+
+// state keeps a persistent TPM and persistent EFI variables on the backend-storage claim the
+// launcher pod mounts. A migration target of an instance whose pod has none (its source started
+// before qvirt kept persistent state) runs as its source does: the state lasts as long as the QEMU.
+func state(spec *v1alpha1.VirtualMachineInstanceSpec, host Host, m *machine.Machine) *field.Error {
+	if !v1alpha1.NeedsBackendStorage(spec) {
+		return nil
+	}
+	if host.Pod != nil && host.Pod.StateDir != "" {
+		m.State = &machine.State{Dir: host.Pod.StateDir, EFIVars: v1alpha1.PersistentEFI(spec), TPM: v1alpha1.PersistentTPM(spec)}
+		return nil
+	}
+	if host.SkipNotRealised {
+		return nil
+	}
+	p := specPath.Child("domain", "devices", "tpm", "persistent")
+	if v1alpha1.PersistentEFI(spec) {
+		p = specPath.Child("domain", "firmware", "bootloader", "efi", "persistent")
+	}
+	return field.Forbidden(p, "persistent state is kept only on the backend-storage claim "+
+		v1alpha1.BackendStorageClaim("<name>")+", which the launcher pod mounts at "+podlayout.StateDir)
 }
 
 // devices are the devices the launcher makes alone: the entropy device, the memory balloon (as

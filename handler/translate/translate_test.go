@@ -17,6 +17,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -476,13 +477,13 @@ func FuzzMachine(f *testing.F) {
 }
 
 // TestMigrationTargetRunsWhatItsSourceRuns: a spec admitted by an older version, with what this one
-// does not realise but could run (EFI variables asked to persist, which last as long as the
-// instance), still migrates.
+// does not keep but could run (EFI variables asked to persist, in a pod without the backend-storage
+// claim an older version did not make: they last as long as the instance), still migrates.
 func TestMigrationTargetRunsWhatItsSourceRuns(t *testing.T) {
 	v := validVMI()
 	v.Spec.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{SecureBoot: ptr.To(false), Persistent: ptr.To(true)}}}
 	if _, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs}); err == nil {
-		t.Fatal("persistent EFI variables are realised now: pick another unrealised feature for this test")
+		t.Fatal("persistent EFI variables without the backend-storage claim are accepted")
 	}
 	if _, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}); err != nil {
 		t.Fatalf("the migration target's machine is refused: %v", err)
@@ -551,5 +552,26 @@ func TestDiskTuning(t *testing.T) {
 		if got := (tuning{hot.Queues, hot.IOThread}); got != tc.disks["g"] {
 			t.Errorf("policy %v: the hot-plugged disk has %+v, want %+v", tc.policy, got, tc.disks["g"])
 		}
+	}
+}
+
+// TestPersistentStateOnTheClaim: a persistent TPM and persistent EFI variables are kept in the
+// directory where the launcher pod mounts the backend-storage claim; without them, nowhere.
+func TestPersistentStateOnTheClaim(t *testing.T) {
+	v := validVMI()
+	v.Spec.Domain.Devices.TPM = &v1alpha1.TPMDevice{Persistent: ptr.To(true)}
+	v.Spec.Domain.Firmware = &v1alpha1.Firmware{Bootloader: &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{SecureBoot: ptr.To(false), Persistent: ptr.To(true)}}}
+	pod := &translate.PodVolumes{StateDir: podlayout.StateDir}
+	m, err := translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs, Pod: pod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (machine.State{Dir: podlayout.StateDir, EFIVars: true, TPM: true}); m.State == nil || *m.State != want {
+		t.Errorf("state %+v, want %+v", m.State, want)
+	}
+	v.Spec.Domain.Devices.TPM.Persistent = nil
+	v.Spec.Domain.Firmware.Bootloader.EFI.Persistent = ptr.To(false)
+	if m, err = translate.Machine(v, translate.Host{Emulation: true, NICs: hostNICs, Pod: pod}); err != nil || m.State != nil {
+		t.Errorf("without persistence: state %+v, %v; want none", m.State, err)
 	}
 }

@@ -42,6 +42,11 @@ func (r *Reconciler) podVolumes(ctx context.Context, v *v1alpha1.VirtualMachineI
 			devices[d.Name] = true
 		}
 	}
+	for _, mount := range mounts {
+		if mount == podlayout.StateDir {
+			pv.StateDir = mount
+		}
+	}
 	for _, vol := range pod.Spec.Volumes {
 		mount, ok := mounts[vol.Name]
 		if vol.HostPath != nil && ok && strings.HasPrefix(mount, podlayout.HostDisksDir+"/") {

@@ -57,6 +57,10 @@ type Config struct {
 	// InsecureRegistries are registries (host:port) launchers may pull from over plain HTTP, such
 	// as local mode's. Key: insecureRegistries (comma-separated).
 	InsecureRegistries []string
+	// VMStateStorageClass is the StorageClass of the backend-storage claims that hold persistent
+	// TPM and EFI state (v1alpha1.BackendStorageClaim); the cluster's default when "". Key:
+	// vmStateStorageClass, as KubeVirt's.
+	VMStateStorageClass string
 	// EvictionStrategy is what a drain does to instances whose spec.evictionStrategy is unset
 	// (KubeVirt's spec.configuration.evictionStrategy): None, LiveMigrate, LiveMigrateIfPossible
 	// or External; empty is None. Key: evictionStrategy.
@@ -193,6 +197,11 @@ func (c *Config) set(key, val string) error {
 		c.HostDiskNamespaces, err = namespaces(val)
 	case "insecureRegistries":
 		c.InsecureRegistries, err = registries(val)
+	case "vmStateStorageClass":
+		if msgs := validation.IsDNS1123Subdomain(val); val != "" && len(msgs) > 0 {
+			return fmt.Errorf("must be a StorageClass name: %s", strings.Join(msgs, "; "))
+		}
+		c.VMStateStorageClass = val
 	case "evictionStrategy":
 		c.EvictionStrategy, err = evictionStrategy(val)
 	case "enableVirtiofs":
@@ -204,7 +213,7 @@ func (c *Config) set(key, val string) error {
 	default:
 		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
 			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, progressTimeout, memoryOverheadBase, " +
-			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, evictionStrategy, enableVirtiofs, enableDownwardMetrics, launcherCPUProfile")
+			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, vmStateStorageClass, evictionStrategy, enableVirtiofs, enableDownwardMetrics, launcherCPUProfile")
 	}
 	return err
 }

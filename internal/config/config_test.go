@@ -16,7 +16,7 @@ func TestParse(t *testing.T) {
 		"parallelOutboundMigrationsPerNode": "1", "bandwidthPerMigration": "64Mi", "completionTimeoutPerGiB": "300",
 		"memoryOverheadBase": "128Mi", "memoryOverheadPerVCPU": "8Mi", "memoryOverheadGuestRatio": "0",
 		"allowedHostPaths": "/var/lib/qvirt, /data/images", "insecureRegistries": "10.243.0.1:5000, localhost:5001",
-		"evictionStrategy": "LiveMigrateIfPossible", "progressTimeout": "0",
+		"evictionStrategy": "LiveMigrateIfPossible", "progressTimeout": "0", "vmStateStorageClass": "nfs-csi",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -26,7 +26,8 @@ func TestParse(t *testing.T) {
 		c.Migrations.CompletionTimeoutPerGiB != 300 || c.MemoryOverhead.Base.Value() != 128<<20 ||
 		c.MemoryOverhead.PerVCPU.Value() != 8<<20 || c.MemoryOverhead.GuestRatio != 0 || len(c.AllowedHostPaths) != 2 ||
 		len(c.InsecureRegistries) != 2 || c.InsecureRegistries[1] != "localhost:5001" ||
-		c.EvictionStrategy != v1alpha1.EvictionStrategyLiveMigrateIfPossible || c.Migrations.ProgressTimeout != 0 {
+		c.EvictionStrategy != v1alpha1.EvictionStrategyLiveMigrateIfPossible || c.Migrations.ProgressTimeout != 0 ||
+		c.VMStateStorageClass != "nfs-csi" {
 		t.Fatalf("parsed %+v", c)
 	}
 	if empty, err := Parse(nil); err != nil || empty.Migrations.ParallelPerCluster != 5 || empty.Migrations.ParallelOutboundPerNode != 2 || empty.Migrations.ProgressTimeout != 150 {
@@ -48,6 +49,7 @@ func TestParseRefusesNamingTheKey(t *testing.T) {
 		"launcherImage":                     "",
 		"evictionStrategy":                  "Migrate",
 		"progressTimeout":                   "-1",
+		"vmStateStorageClass":               "NFS_CSI",
 		"useEmulaton":                       "true", // a typo must not be ignored
 	}
 	for key, val := range cases {

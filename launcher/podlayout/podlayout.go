@@ -54,6 +54,9 @@ const (
 	// PrivateDir is a writable emptyDir for the launcher's own files, such as emptyDisk images (the
 	// root filesystem is read-only).
 	PrivateDir = "/var/run/qvirt/private"
+	// StateDir is where the launcher pod mounts its instance's backend-storage claim
+	// (v1alpha1.BackendStorageClaim), writable: the persistent EFI variable store and TPM state.
+	StateDir = "/var/run/qvirt/state"
 )
 
 // Flags of `qvirt-launcher serve` that the pod renderer passes.

@@ -1,0 +1,55 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// TestPersistentTPM: a VM with KubeVirt's `tpm: {persistent: true}` gets its backend-storage
+// claim (persistent-state-for-<vm>, bound by the cluster's default StorageClass, controlled by the
+// VM), and after a restart of the VM its guest finds the same TPM powered on again (its
+// resetCount went up), not a new one. The instance says it cannot live-migrate, and why.
+func TestPersistentTPM(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	const name = "tpm"
+	vm := demoVM(t, ns, name, v1alpha1.RunStrategyManual)
+	vm.Spec.Template.Spec.Domain.Devices.TPM = &v1alpha1.TPMDevice{Persistent: ptr.To(true)}
+	applyVM(t, vm)
+	request(t, ns, name, startReq)
+	first := waitVMI(t, ns, name, bootTimeout, "Running", running(""))
+	c := console(t, first)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	before := testutil.TPMResetCount(t, c)
+
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := cl.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "persistent-state-for-" + name}, pvc); err != nil {
+		t.Fatalf("the VM's backend-storage claim: %v", err)
+	}
+	if owner := metav1.GetControllerOf(pvc); pvc.Status.Phase != corev1.ClaimBound || owner == nil || owner.Kind != "VirtualMachine" || owner.Name != name {
+		t.Errorf("claim %s: phase %s, controller %+v; want Bound, controlled by VirtualMachine %s", pvc.Name, pvc.Status.Phase, owner, name)
+	}
+	if c := meta.FindStatusCondition(first.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable); c == nil ||
+		c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.PersistentStateReason {
+		t.Errorf("LiveMigratable %+v; want False, %s", c, v1alpha1.PersistentStateReason)
+	}
+
+	request(t, ns, name, stopReq(first.UID), startReq)
+	second := waitVMI(t, ns, name, bootTimeout, "Running after the restart", running(first.UID))
+	c = console(t, second)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	if after := testutil.TPMResetCount(t, c); after <= before {
+		t.Errorf("the TPM's resetCount is %s after the restart, %s before: want it higher (the same TPM)", after, before)
+	} else {
+		t.Logf("TPM resetCount %s, then %s after the restart", before, after)
+	}
+}
