@@ -3,8 +3,10 @@ package e2e
 import (
 	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -17,7 +19,8 @@ import (
 // TestPersistentTPM: a VM with KubeVirt's `tpm: {persistent: true}` gets its backend-storage
 // claim (persistent-state-for-<vm>, bound by the cluster's default StorageClass, controlled by the
 // VM), and after a restart of the VM its guest finds the same TPM powered on again (its
-// resetCount went up), not a new one. The instance says it cannot live-migrate, and why.
+// resetCount went up), not a new one. The instance says it cannot live-migrate, and why. Deleting
+// the VM deletes the claim.
 func TestPersistentTPM(t *testing.T) {
 	t.Parallel()
 	ns := namespace(t)
@@ -52,4 +55,10 @@ func TestPersistentTPM(t *testing.T) {
 	} else {
 		t.Logf("TPM resetCount %s, then %s after the restart", before, after)
 	}
+
+	run(t, nil, kubectl, "delete", "vm", name, "-n", ns, "--wait=false")
+	testutil.Eventually(t, 3*time.Minute, "the backend-storage claim to go with the VM", func() bool {
+		err := cl.Get(context.Background(), client.ObjectKeyFromObject(pvc), &corev1.PersistentVolumeClaim{})
+		return apierrors.IsNotFound(err)
+	})
 }
