@@ -69,7 +69,7 @@ func TestStatsFollowTheGuest(t *testing.T) {
 	})
 
 	t.Run("NIC counters are the guest's, mapped from its tap", func(t *testing.T) {
-		tap := fmt.Sprintf("qvs%d", os.Getpid()%100000)
+		tap := fmt.Sprintf("qvst%d", os.Getpid()%100000) // not nic_migration_test's qvs: both run in parallel
 		// A /30 of our own on our own tap; removed with the tap.
 		host, guest := "10.213.77.1", "10.213.77.2"
 		run(t, "ip", "tuntap", "add", "dev", tap, "mode", "tap")

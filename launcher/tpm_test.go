@@ -27,7 +27,7 @@ func TestGuestTPM(t *testing.T) {
 	if st, err := v.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil || st.Phase != protocol.PhaseRunning {
 		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
 	}
-	swtpm := daemonPID(t, "swtpm")
+	swtpm := daemonPID(t, "swtpm", v.runDir)
 	c := attach(t, v.runDir)
 	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 	from := len(c.Text())
@@ -47,8 +47,10 @@ func TestGuestTPM(t *testing.T) {
 	})
 }
 
-// daemonPID is the pid of this test process's child named comm (a launcher's daemon).
-func daemonPID(t *testing.T, comm string) int {
+// daemonPID is the pid of this test process's child named comm (a launcher's daemon) that works in
+// a directory under dir, the launcher's run directory: tests run in parallel, each launcher with
+// its own daemons, all children of this process.
+func daemonPID(t *testing.T, comm, dir string) int {
 	t.Helper()
 	self := strconv.Itoa(os.Getpid())
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
@@ -63,12 +65,16 @@ func daemonPID(t *testing.T, comm string) int {
 		if end < 0 || s[strings.IndexByte(s, '(')+1:end] != comm {
 			continue
 		}
+		cwd, err := os.Readlink(d + "/cwd")
+		if err != nil || !strings.HasPrefix(cwd, dir+"/") {
+			continue
+		}
 		if f := strings.Fields(s[end+1:]); len(f) > 1 && f[1] == self {
 			pid, _ := strconv.Atoi(filepath.Base(d))
 			return pid
 		}
 	}
-	t.Fatalf("no %s child of this test", comm)
+	t.Fatalf("no %s child of this test working under %s", comm, dir)
 	return 0
 }
 
@@ -91,7 +97,7 @@ func TestTPMMigrates(t *testing.T) {
 	if _, err := src.client.Sync(ctx, testutil.SyncRequest(t, vmi, nil)); err != nil {
 		t.Fatalf("sync: %v", err)
 	}
-	srcTPM := daemonPID(t, "swtpm")
+	srcTPM := daemonPID(t, "swtpm", src.runDir)
 	c := attach(t, src.runDir)
 	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 	c.Send(t, tpmShell)
