@@ -45,8 +45,8 @@ func (b *builder) tpm() {
 		"-device", "tpm-tis,id="+TPMDeviceID+",tpmdev="+tpmBackendID)
 }
 
-// startTPM starts the swtpm of m's TPM on its state directory (tpmState: fresh, or the persistent one as it was left), listening on its control socket
-// before it returns.
+// startTPM starts the swtpm of m's TPM on its state directory (tpmState: fresh, or the persistent
+// one as it was left), listening on its control socket before it returns.
 func (d *daemons) startTPM(m *Machine, swtpm string) error {
 	if swtpm == "" {
 		swtpm = DefaultSWTPM
