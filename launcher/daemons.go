@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 )
@@ -20,14 +21,23 @@ import (
 // when QEMU ends, and one that ends on its own while QEMU runs ends QEMU too (watch): the guest
 // would hang on its device otherwise.
 type daemons struct {
-	log  logr.Logger
-	mu   sync.Mutex
-	cmds []*exec.Cmd
+	log     logr.Logger
+	mu      sync.Mutex
+	running []running
 	// stopping is set once the launcher ends them, so their exit is not a failure.
 	stopping bool
 	// failed receives the first daemon that ended on its own while QEMU needed it.
 	failed chan error
 }
+
+// running is a daemon started, and closed once it has exited.
+type running struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// daemonStopGrace is how long stop lets the daemons end on SIGTERM before it kills them.
+const daemonStopGrace = 2 * time.Second
 
 // daemon is one helper process to start: name is the program, of what it serves, for messages.
 type daemon struct {
@@ -93,8 +103,9 @@ func (d *daemons) run(dm daemon, log logr.Logger) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
+	exited := make(chan struct{})
 	d.mu.Lock()
-	d.cmds = append(d.cmds, cmd)
+	d.running = append(d.running, running{cmd: cmd, exited: exited})
 	d.mu.Unlock()
 	log = log.WithValues("pid", cmd.Process.Pid)
 	log.Info(dm.name + " started")
@@ -107,6 +118,7 @@ func (d *daemons) run(dm daemon, log logr.Logger) error {
 	go func() {
 		<-copied
 		err := cmd.Wait()
+		close(exited)
 		d.mu.Lock()
 		stopping := d.stopping
 		d.mu.Unlock()
@@ -123,17 +135,33 @@ func (d *daemons) run(dm daemon, log logr.Logger) error {
 	return nil
 }
 
-// stop ends the daemons (QEMU has ended or failed to start).
+// stop ends the daemons (QEMU has ended or failed to start): SIGTERM first, so that a daemon
+// busy writing (swtpm, a persistent TPM's state) finishes, then SIGKILL for any still there after
+// daemonStopGrace.
 func (d *daemons) stop() {
 	if d == nil {
 		return
 	}
 	d.mu.Lock()
 	d.stopping = true
-	cmds := d.cmds
+	all := d.running
 	d.mu.Unlock()
-	for _, c := range cmds {
-		_ = c.Process.Kill()
+	for _, r := range all {
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	grace := time.NewTimer(daemonStopGrace)
+	defer grace.Stop()
+	expired := false
+	for _, r := range all {
+		if !expired {
+			select {
+			case <-r.exited:
+				continue
+			case <-grace.C:
+				expired = true
+			}
+		}
+		_ = r.cmd.Process.Kill()
 	}
 }
 

@@ -55,17 +55,15 @@ func bootVMI(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) (*vm, *console)
 const (
 	// bootModeCmd prints FW-EFI when the guest booted through UEFI, else FW-BIOS.
 	bootModeCmd = `echo "FW-$([ -d /sys/firmware/efi ] && echo E""FI || echo BI""OS)"`
-	// efivarsCmd mounts the EFI variables (efivarfs is a module of the guest's kernel).
-	efivarsCmd = `modprobe efivarfs; mount -t efivarfs efivarfs /sys/firmware/efi/efivars && echo "EFIVARS-MOUNT""ED"`
-	// testVar is an EFI variable of a GUID of our own.
-	testVar     = "/sys/firmware/efi/efivars/QvirtTest-5d2f5e4c-1b0e-4f3a-9a57-0c6e2a7d4b11"
+	// testVar is an EFI variable of the tests' GUID (testutil.WriteEFIVar).
+	testVar     = "QvirtTest"
 	testVarData = "QVIRT-NVRAM-OK"
-	// globalVar is an EFI variable of the UEFI spec's global GUID.
-	globalVar = "/sys/firmware/efi/efivars/%s-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+	// secureBootStateCmd prints SB-<SecureBoot>-SM-<SetupMode>, the two variables' values:
+	// SB-1-SM-0 is Secure Boot enforced with its keys enrolled.
+	secureBootStateCmd = `echo "SB-$(tail -c 1 ` + "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c" +
+		` | od -An -tu1 | tr -d ' ')-SM-$(tail -c 1 ` + "/sys/firmware/efi/efivars/SetupMode-8be4df61-93ca-11d2-aa0d-00e098032b8c" +
+		` | od -An -tu1 | tr -d ' ')"`
 )
-
-// readTestVarCmd prints VAR-<the test variable's data>.
-const readTestVarCmd = `echo "VAR-$(tail -c 14 ` + testVar + ` 2>/dev/null)"`
 
 // fileSum is the SHA-256 of a file's content.
 func contains(t *testing.T, path, want string) bool {
@@ -91,7 +89,7 @@ func TestEFIGuest(t *testing.T) {
 
 	t.Run("the guest sees EFI", func(t *testing.T) {
 		c.Run(t, bootModeCmd, "FW-EFI", time.Minute)
-		c.Run(t, efivarsCmd, "EFIVARS-MOUNTED", time.Minute)
+		testutil.MountEFIVars(t, c)
 	})
 
 	t.Run("a variable the guest writes is in the instance's variable store", func(t *testing.T) {
@@ -99,7 +97,7 @@ func TestEFIGuest(t *testing.T) {
 			t.Fatal("the variable store is still the template: OVMF wrote nothing to it")
 		}
 		// Attributes (non-volatile, boot service and runtime access) and the data, in one write.
-		c.Run(t, `printf '\007\000\000\000`+testVarData+`' > `+testVar+`; `+readTestVarCmd, "VAR-"+testVarData, time.Minute)
+		testutil.WriteEFIVar(t, c, testVar, testVarData)
 		if !contains(t, vars, testVarData) {
 			t.Fatalf("%s does not hold the variable the guest wrote", vars)
 		}
@@ -113,8 +111,8 @@ func TestEFIGuest(t *testing.T) {
 		c.Send(t, "reboot -f")
 		c.Expect(t, from, "QVIRT-GUEST-READY", bootTimeout)
 		c.Run(t, bootModeCmd, "FW-EFI", time.Minute)
-		c.Run(t, efivarsCmd, "EFIVARS-MOUNTED", time.Minute)
-		c.Run(t, readTestVarCmd, "VAR-"+testVarData, time.Minute)
+		testutil.MountEFIVars(t, c)
+		testutil.ExpectEFIVar(t, c, testVar, testVarData)
 		if st, err := src.client.Status(ctx); err != nil || st.Phase != protocol.PhaseRunning {
 			t.Fatalf("after the guest's reboot: %v, phase %s; want the same QEMU running", err, st.Phase)
 		}
@@ -148,7 +146,7 @@ func TestEFIGuest(t *testing.T) {
 			st, err := dst.client.Status(ctx)
 			return err == nil && st.Phase == protocol.PhaseRunning && st.RunState == "running"
 		})
-		dc.Run(t, readTestVarCmd, "VAR-"+testVarData, time.Minute)
+		testutil.ExpectEFIVar(t, dc, testVar, testVarData)
 		// QEMU writes the flash it received to the target's store once the guest runs there.
 		waitFor(t, 30*time.Second, "the target's variable store to hold the guest's variable", func() bool {
 			return contains(t, dstVars, testVarData)
@@ -172,9 +170,8 @@ func TestSecureBoot(t *testing.T) {
 	t.Run("the guest sees Secure Boot on", func(t *testing.T) {
 		_, c := bootVMI(t, efiVMI(t, true))
 		c.Run(t, bootModeCmd, "FW-EFI", time.Minute)
-		c.Run(t, efivarsCmd, "EFIVARS-MOUNTED", time.Minute)
-		c.Run(t, `echo "SB-$(tail -c 1 `+fmt.Sprintf(globalVar, "SecureBoot")+` | od -An -tu1 | tr -d ' ')-SM-$(tail -c 1 `+fmt.Sprintf(globalVar, "SetupMode")+` | od -An -tu1 | tr -d ' ')"`,
-			"SB-1-SM-0", time.Minute)
+		testutil.MountEFIVars(t, c)
+		c.Run(t, secureBootStateCmd, "SB-1-SM-0", time.Minute)
 	})
 
 	esp := espImage(t, filepath.Join(guestDir, "vmlinuz"))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 )
 
 // The qcow2 format, as far as the launcher needs it (QEMU's docs/interop/qcow2.txt): it reads the
@@ -219,30 +218,12 @@ func (l overlayLayout) write(f *os.File) error {
 
 // createOverlay writes an empty qcow2 image of size bytes at path whose backing is backing
 // (recorded in its header for people reading it with qemu-img; QEMU is given the backing node
-// explicitly). An existing file at path is replaced: an overlay lives for one start of the VM. The
-// file is written beside path and renamed into place, so a crash never leaves a half-written
-// overlay at path.
+// explicitly). An existing file at path is replaced: an overlay lives for one start of the VM. It
+// is written as writeDurably writes, so a crash never leaves a half-written overlay at path.
 func createOverlay(path string, backing *DiskImage, size uint64) error {
 	l, err := newOverlayLayout(size, backing.Path, backing.Format)
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	if err := l.write(tmp); err != nil {
-		_ = tmp.Close()
-		_ = os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		_ = os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		_ = os.Remove(tmp.Name())
-		return err
-	}
-	return nil
+	return writeDurably(path, l.write)
 }

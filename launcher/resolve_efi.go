@@ -28,9 +28,13 @@ func OVMFFiles(secureBoot bool) (code, varsTemplate string) {
 }
 
 // resolveEFI finds OVMF's code and variables template for efi under OVMFDir and gives the
-// machine its own variable store in dir, a copy of the template. An existing store is kept: the
-// variables the guest wrote last as long as dir, the launcher's scratch directory (the instance's
-// life) or the VM's state directory (the VM's). The template itself is only ever read.
+// machine its own variable store in dir, a copy of the template. An existing store made from the
+// same template is kept: the variables the guest wrote last as long as dir, the launcher's
+// scratch directory (the instance's life) or the VM's state directory (the VM's). One made from
+// the other template (Secure Boot turned on or off since) is made afresh: a store without
+// Microsoft's keys would leave a VM that asks for Secure Boot in setup mode, booting anything.
+// The guest's boot entries go with it; OVMF then boots the disk's default loader, as a new VM
+// does. The template itself is only ever read.
 func (h HostResolver) resolveEFI(efi *machine.EFI, dir string) (code, vars string, ferr *machine.FieldError) {
 	p := machinePath.Child("firmware", "efi")
 	if efi.SecureBoot {
@@ -48,11 +52,38 @@ func (h HostResolver) resolveEFI(efi *machine.EFI, dir string) (code, vars strin
 		}
 	}
 	vars = filepath.Join(dir, EFIVarsFile)
-	if err := copyOnce(tmpl, vars); err != nil {
+	if err := varsStore(tmpl, vars); err != nil {
 		return "", "", machine.Invalid(p, vars, fmt.Sprintf("create the EFI variable store from %s: %v", tmpl, err))
 	}
 	return code, vars, nil
 }
+
+// varsStore makes the variable store vars from the template tmpl unless it exists already made
+// from tmpl. Which template a store was made from is recorded beside it (varsTemplateRecord), by
+// the template's name: the two templates are the same size, so the store itself cannot tell. A
+// store without a record is an earlier launcher's, kept as it is.
+func varsStore(tmpl, vars string) error {
+	record, name := vars+varsTemplateRecord, filepath.Base(tmpl)
+	made, err := os.ReadFile(record)
+	switch {
+	case err == nil && string(made) != name:
+		if err := os.Remove(vars); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove the store made from %s: %w", made, err)
+		}
+	case err != nil && !errors.Is(err, os.ErrNotExist):
+		return err
+	}
+	if err := copyOnce(tmpl, vars); err != nil {
+		return err
+	}
+	if string(made) == name {
+		return nil
+	}
+	return writeDurably(record, func(f *os.File) error { _, err := f.WriteString(name); return err })
+}
+
+// varsTemplateRecord ends the name of the file that records a variable store's template.
+const varsTemplateRecord = ".template"
 
 func regularFile(path string) error {
 	st, err := os.Stat(path)
@@ -66,8 +97,7 @@ func regularFile(path string) error {
 }
 
 // copyOnce copies src to dst (mode 0600) unless dst exists already with src's size; a dst of
-// another size (a store made from another build) is an error, not something to overwrite. The
-// copy is written under a temporary name and renamed, so dst is never half written.
+// another size (a store made from another build) is an error, not something to overwrite.
 func copyOnce(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -86,17 +116,36 @@ func copyOnce(src, dst string) error {
 	case !errors.Is(err, os.ErrNotExist):
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".efi-vars-*")
+	return writeDurably(dst, func(f *os.File) error { _, err := io.Copy(f, in); return err })
+}
+
+// writeDurably makes dst (mode 0600) with write, under a temporary name, synced, then renames it
+// and syncs the directory: dst is never half written, nor lost to a crash of the node just
+// after, when it is on the VM's state claim.
+func writeDurably(dst string, write func(*os.File) error) error {
+	dir := filepath.Dir(dst)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(dst)+"-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
-	if _, err := io.Copy(tmp, in); err != nil {
-		_ = tmp.Close()
+	err = write(tmp)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
-	if err := tmp.Close(); err != nil {
+	if err := os.Rename(tmp.Name(), dst); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), dst)
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

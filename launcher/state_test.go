@@ -32,12 +32,12 @@ func TestPersistentStateAcrossInstances(t *testing.T) {
 		}
 		c := attach(t, v.runDir)
 		c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
-		c.Run(t, efivarsCmd, "EFIVARS-MOUNTED", time.Minute)
+		testutil.MountEFIVars(t, c)
 		return v, c
 	}
 
 	first, c := start()
-	c.Run(t, `printf '\007\000\000\000`+testVarData+`' > `+testVar+`; `+readTestVarCmd, "VAR-"+testVarData, time.Minute)
+	testutil.WriteEFIVar(t, c, testVar, testVarData)
 	before := testutil.TPMResetCount(t, c)
 	if _, err := first.client.Shutdown(context.Background(), nil); err != nil {
 		t.Fatalf("shut the first instance down: %v", err)
@@ -49,10 +49,103 @@ func TestPersistentStateAcrossInstances(t *testing.T) {
 	}
 
 	_, c = start()
-	c.Run(t, readTestVarCmd, "VAR-"+testVarData, time.Minute)
+	testutil.ExpectEFIVar(t, c, testVar, testVarData)
 	if after := testutil.TPMResetCount(t, c); after <= before {
 		t.Errorf("the TPM's resetCount is %s after a new start, %s before: want it higher (the same TPM powered on again)", after, before)
 	} else {
 		t.Logf("TPM resetCount %s, then %s", before, after)
 	}
 }
+
+// TestPersistentEFIFollowsSecureBoot: turning Secure Boot on for a VM whose EFI variables persist
+// gives it a variable store with Secure Boot's keys, made afresh from the Secure Boot template:
+// the guest sees Secure Boot on and enforced, not the setup mode (no keys, anything boots) of the
+// store its earlier instance made without Secure Boot, which is the same size and so looks usable.
+func TestPersistentEFIFollowsSecureBoot(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, secureBoot := range []bool{false, true} {
+		req := testutil.SyncRequest(t, efiVMI(t, secureBoot), nil)
+		req.Machine.State = &machine.State{Dir: dir, EFIVars: true}
+		v := newLauncher(t)
+		if st, err := v.client.Sync(context.Background(), req); err != nil || st.Phase != protocol.PhaseRunning {
+			t.Fatalf("sync (secureBoot %v): %v (phase %s)", secureBoot, err, st.Phase)
+		}
+		c := attach(t, v.runDir)
+		c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+		testutil.MountEFIVars(t, c)
+		if secureBoot {
+			c.Run(t, secureBootStateCmd, "SB-1-SM-0", time.Minute)
+		}
+		if _, err := v.client.Shutdown(context.Background(), nil); err != nil {
+			t.Fatalf("shut the instance down (secureBoot %v): %v", secureBoot, err)
+		}
+	}
+}
+
+// TestPersistentEFIMigrates: a VM whose EFI variables persist migrates with its store on the
+// shared (ReadWriteMany) backend-storage claim, which source and target both mount: the target's
+// QEMU opens the store the source still holds (inactive until it takes the guest over), the guest
+// reads the variable it wrote before the migration, a variable it writes on the target is in the
+// store, and the next instance, started on the store after the target, reads both.
+func TestPersistentEFIMigrates(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	vmi := efiVMI(t, false)
+	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, nil // no local disk to copy
+	request := func() *protocol.SyncRequest {
+		req := testutil.SyncRequest(t, vmi, nil)
+		req.Machine.State = &machine.State{Dir: dir, EFIVars: true}
+		return req
+	}
+	ctx := context.Background()
+	src := newLauncher(t)
+	if st, err := src.client.Sync(ctx, request()); err != nil || st.Phase != protocol.PhaseRunning {
+		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
+	}
+	c := attach(t, src.runDir)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	testutil.MountEFIVars(t, c)
+	testutil.WriteEFIVar(t, c, testVar, testVarData)
+
+	st, err := src.client.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := newLauncher(t)
+	req := request()
+	req.Machine.UID, req.Incoming = st.UID, true
+	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != protocol.PhaseIncoming {
+		t.Fatalf("sync target on the shared state directory: %v (phase %s)", err, st.Phase)
+	}
+	dc := attach(t, dst.runDir)
+	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+		t.Fatal(err)
+	}
+	handOver(t, src, dst)
+	testutil.ExpectEFIVar(t, dc, testVar, testVarData)
+	testutil.WriteEFIVar(t, dc, migratedVar, migratedVarData)
+	if _, err := dst.client.Shutdown(ctx, nil); err != nil {
+		t.Fatalf("shut the target down: %v", err)
+	}
+
+	next := newLauncher(t)
+	if st, err := next.client.Sync(ctx, request()); err != nil || st.Phase != protocol.PhaseRunning {
+		t.Fatalf("sync the next instance: %v (phase %s)", err, st.Phase)
+	}
+	nc := attach(t, next.runDir)
+	nc.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	testutil.MountEFIVars(t, nc)
+	testutil.ExpectEFIVar(t, nc, testVar, testVarData)
+	testutil.ExpectEFIVar(t, nc, migratedVar, migratedVarData)
+}
+
+// A variable the guest writes after its migration.
+const (
+	migratedVar     = "QvirtMigrated"
+	migratedVarData = "QVIRT-ON-TARGET"
+)

@@ -1,0 +1,54 @@
+package launcher
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// TestDaemonsStopLetsThemFinish: stopping the daemons (QEMU has ended) first asks them to end, so
+// one that writes state on its way out (swtpm, a persistent TPM's) gets to; one that does not end
+// on the request is killed after the grace period, and stop does not wait on it for ever.
+func TestDaemonsStopLetsThemFinish(t *testing.T) {
+	dir := t.TempDir()
+	saved := filepath.Join(dir, "saved")
+	d := &daemons{log: logr.Discard(), failed: make(chan error, 1)}
+	// Each says it is ready once its trap is set: a signal before that would end it regardless.
+	polite := exec.Command("/bin/sh", "-c", `trap 'echo state > `+saved+`; exit 0' TERM; : > `+dir+`/ready-polite; while :; do sleep 0.05; done`)
+	stubborn := exec.Command("/bin/sh", "-c", `trap '' TERM; : > `+dir+`/ready-stubborn; while :; do sleep 0.05; done`)
+	for _, c := range []*exec.Cmd{polite, stubborn} {
+		if err := d.run(daemon{name: "sh", of: "the test", cmd: c}, d.log); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"ready-polite", "ready-stubborn"} {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+	}
+	d.stop()
+	if b, err := os.ReadFile(saved); err != nil || string(b) != "state\n" {
+		t.Errorf("the daemon that ends on SIGTERM did not finish its work: %q, %v", b, err)
+	}
+	for _, r := range d.running {
+		<-r.exited
+		ws, ok := r.cmd.ProcessState.Sys().(syscall.WaitStatus)
+		if r.cmd == stubborn && (!ok || ws.Signal() != syscall.SIGKILL) {
+			t.Errorf("the daemon that ignores SIGTERM ended with %v; want killed", r.cmd.ProcessState)
+		}
+	}
+	select {
+	case err := <-d.failed:
+		t.Errorf("a stopped daemon counts as failed: %v", err)
+	default:
+	}
+}
