@@ -12,10 +12,12 @@ const (
 	HypervPassthroughReason = "HypervPassthroughNotLiveMigratable"
 	// VirtIOFSReason is KubeVirt's VirtualMachineInstanceReasonVirtIOFSNotMigratable.
 	VirtIOFSReason = "VirtIOFSNotLiveMigratable"
-	// PersistentStateReason: the instance keeps a persistent TPM or EFI variables on its
-	// backend-storage claim (backendstorage.go). Not migrated yet: a persistent TPM's swtpm (0.7,
-	// Debian bookworm's) locks its state directory, so a target's swtpm cannot open the shared
-	// claim while the source's runs; a shared EFI variable store is not tested in a migration.
+	// PersistentStateReason: the instance keeps a persistent TPM, or EFI variables on a claim the
+	// target cannot share, on its backend-storage claim (backendstorage.go). A persistent TPM's
+	// swtpm (0.7, Debian bookworm's) locks its state directory, so a target's swtpm cannot open
+	// the shared claim while the source's runs. Persistent EFI variables migrate when the claim
+	// is ReadWriteMany (the VMI controller judges the claim, as it judges disk claims): the
+	// target's QEMU opens the store inactive until it takes the guest over.
 	PersistentStateReason = "PersistentStateNotLiveMigratable"
 )
 
@@ -73,9 +75,6 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 	}
 	if PersistentTPM(spec) {
 		return false, PersistentStateReason, "devices.tpm.persistent: the TPM's state is on the backend-storage claim, which the swtpm of a migration target cannot open while the source's holds it"
-	}
-	if PersistentEFI(spec) {
-		return false, PersistentStateReason, "firmware.bootloader.efi.persistent: qvirt does not migrate an instance whose EFI variables are on its backend-storage claim yet"
 	}
 	for _, v := range spec.Volumes {
 		if v.HostDisk != nil && (v.HostDisk.Shared == nil || !*v.HostDisk.Shared) {

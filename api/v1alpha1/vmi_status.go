@@ -73,6 +73,11 @@ const (
 // missing: no launcher pod is made until it exists (KubeVirt's reason).
 const PVCNotFoundReason = "FailedPvcNotFound"
 
+// BackendStorageReason is the Synchronized condition's reason while the instance's backend-storage
+// claim (BackendStorageClaim) exists but cannot hold its state: it is being deleted, another
+// object controls it, or it is a block volume. No launcher pod is made until that changes.
+const BackendStorageReason = "BackendStorageNotReady"
+
 // VirtualMachineInstanceStatus is the observed state of an instance.
 type VirtualMachineInstanceStatus struct {
 	// Phase is where the instance is in its life.

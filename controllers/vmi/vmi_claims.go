@@ -30,20 +30,23 @@ import (
 // pod never mounts a directory named by the spec, so a link under the namespace's directory
 // cannot make the kubelet mount another tenant's.
 
-// PodClaimIndex indexes cached instances by the claims their volumes name, so a claim that
-// appears wakes the instances waiting for it.
+// PodClaimIndex indexes cached instances by the claims their volumes name and their
+// backend-storage claim, so a claim that appears (or goes) wakes the instances waiting for it.
 const PodClaimIndex = "vmi.qvirt.io/claims"
 
 // Claims are the PersistentVolumeClaims an instance's volumes name, by claim name.
 type Claims map[string]*corev1.PersistentVolumeClaim
 
-// claimNames indexes an instance by its claims.
+// claimNames indexes an instance by its claims, its backend-storage claim included.
 func claimNames(o client.Object) []string {
 	vmi, ok := o.(*v1alpha1.VirtualMachineInstance)
 	if !ok {
 		return nil
 	}
 	var out []string
+	if v1alpha1.NeedsBackendStorage(&vmi.Spec) {
+		out = append(out, v1alpha1.BackendStorageClaim(vmi.Name))
+	}
 	for _, c := range v1alpha1.ClaimVolumes(&vmi.Spec) {
 		if !slices.Contains(out, c.Claim) {
 			out = append(out, c.Claim)
@@ -65,7 +68,8 @@ func (r *Reconciler) instancesOfClaim(ctx context.Context, o client.Object) []re
 	return out
 }
 
-// claims reads the instance's claims; missing names the first volume whose claim does not exist.
+// claims reads the instance's claims, and its backend-storage claim once it exists; missing names
+// the first volume whose claim does not exist.
 func (r *Reconciler) claims(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (Claims, *v1alpha1.ClaimVolume, error) {
 	out := Claims{}
 	for _, cv := range v1alpha1.ClaimVolumes(&vmi.Spec) {
@@ -81,6 +85,17 @@ func (r *Reconciler) claims(ctx context.Context, vmi *v1alpha1.VirtualMachineIns
 			return nil, nil, fmt.Errorf("get PersistentVolumeClaim %s: %w", cv.Claim, err)
 		}
 		out[cv.Claim] = pvc
+	}
+	if v1alpha1.NeedsBackendStorage(&vmi.Spec) {
+		// Not missing when absent: the controller makes it (ensureBackendStorage).
+		name := v1alpha1.BackendStorageClaim(vmi.Name)
+		pvc := &corev1.PersistentVolumeClaim{}
+		switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: vmi.Namespace, Name: name}, pvc); {
+		case err == nil:
+			out[name] = pvc
+		case !apierrors.IsNotFound(err):
+			return nil, nil, fmt.Errorf("get the backend-storage claim %s: %w", name, err)
+		}
 	}
 	return out, nil, nil
 }

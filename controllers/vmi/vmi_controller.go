@@ -178,9 +178,6 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 			return ctrl.Result{RequeueAfter: dataVolumeRecheck}, o, nil
 		}
 	}
-	if err := r.ensureBackendStorage(ctx, vmi); err != nil {
-		return res, o, err
-	}
 	return res, o, r.createPod(ctx, vmi, claims)
 }
 
@@ -193,6 +190,10 @@ func (r *Reconciler) createPod(ctx context.Context, vmi *v1alpha1.VirtualMachine
 		// stays Pending with this Warning telling why.
 		ctrl.LoggerFrom(ctx).Error(err, "render launcher pod")
 		return nil
+	}
+	// After the render, so a spec the pod cannot be made from leaves no claim behind.
+	if ready, err := r.ensureBackendStorage(ctx, vmi, claims); !ready || err != nil {
+		return err
 	}
 	if err := controllerutil.SetControllerReference(vmi, pod, r.Scheme); err != nil {
 		return fmt.Errorf("owner reference on launcher pod: %w", err)

@@ -179,6 +179,9 @@ func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims) {
 		msg = fmt.Sprintf("volume %q uses PersistentVolumeClaim %q with access modes %v: live migration needs claims that are ReadWriteMany "+
 			"(or ReadOnlyMany, attached read-only), which the target's node can attach while the source still has them", vol, claim, modes)
 	}
+	if m := unsharedState(vmi, claims); ok && m != "" {
+		ok, reason, msg = false, v1alpha1.PersistentStateReason, m
+	}
 	status := metav1.ConditionFalse
 	if ok {
 		status = metav1.ConditionTrue

@@ -226,7 +226,10 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.startRegistry(ctx, nodeCtx); err != nil {
 		return nil, err
 	}
-	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage}
+	// Local mode's StorageClass offers ReadWriteMany (every node is this host), so backend-storage
+	// claims are made shared, and VMs with persistent EFI variables can migrate.
+	cfg := map[string]string{"useEmulation": strconv.FormatBool(opts.Emulation), "launcherImage": LauncherImage,
+		"vmStateStorageClass": storage.ClassName}
 	if p.Webhook == 0 {
 		p.Webhook = 9443
 	}

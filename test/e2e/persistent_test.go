@@ -62,3 +62,41 @@ func TestPersistentTPM(t *testing.T) {
 		return apierrors.IsNotFound(err)
 	})
 }
+
+// TestPersistentEFIMigrates: a VM with `efi: {persistent: true}` on local mode's shared
+// (ReadWriteMany) backend-storage claim is LiveMigratable and migrates with `qvirtctl migrate`:
+// the guest reads on the other node the EFI variable it wrote before, a variable it writes there
+// lands in the VM's store on the claim, and after a restart of the VM the guest reads both.
+func TestPersistentEFIMigrates(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	const name = "efimig"
+	vm := demoVM(t, ns, name, v1alpha1.RunStrategyManual)
+	vm.Spec.Template.Spec.Domain.Firmware.Bootloader = &v1alpha1.Bootloader{EFI: &v1alpha1.EFI{SecureBoot: ptr.To(false), Persistent: ptr.To(true)}}
+	applyVM(t, vm)
+	request(t, ns, name, startReq)
+	vmi := waitVMI(t, ns, name, bootTimeout, "Running", running(""))
+	c := console(t, vmi)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	testutil.MountEFIVars(t, c)
+	testutil.WriteEFIVar(t, c, "QvirtBefore", "QVIRT-BEFORE")
+	waitVMI(t, ns, name, 30*time.Second, "LiveMigratable", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v != nil && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
+	})
+
+	mustQvirtctl(t, "migrate", name, "-n", ns, "--wait", "--timeout", "3m")
+	moved := waitVMI(t, ns, name, 30*time.Second, "Running on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running("")(v) && v.UID == vmi.UID && v.Status.NodeName != vmi.Status.NodeName
+	})
+	dc := console(t, moved)
+	testutil.ExpectEFIVar(t, dc, "QvirtBefore", "QVIRT-BEFORE")
+	testutil.WriteEFIVar(t, dc, "QvirtAfter", "QVIRT-AFTER")
+
+	request(t, ns, name, stopReq(vmi.UID), startReq)
+	again := waitVMI(t, ns, name, bootTimeout, "Running after the restart", running(vmi.UID))
+	ac := console(t, again)
+	ac.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	testutil.MountEFIVars(t, ac)
+	testutil.ExpectEFIVar(t, ac, "QvirtBefore", "QVIRT-BEFORE")
+	testutil.ExpectEFIVar(t, ac, "QvirtAfter", "QVIRT-AFTER")
+}
