@@ -28,6 +28,9 @@ type daemons struct {
 	stopping bool
 	// failed receives the first daemon that ended on its own while QEMU needed it.
 	failed chan error
+	// tpmIncoming is the new state directory of a persistent TPM's swtpm on a migration target
+	// (tpm.go), "" otherwise.
+	tpmIncoming string
 }
 
 // running is a daemon started, and closed once it has exited.
@@ -163,6 +166,7 @@ func (d *daemons) stop() {
 		}
 		_ = r.cmd.Process.Kill()
 	}
+	d.dropUnadoptedTPMState()
 }
 
 // watch kills QEMU when a daemon ends before it. The exit says which daemon ended.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -50,5 +51,24 @@ func TestDaemonsStopLetsThemFinish(t *testing.T) {
 	case err := <-d.failed:
 		t.Errorf("a stopped daemon counts as failed: %v", err)
 	default:
+	}
+}
+
+// TestTPMStateNames: tpm-current, on the tenant's own claim, names a TPM state directory in the
+// state directory or is refused naming itself; never a path elsewhere.
+func TestTPMStateNames(t *testing.T) {
+	for name, ok := range map[string]bool{"tpm": true, "tpm-123456": true, "tpm-aZ9": true, "tpm-": false, "tpm-current": false,
+		"../tpm": false, "tpm/../../x": false, "tpm-1/x": false, "": false, "tpmx": false, "tpm-1\n": false} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, tpmCurrentFile), []byte(name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := currentTPMState(dir)
+		if ok && (err != nil || got != name) {
+			t.Errorf("tpm-current %q: %q, %v; want it taken", name, got, err)
+		}
+		if !ok && (err == nil || !strings.Contains(err.Error(), tpmCurrentFile)) {
+			t.Errorf("tpm-current %q: %q, %v; want an error naming %s", name, got, err, tpmCurrentFile)
+		}
 	}
 }

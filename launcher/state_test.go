@@ -149,3 +149,91 @@ const (
 	migratedVar     = "QvirtMigrated"
 	migratedVarData = "QVIRT-ON-TARGET"
 )
+
+// TestPersistentTPMMigrates: a VM whose TPM persists migrates with its state directory shared by
+// source and target (the ReadWriteMany backend-storage claim). The target's swtpm cannot open the
+// source's state (swtpm 0.7 locks it), so it starts on a state of its own that QEMU fills from the
+// migration stream, and that state becomes the VM's when the target takes the guest over: the
+// guest finds on the target the TPM it had (its resetCount did not move), a reset there powers
+// the TPM on again (resetCount 2, written to the target's state), and the next instance, started
+// on the state directory after the target, counts a third power-on, not a second. Nothing of the
+// source's state is left in the directory.
+func TestPersistentTPMMigrates(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	vmi := guestVMI(t)
+	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, nil // no local disk to copy
+	vmi.Spec.Domain.Devices.TPM = &v1alpha1.TPMDevice{}
+	request := func() *protocol.SyncRequest {
+		req := testutil.SyncRequest(t, vmi, nil)
+		req.Machine.State = &machine.State{Dir: dir, TPM: true}
+		return req
+	}
+	ctx := context.Background()
+	src := newLauncher(t)
+	if st, err := src.client.Sync(ctx, request()); err != nil || st.Phase != protocol.PhaseRunning {
+		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
+	}
+	c := attach(t, src.runDir)
+	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	if got := testutil.TPMResetCount(t, c); got != "00000001" {
+		t.Fatalf("resetCount %s on the source's first start, want 00000001", got)
+	}
+
+	st, err := src.client.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := newLauncher(t)
+	req := request()
+	req.Machine.UID, req.Incoming = st.UID, true
+	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != protocol.PhaseIncoming {
+		t.Fatalf("sync target on the shared state directory: %v (phase %s)", err, st.Phase)
+	}
+	dc := attach(t, dst.runDir)
+	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+		t.Fatal(err)
+	}
+	handOver(t, src, dst)
+	if got := testutil.TPMResetCount(t, dc); got != "00000001" {
+		t.Errorf("resetCount %s on the target, want 00000001 (the source's TPM, not powered on again)", got)
+	}
+	from := len(dc.Text())
+	if err := dst.client.Reset(ctx); err != nil {
+		t.Fatalf("reset the guest on the target: %v", err)
+	}
+	dc.Expect(t, from, "QVIRT-GUEST-READY", bootTimeout)
+	if got := testutil.TPMResetCount(t, dc); got != "00000002" {
+		t.Errorf("resetCount %s after a reset on the target, want 00000002", got)
+	}
+	if _, err := dst.client.Shutdown(ctx, nil); err != nil {
+		t.Fatalf("shut the target down: %v", err)
+	}
+
+	next := newLauncher(t)
+	if st, err := next.client.Sync(ctx, request()); err != nil || st.Phase != protocol.PhaseRunning {
+		t.Fatalf("sync the next instance: %v (phase %s)", err, st.Phase)
+	}
+	nc := attach(t, next.runDir)
+	nc.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	if got := testutil.TPMResetCount(t, nc); got != "00000003" {
+		t.Errorf("resetCount %s in the next instance, want 00000003 (the target's TPM state, powered on a third time)", got)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states []string
+	for _, e := range entries {
+		if e.IsDir() {
+			states = append(states, e.Name())
+		}
+	}
+	if len(states) != 1 {
+		t.Errorf("the state directory holds TPM states %v; want only the current one", states)
+	}
+}

@@ -101,7 +101,13 @@ func (l *Launcher) RunMigrated(ctx context.Context, req *protocol.MigrationRun) 
 		return err
 	}
 	before := *held
+	var previousTPM string
 	if held.Handover == protocol.HandoverHolding {
+		// A persistent TPM's state becomes this side's with the decision (tpm.go).
+		if previousTPM, err = p.daemons.adoptTPMState(); err != nil {
+			l.mu.Unlock()
+			return fmt.Errorf("take the TPM's state over: %w", err)
+		}
 		done := *held
 		done.Handover = protocol.HandoverDone
 		l.migration = &done
@@ -110,13 +116,18 @@ func (l *Launcher) RunMigrated(ctx context.Context, req *protocol.MigrationRun) 
 	}
 	l.mu.Unlock()
 	if req.Paused {
-		return nil
+		return p.daemons.dropOldTPMStates()
 	}
 	// cont on a guest already running (a repeated call) changes nothing.
 	err = p.Resume(ctx)
 	var refused *qmp.Error
 	if errors.As(err, &refused) && before.Handover == protocol.HandoverHolding {
 		l.mu.Lock()
+		if rerr := p.daemons.restoreTPMState(previousTPM); rerr != nil {
+			// The source must not take back a guest whose TPM state is named as this side's.
+			l.mu.Unlock()
+			return fmt.Errorf("run the migrated guest: %w; give the TPM's state back: %v", err, rerr)
+		}
 		l.migration = &before
 		l.phase = protocol.PhaseIncoming
 		l.notifyLocked()
@@ -125,7 +136,7 @@ func (l *Launcher) RunMigrated(ctx context.Context, req *protocol.MigrationRun) 
 	if err != nil {
 		return fmt.Errorf("run the migrated guest: %w", err)
 	}
-	return nil
+	return p.daemons.dropOldTPMStates()
 }
 
 // FinishMigration ends a source that holds a handed-over guest: the target runs it, so this QEMU

@@ -1,10 +1,12 @@
 package launcher
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/qvirt/qvirt/machine"
 )
@@ -55,6 +57,9 @@ func (d *daemons) startTPM(m *Machine, swtpm string) error {
 	if err != nil {
 		return err
 	}
+	if m.State != nil && m.State.TPM && m.Incoming {
+		d.tpmIncoming = state
+	}
 	sock, err := listenFor(Dir(m.RunDir).TPM())
 	if err != nil {
 		return err
@@ -69,15 +74,11 @@ func (d *daemons) startTPM(m *Machine, swtpm string) error {
 	return d.run(daemon{name: "swtpm", of: "the TPM", cmd: cmd}, d.log.WithValues("tpm", state))
 }
 
-// tpmState makes the directory of the TPM's state: in the VM's state directory when the TPM
-// persists (machine.State), as it was left; otherwise afresh in the run directory.
+// tpmState makes the directory of the TPM's state: the persistent one when the TPM persists
+// (persistentTPMState); otherwise afresh in the run directory.
 func tpmState(m *Machine) (string, error) {
 	if st := m.State; st != nil && st.TPM {
-		state := filepath.Join(st.Dir, machine.TPMStateDir)
-		if err := os.MkdirAll(state, 0o700); err != nil {
-			return "", fmt.Errorf("TPM state directory: %w", err)
-		}
-		return state, nil
+		return persistentTPMState(st.Dir, m.Incoming)
 	}
 	state := Dir(m.RunDir).TPMState()
 	if err := os.RemoveAll(state); err != nil {
@@ -87,4 +88,137 @@ func tpmState(m *Machine) (string, error) {
 		return "", fmt.Errorf("TPM state directory: %w", err)
 	}
 	return state, nil
+}
+
+// A persistent TPM's state is a directory in the VM's state directory: the one the file
+// tpmCurrentFile names, machine.TPMStateDir when there is none. A migration target cannot use it:
+// swtpm 0.7 locks it while the source's swtpm runs. So the target's swtpm starts on a new
+// directory (tpm-<random>), which QEMU fills from the migration stream, and which becomes the
+// VM's TPM state when the target takes the guest over (adoptTPMState): tpmCurrentFile is
+// rewritten, a rename, atomic on any filesystem the claim may be on, at the moment the handover
+// is decided. The directories no longer named go then, or when the VM next starts afresh.
+const tpmCurrentFile = "tpm-current"
+
+// persistentTPMState is the TPM state directory in dir: the current one, made when absent, or a
+// new one for a migration target.
+func persistentTPMState(dir string, incoming bool) (string, error) {
+	if incoming {
+		state, err := os.MkdirTemp(dir, machine.TPMStateDir+"-")
+		if err != nil {
+			return "", fmt.Errorf("TPM state directory for the incoming migration: %w", err)
+		}
+		return state, nil
+	}
+	cur, err := currentTPMState(dir)
+	if err != nil {
+		return "", err
+	}
+	// No other instance of the VM runs when it starts afresh: what a failed migration left goes.
+	if err := removeTPMStates(dir, cur); err != nil {
+		return "", err
+	}
+	state := filepath.Join(dir, cur)
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return "", fmt.Errorf("TPM state directory: %w", err)
+	}
+	return state, nil
+}
+
+// currentTPMState is the name of the current TPM state directory in dir.
+func currentTPMState(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, tpmCurrentFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return machine.TPMStateDir, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", tpmCurrentFile, err)
+	}
+	name := string(b)
+	if !isTPMState(name) {
+		return "", fmt.Errorf("%s names %q, not a TPM state directory (%s or %s-<letters and digits>)", tpmCurrentFile, name, machine.TPMStateDir, machine.TPMStateDir)
+	}
+	return name, nil
+}
+
+// isTPMState says whether name is one of the TPM state directories' names.
+func isTPMState(name string) bool {
+	rest, ok := strings.CutPrefix(name, machine.TPMStateDir)
+	if !ok || rest == "" {
+		return ok
+	}
+	rest, ok = strings.CutPrefix(rest, "-")
+	return ok && rest != "" && strings.IndexFunc(rest, func(r rune) bool {
+		return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9')
+	}) < 0 && rest != "current"
+}
+
+// removeTPMStates removes the TPM state directories in dir other than keep.
+func removeTPMStates(dir, keep string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("list the TPM states: %w", err)
+	}
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != keep && isTPMState(e.Name()) {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("remove the TPM state %s: %w", e.Name(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// adoptTPMState makes a migration target's TPM state the VM's, when this machine's TPM persists
+// and came with an incoming migration; it returns the name of the state it replaced ("" when it
+// did nothing), for restoreTPMState.
+func (d *daemons) adoptTPMState() (previous string, err error) {
+	if d == nil || d.tpmIncoming == "" {
+		return "", nil
+	}
+	dir := filepath.Dir(d.tpmIncoming)
+	if previous, err = currentTPMState(dir); err != nil {
+		return "", err
+	}
+	if err := setTPMState(dir, filepath.Base(d.tpmIncoming)); err != nil {
+		return "", err
+	}
+	return previous, nil
+}
+
+// restoreTPMState names previous the VM's TPM state again: the target did not run the guest, and
+// the source may take it back.
+func (d *daemons) restoreTPMState(previous string) error {
+	if previous == "" {
+		return nil
+	}
+	return setTPMState(filepath.Dir(d.tpmIncoming), previous)
+}
+
+// dropOldTPMStates removes the TPM states the target's replaced, once the guest runs here.
+func (d *daemons) dropOldTPMStates() error {
+	if d == nil || d.tpmIncoming == "" {
+		return nil
+	}
+	return removeTPMStates(filepath.Dir(d.tpmIncoming), filepath.Base(d.tpmIncoming))
+}
+
+// dropUnadoptedTPMState removes a migration target's TPM state when the target ends without having
+// taken the guest over.
+func (d *daemons) dropUnadoptedTPMState() {
+	if d.tpmIncoming == "" {
+		return
+	}
+	if cur, err := currentTPMState(filepath.Dir(d.tpmIncoming)); err == nil && cur != filepath.Base(d.tpmIncoming) {
+		if err := os.RemoveAll(d.tpmIncoming); err != nil {
+			d.log.Error(err, "remove the TPM state of a migration that did not end here")
+		}
+	}
+}
+
+func setTPMState(dir, name string) error {
+	err := writeDurably(filepath.Join(dir, tpmCurrentFile), func(f *os.File) error { _, err := f.WriteString(name); return err })
+	if err != nil {
+		return fmt.Errorf("name %s the TPM's state: %w", name, err)
+	}
+	return nil
 }

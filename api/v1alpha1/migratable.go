@@ -12,12 +12,9 @@ const (
 	HypervPassthroughReason = "HypervPassthroughNotLiveMigratable"
 	// VirtIOFSReason is KubeVirt's VirtualMachineInstanceReasonVirtIOFSNotMigratable.
 	VirtIOFSReason = "VirtIOFSNotLiveMigratable"
-	// PersistentStateReason: the instance keeps a persistent TPM, or EFI variables on a claim the
-	// target cannot share, on its backend-storage claim (backendstorage.go). A persistent TPM's
-	// swtpm (0.7, Debian bookworm's) locks its state directory, so a target's swtpm cannot open
-	// the shared claim while the source's runs. Persistent EFI variables migrate when the claim
-	// is ReadWriteMany (the VMI controller judges the claim, as it judges disk claims): the
-	// target's QEMU opens the store inactive until it takes the guest over.
+	// PersistentStateReason: the instance keeps a persistent TPM or EFI variables on a
+	// backend-storage claim (backendstorage.go) that a migration target cannot share: one that is
+	// not ReadWriteMany (the VMI controller judges the claim, as it judges disk claims).
 	PersistentStateReason = "PersistentStateNotLiveMigratable"
 )
 
@@ -72,9 +69,6 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 		// virtiofsd's state (the guest's open files, its inode numbers) does not migrate with QEMU
 		// 7.2's vhost-user-fs device, which blocks migration; KubeVirt refuses it the same way.
 		return false, VirtIOFSReason, fmt.Sprintf("filesystem %q is shared with virtiofs, whose state does not migrate", fss[0].Name)
-	}
-	if PersistentTPM(spec) {
-		return false, PersistentStateReason, "devices.tpm.persistent: the TPM's state is on the backend-storage claim, which the swtpm of a migration target cannot open while the source's holds it"
 	}
 	for _, v := range spec.Volumes {
 		if v.HostDisk != nil && (v.HostDisk.Shared == nil || !*v.HostDisk.Shared) {

@@ -127,21 +127,27 @@ func backendStorageClaim(vmi *v1alpha1.VirtualMachineInstance, storageClass stri
 	return pvc
 }
 
-// unsharedState says why the instance's persistent EFI variables keep it on its node, or "" when
-// they do not: the migration target's pod mounts the backend-storage claim while the source's
-// still has it, so the claim must be ReadWriteMany. claims holds it once it exists.
+// unsharedState says why the instance's persistent TPM or EFI variables keep it on its node, or ""
+// when they do not: the migration target's pod mounts the backend-storage claim while the
+// source's still has it, so the claim must be ReadWriteMany. claims holds it once it exists.
 func unsharedState(vmi *v1alpha1.VirtualMachineInstance, claims Claims) string {
-	if !v1alpha1.PersistentEFI(&vmi.Spec) {
+	var field string
+	switch {
+	case v1alpha1.PersistentTPM(&vmi.Spec):
+		field = "devices.tpm.persistent"
+	case v1alpha1.PersistentEFI(&vmi.Spec):
+		field = "firmware.bootloader.efi.persistent"
+	default:
 		return ""
 	}
 	name := v1alpha1.BackendStorageClaim(vmi.Name)
 	pvc := claims[name]
 	if pvc == nil {
-		return fmt.Sprintf("firmware.bootloader.efi.persistent: the backend-storage claim %s does not exist yet", name)
+		return fmt.Sprintf("%s: the backend-storage claim %s does not exist yet", field, name)
 	}
 	if m := pvc.Spec.AccessModes; !slices.Contains(m, corev1.ReadWriteMany) {
-		return fmt.Sprintf("firmware.bootloader.efi.persistent: the backend-storage claim %s has access modes %v; a migration needs "+
-			"ReadWriteMany, which vmStateStorageClass in qvirt-config gives when it names a class that offers it", name, m)
+		return fmt.Sprintf("%s: the backend-storage claim %s has access modes %v; a migration needs "+
+			"ReadWriteMany, which vmStateStorageClass in qvirt-config gives when it names a class that offers it", field, name, m)
 	}
 	return ""
 }

@@ -30,10 +30,9 @@ func persistentVMI(ns, name string) *v1alpha1.VirtualMachineInstance {
 // backend-storage claim (persistent-state-for-<name>: 10Mi, filesystem, ReadWriteMany of the
 // configured vmStateStorageClass, or ReadWriteOnce of the cluster's default when none is
 // configured), controlled by its VM, or by itself when no VM (only some other controller) owns
-// it; its launcher pod mounts the claim writable at the launcher's state directory; with a
-// persistent TPM, or persistent EFI variables on a ReadWriteOnce claim, it is not
-// live-migratable, saying why, while persistent EFI variables on a ReadWriteMany claim migrate;
-// and a claim of that name that exists already is used as it is.
+// it; its launcher pod mounts the claim writable at the launcher's state directory; it is
+// live-migratable on a ReadWriteMany claim, which source and target pods both mount, and not on a
+// ReadWriteOnce one, saying why; and a claim of that name that exists already is used as it is.
 func TestBackendStorage(t *testing.T) {
 	ns := newNamespace(t)
 	cfg := config.Default()
@@ -73,13 +72,13 @@ func TestBackendStorage(t *testing.T) {
 			t.Errorf("claim %s is controlled by %+v; want UID %s", name, owner, wantUID)
 		}
 		checkStateMount(t, pod, name)
-		eventually(t, "LiveMigratable=False for "+v.Name, func() (bool, string) {
+		eventually(t, "LiveMigratable=True for "+v.Name+" on its ReadWriteMany claim", func() (bool, string) {
 			c := migratable(t, v)
-			return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.PersistentStateReason, ptr.Deref(c, metav1.Condition{}).Reason
+			return c != nil && c.Status == metav1.ConditionTrue, fmt.Sprintf("%+v", c)
 		})
 	}
 
-	// Persistent EFI variables alone migrate on a ReadWriteMany claim, which both pods mount.
+	// Persistent EFI variables alone, likewise.
 	efiShared := persistentVMI(ns, "efi-shared")
 	efiShared.Spec.Domain.Devices.TPM = nil
 	if err := cp.Client.Create(ctx, efiShared); err != nil {
@@ -112,6 +111,11 @@ func TestBackendStorage(t *testing.T) {
 	}
 	checkStateMount(t, waitPod(t, byDefault), "persistent-state-for-by-default")
 	checkStateClaim(t, getClaim(t, ns, "persistent-state-for-by-default"), corev1.ReadWriteOnce, "")
+	eventually(t, "LiveMigratable=False for by-default", func() (bool, string) {
+		c := migratable(t, byDefault)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.PersistentStateReason &&
+			strings.Contains(c.Message, "devices.tpm.persistent: the backend-storage claim persistent-state-for-by-default has access modes [ReadWriteOnce]"), fmt.Sprintf("%+v", c)
+	})
 	// A ReadWriteOnce claim keeps persistent EFI variables, and so the instance, on its node.
 	efiLocal := persistentVMI(ns, "efi-local")
 	efiLocal.Spec.Domain.Devices.TPM = nil

@@ -19,8 +19,10 @@ import (
 // TestPersistentTPM: a VM with KubeVirt's `tpm: {persistent: true}` gets its backend-storage
 // claim (persistent-state-for-<vm>, bound by the cluster's default StorageClass, controlled by the
 // VM), and after a restart of the VM its guest finds the same TPM powered on again (its
-// resetCount went up), not a new one. The instance says it cannot live-migrate, and why. Deleting
-// the VM deletes the claim.
+// resetCount went up), not a new one. On local mode's ReadWriteMany claim it live-migrates first,
+// with `qvirtctl migrate`: the guest finds the same TPM on the other node, not powered on again,
+// and the restart after it starts from the state the other node kept. Deleting the VM deletes
+// the claim.
 func TestPersistentTPM(t *testing.T) {
 	t.Parallel()
 	ns := namespace(t)
@@ -41,9 +43,16 @@ func TestPersistentTPM(t *testing.T) {
 	if owner := metav1.GetControllerOf(pvc); pvc.Status.Phase != corev1.ClaimBound || owner == nil || owner.Kind != "VirtualMachine" || owner.Name != name {
 		t.Errorf("claim %s: phase %s, controller %+v; want Bound, controlled by VirtualMachine %s", pvc.Name, pvc.Status.Phase, owner, name)
 	}
-	if c := meta.FindStatusCondition(first.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable); c == nil ||
-		c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.PersistentStateReason {
-		t.Errorf("LiveMigratable %+v; want False, %s", c, v1alpha1.PersistentStateReason)
+	waitVMI(t, ns, name, 30*time.Second, "LiveMigratable (local mode's claims are ReadWriteMany)", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v != nil && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
+	})
+
+	mustQvirtctl(t, "migrate", name, "-n", ns, "--wait", "--timeout", "3m")
+	moved := waitVMI(t, ns, name, 30*time.Second, "Running on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running("")(v) && v.UID == first.UID && v.Status.NodeName != first.Status.NodeName
+	})
+	if got := testutil.TPMResetCount(t, console(t, moved)); got != before {
+		t.Errorf("the TPM's resetCount is %s on the other node, %s before: want the same TPM, not powered on again", got, before)
 	}
 
 	request(t, ns, name, stopReq(first.UID), startReq)
