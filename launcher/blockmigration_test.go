@@ -61,18 +61,37 @@ func bootLocalDiskGuest(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) (*vm
 // localDiskTarget is a launcher waiting for src's guest with vmi's machine.
 func localDiskTarget(t *testing.T, src *vm, vmi *v1alpha1.VirtualMachineInstance) *vm {
 	t.Helper()
+	return incomingTarget(t, src, testutil.SyncRequest(t, vmi, nil))
+}
+
+// incomingTarget is a launcher waiting for src's guest, synced with req made incoming.
+func incomingTarget(t *testing.T, src *vm, req *protocol.SyncRequest) *vm {
+	t.Helper()
 	ctx := context.Background()
 	st, err := src.client.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dst := newLauncher(t)
-	req := testutil.SyncRequest(t, vmi, nil)
 	req.Machine.UID, req.Incoming = st.UID, true
 	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != protocol.PhaseIncoming {
 		t.Fatalf("sync target: %v (phase %s)", err, st.Phase)
 	}
 	return dst
+}
+
+// liveMigrate moves src's guest to dst, unthrottled, with no local disk to copy, and hands it over.
+func liveMigrate(t *testing.T, src, dst *vm) {
+	t.Helper()
+	ctx := context.Background()
+	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
+		t.Fatal(err)
+	}
+	handOver(t, src, dst)
 }
 
 // read returns what get prints for block n of the disk with serial s.

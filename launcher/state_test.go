@@ -108,25 +108,9 @@ func TestPersistentEFIMigrates(t *testing.T) {
 	testutil.MountEFIVars(t, c)
 	testutil.WriteEFIVar(t, c, testVar, testVarData)
 
-	st, err := src.client.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := newLauncher(t)
-	req := request()
-	req.Machine.UID, req.Incoming = st.UID, true
-	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != protocol.PhaseIncoming {
-		t.Fatalf("sync target on the shared state directory: %v (phase %s)", err, st.Phase)
-	}
+	dst := incomingTarget(t, src, request()) // on the shared state directory
 	dc := attach(t, dst.runDir)
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
-		t.Fatal(err)
-	}
-	handOver(t, src, dst)
+	liveMigrate(t, src, dst)
 	testutil.ExpectEFIVar(t, dc, testVar, testVarData)
 	testutil.WriteEFIVar(t, dc, migratedVar, migratedVarData)
 	if _, err := dst.client.Shutdown(ctx, nil); err != nil {
@@ -180,25 +164,9 @@ func TestPersistentTPMMigrates(t *testing.T) {
 		t.Fatalf("resetCount %s on the source's first start, want 00000001", got)
 	}
 
-	st, err := src.client.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := newLauncher(t)
-	req := request()
-	req.Machine.UID, req.Incoming = st.UID, true
-	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != protocol.PhaseIncoming {
-		t.Fatalf("sync target on the shared state directory: %v (phase %s)", err, st.Phase)
-	}
+	dst := incomingTarget(t, src, request()) // on the shared state directory
 	dc := attach(t, dst.runDir)
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
-		t.Fatal(err)
-	}
-	handOver(t, src, dst)
+	liveMigrate(t, src, dst)
 	if got := testutil.TPMResetCount(t, dc); got != "00000001" {
 		t.Errorf("resetCount %s on the target, want 00000001 (the source's TPM, not powered on again)", got)
 	}

@@ -130,14 +130,7 @@ func TestTPMMigrates(t *testing.T) {
 
 	dst := localDiskTarget(t, src, vmi)
 	dc := attach(t, dst.runDir)
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1}); err != nil {
-		t.Fatal(err)
-	}
-	handOver(t, src, dst)
+	liveMigrate(t, src, dst)
 	dc.Send(t, tpmShell)
 	if got := ask(dc, "pcrs"); got != pcrs {
 		t.Errorf("the boot measurements read %q on the target, %q on the source", got, pcrs)

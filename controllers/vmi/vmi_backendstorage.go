@@ -7,14 +7,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
@@ -83,17 +81,12 @@ func backendStorageProblem(pvc *corev1.PersistentVolumeClaim, owner *metav1.Owne
 // setBackendStorageCondition records problem with the claim called name on the instance, or
 // clears that record when problem is "".
 func setBackendStorageCondition(vmi *v1alpha1.VirtualMachineInstance, name, problem string) {
-	if problem == "" {
-		if c := findCondition(vmi, v1alpha1.VirtualMachineInstanceSynchronized); c != nil && c.Reason == v1alpha1.BackendStorageReason {
-			meta.RemoveStatusCondition(&vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
-		}
-		return
+	var msg string
+	if problem != "" {
+		msg = fmt.Sprintf("the backend-storage claim %s (for the persistent TPM or EFI variables) %s; the launcher pod is created once it can be used",
+			name, problem)
 	}
-	patch.SetCondition(&vmi.Status.Conditions, vmi, metav1.Condition{
-		Type: v1alpha1.VirtualMachineInstanceSynchronized, Status: metav1.ConditionFalse, Reason: v1alpha1.BackendStorageReason,
-		Message: fmt.Sprintf("the backend-storage claim %s (for the persistent TPM or EFI variables) %s; the launcher pod is created once it can be used",
-			name, problem),
-	})
+	setWaitingCondition(vmi, v1alpha1.BackendStorageReason, msg)
 }
 
 // backendStorageOwner is the controller of the instance's backend-storage claim: the

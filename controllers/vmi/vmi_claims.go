@@ -103,16 +103,25 @@ func (r *Reconciler) claims(ctx context.Context, vmi *v1alpha1.VirtualMachineIns
 // setClaimMissing records on the instance that a claim it needs is missing (missing non-nil), or
 // clears that record.
 func setClaimMissing(vmi *v1alpha1.VirtualMachineInstance, missing *v1alpha1.ClaimVolume) {
-	if missing == nil {
-		if c := findCondition(vmi, v1alpha1.VirtualMachineInstanceSynchronized); c != nil && c.Reason == v1alpha1.PVCNotFoundReason {
+	var msg string
+	if missing != nil {
+		msg = fmt.Sprintf("%s: PersistentVolumeClaim %q does not exist in namespace %s; the launcher pod is created once it does",
+			claimNameField(&vmi.Spec, missing.Volume), missing.Claim, vmi.Namespace)
+	}
+	setWaitingCondition(vmi, v1alpha1.PVCNotFoundReason, msg)
+}
+
+// setWaitingCondition sets the instance's Synchronized condition False with reason and msg, what
+// its launcher pod waits for; with msg "" it removes the condition if it has that reason.
+func setWaitingCondition(vmi *v1alpha1.VirtualMachineInstance, reason, msg string) {
+	if msg == "" {
+		if c := findCondition(vmi, v1alpha1.VirtualMachineInstanceSynchronized); c != nil && c.Reason == reason {
 			meta.RemoveStatusCondition(&vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceSynchronized)
 		}
 		return
 	}
 	patch.SetCondition(&vmi.Status.Conditions, vmi, metav1.Condition{
-		Type: v1alpha1.VirtualMachineInstanceSynchronized, Status: metav1.ConditionFalse, Reason: v1alpha1.PVCNotFoundReason,
-		Message: fmt.Sprintf("%s: PersistentVolumeClaim %q does not exist in namespace %s; the launcher pod is created once it does",
-			claimNameField(&vmi.Spec, missing.Volume), missing.Claim, vmi.Namespace),
+		Type: v1alpha1.VirtualMachineInstanceSynchronized, Status: metav1.ConditionFalse, Reason: reason, Message: msg,
 	})
 }
 

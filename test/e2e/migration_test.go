@@ -77,14 +77,7 @@ func TestLiveMigrationCarriesEmptyDisk(t *testing.T) {
 	src.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 	// The guest computes the marker so that the typed line's echo does not match it.
 	src.Run(t, "echo QVIRT-MARK-$((6*7)) > /dev/vda && sync && echo WROTE-$((2+3))", "WROTE-5", 30*time.Second)
-	waitVMI(t, ns, name, 30*time.Second, "LiveMigratable", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v != nil && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
-	})
-
-	mustQvirtctl(t, "migrate", name, "-n", ns, "--wait", "--timeout", "3m")
-	moved := waitVMI(t, ns, name, 30*time.Second, "Running on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return running("")(v) && v.UID == vmi.UID && v.Status.NodeName != vmi.Status.NodeName
-	})
+	moved := qvirtctlMigrate(t, vmi)
 	dst := console(t, moved)
 	// Read the disk, not the page cache that the migration carried along in the guest's memory.
 	from := len(dst.Text())
@@ -96,6 +89,20 @@ func TestLiveMigrationCarriesEmptyDisk(t *testing.T) {
 	if strings.Contains(dst.Text(), "QVIRT-GUEST-READY") {
 		t.Error("the guest booted again on the target")
 	}
+}
+
+// qvirtctlMigrate moves the running instance vmi to the other node with `qvirtctl migrate`, once it
+// is LiveMigratable, and returns it running there.
+func qvirtctlMigrate(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
+	t.Helper()
+	ns, name := vmi.Namespace, vmi.Name
+	waitVMI(t, ns, name, 30*time.Second, "LiveMigratable", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v != nil && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
+	})
+	mustQvirtctl(t, "migrate", name, "-n", ns, "--wait", "--timeout", "3m")
+	return waitVMI(t, ns, name, 30*time.Second, "Running on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running("")(v) && v.UID == vmi.UID && v.Status.NodeName != vmi.Status.NodeName
+	})
 }
 
 // expectSameGuest: the guest that counted on src's console goes on counting on dst's, without a

@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,14 +42,7 @@ func TestPersistentTPM(t *testing.T) {
 	if owner := metav1.GetControllerOf(pvc); pvc.Status.Phase != corev1.ClaimBound || owner == nil || owner.Kind != "VirtualMachine" || owner.Name != name {
 		t.Errorf("claim %s: phase %s, controller %+v; want Bound, controlled by VirtualMachine %s", pvc.Name, pvc.Status.Phase, owner, name)
 	}
-	waitVMI(t, ns, name, 30*time.Second, "LiveMigratable (local mode's claims are ReadWriteMany)", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v != nil && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
-	})
-
-	mustQvirtctl(t, "migrate", name, "-n", ns, "--wait", "--timeout", "3m")
-	moved := waitVMI(t, ns, name, 30*time.Second, "Running on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return running("")(v) && v.UID == first.UID && v.Status.NodeName != first.Status.NodeName
-	})
+	moved := qvirtctlMigrate(t, first) // local mode's claims are ReadWriteMany
 	if got := testutil.TPMResetCount(t, console(t, moved)); got != before {
 		t.Errorf("the TPM's resetCount is %s on the other node, %s before: want the same TPM, not powered on again", got, before)
 	}
@@ -89,14 +81,7 @@ func TestPersistentEFIMigrates(t *testing.T) {
 	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
 	testutil.MountEFIVars(t, c)
 	testutil.WriteEFIVar(t, c, "QvirtBefore", "QVIRT-BEFORE")
-	waitVMI(t, ns, name, 30*time.Second, "LiveMigratable", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v != nil && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
-	})
-
-	mustQvirtctl(t, "migrate", name, "-n", ns, "--wait", "--timeout", "3m")
-	moved := waitVMI(t, ns, name, 30*time.Second, "Running on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return running("")(v) && v.UID == vmi.UID && v.Status.NodeName != vmi.Status.NodeName
-	})
+	moved := qvirtctlMigrate(t, vmi)
 	dc := console(t, moved)
 	testutil.ExpectEFIVar(t, dc, "QvirtBefore", "QVIRT-BEFORE")
 	testutil.WriteEFIVar(t, dc, "QvirtAfter", "QVIRT-AFTER")
