@@ -41,8 +41,14 @@ func efiVMI(t *testing.T, secureBoot bool) *v1alpha1.VirtualMachineInstance {
 // bootVMI starts vmi in a new launcher and waits for the test guest's shell.
 func bootVMI(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) (*vm, *console) {
 	t.Helper()
+	return bootRequest(t, testutil.SyncRequest(t, vmi, nil))
+}
+
+// bootRequest starts req's machine in a new launcher and waits for the test guest's shell.
+func bootRequest(t *testing.T, req *protocol.SyncRequest) (*vm, *console) {
+	t.Helper()
 	v := newLauncher(t)
-	if st, err := v.client.Sync(context.Background(), testutil.SyncRequest(t, vmi, nil)); err != nil || st.Phase != protocol.PhaseRunning {
+	if st, err := v.client.Sync(context.Background(), req); err != nil || st.Phase != protocol.PhaseRunning {
 		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
 	}
 	c := attach(t, v.runDir)

@@ -24,14 +24,7 @@ func TestPersistentStateAcrossInstances(t *testing.T) {
 	vmi.Spec.Domain.Devices.TPM = &v1alpha1.TPMDevice{}
 	start := func() (*vm, *console) {
 		t.Helper()
-		req := testutil.SyncRequest(t, vmi, nil)
-		req.Machine.State = &machine.State{Dir: dir, EFIVars: true, TPM: true}
-		v := newLauncher(t)
-		if st, err := v.client.Sync(context.Background(), req); err != nil || st.Phase != protocol.PhaseRunning {
-			t.Fatalf("sync: %v (phase %s)", err, st.Phase)
-		}
-		c := attach(t, v.runDir)
-		c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+		v, c := bootRequest(t, onState(t, vmi, machine.State{Dir: dir, EFIVars: true, TPM: true}))
 		testutil.MountEFIVars(t, c)
 		return v, c
 	}
@@ -65,14 +58,7 @@ func TestPersistentEFIFollowsSecureBoot(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	for _, secureBoot := range []bool{false, true} {
-		req := testutil.SyncRequest(t, efiVMI(t, secureBoot), nil)
-		req.Machine.State = &machine.State{Dir: dir, EFIVars: true}
-		v := newLauncher(t)
-		if st, err := v.client.Sync(context.Background(), req); err != nil || st.Phase != protocol.PhaseRunning {
-			t.Fatalf("sync (secureBoot %v): %v (phase %s)", secureBoot, err, st.Phase)
-		}
-		c := attach(t, v.runDir)
-		c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+		v, c := bootRequest(t, onState(t, efiVMI(t, secureBoot), machine.State{Dir: dir, EFIVars: true}))
 		testutil.MountEFIVars(t, c)
 		if secureBoot {
 			c.Run(t, secureBootStateCmd, "SB-1-SM-0", time.Minute)
@@ -93,18 +79,9 @@ func TestPersistentEFIMigrates(t *testing.T) {
 	dir := t.TempDir()
 	vmi := efiVMI(t, false)
 	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, nil // no local disk to copy
-	request := func() *protocol.SyncRequest {
-		req := testutil.SyncRequest(t, vmi, nil)
-		req.Machine.State = &machine.State{Dir: dir, EFIVars: true}
-		return req
-	}
+	request := func() *protocol.SyncRequest { return onState(t, vmi, machine.State{Dir: dir, EFIVars: true}) }
 	ctx := context.Background()
-	src := newLauncher(t)
-	if st, err := src.client.Sync(ctx, request()); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
-	}
-	c := attach(t, src.runDir)
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	src, c := bootRequest(t, request())
 	testutil.MountEFIVars(t, c)
 	testutil.WriteEFIVar(t, c, testVar, testVarData)
 
@@ -117,12 +94,7 @@ func TestPersistentEFIMigrates(t *testing.T) {
 		t.Fatalf("shut the target down: %v", err)
 	}
 
-	next := newLauncher(t)
-	if st, err := next.client.Sync(ctx, request()); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync the next instance: %v (phase %s)", err, st.Phase)
-	}
-	nc := attach(t, next.runDir)
-	nc.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	_, nc := bootRequest(t, request()) // the next instance
 	testutil.MountEFIVars(t, nc)
 	testutil.ExpectEFIVar(t, nc, testVar, testVarData)
 	testutil.ExpectEFIVar(t, nc, migratedVar, migratedVarData)
@@ -148,18 +120,9 @@ func TestPersistentTPMMigrates(t *testing.T) {
 	vmi := guestVMI(t)
 	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, nil // no local disk to copy
 	vmi.Spec.Domain.Devices.TPM = &v1alpha1.TPMDevice{}
-	request := func() *protocol.SyncRequest {
-		req := testutil.SyncRequest(t, vmi, nil)
-		req.Machine.State = &machine.State{Dir: dir, TPM: true}
-		return req
-	}
+	request := func() *protocol.SyncRequest { return onState(t, vmi, machine.State{Dir: dir, TPM: true}) }
 	ctx := context.Background()
-	src := newLauncher(t)
-	if st, err := src.client.Sync(ctx, request()); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync: %v (phase %s)", err, st.Phase)
-	}
-	c := attach(t, src.runDir)
-	c.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	src, c := bootRequest(t, request())
 	if got := testutil.TPMResetCount(t, c); got != "00000001" {
 		t.Fatalf("resetCount %s on the source's first start, want 00000001", got)
 	}
@@ -182,12 +145,7 @@ func TestPersistentTPMMigrates(t *testing.T) {
 		t.Fatalf("shut the target down: %v", err)
 	}
 
-	next := newLauncher(t)
-	if st, err := next.client.Sync(ctx, request()); err != nil || st.Phase != protocol.PhaseRunning {
-		t.Fatalf("sync the next instance: %v (phase %s)", err, st.Phase)
-	}
-	nc := attach(t, next.runDir)
-	nc.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	_, nc := bootRequest(t, request()) // the next instance
 	if got := testutil.TPMResetCount(t, nc); got != "00000003" {
 		t.Errorf("resetCount %s in the next instance, want 00000003 (the target's TPM state, powered on a third time)", got)
 	}
@@ -204,4 +162,12 @@ func TestPersistentTPMMigrates(t *testing.T) {
 	if len(states) != 1 {
 		t.Errorf("the state directory holds TPM states %v; want only the current one", states)
 	}
+}
+
+// onState is the sync request of vmi with its persistent state kept as st says.
+func onState(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, st machine.State) *protocol.SyncRequest {
+	t.Helper()
+	req := testutil.SyncRequest(t, vmi, nil)
+	req.Machine.State = &st
+	return req
 }
