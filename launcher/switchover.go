@@ -116,7 +116,8 @@ func (l *Launcher) RunMigrated(ctx context.Context, req *protocol.MigrationRun) 
 	}
 	l.mu.Unlock()
 	if req.Paused {
-		return p.daemons.dropOldTPMStates()
+		p.daemons.dropOldTPMStates()
+		return nil
 	}
 	// cont on a guest already running (a repeated call) changes nothing.
 	err = p.Resume(ctx)
@@ -136,7 +137,8 @@ func (l *Launcher) RunMigrated(ctx context.Context, req *protocol.MigrationRun) 
 	if err != nil {
 		return fmt.Errorf("run the migrated guest: %w", err)
 	}
-	return p.daemons.dropOldTPMStates()
+	p.daemons.dropOldTPMStates()
+	return nil
 }
 
 // FinishMigration ends a source that holds a handed-over guest: the target runs it, so this QEMU

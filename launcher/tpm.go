@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/go-logr/logr"
+
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -53,7 +55,7 @@ func (d *daemons) startTPM(m *Machine, swtpm string) error {
 	if swtpm == "" {
 		swtpm = DefaultSWTPM
 	}
-	state, err := tpmState(m)
+	state, err := tpmState(m, d.log)
 	if err != nil {
 		return err
 	}
@@ -76,9 +78,9 @@ func (d *daemons) startTPM(m *Machine, swtpm string) error {
 
 // tpmState makes the directory of the TPM's state: the persistent one when the TPM persists
 // (persistentTPMState); otherwise afresh in the run directory.
-func tpmState(m *Machine) (string, error) {
+func tpmState(m *Machine, log logr.Logger) (string, error) {
 	if st := m.State; st != nil && st.TPM {
-		return persistentTPMState(st.Dir, m.Incoming)
+		return persistentTPMState(st.Dir, m.Incoming, log)
 	}
 	state := Dir(m.RunDir).TPMState()
 	if err := os.RemoveAll(state); err != nil {
@@ -101,7 +103,7 @@ const tpmCurrentFile = "tpm-current"
 
 // persistentTPMState is the TPM state directory in dir: the current one, made when absent, or a
 // new one for a migration target.
-func persistentTPMState(dir string, incoming bool) (string, error) {
+func persistentTPMState(dir string, incoming bool, log logr.Logger) (string, error) {
 	if incoming {
 		state, err := os.MkdirTemp(dir, machine.TPMStateDir+"-")
 		if err != nil {
@@ -114,8 +116,9 @@ func persistentTPMState(dir string, incoming bool) (string, error) {
 		return "", err
 	}
 	// No other instance of the VM runs when it starts afresh: what a failed migration left goes.
+	// Left over, it takes room on the claim but changes nothing: no failure to start for it.
 	if err := removeTPMStates(dir, cur); err != nil {
-		return "", err
+		log.Error(err, "remove the TPM states earlier migrations left")
 	}
 	state := filepath.Join(dir, cur)
 	if err := os.MkdirAll(state, 0o700); err != nil {
@@ -194,12 +197,16 @@ func (d *daemons) restoreTPMState(previous string) error {
 	return setTPMState(filepath.Dir(d.tpmIncoming), previous)
 }
 
-// dropOldTPMStates removes the TPM states the target's replaced, once the guest runs here.
-func (d *daemons) dropOldTPMStates() error {
+// dropOldTPMStates removes the TPM states the target's replaced, once the guest runs here. A
+// failure is only logged: the guest runs, and the next fresh start removes them (on NFS, say, the
+// source's swtpm may still hold its files open, which keeps its directory from going).
+func (d *daemons) dropOldTPMStates() {
 	if d == nil || d.tpmIncoming == "" {
-		return nil
+		return
 	}
-	return removeTPMStates(filepath.Dir(d.tpmIncoming), filepath.Base(d.tpmIncoming))
+	if err := removeTPMStates(filepath.Dir(d.tpmIncoming), filepath.Base(d.tpmIncoming)); err != nil {
+		d.log.Error(err, "remove the TPM state the migration replaced")
+	}
 }
 
 // dropUnadoptedTPMState removes a migration target's TPM state when the target ends without having
