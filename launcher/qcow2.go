@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/qvirt/qvirt/internal/atomicfile"
 )
 
 // The qcow2 format, as far as the launcher needs it (QEMU's docs/interop/qcow2.txt): it reads the
@@ -219,11 +221,12 @@ func (l overlayLayout) write(f *os.File) error {
 // createOverlay writes an empty qcow2 image of size bytes at path whose backing is backing
 // (recorded in its header for people reading it with qemu-img; QEMU is given the backing node
 // explicitly). An existing file at path is replaced: an overlay lives for one start of the VM. It
-// is written as writeDurably writes, so a crash never leaves a half-written overlay at path.
+// is never half written: a crash may lose it, not leave a part (not synced: it is remade at the
+// next start anyway, and a sync on every start costs the start time).
 func createOverlay(path string, backing *DiskImage, size uint64) error {
 	l, err := newOverlayLayout(size, backing.Path, backing.Format)
 	if err != nil {
 		return err
 	}
-	return writeDurably(path, l.write)
+	return atomicfile.Write(path, 0o600, l.write)
 }

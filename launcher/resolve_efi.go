@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/qvirt/qvirt/internal/atomicfile"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -79,7 +80,7 @@ func varsStore(tmpl, vars string) error {
 	if string(made) == name {
 		return nil
 	}
-	return writeDurably(record, func(f *os.File) error { _, err := f.WriteString(name); return err })
+	return atomicfile.WriteDurably(record, 0o600, func(f *os.File) error { _, err := f.WriteString(name); return err })
 }
 
 // varsTemplateRecord ends the name of the file that records a variable store's template.
@@ -116,36 +117,5 @@ func copyOnce(src, dst string) error {
 	case !errors.Is(err, os.ErrNotExist):
 		return err
 	}
-	return writeDurably(dst, func(f *os.File) error { _, err := io.Copy(f, in); return err })
-}
-
-// writeDurably makes dst (mode 0600) with write, under a temporary name, synced, then renames it
-// and syncs the directory: dst is never half written, nor lost to a crash of the node just
-// after, when it is on the VM's state claim.
-func writeDurably(dst string, write func(*os.File) error) error {
-	dir := filepath.Dir(dst)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(dst)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
-	err = write(tmp)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.WriteDurably(dst, 0o600, func(f *os.File) error { _, err := io.Copy(f, in); return err })
 }

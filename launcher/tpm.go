@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/qvirt/qvirt/internal/atomicfile"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -223,7 +224,7 @@ func (d *daemons) dropUnadoptedTPMState() {
 }
 
 func setTPMState(dir, name string) error {
-	err := writeDurably(filepath.Join(dir, tpmCurrentFile), func(f *os.File) error { _, err := f.WriteString(name); return err })
+	err := atomicfile.WriteDurably(filepath.Join(dir, tpmCurrentFile), 0o600, func(f *os.File) error { _, err := f.WriteString(name); return err })
 	if err != nil {
 		return fmt.Errorf("name %s the TPM's state: %w", name, err)
 	}

@@ -27,6 +27,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/qvirt/qvirt/internal/atomicfile"
 )
 
 // Cache pulls container images (kernelBoot and containerDisk) from registries and keeps
@@ -260,26 +262,7 @@ func lockFile(path string) (func(), error) {
 	return func() { _ = f.Close() }, nil
 }
 
-// writeAtomic replaces path with data, readable by all, through a temporary file of its own (two
-// writers of one path, processes or goroutines, never share one).
+// writeAtomic replaces path with data, readable by all as the cache's other files are.
 func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp, 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
-	return err
+	return atomicfile.Write(path, 0o644, func(f *os.File) error { _, err := f.Write(data); return err })
 }
