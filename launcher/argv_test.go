@@ -686,6 +686,7 @@ func TestQEMUAcceptsArgv(t *testing.T) {
 			if got := status["status"]; got != want {
 				t.Errorf("status %v, want %s", got, want)
 			}
+			checkRAMSize(t, m, mon.run(t, `{"execute":"query-memory-size-summary"}`))
 			var devs []any
 			_ = json.Unmarshal(mon.runRaw(t, `{"execute":"qom-list","arguments":{"path":"/machine/peripheral"}}`), &devs)
 			have := map[string]bool{}
@@ -968,5 +969,23 @@ func TestNoHotplugLeavesNoSparePorts(t *testing.T) {
 		if got := strings.Count(strings.Join(argv, " "), "id="+SpareRootPortPrefix); (got == 0) != off || (!off && got != 3) {
 			t.Errorf("noHotplug %v: %d spare root ports in %q", off, got, argv)
 		}
+	}
+}
+
+// checkRAMSize holds QEMU's guest RAM (query-memory-size-summary) to the machine's: under TCG
+// it must not be a multiple of 256 KiB, or QEMU 7.2 loses guest writes in a live migration
+// (tcgRAMPadKiB).
+func checkRAMSize(t *testing.T, m *Machine, summary map[string]any) {
+	t.Helper()
+	got, _ := summary["base-memory"].(float64)
+	want := float64(m.MemoryMiB << 20)
+	if m.Accel == machine.AccelTCG {
+		want += tcgRAMPadKiB << 10
+		if int64(got)%(256<<10) == 0 {
+			t.Errorf("guest RAM %d bytes is a multiple of 256 KiB under TCG: QEMU would sync its migration bitmap a word at a time and lose writes", int64(got))
+		}
+	}
+	if got != want {
+		t.Errorf("guest RAM %d bytes, want %d", int64(got), int64(want))
 	}
 }

@@ -391,7 +391,13 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 	}
 	dst := countingTarget(t, src, srcConsole)
 	dstConsole := attach(t, dst.runDir)
-	beforeSwitch := migrate(t, src, dst, srcConsole)
+	beforeSwitch := -1
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("tick %d before the switch; the source's console: %q\nthe target's console: %q", beforeSwitch, srcConsole.Text(), dstConsole.Text())
+		}
+	})
+	beforeSwitch = migrate(t, src, dst, srcConsole)
 	waitFor(t, 2*time.Minute, "the source to exit as migrated", func() bool {
 		st, err := src.client.Status(ctx)
 		return err == nil && st.Exit != nil
