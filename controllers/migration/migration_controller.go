@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	vmictrl "github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/internal/patch"
 )
@@ -195,6 +196,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmim *v1alpha1.Virtual
 			return ctrl.Result{}, err
 		}
 		in.TargetPod = currentTargetPod(targets)
+	}
+	if in.TargetPod != nil && vmi != nil {
+		in.ImageMismatches = vmictrl.ImageMismatches(in.TargetPod, &vmi.Status)
 	}
 	if vmim.Status.Phase == v1alpha1.MigrationPending && vmi != nil {
 		// Limits and the one-migration-per-instance rule read around the cache, so a migration

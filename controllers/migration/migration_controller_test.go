@@ -217,12 +217,18 @@ func (e *testEnv) runningVMIWith(name, node string, bridge bool, mutatePod func(
 // runPod plays kube-scheduler and the kubelet: binds the pod to node and reports it Running.
 func (e *testEnv) runPod(pod *corev1.Pod, node string) {
 	e.t.Helper()
+	e.bind(pod, node)
+	e.setPodPhase(pod, corev1.PodRunning)
+}
+
+// bind plays kube-scheduler placing pod on node.
+func (e *testEnv) bind(pod *corev1.Pod, node string) {
+	e.t.Helper()
 	binding := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
 		Target: corev1.ObjectReference{Kind: "Node", Name: node}}
 	if err := cp.Client.SubResource("binding").Create(e.ctx, pod, binding); err != nil {
 		e.t.Fatalf("bind pod %s: %v", pod.Name, err)
 	}
-	e.setPodPhase(pod, corev1.PodRunning)
 }
 
 // setPodPhase plays the kubelet reporting a pod's phase.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -94,4 +95,73 @@ func TestTargetPodWithoutDigestKeepsTag(t *testing.T) {
 		}
 		return false, fmt.Sprintf("events %q", seen)
 	})
+}
+
+// runPodReporting plays kube-scheduler and a real kubelet: it binds pod to node and reports it
+// Running with refs (pod volume name to imageRef) for its image volumes, which a kubelet reports
+// as the runtime's image IDs.
+func (e *testEnv) runPodReporting(pod *corev1.Pod, node string, refs map[string]string) {
+	e.t.Helper()
+	e.bind(pod, node)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := cp.Client.Get(e.ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			return err
+		}
+		c := pod.Spec.Containers[0]
+		cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true,
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}
+		for _, m := range c.VolumeMounts {
+			ms := corev1.VolumeMountStatus{Name: m.Name, MountPath: m.MountPath, ReadOnly: m.ReadOnly}
+			if ref, ok := refs[m.Name]; ok {
+				ms.VolumeStatus = &corev1.VolumeStatus{Image: &corev1.ImageVolumeStatus{ImageRef: ref}}
+			}
+			cs.VolumeMounts = append(cs.VolumeMounts, ms)
+		}
+		pod.Status.Phase = corev1.PodRunning
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{cs}
+		return cp.Client.Status().Update(e.ctx, pod)
+	})
+	if err != nil {
+		e.t.Fatalf("report pod %s running: %v", pod.Name, err)
+	}
+}
+
+// On a real kubelet the source's status records image IDs, which cannot be pinned: the target pulls
+// the tag, and when the tag has moved the migration fails before it starts, the guest untouched on
+// its source, rather than running on other disk bytes than it booted from.
+func TestTargetWithMovedTagFails(t *testing.T) {
+	e := setup(t, nil)
+	vmi, source := e.runningVMIWith("moved", "node-a", false, withImageVolumes)
+	e.updateVMIStatus(vmi, func(s *v1alpha1.VirtualMachineInstanceStatus) {
+		s.KernelBootStatus = &v1alpha1.KernelBootStatus{ImageRef: kernelDigest}
+		s.ContainerDiskStatus = []v1alpha1.ContainerDiskStatus{{Name: "root", ImageRef: diskDigest}}
+	})
+	m := e.migrate("m1", vmi.Name)
+	tp := e.waitTargetPod(m)
+	if got := imageVolumes(tp)["containerdisk-2"]; !strings.HasPrefix(got, "registry.test:5000/disk:v1 ") {
+		t.Fatalf("target pod's disk image %q: an image ID cannot be pinned, want the tag", got)
+	}
+	moved := "sha256:" + strings.Repeat("3", 64)
+	e.runPodReporting(tp, "node-b", map[string]string{"kernel-boot": kernelDigest, "containerdisk-2": moved})
+
+	e.assertFailed(m, ReasonTargetImageMismatch)
+	got, err := e.getMigration(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := condition(got, ConditionFailed); !strings.Contains(c.Message, "containerDisk root: the target's node pulled "+moved) ||
+		strings.Contains(c.Message, "kernelBoot") {
+		t.Errorf("Failed condition message %q: want the containerDisk named with both digests, not the kernel", c.Message)
+	}
+	e.eventually("target pod deleted", func() (bool, string) { return e.podGone(tp) })
+	after := e.getVMI(vmi)
+	if after.Status.NodeName != "node-a" || after.Status.ActivePods[source.UID] != "node-a" {
+		t.Errorf("vmi moved: nodeName %q activePods %v", after.Status.NodeName, after.Status.ActivePods)
+	}
+	if ms := after.Status.MigrationState; ms != nil && ms.MigrationUID == m.UID && (ms.TargetNodeAddress != "" || ms.StartTimestamp != nil) {
+		t.Errorf("the migration got under way: %+v", ms)
+	}
+	if ok, _ := e.podGone(source); ok {
+		t.Errorf("source pod was deleted")
+	}
 }

@@ -2,6 +2,7 @@ package migration
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +48,9 @@ const (
 	// ReasonImagesNotPinned: the target pod pulls an image by the spec's tag, for want of a digest
 	// in the instance's status (an instance from before digests were recorded).
 	ReasonImagesNotPinned = "ImagesNotPinned"
+	// ReasonTargetImageMismatch: the target's node pulled other bytes for an image's tag than the
+	// source runs (the tag moved, and the image could not be pinned to a digest).
+	ReasonTargetImageMismatch = "TargetImageMismatch"
 	// ReasonPolicyTie: more than one MigrationPolicy matches the instance best; the first by name
 	// applies.
 	ReasonPolicyTie = "MigrationPolicyTie"
@@ -98,6 +102,9 @@ type phaseInput struct {
 	AbortGrace time.Duration
 	// PhaseSince is when the migration entered its current phase.
 	PhaseSince time.Time
+	// ImageMismatches names the target pod's images whose bytes differ from the source's
+	// (vmi.ImageMismatches).
+	ImageMismatches []string
 }
 
 // decision is the phase a migration is in (or enters once Action succeeds), and why.
@@ -235,6 +242,9 @@ func decidePhase(in phaseInput) decision {
 		return fail(ReasonTargetPodDeleted, "target pod %s is being deleted", tp.Name)
 	case podEnded(tp):
 		return fail(ReasonTargetPodFailed, "target pod %s ended (%s): %s", tp.Name, tp.Status.Phase, tp.Status.Message)
+	case len(in.ImageMismatches) > 0:
+		// The guest would run on other disk or kernel bytes than it booted from.
+		return fail(ReasonTargetImageMismatch, "target pod %s: %s", tp.Name, strings.Join(in.ImageMismatches, "; "))
 	}
 
 	var d decision

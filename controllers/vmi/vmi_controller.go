@@ -153,7 +153,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 	applyOutcome(&vmi.Status, o, r.now())
 	setImagePullCondition(vmi, pod)
 	setPodScheduledCondition(vmi, pod)
-	recordImages(&vmi.Status, pod)
+	RecordImages(&vmi.Status, pod)
 	recheck, err := r.checkCloudInitSecrets(ctx, vmi)
 	if err != nil {
 		return ctrl.Result{}, o, err

@@ -1,6 +1,7 @@
 package vmi
 
 import (
+	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,8 +14,11 @@ import (
 // reference, usually a tag; the node resolves the tag when it pulls and reports what it pulled in
 // the pod's status (status.containerStatuses[].volumeMounts[].volumeStatus.image.imageRef, with the
 // ImageVolumeWithDigest feature). The VMI reconciler copies that into the instance's status
-// (recordImages), and a migration target mounts the recorded digest instead of the tag
+// (RecordImages), and a migration target mounts the recorded digest instead of the tag
 // (PinImageVolumes), so both ends of a migration run the same bytes even when the tag has moved.
+// A real kubelet reports an image ID rather than a repository digest, which cannot be pulled: such
+// a target pulls the tag, and the migration reconciler compares what it got before the migration
+// starts (ImageMismatches).
 
 // podImage is one image volume of a launcher pod, and the instance's image it holds.
 type podImage struct {
@@ -79,11 +83,11 @@ func reportedImageRefs(pod *corev1.Pod) map[string]string {
 	return out
 }
 
-// recordImages copies what the node reports it pulled for the instance's launcher pod into the
+// RecordImages copies what the node reports it pulled for the instance's launcher pod into the
 // status. The VMI reconciler is the only writer of these fields, so nothing fights over them; an
 // image not reported yet keeps what was recorded. After a migration the target pod is the
 // instance's pod, and it reports the digest it was given.
-func recordImages(st *v1alpha1.VirtualMachineInstanceStatus, pod *corev1.Pod) {
+func RecordImages(st *v1alpha1.VirtualMachineInstanceStatus, pod *corev1.Pod) {
 	if pod == nil {
 		return
 	}
@@ -130,12 +134,18 @@ func recordedRef(st *v1alpha1.VirtualMachineInstanceStatus, img podImage) string
 // digest names the same bytes everywhere, so a node's copy is as good as the registry's). The
 // migration reconciler calls it on a target pod copied from the source pod. It returns the images
 // it left on their tag because st records no pullable digest for them ("kernelBoot",
-// "containerDisk <name>"): an instance started before digests were recorded, or a node whose
-// runtime reports an image ID rather than a repository digest.
+// "containerDisk <name>"): an instance started before digests were recorded, a node whose runtime
+// reports an image ID rather than a repository digest, or one that reports nothing (a real kubelet
+// of Kubernetes 1.37 under containerd 2: it matches the runtime's mounts to volumes by a name the
+// CRI does not carry). An image the spec names by digest needs no pinning and is not returned.
 func PinImageVolumes(pod *corev1.Pod, st *v1alpha1.VirtualMachineInstanceStatus) (unpinned []string) {
 	for _, img := range podImages(pod) {
 		src := img.volume.Image
 		pinned, ok := pinnedReference(src.Reference, recordedRef(st, img))
+		if !ok && hasDigest(src.Reference) {
+			// The spec names the bytes itself.
+			continue
+		}
 		if !ok {
 			unpinned = append(unpinned, img.what())
 			continue
@@ -145,20 +155,61 @@ func PinImageVolumes(pod *corev1.Pod, st *v1alpha1.VirtualMachineInstanceStatus)
 	return unpinned
 }
 
+// ImageMismatches compares what target's node reports it pulled with what st records the source
+// runs, and names each image whose bytes differ ("containerDisk root: ..."). It is the check for
+// an image PinImageVolumes could not pin: a real kubelet reports an image ID (the config's digest,
+// what the CRI's ImageStatus returns), which no registry serves, so a target pulls the tag, which
+// may have moved since the source pulled it. Two image IDs, or two repository digests, name the
+// same bytes exactly when they are equal; a pair of one of each (nodes of different runtimes)
+// cannot be compared and is not reported, nor is an image one side has not reported yet.
+func ImageMismatches(target *corev1.Pod, st *v1alpha1.VirtualMachineInstanceStatus) []string {
+	refs := reportedImageRefs(target)
+	var out []string
+	for _, img := range podImages(target) {
+		recorded, reported := recordedRef(st, img), refs[img.volume.Name]
+		a, aKind := imageDigest(recorded)
+		b, bKind := imageDigest(reported)
+		if a == "" || b == "" || aKind != bKind || a == b {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: the target's node pulled %s for %s, the source runs %s",
+			img.what(), reported, img.volume.Image.Reference, recorded))
+	}
+	return out
+}
+
+// imageDigest splits what a node reports for an image into its digest and the digest's kind: a
+// repository digest ("repo@sha256:<hex>", the manifest's) or an image ID ("sha256:<hex>", the
+// config's). Anything else has no digest.
+func imageDigest(ref string) (digest string, repoDigest bool) {
+	if at := strings.LastIndexByte(ref, '@'); at >= 0 {
+		if d := ref[at+1:]; isSHA256Digest(d) {
+			return d, true
+		}
+		return "", false
+	}
+	if isSHA256Digest(ref) {
+		return ref, false
+	}
+	return "", false
+}
+
 // pinnedReference is ref's repository at the digest of imageRef ("repo@sha256:<hex>"). The
 // repository is ref's, not imageRef's: it is the one the pod's pull secrets were written for, while
 // a node may report a normalised or mirrored name. False when imageRef carries no sha256 digest
 // (say a bare image ID, which no registry serves).
 func pinnedReference(ref, imageRef string) (string, bool) {
-	at := strings.LastIndexByte(imageRef, '@')
-	if at < 0 || ref == "" {
-		return "", false
-	}
-	digest := imageRef[at+1:]
-	if !isSHA256Digest(digest) {
+	digest, repoDigest := imageDigest(imageRef)
+	if !repoDigest || ref == "" {
 		return "", false
 	}
 	return repository(ref) + "@" + digest, true
+}
+
+// hasDigest reports whether an image reference names a sha256 digest ("repo@sha256:<hex>").
+func hasDigest(ref string) bool {
+	_, repoDigest := imageDigest(ref)
+	return repoDigest
 }
 
 // repository strips a reference's digest and tag: "host:5000/a/b:tag@sha256:..." is "host:5000/a/b".

@@ -261,6 +261,9 @@ func (n *Node) writeCNIConfig() error {
 //   - makeIPTablesUtilChains: false: its KUBE-FIREWALL chain drops traffic to 127/8 from
 //     non-local sources, which breaks the host's other loopback services.
 //   - failSwapOn: false and low eviction thresholds: a shared developer machine, not a dedicated node.
+//   - the ImageVolumeWithDigest feature (alpha in 1.37): the kubelet reports what it pulled for a
+//     launcher pod's containerDisk and kernelBoot image volumes, which qvirt records in the
+//     instance's status and checks a migration target against.
 //   - x509 client certificates from the cluster CA (the API server's, for logs and exec) and
 //     Webhook authorization; no anonymous access, no read-only port.
 func (n *Node) writeKubeletConfig() error {
@@ -280,6 +283,7 @@ func (n *Node) writeKubeletConfig() error {
 		"imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
 		"rotateCertificates": false, "serverTLSBootstrap": false, "registerNode": true,
 		"resolvConf": "/etc/resolv.conf", "clusterDomain": "cluster.local",
+		"featureGates": map[string]bool{"ImageVolumeWithDigest": true},
 	}
 	return writeJSON(n.path("kubelet.json"), cfg)
 }

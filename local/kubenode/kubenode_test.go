@@ -18,6 +18,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	vmictrl "github.com/qvirt/qvirt/controllers/vmi"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/cluster"
 	"github.com/qvirt/qvirt/local/kubenode"
 	"github.com/qvirt/qvirt/local/provider"
@@ -51,6 +54,9 @@ func TestRealNode(t *testing.T) {
 			checkPodRuns(t, n, node)
 		})
 	}
+	t.Run("a migration target's containerDisk is pinned to the source's digest, caught when its tag moved, or named as unpinned", func(t *testing.T) {
+		checkImageVolumeDigests(t, n)
+	})
 }
 
 func startRealNodes(t *testing.T) *realNodes {
@@ -208,16 +214,34 @@ func checkPodRuns(t *testing.T, n *realNodes, node string) {
 	if err := registry.PushBusybox(ctx, image, []string{registry.BusyboxPath, "echo", line}); err != nil {
 		t.Fatal(err)
 	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "echo-" + node, Namespace: "default"},
+	got, out := runToCompletion(ctx, t, n, restrictedPod("echo-"+node, node, image, 65534))
+	cs := got.Status.ContainerStatuses
+	if len(cs) != 1 || !strings.HasPrefix(cs[0].ContainerID, "containerd://") || cs[0].ImageID == "" {
+		t.Errorf("container status %+v: want one container run by containerd, with its image's digest", cs)
+	}
+	if strings.TrimSpace(out) != line {
+		t.Errorf("pod log %q, want %q", out, line)
+	}
+}
+
+// restrictedPod runs image on node as user uid, as the restricted Pod Security level asks:
+// seccomp's RuntimeDefault (runc loads containerd's default profile), no root, no privilege
+// escalation, no capabilities. The scheduler places it (no nodeName): the selector only says which
+// real node.
+func restrictedPod(name, node, image string, uid int64) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
-			// The scheduler places it (no nodeName): the selector only says which real node.
 			NodeSelector: map[string]string{"kubernetes.io/hostname": node},
-			// As the restricted Pod Security level asks: seccomp's RuntimeDefault (runc loads
-			// containerd's default profile), no root, no privilege escalation.
 			SecurityContext: &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65534)},
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To(uid)},
 			Containers: []corev1.Container{{Name: "echo", Image: image, SecurityContext: &corev1.SecurityContext{
 				AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}}}}
+}
+
+// runToCompletion creates pod, waits until it Succeeded on the node it asked for, and returns its
+// last status and its log as `kubectl logs` reads it.
+func runToCompletion(ctx context.Context, t *testing.T, n *realNodes, pod *corev1.Pod) (*corev1.Pod, string) {
+	t.Helper()
 	// The default ServiceAccount appears once kube-controller-manager has made it.
 	var err error
 	for {
@@ -244,15 +268,11 @@ func checkPodRuns(t *testing.T, n *realNodes, node string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if got.Status.Phase != corev1.PodSucceeded {
-		t.Fatalf("pod phase %q, want Succeeded; status: %+v", got.Status.Phase, got.Status)
+		t.Fatalf("pod %s phase %q, want Succeeded; status: %+v", pod.Name, got.Status.Phase, got.Status)
 	}
-	t.Logf("pod Succeeded %.1fs after its creation", time.Since(created).Seconds())
-	if got.Spec.NodeName != node {
-		t.Errorf("pod ran on %q, want the real node %q", got.Spec.NodeName, node)
-	}
-	cs := got.Status.ContainerStatuses
-	if len(cs) != 1 || !strings.HasPrefix(cs[0].ContainerID, "containerd://") || cs[0].ImageID == "" {
-		t.Errorf("container status %+v: want one container run by containerd, with its image's digest", cs)
+	t.Logf("pod %s Succeeded %.1fs after its creation", pod.Name, time.Since(created).Seconds())
+	if node := pod.Spec.NodeSelector["kubernetes.io/hostname"]; got.Spec.NodeName != node {
+		t.Errorf("pod %s ran on %q, want the real node %q", pod.Name, got.Spec.NodeName, node)
 	}
 	logs, err := n.cs.CoreV1().Pods("default").GetLogs(pod.Name, &corev1.PodLogOptions{}).Stream(ctx)
 	if err != nil {
@@ -263,8 +283,85 @@ func checkPodRuns(t *testing.T, n *realNodes, node string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.TrimSpace(string(out)) != line {
-		t.Errorf("pod log %q, want %q", out, line)
+	return got, string(out)
+}
+
+// checkImageVolumeDigests runs, as qvirt's pod renderer lays them out, a launcher pod's
+// containerDisk image volume on the first real node and a migration target's on the second, with
+// the disk's tag moved in between. What the kubelet reports it pulled (ImageVolumeWithDigest) is
+// recorded as the VMI reconciler does (vmi.RecordImages), the target is pinned as the migration
+// reconciler does (vmi.PinImageVolumes), and the reconciler's check (vmi.ImageMismatches) must
+// catch a target that got other bytes. When the kubelet reports nothing, as 1.37.2 does, the
+// target stays on the tag and the migration warns that it is not pinned.
+func checkImageVolumeDigests(t *testing.T, n *realNodes) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const disk, file = "root", "/disk/marker.img"
+	tag := n.registry + "/qvirt/pinned-disk:v1"
+	push := func(content string) {
+		t.Helper()
+		f := filepath.Join(t.TempDir(), "marker.img")
+		if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := registry.PushContainerDisk(ctx, tag, f, file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cat := n.registry + "/qvirt/cat:v1"
+	mounted := podlayout.ContainerDiskMount(disk) + file
+	if err := registry.PushBusybox(ctx, cat, []string{registry.BusyboxPath, "cat", mounted}); err != nil {
+		t.Fatal(err)
+	}
+	launcher := func(name, node string) *corev1.Pod {
+		// The disk's files belong to uid 107 (qemu), as the launcher runs.
+		pod := restrictedPod(name, node, cat, 107)
+		c := &pod.Spec.Containers[0]
+		c.Name = podlayout.ComputeContainer
+		c.VolumeMounts = []corev1.VolumeMount{{Name: "containerdisk-0", MountPath: podlayout.ContainerDiskMount(disk), ReadOnly: true}}
+		pod.Spec.Volumes = []corev1.Volume{{Name: "containerdisk-0", VolumeSource: corev1.VolumeSource{
+			Image: &corev1.ImageVolumeSource{Reference: tag, PullPolicy: corev1.PullIfNotPresent}}}}
+		return pod
+	}
+
+	push("first")
+	source, out := runToCompletion(ctx, t, n, launcher("source", n.names[0]))
+	if out != "first" {
+		t.Fatalf("source pod read %q from its containerDisk, want %q", out, "first")
+	}
+	var st v1alpha1.VirtualMachineInstanceStatus
+	vmictrl.RecordImages(&st, source)
+	recorded := ""
+	if len(st.ContainerDiskStatus) == 1 {
+		recorded = st.ContainerDiskStatus[0].ImageRef
+	}
+
+	push("moved")
+	target := launcher("target", n.names[1])
+	unpinned := vmictrl.PinImageVolumes(target, &st)
+	target, out = runToCompletion(ctx, t, n, target)
+	mismatches := vmictrl.ImageMismatches(target, &st)
+	t.Logf("the kubelet reported %q for the source's disk; the target pulled %s and read %q; unpinned %q, mismatches %q",
+		recorded, target.Spec.Volumes[0].Image.Reference, out, unpinned, mismatches)
+	switch {
+	case recorded == "":
+		// Kubernetes 1.37.2 under containerd 2 reports nothing, even with the feature on: the
+		// kubelet matches the runtime's mounts to volumes by a name the CRI does not carry. qvirt
+		// cannot pin then: the target keeps the tag (the migration's ImagesNotPinned warning), and
+		// it gets the moved tag's bytes.
+		if fmt.Sprint(unpinned) != "[containerDisk root]" || len(mismatches) > 0 {
+			t.Errorf("with no digest recorded: unpinned %q, mismatches %q; want the containerDisk unpinned and nothing to compare", unpinned, mismatches)
+		}
+		if out != "moved" {
+			t.Errorf("target pulled the tag after it moved and read %q, want %q", out, "moved")
+		}
+	case len(unpinned) == 0:
+		if out != "first" {
+			t.Errorf("target pinned to %s read %q, want the source's %q", target.Spec.Volumes[0].Image.Reference, out, "first")
+		}
+	case len(mismatches) != 1:
+		// An image ID (what containerd will report) cannot be pinned; the check must catch the move.
+		t.Errorf("target pulled the moved tag and read %q; mismatches %q, want the containerDisk named", out, mismatches)
 	}
 }
 
