@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -137,10 +138,10 @@ func failureReason(v migrationView) string {
 	if v.state != nil && v.state.FailureReason != "" {
 		return v.state.FailureReason
 	}
-	for _, c := range v.vmim.Status.Conditions {
-		if c.Message != "" {
-			return c.Message
-		}
+	// The controller's own refusals and failures (the target's images, a timeout) are in the
+	// Failed condition; the others say how far the migration got.
+	if c := meta.FindStatusCondition(v.vmim.Status.Conditions, qv1.MigrationConditionFailed); c != nil && c.Message != "" {
+		return fmt.Sprintf("%s (%s)", c.Message, c.Reason)
 	}
 	return "no reason given; see: kubectl describe vmim " + v.vmim.Name
 }

@@ -139,3 +139,34 @@ func TestMigrateWaitFailsWithTheReason(t *testing.T) {
 		t.Errorf("migrate: exit %d, stdout %q", code, out)
 	}
 }
+
+// A migration the controller failed (no node agent ever reported on it) fails with the Failed
+// condition's message, not the message of whichever condition comes first.
+func TestMigrateWaitFailsWithTheFailedCondition(t *testing.T) {
+	f := newFakeAPI(t)
+	kc := f.kubeconfig(t)
+	createVMI(t, "ns-a", "mig-refused", qv1.Running)
+	errs := make(chan error, 1)
+	f.onMigrate = func(vmim *qv1.VirtualMachineInstanceMigration) {
+		if err := f.waitWatching("virtualmachineinstances", "virtualmachineinstancemigrations"); err != nil {
+			errs <- err
+			return
+		}
+		now := metav1.Now()
+		errs <- updateVMIM(context.Background(), vmim, func(m *qv1.VirtualMachineInstanceMigration) {
+			m.Status.Phase = qv1.MigrationFailed
+			m.Status.Conditions = []metav1.Condition{
+				{Type: "Admitted", Status: metav1.ConditionTrue, Reason: "Admitted", Message: "within the parallel migration limits", LastTransitionTime: now},
+				{Type: "Failed", Status: metav1.ConditionTrue, Reason: "TargetImageMismatch", LastTransitionTime: now,
+					Message: "target pod p: containerDisk root: the target's node pulled a for b, the source runs c"},
+			}
+		})
+	}
+	_, errOut, code := run(t, nil, "migrate", "mig-refused", "--wait", "--kubeconfig", kc)
+	if err := <-errs; err != nil {
+		t.Fatalf("migration script: %v", err)
+	}
+	if code != 1 || !regexp.MustCompile(`failed: target pod p: containerDisk root: the target's node pulled a for b, the source runs c \(TargetImageMismatch\)`).MatchString(errOut) {
+		t.Errorf("failed migration: exit %d, stderr %q", code, errOut)
+	}
+}

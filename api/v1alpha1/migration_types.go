@@ -60,6 +60,10 @@ const (
 	MigrationFailed          VirtualMachineInstanceMigrationPhase = "Failed"
 )
 
+// MigrationConditionFailed is the condition a migration gets once it failed or was refused; its
+// reason and message say why.
+const MigrationConditionFailed = "Failed"
+
 // VirtualMachineInstanceMigrationStatus is a migration's progress.
 type VirtualMachineInstanceMigrationStatus struct {
 	// Phase is where the migration is.

@@ -20,7 +20,7 @@ const (
 	// and True once it was let through.
 	ConditionAdmitted = "Admitted"
 	// ConditionFailed is True once the migration failed or was refused; its reason says why.
-	ConditionFailed = "Failed"
+	ConditionFailed = v1alpha1.MigrationConditionFailed
 	// ConditionAbortRequested is True once qvirt asked the node agent to cancel the migration
 	// (deletion or completion timeout); its LastTransitionTime starts the abort grace period.
 	ConditionAbortRequested = "AbortRequested"

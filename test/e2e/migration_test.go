@@ -3,16 +3,20 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
@@ -118,4 +122,85 @@ func expectSameGuest(t *testing.T, src, dst *testutil.Console) {
 	if strings.Contains(dst.Text(), "QVIRT-GUEST-READY") {
 		t.Error("the guest booted again on the target")
 	}
+}
+
+// TestMigrationKeepsTheImageItBootedFrom: a VM's writable containerDisk is named by a tag, which is
+// pushed anew while the VM runs; the live migration's target mounts the digest the source's node
+// pulled, not the moved tag, and the guest reads the disk it booted with on the target node.
+func TestMigrationKeepsTheImageItBootedFrom(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	const name = "pinmig"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tag := lc.Registry + "/qvirt/e2e-" + ns + "-disk:v1"
+	push := func(marker string) {
+		t.Helper()
+		f := filepath.Join(t.TempDir(), "disk.img")
+		if err := os.WriteFile(f, append([]byte(marker), make([]byte, 1<<20-len(marker))...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := registry.PushContainerDisk(ctx, tag, f, "/disk/disk.img"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push("QVIRT-DISK-FIRST")
+	vm := demoVM(t, ns, name, v1alpha1.RunStrategyAlways)
+	spec := &vm.Spec.Template.Spec
+	spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, v1alpha1.Disk{Name: "root",
+		Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
+	spec.Volumes = append(spec.Volumes, v1alpha1.Volume{Name: "root", VolumeSource: v1alpha1.VolumeSource{
+		ContainerDisk: &v1alpha1.ContainerDiskSource{Image: tag}}})
+	applyVM(t, vm)
+	vmi := waitVMI(t, ns, name, bootTimeout, "Running with its disk's digest recorded", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running("")(v) && len(v.Status.ContainerDiskStatus) == 1 && v.Status.ContainerDiskStatus[0].ImageRef != ""
+	})
+	src := console(t, vmi)
+	src.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	readDisk := func(c *testutil.Console) string {
+		t.Helper()
+		// The disk, not the page cache the migration carried along in the guest's memory.
+		from := len(c.Text())
+		c.Send(t, "sync; echo 3 > /proc/sys/vm/drop_caches; head -c 16 /dev/vda; echo; echo READ-$((1+1))")
+		end := c.Expect(t, from, "READ-2", time.Minute)
+		return c.Text()[from:end]
+	}
+	if got := readDisk(src); !strings.Contains(got, "QVIRT-DISK-FIRST") {
+		t.Fatalf("the guest reads %q from its containerDisk, want QVIRT-DISK-FIRST", got)
+	}
+
+	push("QVIRT-DISK-MOVED")
+	moved := qvirtctlMigrate(t, vmi)
+	if got := readDisk(console(t, moved)); !strings.Contains(got, "QVIRT-DISK-FIRST") {
+		t.Errorf("on node %s the guest reads %q from its containerDisk, want QVIRT-DISK-FIRST: the target pulled the moved tag",
+			moved.Status.NodeName, got)
+	}
+	repo := strings.TrimSuffix(tag, ":v1")
+	recorded := vmi.Status.ContainerDiskStatus[0].ImageRef
+	want := repo + recorded[strings.LastIndexByte(recorded, '@'):]
+	if got := podImage(t, moved, repo); got != want {
+		t.Errorf("the target pod mounts %q, want the digest the source's node pulled, %q", got, want)
+	}
+}
+
+// podImage is the reference vmi's launcher pod on its node mounts from repository repo.
+func podImage(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, repo string) string {
+	t.Helper()
+	var pods corev1.PodList
+	if err := cl.List(context.Background(), &pods, client.InNamespace(vmi.Namespace),
+		client.MatchingLabels{v1alpha1.VMIUIDLabel: string(vmi.UID)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != vmi.Status.NodeName || p.DeletionTimestamp != nil {
+			continue
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.Image != nil && strings.HasPrefix(v.Image.Reference, repo) {
+				return v.Image.Reference
+			}
+		}
+	}
+	t.Fatalf("no launcher pod of %s on node %s mounts an image of %s", vmi.Name, vmi.Status.NodeName, repo)
+	return ""
 }
