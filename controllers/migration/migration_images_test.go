@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 var (
@@ -107,18 +108,9 @@ func (e *testEnv) runPodReporting(pod *corev1.Pod, node string, refs map[string]
 		if err := cp.Client.Get(e.ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
 			return err
 		}
-		c := pod.Spec.Containers[0]
-		cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true,
-			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}
-		for _, m := range c.VolumeMounts {
-			ms := corev1.VolumeMountStatus{Name: m.Name, MountPath: m.MountPath, ReadOnly: m.ReadOnly}
-			if ref, ok := refs[m.Name]; ok {
-				ms.VolumeStatus = &corev1.VolumeStatus{Image: &corev1.ImageVolumeStatus{ImageRef: ref}}
-			}
-			cs.VolumeMounts = append(cs.VolumeMounts, ms)
-		}
 		pod.Status.Phase = corev1.PodRunning
-		pod.Status.ContainerStatuses = []corev1.ContainerStatus{cs}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{
+			testutil.RunningWithImageRefs(pod.Spec.Containers[0], func(m corev1.VolumeMount) string { return refs[m.Name] })}
 		return cp.Client.Status().Update(e.ctx, pod)
 	})
 	if err != nil {

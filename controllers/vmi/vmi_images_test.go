@@ -12,6 +12,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 var (
@@ -42,16 +43,7 @@ func reportImageRefs(t testing.TB, pod *corev1.Pod, refs map[string]string) {
 		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
 			return err
 		}
-		c := pod.Spec.Containers[0]
-		cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true,
-			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}
-		for _, m := range c.VolumeMounts {
-			ms := corev1.VolumeMountStatus{Name: m.Name, MountPath: m.MountPath, ReadOnly: m.ReadOnly}
-			if ref, ok := refs[m.MountPath]; ok {
-				ms.VolumeStatus = &corev1.VolumeStatus{Image: &corev1.ImageVolumeStatus{ImageRef: ref}}
-			}
-			cs.VolumeMounts = append(cs.VolumeMounts, ms)
-		}
+		cs := testutil.RunningWithImageRefs(pod.Spec.Containers[0], func(m corev1.VolumeMount) string { return refs[m.MountPath] })
 		pod.Status.ContainerStatuses = []corev1.ContainerStatus{cs}
 		return cp.Client.Status().Update(ctx, pod)
 	})

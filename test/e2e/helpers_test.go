@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -136,12 +135,7 @@ func console(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) *testutil.Conso
 // pod's own PID namespace, which means nothing on the host.
 func qemuPID(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) int {
 	t.Helper()
-	var pods corev1.PodList
-	if err := cl.List(context.Background(), &pods, client.InNamespace(vmi.Namespace),
-		client.MatchingLabels{v1alpha1.VMIUIDLabel: string(vmi.UID)}); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pods.Items {
+	for _, p := range ec.LauncherPods(t, vmi) {
 		if _, active := vmi.Status.ActivePods[p.UID]; !active || len(p.Status.ContainerStatuses) == 0 {
 			continue
 		}

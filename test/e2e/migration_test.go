@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -186,12 +185,7 @@ func TestMigrationKeepsTheImageItBootedFrom(t *testing.T) {
 // podImage is the reference vmi's launcher pod on its node mounts from repository repo.
 func podImage(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, repo string) string {
 	t.Helper()
-	var pods corev1.PodList
-	if err := cl.List(context.Background(), &pods, client.InNamespace(vmi.Namespace),
-		client.MatchingLabels{v1alpha1.VMIUIDLabel: string(vmi.UID)}); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pods.Items {
+	for _, p := range ec.LauncherPods(t, vmi) {
 		if p.Spec.NodeName != vmi.Status.NodeName || p.DeletionTimestamp != nil {
 			continue
 		}

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -141,12 +140,7 @@ func gone(v *v1alpha1.VirtualMachineInstance) bool { return v == nil }
 // podIP is the address of the VMI's active launcher pod.
 func podIP(t testing.TB, vmi *v1alpha1.VirtualMachineInstance) string {
 	t.Helper()
-	var pods corev1.PodList
-	if err := cl.List(context.Background(), &pods, client.InNamespace(vmi.Namespace),
-		client.MatchingLabels{v1alpha1.VMIUIDLabel: string(vmi.UID)}); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pods.Items {
+	for _, p := range ec.LauncherPods(t, vmi) {
 		if _, active := vmi.Status.ActivePods[p.UID]; active && p.Status.PodIP != "" {
 			return p.Status.PodIP
 		}

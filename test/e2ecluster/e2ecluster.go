@@ -24,6 +24,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/qvirt/qvirt/api/scheme"
+	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/local/cluster"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
@@ -179,4 +180,16 @@ func (c *Cluster) Run(t testing.TB, stdin []byte, name string, args ...string) s
 		t.Fatal(err)
 	}
 	return out
+}
+
+// LauncherPods lists vmi's launcher pods (by its UID label): the active one, and during or after a
+// migration the other side's.
+func (c *Cluster) LauncherPods(t testing.TB, vmi *v1alpha1.VirtualMachineInstance) []corev1.Pod {
+	t.Helper()
+	var pods corev1.PodList
+	if err := c.Client.List(context.Background(), &pods, client.InNamespace(vmi.Namespace),
+		client.MatchingLabels{v1alpha1.VMIUIDLabel: string(vmi.UID)}); err != nil {
+		t.Fatalf("list the launcher pods of %s: %v", vmi.Name, err)
+	}
+	return pods.Items
 }
