@@ -219,7 +219,7 @@ func migrateViaLaunchers(b *testing.B, tunnel bool) migrationRun {
 	if tunnel {
 		listen = launcher.ListenUnix
 	}
-	uri, err := dst.PrepareMigrationTarget(ctx, listen)
+	uri, err := dst.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: listen})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -524,9 +524,9 @@ func tunnelTo(b *testing.B, target string) string {
 	b.Cleanup(cancel)
 	go func() { _ = srv.Start(ctx) }()
 	const uid = "bench-migration"
-	srv.Expect(uid, target, "bench-node")
+	srv.Expect(uid, target, "bench-node", 1)
 	out := filepath.Join(b.TempDir(), "out.sock")
-	stop, err := migproxy.NewTunnel(certs.Fixed(m), logr.Discard()).Forward(out, os.Getuid(), srv.Addr(), "bench-node", uid)
+	stop, err := migproxy.NewTunnel(certs.Fixed(m), logr.Discard()).Forward(out, os.Getuid(), srv.Addr(), "bench-node", uid, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -588,7 +588,7 @@ func blockMigrateViaLaunchers(b *testing.B) (time.Duration, int64) {
 	_ = shell.Close()
 	dst, dstDir := benchLauncher(b, blockSpec(b), uid, true)
 	time.Sleep(500 * time.Millisecond)
-	uri, err := dst.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	uri, err := dst.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: "127.0.0.1:0"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -190,7 +190,7 @@ func (l *Launcher) migrateWithDisks(ctx context.Context, p *Process, req *protoc
 // memory migration and watches it for the mirrors' sake (superviseMirror). A block migration that
 // ends before then leaves the guest running here, as it ran all along.
 func (l *Launcher) mirrorThenMigrate(p *Process, m *mirror, uri string, progressTimeout time.Duration, wasRunning bool) {
-	err := m.waitReady(p.Done(), func() { l.publishMirrorProgress(m, string(qmp.MigrationSetup)) })
+	err := m.waitReady(p.Done(), func() { l.publishMirrorProgress(m, string(qmp.MigrationSetup)) }, &stallWatch{timeout: progressTimeout})
 	if err == nil {
 		err = m.beginMemory()
 	}
@@ -200,7 +200,7 @@ func (l *Launcher) mirrorThenMigrate(p *Process, m *mirror, uri string, progress
 		paused := mon.NewWaiter(qmp.EventMigration, func(ev gqmp.Event) bool { return ev.Data["status"] == string(qmp.MigrationPreSwitchover) })
 		ended := mon.NewWaiter(qmp.EventMigration, migrationFinished)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err = l.startMemoryMigration(ctx, p, uri, progressTimeout, wasRunning)
+		err = l.startMemoryMigration(ctx, p, uri, progressTimeout, postCopyWatch{}, wasRunning)
 		cancel()
 		if err == nil {
 			l.superviseMirror(p, m, paused, ended)
@@ -209,6 +209,11 @@ func (l *Launcher) mirrorThenMigrate(p *Process, m *mirror, uri string, progress
 		paused.Cancel()
 		ended.Cancel()
 	}
+	// Say so before aborting: a copy stuck on a link that stopped taking data ends only once the
+	// node agent cuts that link, which it does for a migration it sees cancelling.
+	ending := &protocol.MigrationInfo{Role: protocol.RoleSource, Status: string(qmp.MigrationCancelling), Error: err.Error()}
+	m.addProgress(ending)
+	l.setMigration(ending)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m.abort(ctx)
@@ -492,8 +497,9 @@ func (m *mirror) fail(err error) {
 }
 
 // waitReady waits until every mirror is ready, calling progress about every progressEvery, or
-// returns why one never will.
-func (m *mirror) waitReady(qemuDone <-chan struct{}, progress func()) error {
+// returns why one never will: a mirror failed, or the copy made no progress for stall's timeout
+// (a target, or a link, that stopped taking the data).
+func (m *mirror) waitReady(qemuDone <-chan struct{}, progress func(), stall *stallWatch) error {
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
 	for {
@@ -510,6 +516,9 @@ func (m *mirror) waitReady(qemuDone <-chan struct{}, progress func()) error {
 		case <-changed:
 		case <-tick.C:
 			progress()
+			if stall.copyStalled(m.copied(), time.Now()) {
+				return errors.New(stall.diskReason())
+			}
 		case <-m.stop:
 			return errMirrorCancelled
 		case <-qemuDone:
@@ -517,6 +526,16 @@ func (m *mirror) waitReady(qemuDone <-chan struct{}, progress func()) error {
 		}
 	}
 }
+
+// copied is the copy's bytes copied so far, as last reported (addProgress).
+func (m *mirror) copied() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.done
+}
+
+// cancelGrace is how long cancelled copies may take to end before their connections are cut.
+const cancelGrace = 3 * time.Second
 
 // progressEvery is how often the copy's progress is reported before the memory migration.
 const progressEvery = 200 * time.Millisecond
@@ -608,7 +627,13 @@ func (m *mirror) waitEnded(ctx context.Context) error {
 }
 
 // abort ends what is left of the block migration: jobs force-cancelled (their targets are not
-// copies), client nodes removed. The source's disks are untouched.
+// copies), client nodes removed. The source's disks are untouched. A job whose requests wait on a
+// target that stopped answering does not end on a cancel, and with the write-blocking copy the
+// guest's own writes wait with it: then the clients' connections are shut down (yank). That
+// fails requests waiting on a TCP peer; one waiting to write into a unix socket whose reader
+// stopped (the node agent's tunnel) waits on, since Linux does not wake a poll for writing on a
+// unix socket shut down by its own side, until the reader's end is closed: the node agent does
+// that for a migration its launcher reports cancelling.
 func (m *mirror) abort(ctx context.Context) {
 	m.mu.Lock()
 	m.ending = true
@@ -618,9 +643,18 @@ func (m *mirror) abort(ctx context.Context) {
 			running = append(running, j)
 		}
 	}
+	clients := slices.Clone(m.clients)
 	m.mu.Unlock()
 	for _, j := range running {
 		_ = m.mon.BlockJobCancel(ctx, j.disk.job(), true)
+	}
+	if len(running) > 0 && len(clients) > 0 {
+		grace, cancel := context.WithTimeout(ctx, cancelGrace)
+		err := m.waitEnded(grace)
+		cancel()
+		if err != nil {
+			_ = m.mon.YankBlockNodes(ctx, clients...)
+		}
 	}
 	_ = m.waitEnded(ctx)
 	_ = m.removeClients(ctx)

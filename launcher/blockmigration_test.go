@@ -84,7 +84,7 @@ func incomingTarget(t *testing.T, src *vm, req *protocol.SyncRequest) *vm {
 func liveMigrate(t *testing.T, src, dst *vm) {
 	t.Helper()
 	ctx := context.Background()
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	uri, err := dst.client.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestBlockMigrationCarriesLocalDisks(t *testing.T) {
 
 	dst := localDiskTarget(t, src, vmi)
 	dc := attach(t, dst.runDir)
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	uri, err := dst.client.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestBlockMigrationFailureKeepsTheSourceDisks(t *testing.T) {
 	c.Expect(t, 0, "tick 2\r\n", time.Minute)
 
 	dst := localDiskTarget(t, src, vmi)
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	uri, err := dst.client.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,12 +228,69 @@ func TestBlockMigrationFailureKeepsTheSourceDisks(t *testing.T) {
 		!strings.Contains(apiErr.Msg, `"scratch"`) || !strings.Contains(apiErr.Msg, `"cd"`) {
 		t.Fatalf("migration without a target for the local disks: %v; want a 400 at blockMigration naming both disks", err)
 	}
+	// Parallel streams out of bounds: refused, naming the field, on either end.
+	for _, bad := range []struct {
+		parallel protocol.ParallelStreams
+		field    string
+	}{
+		{protocol.ParallelStreams{Channels: protocol.MaxParallelChannels + 1}, "parallel.channels"},
+		{protocol.ParallelStreams{Channels: 2, Compression: "zlib"}, "parallel.compression"},
+	} {
+		err = src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BlockMigration: nbdOf(dst), Parallel: &bad.parallel})
+		if !errors.As(err, &apiErr) || apiErr.Status != 400 || fieldOf(apiErr) != bad.field {
+			t.Errorf("migration over parallel streams %+v: %v; want a 400 at %s", bad.parallel, err, bad.field)
+		}
+		_, err = dst.client.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: "127.0.0.1:0", Parallel: &bad.parallel})
+		if !errors.As(err, &apiErr) || apiErr.Status != 400 || fieldOf(apiErr) != bad.field {
+			t.Errorf("target for parallel streams %+v: %v; want a 400 at %s", bad.parallel, err, bad.field)
+		}
+	}
 	// A target that exports nothing there: refused at once.
 	err = src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri,
 		BlockMigration: &protocol.BlockMigration{URI: "unix:" + launcher.Dir(src.runDir).NBDIn()}})
 	if err == nil || !strings.Contains(err.Error(), `disk "cd"`) {
 		t.Fatalf("migration to an absent NBD server: %v; want an error naming the disk", err)
 	}
+	// A link that stops carrying the disks' copy after 1 MiB of the 8 written: the copy makes no
+	// progress, and after progressTimeout the launcher reports the migration cancelling, saying
+	// why. The node agent then cuts the link (as migproxy's Tunnel.Cut does), and the migration
+	// fails with that reason; the guest, whose writes waited for the copy (write-blocking), writes
+	// again.
+	from := len(c.Text())
+	c.Send(t, "dd if=/dev/urandom of=$(dev SCRATCH) bs=1M seek=5 count=8 conv=fsync 2>/dev/null; echo FILLED-$((1+1))")
+	c.Expect(t, from, "FILLED-2", time.Minute)
+	stuck := localDiskTarget(t, src, vmi)
+	stuckURI, err := stuck.client.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := newLink(t, launcher.Dir(stuck.runDir).NBDIn(), 1<<20)
+	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: stuckURI, ProgressTimeout: 2 * time.Second,
+		BlockMigration: &protocol.BlockMigration{URI: link.URI}}); err != nil {
+		t.Fatal(err)
+	}
+	var stalled protocol.Status
+	waitFor(t, 2*time.Minute, "the stalled disk copy to be cancelled", func() bool {
+		stalled, err = src.client.Status(ctx)
+		return err == nil && stalled.Migration != nil && stalled.Migration.Status != "setup"
+	})
+	if stalled.Migration.Status != "cancelling" || !strings.Contains(stalled.Migration.Error, "no progress copying the local disks") {
+		t.Fatalf("source after its disk copy stalled: migration %+v; want cancelling for no progress", stalled.Migration)
+	}
+	link.Cut()
+	waitFor(t, time.Minute, "the stalled migration to fail", func() bool {
+		stalled, err = src.client.Status(ctx)
+		return err == nil && stalled.Migration != nil && stalled.Migration.Status != "cancelling"
+	})
+	if stalled.Migration.Status != "failed" || !strings.Contains(stalled.Migration.Error, "no progress copying the local disks") || stalled.Exit != nil {
+		t.Fatalf("source after its stalled copy's link was cut: exit %+v, migration %+v; want failed for no progress, the guest here", stalled.Exit, stalled.Migration)
+	}
+	t.Logf("stalled copy failed as %q", stalled.Migration.Error)
+	c.Send(t, "put SCRATCH 3072 QVIRT-UNSTUCK")
+	if got := read(t, c, "SCRATCH", 3072); got != "QVIRT-UNSTUCK" {
+		t.Fatalf("the guest wrote %q after the stalled copy, want QVIRT-UNSTUCK", got)
+	}
+
 	// The memory at 1 MiB/s takes minutes: the target dies on the way.
 	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: 1 << 20, BlockMigration: nbdOf(dst)}); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,6 +116,11 @@ func TestClaimDisksKeepDataAcrossLaunchers(t *testing.T) {
 	}
 	if st.Mode().Perm() != 0o600 {
 		t.Errorf("disk.img mode %v", st.Mode())
+	}
+	// Sparse, as KubeVirt creates it: a claim's capacity is not taken on the volume until the
+	// guest writes (the guest wrote 12 bytes).
+	if used := st.Sys().(*syscall.Stat_t).Blocks * 512; used > st.Size()/16 {
+		t.Errorf("disk.img is not sparse: %d bytes allocated for its %d", used, st.Size())
 	}
 
 	out = runClaimGuest(t, claimGuest(t, dir, dev, true),

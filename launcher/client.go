@@ -393,9 +393,9 @@ func (c *Client) UnplugNIC(ctx context.Context, name string) error {
 }
 
 // PrepareMigrationTarget makes an incoming launcher listen and returns the URI for the source.
-func (c *Client) PrepareMigrationTarget(ctx context.Context, listen string) (string, error) {
+func (c *Client) PrepareMigrationTarget(ctx context.Context, req protocol.MigrationTarget) (string, error) {
 	var out protocol.MigrationTargetReply
-	err := c.do(ctx, http.MethodPost, "/v1/migration/target", protocol.MigrationTarget{Listen: listen}, &out)
+	err := c.do(ctx, http.MethodPost, "/v1/migration/target", req, &out)
 	return out.URI, err
 }
 
@@ -425,6 +425,20 @@ func (c *Client) FinishMigration(ctx context.Context) error {
 func (c *Client) ReclaimMigration(ctx context.Context, reason string) (protocol.Status, error) {
 	var st protocol.Status
 	return st, c.do(ctx, http.MethodPost, "/v1/migration/reclaim", protocol.MigrationReclaim{Reason: reason}, &st)
+}
+
+// RecoverMigration makes a target whose post-copy migration lost its link listen for the source
+// again and returns the URI the source must resume to.
+func (c *Client) RecoverMigration(ctx context.Context, req protocol.MigrationRecover) (string, error) {
+	var out protocol.MigrationTargetReply
+	err := c.do(ctx, http.MethodPost, "/v1/migration/recover", req, &out)
+	return out.URI, err
+}
+
+// ResumeMigration has a source whose post-copy migration lost its link send the rest to a target
+// that listens again (RecoverMigration).
+func (c *Client) ResumeMigration(ctx context.Context, req protocol.MigrationResume) error {
+	return c.do(ctx, http.MethodPost, "/v1/migration/resume", req, nil)
 }
 
 // GuestInfo asks the guest agent for its version, the guest's OS, hostname, users and

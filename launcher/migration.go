@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,10 +43,14 @@ const progressInterval = 20 * time.Millisecond
 // and the agent brings the stream there over the node agents' mutual TLS.
 const ListenUnix = "unix"
 
-// PrepareMigrationTarget makes an incoming QEMU listen on listen (ListenUnix, or host:port where
-// port 0 picks a free one) and returns the URI the source must use.
-func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (string, error) {
-	uri, err := l.incomingURI(listen)
+// PrepareMigrationTarget makes an incoming QEMU listen on req.Listen (ListenUnix, or host:port
+// where port 0 picks a free one), over req.Parallel's streams, and returns the URI the source
+// must use.
+func (l *Launcher) PrepareMigrationTarget(ctx context.Context, req protocol.MigrationTarget) (string, error) {
+	if err := validateParallel(req.Parallel); err != nil {
+		return "", err
+	}
+	uri, err := l.incomingURI(req.Listen)
 	if err != nil {
 		return "", err
 	}
@@ -57,19 +62,45 @@ func (l *Launcher) PrepareMigrationTarget(ctx context.Context, listen string) (s
 		return "", &ConflictError{Msg: "this launcher was not started for an incoming migration"}
 	}
 	mon := p.Monitor()
-	if err := mon.MigrateSetCapabilities(ctx, targetCapabilities); err != nil {
+	caps := append(slices.Clone(targetCapabilities), qmp.MigrationCapabilityStatus{Capability: qmp.CapMultifd, State: req.Parallel != nil})
+	if err := mon.MigrateSetCapabilities(ctx, caps); err != nil {
 		return "", fmt.Errorf("prepare migration target: %w", err)
+	}
+	if req.PostCopyRecovery < 0 || (req.PostCopyRecovery > 0 && !req.PostCopy) {
+		return "", machine.Invalid("postCopyRecovery", req.PostCopyRecovery, "must be 0 or more, and needs postCopy")
+	}
+	if req.PostCopy {
+		if req.Parallel != nil {
+			return "", machine.Invalid("postCopy", true, "cannot be combined with parallel streams: QEMU 7.2 sends post-copy pages over the main stream only")
+		}
+		// QEMU opens a userfaultfd here to check it may: an unprivileged launcher may not unless
+		// the node sets vm.unprivileged_userfaultfd=1.
+		if err := mon.MigrateSetCapabilities(ctx, []qmp.MigrationCapabilityStatus{{Capability: qmp.CapPostcopyRAM, State: true}}); err != nil {
+			return "", fmt.Errorf("prepare migration target: post-copy needs userfaultfd, which QEMU may not open here (the node's sysctl vm.unprivileged_userfaultfd must be 1, and the pod's seccomp profile must allow the syscall): %w", err)
+		}
+	}
+	if params, ok := parallelParameters(req.Parallel); ok {
+		if err := mon.MigrateSetParameters(ctx, params); err != nil {
+			return "", fmt.Errorf("prepare migration target: set parameters: %w", err)
+		}
 	}
 	if err := l.exportLocalDisks(ctx, p); err != nil {
 		return "", fmt.Errorf("prepare migration target: %w", err)
 	}
 	done := mon.NewWaiter(qmp.EventMigration, migrationFinished)
+	var postCopy *qmp.Waiter
+	if req.PostCopy {
+		postCopy = mon.NewWaiter(qmp.EventMigration, postCopyStarted)
+	}
 	if err := mon.MigrateIncoming(ctx, uri); err != nil {
 		done.Cancel()
+		if postCopy != nil {
+			postCopy.Cancel()
+		}
 		return "", fmt.Errorf("prepare migration target: %w", err)
 	}
 	l.setMigration(&protocol.MigrationInfo{Role: protocol.RoleTarget, Status: string(qmp.MigrationSetup)})
-	go l.finishIncoming(p, done)
+	go l.finishIncoming(p, done, postCopy, req.PostCopyRecovery)
 	return uri, nil
 }
 
@@ -106,19 +137,45 @@ func freePort(host string) (string, error) {
 	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), nil
 }
 
+// migrationFinished: a MIGRATION event that ends the migration, or pauses it after the switch to
+// post-copy (postcopy-paused: its link broke; see postcopy.go for the recovery).
 func migrationFinished(ev gqmp.Event) bool {
 	s, _ := ev.Data["status"].(string)
-	return s == string(qmp.MigrationCompleted) || s == string(qmp.MigrationFailed) || s == string(qmp.MigrationCancelled)
+	return migrationDone(s) && s != string(qmp.MigrationNone)
 }
 
 // finishIncoming records the end of the incoming migration. On completion QEMU (started with -S)
-// holds the guest paused, or in prelaunch if it never ran on the source, until RunMigrated.
-func (l *Launcher) finishIncoming(p *Process, done *qmp.Waiter) {
-	ev, err := done.Wait(context.Background())
-	if err != nil {
-		return // QEMU went away; the process's exit says why
+// holds the guest paused, or in prelaunch if it never ran on the source, until RunMigrated. With
+// postCopy (nil without), the guest is this side's from the post-copy switch (takePostCopy), and
+// a failure after it ends QEMU (or waits for a recovery: finishIncomingPostCopy).
+func (l *Launcher) finishIncoming(p *Process, done, postCopy *qmp.Waiter, recovery time.Duration) {
+	ended := eventChan(done)
+	var switched <-chan gqmp.Event // nil: never ready
+	if postCopy != nil {
+		defer postCopy.Cancel()
+		switched = eventChan(postCopy)
+	}
+	var ev gqmp.Event
+	for wait := true; wait; {
+		var ok bool
+		select {
+		case _, ok = <-switched:
+			switched = nil
+			if ok {
+				l.takePostCopy(p)
+			}
+		case ev, ok = <-ended:
+			if !ok {
+				return // QEMU went away; the process's exit says why
+			}
+			wait = false
+		}
 	}
 	status, _ := ev.Data["status"].(string)
+	if l.inPostCopy() {
+		l.finishIncomingPostCopy(p, status, recovery)
+		return
+	}
 	info := &protocol.MigrationInfo{Role: protocol.RoleTarget, Status: status}
 	if status == string(qmp.MigrationCompleted) {
 		if err := l.stopDiskExport(p); err != nil {
@@ -150,6 +207,9 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *protocol.MigrationSou
 		return &ConflictError{Msg: "a migration is already running"}
 	}
 	disks := l.localDisks(p)
+	if err := checkPostCopy(req, len(disks)); err != nil {
+		return err
+	}
 	if err := checkBlockMigration(req, disks); err != nil {
 		return err
 	}
@@ -166,6 +226,7 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *protocol.MigrationSou
 		{Capability: qmp.CapPostcopyRAM, State: req.PostCopy},
 		// Local disks are handed over while the guest is paused before the switch-over (blockmigration.go).
 		{Capability: qmp.CapPauseBeforeSwitchover, State: len(disks) > 0},
+		{Capability: qmp.CapMultifd, State: req.Parallel != nil},
 	}
 	if err := mon.MigrateSetCapabilities(ctx, caps); err != nil {
 		return fmt.Errorf("migrate: set capabilities: %w", err)
@@ -178,37 +239,74 @@ func (l *Launcher) MigrateSource(ctx context.Context, req *protocol.MigrationSou
 	if len(disks) > 0 {
 		return l.migrateWithDisks(ctx, p, req, disks, before == qmp.StateRunning)
 	}
-	return l.startMemoryMigration(ctx, p, req.URI, req.ProgressTimeout, before == qmp.StateRunning)
+	post := postCopyWatch{allowed: req.PostCopy, after: req.PostCopyAfter, recovery: req.PostCopyRecovery}
+	return l.startMemoryMigration(ctx, p, req.URI, req.ProgressTimeout, post, before == qmp.StateRunning)
 }
 
 // startMemoryMigration sends the guest to uri and follows the migration (followOutgoing).
-func (l *Launcher) startMemoryMigration(ctx context.Context, p *Process, uri string, progressTimeout time.Duration, wasRunning bool) error {
+func (l *Launcher) startMemoryMigration(ctx context.Context, p *Process, uri string, progressTimeout time.Duration, post postCopyWatch, wasRunning bool) error {
 	done := p.Monitor().NewWaiter(qmp.EventMigration, migrationFinished)
 	if err := p.Monitor().Migrate(ctx, qmp.MigrateOptions{URI: uri}); err != nil {
 		done.Cancel()
 		return fmt.Errorf("migrate to %s: %w", uri, err)
 	}
 	l.setMigration(&protocol.MigrationInfo{Role: protocol.RoleSource, Status: string(qmp.MigrationSetup)})
-	go l.followOutgoing(p, done, stallWatch{timeout: progressTimeout}, wasRunning)
+	post.begun = time.Now()
+	go l.followOutgoing(p, done, stallWatch{timeout: progressTimeout}, post, wasRunning)
 	return nil
 }
 
 func validateMigrationSource(req *protocol.MigrationSource) error {
-	if path, isUnix := strings.CutPrefix(req.URI, "unix:"); isUnix {
-		if !filepath.IsAbs(path) {
-			return machine.Invalid("uri", req.URI, "must be unix:/ABSOLUTE/PATH or tcp:IP:PORT")
-		}
-	} else {
-		addr, isTCP := strings.CutPrefix(req.URI, "tcp:")
-		host, port, err := net.SplitHostPort(addr)
-		if !isTCP || err != nil || net.ParseIP(host) == nil || port == "" || port == "0" {
-			return machine.Invalid("uri", req.URI, "must be tcp:IP:PORT or unix:/ABSOLUTE/PATH")
-		}
+	if err := validateMigrationURI(req.URI); err != nil {
+		return err
 	}
 	if req.DowntimeLimit < 0 {
 		return machine.Invalid("downtimeLimit", req.DowntimeLimit, "must be 0 or more")
 	}
+	return validateParallel(req.Parallel)
+}
+
+// validateMigrationURI checks the target URI a source sends to.
+func validateMigrationURI(uri string) error {
+	if path, isUnix := strings.CutPrefix(uri, "unix:"); isUnix {
+		if !filepath.IsAbs(path) {
+			return machine.Invalid("uri", uri, "must be unix:/ABSOLUTE/PATH or tcp:IP:PORT")
+		}
+		return nil
+	}
+	addr, isTCP := strings.CutPrefix(uri, "tcp:")
+	host, port, err := net.SplitHostPort(addr)
+	if !isTCP || err != nil || net.ParseIP(host) == nil || port == "" || port == "0" {
+		return machine.Invalid("uri", uri, "must be tcp:IP:PORT or unix:/ABSOLUTE/PATH")
+	}
 	return nil
+}
+
+// validateParallel checks a request's parallel streams; nil is one stream.
+func validateParallel(p *protocol.ParallelStreams) error {
+	if p == nil {
+		return nil
+	}
+	if p.Channels < 1 || p.Channels > protocol.MaxParallelChannels {
+		return machine.Invalid("parallel.channels", p.Channels, fmt.Sprintf("must be 1 to %d", protocol.MaxParallelChannels))
+	}
+	switch p.Compression {
+	case "", protocol.CompressionNone, protocol.CompressionZstd:
+		return nil
+	}
+	return machine.Invalid("parallel.compression", p.Compression, "must be none or zstd")
+}
+
+// parallelParameters are the migrate-set-parameters of parallel streams, the same on both ends.
+func parallelParameters(p *protocol.ParallelStreams) (qmp.MigrateParameters, bool) {
+	if p == nil {
+		return qmp.MigrateParameters{}, false
+	}
+	compression := p.Compression
+	if compression == "" {
+		compression = protocol.CompressionNone
+	}
+	return qmp.MigrateParameters{MultifdChannels: ptrTo(int64(p.Channels)), MultifdCompression: &compression}, true
 }
 
 // migrationParameters maps the request to migrate-set-parameters; a negative bandwidth lifts
@@ -219,11 +317,19 @@ func migrationParameters(req *protocol.MigrationSource) (qmp.MigrateParameters, 
 	switch {
 	case req.BandwidthBytesPerSecond > 0:
 		p.MaxBandwidth, set = ptrTo(req.BandwidthBytesPerSecond), true
+		if req.PostCopy {
+			// The cap holds after a switch to post-copy too (QEMU's default there is none); the
+			// pages the guest asks for still go first.
+			p.MaxPostcopyBandwidth = ptrTo(req.BandwidthBytesPerSecond)
+		}
 	case req.BandwidthBytesPerSecond < 0:
 		p.MaxBandwidth, set = ptrTo(int64(1)<<62), true
 	}
 	if req.DowntimeLimit > 0 {
 		p.DowntimeLimit, set = ptrTo(req.DowntimeLimit.Milliseconds()), true
+	}
+	if par, ok := parallelParameters(req.Parallel); ok {
+		p.MultifdChannels, p.MultifdCompression, set = par.MultifdChannels, par.MultifdCompression, true
 	}
 	return p, set
 }
@@ -231,8 +337,9 @@ func migrationParameters(req *protocol.MigrationSource) (qmp.MigrateParameters, 
 // followOutgoing refreshes progress until the migration ends, then holds the guest after a success
 // (the target loaded it: the return path said so; see holdOutgoing), or makes sure a guest that
 // ran before the migration runs again after a failure. A migration that stalls (stallWatch) is
-// cancelled, and its failure says why.
-func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, stall stallWatch, wasRunning bool) {
+// cancelled, and its failure says why; one allowed to switch to post-copy does when it is due
+// (postCopyWatch), and a failure after the switch ends QEMU (failPostCopy).
+func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, stall stallWatch, post postCopyWatch, wasRunning bool) {
 	mon := p.Monitor()
 	finished := make(chan gqmp.Event, 1)
 	go func() {
@@ -248,19 +355,34 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, stall stallWatch
 		select {
 		case <-tick.C:
 			info := l.refreshMigration(mon)
+			post.seen(info, time.Now(), l.opts.Log)
 			if stalled == "" && stall.stalled(info, time.Now()) {
 				stalled = stall.reason()
 				l.cancelStalled(stalled)
 			}
+			if post.due(info, wasRunning, time.Now()) {
+				post.asked = true
+				l.startPostCopy(mon)
+			}
 			if info == nil || !migrationDone(info.Status) {
 				continue
 			}
-		case <-finished:
+		case _, ok := <-finished:
+			if !ok {
+				finished = nil // its one event came: the ticks follow a recovery from here
+				continue
+			}
 		case <-p.Done():
 			return
 		}
 		waitMigrationSettled(mon)
 		info := l.refreshMigration(mon)
+		if info != nil && !migrationDone(info.Status) {
+			continue // it went on: a paused post-copy resumed as the pause was sampled
+		}
+		if post.awaitsResume(info, time.Now(), l.opts.Log) {
+			continue
+		}
 		if info != nil && stalled != "" && info.Status != string(qmp.MigrationCompleted) {
 			info.Error = stalled
 			l.setMigration(info)
@@ -269,6 +391,8 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, stall stallWatch
 		switch {
 		case info != nil && info.Status == string(qmp.MigrationCompleted):
 			l.holdOutgoing(info, wasRunning)
+		case info != nil && info.PostCopy:
+			l.failPostCopy(p, info)
 		case wasRunning:
 			l.resumeAfterFailure(ctx, p, info)
 		}
@@ -280,8 +404,9 @@ func (l *Launcher) followOutgoing(p *Process, done *qmp.Waiter, stall stallWatch
 // stallWatch tells when an outgoing migration has made no progress for timeout, as KubeVirt's
 // migrations.progressTimeout does: the memory still to send has not fallen below its lowest so far
 // (a guest dirtying memory faster than the link carries it never converges, and without this
-// would stop only at the completion timeout, tens of minutes later for a large guest). Only the
-// active phase counts: the disk copy before it and the switch-over after it have their own ends.
+// would stop only at the completion timeout, tens of minutes later for a large guest). The copy of
+// the local disks before it is watched the same way (mirror.waitReady); the switch-over after it
+// has its own end.
 type stallWatch struct {
 	timeout time.Duration // zero: never stalled
 	lowest  int64
@@ -289,11 +414,19 @@ type stallWatch struct {
 }
 
 func (w *stallWatch) stalled(info *protocol.MigrationInfo, now time.Time) bool {
-	if w.timeout <= 0 || info == nil || info.Status != string(qmp.MigrationActive) {
+	if info == nil || info.Status != string(qmp.MigrationActive) {
 		return false
 	}
-	if w.since.IsZero() || info.RemainingBytes < w.lowest {
-		w.lowest, w.since = info.RemainingBytes, now
+	return w.noProgress(info.RemainingBytes, now)
+}
+
+// noProgress tells whether remaining has not fallen below its lowest so far for the timeout.
+func (w *stallWatch) noProgress(remaining int64, now time.Time) bool {
+	if w.timeout <= 0 {
+		return false
+	}
+	if w.since.IsZero() || remaining < w.lowest {
+		w.lowest, w.since = remaining, now
 		return false
 	}
 	return now.Sub(w.since) >= w.timeout
@@ -301,6 +434,18 @@ func (w *stallWatch) stalled(info *protocol.MigrationInfo, now time.Time) bool {
 
 func (w *stallWatch) reason() string {
 	return fmt.Sprintf("no progress for %s (the memory still to send stayed at or above %d bytes): the migration was aborted (progressTimeout)", w.timeout, w.lowest)
+}
+
+// copyStalled tells whether the local disks' copy has copied nothing more than copied bytes for
+// the timeout. The bytes copied must rise, rather than the data still to copy fall: a mirror
+// reports no length at all until it has scanned its disk, and its length grows as the guest
+// writes, so a first sample of nothing left would make every later one look stalled.
+func (w *stallWatch) copyStalled(copied int64, now time.Time) bool {
+	return w.noProgress(-copied, now)
+}
+
+func (w *stallWatch) diskReason() string {
+	return fmt.Sprintf("no progress copying the local disks for %s (stuck at %d bytes copied): the migration was aborted (progressTimeout)", w.timeout, -w.lowest)
 }
 
 // cancelStalled cancels a stalled migration; the guest keeps running here.
@@ -356,10 +501,11 @@ func (l *Launcher) refreshMigration(mon *qmp.Monitor) *protocol.MigrationInfo {
 		return nil
 	}
 	info := &protocol.MigrationInfo{Role: protocol.RoleSource, Status: string(mi.Status), DowntimeMs: mi.Downtime,
-		TotalTimeMs: mi.TotalTime, Error: mi.ErrorDesc}
+		TotalTimeMs: mi.TotalTime, Error: mi.ErrorDesc, PostCopy: l.inPostCopy() || postCopyStatus(mi.Status)}
 	if mi.RAM != nil {
 		info.TotalBytes, info.TransferredBytes, info.RemainingBytes = mi.RAM.Total, mi.RAM.Transferred, mi.RAM.Remaining
 		info.ThroughputMbps = mi.RAM.Mbps
+		info.ParallelBytes = mi.RAM.MultifdBytes
 	}
 	l.diskMigrationInfo(info)
 	l.setMigration(info)
@@ -368,10 +514,15 @@ func (l *Launcher) refreshMigration(mon *qmp.Monitor) *protocol.MigrationInfo {
 
 func migrationDone(status string) bool {
 	switch qmp.MigrationStatus(status) {
-	case qmp.MigrationCompleted, qmp.MigrationFailed, qmp.MigrationCancelled, qmp.MigrationNone:
+	case qmp.MigrationCompleted, qmp.MigrationFailed, qmp.MigrationCancelled, qmp.MigrationNone, qmp.MigrationPostcopyPaused:
 		return true
 	}
 	return false
+}
+
+// postCopyStatus: QEMU's migration is past the switch to post-copy.
+func postCopyStatus(s qmp.MigrationStatus) bool {
+	return s == qmp.MigrationPostcopyActive || s == qmp.MigrationPostcopyPaused
 }
 
 // CancelMigration cancels an outgoing migration; the guest keeps running here. Once the guest is
@@ -383,6 +534,9 @@ func (l *Launcher) CancelMigration(ctx context.Context) error {
 	}
 	if l.handingOver() {
 		return &ConflictError{Msg: "the guest was handed over to the target: it is too late to cancel"}
+	}
+	if l.inPostCopy() {
+		return &ConflictError{Msg: "the migration switched to post-copy and the guest runs on the target: it is too late to cancel"}
 	}
 	if l.cancelDiskCopy() {
 		return nil

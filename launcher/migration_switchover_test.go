@@ -24,7 +24,7 @@ func TestTargetKilledAtSwitchoverKeepsTheGuestOnTheSource(t *testing.T) {
 	src, srcConsole := boot(t)
 	ctx := context.Background()
 	dst := countingTarget(t, src, srcConsole)
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	uri, err := dst.client.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}

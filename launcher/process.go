@@ -71,7 +71,7 @@ type Process struct {
 	state     qmp.RunState
 	shutdown  string // reason of the last SHUTDOWN event
 	panicked  bool
-	daemonErr error // a daemon that ended before QEMU, which was killed for it
+	killedFor error // why the launcher killed QEMU: a daemon that ended, a failed post-copy
 	migrated  bool
 	exit      *protocol.Exit
 	version   string
@@ -146,10 +146,17 @@ func (p *Process) startDaemons(opts Options) error {
 
 // daemonFailed ends QEMU because a daemon it needs ended; the exit carries err.
 func (p *Process) daemonFailed(err error) {
-	p.mu.Lock()
-	p.daemonErr = err
-	p.mu.Unlock()
 	p.log.Error(err, "ending QEMU: a daemon it needs ended")
+	p.killFor(err)
+}
+
+// killFor kills QEMU; its exit (crashed) carries err.
+func (p *Process) killFor(err error) {
+	p.mu.Lock()
+	if p.killedFor == nil {
+		p.killedFor = err
+	}
+	p.mu.Unlock()
 	_ = p.cmd.Process.Kill()
 }
 
@@ -355,11 +362,11 @@ func (p *Process) onExit(waitErr error) {
 // classify says why QEMU ended from its wait status and the events it sent before.
 func (p *Process) classify(waitErr error) protocol.Exit {
 	p.mu.Lock()
-	shutdown, panicked, migrated, connected, daemonErr := p.shutdown, p.panicked, p.migrated, p.mon != nil, p.daemonErr
+	shutdown, panicked, migrated, connected, killedFor := p.shutdown, p.panicked, p.migrated, p.mon != nil, p.killedFor
 	p.mu.Unlock()
 	e := protocol.Exit{At: time.Now()}
-	if daemonErr != nil {
-		e.Reason, e.Detail = protocol.ExitCrashed, daemonErr.Error()
+	if killedFor != nil {
+		e.Reason, e.Detail = protocol.ExitCrashed, killedFor.Error()
 		return e
 	}
 	var ee *exec.ExitError

@@ -48,6 +48,8 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/migration/run", s.migrationRun)
 	mux.HandleFunc("POST /v1/migration/finish", s.simple(l.FinishMigration))
 	mux.HandleFunc("POST /v1/migration/reclaim", s.migrationReclaim)
+	mux.HandleFunc("POST /v1/migration/recover", s.migrationRecover)
+	mux.HandleFunc("POST /v1/migration/resume", s.migrationResume)
 	mux.HandleFunc("GET /v1/guest/ping", reply(l.GuestPing))
 	mux.HandleFunc("POST /v1/guest/exec-probe", s.guestExecProbe)
 	mux.HandleFunc("GET /v1/guest/info", reply(l.GuestInfo))
@@ -264,7 +266,7 @@ func (s *server) migrationTarget(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	uri, err := s.l.PrepareMigrationTarget(r.Context(), req.Listen)
+	uri, err := s.l.PrepareMigrationTarget(r.Context(), req)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -309,6 +311,32 @@ func (s *server) migrationReclaim(w http.ResponseWriter, r *http.Request) {
 	}
 	st, _ := s.l.Status(r.Context())
 	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *server) migrationRecover(w http.ResponseWriter, r *http.Request) {
+	var req protocol.MigrationRecover
+	if !decode(w, r, &req) {
+		return
+	}
+	uri, err := s.l.RecoverMigration(r.Context(), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, protocol.MigrationTargetReply{URI: uri})
+}
+
+func (s *server) migrationResume(w http.ResponseWriter, r *http.Request) {
+	var req protocol.MigrationResume
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := s.l.ResumeMigration(r.Context(), req); err != nil {
+		writeError(w, err)
+		return
+	}
+	st, _ := s.l.Status(r.Context())
+	writeJSON(w, http.StatusAccepted, st)
 }
 
 // decode reads a JSON body strictly: unknown fields are a 400 naming them.

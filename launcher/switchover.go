@@ -183,6 +183,9 @@ func (l *Launcher) ReclaimMigration(ctx context.Context, req *protocol.Migration
 	if err != nil || held.Handover == protocol.HandoverReclaimed {
 		return err
 	}
+	if held.PostCopy {
+		return &ConflictError{Msg: "the migration switched to post-copy: the guest ran on the target, and cannot run here again"}
+	}
 	p.reclaim()
 	if !held.GuestPaused {
 		// cont after a completed migration takes the disks back (QEMU inactivated them for the

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -187,6 +188,9 @@ func countingTarget(t *testing.T, src *vm, srcConsole *console) *vm {
 	dst := newLauncher(t)
 	req := guestSpec(t)
 	req.Machine.UID = srcStatus.UID
+	// The node agent describes a target from the same instance, so with the same SMBIOS UUID (the
+	// instance's UID): the guest must not see it change, and QEMU's parallel streams check it.
+	req.Machine.UUID = srcStatus.UID
 	req.Incoming = true
 	req.Machine.Disks = append(req.Machine.Disks, srcStatus.Hotplugged...)
 	if st, err := dst.client.Sync(ctx, req); err != nil || st.Phase != protocol.PhaseIncoming {
@@ -329,13 +333,24 @@ func migrate(t *testing.T, src, dst *vm, srcConsole *console) int {
 // guest's last tick on the source before the switch.
 func sendGuest(t *testing.T, src, dst *vm, srcConsole *console) int {
 	t.Helper()
+	return sendGuestOver(t, src, dst, srcConsole, nil, nil)
+}
+
+// sendGuestOver is sendGuest over parallel streams (nil: the main stream only), through relay
+// (nil: straight to the target), which is given the target's URI and returns the source's.
+func sendGuestOver(t *testing.T, src, dst *vm, srcConsole *console, parallel *protocol.ParallelStreams, relay func(uri string) string) int {
+	t.Helper()
 	ctx := context.Background()
-	uri, err := dst.client.PrepareMigrationTarget(ctx, "127.0.0.1:0")
+	uri, err := dst.client.PrepareMigrationTarget(ctx, protocol.MigrationTarget{Listen: "127.0.0.1:0", Parallel: parallel})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if relay != nil {
+		uri = relay(uri)
+	}
 	beforeSwitch := srcConsole.LastTick()
-	if err := src.client.MigrateSource(ctx, protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1, BlockMigration: nbdOf(dst)}); err != nil {
+	req := protocol.MigrationSource{URI: uri, BandwidthBytesPerSecond: -1, BlockMigration: nbdOf(dst), Parallel: parallel}
+	if err := src.client.MigrateSource(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	return beforeSwitch
@@ -397,7 +412,15 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 			t.Logf("tick %d before the switch; the source's console: %q\nthe target's console: %q", beforeSwitch, srcConsole.Text(), dstConsole.Text())
 		}
 	})
-	beforeSwitch = migrate(t, src, dst, srcConsole)
+	// Over two parallel streams compressed with zstd, through a relay counting the bytes.
+	var wire *atomic.Int64
+	relay := func(uri string) string {
+		link := newLink(t, uri, 0)
+		wire = &link.Sent
+		return link.URI
+	}
+	beforeSwitch = sendGuestOver(t, src, dst, srcConsole, &protocol.ParallelStreams{Channels: 2, Compression: protocol.CompressionZstd}, relay)
+	handOver(t, src, dst)
 	waitFor(t, 2*time.Minute, "the source to exit as migrated", func() bool {
 		st, err := src.client.Status(ctx)
 		return err == nil && st.Exit != nil
@@ -420,6 +443,12 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 		t.Fatalf("the guest rebooted on the target:\n%s", dstConsole.Text())
 	}
 	t.Logf("tick %d before the switch, %d on the target; downtime %d ms", beforeSwitch, dstConsole.LastTick(), st.Migration.DowntimeMs)
+	// The pages went over the parallel streams, compressed: fewer bytes on the wire than pages sent.
+	t.Logf("pages over the parallel streams %d bytes, on the wire %d bytes", st.Migration.ParallelBytes, wire.Load())
+	if st.Migration.ParallelBytes == 0 || wire.Load() > st.Migration.ParallelBytes*3/4 {
+		t.Errorf("parallel streams carried %d bytes of pages and the wire %d bytes: want the pages on the parallel streams, compressed to under 3/4",
+			st.Migration.ParallelBytes, wire.Load())
+	}
 }
 
 func TestBadMachinesFailBeforeQEMUStarts(t *testing.T) {

@@ -125,6 +125,23 @@ func (m *Monitor) BlockJobCancel(ctx context.Context, job string, force bool) er
 	return m.Call(ctx, "block-job-cancel", args, nil)
 }
 
+// YankBlockNodes shuts down the connections of the NBD client nodes named (QEMU's yank): their
+// requests in flight fail at once, so a job stuck on a peer that stopped answering ends, which
+// block-job-cancel alone does not make it do.
+func (m *Monitor) YankBlockNodes(ctx context.Context, nodes ...string) error {
+	type instance struct {
+		Type     string `json:"type"`
+		NodeName string `json:"node-name"`
+	}
+	args := struct {
+		Instances []instance `json:"instances"`
+	}{}
+	for _, n := range nodes {
+		args.Instances = append(args.Instances, instance{Type: "block-node", NodeName: n})
+	}
+	return m.Call(ctx, "yank", args, nil)
+}
+
 // BlockJobInfo is an entry of query-block-jobs. Len and Offset are the job's progress in bytes
 // (Len grows when the guest writes behind the copy).
 type BlockJobInfo struct {

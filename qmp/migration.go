@@ -26,6 +26,22 @@ func (m *Monitor) MigrateIncoming(ctx context.Context, uri string) error {
 	return m.Call(ctx, "migrate-incoming", args, nil)
 }
 
+// MigrateRecover makes an incoming migration in postcopy-paused (its link broke after the switch to
+// post-copy) listen on uri for the source's resume (migrate with Resume).
+func (m *Monitor) MigrateRecover(ctx context.Context, uri string) error {
+	args := struct {
+		URI string `json:"uri"`
+	}{uri}
+	return m.Call(ctx, "migrate-recover", args, nil)
+}
+
+// MigrateStartPostcopy switches the outgoing migration to post-copy at its next iteration (the
+// capability postcopy-ram must be on at both ends): the target runs the guest and fetches the
+// pages still on the source as it touches them.
+func (m *Monitor) MigrateStartPostcopy(ctx context.Context) error {
+	return m.Call(ctx, "migrate-start-postcopy", nil, nil)
+}
+
 // MigrateCancel cancels the outgoing migration.
 func (m *Monitor) MigrateCancel(ctx context.Context) error {
 	return m.Call(ctx, "migrate_cancel", nil, nil)
@@ -70,6 +86,7 @@ type MigrateParameters struct {
 	DowntimeLimit        *int64  `json:"downtime-limit,omitempty"`
 	MaxPostcopyBandwidth *int64  `json:"max-postcopy-bandwidth,omitempty"`
 	MultifdChannels      *int64  `json:"multifd-channels,omitempty"`
+	MultifdCompression   *string `json:"multifd-compression,omitempty"`
 	XBZRLECacheSize      *int64  `json:"xbzrle-cache-size,omitempty"`
 	CPUThrottleInitial   *int64  `json:"cpu-throttle-initial,omitempty"`
 	CPUThrottleIncrement *int64  `json:"cpu-throttle-increment,omitempty"`

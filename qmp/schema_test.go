@@ -161,6 +161,14 @@ func TestQEMUSchemaMatchesTypedCommands(t *testing.T) {
 		string(qmp.CapReturnPath), string(qmp.CapPauseBeforeSwitchover), string(qmp.CapMultifd), string(qmp.CapZeroCopySend),
 	}, toSet(enumValues(t, s, memberType(t, s, capStatus, "capability"))))
 
+	params := mustArgType(t, s, "migrate-set-parameters")
+	assertSubset(t, "migrate-set-parameters", jsonNames(qmp.MigrateParameters{}), objectMembers(t, s, params))
+	assertSubset(t, "multifd compressions", []string{"none", "zstd"}, toSet(enumValues(t, s, memberType(t, s, params, "multifd-compression"))))
+
+	yanks, _ := s.Lookup(memberType(t, s, mustArgType(t, s, "yank"), "instances"))
+	yankType := memberType(t, s, yanks.ElementType, "type")
+	assertSubset(t, "yank instance types", []string{"block-node"}, toSet(enumValues(t, s, yankType)))
+
 	commands, _ := s.Lookup(mustRetType(t, s, "query-commands"))
 	assertSubset(t, "query-commands entry", jsonNames(qmp.CommandInfo{}), objectMembers(t, s, commands.ElementType))
 

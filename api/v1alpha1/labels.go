@@ -35,6 +35,11 @@ const (
 	// NodeKVMReasonAnnotation then says why.
 	NodeKVMLabel            = "qvirt.io/kvm"
 	NodeKVMReasonAnnotation = "qvirt.io/kvm-reason"
+	// NodePostCopyLabel is "true" when the node gives launchers userfaultfd, which an incoming
+	// post-copy migration needs (sysctl vm.unprivileged_userfaultfd=1), "false" otherwise;
+	// NodePostCopyReasonAnnotation then says why.
+	NodePostCopyLabel            = "qvirt.io/postcopy"
+	NodePostCopyReasonAnnotation = "qvirt.io/postcopy-reason"
 	// NodeQEMUVersionLabel is the node's QEMU version, major.minor.micro as QMP reports it (the
 	// same form as a VMI's status.qemuVersion).
 	NodeQEMUVersionLabel = "qvirt.io/qemu-version"

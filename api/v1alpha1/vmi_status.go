@@ -321,6 +321,21 @@ type VirtualMachineInstanceMigrationState struct {
 	// DataRemainingBytes is what is left to send.
 	// +optional
 	DataRemainingBytes *int64 `json:"dataRemainingBytes,omitempty"`
+	// DataParallelBytes is what the parallel streams carried (migrationConfiguration's
+	// parallelMigrationThreads), counted as pages before compression.
+	// +optional
+	DataParallelBytes *int64 `json:"dataParallelBytes,omitempty"`
+	// Mode is PostCopy once the migration switched to post-copy (its migrationConfiguration's
+	// allowPostCopy, at the completion timeout): the guest runs on the target from then on, and
+	// the migration can no longer be cancelled; PreCopy before.
+	// +optional
+	Mode MigrationMode `json:"mode,omitempty"`
+	// TargetRecoveryReady is set by the target node agent once the target listens again for a
+	// migration in PostCopy mode whose link broke (a node agent restarted, say: the migration
+	// stream runs through the agents), and cleared by the source node agent once it sent the
+	// source on. Both sides wait a few minutes for that recovery before the guest is lost.
+	// +optional
+	TargetRecoveryReady bool `json:"targetRecoveryReady,omitempty"`
 	// DowntimeMilliseconds is the guest pause at switch-over.
 	// +optional
 	DowntimeMilliseconds *int64 `json:"downtimeMs,omitempty"`
@@ -337,6 +352,16 @@ type VirtualMachineInstanceMigrationState struct {
 	// +optional
 	MigrationConfiguration *MigrationConfiguration `json:"migrationConfiguration,omitempty"`
 }
+
+// MigrationMode is how a migration sends the guest's memory, as KubeVirt names it.
+// +kubebuilder:validation:Enum=PreCopy;PostCopy
+type MigrationMode string
+
+// Migration modes.
+const (
+	MigrationPreCopy  MigrationMode = "PreCopy"
+	MigrationPostCopy MigrationMode = "PostCopy"
+)
 
 // VolumePhase is where a volume is in being attached.
 type VolumePhase string

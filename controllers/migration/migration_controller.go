@@ -76,6 +76,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=qvirt.io,resources=virtualmachineinstances/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 
 // Reconcile moves one migration a step: get → finalizer → deferred status patch → reconcileDelete or
 // reconcileNormal.
@@ -186,7 +187,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmim *v1alpha1.Virtual
 		if ms := ownState(vmi, vmim.UID); ms != nil && ms.MigrationConfiguration != nil && ms.MigrationConfiguration.CompletionTimeoutPerGiB != nil {
 			perGiB = *ms.MigrationConfiguration.CompletionTimeoutPerGiB // the policy's, fixed at the start
 		}
-		in.CompletionTimeout = completionTimeout(&vmi.Spec, perGiB)
+		in.CompletionTimeout = completionDeadline(ownState(vmi, vmim.UID), v1alpha1.CompletionTimeout(&vmi.Spec, perGiB))
 	}
 	if in.TargetPod == nil && vmi != nil && !isTerminal(vmim.Status.Phase) {
 		// No target pod fails a migration past Pending, which is final, and lets a Pending one
@@ -267,6 +268,15 @@ func (r *Reconciler) apply(ctx context.Context, vmim *v1alpha1.VirtualMachineIns
 		if tie != "" {
 			r.event(vmim, corev1.EventTypeWarning, ReasonPolicyTie,
 				"migration policies %s and %s match instance %s equally; %s applies, the first by name", policy, tie, vmi.Name, policy)
+		}
+		if why, err := r.noPostCopy(ctx, vmi, mcfg, tp.Spec.NodeName); err != nil {
+			return ctrl.Result{}, err
+		} else if why != "" {
+			no := false
+			mcfg.AllowPostCopy = &no
+			msg := fmt.Sprintf("allowPostCopy is not used for this migration: %s; it stays pre-copy", why)
+			r.setCondition(vmim, ConditionPostCopyUnavailable, metav1.ConditionTrue, ReasonPostCopyUnavailable, msg, false)
+			r.event(vmim, corev1.EventTypeWarning, ReasonPostCopyUnavailable, "%s", msg)
 		}
 		r.setPhase(vmim, v1alpha1.MigrationScheduled, string(v1alpha1.MigrationScheduled), d.Message)
 		ms := &v1alpha1.VirtualMachineInstanceMigrationState{
@@ -481,9 +491,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vmim *v1alpha1.Virtual
 		r.setPhase(vmim, v1alpha1.MigrationSucceeded, ReasonMigrationSucceeded, "the migration completed before it could be aborted")
 		return true, ctrl.Result{}, nil
 
-	case openState(ms) && ms.SourceHandedOver:
-		// Too late to abort: the target's node agent decides who runs the guest. Only a target
-		// pod that is gone or has ended leaves it to the source (decidePhase).
+	case openState(ms) && tooLateToAbort(ms):
+		// Too late to abort: the target's node agent decides who runs the guest, or the guest
+		// already runs on the target (post-copy). Only a target pod that is gone or has ended
+		// fails it (decidePhase).
 		pods, err := listTargetPods(ctx, r.apiReader(), vmim)
 		if err != nil {
 			return false, ctrl.Result{}, err

@@ -630,42 +630,57 @@ func TestCancelNotConfirmedWithinGrace(t *testing.T) {
 	})
 }
 
-// TestDeletedDuringHandover deletes a migration whose source has handed the guest over: it is too
-// late to abort, so the target pod stays (its node agent decides who runs the guest) past the
-// abort grace, and the migration completes as the target's agent reports.
+// TestDeletedDuringHandover deletes a migration whose source has handed the guest over, or that
+// switched to post-copy (the guest runs on the target): it is too late to abort, so the target pod
+// stays (its node agent decides who runs the guest, or runs it already) past the abort grace, and
+// the migration completes as the target's agent reports.
 func TestDeletedDuringHandover(t *testing.T) {
-	e := setup(t, nil)
-	vmi, _ := e.runningVMI("vm1", "node-a", false)
-	m := e.migrate("mig", vmi.Name)
-	tp := e.driveToRunning(m, vmi, "node-b")
-	e.agent(vmi, func(ms *v1alpha1.VirtualMachineInstanceMigrationState) { ms.SourceHandedOver = true })
-	e.eventually("handover seen", func() (bool, string) {
-		got, err := e.getMigration(m)
-		if err != nil {
-			return false, err.Error()
-		}
-		return got.Status.MigrationState != nil && got.Status.MigrationState.SourceHandedOver, fmt.Sprintf("%+v", got.Status.MigrationState)
-	})
-	if err := cp.Client.Delete(e.ctx, m); err != nil {
-		t.Fatalf("delete migration: %v", err)
+	for name, c := range map[string]struct {
+		mark func(ms *v1alpha1.VirtualMachineInstanceMigrationState)
+		seen func(ms *v1alpha1.VirtualMachineInstanceMigrationState) bool
+	}{
+		"handed over": {func(ms *v1alpha1.VirtualMachineInstanceMigrationState) { ms.SourceHandedOver = true },
+			func(ms *v1alpha1.VirtualMachineInstanceMigrationState) bool { return ms.SourceHandedOver }},
+		"in post-copy": {func(ms *v1alpha1.VirtualMachineInstanceMigrationState) { ms.Mode = v1alpha1.MigrationPostCopy },
+			func(ms *v1alpha1.VirtualMachineInstanceMigrationState) bool {
+				return ms.Mode == v1alpha1.MigrationPostCopy
+			}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := setup(t, nil)
+			vmi, _ := e.runningVMI("vm1", "node-a", false)
+			m := e.migrate("mig", vmi.Name)
+			tp := e.driveToRunning(m, vmi, "node-b")
+			e.agent(vmi, c.mark)
+			e.eventually("the mark seen", func() (bool, string) {
+				got, err := e.getMigration(m)
+				if err != nil {
+					return false, err.Error()
+				}
+				return got.Status.MigrationState != nil && c.seen(got.Status.MigrationState), fmt.Sprintf("%+v", got.Status.MigrationState)
+			})
+			if err := cp.Client.Delete(e.ctx, m); err != nil {
+				t.Fatalf("delete migration: %v", err)
+			}
+			// AbortGrace is 3s in these tests.
+			time.Sleep(4 * time.Second)
+			if ok, _ := e.podGone(tp); ok {
+				t.Fatalf("target pod removed while the guest was the target's")
+			}
+			if ms := e.getVMI(vmi).Status.MigrationState; ms.Failed || ms.AbortRequested {
+				t.Fatalf("vmi migration state = %+v: the migration was aborted", ms)
+			}
+			e.agent(vmi, func(ms *v1alpha1.VirtualMachineInstanceMigrationState) { ms.Completed = true })
+			e.eventually("vmi moved to node-b", func() (bool, string) {
+				got := e.getVMI(vmi)
+				return got.Status.NodeName == "node-b", got.Status.NodeName
+			})
+			e.eventually("migration gone", func() (bool, string) {
+				_, err := e.getMigration(m)
+				return apierrors.IsNotFound(err), fmt.Sprint(err)
+			})
+		})
 	}
-	// AbortGrace is 3s in these tests.
-	time.Sleep(4 * time.Second)
-	if ok, _ := e.podGone(tp); ok {
-		t.Fatalf("target pod removed while the handover was under way")
-	}
-	if ms := e.getVMI(vmi).Status.MigrationState; ms.Failed || ms.AbortRequested {
-		t.Fatalf("vmi migration state = %+v: the handover was aborted", ms)
-	}
-	e.agent(vmi, func(ms *v1alpha1.VirtualMachineInstanceMigrationState) { ms.Completed = true })
-	e.eventually("vmi moved to node-b", func() (bool, string) {
-		got := e.getVMI(vmi)
-		return got.Status.NodeName == "node-b", got.Status.NodeName
-	})
-	e.eventually("migration gone", func() (bool, string) {
-		_, err := e.getMigration(m)
-		return apierrors.IsNotFound(err), fmt.Sprint(err)
-	})
 }
 
 func TestMigrationTimesOut(t *testing.T) {

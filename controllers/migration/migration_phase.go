@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -221,8 +220,9 @@ func decidePhase(in phaseInput) decision {
 	}
 
 	tp := in.TargetPod
-	if ms != nil && ms.SourceHandedOver {
-		// The target's node agent decides now (handler/vmisync/switchover.go): failing the
+	if tooLateToAbort(ms) {
+		// The target's node agent decides now (or, in post-copy, the guest already runs on the
+		// target) (handler/vmisync/switchover.go): failing the
 		// migration here makes the source take the guest back, so only a target pod that is gone
 		// or has ended (no launcher of it can run the guest) fails it. Timeouts and aborts are too
 		// late, and a target pod being deleted is left to its agent, which stops the target QEMU
@@ -293,31 +293,4 @@ func phaseOrNone(p v1alpha1.VirtualMachineInstancePhase) string {
 		return "without a phase"
 	}
 	return string(p)
-}
-
-// guestMemory is the memory the guest sees: memory.guest, else resources.requests.memory.
-func guestMemory(spec *v1alpha1.VirtualMachineInstanceSpec) *resource.Quantity {
-	if spec.Domain.Memory != nil && spec.Domain.Memory.Guest != nil {
-		return spec.Domain.Memory.Guest
-	}
-	if q, ok := spec.Domain.Resources.Requests[corev1.ResourceMemory]; ok {
-		return &q
-	}
-	return nil
-}
-
-// completionTimeout is how long a migration of the instance may run: perGiB seconds for every
-// started GiB of guest memory (at least one); 0 (no limit) when perGiB is 0.
-func completionTimeout(spec *v1alpha1.VirtualMachineInstanceSpec, perGiB int64) time.Duration {
-	if perGiB <= 0 {
-		return 0
-	}
-	const gib = 1 << 30
-	gibs := int64(1)
-	if q := guestMemory(spec); q != nil {
-		if n := (q.Value() + gib - 1) / gib; n > 1 {
-			gibs = n
-		}
-	}
-	return time.Duration(perGiB*gibs) * time.Second
 }

@@ -238,7 +238,7 @@ func TestCompletionTimeout(t *testing.T) {
 		{"nothing known", spec("", ""), 10, 10 * time.Second},
 	}
 	for _, tc := range cases {
-		if got := completionTimeout(tc.spec, tc.perGiB); got != tc.want {
+		if got := v1alpha1.CompletionTimeout(tc.spec, tc.perGiB); got != tc.want {
 			t.Errorf("%s: completionTimeout = %s, want %s", tc.name, got, tc.want)
 		}
 	}

@@ -94,6 +94,14 @@ func effectiveConfiguration(cluster config.MigrationConfig, policy *v1alpha1.Mig
 		b := *s.AllowPostCopy
 		c.AllowPostCopy = &b
 	}
+	if s.ParallelMigrationThreads != nil {
+		n := *s.ParallelMigrationThreads
+		c.ParallelMigrationThreads = &n
+	}
+	if s.ParallelMigrationCompression != nil {
+		z := *s.ParallelMigrationCompression
+		c.ParallelMigrationCompression = &z
+	}
 	return c
 }
 

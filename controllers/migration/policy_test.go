@@ -79,9 +79,12 @@ func TestEffectiveConfiguration(t *testing.T) {
 	p := policy("p", nil, nil)
 	p.Spec.AllowAutoConverge = ptr.To(true)
 	p.Spec.CompletionTimeoutPerGiB = ptr.To[int64](7)
+	p.Spec.ParallelMigrationThreads = ptr.To[int32](2)
+	p.Spec.ParallelMigrationCompression = ptr.To(v1alpha1.MigrationCompressionZstd)
 	got = effectiveConfiguration(cluster, &p)
-	if got.BandwidthPerMigration.String() != "64Mi" || *got.CompletionTimeoutPerGiB != 7 || !*got.AllowAutoConverge {
-		t.Errorf("with a policy setting autoConverge and the timeout: %+v", got)
+	if got.BandwidthPerMigration.String() != "64Mi" || *got.CompletionTimeoutPerGiB != 7 || !*got.AllowAutoConverge ||
+		*got.ParallelMigrationThreads != 2 || *got.ParallelMigrationCompression != v1alpha1.MigrationCompressionZstd {
+		t.Errorf("with a policy setting autoConverge, the timeout and parallel streams: %+v", got)
 	}
 }
 
@@ -151,10 +154,19 @@ func TestMigrationPolicyApplies(t *testing.T) {
 		field string
 		set   func(*v1alpha1.MigrationPolicySpec)
 	}{
-		{"allowPostCopy", func(s *v1alpha1.MigrationPolicySpec) { s.AllowPostCopy = ptr.To(true) }},
+		{"allowPostCopy", func(s *v1alpha1.MigrationPolicySpec) { // with parallel streams
+			s.AllowPostCopy, s.ParallelMigrationThreads = ptr.To(true), ptr.To[int32](2)
+		}},
 		{"allowWorkloadDisruption", func(s *v1alpha1.MigrationPolicySpec) { s.AllowWorkloadDisruption = ptr.To(true) }},
 		{"bandwidthPerMigration", func(s *v1alpha1.MigrationPolicySpec) { s.BandwidthPerMigration = ptr.To(resource.MustParse("-1Mi")) }},
 		{"completionTimeoutPerGiB", func(s *v1alpha1.MigrationPolicySpec) { s.CompletionTimeoutPerGiB = ptr.To[int64](-5) }},
+		{"parallelMigrationThreads", func(s *v1alpha1.MigrationPolicySpec) { s.ParallelMigrationThreads = ptr.To[int32](17) }},
+		{"parallelMigrationCompression", func(s *v1alpha1.MigrationPolicySpec) {
+			s.ParallelMigrationCompression = ptr.To(v1alpha1.MigrationCompression("zlib"))
+		}},
+		{"parallelMigrationCompression", func(s *v1alpha1.MigrationPolicySpec) {
+			s.ParallelMigrationCompression = ptr.To(v1alpha1.MigrationCompressionZstd) // without parallel streams
+		}},
 	} {
 		p := policy(e.ns+"-bad", nil, nil)
 		c.set(&p.Spec)
@@ -167,5 +179,12 @@ func TestMigrationPolicyApplies(t *testing.T) {
 		if !strings.Contains(err.Error(), c.field) {
 			t.Errorf("refusal of a bad %s does not name it: %v", c.field, err)
 		}
+	}
+	postCopy := policy(e.ns+"-postcopy", nil, nil)
+	postCopy.Spec.AllowPostCopy = ptr.To(true)
+	if err := cp.Client.Create(e.ctx, &postCopy); err != nil {
+		t.Errorf("a policy allowing post-copy was refused: %v", err)
+	} else {
+		_ = cp.Client.Delete(e.ctx, &postCopy)
 	}
 }

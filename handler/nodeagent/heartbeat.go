@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,7 +25,8 @@ const DefaultHeartbeatInterval = 30 * time.Second
 const finalPatchTimeout = 10 * time.Second
 
 // Heartbeat keeps the node agent's word on its Node: NodeSchedulableLabel=true, NodeKVMLabel,
-// NodeQEMUVersionLabel (and NodeKVMReasonAnnotation when KVM does not work) and a fresh
+// NodeQEMUVersionLabel, NodePostCopyLabel (and the reason annotations when KVM or post-copy does
+// not work) and a fresh
 // NodeHeartbeatAnnotation, written every Interval with one merge patch and no read (so the agent
 // never caches Nodes). On a clean stop it sets NodeSchedulableLabel=false, so no launcher pod is
 // placed here while the agent is away.
@@ -40,7 +43,14 @@ type Heartbeat struct {
 	now      func() time.Time
 	// streams is advertised in NodeStreamsAddressAnnotation; "" removes the annotation.
 	streams string
+	// userfaultfdSysctl is the node's vm.unprivileged_userfaultfd, read at every beat: whether
+	// launchers can take an incoming post-copy migration (NodePostCopyLabel).
+	userfaultfdSysctl string
 }
+
+// UserfaultfdSysctl is the sysctl that gives unprivileged processes, such as launchers,
+// userfaultfd. vm.* sysctls are the host's in every container.
+const UserfaultfdSysctl = "/proc/sys/vm/unprivileged_userfaultfd"
 
 // NewHeartbeat returns the heartbeat of node nodeName with the probed capabilities. interval <= 0
 // means DefaultHeartbeatInterval. c only needs to patch Nodes; a manager's client does so without
@@ -49,7 +59,7 @@ func NewHeartbeat(c client.Client, nodeName string, caps Capabilities, interval 
 	if interval <= 0 {
 		interval = DefaultHeartbeatInterval
 	}
-	return &Heartbeat{client: c, node: nodeName, caps: caps, interval: interval, now: time.Now}
+	return &Heartbeat{client: c, node: nodeName, caps: caps, interval: interval, now: time.Now, userfaultfdSysctl: UserfaultfdSysctl}
 }
 
 // AdvertiseStreams makes every beat publish addr (host:port of the stream server) in
@@ -57,6 +67,25 @@ func NewHeartbeat(c client.Client, nodeName string, caps Capabilities, interval 
 func (h *Heartbeat) AdvertiseStreams(addr string) *Heartbeat {
 	h.streams = addr
 	return h
+}
+
+// WithUserfaultfdSysctl reads the userfaultfd switch from path instead of UserfaultfdSysctl.
+func (h *Heartbeat) WithUserfaultfdSysctl(path string) *Heartbeat {
+	h.userfaultfdSysctl = path
+	return h
+}
+
+// postCopy reports whether launchers here can take an incoming post-copy migration, and why not.
+func (h *Heartbeat) postCopy() (bool, string) {
+	data, err := os.ReadFile(h.userfaultfdSysctl)
+	switch {
+	case err != nil:
+		return false, fmt.Sprintf("read %s: %v", h.userfaultfdSysctl, err)
+	case strings.TrimSpace(string(data)) == "1":
+		return true, ""
+	}
+	return false, fmt.Sprintf("%s is %s: the unprivileged launchers cannot open the userfaultfd an incoming post-copy needs (set it to 1 to allow it)",
+		h.userfaultfdSysctl, strings.TrimSpace(string(data)))
 }
 
 // NeedLeaderElection is false: the agent of each node runs its own heartbeat.
@@ -93,16 +122,23 @@ func (h *Heartbeat) Beat(ctx context.Context) error {
 	if h.streams != "" {
 		streams = &h.streams
 	}
+	postCopy, why := h.postCopy()
+	postCopyReason := &why
+	if postCopy {
+		postCopyReason = nil
+	}
 	return h.patch(ctx, map[string]any{
 		"labels": map[string]string{
 			v1alpha1.NodeSchedulableLabel: "true",
 			v1alpha1.NodeKVMLabel:         fmt.Sprint(h.caps.KVM),
 			v1alpha1.NodeQEMUVersionLabel: h.caps.QEMUVersion,
+			v1alpha1.NodePostCopyLabel:    fmt.Sprint(postCopy),
 		},
 		"annotations": map[string]any{
 			v1alpha1.NodeHeartbeatAnnotation:      h.now().UTC().Format(time.RFC3339),
 			v1alpha1.NodeKVMReasonAnnotation:      reason,
 			v1alpha1.NodeStreamsAddressAnnotation: streams,
+			v1alpha1.NodePostCopyReasonAnnotation: postCopyReason,
 		},
 	})
 }

@@ -2,6 +2,9 @@ package nodeagent
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,5 +132,45 @@ func TestHeartbeatMissingNode(t *testing.T) {
 	hb := NewHeartbeat(cp.Client, "no-such-node", Capabilities{QEMUVersion: "7.2.22"}, 0)
 	if err := hb.Beat(context.Background()); err == nil {
 		t.Fatal("beating a missing node succeeded")
+	}
+}
+
+// The node is labelled for post-copy from the userfaultfd sysctl at each beat: a node that turns
+// it on (or off) is relabelled without an agent restart, and the reason names the sysctl.
+func TestHeartbeatLabelsPostCopyFromTheSysctl(t *testing.T) {
+	const node = "hb-postcopy-node"
+	createNode(t, node, nil)
+	sysctl := filepath.Join(t.TempDir(), "unprivileged_userfaultfd")
+	set := func(v string) {
+		if err := os.WriteFile(sysctl, []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hb := NewHeartbeat(cp.Client, node, Capabilities{QEMUVersion: "7.2.22"}, 0).WithUserfaultfdSysctl(sysctl)
+	beat := func() *corev1.Node {
+		t.Helper()
+		if err := hb.Beat(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return getNode(t, node)
+	}
+	set("0")
+	n := beat()
+	if n.Labels[v1alpha1.NodePostCopyLabel] != "false" || !strings.Contains(n.Annotations[v1alpha1.NodePostCopyReasonAnnotation], "unprivileged_userfaultfd is 0") {
+		t.Fatalf("with the sysctl at 0: labels %v annotations %v", n.Labels, n.Annotations)
+	}
+	set("1")
+	n = beat()
+	if n.Labels[v1alpha1.NodePostCopyLabel] != "true" {
+		t.Fatalf("with the sysctl at 1: labels %v", n.Labels)
+	}
+	if r, ok := n.Annotations[v1alpha1.NodePostCopyReasonAnnotation]; ok {
+		t.Fatalf("post-copy reason %q left behind", r)
+	}
+	if err := os.Remove(sysctl); err != nil {
+		t.Fatal(err)
+	}
+	if n = beat(); n.Labels[v1alpha1.NodePostCopyLabel] != "false" {
+		t.Fatalf("without the sysctl: labels %v", n.Labels)
 	}
 }

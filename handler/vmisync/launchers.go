@@ -29,6 +29,8 @@ type launchers struct {
 	dirs     map[types.UID]launcher.Dir
 	streams  map[types.UID]*stream
 	progress map[types.UID]time.Time
+	// resumes are when each instance's post-copy migration was last resumed (resumeDue).
+	resumes  map[types.UID]time.Time
 	failures map[types.UID]string
 }
 
@@ -46,7 +48,7 @@ type stream struct {
 
 func newLaunchers(opts launcher.ClientOptions, log logr.Logger) *launchers {
 	return &launchers{opts: opts, log: log, dirs: map[types.UID]launcher.Dir{}, streams: map[types.UID]*stream{},
-		progress: map[types.UID]time.Time{}, failures: map[types.UID]string{},
+		progress: map[types.UID]time.Time{}, resumes: map[types.UID]time.Time{}, failures: map[types.UID]string{},
 		events: make(chan event.TypedGenericEvent[client.Object], 1024)}
 }
 
@@ -135,12 +137,23 @@ func (ls *launchers) notify(ctx context.Context, key client.Object) {
 // progressDue reports whether the instance's migration progress was last written more than every
 // ago, and if so counts this as a write.
 func (ls *launchers) progressDue(uid types.UID, every time.Duration) bool {
+	return ls.due(ls.progress, uid, every)
+}
+
+// resumeDue reports whether the instance's migration was last resumed more than every ago, and
+// if so counts this as a resume.
+func (ls *launchers) resumeDue(uid types.UID, every time.Duration) bool {
+	return ls.due(ls.resumes, uid, every)
+}
+
+// due reports whether last[uid] is more than every ago, and if so sets it to now.
+func (ls *launchers) due(last map[types.UID]time.Time, uid types.UID, every time.Duration) bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if time.Since(ls.progress[uid]) < every {
+	if time.Since(last[uid]) < every {
 		return false
 	}
-	ls.progress[uid] = time.Now()
+	last[uid] = time.Now()
 	return true
 }
 
@@ -160,6 +173,7 @@ func (ls *launchers) forget(uid types.UID) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	delete(ls.progress, uid)
+	delete(ls.resumes, uid)
 	delete(ls.failures, uid)
 	delete(ls.dirs, uid)
 	if s := ls.streams[uid]; s != nil {

@@ -34,17 +34,23 @@ import (
 type MigrationTunnel interface {
 	// Address is where source agents reach this node's endpoint (host:port).
 	Address() string
-	// Expect opens this node's endpoint for one stream of migration uid, from the agent of node
-	// source, to socket (a host path).
-	Expect(uid types.UID, socket, source string)
-	// Forward listens on socket (a host path, handed to owner) for the source QEMU's one stream and
-	// carries it to the target endpoint at addr, the agent of node target, as migration uid; stop
-	// ends the wait.
-	Forward(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error)
+	// Expect opens this node's endpoint for the memory streams of migration uid (the main one and
+	// one per parallel channel), from the agent of node source, to socket (a host path).
+	Expect(uid types.UID, socket, source string, streams int)
+	// Forward listens on socket (a host path, handed to owner) for the source QEMU's streams and
+	// carries them to the target endpoint at addr, the agent of node target, as migration uid;
+	// stop ends the wait.
+	Forward(socket string, owner int, addr, target string, uid types.UID, streams int) (stop func(), err error)
 	// ExpectDisks and ForwardDisks are Expect and Forward for the NBD connections of a block
 	// migration, which copy the instance's local disks before its memory.
 	ExpectDisks(uid types.UID, socket string)
+	// ExpectRecovery opens the endpoint once more for the main stream of a post-copy migration
+	// whose link broke, to socket, where the target QEMU listens again.
+	ExpectRecovery(uid types.UID, socket, source string)
 	ForwardDisks(socket string, owner int, addr, target string, uid types.UID) (stop func(), err error)
+	// Cut closes the streams of migration uid under way, which a source QEMU stuck writing to a
+	// target that stopped reading needs to see its migration end.
+	Cut(uid types.UID)
 }
 
 // errNoTunnel is a node agent started without its migration endpoint.
@@ -53,12 +59,23 @@ var errNoTunnel = errors.New("this node agent has no migration endpoint (its mig
 // progressInterval bounds how often a running migration's progress is written to the instance.
 const progressInterval = time.Second
 
+// postCopyRecovery is how long both launchers of a migration in post-copy wait for its broken
+// link to be mended (a node agent restarting: the stream runs through the agents) before the
+// guest, split between them, is lost. An agent restart takes seconds; a node's a few minutes.
+const postCopyRecovery = 5 * time.Minute
+
+// recoveryPoll is how often the target's agent looks at a migration in post-copy: no event tells
+// it that its target launcher paused, or went on.
+const recoveryPoll = time.Second
+
 // Event reasons of migrations on instances.
 const (
 	EventMigrationTargetReady = "MigrationTargetReady"
 	EventMigrationStarted     = "MigrationStarted"
 	EventMigrationFailed      = "MigrationFailed"
 	EventMigrationCompleted   = "MigrationCompleted"
+	EventMigrationRecovering  = "MigrationRecovering"
+	EventMigrationResumed     = "MigrationResumed"
 )
 
 // openMigration is the instance's migration state while it is under way (not completed or failed).
@@ -81,6 +98,12 @@ func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMac
 	}
 	if ms.TargetReady && ms.SourceHandedOver {
 		return r.takeOver(ctx, v) // switchover.go
+	}
+	if ms.TargetReady && ms.Mode == v1alpha1.MigrationPostCopy {
+		if err := r.recoverTarget(ctx, v, ms); err != nil {
+			return err
+		}
+		return errPostCopyWatch
 	}
 	if ms.TargetReady {
 		r.reopenTarget(v, ms)
@@ -121,7 +144,7 @@ func (r *Reconciler) reopenTarget(v *v1alpha1.VirtualMachineInstance, ms *v1alph
 // expectMigration opens this node's endpoint for the migration's streams to the target launcher
 // in d: its memory, and the copy of its local disks (v1alpha1.LocalDisks) before that.
 func (r *Reconciler) expectMigration(v *v1alpha1.VirtualMachineInstance, ms *v1alpha1.VirtualMachineInstanceMigrationState, d launcher.Dir) {
-	r.Migrations.Expect(ms.MigrationUID, d.MigrationIn(), ms.SourceNode)
+	r.Migrations.Expect(ms.MigrationUID, d.MigrationIn(), ms.SourceNode, memoryStreams(ms.MigrationConfiguration))
 	if len(v1alpha1.LocalDisks(&v.Spec)) > 0 {
 		r.Migrations.ExpectDisks(ms.MigrationUID, d.NBDIn())
 	}
@@ -150,7 +173,12 @@ func (r *Reconciler) prepareTarget(ctx context.Context, v *v1alpha1.VirtualMachi
 		return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, errNoTunnel)
 	}
 	if st.Migration == nil || st.Migration.Role != protocol.RoleTarget {
-		if _, err := c.PrepareMigrationTarget(ctx, launcher.ListenUnix); err != nil {
+		mcfg := v.Status.MigrationState.MigrationConfiguration
+		req := protocol.MigrationTarget{Listen: launcher.ListenUnix, Parallel: parallelStreams(mcfg), PostCopy: postCopyAfter(&v.Spec, mcfg) > 0}
+		if req.PostCopy {
+			req.PostCopyRecovery = postCopyRecovery
+		}
+		if _, err := c.PrepareMigrationTarget(ctx, req); err != nil {
 			return "", r.syncFailed(v, ReasonSyncFailed, EventSyncFailed, fmt.Errorf("prepare the migration target in pod %s: %w", pod.Name, err))
 		}
 	}
@@ -203,8 +231,26 @@ func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.Virtua
 	}
 	ours := info != nil && info.Role == protocol.RoleSource && ms.StartTimestamp != nil
 	switch {
-	case ours && migrationEnded(info.Status):
+	case ours && (migrationEnded(info.Status) || postCopyLost(st)):
+		if info.Status != string(qmp.MigrationCompleted) {
+			r.cutStreams(ms.MigrationUID) // nothing of a failed migration may linger in the tunnel
+		}
 		r.finishSourceMigration(v, info)
+		return nil
+	case ours && info.Status == string(qmp.MigrationCancelling):
+		// The launcher gave up (a stall, a cancel): what it sent may be stuck in the tunnel.
+		r.cutStreams(ms.MigrationUID)
+		r.recordProgress(v, info)
+		return nil
+	case ours && info.PostCopy:
+		// Past the switch to post-copy the guest runs on the target: an abort is too late (the
+		// launcher refuses it), and the mode must reach the controller at once, which then
+		// never deletes the target pod for an abort.
+		ms.Mode = v1alpha1.MigrationPostCopy
+		r.recordProgress(v, info)
+		if info.Status == string(qmp.MigrationPostcopyPaused) && ms.TargetRecoveryReady {
+			return r.resumePostCopy(ctx, v, ms)
+		}
 		return nil
 	case ms.AbortRequested && ms.StartTimestamp == nil:
 		r.failSourceMigration(v, "aborted before it started")
@@ -245,15 +291,19 @@ func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachi
 	if hostDir == "" {
 		return fmt.Errorf("the source launcher's socket directory is unknown")
 	}
-	stop, err := r.Migrations.Forward(hostDir.MigrationOut(), podlayout.LauncherUID, ms.TargetNodeAddress, ms.TargetNode, ms.MigrationUID)
+	stop, err := r.Migrations.Forward(hostDir.MigrationOut(), podlayout.LauncherUID, ms.TargetNodeAddress, ms.TargetNode, ms.MigrationUID, memoryStreams(ms.MigrationConfiguration))
 	if err != nil {
 		return fmt.Errorf("open the migration tunnel: %w", err)
 	}
 	// The launcher sees its socket directory at podlayout.SocketDir.
 	inPod := launcher.VMIDir(podlayout.SocketDir, v.UID)
-	req := protocol.MigrationSource{URI: "unix:" + inPod.MigrationOut(), BandwidthBytesPerSecond: r.migrationBandwidth(ms.MigrationConfiguration)}
+	req := protocol.MigrationSource{URI: "unix:" + inPod.MigrationOut(), BandwidthBytesPerSecond: r.migrationBandwidth(ms.MigrationConfiguration),
+		Parallel: parallelStreams(ms.MigrationConfiguration)}
 	if c := ms.MigrationConfiguration; c != nil && c.AllowAutoConverge != nil {
 		req.AutoConverge = *c.AllowAutoConverge
+	}
+	if after := postCopyAfter(&v.Spec, ms.MigrationConfiguration); after > 0 {
+		req.PostCopy, req.PostCopyAfter, req.PostCopyRecovery = true, after, postCopyRecovery
 	}
 	if r.MigrationConfig != nil {
 		req.ProgressTimeout = time.Duration(r.MigrationConfig().ProgressTimeout) * time.Second
@@ -277,6 +327,46 @@ func (r *Reconciler) startOutgoing(ctx context.Context, v *v1alpha1.VirtualMachi
 		return err
 	}
 	return nil
+}
+
+// cutStreams closes the tunnel's streams of migration uid, if this agent has a tunnel.
+func (r *Reconciler) cutStreams(uid types.UID) {
+	if r.Migrations != nil {
+		r.Migrations.Cut(uid)
+	}
+}
+
+// parallelStreams are the migration's parallel streams (its configuration's, fixed by the
+// controller at the start, so both node agents read the same); nil for one stream.
+func parallelStreams(c *v1alpha1.MigrationConfiguration) *protocol.ParallelStreams {
+	if c == nil || c.ParallelMigrationThreads == nil || *c.ParallelMigrationThreads < 1 {
+		return nil
+	}
+	p := &protocol.ParallelStreams{Channels: int(*c.ParallelMigrationThreads)}
+	if c.ParallelMigrationCompression != nil {
+		p.Compression = string(*c.ParallelMigrationCompression)
+	}
+	return p
+}
+
+// postCopyAfter is when the migration switches to post-copy: at its completion timeout, when
+// its configuration (fixed by the controller at the start, which turned allowPostCopy off where
+// the target node or the instance's disks rule it out) allows post-copy; 0 when it never does,
+// also without a completion timeout, as KubeVirt.
+func postCopyAfter(spec *v1alpha1.VirtualMachineInstanceSpec, c *v1alpha1.MigrationConfiguration) time.Duration {
+	if !c.PostCopy() || c.CompletionTimeoutPerGiB == nil {
+		return 0
+	}
+	return v1alpha1.CompletionTimeout(spec, *c.CompletionTimeoutPerGiB)
+}
+
+// memoryStreams is how many connections the migration's memory takes: the main one and one per
+// parallel channel.
+func memoryStreams(c *v1alpha1.MigrationConfiguration) int {
+	if p := parallelStreams(c); p != nil {
+		return 1 + p.Channels
+	}
+	return 1
 }
 
 // migrationBandwidth is the cap for the launcher: the migration's own configuration's (its
@@ -311,6 +401,13 @@ func migrationEnded(status string) bool {
 	return false
 }
 
+// postCopyLost says whether a migration paused after its switch to post-copy (a broken link) can
+// no longer be resumed: its QEMU ended (the launcher's recovery window ran out, or it crashed).
+func postCopyLost(st *protocol.Status) bool {
+	info := st.Migration
+	return st.Exit != nil && info != nil && info.PostCopy && info.Status == string(qmp.MigrationPostcopyPaused)
+}
+
 func (r *Reconciler) finishSourceMigration(v *v1alpha1.VirtualMachineInstance, info *protocol.MigrationInfo) {
 	ms := v.Status.MigrationState
 	setProgress(ms, info)
@@ -332,6 +429,11 @@ func (r *Reconciler) failSourceMigration(v *v1alpha1.VirtualMachineInstance, rea
 	if ms.EndTimestamp == nil {
 		ms.EndTimestamp = ptr.To(metav1.NewTime(r.now().Time))
 	}
+	if ms.Mode == v1alpha1.MigrationPostCopy {
+		r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationFailed,
+			"Migration to node %s failed after its switch to post-copy: %s; the guest ran on the target since and is lost", ms.TargetNode, reason)
+		return
+	}
 	r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationFailed, "Migration to node %s failed: %s; the guest keeps running here", ms.TargetNode, reason)
 }
 
@@ -349,11 +451,18 @@ func setProgress(ms *v1alpha1.VirtualMachineInstanceMigrationState, info *protoc
 		ms.DataProcessedBytes = ptr.To(info.TransferredBytes)
 		ms.DataRemainingBytes = ptr.To(info.RemainingBytes)
 	}
+	if info.ParallelBytes > 0 {
+		ms.DataParallelBytes = ptr.To(info.ParallelBytes)
+	}
 	if info.DowntimeMs > 0 {
 		ms.DowntimeMilliseconds = ptr.To(info.DowntimeMs)
 	}
 	if info.TotalTimeMs > 0 {
 		ms.TotalTimeMilliseconds = ptr.To(info.TotalTimeMs)
+	}
+	ms.Mode = v1alpha1.MigrationPreCopy
+	if info.PostCopy {
+		ms.Mode = v1alpha1.MigrationPostCopy
 	}
 }
 
@@ -376,3 +485,78 @@ func unplugPending(v *v1alpha1.VirtualMachineInstance, st *protocol.Status) erro
 	}
 	return nil
 }
+
+// errPostCopyWatch requeues a migration target in post-copy: see recoveryPoll.
+var errPostCopyWatch = errors.New("the migration is in post-copy")
+
+// recoverTarget mends, on the target's side, a migration in post-copy whose link broke: when the
+// target launcher reports it paused, this node's endpoint expects the source's resumed stream and
+// the launcher listens for it again; targetRecoveryReady tells the source's agent to send. Once
+// the migration goes on, targetRecoveryReady is cleared for the next break.
+func (r *Reconciler) recoverTarget(ctx context.Context, v *v1alpha1.VirtualMachineInstance, ms *v1alpha1.VirtualMachineInstanceMigrationState) error {
+	if r.Migrations == nil {
+		return nil
+	}
+	pod, err := r.targetPod(ctx, v, ms)
+	if err != nil || pod == nil {
+		return err
+	}
+	d := podsockets.Dir(r.PodsDir, pod.UID, v.UID)
+	r.launchers.place(v.UID, d)
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	st, err := c.Status(ctx)
+	if err != nil || st.Migration == nil || st.Migration.Role != protocol.RoleTarget || st.Exit != nil {
+		return nil // the source's agent and the controller see a target that is gone
+	}
+	paused := st.Migration.Status == string(qmp.MigrationPostcopyPaused)
+	before := v.DeepCopy()
+	switch {
+	case paused && ms.TargetRecoveryReady:
+		// Listening already: an agent restarted since must expect the stream again.
+		r.Migrations.ExpectRecovery(ms.MigrationUID, d.MigrationIn(), ms.SourceNode)
+		return nil
+	case paused:
+		r.Migrations.ExpectRecovery(ms.MigrationUID, d.MigrationIn(), ms.SourceNode)
+		if _, err := c.RecoverMigration(ctx, protocol.MigrationRecover{Listen: launcher.ListenUnix}); err != nil {
+			return fmt.Errorf("listen again for the post-copy migration whose link broke: %w", err)
+		}
+		ms.TargetRecoveryReady = true
+		r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationRecovering,
+			"The post-copy migration's link broke; target pod %s waits for node %s to resume it", pod.Name, ms.SourceNode)
+	case ms.TargetRecoveryReady:
+		ms.TargetRecoveryReady = false
+	default:
+		return nil
+	}
+	return r.patchStatus(ctx, before, v)
+}
+
+// resumePostCopy sends the rest of a post-copy migration whose link broke to the target, which
+// listens again (recoverTarget): a new tunnel in the source pod, and the source QEMU's resume to
+// it. A resume is tried at most once per resumeRetry: the source's status lags behind it.
+func (r *Reconciler) resumePostCopy(ctx context.Context, v *v1alpha1.VirtualMachineInstance, ms *v1alpha1.VirtualMachineInstanceMigrationState) error {
+	if r.Migrations == nil || !r.launchers.resumeDue(v.UID, resumeRetry) {
+		return nil
+	}
+	hostDir := r.launchers.dir(v.UID)
+	if hostDir == "" {
+		return fmt.Errorf("the source launcher's socket directory is unknown")
+	}
+	stop, err := r.Migrations.Forward(hostDir.MigrationOut(), podlayout.LauncherUID, ms.TargetNodeAddress, ms.TargetNode, ms.MigrationUID, 1)
+	if err != nil {
+		return fmt.Errorf("open the migration tunnel to resume the post-copy migration: %w", err)
+	}
+	inPod := launcher.VMIDir(podlayout.SocketDir, v.UID)
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	if err := c.ResumeMigration(ctx, protocol.MigrationResume{URI: "unix:" + inPod.MigrationOut()}); err != nil {
+		stop()
+		return fmt.Errorf("resume the post-copy migration: %w", err)
+	}
+	r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationResumed, "Resumed the post-copy migration to node %s", ms.TargetNode)
+	return nil
+}
+
+// resumeRetry spaces the source's resumes of one migration.
+const resumeRetry = 10 * time.Second

@@ -6,7 +6,9 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/launcher"
@@ -52,5 +54,43 @@ func TestSourceMigrationStartsOnce(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "cancel") {
 		t.Errorf("abort of a running migration: err %v, want the launcher asked to cancel (no launcher here: an error saying so)", err)
+	}
+}
+
+// A migration whose link broke after its switch to post-copy is paused, not over: the source's
+// agent keeps it open (the agents can resume it) and resumes it only once the target listens
+// again; only a paused migration whose QEMU ended is failed.
+func TestPausedPostCopyIsNotAFailure(t *testing.T) {
+	paused := func() *protocol.Status {
+		return &protocol.Status{Phase: protocol.PhaseRunning, RunState: "paused",
+			Migration: &protocol.MigrationInfo{Role: protocol.RoleSource, Status: "postcopy-paused", PostCopy: true}}
+	}
+	vmi := func() *v1alpha1.VirtualMachineInstance {
+		v := &v1alpha1.VirtualMachineInstance{}
+		v.UID = "0e5c1f0e-3c52-4c44-9d55-1f0a6d0f3c12"
+		v.Status.NodeName = "node-a"
+		v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationUID: "m-2", SourceNode: "node-a",
+			TargetNode: "node-b", TargetReady: true, TargetNodeAddress: "10.0.0.2:4443", StartTimestamp: ptr.To(metav1.Now())}
+		return v
+	}
+	r := &Reconciler{NodeName: "node-a", Recorder: record.NewFakeRecorder(10),
+		launchers: newLaunchers(launcher.ClientOptions{}, logr.Discard())}
+
+	v := vmi()
+	if err := r.syncSourceMigration(context.Background(), v, paused()); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if ms := v.Status.MigrationState; ms.Failed || ms.Mode != v1alpha1.MigrationPostCopy {
+		t.Errorf("a paused post-copy migration: failed %v (%q), mode %q; want it open, in post-copy", ms.Failed, ms.FailureReason, ms.Mode)
+	}
+
+	v = vmi()
+	lost := paused()
+	lost.Exit = &protocol.Exit{Reason: protocol.ExitCrashed, Detail: "not resumed within 5m0s"}
+	if err := r.syncSourceMigration(context.Background(), v, lost); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if ms := v.Status.MigrationState; !ms.Failed {
+		t.Error("a paused post-copy migration whose QEMU ended was not failed")
 	}
 }

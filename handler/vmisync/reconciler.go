@@ -167,9 +167,13 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.stopLeftover(ctx, &v)
 	}
 	pod, err := r.launcherPod(ctx, &v)
-	if err != nil || pod == nil || pod.Status.Phase != corev1.PodRunning {
-		// The pod watch brings the instance back when its pod runs.
+	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if pod == nil || pod.Status.Phase != corev1.PodRunning {
+		// The pod watch brings the instance back when its pod runs; a pod that ended or went
+		// away may have left the guest's end in the status stream.
+		return ctrl.Result{}, r.recordStreamedEnd(ctx, &v, pod)
 	}
 	r.launchers.place(v.UID, podsockets.Dir(r.PodsDir, pod.UID, v.UID))
 	log := logr.FromContextOrDiscard(ctx).WithValues("pod", pod.Name)
@@ -249,15 +253,32 @@ func (r *Reconciler) applyStatus(s *syncState) {
 	if s.st == nil || migratedAway(s.v, s.st) {
 		return
 	}
-	ended := applyLauncherStatus(s.v, s.pod, s.st, s.failures, r.now())
+	r.recordEnded(s.v, applyLauncherStatus(s.v, s.pod, s.st, s.failures, r.now()))
+}
+
+// recordStreamedEnd records the guest's end that the launcher streamed before the agent got to it:
+// the launcher lingers only a moment after the guest ends, and on a loaded node the kubelet can
+// mark its pod ended, or remove the pod of a deleted instance, first. pod is nil when it is gone.
+func (r *Reconciler) recordStreamedEnd(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) error {
+	st, ok := r.launchers.latest(v.UID)
+	if !ok || (st.Exit == nil && st.Phase != protocol.PhaseFailed) || migratedAway(v, &st) {
+		return nil
+	}
+	before := v.DeepCopy()
+	r.recordEnded(v, applyOutcome(v, pod, &st, r.now()))
+	return r.patchStatus(ctx, before, v)
+}
+
+// recordEnded sends the GuestEnded Event when ended (applyOutcome's) says the guest ended.
+func (r *Reconciler) recordEnded(v *v1alpha1.VirtualMachineInstance, ended string) {
 	if ended == "" {
 		return
 	}
 	eventType := corev1.EventTypeNormal
-	if s.v.Status.Phase == v1alpha1.Failed {
+	if v.Status.Phase == v1alpha1.Failed {
 		eventType = corev1.EventTypeWarning
 	}
-	r.Recorder.Event(s.v, eventType, EventGuestEnded, ended)
+	r.Recorder.Event(v, eventType, EventGuestEnded, ended)
 }
 
 // syncLauncher makes sure the launcher runs the instance (network first), follows its status
@@ -364,6 +385,9 @@ func (r *Reconciler) reconcileIncoming(ctx context.Context, req ctrl.Request) (c
 	err := r.reconcileTarget(ctx, &v)
 	if errors.Is(err, errLauncherStarting) || errors.Is(err, errHandoverPending) {
 		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
+	}
+	if errors.Is(err, errPostCopyWatch) {
+		return ctrl.Result{RequeueAfter: recoveryPoll}, nil
 	}
 	return ctrl.Result{}, err
 }

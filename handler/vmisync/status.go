@@ -121,17 +121,7 @@ func TerminatedOutcome(pod *corev1.Pod, ended string) (v1alpha1.VirtualMachineIn
 // Event message when the guest ended ("" otherwise). It is pure: now is the transition time.
 func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status, failures hotplugFailures, now metav1.Time) (ended string) {
 	status := &v.Status
-	phase, reason, msg := guestOutcome(st)
-	if phase.Final() && terminatedInPlace(v, pod, st) {
-		phase, reason, msg = TerminatedOutcome(pod, msg)
-	}
-	if phase != "" && status.Phase != phase {
-		status.SetPhase(phase, now)
-		if reason != "" {
-			status.Reason = reason
-			ended = msg
-		}
-	}
+	ended = applyOutcome(v, pod, st, now)
 	if st.QEMUVersion != "" {
 		status.QEMUVersion = st.QEMUVersion
 	}
@@ -144,6 +134,24 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 	status.Interfaces = interfaces(v, pod, st)
 	status.VolumeStatus = volumes(v, st, failures)
 	return ended
+}
+
+// applyOutcome sets the instance's phase (and reason) from the launcher's status, and returns the
+// Event message when the guest ended ("" otherwise). pod is nil when the launcher pod is gone.
+func applyOutcome(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status, now metav1.Time) (ended string) {
+	phase, reason, msg := guestOutcome(st)
+	if phase.Final() && terminatedInPlace(v, pod, st) {
+		phase, reason, msg = TerminatedOutcome(pod, msg)
+	}
+	if phase == "" || v.Status.Phase == phase {
+		return ""
+	}
+	v.Status.SetPhase(phase, now)
+	if reason == "" {
+		return ""
+	}
+	v.Status.Reason = reason
+	return msg
 }
 
 func computeContainer(pod *corev1.Pod) *corev1.Container {

@@ -61,6 +61,13 @@ func (r *Reconciler) syncSourceHandover(ctx context.Context, v *v1alpha1.Virtual
 		if err := c.FinishMigration(ctx); err != nil {
 			return true, fmt.Errorf("finish the source after the target took the guest over: %w", err)
 		}
+	case ms.Failed && info.PostCopy:
+		// Nothing to take back: the guest ran on the target from the switch to post-copy.
+		if err := c.Kill(ctx); err != nil {
+			return true, fmt.Errorf("stop the source of a failed post-copy migration: %w", err)
+		}
+		r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationFailed,
+			"The migration failed after its switch to post-copy (%s): the guest ran on node %s and cannot run here again; its QEMU here was stopped", ms.FailureReason, ms.TargetNode)
 	case ms.Failed:
 		reason := ms.FailureReason
 		if reason == "" {
@@ -70,6 +77,11 @@ func (r *Reconciler) syncSourceHandover(ctx context.Context, v *v1alpha1.Virtual
 			return true, fmt.Errorf("take the guest back from a failed handover: %w", err)
 		}
 		r.Recorder.Eventf(v, corev1.EventTypeWarning, EventMigrationReclaimed, "The target did not take the guest over (%s); it runs on here", reason)
+	case !ms.SourceHandedOver && info.PostCopy:
+		ms.SourceHandedOver, ms.HandedOverPaused = true, info.GuestPaused
+		setProgress(ms, info)
+		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationHandedOver,
+			"The target on node %s has the guest's whole memory; it has run the guest there since the switch to post-copy (downtime %d ms)", ms.TargetNode, info.DowntimeMs)
 	case !ms.SourceHandedOver:
 		ms.SourceHandedOver, ms.HandedOverPaused = true, info.GuestPaused
 		setProgress(ms, info)

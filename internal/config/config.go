@@ -25,6 +25,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -345,12 +346,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, nil
 }
 
-// SetupWithManager watches only the qvirt-config ConfigMap of the install namespace.
+// SetupWithManager watches only the qvirt-config ConfigMap of the install namespace. It runs on
+// every replica, not only the leader: each replica serves the admission webhooks, which read the
+// Store (hostDisk's allowed paths, useEmulation, the virtiofs and downward metrics gates), so a
+// replica that kept the configuration it started with would admit or refuse by stale settings.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	only := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetName() == ConfigMapName && o.GetNamespace() == r.Namespace
 	})
+	everyReplica := false
 	return ctrl.NewControllerManagedBy(mgr).Named("config").
+		WithOptions(controller.Options{NeedLeaderElection: &everyReplica}).
 		For(&corev1.ConfigMap{}, builder.WithPredicates(only)).Complete(r)
 }
 

@@ -41,6 +41,24 @@ func (p puller) resolve(ctx context.Context) (string, error) {
 	return h.String(), nil
 }
 
+// credentialed tells whether the pull presents credentials to the reference's registry.
+func (p puller) credentialed() bool {
+	if p.auth == nil {
+		return false
+	}
+	a, err := p.auth.Resolve(p.ref.Context())
+	return err == nil && a != authn.Anonymous
+}
+
+// check asks the registry whether the pull's credentials give access to digest in the
+// reference's repository, without fetching it.
+func (p puller) check(ctx context.Context, digest string) error {
+	if _, err := remote.Head(p.ref.Context().Digest(digest), p.options(ctx)...); err != nil {
+		return fmt.Errorf("check access to %s: %w", digest, err)
+	}
+	return nil
+}
+
 // image is the image of digest in the reference's repository; go-containerregistry checks the
 // manifest and every layer against their digests as they are read.
 func (p puller) image(ctx context.Context, digest string) (v1.Image, error) {

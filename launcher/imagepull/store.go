@@ -193,7 +193,8 @@ func (s *Store) acquire(ctx context.Context, image string, policy PullPolicy, au
 	defer cancel()
 	p := puller{ref: ref, insecure: s.opts.Insecure, auth: auth}
 	digest, known := s.knownDigest(ref)
-	if policy == PullAlways || !known {
+	asked := policy == PullAlways || !known // the registry is asked with p's credentials
+	if asked {
 		if policy == PullNever {
 			return nil, errors.New("not in this node's cache and imagePullPolicy is Never")
 		}
@@ -203,7 +204,7 @@ func (s *Store) acquire(ctx context.Context, image string, policy PullPolicy, au
 	}
 	unlock := s.lock(digest)
 	defer unlock()
-	l, err := s.use(ctx, p, digest, policy)
+	l, err := s.use(ctx, p, digest, policy, asked)
 	if err != nil {
 		return nil, err
 	}
@@ -215,19 +216,32 @@ func (s *Store) acquire(ctx context.Context, image string, policy PullPolicy, au
 	return l, nil
 }
 
-// use checks digest's entry (under its lock) and leases it, pulling it first when it is missing or
-// was changed after unpacking.
-func (s *Store) use(ctx context.Context, p puller, digest string, policy PullPolicy) (*Lease, error) {
+// use checks digest's entry (under its lock) and leases it, pulling it first when it is missing,
+// was changed after unpacking, or has no pull record. An entry pulled with credentials goes to a
+// requester the registry was not asked for (asked false: a cache hit) only once the registry the
+// entry came from accepts the requester's own credentials for its digest, as a kubelet with
+// KubeletEnsureSecretPulledImages does: one tenant's private image must not reach another
+// tenant's pod through a node's cache, whatever repository that pod names.
+func (s *Store) use(ctx context.Context, p puller, digest string, policy PullPolicy, asked bool) (*Lease, error) {
 	dir := s.entryDir(digest)
 	var discarded error
 	m, err := readManifest(dir)
+	var rec pullRecord
 	if err == nil {
 		err = m.verify(filepath.Join(dir, "rootfs"), false)
+		if err == nil {
+			rec, err = readPullRecord(dir)
+		}
 		if err != nil {
 			discarded = err
 			if derr := s.discard(digest); derr != nil {
 				return nil, errors.Join(err, derr)
 			}
+		}
+	}
+	if err == nil && !asked && rec.repository != "" {
+		if herr := s.checkAccess(ctx, p, rec.repository, digest); herr != nil {
+			return nil, fmt.Errorf("this node's copy was pulled with credentials, and %s does not accept this pull's for it: %w", rec.repository, herr)
 		}
 	}
 	if err != nil {
@@ -270,10 +284,64 @@ func (s *Store) pull(ctx context.Context, p puller, digest string) (*manifest, e
 	if err != nil {
 		return nil, errors.Join(err, s.discard(digest))
 	}
+	// Recorded before the manifest makes the entry usable; an entry without a record is pulled
+	// again (use), so none is ever handed out as anonymous by mistake.
+	rec := pullRecord{}
+	if p.credentialed() {
+		rec.repository = p.ref.Context().Name()
+	}
+	if err := writeAtomic(filepath.Join(dir, pullRecordFile), rec.encode()); err != nil {
+		return nil, errors.Join(err, s.discard(digest))
+	}
 	if err := m.write(dir); err != nil {
 		return nil, errors.Join(err, s.discard(digest))
 	}
 	return m, nil
+}
+
+// pullRecordFile says how an entry was pulled: "anonymous", or "credentials REPOSITORY", the
+// repository whose registry took the credentials.
+const pullRecordFile = "pull-record"
+
+// checkTimeout bounds the access check of a cache hit, which holds the entry's lock.
+const checkTimeout = 30 * time.Second
+
+type pullRecord struct {
+	repository string // "" for an anonymous pull
+}
+
+func (r pullRecord) encode() []byte {
+	if r.repository == "" {
+		return []byte("anonymous\n")
+	}
+	return []byte("credentials " + r.repository + "\n")
+}
+
+func readPullRecord(dir string) (pullRecord, error) {
+	b, err := os.ReadFile(filepath.Join(dir, pullRecordFile))
+	if err != nil {
+		return pullRecord{}, fmt.Errorf("read the pull record: %w", err)
+	}
+	line := strings.TrimSpace(string(b))
+	if line == "anonymous" {
+		return pullRecord{}, nil
+	}
+	if repo, ok := strings.CutPrefix(line, "credentials "); ok && repo != "" {
+		return pullRecord{repository: repo}, nil
+	}
+	return pullRecord{}, fmt.Errorf("pull record %q is neither anonymous nor credentials REPOSITORY", line)
+}
+
+// checkAccess asks the registry of repository, where the entry came from, whether p's credentials
+// give access to digest there.
+func (s *Store) checkAccess(ctx context.Context, p puller, repository, digest string) error {
+	origin, err := parseRef(repository+"@"+digest, s.opts.Insecure)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	return puller{ref: origin, insecure: s.opts.Insecure, auth: p.auth}.check(ctx, digest)
 }
 
 // discard removes digest's entry: renamed out of the way at once (so no one finds it half gone),

@@ -34,6 +34,8 @@ import (
 //	POST   /v1/migration/run        MigrationRun     target: take over the handed-over guest (HandoverHolding)
 //	POST   /v1/migration/finish                      source: the target runs the guest; quit
 //	POST   /v1/migration/reclaim    MigrationReclaim source: the target failed before it ran the guest; run it here again
+//	POST   /v1/migration/recover    MigrationRecover target: listen again for a post-copy migration whose link broke -> MigrationTargetReply
+//	POST   /v1/migration/resume     MigrationResume  source: send the rest of a post-copy migration whose link broke
 //	GET    /v1/guest/ping           -> {}              guest-ping to the guest agent (the guestAgentPing probe); 409 when it is not connected
 //	POST   /v1/guest/exec-probe GuestExecProbe -> GuestExecResult  the exec probe: the command runs in the guest through the agent; 409 when it is not connected
 //	GET    /v1/guest/info           -> GuestAgentInfo  asks the guest agent now; 409 when it is not connected
@@ -224,7 +226,52 @@ type MigrationTarget struct {
 	// Listen is ListenUnix (a socket in the launcher's directory, for the node agent), or a host:port the
 	// source can reach where port 0 picks a free port; the reply has the URI.
 	Listen string `json:"listen"`
+	// Parallel must be the source's MigrationSource.Parallel: QEMU takes parallel streams only
+	// when both ends set the same.
+	Parallel *ParallelStreams `json:"parallel,omitempty"`
+	// PostCopy must be the source's MigrationSource.PostCopy: the target then takes the guest
+	// over, and runs it, as soon as the source switches to post-copy. It needs userfaultfd, which
+	// QEMU opens as the launcher's user: an unprivileged launcher gets it only where the node sets
+	// vm.unprivileged_userfaultfd=1, and the request fails otherwise.
+	PostCopy bool `json:"postCopy,omitempty"`
+	// PostCopyRecovery is how long the target waits, once the link broke after the switch to
+	// post-copy (QEMU's postcopy-paused), for /v1/migration/recover and the source's resume
+	// before it counts the guest lost and ends its QEMU; zero ends it at once. Only with PostCopy.
+	PostCopyRecovery time.Duration `json:"postCopyRecovery,omitempty"`
 }
+
+// MigrationRecover makes a target whose post-copy migration lost its link listen for the source
+// again (QEMU's migrate-recover); the reply has the URI.
+type MigrationRecover struct {
+	// Listen is as MigrationTarget's.
+	Listen string `json:"listen"`
+}
+
+// MigrationResume sends the rest of a post-copy migration whose link broke to the target, which
+// listens again (MigrationRecover) at URI.
+type MigrationResume struct {
+	// URI is as MigrationSource's.
+	URI string `json:"uri"`
+}
+
+// ParallelStreams sends the guest's memory over Channels more connections (QEMU's multifd
+// channels) beside the main one, its pages compressed with Compression.
+type ParallelStreams struct {
+	// Channels is 1 to MaxParallelChannels.
+	Channels int `json:"channels"`
+	// Compression is CompressionNone ("" too) or CompressionZstd.
+	Compression string `json:"compression,omitempty"`
+}
+
+// MaxParallelChannels bounds ParallelStreams.Channels: each is a connection and a thread on
+// both ends.
+const MaxParallelChannels = 16
+
+// Compressions of ParallelStreams.
+const (
+	CompressionNone = "none"
+	CompressionZstd = "zstd"
+)
 
 // MigrationTargetReply is where the target listens.
 type MigrationTargetReply struct {
@@ -241,7 +288,19 @@ type MigrationSource struct {
 	// DowntimeLimit is the longest pause at switch-over that QEMU plans for.
 	DowntimeLimit time.Duration `json:"downtimeLimit,omitempty"`
 	AutoConverge  bool          `json:"autoConverge,omitempty"`
-	PostCopy      bool          `json:"postCopy,omitempty"`
+	// PostCopy lets the migration switch to post-copy once it ran PostCopyAfter without
+	// completing (KubeVirt's completion timeout with allowPostCopy): the guest then runs on the
+	// target, which fetches the pages still here as it touches them. From the switch the guest is
+	// the target's: the source cannot cancel it or take it back, and a failure after it loses
+	// the guest. Not with BlockMigration or Parallel (QEMU 7.2 copies neither in post-copy).
+	PostCopy bool `json:"postCopy,omitempty"`
+	// PostCopyAfter is how long the migration runs in pre-copy before it switches (zero: as soon
+	// as it is under way). Only with PostCopy.
+	PostCopyAfter time.Duration `json:"postCopyAfter,omitempty"`
+	// PostCopyRecovery is how long the source waits, once the link broke after the switch to
+	// post-copy (QEMU's postcopy-paused), for /v1/migration/resume before it counts the guest
+	// lost and ends its QEMU; zero ends it at once. Only with PostCopy.
+	PostCopyRecovery time.Duration `json:"postCopyRecovery,omitempty"`
 	// ProgressTimeout aborts the migration when the memory still to send has not fallen below
 	// its lowest so far for this long (a guest dirtying memory faster than the link carries it);
 	// zero never does.
@@ -252,6 +311,9 @@ type MigrationSource struct {
 	// disks; a launcher that predates it refuses the request (unknown field) rather than leave
 	// the target's disks blank.
 	BlockMigration *BlockMigration `json:"blockMigration,omitempty"`
+	// Parallel sends the memory over parallel streams; the target must have been prepared with
+	// the same. The URI's endpoint then takes Channels+1 connections.
+	Parallel *ParallelStreams `json:"parallel,omitempty"`
 }
 
 // BlockMigration names the NBD server of a migration target's local disks. Its exports are
@@ -287,12 +349,19 @@ type MigrationInfo struct {
 	// they copied.
 	DiskTotalBytes       int64 `json:"diskTotalBytes,omitempty"`
 	DiskTransferredBytes int64 `json:"diskTransferredBytes,omitempty"`
+	// ParallelBytes is what the parallel streams carried (source), counted as pages before
+	// compression, as QEMU 7.2 counts them.
+	ParallelBytes int64 `json:"parallelBytes,omitempty"`
 	// Handover is where the migration's last step stands once QEMU moved the guest's whole state
 	// (Status completed); "" before.
 	Handover Handover `json:"handover,omitempty"`
 	// GuestPaused (source) is true when the guest was not running when it was handed over (paused,
 	// or started paused and never run): the target keeps it that way.
 	GuestPaused bool `json:"guestPaused,omitempty"`
+	// PostCopy is true once QEMU switched the migration to post-copy: the target runs the guest
+	// from then on (its Handover is done at the switch), and the source can neither cancel the
+	// migration nor take the guest back.
+	PostCopy bool `json:"postCopy,omitempty"`
 }
 
 // Handover is the state of a migration's last step: who runs the guest. QEMU's return path makes

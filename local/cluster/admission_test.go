@@ -227,8 +227,13 @@ func leaderReplica(t *testing.T, sup *supervise.Supervisor) int {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(string(data), `"msg":"Starting workers"`) {
-			found = append(found, i)
+		// Every replica follows qvirt-config (its webhooks read it); the other reconcilers start
+		// on the leader only.
+		for line := range strings.Lines(string(data)) {
+			if strings.Contains(line, `"msg":"Starting workers"`) && !strings.Contains(line, `"controller":"config"`) {
+				found = append(found, i)
+				break
+			}
 		}
 	}
 	if len(found) != 1 {

@@ -67,6 +67,10 @@ type Options struct {
 	// GuestDir, when set, holds the test guest (test/guest/build.sh's output), from which the local
 	// registry is seeded with the demo images.
 	GuestDir string
+	// InsecureRegistries are registries besides the local one (host:port, as image references
+	// name them) that the virtual nodes may reach over plain HTTP: a private registry of one's own
+	// without TLS, reached with a VMI's imagePullSecret.
+	InsecureRegistries []string
 	// Ports place the control plane (zero: its defaults) and qvirt-controller's webhook (9443
 	// when zero) and probe (9441 when zero); replica i uses the port i-1 above these.
 	Ports Ports
@@ -304,7 +308,7 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 		HiddenPaths: []string{c.opts.Dir},
 		ImageCache:  nodeImageCache(c.opts.Dir, i), ImageCacheMaxBytes: nodeImageCacheBytes,
 		// The local registry serves plain HTTP on the API bridge.
-		InsecureRegistries: []string{c.Registry},
+		InsecureRegistries: append([]string{c.Registry}, c.opts.InsecureRegistries...),
 		Env: map[string]string{"KUBERNETES_SERVICE_HOST": apiAddress.String(),
 			"KUBERNETES_SERVICE_PORT": strconv.Itoa(c.cp.opts.APIServerPort)},
 	}

@@ -108,6 +108,7 @@ func TestImageVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := privateRegistry(t, "tenant", "s3cret")
+	liar := lyingRegistry(t)
 	ref := addr + "/tenant/disk:1"
 	digest := pushDisk(t, ref, "tenant", "s3cret", "original")
 	dockerCfg, _ := json.Marshal(map[string]any{"auths": map[string]any{addr: map[string]string{
@@ -124,7 +125,7 @@ func TestImageVolumes(t *testing.T) {
 	cache := filepath.Join(t.TempDir(), "images")
 	n := startNode(t, ctx, "vnode-img", "10.231.9.0/24", "qvt-test-img", binDir, log, func(o *provider.Options) {
 		o.ImageCache = cache
-		o.InsecureRegistries = []string{addr}
+		o.InsecureRegistries = []string{addr, liar}
 		o.ImagePullBackoff = time.Second
 	})
 	defer n.stop(t)
@@ -172,6 +173,47 @@ func TestImageVolumes(t *testing.T) {
 				t.Errorf("%s: mode %s uid %d, want root's and not writable by others", p, st.Mode(), ownerUID(st))
 			}
 		}
+	})
+
+	// As a kubelet with KubeletEnsureSecretPulledImages: an image this node pulled with one pod's
+	// credentials is not handed from the cache to a pod without them, whatever its pull policy.
+	t.Run("a cached private image needs the pod's own credentials", func(t *testing.T) {
+		tc.t = t
+		pod := imagePod("stranger", ref, "")
+		pod.Spec.ImagePullSecrets = nil
+		pod.Spec.NodeName = n.name
+		tc.create(pod)
+		got := tc.waitFor("stranger", "finished or failing to pull", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || waitingReason(p) == "ErrImagePull"
+		})
+		if waitingReason(got) != "ErrImagePull" || !strings.Contains(got.Status.ContainerStatuses[0].State.Waiting.Message, ref) {
+			t.Fatalf("a pod without credentials: phase %s, container %+v; want ErrImagePull naming %s", got.Status.Phase, got.Status.ContainerStatuses[0].State, ref)
+		}
+		if err := client.CoreV1().Pods(tc.ns).Delete(ctx, "stranger", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tc.waitGone("stranger")
+	})
+
+	// The access check asks the registry the image came from, not the one the pod names: a
+	// registry that merely claims to hold the digest does not get the cached image either.
+	t.Run("a registry claiming the digest does not get a cached private image", func(t *testing.T) {
+		tc.t = t
+		pod := imagePod("claimer", liar+"/x@"+digest, "")
+		pod.Spec.ImagePullSecrets = nil
+		pod.Spec.NodeName = n.name
+		tc.create(pod)
+		got := tc.waitFor("claimer", "finished or failing to pull", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || waitingReason(p) == "ErrImagePull"
+		})
+		if waitingReason(got) != "ErrImagePull" {
+			t.Fatalf("a pod naming the digest in a registry that claims it: phase %s, container %+v; want ErrImagePull",
+				got.Status.Phase, got.Status.ContainerStatuses[0].State)
+		}
+		if err := client.CoreV1().Pods(tc.ns).Delete(ctx, "claimer", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tc.waitGone("claimer")
 	})
 
 	t.Run("a cache file changed after unpacking never reaches a pod", func(t *testing.T) {
@@ -239,6 +281,27 @@ func TestImageVolumes(t *testing.T) {
 		}
 		tc.waitGone("anonymous")
 	})
+}
+
+// lyingRegistry is a registry that answers every manifest HEAD by digest with that digest, as if
+// it held every image, and has nothing to pull; it returns its host:port.
+func lyingRegistry(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v2/" {
+			return
+		}
+		_, ref, ok := strings.Cut(r.URL.Path, "/manifests/")
+		if r.Method != http.MethodHead || !ok || !strings.HasPrefix(ref, "sha256:") {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Docker-Content-Digest", ref)
+		w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+		w.Header().Set("Content-Length", "500")
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
 }
 
 // waitingReason is the reason the pod's first container waits, "" when it does not.

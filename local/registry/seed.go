@@ -91,8 +91,9 @@ func PushCloudDisk(ctx context.Context, registryAddr, cloudDir string) (string, 
 
 // PushContainerDisk pushes a KubeVirt-layout containerDisk to ref over plain HTTP: a linux/amd64
 // image with one layer holding diskFile at path (under /disk/), read-only and owned by uid/gid
-// 107 as KubeVirt's documentation builds them.
-func PushContainerDisk(ctx context.Context, ref, diskFile, path string) error {
+// 107 as KubeVirt's documentation builds them. opts add to the push's (credentials for a private
+// registry, say).
+func PushContainerDisk(ctx context.Context, ref, diskFile, path string, opts ...remote.Option) error {
 	if filepath.Dir(path) != "/disk" {
 		return fmt.Errorf("containerDisk path %q: want a file directly under /disk/", path)
 	}
@@ -100,7 +101,7 @@ func PushContainerDisk(ctx context.Context, ref, diskFile, path string) error {
 	if err != nil {
 		return err
 	}
-	return push(ctx, ref, img)
+	return push(ctx, ref, img, opts...)
 }
 
 // PushKernel pushes a kernelBoot image holding only the kernel file at KernelPath (no initrd) to
@@ -212,13 +213,13 @@ func emptyQcow2(ctx context.Context) (string, func(), error) {
 	return path, cleanup, nil
 }
 
-// push writes img to ref over plain HTTP.
-func push(ctx context.Context, ref string, img v1.Image) error {
+// push writes img to ref over plain HTTP, with opts besides the context.
+func push(ctx context.Context, ref string, img v1.Image, opts ...remote.Option) error {
 	r, err := name.ParseReference(ref, name.Insecure)
 	if err != nil {
 		return fmt.Errorf("push %s: %w", ref, err)
 	}
-	if err := remote.Write(r, img, remote.WithContext(ctx)); err != nil {
+	if err := remote.Write(r, img, append([]remote.Option{remote.WithContext(ctx)}, opts...)...); err != nil {
 		return fmt.Errorf("push %s: %w", ref, err)
 	}
 	return nil

@@ -210,10 +210,25 @@ var startReq = v1alpha1.VirtualMachineStateChangeRequest{Action: v1alpha1.StartR
 // console.
 func startDemo(t *testing.T, ns, name string, strategy v1alpha1.RunStrategy) (*v1alpha1.VirtualMachineInstance, *testutil.Console) {
 	t.Helper()
-	applyVM(t, demoVM(t, ns, name, strategy))
-	if strategy == v1alpha1.RunStrategyManual {
-		request(t, ns, name, startReq) // a Manual VM starts only when asked
+	vm := demoVM(t, ns, name, strategy)
+	if strategy != v1alpha1.RunStrategyManual {
+		return bootVM(t, vm)
 	}
+	applyVM(t, vm)
+	request(t, ns, name, startReq) // a Manual VM starts only when asked
+	return waitBooted(t, ns, name)
+}
+
+// bootVM applies vm and waits for its guest's ready line.
+func bootVM(t *testing.T, vm *v1alpha1.VirtualMachine) (*v1alpha1.VirtualMachineInstance, *testutil.Console) {
+	t.Helper()
+	applyVM(t, vm)
+	return waitBooted(t, vm.Namespace, vm.Name)
+}
+
+// waitBooted waits for instance name to run and its guest to print its ready line.
+func waitBooted(t *testing.T, ns, name string) (*v1alpha1.VirtualMachineInstance, *testutil.Console) {
+	t.Helper()
 	vmi := waitVMI(t, ns, name, bootTimeout, "Running", running(""))
 	con := console(t, vmi)
 	con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)

@@ -30,6 +30,9 @@ var (
 	dir     string // the cluster's state directory
 	bin     string // qvirt's binaries, qvirtctl among them
 	kubectl string
+	// privateRegistry is a registry that serves only with credentials (startPrivateRegistry),
+	// which the nodes reach over plain HTTP.
+	privateRegistry string
 )
 
 func TestMain(m *testing.M) {
@@ -76,10 +79,17 @@ func startCluster() (func(), error) {
 	if err != nil {
 		return func() {}, err
 	}
-	c, cleanup, err := e2ecluster.Start(e2ecluster.Options{Name: "e2e", GuestDir: guest})
+	private, stopPrivate, err := startPrivateRegistry()
+	if err != nil {
+		return func() {}, err
+	}
+	c, stopCluster, err := e2ecluster.Start(e2ecluster.Options{Name: "e2e", GuestDir: guest,
+		InsecureRegistries: []string{private}})
+	cleanup := func() { stopCluster(); stopPrivate() }
 	if err != nil {
 		return cleanup, err
 	}
 	ec, lc, cl, dir, bin, kubectl = c, c.Cluster, c.Client, c.Dir, c.Bin, c.Kubectl
+	privateRegistry = private
 	return cleanup, nil
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -63,21 +64,22 @@ func TestLiveMigration(t *testing.T) {
 // TestLiveMigrationCarriesEmptyDisk: a guest writes a marker to its emptyDisk, the VM (which stays
 // LiveMigratable) migrates with `qvirtctl migrate`, and the guest reads the marker back from the
 // target node's disk: the disk's contents went along (block migration, tunnelled between the node
-// agents), they were not left behind on the source node.
+// agents), they were not left behind on the source node. A MigrationPolicy picks the VM by label
+// and sends its memory over two parallel streams compressed with zstd, which the tunnel carries.
 func TestLiveMigrationCarriesEmptyDisk(t *testing.T) {
 	t.Parallel()
 	ns := namespace(t)
 	const name = "blockmig"
-	vm := demoVM(t, ns, name, v1alpha1.RunStrategyAlways)
+	policy, vm := policyVM(t, ns, name, v1alpha1.MigrationPolicySpec{
+		ParallelMigrationThreads:     ptr.To[int32](2),
+		ParallelMigrationCompression: ptr.To(v1alpha1.MigrationCompressionZstd),
+	})
 	spec := &vm.Spec.Template.Spec
 	spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, v1alpha1.Disk{Name: "scratch", Serial: "scratch",
 		Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
 	spec.Volumes = append(spec.Volumes, v1alpha1.Volume{Name: "scratch", VolumeSource: v1alpha1.VolumeSource{
 		EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("64Mi")}}})
-	applyVM(t, vm)
-	vmi := waitVMI(t, ns, name, bootTimeout, "Running", running(""))
-	src := console(t, vmi)
-	src.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	vmi, src := bootVM(t, vm)
 	// The guest computes the marker so that the typed line's echo does not match it.
 	src.Run(t, "echo QVIRT-MARK-$((6*7)) > /dev/vda && sync && echo WROTE-$((2+3))", "WROTE-5", 30*time.Second)
 	moved := qvirtctlMigrate(t, vmi)
@@ -92,6 +94,29 @@ func TestLiveMigrationCarriesEmptyDisk(t *testing.T) {
 	if strings.Contains(dst.Text(), "QVIRT-GUEST-READY") {
 		t.Error("the guest booted again on the target")
 	}
+	ms := moved.Status.MigrationState
+	if ms == nil || ms.MigrationPolicyName != policy.Name || ms.MigrationConfiguration == nil ||
+		ptr.Deref(ms.MigrationConfiguration.ParallelMigrationThreads, 0) != 2 || ptr.Deref(ms.DataParallelBytes, 0) == 0 {
+		t.Errorf("migration state %+v: want policy %s with 2 parallel streams that carried the memory", ms, policy.Name)
+	}
+}
+
+// policyVM creates a MigrationPolicy with spec (for the test's life) that selects the demo VM
+// name in ns, which it returns unapplied.
+func policyVM(t *testing.T, ns, name string, spec v1alpha1.MigrationPolicySpec) (*v1alpha1.MigrationPolicy, *v1alpha1.VirtualMachine) {
+	t.Helper()
+	spec.Selectors = &v1alpha1.Selectors{VirtualMachineInstanceSelector: v1alpha1.LabelSelector{"qvirt-e2e-policy": ns}}
+	policy := &v1alpha1.MigrationPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + name}, Spec: spec}
+	if err := cl.Create(context.Background(), policy); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Delete(context.Background(), policy) })
+	vm := demoVM(t, ns, name, v1alpha1.RunStrategyAlways)
+	if vm.Spec.Template.ObjectMeta.Labels == nil {
+		vm.Spec.Template.ObjectMeta.Labels = map[string]string{}
+	}
+	vm.Spec.Template.ObjectMeta.Labels["qvirt-e2e-policy"] = ns
+	return policy, vm
 }
 
 // qvirtctlMigrate moves the running instance vmi to the other node with `qvirtctl migrate`, once it

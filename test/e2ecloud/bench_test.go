@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +31,11 @@ import (
 // qvirt's: the pod, the image pull, the launcher, pod networking. cloudimage-ratio-vs-bare-qemu is
 // cluster-s / bare-qemu-s (goal ≤ 1.2). Under emulation a boot takes one to three minutes and
 // varies with the machine's load: -benchtime=3x alternates the order and averages.
+//
+// It also reports the image's figures (imageFigures.report): its size, and how long the build that
+// made the cached image took.
 func BenchmarkCloudImageSSH(b *testing.B) {
+	image := cloudImageFigures(b)
 	var cluster, bare time.Duration
 	for i := range b.N {
 		key, authorized := userKey(b)
@@ -46,6 +52,68 @@ func BenchmarkCloudImageSSH(b *testing.B) {
 	b.ReportMetric(bare.Seconds()/float64(b.N), "bare-qemu-s")
 	b.ReportMetric(float64(cluster)/float64(bare), "cloudimage-ratio-vs-bare-qemu")
 	b.ReportMetric(0, "ns/op") // one boot is not a per-op cost
+	image.report(b)
+}
+
+// imageFigures are the cloud image's: disk.qcow2's size and what test/guest/cloud/build.sh
+// recorded in build-info when it built the cached image.
+type imageFigures struct {
+	qcow2Bytes int64
+	info       map[string]string
+	builtAt    time.Time
+}
+
+// cloudImageFigures reads them before the boots, so that a cache without build-info fails the
+// benchmark before its minutes of boots rather than after.
+func cloudImageFigures(b *testing.B) imageFigures {
+	b.Helper()
+	st, err := os.Stat(filepath.Join(cloudDir, "disk.qcow2"))
+	if err != nil {
+		b.Fatalf("cloud image: %v", err)
+	}
+	path := filepath.Join(cloudDir, "build-info")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatalf("cloud image build figures: %v (build.sh writes build-info when it builds; "+
+			"QVIRT_CLOUD_FORCE=1 test/guest/cloud/build.sh rebuilds the cache)", err)
+	}
+	info := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok {
+			info[k] = v
+		}
+	}
+	for _, k := range []string{"seconds", "bootstrap", "rootfs-mib"} {
+		if info[k] == "" {
+			b.Fatalf("%s has no %q line:\n%s", path, k, raw)
+		}
+	}
+	return imageFigures{qcow2Bytes: st.Size(), info: info, builtAt: st.ModTime()}
+}
+
+// report reports the image's figures. The build time is the one recorded when the cache was
+// built, usually by an earlier run: cloud-build-cold-s when that build ran mmdebstrap (downloads
+// included unless debs-cached says they were there), cloud-build-bootstrap-reused-s when it reused
+// the bootstrapped tree, which is not a cold build.
+func (f imageFigures) report(b *testing.B) {
+	b.ReportMetric(float64(f.qcow2Bytes)/(1<<20), "cloud-qcow2-MiB")
+	if mib, err := strconv.ParseFloat(f.info["rootfs-mib"], 64); err == nil {
+		b.ReportMetric(mib, "cloud-rootfs-MiB")
+	}
+	secs, err := strconv.ParseFloat(f.info["seconds"], 64)
+	if err != nil {
+		b.Fatalf("build-info: seconds %q: %v", f.info["seconds"], err)
+	}
+	unit := "cloud-build-cold-s"
+	if f.info["bootstrap"] != "ran" {
+		unit = "cloud-build-bootstrap-reused-s"
+	}
+	b.ReportMetric(secs, unit)
+	b.Logf("%s is the build that made the cached image (%s, %s .debs already downloaded), not this run's",
+		unit, f.builtAt.UTC().Format(time.RFC3339), f.info["debs-cached"])
+	if unit != "cloud-build-cold-s" {
+		b.Logf("for a cold build's time, remove %s and run again", cloudDir)
+	}
 }
 
 // benchSSH waits until SSH at addr lets the user in and runs a command; it returns when.

@@ -47,6 +47,9 @@ type Options struct {
 	GuestDir string
 	// Ready runs once the cluster is up (pushing more images, say); its error fails the start.
 	Ready func(ctx context.Context, c *cluster.Cluster) error
+	// InsecureRegistries are registries besides the local one the nodes pull from over plain
+	// HTTP (cluster.Options.InsecureRegistries): a test's own private registry.
+	InsecureRegistries []string
 }
 
 // Start builds the binaries and brings a two-node cluster up; the returned cleanup takes it down
@@ -99,7 +102,7 @@ func Start(o Options) (*Cluster, func(), error) {
 	started := time.Now()
 	c.Cluster, err = cluster.Up(ctx, cluster.Options{Dir: c.Dir, Nodes: 2, Emulation: true, Repo: repo, Tools: tools,
 		Bin: c.Bin, CNICache: filepath.Join(cache, "qvirt", "cni"), GuestDir: o.GuestDir, Progress: os.Stderr, Profiling: true,
-		Log: nodeLog})
+		Log: nodeLog, InsecureRegistries: o.InsecureRegistries})
 	if err != nil {
 		return nil, cleanup, err
 	}

@@ -292,3 +292,24 @@ func TestInstallNamespaceAdmitsTheNodeAgent(t *testing.T) {
 		t.Error("qvirt-handler does not run with hostPID: the privileged level would not be needed, update the Namespace and README")
 	}
 }
+
+// TestNodeAgentCannotReadTenantSecrets: a VMI's pull credentials and cloud-init Secrets reach its
+// launcher as volumes and imagePullSecrets of the launcher pod, which the kubelet resolves; the
+// node agent runs on every node, privileged, so RBAC must not let it read a tenant's Secrets
+// (a compromised node would otherwise read every tenant's).
+func TestNodeAgentCannotReadTenantSecrets(t *testing.T) {
+	rb := newRBAC(render(t))
+	handler := subject{namespace, "qvirt-handler"}
+	if len(rb.rules(handler)) == 0 {
+		t.Fatalf("no RBAC rule is bound to %s: the check would check nothing", handler)
+	}
+	const tenant = "tenant-a"
+	for _, verb := range []string{"get", "list", "watch"} {
+		// "" is the collection (list, watch); the names are a cloud-init Secret and a pull Secret.
+		for _, name := range []string{"", "cloud-init-userdata", "registry-credentials"} {
+			if rb.allows(handler, verb, "", "secrets", tenant, name) {
+				t.Errorf("RBAC lets %s %s Secrets in tenant namespace %s (name %q); pull and cloud-init Secrets must reach the launcher through its pod", handler, verb, tenant, name)
+			}
+		}
+	}
+}

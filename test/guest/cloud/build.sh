@@ -31,6 +31,11 @@
 # inside OUTDIR and renamed into place, the stamp last. Needs root (mmdebstrap writes a
 # root-owned tree) and a Debian host with apt.
 #
+# A build that ran (not a cached run) leaves OUTDIR/build-info beside the stamp, for
+# `make bench` to report: "seconds N" (the whole build), "bootstrap ran|reused" (a build
+# that reused OUTDIR/.bootstrap was not cold), "debs-cached N" (.debs already downloaded
+# when it started) and "rootfs-mib N" (the root tree written into the ext4 partition).
+#
 # On success the absolute OUTDIR is printed on stdout (logs go to stderr):
 #   dir=$(test/guest/cloud/build.sh) && qemu-img info "$dir/disk.qcow2"
 set -euo pipefail
@@ -289,7 +294,10 @@ bootstrap_key() {
 	} | sha256sum | cut -d' ' -f1
 }
 BDIR=$OUT/.bootstrap
+DEBS_CACHED=$(find "$DEBS" -maxdepth 1 -name '*.deb' | wc -l)
+BOOTSTRAP=reused
 if [ "$(cat "$BDIR.key" 2>/dev/null)" != "$(bootstrap_key)" ]; then
+	BOOTSTRAP=ran
 	rm -f "$BDIR.key"
 	log "running mmdebstrap (the first build downloads about 110 MB)"
 	apt_retry bootstrap "$BDIR" || die "mmdebstrap failed"
@@ -390,7 +398,8 @@ mcopy -i "$M" "$EFI/x/usr/lib/shim/mmx64.efi.signed" ::/EFI/BOOT/mmx64.efi
 mcopy -i "$M" "$EFI/x/usr/lib/grub/x86_64-efi-signed/grubx64.efi.signed" ::/EFI/BOOT/grubx64.efi
 mcopy -i "$M" "$EFI/grub.cfg" ::/EFI/debian/grub.cfg
 
-log "writing the root file system ($(du -sm "$ROOT" | cut -f1) MiB)"
+ROOT_MIB=$(du -sm "$ROOT" | cut -f1)
+log "writing the root file system ($ROOT_MIB MiB)"
 # lazy_itable_init=0: the inode tables are zeroed here (sparsely), not by the guest kernel
 # on every boot of an ephemeral copy.
 mkfs.ext4 -q -F -L root -U "$ROOT_UUID" -d "$ROOT" \
@@ -427,9 +436,17 @@ cmdline root=UUID=$ROOT_UUID ro $CMDLINE
 $(sed 's/^/pin /' "$VERSIONS")
 EOF
 
+cat >"$TMP/build-info" <<EOF
+seconds $(($(date +%s) - START))
+bootstrap $BOOTSTRAP
+debs-cached $DEBS_CACHED
+rootfs-mib $ROOT_MIB
+EOF
+
 # Publish, the stamp last: an interrupted publish is rebuilt next time.
 rm -f "$OUT/stamp"
 mv -f "$TMP/packages" "$OUT/packages"
+mv -f "$TMP/build-info" "$OUT/build-info"
 mv -f "$TMP/disk.qcow2" "$OUT/disk.qcow2"
 mv -f "$TMP/stamp" "$OUT/stamp"
 
