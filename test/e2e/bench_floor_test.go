@@ -74,56 +74,84 @@ func (a qemuArgv) instance(i int, runDir string) []string {
 }
 
 // benchFloor starts n bare QEMUs with the launcher's argv, interval apart, each resumed over QMP
-// as soon as its monitor listens, and returns each one's time from exec to running, sorted. This
-// is the physical floor for the same guests on the same machine: no API, no pod, no launcher.
-func benchFloor(b *testing.B, a qemuArgv, n int, interval time.Duration) []float64 {
+// as soon as its monitor listens, and returns each one's time from exec to running, sorted, and
+// the mean CPU-seconds one used until then. This is the physical floor for the same guests on the
+// same machine: no API, no pod, no launcher.
+func benchFloor(b *testing.B, a qemuArgv, n int, interval time.Duration) (lat []float64, cpuPerQEMU float64) {
 	b.Helper()
 	root := b.TempDir()
 	var (
 		mu    sync.Mutex
-		lat   []float64
-		procs []*exec.Cmd
-		errs  []error
-		wg    sync.WaitGroup
+		procs = make([]*exec.Cmd, n)
+		ticks uint64
 	)
 	defer func() {
 		for _, cmd := range procs {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
+			if cmd != nil {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
 		}
 	}()
-	for i := range n {
+	onSchedule(b, n, interval, func(i int) error {
 		runDir := filepath.Join(root, strconv.Itoa(i))
 		if err := os.Mkdir(runDir, 0o700); err != nil {
-			b.Fatal(err)
+			return err
 		}
 		start := time.Now()
 		cmd := exec.Command("qemu-system-x86_64", a.instance(i, runDir)...)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
-			b.Fatalf("bare QEMU %d: %v", i, err)
+			return fmt.Errorf("bare QEMU %d: %w", i, err)
 		}
-		procs = append(procs, cmd)
+		mu.Lock()
+		procs[i] = cmd
+		mu.Unlock()
+		if err := resumeWhenListening(launcher.Dir(runDir).QMP(), 30*time.Second); err != nil {
+			return fmt.Errorf("bare QEMU %d: %w", i, err)
+		}
+		took := time.Since(start).Seconds()
+		used, ok := cpuTicks(cmd.Process.Pid)
+		if !ok {
+			return fmt.Errorf("bare QEMU %d: no CPU time in /proc/%d/stat", i, cmd.Process.Pid)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		lat = append(lat, took)
+		ticks += used
+		return nil
+	})
+	slices.Sort(lat)
+	return lat, float64(ticks) / 100 / float64(n) // USER_HZ
+}
+
+// onSchedule calls fn(i) for i in [0, n), each in its own goroutine, the i-th at interval×i from
+// now: a call that takes long delays no other. It waits for all of them, fails the benchmark with
+// the first error.
+func onSchedule(b *testing.B, n int, interval time.Duration, fn func(i int) error) {
+	b.Helper()
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	first := time.Now()
+	for i := range n {
+		time.Sleep(time.Until(first.Add(time.Duration(i) * interval)))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := resumeWhenListening(launcher.Dir(runDir).QMP(), 30*time.Second)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("bare QEMU %d: %w", i, err))
-				return
+			if err := fn(i); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
 			}
-			lat = append(lat, time.Since(start).Seconds())
 		}()
-		time.Sleep(interval)
 	}
 	wg.Wait()
 	if len(errs) > 0 {
 		b.Fatal(errs[0])
 	}
-	slices.Sort(lat)
-	return lat
 }
 
 // resumeWhenListening connects to the QMP socket once QEMU listens there and continues the vCPUs,

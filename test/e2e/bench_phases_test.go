@@ -66,10 +66,13 @@ func (p *phaseClock) watch(ctx context.Context, b *testing.B, ns string) {
 	go testutil.DrainWatch(ctx, vmis, p.seeVMI)
 }
 
-func (p *phaseClock) create(name string) {
+// create records that name is being created now, and returns that moment.
+func (p *phaseClock) create(name string) time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.created[name] = time.Now()
+	now := time.Now()
+	p.created[name] = now
+	return now
 }
 
 func (p *phaseClock) mark(vmi, phase string) {
