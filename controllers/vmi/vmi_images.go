@@ -16,9 +16,11 @@ import (
 // ImageVolumeWithDigest feature). The VMI reconciler copies that into the instance's status
 // (RecordImages), and a migration target mounts the recorded digest instead of the tag
 // (PinImageVolumes), so both ends of a migration run the same bytes even when the tag has moved.
-// A real kubelet reports an image ID rather than a repository digest, which cannot be pulled: such
-// a target pulls the tag, and the migration reconciler compares what it got before the migration
-// starts (ImageMismatches).
+// A real kubelet of Kubernetes 1.37 under containerd 2 reports nothing there (it matches the
+// runtime's mounts to volumes by a name the CRI does not carry); once it does, it will report an
+// image ID (the config's digest) rather than a repository digest, which cannot be pulled. Either
+// way such a target pulls the tag, and the migration reconciler compares what it got before the
+// migration starts (ImageMismatches), where the node reports it.
 
 // podImage is one image volume of a launcher pod, and the instance's image it holds.
 type podImage struct {
@@ -157,9 +159,9 @@ func PinImageVolumes(pod *corev1.Pod, st *v1alpha1.VirtualMachineInstanceStatus)
 
 // ImageMismatches compares what target's node reports it pulled with what st records the source
 // runs, and names each image whose bytes differ ("containerDisk root: ..."). It is the check for
-// an image PinImageVolumes could not pin: a real kubelet reports an image ID (the config's digest,
-// what the CRI's ImageStatus returns), which no registry serves, so a target pulls the tag, which
-// may have moved since the source pulled it. Two image IDs, or two repository digests, name the
+// an image PinImageVolumes could not pin: a kubelet whose runtime reports an image ID (the
+// config's digest, what the CRI's ImageStatus returns; no registry serves it) has its target pull
+// the tag, which may have moved since the source pulled it. Two image IDs, or two repository digests, name the
 // same bytes exactly when they are equal; a pair of one of each (nodes of different runtimes)
 // cannot be compared and is not reported, nor is an image one side has not reported yet.
 func ImageMismatches(target *corev1.Pod, st *v1alpha1.VirtualMachineInstanceStatus) []string {
