@@ -28,11 +28,14 @@ func (m *Monitor) MigrateIncoming(ctx context.Context, uri string) error {
 
 // MigrateRecover makes an incoming migration in postcopy-paused (its link broke after the switch to
 // post-copy) listen on uri for the source's resume (migrate with Resume).
+// It runs out of band (QEMU allows it): the target's main loop may be blocked on a page that
+// only the recovery brings.
 func (m *Monitor) MigrateRecover(ctx context.Context, uri string) error {
 	args := struct {
 		URI string `json:"uri"`
 	}{uri}
-	return m.Call(ctx, "migrate-recover", args, nil)
+	_, err := m.ExecuteOOB(ctx, "migrate-recover", args)
+	return err
 }
 
 // MigrateStartPostcopy switches the outgoing migration to post-copy at its next iteration (the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,7 @@ type Monitor struct {
 	conn       *net.UnixConn
 	dec        *json.Decoder // owned by the reading goroutine after Dial
 	greeting   greeting
+	oob        bool // out-of-band execution enabled; set by the handshake, before Dial returns
 	runTimeout time.Duration
 
 	nextID  atomic.Uint64
@@ -72,9 +74,11 @@ type reply struct {
 	err error           // *Error, or the connection's final error
 }
 
-// request is the wire form of a command. go-qemu's Command has no id.
+// request is the wire form of a command: Execute for one run in QEMU's main loop, ExecOOB for one
+// run out of band. go-qemu's Command has no id.
 type request struct {
-	Execute   string `json:"execute"`
+	Execute   string `json:"execute,omitempty"`
+	ExecOOB   string `json:"exec-oob,omitempty"`
 	Arguments any    `json:"arguments,omitempty"`
 	ID        string `json:"id"`
 }
@@ -125,9 +129,16 @@ func (m *Monitor) handshake(ctx context.Context) error {
 	}
 	m.greeting = g
 	go m.readLoop()
-	if _, err := m.Execute(ctx, "qmp_capabilities", nil); err != nil {
+	// Out-of-band execution is enabled where QEMU offers it, for the few commands that must
+	// answer while QEMU's main loop is blocked (ExecuteOOB).
+	var args any
+	if slices.Contains(g.Capabilities, "oob") {
+		args = map[string][]string{"enable": {"oob"}}
+	}
+	if _, err := m.Execute(ctx, "qmp_capabilities", args); err != nil {
 		return err
 	}
+	m.oob = args != nil
 	return nil
 }
 
@@ -162,8 +173,8 @@ func (m *Monitor) readGreeting(ctx context.Context) (greeting, error) {
 // Version is QEMU's version as announced in the greeting.
 func (m *Monitor) Version() gqmp.Version { return m.greeting.Version }
 
-// Capabilities are the QMP capabilities QEMU offered in the greeting. None
-// are enabled: this client does not use out-of-band execution.
+// Capabilities are the QMP capabilities QEMU offered in the greeting; "oob", when offered, is
+// enabled.
 func (m *Monitor) Capabilities() []string {
 	return append([]string(nil), m.greeting.Capabilities...)
 }
@@ -228,11 +239,34 @@ func (m *Monitor) Call(ctx context.Context, cmd string, args, out any) error {
 	return nil
 }
 
+// ExecuteOOB runs a command out of band where QEMU offers it, in band otherwise, and returns its
+// "return" value. QEMU runs an out-of-band command on its monitor thread, so it answers while the
+// main loop is blocked (as on a post-copy target whose link broke: any thread that touches a page
+// not yet received waits for it), where an in-band command would wait with it. Only commands
+// QEMU's schema marks allow-oob may be sent so.
+func (m *Monitor) ExecuteOOB(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	req := request{Execute: cmd, Arguments: args}
+	if m.oob {
+		req = request{ExecOOB: cmd, Arguments: args}
+	}
+	r, err := m.send(ctx, req, nil)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+	}
+	return r.ret, nil
+}
+
 // execute sends one command, with oob as SCM_RIGHTS ancillary data when not
 // nil, and waits for its reply.
 func (m *Monitor) execute(ctx context.Context, cmd string, args any, oob []byte) (reply, error) {
+	return m.send(ctx, request{Execute: cmd, Arguments: args}, oob)
+}
+
+// send sends req under a fresh id and waits for its reply.
+func (m *Monitor) send(ctx context.Context, req request, oob []byte) (reply, error) {
 	id := strconv.FormatUint(m.nextID.Add(1), 10)
-	b, err := json.Marshal(request{Execute: cmd, Arguments: args, ID: id})
+	req.ID = id
+	b, err := json.Marshal(req)
 	if err != nil {
 		return reply{}, fmt.Errorf("encode arguments: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +93,48 @@ func TestDialHandshake(t *testing.T) {
 	}
 	if err := m.Connect(); err != nil {
 		t.Errorf("Connect() on a live monitor = %v, want nil", err)
+	}
+}
+
+// Out-of-band execution is enabled where the greeting offers it, and ExecuteOOB then sends
+// exec-oob; where it is not offered, ExecuteOOB runs the command in band.
+func TestExecuteOOB(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		offered []string
+		want    string // how the command is sent
+	}{
+		{"offered", []string{"oob"}, "exec-oob"},
+		{"not offered", nil, "execute"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testContext(t)
+			m, c := connect(t, qmptest.WithGreeting(7, 2, 0, "", tc.offered...))
+			if !slices.Equal(c.Enabled, tc.offered) {
+				t.Errorf("the client enabled %v, want %v", c.Enabled, tc.offered)
+			}
+			got := async(func() error {
+				_, err := m.ExecuteOOB(ctx, "migrate-recover", map[string]string{"uri": "tcp:127.0.0.1:4444"})
+				return err
+			})
+			req, err := c.ReadRequest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent := "execute"
+			if req.ExecOOB != "" {
+				sent = "exec-oob"
+			}
+			if sent != tc.want || req.Execute+req.ExecOOB != "migrate-recover" || len(req.ID) == 0 {
+				t.Errorf("sent %+v, want migrate-recover by %s with an id", req, tc.want)
+			}
+			if err := c.Reply(req, struct{}{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := receive(t, got); err != nil {
+				t.Errorf("ExecuteOOB: %v", err)
+			}
+		})
 	}
 }
 

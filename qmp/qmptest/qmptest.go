@@ -155,6 +155,15 @@ func (s *Server) handshake(c *Conn) error {
 	if req.Execute != "qmp_capabilities" {
 		return fmt.Errorf("qmptest: handshake: got %q, want qmp_capabilities", req.Execute)
 	}
+	var args struct {
+		Enable []string `json:"enable"`
+	}
+	if len(req.Arguments) > 0 {
+		if err := json.Unmarshal(req.Arguments, &args); err != nil {
+			return fmt.Errorf("qmptest: handshake: qmp_capabilities arguments: %w", err)
+		}
+	}
+	c.Enabled = args.Enable
 	return c.Reply(req, struct{}{})
 }
 
@@ -177,6 +186,7 @@ func (s *Server) close() {
 // Request is one command read from the client.
 type Request struct {
 	Execute   string          `json:"execute"`
+	ExecOOB   string          `json:"exec-oob,omitempty"` // a command sent out of band
 	Arguments json.RawMessage `json:"arguments,omitempty"`
 	ID        json.RawMessage `json:"id,omitempty"`
 	// FDs are descriptors received as SCM_RIGHTS up to and with this
@@ -192,6 +202,9 @@ type Conn struct {
 	dec *json.Decoder
 
 	writeMu sync.Mutex
+
+	// Enabled are the capabilities the client enabled in its qmp_capabilities.
+	Enabled []string
 }
 
 func newConn(uc *net.UnixConn) *Conn {
