@@ -93,6 +93,7 @@ func TestPostCopyMigrationRunsTheGuestOnTheTarget(t *testing.T) {
 		srcSt, err = src.client.Status(ctx)
 		return err == nil && srcSt.Migration != nil && srcSt.Migration.Status == "completed"
 	})
+	// The refusals hold from the switch on, before the source records its handover as well.
 	if !srcSt.Migration.PostCopy || srcSt.RunState == "running" {
 		t.Fatalf("the source after the migration: run state %s, migration %+v; want it stopped, in post-copy", srcSt.RunState, srcSt.Migration)
 	}
@@ -106,6 +107,7 @@ func TestPostCopyMigrationRunsTheGuestOnTheTarget(t *testing.T) {
 	if _, err := dst.client.RunMigrated(ctx, protocol.MigrationRun{}); err != nil {
 		t.Fatalf("run the migrated guest (a no-op after post-copy): %v", err)
 	}
+	waitSourceHolding(t, src, time.Minute)
 	if err := src.client.FinishMigration(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -182,6 +184,17 @@ func breakPostCopy(t *testing.T, recovery time.Duration) (src, dst *vm, dstConso
 	return src, dst, dstConsole
 }
 
+// waitSourceHolding waits, as the source's node agent does before it finishes a migration, until the
+// source holds the guest it handed over: QEMU completed and the handover is recorded (a moment
+// after QEMU's completion).
+func waitSourceHolding(t *testing.T, src *vm, d time.Duration) {
+	t.Helper()
+	waitFor(t, d, "the source to hold the completed migration", func() bool {
+		st, err := src.client.Status(context.Background())
+		return err == nil && st.Migration != nil && st.Migration.Status == "completed" && st.Migration.Handover == protocol.HandoverHolding
+	})
+}
+
 // blockMainLoop has v's QEMU read all of the guest's memory in its main loop (pmemsave, through
 // the operator's monitor) and checks it is still at it a second later: on a post-copy target
 // whose link broke it waits for the pages the source still holds. The returned channel gets
@@ -228,10 +241,7 @@ func TestPostCopyRecoversFromABrokenLink(t *testing.T) {
 	if err := src.client.ResumeMigration(ctx, protocol.MigrationResume{URI: uri}); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
-	waitFor(t, 4*time.Minute, "the source's migration to complete", func() bool {
-		st, err := src.client.Status(ctx)
-		return err == nil && st.Migration != nil && st.Migration.Status == "completed"
-	})
+	waitSourceHolding(t, src, 4*time.Minute)
 	waitFor(t, time.Minute, "the target's migration to complete", func() bool {
 		st, err := dst.client.Status(ctx)
 		return err == nil && st.Migration != nil && st.Migration.Status == "completed"

@@ -178,13 +178,16 @@ func (l *Launcher) ReclaimMigration(ctx context.Context, req *protocol.Migration
 		return err
 	}
 	l.mu.Lock()
+	// From the switch on, whether QEMU has completed yet or not (the handover is recorded a moment
+	// after QEMU's completion), the guest has run on the target.
+	if m := l.migration; m != nil && m.Role == protocol.RoleSource && m.PostCopy {
+		l.mu.Unlock()
+		return &ConflictError{Msg: "the migration switched to post-copy: the guest ran on the target, and cannot run here again"}
+	}
 	held, err := l.heldMigration(protocol.RoleSource, protocol.HandoverHolding, protocol.HandoverReclaimed)
 	l.mu.Unlock()
 	if err != nil || held.Handover == protocol.HandoverReclaimed {
 		return err
-	}
-	if held.PostCopy {
-		return &ConflictError{Msg: "the migration switched to post-copy: the guest ran on the target, and cannot run here again"}
 	}
 	p.reclaim()
 	if !held.GuestPaused {
