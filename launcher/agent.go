@@ -17,8 +17,8 @@ import (
 
 // The guest agent watcher: one goroutine per QEMU (watchAgent) owns the connection to the guest's
 // qemu-ga on the channel socket (channel.go). It connects when QEMU says the guest opened the port
-// (VSERPORT_CHANGE), or on the next poll; it drops the connection when the guest closes the port
-// or the agent fails to answer within agentCallTimeout. While connected it polls the interfaces
+// (VSERPORT_CHANGE, or query-chardev when the watcher starts); it drops the connection when the
+// guest closes the port or the agent fails to answer within agentCallTimeout. While connected it polls the interfaces
 // every AgentPollInterval (the reply doubles as the liveness check) and the OS info every
 // agentOSInfoEvery polls; Status watchers hear of a change only.
 //
@@ -48,32 +48,41 @@ type agentState struct {
 	status protocol.GuestAgent
 }
 
-// watchAgent runs the watcher for p until QEMU exits.
+// watchAgent runs the watcher for p until QEMU exits. It polls only while the guest has the
+// agent's port open, so that a guest without qemu-ga costs its launcher nothing (no connection
+// attempt, no timer): QEMU reports each open and close (VSERPORT_CHANGE), and the state before the
+// subscription comes from query-chardev.
 func (l *Launcher) watchAgent(p *Process, a *agentState) {
 	sub := p.Monitor().Subscribe(16)
 	defer sub.Close()
+	defer a.disconnect(l)
+	// Subscribed first, so that no change falls between the query and the events.
+	portOpen := agentPortOpen(p)
 	tick := time.NewTicker(AgentPollInterval)
 	defer tick.Stop()
-	defer a.disconnect(l)
-	portOpen := true // unknown at first: try
+	if !portOpen {
+		tick.Stop()
+	}
 	polls, failures, wait := 0, 0, 0
+	pollNow := portOpen
 	for {
-		switch {
-		case !portOpen:
-		case wait > 0:
-			wait--
-		default:
-			// A busy client (a long freeze in progress) is not a dead agent: skip this poll.
-			err := a.poll(l, p, polls%agentOSInfoEvery == 0)
-			switch {
-			case err == nil || errors.Is(err, guestagent.ErrBusy):
-				failures = 0
-			default:
-				a.disconnect(l)
-				failures++
-				wait = agentRetryWait(failures)
+		if pollNow {
+			pollNow = false
+			if wait > 0 {
+				wait--
+			} else {
+				// A busy client (a long freeze in progress) is not a dead agent: skip this poll.
+				err := a.poll(l, p, polls%agentOSInfoEvery == 0)
+				switch {
+				case err == nil || errors.Is(err, guestagent.ErrBusy):
+					failures = 0
+				default:
+					a.disconnect(l)
+					failures++
+					wait = agentRetryWait(failures)
+				}
+				polls++
 			}
-			polls++
 		}
 		select {
 		case <-p.Done():
@@ -88,13 +97,34 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 			}
 			portOpen = open
 			if !open {
+				tick.Stop()
 				a.disconnect(l)
 				continue
 			}
 			polls, failures, wait = 0, 0, 0 // a new agent: ask for everything, now
+			tick.Reset(AgentPollInterval)
+			pollNow = true
 		case <-tick.C:
+			pollNow = portOpen
 		}
 	}
+}
+
+// agentPortOpen asks QEMU whether the guest has the agent's port open (query-chardev's
+// frontend-open of the port's chardev); true when QEMU cannot say, so that the watcher tries.
+func agentPortOpen(p *Process) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), agentCallTimeout)
+	defer cancel()
+	devs, err := p.Monitor().QueryChardevs(ctx)
+	if err != nil {
+		return true
+	}
+	for _, d := range devs {
+		if d.Label == GuestAgentChardevID {
+			return d.FrontendOpen
+		}
+	}
+	return true
 }
 
 // agentRetryWait is how many polls to skip after the failures-th failure in a row: none after

@@ -71,6 +71,25 @@ func TestGuestAgentReportsTheGuest(t *testing.T) {
 		t.Errorf("interface %+v, want eth0 with MAC %s", i, mac)
 	}
 
+	// What the launcher reads when its watcher starts: QEMU's view of the agent's port.
+	shell := dialWhenListening(t, launcher.Dir(v.runDir).ShellQMP())
+	agentPortOpen := func() bool {
+		devs, err := shell.QueryChardevs(ctx)
+		if err != nil {
+			t.Fatalf("query-chardev: %v", err)
+		}
+		for _, d := range devs {
+			if d.Label == launcher.GuestAgentChardevID {
+				return d.FrontendOpen
+			}
+		}
+		t.Fatalf("query-chardev lists no %s: %+v", launcher.GuestAgentChardevID, devs)
+		return false
+	}
+	if !agentPortOpen() {
+		t.Error("query-chardev says the guest has the agent's port closed while its agent answers")
+	}
+
 	t.Run("guest info, users, filesystems and freeze answer", func(t *testing.T) {
 		info, err := v.client.GuestInfo(ctx)
 		if err != nil {
@@ -159,6 +178,9 @@ func TestGuestAgentReportsTheGuest(t *testing.T) {
 			return err == nil && st.GuestAgent != nil && !st.GuestAgent.Connected
 		})
 		t.Logf("Connected cleared %v after the kill", time.Since(killed).Round(time.Millisecond))
+		if agentPortOpen() {
+			t.Error("query-chardev says the agent's port is open after qemu-ga closed it")
+		}
 		_, err := v.client.GuestInfo(ctx)
 		var apiErr *launcher.APIError
 		if !errors.As(err, &apiErr) || apiErr.Status != 409 {
@@ -179,4 +201,40 @@ func TestGuestAgentReportsTheGuest(t *testing.T) {
 func isLinkLocal6(s string) bool {
 	a, err := netip.ParseAddr(s)
 	return err == nil && a.Is6() && a.IsLinkLocalUnicast()
+}
+
+// TestAgentWatcherLeavesAClosedPortAlone: a guest that never opens the agent's port (firmware that
+// halts, no qemu-ga) gets no connection from its launcher, however many poll intervals pass: an
+// idle instance without an agent costs its launcher no wake-ups. (The launcher used to connect at
+// every poll it did not skip, and wait agentCallTimeout on each connection for an answer.)
+func TestAgentWatcherLeavesAClosedPortAlone(t *testing.T) {
+	saved := launcher.AgentPollInterval
+	launcher.AgentPollInterval = 200 * time.Millisecond
+	t.Cleanup(func() { launcher.AgentPollInterval = saved })
+	req := idleSpec(t)
+	if !req.Machine.GuestAgent {
+		t.Fatal("the idle machine has no guest agent channel")
+	}
+	v := newLauncher(t)
+	ctx := context.Background()
+	if _, err := v.client.Sync(ctx, req); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	shell := dialWhenListening(t, launcher.Dir(v.runDir).ShellQMP())
+	// QEMU names a socket chardev with no client "disconnected:unix:...".
+	for end := time.Now().Add(10 * launcher.AgentPollInterval); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		devs, err := shell.QueryChardevs(ctx)
+		if err != nil {
+			t.Fatalf("query-chardev: %v", err)
+		}
+		for _, d := range devs {
+			if d.Label == launcher.GuestAgentChardevID && !strings.HasPrefix(d.Filename, "disconnected:") {
+				t.Fatalf("the launcher connected to the agent's socket of a guest that never opened the port: %+v", d)
+			}
+		}
+	}
+	st, err := v.client.Status(ctx)
+	if err != nil || st.GuestAgent == nil || st.GuestAgent.Connected {
+		t.Errorf("status %v, %+v: want an agent reported as not connected", err, st.GuestAgent)
+	}
 }

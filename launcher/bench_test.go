@@ -487,7 +487,7 @@ func dialWhenListening(b testing.TB, path string) *qmp.Monitor {
 }
 
 // idleSpec is the test guest's VMI without kernel or disks: 256 MiB of RAM and firmware that halts.
-func idleSpec(b *testing.B) *protocol.SyncRequest {
+func idleSpec(b testing.TB) *protocol.SyncRequest {
 	vmi := guestVMI(b)
 	vmi.Spec.Domain.Firmware = nil
 	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, nil

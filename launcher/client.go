@@ -44,8 +44,11 @@ const (
 	// watchBuffer is the initial line buffer of a status stream.
 	watchBuffer = 4 << 10
 	// WatchHeartbeat is how often a launcher repeats its status on a watch that saw no change, so
-	// a silent stream means a stuck launcher.
-	WatchHeartbeat = 15 * time.Second
+	// a silent stream means a stuck launcher. Every heartbeat wakes the launcher and its node agent
+	// for one idle instance: at a minute, a stuck launcher is noticed within DefaultWatchIdleTimeout
+	// (a dead one at once: its socket closes), and an idle instance costs one wake-up a minute (at 15
+	// s, four made most of an idle launcher's CPU).
+	WatchHeartbeat = time.Minute
 	// DefaultWatchIdleTimeout ends a watch that sent nothing (not even a heartbeat) for this long.
 	DefaultWatchIdleTimeout = 3 * WatchHeartbeat
 

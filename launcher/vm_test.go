@@ -433,6 +433,12 @@ func TestMigrationKeepsTheGuestRunning(t *testing.T) {
 		st, err := dst.client.Status(ctx)
 		return err == nil && st.Phase == protocol.PhaseRunning && st.RunState == "running"
 	})
+	// The guest had its agent's port open on the source. The target's launcher, which watches the
+	// port from before the guest arrived, hears it open once QEMU loads the guest, and connects.
+	waitFor(t, time.Minute, "the target's launcher to connect to the guest's agent", func() bool {
+		st, err := dst.client.Status(ctx)
+		return err == nil && st.GuestAgent != nil && st.GuestAgent.Connected
+	})
 	// The counter goes on from where it was: same guest, no reboot.
 	dstConsole.Expect(t, 0, "tick ", time.Minute)
 	waitFor(t, time.Minute, "the counter to go on past the switch", func() bool { return dstConsole.LastTick() > beforeSwitch+1 })

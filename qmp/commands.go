@@ -95,3 +95,19 @@ func (m *Monitor) HumanMonitorCommand(ctx context.Context, cmdline string) (stri
 	err := m.Call(ctx, "human-monitor-command", args, &out)
 	return out, err
 }
+
+// ChardevInfo is one character device in query-chardev's reply.
+type ChardevInfo struct {
+	Label    string `json:"label"`
+	Filename string `json:"filename"`
+	// FrontendOpen is whether the device in front of it has it open; for a virtio-serial port's
+	// chardev, whether the guest has the port open (VSERPORT_CHANGE reports each change).
+	FrontendOpen bool `json:"frontend-open"`
+}
+
+// QueryChardevs lists QEMU's character devices.
+func (m *Monitor) QueryChardevs(ctx context.Context) ([]ChardevInfo, error) {
+	var out []ChardevInfo
+	err := m.Call(ctx, "query-chardev", nil, &out)
+	return out, err
+}
