@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -217,27 +218,35 @@ func (p *Process) connect(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// dialWhenReady connects to QEMU's monitor as soon as it listens. The socket file appears at bind,
-// a moment before listen, so a refused connection is retried; QEMU exiting ends the wait at once.
+// dialWhenReady connects to QEMU's monitor as soon as it listens. It sleeps until the socket file
+// appears (dirWatch); the file appears at bind, a moment before listen, so a refused connection is
+// retried every millisecond; QEMU exiting ends the wait at once.
 func (p *Process) dialWhenReady(ctx context.Context) (*qmp.Monitor, error) {
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
+	sock := p.machine.QMPSocket()
+	w, err := watchCreates(filepath.Dir(sock))
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
 	for {
-		if _, err := os.Stat(p.machine.QMPSocket()); err == nil {
-			mon, err := qmp.Dial(ctx, p.machine.QMPSocket())
+		var retry <-chan time.Time // nil: wait for the socket file
+		if _, err := os.Stat(sock); err == nil {
+			mon, err := qmp.Dial(ctx, sock)
 			if err == nil {
 				return mon, nil
 			}
 			if !errors.Is(err, syscall.ECONNREFUSED) {
 				return nil, err
 			}
+			retry = time.After(time.Millisecond)
 		}
 		select {
 		case <-p.exited:
 			return nil, errors.New("qemu exited before opening its monitor")
 		case <-ctx.Done():
-			return nil, fmt.Errorf("monitor socket %s did not answer: %w", p.machine.QMPSocket(), ctx.Err())
-		case <-tick.C:
+			return nil, fmt.Errorf("monitor socket %s did not answer: %w", sock, ctx.Err())
+		case <-w.created:
+		case <-retry:
 		}
 	}
 }

@@ -231,7 +231,7 @@ func idleWatch(ctx context.Context, b *testing.B, d time.Duration) (cpu map[stri
 }
 
 // countRequests starts counting the requests the API server serves; done returns how many it
-// served since and logs the ten most frequent kinds under label.
+// served since and logs the ten most frequent kinds under label, on one line.
 func countRequests(ctx context.Context, b *testing.B, label string) (done func() float64) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", lc.Kubeconfig)
 	if err != nil {
@@ -257,9 +257,12 @@ func countRequests(ctx context.Context, b *testing.B, label string) (done func()
 			}
 		}
 		sort.Slice(kinds, func(i, j int) bool { return kinds[i].n > kinds[j].n })
+		// One line: the testing package keeps only the first lines of a benchmark's log.
+		var top []string
 		for _, k := range kinds[:min(len(kinds), 10)] {
-			b.Logf("%s: %.0f x %s", label, k.n, k.name)
+			top = append(top, fmt.Sprintf("%.0f x %s", k.n, k.name))
 		}
+		b.Logf("%s requests: %s", label, strings.Join(top, ", "))
 		return testutil.Sum(after) - testutil.Sum(before)
 	}
 }
