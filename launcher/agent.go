@@ -18,9 +18,9 @@ import (
 // The guest agent watcher: one goroutine per QEMU (watchAgent) owns the connection to the guest's
 // qemu-ga on the channel socket (channel.go). It connects when QEMU says the guest opened the port
 // (VSERPORT_CHANGE, or query-chardev when the watcher starts); it drops the connection when the
-// guest closes the port or the agent fails to answer within agentCallTimeout. While connected it polls the interfaces
-// every AgentPollInterval (the reply doubles as the liveness check) and the OS info every
-// agentOSInfoEvery polls; Status watchers hear of a change only.
+// guest closes the port or the agent fails to answer within agentCallTimeout. While connected it
+// polls the interfaces every AgentPollInterval (the reply doubles as the liveness check) and the
+// OS info every agentOSInfoEvery polls; Status watchers hear of a change only.
 //
 // KubeVirt polls the agent every 10 s for most of this; so does the launcher.
 

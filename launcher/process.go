@@ -15,6 +15,7 @@ import (
 	"time"
 
 	gqmp "github.com/digitalocean/go-qemu/qmp"
+	"github.com/fsnotify/fsnotify"
 	"github.com/go-logr/logr"
 
 	"github.com/qvirt/qvirt/launcher/protocol"
@@ -218,18 +219,23 @@ func (p *Process) connect(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// dialWhenReady connects to QEMU's monitor as soon as it listens. It sleeps until the socket file
-// appears (dirWatch); the file appears at bind, a moment before listen, so a refused connection is
-// retried every millisecond; QEMU exiting ends the wait at once.
+// dialWhenReady connects to QEMU's monitor as soon as it listens. It sleeps until something is
+// created in the run directory (inotify, through fsnotify as the device plugin watches the
+// kubelet's socket): on a loaded node QEMU takes seconds to bind, and a poll every 5 ms was most
+// of a launcher's start-up CPU. The file appears at bind, a moment before listen, so a refused
+// connection is retried every millisecond; QEMU exiting ends the wait at once.
 func (p *Process) dialWhenReady(ctx context.Context) (*qmp.Monitor, error) {
 	sock := p.machine.QMPSocket()
-	w, err := watchCreates(filepath.Dir(sock))
+	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("watch for the monitor socket: %w", err)
 	}
 	defer w.Close()
+	if err := w.Add(filepath.Dir(sock)); err != nil {
+		return nil, fmt.Errorf("watch %s for the monitor socket: %w", filepath.Dir(sock), err)
+	}
 	for {
-		var retry <-chan time.Time // nil: wait for the socket file
+		var retry <-chan time.Time // nil: wait for a change in the directory
 		if _, err := os.Stat(sock); err == nil {
 			mon, err := qmp.Dial(ctx, sock)
 			if err == nil {
@@ -245,7 +251,8 @@ func (p *Process) dialWhenReady(ctx context.Context) (*qmp.Monitor, error) {
 			return nil, errors.New("qemu exited before opening its monitor")
 		case <-ctx.Done():
 			return nil, fmt.Errorf("monitor socket %s did not answer: %w", sock, ctx.Err())
-		case <-w.created:
+		case <-w.Events:
+		case <-w.Errors: // an overflow: look again
 		case <-retry:
 		}
 	}
