@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds what a real kubelet node needs besides the control plane: the kubelet from the upstream
-# k8s.io/kubernetes pinned in test/tools/go.mod, and containerd with its runc shim from
+# Builds what a real kubelet node needs besides the control plane: the kubelet and kube-proxy from
+# the upstream k8s.io/kubernetes pinned in test/tools/go.mod, and containerd with its runc shim from
 # test/tools/containerd/go.mod (a module of its own: containerd's dependency graph and kubernetes'
 # need not agree). runc itself is Debian's package (hack/install-deps.sh). The binaries go into a
 # cache directory outside the repository keyed by a hash of both modules' go.{mod,sum}, so later
@@ -14,7 +14,7 @@ cache="${QVIRT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/qvirt}"
 key=$(cat "$tools/go.mod" "$tools/go.sum" "$tools/containerd/go.mod" "$tools/containerd/go.sum" \
   | sha256sum | cut -c1-16)
 dest="$cache/node/$key"
-bins=(kubelet containerd containerd-shim-runc-v2)
+bins=(kubelet kube-proxy containerd containerd-shim-runc-v2)
 
 complete() { for b in "${bins[@]}"; do [ -x "$dest/$b" ] || return 1; done; }
 
@@ -28,14 +28,14 @@ if complete; then echo "$dest"; exit 0; fi
 tmp=$(mktemp -d "$cache/node/.build-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 start=$(date +%s)
-echo "building kubelet and containerd into $dest (cold: several minutes on 2 cores)" >&2
+echo "building kubelet, kube-proxy and containerd into $dest (cold: several minutes on 2 cores)" >&2
 
 ver=k8s.io/component-base/version
 kver=$(cd "$tools" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
 kminor=$(echo "$kver" | cut -d. -f2)
 (cd "$tools" && go build -trimpath \
   -ldflags "-s -w -X $ver.gitVersion=$kver -X $ver.gitMajor=1 -X $ver.gitMinor=$kminor -X $ver.gitTreeState=clean" \
-  -o "$tmp/" k8s.io/kubernetes/cmd/kubelet) >&2
+  -o "$tmp/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) >&2
 t1=$(date +%s)
 
 cver=$(cd "$tools/containerd" && go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
@@ -48,6 +48,6 @@ rm -rf "$dest"
 mv "$tmp" "$dest"
 trap - EXIT
 end=$(date +%s)
-echo "built in $(( end - start ))s (kubelet $(( t1 - start ))s, containerd $(( end - t1 ))s);" \
+echo "built in $(( end - start ))s (kubelet and kube-proxy $(( t1 - start ))s, containerd $(( end - t1 ))s);" \
   "$(du -sh "$dest" | cut -f1) in $dest" >&2
 echo "$dest"

@@ -354,6 +354,11 @@ func (c *Cluster) Down() {
 			c.opts.Log.Error(err, "clean up real node", "node", n.Name)
 		}
 	}
+	if len(c.kubeNodes) > 0 {
+		if err := kubenode.CleanupProxy(); err != nil {
+			c.opts.Log.Error(err, "clean up kube-proxy")
+		}
+	}
 	_ = delBridge(apiBridge)
 }
 
@@ -377,6 +382,9 @@ func Cleanup(dir string) error {
 	kubeNodes, _ := filepath.Glob(filepath.Join(dir, "kubenodes", "*"))
 	for _, n := range kubeNodes {
 		errs = append(errs, kubenode.CleanupDir(n))
+	}
+	if _, err := os.Stat(kubeProxyDir(dir)); err == nil {
+		errs = append(errs, kubenode.CleanupProxy())
 	}
 	errs = append(errs, delBridge(apiBridge))
 	return errors.Join(errs...)

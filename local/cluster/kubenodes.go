@@ -14,10 +14,16 @@ import (
 // is another.
 func kubeNodeDir(dir string, i int) string { return filepath.Join(dir, "kubenodes", NodeName(i)) }
 
+// kubeProxyDir is the host's kube-proxy's, which serves every real node.
+func kubeProxyDir(dir string) string { return filepath.Join(dir, "kube-proxy") }
+
+// kubeNodesCIDR covers every real node's pod range (10.245.i.0/24).
+const kubeNodesCIDR = "10.245.0.0/16"
+
 // startKubeNodes registers Options.Nodes real kubelet nodes (containerd, runc, the kubelet) under
 // the supervisor: each with its own directory, cgroup root, CNI bridge and pod range, and
-// kubelet port (10250+2(i-1), its health port one above). Their sandbox image is pushed to the
-// local registry first.
+// kubelet port (10250+2(i-1), its health port one above); and kube-proxy for them all. Their
+// sandbox image is pushed to the local registry first.
 func (c *Cluster) startKubeNodes(ctx context.Context, cniBin string) error {
 	step := func(format string, args ...any) { fmt.Fprintf(c.opts.Progress, "local up: "+format+"\n", args...) }
 	if c.opts.NodeBin == "" {
@@ -43,6 +49,15 @@ func (c *Cluster) startKubeNodes(ctx context.Context, cniBin string) error {
 				return err
 			}
 		}
+	}
+	proxy, err := kubenode.NewProxy(kubenode.ProxyOptions{Dir: kubeProxyDir(c.opts.Dir), Bin: c.opts.NodeBin,
+		PKIDir: filepath.Join(c.opts.Dir, "pki"), Server: c.cp.Server, NodeName: NodeName(1), NodeIP: apiAddress,
+		ClusterCIDR: kubeNodesCIDR, HealthzPort: 10256, MetricsPort: 10249})
+	if err != nil {
+		return err
+	}
+	if err := c.sup.Start(ctx, proxy); err != nil {
+		return err
 	}
 	step("real nodes run ordinary pods; qvirt-handler does not run on them yet, so VMs stay Pending (issue 14 item 4)")
 	return nil

@@ -5,12 +5,13 @@
 // Everything a node owns lives under its own state directory (containerd's root, state and
 // socket, the kubelet's root directory and certificates, CNI configuration and IPAM state, pod
 // logs) and its own cgroup root, and it listens on its own ports, so that more than one can run
-// on a host (the test runs two). What the kubelet and containerd hard-code outside it
-// (/run/containerd/{runc,s}, /var/lib/kubelet/device-plugins, /var/lib/cni/results,
-// /var/log/containers) is shared: container and shim names there are unique per node, but both
-// kubelets' device managers listen in the same device-plugins directory (no device plugin runs
-// on these nodes yet). The containerd configuration is version 3; containerd 2.4 migrates it to
-// its version 4 at start and says so in its log.
+// on a host (the test runs two). Each node runs in a mount namespace of its own in which its
+// kubelet directory is /var/lib/kubelet (mountns.go), so that hostPath volumes written for real
+// nodes (qvirt-handler's kubelet pods and device-plugins directories) reach that node's. What the
+// kubelet and containerd hard-code elsewhere (/run/containerd/{runc,s}, /var/lib/cni/results,
+// /var/log/containers) is shared: container and shim names there are unique per node. One
+// kube-proxy (proxy.go) serves the host's nodes. The containerd configuration is version 3;
+// containerd 2.4 migrates it to its version 4 at start and says so in its log.
 package kubenode
 
 import (
@@ -25,8 +26,6 @@ import (
 	"strconv"
 	"strings"
 
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/qvirt/qvirt/local/pki"
 	"github.com/qvirt/qvirt/local/supervise"
@@ -92,6 +91,7 @@ func (o *Options) check() error {
 	if _, err := os.Stat(o.Runc); err != nil {
 		errs = append(errs, fmt.Errorf("kubenode: %w (install Debian's runc)", err))
 	}
+	errs = append(errs, checkUtilLinux())
 	return errors.Join(errs...)
 }
 
@@ -122,7 +122,7 @@ func New(opts Options) (*Node, error) {
 		return nil, err
 	}
 	steps := []func() error{n.writePKI, n.writeKubeconfig, n.writeContainerdConfig, n.writeRegistryHosts,
-		n.writeCNIConfig, n.writeKubeletConfig, func() error { return createCgroupRoot(n.CgroupRoot()) }}
+		n.writeCNIConfig, n.writeKubeletConfig, func() error { return createCgroupRoot(n.CgroupRoot()) }, n.createMountNamespace}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, fmt.Errorf("node %s: %w", opts.Name, err)
@@ -161,20 +161,21 @@ func (n *Node) CgroupRoot() string { return "/qvirt-" + n.opts.Name }
 // ContainerdSocket is the node's CRI endpoint.
 func (n *Node) ContainerdSocket() string { return n.path("containerd", "containerd.sock") }
 
-// Components are containerd and the kubelet, in the order to start them.
+// Components are containerd and the kubelet, in the order to start them, both in the node's
+// mount namespace.
 func (n *Node) Components() []supervise.Component {
 	o := n.opts
 	// containerd finds the runc shim, and the shim runc, on PATH.
 	path := "PATH=" + o.Bin + ":" + filepath.Dir(o.Runc) + ":/usr/sbin:/usr/bin:/sbin:/bin"
 	containerd := supervise.Component{Name: "containerd-" + o.Name, Path: filepath.Join(o.Bin, "containerd"),
-		Args: []string{"--config=" + n.path("containerd.toml")}, Env: []string{path},
+		Args: []string{"--config=" + n.path("containerd.toml")}, Env: []string{path}, Via: n.inNamespace(),
 		Ready: func(context.Context) error { return dialUnix(n.ContainerdSocket()) }}
 	health := "http://127.0.0.1:" + strconv.Itoa(o.KubeletPort+1) + "/healthz"
 	kubelet := supervise.Component{Name: "kubelet-" + o.Name, Path: filepath.Join(o.Bin, "kubelet"),
 		Args: []string{"--config=" + n.path("kubelet.json"), "--kubeconfig=" + n.path("kubelet.kubeconfig"),
-			"--root-dir=" + n.path("kubelet"), "--cert-dir=" + n.path("kubelet", "pki"),
+			"--root-dir=" + KubeletRootDir, "--cert-dir=" + filepath.Join(KubeletRootDir, "pki"),
 			"--hostname-override=" + o.Name, "--node-ip=" + o.NodeIP.String(), "--v=1"},
-		Env:   []string{path},
+		Env: []string{path}, Via: n.inNamespace(),
 		Ready: supervise.HTTPReady(health, nil)}
 	return []supervise.Component{containerd, kubelet}
 }
@@ -191,13 +192,8 @@ func (n *Node) writePKI() error {
 }
 
 func (n *Node) writeKubeconfig() error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["qvirt-local"] = &clientcmdapi.Cluster{Server: n.opts.Server, CertificateAuthority: filepath.Join(n.opts.PKIDir, "ca.crt")}
-	cfg.AuthInfos["kubelet"] = &clientcmdapi.AuthInfo{ClientCertificate: n.path("pki", "kubelet-client.crt"),
-		ClientKey: n.path("pki", "kubelet-client.key")}
-	cfg.Contexts["qvirt-local"] = &clientcmdapi.Context{Cluster: "qvirt-local", AuthInfo: "kubelet"}
-	cfg.CurrentContext = "qvirt-local"
-	return clientcmd.WriteToFile(*cfg, n.path("kubelet.kubeconfig"))
+	return writeClientKubeconfig(n.path("kubelet.kubeconfig"), n.opts.Server, filepath.Join(n.opts.PKIDir, "ca.crt"),
+		n.path("pki", "kubelet-client.crt"), n.path("pki", "kubelet-client.key"))
 }
 
 // writeContainerdConfig writes containerd's configuration (version 3, containerd 2.x). Why the

@@ -54,6 +54,11 @@ func TestRealNode(t *testing.T) {
 			checkPodRuns(t, n, node)
 		})
 	}
+	t.Run("a pod reaches the API server at the kubernetes Service and finds its own node's pods at /var/lib/kubelet/pods", func(t *testing.T) {
+		for _, node := range n.names {
+			checkClusterView(t, n, node)
+		}
+	})
 	t.Run("a migration target's containerDisk is pinned to the source's digest, caught when its tag moved, or named as unpinned", func(t *testing.T) {
 		checkImageVolumeDigests(t, n)
 	})
@@ -85,6 +90,7 @@ func startRealNodes(t *testing.T) *realNodes {
 		t.Fatal(err)
 	}
 
+	subnet := randByte(t) &^ 1
 	pods := podnet.NewNetwork(t)
 	addr := net.IP(pods.Gateway.AsSlice())
 	// Short: containerd's sockets live under it.
@@ -113,9 +119,15 @@ func startRealNodes(t *testing.T) *realNodes {
 	if err != nil {
 		t.Fatal(err)
 	}
+	proxyPort := testutil.FreePortPair(t)
+	proxy, err := kubenode.NewProxy(kubenode.ProxyOptions{Dir: filepath.Join(dir, "kube-proxy"), Bin: bin, PKIDir: filepath.Join(dir, "pki"),
+		Server: cp.Server, NodeName: "qvirt-real-1", NodeIP: addr, ClusterCIDR: fmt.Sprintf("10.246.%d.0/23", subnet),
+		HealthzPort: proxyPort, MetricsPort: proxyPort + 1})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	var nodes []kubenode.Options
-	subnet := randByte(t) &^ 1
 	for i := range 2 {
 		nodes = append(nodes, kubenode.Options{Name: fmt.Sprintf("qvirt-real-%d", i+1), Dir: filepath.Join(dir, fmt.Sprint("n", i+1)),
 			Bin: bin, CNIBin: cniBin, PKIDir: filepath.Join(dir, "pki"), Server: cp.Server, NodeIP: addr, KubeletPort: testutil.FreePortPair(t),
@@ -142,6 +154,9 @@ func startRealNodes(t *testing.T) *realNodes {
 				t.Errorf("clean up node %s: %v", opts.Name, err)
 			}
 		}
+		if err := kubenode.CleanupProxy(); err != nil {
+			t.Errorf("clean up kube-proxy: %v", err)
+		}
 		if t.Failed() {
 			t.Logf("state and logs kept in %s", dir)
 			return
@@ -161,6 +176,10 @@ func startRealNodes(t *testing.T) *realNodes {
 			}
 		}
 		n.names = append(n.names, opts.Name)
+	}
+	// After the kubelets: kube-proxy waits for its Node to be registered.
+	if err := sup.Start(ctx, proxy); err != nil {
+		t.Fatalf("%v (logs in %s)", err, filepath.Join(dir, "logs"))
 	}
 	for _, name := range n.names {
 		if err := waitNodeReady(ctx, cs, name); err != nil {
@@ -221,6 +240,42 @@ func checkPodRuns(t *testing.T, n *realNodes, node string) {
 	}
 	if strings.TrimSpace(out) != line {
 		t.Errorf("pod log %q, want %q", out, line)
+	}
+}
+
+// checkClusterView runs a pod on node that does what in-cluster components (qvirt-controller,
+// qvirt-handler) need of a real node: reach the API server at the `kubernetes` Service's cluster
+// IP (kube-proxy), and find the node's own kubelet pods directory at /var/lib/kubelet/pods (a
+// hostPath), with the pod's own directory in it and not the other node's pods.
+func checkClusterView(t *testing.T, n *realNodes, node string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	image := n.registry + "/qvirt/sh:v1"
+	// An HTTP request to the API server's TLS port: Go's TLS server answers it in plain text.
+	script := `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT"; echo; ls /var/lib/kubelet/pods`
+	if err := registry.PushBusybox(ctx, image, []string{registry.BusyboxPath, "sh", "-c", script}); err != nil {
+		t.Fatal(err)
+	}
+	pod := restrictedPod("view-"+node, node, image, 0)
+	pod.Spec.SecurityContext.RunAsNonRoot = nil
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "pods", MountPath: "/var/lib/kubelet/pods", ReadOnly: true}}
+	pod.Spec.Volumes = []corev1.Volume{{Name: "pods", VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/kubelet/pods", Type: ptr.To(corev1.HostPathDirectory)}}}}
+	got, out := runToCompletion(ctx, t, n, pod)
+	if !strings.Contains(out, "Client sent an HTTP request to an HTTPS server") {
+		t.Errorf("pod on %s got no answer from the API server at the kubernetes Service; its output:\n%s", node, out)
+	}
+	if !strings.Contains(out, string(got.UID)) {
+		t.Errorf("pod on %s did not find its own directory %s in /var/lib/kubelet/pods; its output:\n%s", node, got.UID, out)
+	}
+	others, err := n.cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range others.Items {
+		if p.Spec.NodeName != node && strings.Contains(out, string(p.UID)) {
+			t.Errorf("pod on %s sees pod %s of node %s in /var/lib/kubelet/pods", node, p.Name, p.Spec.NodeName)
+		}
 	}
 }
 

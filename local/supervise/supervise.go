@@ -34,6 +34,9 @@ type Component struct {
 	Path string
 	Args []string
 	Env  []string
+	// Via, when set, is a command that execs Path with Args (nsenter into a namespace, say): the
+	// process keeps its PID and, once exec'd, is Path, which is what the state file records.
+	Via []string
 	// Ready, when set, is polled (every 100 ms) after the first start until it returns nil; Start
 	// returns once it does.
 	Ready func(ctx context.Context) error
@@ -133,13 +136,14 @@ func (s *Supervisor) spawn(c Component) (*proc, error) {
 		return nil, err
 	}
 	defer log.Close()
-	cmd := exec.Command(c.Path, c.Args...)
+	argv := append(append(slices.Clone(c.Via), c.Path), c.Args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), c.Env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// Its own process group: a Ctrl-C on the terminal reaches `local up`, which stops the
 	// components in order, not every component at once.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	fmt.Fprintf(log, "--- %s start %s %v\n", time.Now().Format(time.RFC3339), c.Path, c.Args)
+	fmt.Fprintf(log, "--- %s start %v\n", time.Now().Format(time.RFC3339), argv)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", c.Name, err)
 	}
