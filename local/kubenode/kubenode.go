@@ -26,7 +26,6 @@ import (
 	"strconv"
 	"strings"
 
-
 	"github.com/qvirt/qvirt/local/pki"
 	"github.com/qvirt/qvirt/local/supervise"
 )

@@ -75,7 +75,7 @@ func NewProxy(opts ProxyOptions) (supervise.Component, error) {
 		"mode":             "nftables", "hostnameOverride": opts.NodeName, "clusterCIDR": opts.ClusterCIDR,
 		"bindAddress": opts.NodeIP.String(), "healthzBindAddress": healthz,
 		"metricsBindAddress": net.JoinHostPort("127.0.0.1", strconv.Itoa(opts.MetricsPort)),
-		"nodePortAddresses": []string{opts.NodeIP.String() + "/32"},
+		"nodePortAddresses":  []string{opts.NodeIP.String() + "/32"},
 		// Zero: leave the host's conntrack table size and timeouts as they are.
 		"conntrack": map[string]any{"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
 	}
