@@ -35,6 +35,8 @@ import (
 // local registry, and two real nodes (containerd, runc, kubelet) on this one host joined to it.
 type realNodes struct {
 	cs       kubernetes.Interface
+	// kubectl is the tools' kubectl; kubeconfig the cluster admin's.
+	kubectlBin, kubeconfig string
 	names    []string
 	registry string
 	// ready is how long the nodes took from their kubelets' start to Ready.
@@ -58,6 +60,9 @@ func TestRealNode(t *testing.T) {
 		for _, node := range n.names {
 			checkClusterView(t, n, node)
 		}
+	})
+	t.Run("config/default installs qvirt on the real nodes from the images make images builds", func(t *testing.T) {
+		installQvirt(t, n)
 	})
 	t.Run("a migration target's containerDisk is pinned to the source's digest, caught when its tag moved, or named as unpinned", func(t *testing.T) {
 		checkImageVolumeDigests(t, n)
@@ -164,7 +169,7 @@ func startRealNodes(t *testing.T) *realNodes {
 		_ = os.RemoveAll(dir)
 	})
 	kubeletStart := time.Now()
-	n := &realNodes{cs: cs, registry: srv.Addr()}
+	n := &realNodes{cs: cs, registry: srv.Addr(), kubectlBin: filepath.Join(tools, "kubectl"), kubeconfig: cp.Kubeconfig}
 	for _, opts := range nodes {
 		node, err := kubenode.New(opts)
 		if err != nil {

@@ -51,8 +51,11 @@ func (n *Node) createMountNamespace() error {
 	if err := os.MkdirAll(KubeletRootDir, 0o755); err != nil {
 		return fmt.Errorf("mount point %s: %w", KubeletRootDir, err)
 	}
+	// Shared within the namespace, as the kubelet's root directory is on a node: containers that
+	// mount a part of it with HostToContainer propagation (qvirt-handler) get the volumes the
+	// kubelet mounts there later, and containerd refuses them otherwise.
 	out, err := exec.Command("/usr/bin/unshare", "--mount="+file, "--propagation=slave",
-		"mount", "--bind", n.path("kubelet"), KubeletRootDir).CombinedOutput()
+		"mount", "--bind", "--make-rshared", n.path("kubelet"), KubeletRootDir).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("mount namespace %s: unshare: %w: %s", file, err, strings.TrimSpace(string(out)))
 	}
