@@ -4,15 +4,32 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/images"
+	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // install is qvirt as a cluster administrator installs it on the real nodes.
@@ -111,4 +128,269 @@ func (n *realNodes) kubectlOK(t *testing.T, args ...string) string {
 		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return out
+}
+
+// demoVM runs config/samples/vm-demo.yaml on the installed qvirt, the way a user does, with only
+// its image pointed at this run's registry, and follows it through what a user does with it.
+type demoVM struct {
+	t        *testing.T
+	n        *realNodes
+	cl       client.Client
+	qvirtctl string
+}
+
+func newDemoVM(t *testing.T, n *realNodes) *demoVM {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	guestDir, err := testutil.GuestDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seeded, err := registry.Seed(ctx, n.registry, guestDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/qvirtctl")
+	build.Dir = envtest.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/qvirtctl: %v\n%s", err, out)
+	}
+	ctrllog.SetLogger(logr.Discard())
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1alpha1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", n.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "config", "samples", "vm-demo.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sampleImage = "10.243.0.1:5000/qvirt/demo-guest:latest"
+	if !bytes.Contains(manifest, []byte(sampleImage)) {
+		t.Fatalf("config/samples/vm-demo.yaml no longer names %s", sampleImage)
+	}
+	manifest = bytes.ReplaceAll(manifest, []byte(sampleImage), []byte(seeded.KernelBoot))
+	n.kubectlIn(t, manifest, "apply", "-f", "-")
+	return &demoVM{t: t, n: n, cl: cl, qvirtctl: filepath.Join(bin, "qvirtctl")}
+}
+
+// vmi waits until the demo VMI satisfies ok and returns it.
+func (d *demoVM) vmi(what string, timeout time.Duration, ok func(*v1alpha1.VirtualMachineInstance) bool) *v1alpha1.VirtualMachineInstance {
+	d.t.Helper()
+	var v v1alpha1.VirtualMachineInstance
+	details := func() string { return fmt.Sprintf("status %+v\n%s", v.Status, d.n.describe("default")) }
+	testutil.Eventually(d.t, timeout, "VMI demo "+what, func() bool {
+		err := d.cl.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "demo"}, &v)
+		return err == nil && (ok(&v) || v.Status.Phase == v1alpha1.Failed)
+	}, details)
+	if v.Status.Phase == v1alpha1.Failed {
+		d.t.Fatalf("VMI demo Failed while waiting for it to be %s: %s", what, details())
+	}
+	return &v
+}
+
+// launcherPod is the VMI's active launcher pod on node.
+func (d *demoVM) launcherPod(v *v1alpha1.VirtualMachineInstance, node string) *corev1.Pod {
+	d.t.Helper()
+	var pods corev1.PodList
+	if err := d.cl.List(context.Background(), &pods, client.InNamespace("default")); err != nil {
+		d.t.Fatal(err)
+	}
+	for i, p := range pods.Items {
+		if v.Status.ActivePods[p.UID] == node && p.Spec.NodeName == node {
+			return &pods.Items[i]
+		}
+	}
+	d.t.Fatalf("no active launcher pod of VMI demo on %s (active pods %v)", node, v.Status.ActivePods)
+	return nil
+}
+
+// console attaches `qvirtctl console` through a pseudo-terminal and returns a function that types
+// a command until the console shows want (the first keys may reach a guest still booting); the
+// console is detached (Ctrl+]) at the end of the test, and its session ends with the QEMU it is
+// attached to (a migration's source).
+func (d *demoVM) console() (run func(cmd, want string)) {
+	t := d.t
+	master, slave := testutil.OpenPTY(t)
+	con := exec.Command(d.qvirtctl, "console", "demo", "-n", "default", "--timeout", "3m")
+	con.Env = append(os.Environ(), "KUBECONFIG="+d.n.kubeconfig)
+	con.Stdin, con.Stdout, con.Stderr = slave, slave, slave
+	if err := con.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- con.Wait() }()
+	var screen testutil.SyncBuffer
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := master.Read(b)
+			_, _ = screen.Write(b[:n])
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_, _ = master.Write([]byte{0x1d}) // Ctrl+]
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("qvirtctl console after Ctrl+]: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			_ = con.Process.Kill()
+			<-done
+			t.Errorf("qvirtctl console still ran 10 s after Ctrl+]")
+		}
+	})
+	return func(cmd, want string) {
+		t.Helper()
+		var typed time.Time
+		testutil.Eventually(t, 2*time.Minute, "the console showing "+want, func() bool {
+			if strings.Contains(screen.String(), want) {
+				return true
+			}
+			if time.Since(typed) > 10*time.Second {
+				if _, err := master.Write([]byte(cmd + "\r")); err != nil {
+					t.Fatal(err)
+				}
+				typed = time.Now()
+			}
+			return false
+		}, func() string { return testutil.Tail(screen.String(), 2000) })
+	}
+}
+
+// page gets the guest's web page at the launcher pod's address (the masquerade binding forwards
+// the pod's port 80 to the guest).
+func (d *demoVM) page(pod *corev1.Pod) string {
+	d.t.Helper()
+	hc := http.Client{Timeout: 5 * time.Second}
+	url := "http://" + pod.Status.PodIP + "/"
+	var body string
+	testutil.Eventually(d.t, 2*time.Minute, "GET "+url, func() bool {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = strings.TrimSpace(string(b))
+		return resp.StatusCode == http.StatusOK
+	})
+	return body
+}
+
+// checkDemoVM: the demo VM starts in a launcher pod that containerd ran from the launcher image
+// on a real node, its console answers through qvirtctl and qvirt-api, its page answers at its pod
+// address; it live-migrates to the other real node with its guest's memory (a file in its
+// tmpfs) intact; and `kubectl delete` leaves nothing of it on either node.
+func checkDemoVM(t *testing.T, n *realNodes, in *install) {
+	d := newDemoVM(t, n)
+	v := d.vmi("Running", 5*time.Minute, func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running
+	})
+	source := v.Status.NodeName
+	pod := d.launcherPod(v, source)
+	var launcherStatus *corev1.ContainerStatus
+	for i, c := range pod.Status.ContainerStatuses {
+		if c.Name == podlayout.ComputeContainer {
+			launcherStatus = &pod.Status.ContainerStatuses[i]
+		}
+	}
+	if launcherStatus == nil || !strings.HasPrefix(launcherStatus.ContainerID, "containerd://") ||
+		!strings.HasSuffix(in.images["qvirt-launcher"], launcherStatus.ImageID[strings.LastIndex(launcherStatus.ImageID, "@")+1:]) {
+		t.Errorf("launcher pod %s: compute container %+v, want one containerd ran from %s", pod.Name, launcherStatus, in.images["qvirt-launcher"])
+	}
+	t.Logf("VMI demo Running on %s in pod %s at %s", source, pod.Name, pod.Status.PodIP)
+
+	d.console()("echo kept-in-memory > /tmp/marker; echo qvirt-$((6*7))-$(cat /tmp/marker)", "qvirt-42-kept-in-memory")
+	if got := d.page(pod); got != "demo" {
+		t.Errorf("the guest's page at %s: %q, want %q", pod.Status.PodIP, got, "demo")
+	}
+
+	out, err := exec.Command(d.qvirtctl, "--kubeconfig", n.kubeconfig, "migrate", "demo", "-n", "default", "--wait", "--timeout", "5m").CombinedOutput()
+	if err != nil {
+		t.Fatalf("qvirtctl migrate: %v\n%s\n%s", err, out, n.describe("default"))
+	}
+	v = d.vmi("Running on the other node", time.Minute, func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && v.Status.NodeName != source && v.Status.NodeName != ""
+	})
+	target := d.launcherPod(v, v.Status.NodeName)
+	t.Logf("VMI demo migrated from %s to %s (pod %s at %s)", source, v.Status.NodeName, target.Name, target.Status.PodIP)
+	// The source's console session ended with its QEMU; a user attaches again.
+	d.console()("echo after-$((40+3)): $(cat /tmp/marker)", "after-43: kept-in-memory")
+	if got := d.page(target); got != "demo" {
+		t.Errorf("the guest's page at %s after the migration: %q, want %q", target.Status.PodIP, got, "demo")
+	}
+
+	n.kubectlOK(t, "delete", "vm", "demo", "-n", "default", "--wait", "--timeout=3m")
+	d.checkNothingLeft(v, []types.UID{pod.UID, target.UID})
+}
+
+// checkNothingLeft waits until nothing of VMI v and its launcher pods is left on the nodes: no
+// VMI, no pods, no process naming the VMI (QEMU, the launcher), no pod directory under a
+// kubelet's pods directory, no pod cgroup under a node's cgroup root.
+func (d *demoVM) checkNothingLeft(v *v1alpha1.VirtualMachineInstance, pods []types.UID) {
+	t := d.t
+	t.Helper()
+	left := func() []string {
+		var out []string
+		var got v1alpha1.VirtualMachineInstance
+		if err := d.cl.Get(context.Background(), client.ObjectKeyFromObject(v), &got); !apierrors.IsNotFound(err) {
+			out = append(out, fmt.Sprintf("VMI demo still there (%v)", err))
+		}
+		var list corev1.PodList
+		if err := d.cl.List(context.Background(), &list, client.InNamespace("default")); err != nil {
+			out = append(out, err.Error())
+		}
+		for _, p := range list.Items {
+			if slices.Contains(pods, p.UID) {
+				out = append(out, "pod "+p.Name)
+			}
+		}
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			if cmdline, err := os.ReadFile(p); err == nil && bytes.Contains(cmdline, []byte(v.UID)) {
+				out = append(out, fmt.Sprintf("process %s: %s", filepath.Base(filepath.Dir(p)), bytes.ReplaceAll(cmdline, []byte{0}, []byte(" "))))
+			}
+		}
+		for node, dir := range d.n.dirs {
+			for _, uid := range pods {
+				if _, err := os.Stat(filepath.Join(dir, "kubelet", "pods", string(uid))); err == nil {
+					out = append(out, fmt.Sprintf("%s's kubelet directory of pod %s", node, uid))
+				}
+				cgroups, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/qvirt-"+node, "kubepods", "*", "pod"+string(uid)))
+				more, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/qvirt-"+node, "kubepods", "pod"+string(uid)))
+				out = append(out, append(cgroups, more...)...)
+			}
+		}
+		return out
+	}
+	testutil.Eventually(t, 2*time.Minute, "nothing of VMI demo left on the nodes", func() bool { return len(left()) == 0 },
+		func() string { return strings.Join(left(), "\n") })
+}
+
+// kubectlIn runs kubectl with stdin.
+func (n *realNodes) kubectlIn(t *testing.T, stdin []byte, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(n.kubectlBin, append([]string{"--kubeconfig", n.kubeconfig}, args...)...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
 }

@@ -200,6 +200,11 @@ func (n *Node) writeKubeconfig() error {
 //   - restrict_oom_score_adj: root on these machines lacks CAP_SYS_RESOURCE in its bounding set,
 //     so runc cannot lower a container's oom_score_adj below containerd's own; without it every
 //     container fails with "can't get final child's PID from pipe: EOF".
+//   - device_ownership_from_security_context: a device a device plugin hands a container belongs
+//     to the container's user, not to the host's owner. qvirt's launcher runs as uid 107 and gets
+//     /dev/net/tun (and /dev/kvm) from qvirt-handler's device plugin; on a host where that node is
+//     root's and 0600 (no udev rule making it 0666, as here) QEMU could not open it otherwise.
+//     KubeVirt asks the same of containerd for its non-root launchers.
 //   - the sandbox image comes from the local registry: no internet registry is reachable.
 //   - the gRPC, ttrpc and stream server addresses are the node's own, so nodes coexist.
 func (n *Node) writeContainerdConfig() error {
@@ -214,7 +219,7 @@ func (n *Node) writeContainerdConfig() error {
 		"[plugins.'io.containerd.cri.v1.images']", "  snapshotter = 'overlayfs'",
 		"[plugins.'io.containerd.cri.v1.images'.pinned_images]", "  sandbox = " + q(o.SandboxImage),
 		"[plugins.'io.containerd.cri.v1.images'.registry]", "  config_path = " + q(n.path("certs.d")),
-		"[plugins.'io.containerd.cri.v1.runtime']", "  restrict_oom_score_adj = true",
+		"[plugins.'io.containerd.cri.v1.runtime']", "  restrict_oom_score_adj = true", "  device_ownership_from_security_context = true",
 		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]", "  runtime_type = 'io.containerd.runc.v2'",
 		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]",
 		"  BinaryName = " + q(o.Runc), "  SystemdCgroup = false",

@@ -34,10 +34,12 @@ import (
 // realNodes is the one cluster the tests of this package share: local mode's control plane, the
 // local registry, and two real nodes (containerd, runc, kubelet) on this one host joined to it.
 type realNodes struct {
-	cs       kubernetes.Interface
+	cs kubernetes.Interface
 	// kubectl is the tools' kubectl; kubeconfig the cluster admin's.
 	kubectlBin, kubeconfig string
-	names    []string
+	names                  []string
+	// dirs are the nodes' state directories, by name.
+	dirs     map[string]string
 	registry string
 	// ready is how long the nodes took from their kubelets' start to Ready.
 	ready time.Duration
@@ -61,8 +63,15 @@ func TestRealNode(t *testing.T) {
 			checkClusterView(t, n, node)
 		}
 	})
+	var in *install
 	t.Run("config/default installs qvirt on the real nodes from the images make images builds", func(t *testing.T) {
-		installQvirt(t, n)
+		in = installQvirt(t, n)
+	})
+	t.Run("the demo VM runs, answers, migrates between the real nodes and leaves nothing behind", func(t *testing.T) {
+		if in == nil {
+			t.Fatal("qvirt is not installed (see the test above)")
+		}
+		checkDemoVM(t, n, in)
 	})
 	t.Run("a migration target's containerDisk is pinned to the source's digest, caught when its tag moved, or named as unpinned", func(t *testing.T) {
 		checkImageVolumeDigests(t, n)
@@ -146,9 +155,12 @@ func startRealNodes(t *testing.T) *realNodes {
 	if err != nil {
 		t.Fatal(err)
 	}
+	n := &realNodes{cs: cs, registry: srv.Addr(), kubectlBin: filepath.Join(tools, "kubectl"), kubeconfig: cp.Kubeconfig, dirs: map[string]string{}}
 	t.Cleanup(func() {
-		// Pods first, while the kubelet can still stop them; then the processes; then what
+		// qvirt's VMs (a failed test leaves them running, and they would recreate their pods),
+		// then the pods, while the kubelet can still stop them; then the processes; then what
 		// they left on the host.
+		_, _ = n.kubectl("delete", "vms,vmis", "--all", "-n", "default", "--ignore-not-found", "--wait=false")
 		_ = cs.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{})
 		waitNoPods(t, cs)
 		sup.Stop(30 * time.Second)
@@ -169,7 +181,6 @@ func startRealNodes(t *testing.T) *realNodes {
 		_ = os.RemoveAll(dir)
 	})
 	kubeletStart := time.Now()
-	n := &realNodes{cs: cs, registry: srv.Addr(), kubectlBin: filepath.Join(tools, "kubectl"), kubeconfig: cp.Kubeconfig}
 	for _, opts := range nodes {
 		node, err := kubenode.New(opts)
 		if err != nil {
@@ -181,6 +192,7 @@ func startRealNodes(t *testing.T) *realNodes {
 			}
 		}
 		n.names = append(n.names, opts.Name)
+		n.dirs[opts.Name] = opts.Dir
 	}
 	// After the kubelets: kube-proxy waits for its Node to be registered.
 	if err := sup.Start(ctx, proxy); err != nil {
