@@ -240,7 +240,7 @@ func (r *Reconciler) apply(ctx context.Context, vmim *v1alpha1.VirtualMachineIns
 			r.fail(vmim, ReasonSourcePodNotFound, fmt.Sprintf("no launcher pod of %s runs on node %s", vmi.Name, vmi.Status.NodeName))
 			return ctrl.Result{}, nil
 		}
-		pod, unpinned := renderTargetPod(vmim, vmi, source)
+		pod, unpinned := renderTargetPod(vmim, vmi, source, r.Config.Get().LauncherImage)
 		if err := r.Client.Create(ctx, pod); err != nil {
 			r.event(vmim, corev1.EventTypeWarning, ReasonFailedCreateTargetPod, "create target pod: %v", err)
 			return ctrl.Result{}, fmt.Errorf("create target pod for migration %s: %w", vmim.Name, err)

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	vmictrl "github.com/qvirt/qvirt/controllers/vmi"
 )
 
@@ -25,9 +26,14 @@ const hostnameLabel = corev1.LabelHostname
 //
 // Its image volumes pull the digests pinned in the instance's status, not the spec's tags, which
 // may name other bytes by now; unpinned names the images left on their tag for want of a digest.
+//
+// Its launcher is launcherImage, qvirt-config's current one, not the source's: a migration is how
+// a running guest moves to the launcher of an upgraded qvirt (KubeVirt's workload update by live
+// migration), and launchers of consecutive builds speak the same migration stream (QEMU's).
 func renderTargetPod(vmim *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance,
-	source *corev1.Pod) (pod *corev1.Pod, unpinned []string) {
+	source *corev1.Pod, launcherImage string) (pod *corev1.Pod, unpinned []string) {
 	spec := source.Spec.DeepCopy()
+	setLauncherImage(spec, launcherImage)
 	spec.NodeName = ""
 	spec.EphemeralContainers = nil
 	// The priority admission plugin fills these from priorityClassName again.
@@ -69,6 +75,27 @@ func renderTargetPod(vmim *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alph
 		Spec: *spec,
 	}
 	return pod, vmictrl.PinImageVolumes(pod, &vmi.Status)
+}
+
+// setLauncherImage gives every container of spec that runs the compute container's image image
+// instead.
+func setLauncherImage(spec *corev1.PodSpec, image string) {
+	old := ""
+	for _, c := range spec.Containers {
+		if c.Name == podlayout.ComputeContainer {
+			old = c.Image
+		}
+	}
+	if old == "" || image == "" {
+		return
+	}
+	for _, cs := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+		for i := range cs {
+			if cs[i].Image == old {
+				cs[i].Image = image
+			}
+		}
+	}
 }
 
 // withNodeNotIn returns a copy of aff whose required node affinity also excludes node. Required

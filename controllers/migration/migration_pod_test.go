@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 func TestWithNodeNotIn(t *testing.T) {
@@ -63,18 +64,22 @@ func TestRenderTargetPod(t *testing.T) {
 			NodeName: "node-a", Priority: ptr.To[int32](10), PriorityClassName: "high",
 			// What a former migration target carries: the NotIn of the migration before.
 			Affinity:   withNodeNotIn(nil, "node-z"),
-			Containers: []corev1.Container{{Name: "launcher", Image: "img:1"}},
+			InitContainers: []corev1.Container{{Name: "init", Image: "img:1"}},
+			Containers:     []corev1.Container{{Name: podlayout.ComputeContainer, Image: "img:1"}, {Name: "sidecar", Image: "other:1"}},
 		},
 	}
-	pod, unpinned := renderTargetPod(vmim, vmi, source)
+	pod, unpinned := renderTargetPod(vmim, vmi, source, "img:2")
 	if len(unpinned) != 0 {
 		t.Errorf("unpinned = %v for a pod without image volumes", unpinned)
 	}
 	if pod.Spec.NodeName != "" || pod.Spec.Priority != nil || pod.Spec.PriorityClassName != "high" {
 		t.Errorf("spec: nodeName %q priority %v class %q", pod.Spec.NodeName, pod.Spec.Priority, pod.Spec.PriorityClassName)
 	}
-	if pod.Spec.Containers[0].Image != "img:1" || source.Spec.NodeName != "node-a" {
-		t.Errorf("containers not copied, or source changed")
+	// The target runs qvirt-config's launcher image (an upgrade's), the rest as the source does.
+	if pod.Spec.Containers[0].Image != "img:2" || pod.Spec.InitContainers[0].Image != "img:2" || pod.Spec.Containers[1].Image != "other:1" ||
+		source.Spec.NodeName != "node-a" || source.Spec.Containers[0].Image != "img:1" {
+		t.Errorf("target containers %+v init %+v: want the launcher image img:2 and the sidecar's own; or source changed",
+			pod.Spec.Containers, pod.Spec.InitContainers)
 	}
 	if pod.GenerateName != "qvirt-launcher-vm1-" || pod.Name != "" || len(pod.Finalizers) != 0 {
 		t.Errorf("metadata: generateName %q name %q finalizers %v", pod.GenerateName, pod.Name, pod.Finalizers)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -44,8 +46,10 @@ type install struct {
 // the local registry (make push), and applies config/default through an overlay that only does
 // what the README's install section says an administrator does: point `images:` at the pushed
 // digests, and set qvirt-config's launcherImage and useEmulation (no KVM here). It waits for
-// qvirt-controller, qvirt-api and the qvirt-handler DaemonSet to roll out.
-func installQvirt(t *testing.T, n *realNodes) *install {
+// qvirt-controller, qvirt-api and the qvirt-handler DaemonSet to roll out. epoch is the images'
+// time stamps: another epoch is another build (other digests) of the same sources, which is what
+// an upgrade applies.
+func installQvirt(t *testing.T, n *realNodes, epoch time.Time) *install {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -60,7 +64,7 @@ func installQvirt(t *testing.T, n *realNodes) *install {
 	}
 	layout := t.TempDir()
 	started := time.Now()
-	if _, err := images.Build(ctx, images.Options{ModuleDir: repo, Lock: lock, Fetcher: &images.Fetcher{CacheDir: cache}, OutDir: layout}); err != nil {
+	if _, err := images.Build(ctx, images.Options{ModuleDir: repo, Lock: lock, Fetcher: &images.Fetcher{CacheDir: cache}, OutDir: layout, Epoch: epoch}); err != nil {
 		t.Fatalf("make images: %v", err)
 	}
 	pushed, err := images.Push(ctx, layout, n.registry, true)
@@ -216,12 +220,12 @@ func (d *demoVM) launcherPod(v *v1alpha1.VirtualMachineInstance, node string) *c
 	return nil
 }
 
-// console attaches `qvirtctl console` through a pseudo-terminal and returns a function that types
-// a command until the console shows want (the first keys may reach a guest still booting); the
-// console is detached (Ctrl+]) at the end of the test, and its session ends with the QEMU it is
-// attached to (a migration's source).
-func (d *demoVM) console() (run func(cmd, want string)) {
+// console attaches `qvirtctl console` through a pseudo-terminal, types cmd until the console shows
+// want (the first keys may reach a guest still booting), and detaches with Ctrl+], after which
+// qvirtctl must exit cleanly.
+func (d *demoVM) console(cmd, want string) {
 	t := d.t
+	t.Helper()
 	master, slave := testutil.OpenPTY(t)
 	con := exec.Command(d.qvirtctl, "console", "demo", "-n", "default", "--timeout", "3m")
 	con.Env = append(os.Environ(), "KUBECONFIG="+d.n.kubeconfig)
@@ -231,6 +235,12 @@ func (d *demoVM) console() (run func(cmd, want string)) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- con.Wait() }()
+	defer func() {
+		if con.ProcessState == nil {
+			_ = con.Process.Kill()
+			<-done
+		}
+	}()
 	var screen testutil.SyncBuffer
 	go func() {
 		b := make([]byte, 4096)
@@ -242,34 +252,29 @@ func (d *demoVM) console() (run func(cmd, want string)) {
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		_, _ = master.Write([]byte{0x1d}) // Ctrl+]
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("qvirtctl console after Ctrl+]: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			_ = con.Process.Kill()
-			<-done
-			t.Errorf("qvirtctl console still ran 10 s after Ctrl+]")
+	var typed time.Time
+	testutil.Eventually(t, 2*time.Minute, "the console showing "+want, func() bool {
+		if strings.Contains(screen.String(), want) {
+			return true
 		}
-	})
-	return func(cmd, want string) {
-		t.Helper()
-		var typed time.Time
-		testutil.Eventually(t, 2*time.Minute, "the console showing "+want, func() bool {
-			if strings.Contains(screen.String(), want) {
-				return true
+		if time.Since(typed) > 10*time.Second {
+			if _, err := master.Write([]byte(cmd + "\r")); err != nil {
+				t.Fatal(err)
 			}
-			if time.Since(typed) > 10*time.Second {
-				if _, err := master.Write([]byte(cmd + "\r")); err != nil {
-					t.Fatal(err)
-				}
-				typed = time.Now()
-			}
-			return false
-		}, func() string { return testutil.Tail(screen.String(), 2000) })
+			typed = time.Now()
+		}
+		return false
+	}, func() string { return testutil.Tail(screen.String(), 2000) })
+	if _, err := master.Write([]byte{0x1d}); err != nil { // Ctrl+]
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("qvirtctl console after Ctrl+]: %v\n%s", err, testutil.Tail(screen.String(), 2000))
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("qvirtctl console still ran 10 s after Ctrl+]")
 	}
 }
 
@@ -295,9 +300,12 @@ func (d *demoVM) page(pod *corev1.Pod) string {
 
 // checkDemoVM: the demo VM starts in a launcher pod that containerd ran from the launcher image
 // on a real node, its console answers through qvirtctl and qvirt-api, its page answers at its pod
-// address; it live-migrates to the other real node with its guest's memory (a file in its
-// tmpfs) intact; and `kubectl delete` leaves nothing of it on either node.
-func checkDemoVM(t *testing.T, n *realNodes, in *install) {
+// address. Then qvirt is upgraded (upgrade applies another build): every component rolls, and
+// the guest's QEMU keeps running, with the same PID, in its launcher pod of the old build. Asked
+// to (`qvirtctl migrate`), it live-migrates to the other real node, into a launcher of the new
+// build, with its guest's memory (a file in its tmpfs) intact; it stops with `qvirtctl stop`;
+// and `kubectl delete` leaves nothing of it on either node.
+func checkDemoVM(t *testing.T, n *realNodes, in *install, upgrade func() *install) {
 	d := newDemoVM(t, n)
 	v := d.vmi("Running", 5*time.Minute, func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.Running
@@ -316,10 +324,28 @@ func checkDemoVM(t *testing.T, n *realNodes, in *install) {
 	}
 	t.Logf("VMI demo Running on %s in pod %s at %s", source, pod.Name, pod.Status.PodIP)
 
-	d.console()("echo kept-in-memory > /tmp/marker; echo qvirt-$((6*7))-$(cat /tmp/marker)", "qvirt-42-kept-in-memory")
+	d.console("echo kept-in-memory > /tmp/marker; echo qvirt-$((6*7))-$(cat /tmp/marker)", "qvirt-42-kept-in-memory")
 	if got := d.page(pod); got != "demo" {
 		t.Errorf("the guest's page at %s: %q, want %q", pod.Status.PodIP, got, "demo")
 	}
+	qemu := qemuPID(t, v)
+
+	next := upgrade()
+	if next.images["qvirt-launcher"] == in.images["qvirt-launcher"] || next.images["qvirt-handler"] == in.images["qvirt-handler"] {
+		t.Fatalf("the upgrade's images %v are the installed ones", next.images)
+	}
+	for _, name := range []string{"qvirt-controller", "qvirt-api", "qvirt-handler"} {
+		n.checkRunsImage(t, name, next.images[name])
+	}
+	if pid := qemuPID(t, v); pid != qemu {
+		t.Fatalf("the guest's QEMU was PID %d before the upgrade and is %d after it", qemu, pid)
+	}
+	var still corev1.Pod
+	if err := d.cl.Get(context.Background(), client.ObjectKeyFromObject(pod), &still); err != nil || still.UID != pod.UID {
+		t.Fatalf("the launcher pod %s did not survive the upgrade: %v", pod.Name, err)
+	}
+	d.console("echo upgraded-$((40+1))-$(cat /tmp/marker)", "upgraded-41-kept-in-memory")
+	t.Logf("upgrade applied: every component rolled, the guest's QEMU (PID %d) kept running in pod %s", qemu, pod.Name)
 
 	out, err := exec.Command(d.qvirtctl, "--kubeconfig", n.kubeconfig, "migrate", "demo", "-n", "default", "--wait", "--timeout", "5m").CombinedOutput()
 	if err != nil {
@@ -329,15 +355,70 @@ func checkDemoVM(t *testing.T, n *realNodes, in *install) {
 		return v.Status.Phase == v1alpha1.Running && v.Status.NodeName != source && v.Status.NodeName != ""
 	})
 	target := d.launcherPod(v, v.Status.NodeName)
+	if img := target.Spec.Containers[0].Image; img != next.images["qvirt-launcher"] {
+		t.Errorf("after the migration the launcher pod runs %s, want the upgrade's %s", img, next.images["qvirt-launcher"])
+	}
+	migrated := time.Now()
+	d.vmi("reporting the upgrade's launcher image", 2*time.Minute, func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.LauncherContainerImageVersion == next.images["qvirt-launcher"]
+	})
+	t.Logf("status.launcherContainerImageVersion names the upgrade's launcher %.1fs after the migration", time.Since(migrated).Seconds())
 	t.Logf("VMI demo migrated from %s to %s (pod %s at %s)", source, v.Status.NodeName, target.Name, target.Status.PodIP)
-	// The source's console session ended with its QEMU; a user attaches again.
-	d.console()("echo after-$((40+3)): $(cat /tmp/marker)", "after-43: kept-in-memory")
+	d.console("echo after-$((40+3)): $(cat /tmp/marker)", "after-43: kept-in-memory")
 	if got := d.page(target); got != "demo" {
 		t.Errorf("the guest's page at %s after the migration: %q, want %q", target.Status.PodIP, got, "demo")
 	}
 
+	if out, err := exec.Command(d.qvirtctl, "--kubeconfig", n.kubeconfig, "stop", "demo", "-n", "default").CombinedOutput(); err != nil {
+		t.Fatalf("qvirtctl stop: %v\n%s", err, out)
+	}
+	stopped := v
+	testutil.Eventually(t, 2*time.Minute, "VMI demo gone after qvirtctl stop", func() bool {
+		err := d.cl.Get(context.Background(), client.ObjectKeyFromObject(v), &v1alpha1.VirtualMachineInstance{})
+		return apierrors.IsNotFound(err)
+	})
 	n.kubectlOK(t, "delete", "vm", "demo", "-n", "default", "--wait", "--timeout=3m")
-	d.checkNothingLeft(v, []types.UID{pod.UID, target.UID})
+	d.checkNothingLeft(stopped, []types.UID{pod.UID, target.UID})
+}
+
+// qemuPID is the PID of VMI v's QEMU on this host (its command line names the VMI's socket
+// directory, by UID).
+func qemuPID(t *testing.T, v *v1alpha1.VirtualMachineInstance) int {
+	t.Helper()
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		exe, _ := os.Readlink(filepath.Join(p, "exe"))
+		cmdline, _ := os.ReadFile(filepath.Join(p, "cmdline"))
+		if filepath.Base(exe) == "qemu-system-x86_64" && bytes.Contains(cmdline, []byte(v.UID)) {
+			pid, _ := strconv.Atoi(filepath.Base(p))
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("QEMU processes of VMI %s: %v, want one", v.UID, pids)
+	}
+	return pids[0]
+}
+
+// checkRunsImage checks that every pod of qvirt component app runs image and is ready.
+func (n *realNodes) checkRunsImage(t *testing.T, app, image string) {
+	t.Helper()
+	pods, err := n.cs.CoreV1().Pods("qvirt-system").List(context.Background(), metav1.ListOptions{LabelSelector: "qvirt.io/app=" + app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		if p.Spec.Containers[0].Image != image {
+			t.Errorf("pod %s runs %s, want %s", p.Name, p.Spec.Containers[0].Image, image)
+		}
+	}
+	if len(pods.Items) == 0 {
+		t.Errorf("no pod of %s", app)
+	}
 }
 
 // checkNothingLeft waits until nothing of VMI v and its launcher pods is left on the nodes: no

@@ -65,13 +65,13 @@ func TestRealNode(t *testing.T) {
 	})
 	var in *install
 	t.Run("config/default installs qvirt on the real nodes from the images make images builds", func(t *testing.T) {
-		in = installQvirt(t, n)
+		in = installQvirt(t, n, time.Unix(0, 0))
 	})
-	t.Run("the demo VM runs, answers, migrates between the real nodes and leaves nothing behind", func(t *testing.T) {
+	t.Run("the demo VM runs, answers, outlives an upgrade, migrates to the new build on the other real node, stops and leaves nothing behind", func(t *testing.T) {
 		if in == nil {
 			t.Fatal("qvirt is not installed (see the test above)")
 		}
-		checkDemoVM(t, n, in)
+		checkDemoVM(t, n, in, func() *install { return installQvirt(t, n, time.Unix(86400, 0)) })
 	})
 	t.Run("a migration target's containerDisk is pinned to the source's digest, caught when its tag moved, or named as unpinned", func(t *testing.T) {
 		checkImageVolumeDigests(t, n)
