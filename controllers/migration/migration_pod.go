@@ -10,8 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/launcher/podlayout"
 	vmictrl "github.com/qvirt/qvirt/controllers/vmi"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 // hostnameLabel is the node label the target pod's anti-affinity uses.

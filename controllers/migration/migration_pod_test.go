@@ -63,7 +63,7 @@ func TestRenderTargetPod(t *testing.T) {
 		Spec: corev1.PodSpec{
 			NodeName: "node-a", Priority: ptr.To[int32](10), PriorityClassName: "high",
 			// What a former migration target carries: the NotIn of the migration before.
-			Affinity:   withNodeNotIn(nil, "node-z"),
+			Affinity:       withNodeNotIn(nil, "node-z"),
 			InitContainers: []corev1.Container{{Name: "init", Image: "img:1"}},
 			Containers:     []corev1.Container{{Name: podlayout.ComputeContainer, Image: "img:1"}, {Name: "sidecar", Image: "other:1"}},
 		},
