@@ -59,6 +59,6 @@ func (c *Cluster) startKubeNodes(ctx context.Context, cniBin string) error {
 	if err := c.sup.Start(ctx, proxy); err != nil {
 		return err
 	}
-	step("real nodes run ordinary pods; qvirt-handler does not run on them yet, so VMs stay Pending (issue 14 item 4)")
+	step("real nodes run ordinary pods; local up runs qvirt's components as host processes, not on them, so VMs stay Pending: install qvirt on them with config/default (README, Install on a cluster)")
 	return nil
 }
