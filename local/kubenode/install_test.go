@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,55 +224,22 @@ func (d *demoVM) launcherPod(v *v1alpha1.VirtualMachineInstance, node string) *c
 func (d *demoVM) console(cmd, want string) {
 	t := d.t
 	t.Helper()
-	master, slave := testutil.OpenPTY(t)
 	con := exec.Command(d.qvirtctl, "console", "demo", "-n", "default", "--timeout", "3m")
 	con.Env = append(os.Environ(), "KUBECONFIG="+d.n.kubeconfig)
-	con.Stdin, con.Stdout, con.Stderr = slave, slave, slave
-	if err := con.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- con.Wait() }()
-	defer func() {
-		if con.ProcessState == nil {
-			_ = con.Process.Kill()
-			<-done
-		}
-	}()
-	var screen testutil.SyncBuffer
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			n, err := master.Read(b)
-			_, _ = screen.Write(b[:n])
-			if err != nil {
-				return
-			}
-		}
-	}()
+	term := testutil.StartOnPTY(t, con)
 	var typed time.Time
 	testutil.Eventually(t, 2*time.Minute, "the console showing "+want, func() bool {
-		if strings.Contains(screen.String(), want) {
+		if strings.Contains(term.Screen.String(), want) {
 			return true
 		}
 		if time.Since(typed) > 10*time.Second {
-			if _, err := master.Write([]byte(cmd + "\r")); err != nil {
-				t.Fatal(err)
-			}
+			term.Type(t, cmd+"\r")
 			typed = time.Now()
 		}
 		return false
-	}, func() string { return testutil.Tail(screen.String(), 2000) })
-	if _, err := master.Write([]byte{0x1d}); err != nil { // Ctrl+]
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("qvirtctl console after Ctrl+]: %v\n%s", err, testutil.Tail(screen.String(), 2000))
-		}
-	case <-time.After(10 * time.Second):
-		t.Errorf("qvirtctl console still ran 10 s after Ctrl+]")
+	}, func() string { return testutil.Tail(term.Screen.String(), 2000) })
+	if err := term.Detach(10 * time.Second); err != nil {
+		t.Errorf("qvirtctl console after Ctrl+]: %v\n%s", err, testutil.Tail(term.Screen.String(), 2000))
 	}
 }
 
@@ -282,20 +247,7 @@ func (d *demoVM) console(cmd, want string) {
 // the pod's port 80 to the guest).
 func (d *demoVM) page(pod *corev1.Pod) string {
 	d.t.Helper()
-	hc := http.Client{Timeout: 5 * time.Second}
-	url := "http://" + pod.Status.PodIP + "/"
-	var body string
-	testutil.Eventually(d.t, 2*time.Minute, "GET "+url, func() bool {
-		resp, err := hc.Get(url)
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		body = strings.TrimSpace(string(b))
-		return resp.StatusCode == http.StatusOK
-	})
-	return body
+	return testutil.HTTPBody(d.t, "http://"+pod.Status.PodIP+"/", 2*time.Minute)
 }
 
 // checkDemoVM: the demo VM starts in a launcher pod that containerd ran from the launcher image

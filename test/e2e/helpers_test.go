@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -166,20 +164,7 @@ func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 // httpGet gets the guest's page at ip, retrying for d; it returns the body.
 func httpGet(t *testing.T, ip string, d time.Duration) string {
 	t.Helper()
-	hc := http.Client{Timeout: 5 * time.Second}
-	url := "http://" + ip + "/"
-	var body string
-	testutil.Eventually(t, d, "GET "+url, func() bool {
-		resp, err := hc.Get(url)
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		body = strings.TrimSpace(string(b))
-		return resp.StatusCode == http.StatusOK
-	})
-	return body
+	return testutil.HTTPBody(t, "http://"+ip+"/", d)
 }
 
 // request appends state change requests to the VM's status, as `qvirtctl start/stop/restart` do.

@@ -74,47 +74,14 @@ func TestQvirtctl(t *testing.T) {
 	waitVMI(t, ns, name, time.Minute, "created", func(v *v1alpha1.VirtualMachineInstance) bool { return v != nil })
 
 	// The console waits for the starting instance, so it sees the guest boot.
-	master, slave := testutil.OpenPTY(t)
 	con := exec.Command(filepath.Join(bin, "qvirtctl"), "console", name, "-n", ns, "--timeout", "3m")
 	con.Env = append(os.Environ(), "KUBECONFIG="+lc.Kubeconfig)
-	con.Stdin, con.Stdout, con.Stderr = slave, slave, slave
-	if err := con.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- con.Wait() }()
-	t.Cleanup(func() {
-		if con.ProcessState == nil {
-			_ = con.Process.Kill()
-			<-done
-		}
-	})
-	var screen testutil.SyncBuffer
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			n, err := master.Read(b)
-			_, _ = screen.Write(b[:n])
-			if err != nil {
-				return
-			}
-		}
-	}()
-	expectScreen(t, &screen, "QVIRT-GUEST-READY", bootTimeout)
-	if _, err := master.Write([]byte("echo qvirt-$((6*7))\r")); err != nil {
-		t.Fatal(err)
-	}
-	expectScreen(t, &screen, "qvirt-42", time.Minute)
-	if _, err := master.Write([]byte{0x1d}); err != nil { // Ctrl+]
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("qvirtctl console after Ctrl+]: %v\n%s", err, screen.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Errorf("qvirtctl console still runs 10 s after Ctrl+]")
+	term := testutil.StartOnPTY(t, con)
+	expectScreen(t, &term.Screen, "QVIRT-GUEST-READY", bootTimeout)
+	term.Type(t, "echo qvirt-$((6*7))\r")
+	expectScreen(t, &term.Screen, "qvirt-42", time.Minute)
+	if err := term.Detach(10 * time.Second); err != nil {
+		t.Errorf("qvirtctl console after Ctrl+]: %v\n%s", err, term.Screen.String())
 	}
 
 	if st := qmpStatus(t, ns, name); st != "running" {

@@ -3,7 +3,9 @@ package testutil
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,4 +35,68 @@ func OpenPTY(t testing.TB) (master, slave *os.File) {
 	}
 	t.Cleanup(func() { s.Close(); m.Close() })
 	return m, s
+}
+
+// PTYCommand is a command run on a pseudo-terminal (qvirtctl console), with everything it wrote
+// kept.
+type PTYCommand struct {
+	// Master is the terminal's side a user types into.
+	Master *os.File
+	// Screen is what the command wrote.
+	Screen SyncBuffer
+	cmd    *exec.Cmd
+	done   chan struct{}
+	err    error
+}
+
+// StartOnPTY starts cmd with its standard input, output and error on a new pseudo-terminal. A
+// command still running when the test ends is killed.
+func StartOnPTY(t testing.TB, cmd *exec.Cmd) *PTYCommand {
+	t.Helper()
+	master, slave := OpenPTY(t)
+	p := &PTYCommand{Master: master, cmd: cmd, done: make(chan struct{})}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := master.Read(b)
+			_, _ = p.Screen.Write(b[:n])
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// Type writes s to the terminal.
+func (p *PTYCommand) Type(t testing.TB, s string) {
+	t.Helper()
+	if _, err := p.Master.Write([]byte(s)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Detach types Ctrl+], as a user leaves a console, and waits up to d for the command to exit; it
+// returns the command's error, or one saying it still runs.
+func (p *PTYCommand) Detach(d time.Duration) error {
+	_, _ = p.Master.Write([]byte{0x1d})
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(d):
+		return fmt.Errorf("%s still runs %s after Ctrl+]", p.cmd.Path, d)
+	}
 }

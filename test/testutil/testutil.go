@@ -3,12 +3,16 @@ package testutil
 
 import (
 	"bytes"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -72,4 +76,23 @@ func FreePortPair(t *testing.T) int {
 			return port
 		}
 	}
+}
+
+// HTTPBody gets url until it answers 200 OK, for up to d, and returns the body without its
+// surrounding white space.
+func HTTPBody(t testing.TB, url string, d time.Duration) string {
+	t.Helper()
+	hc := http.Client{Timeout: 5 * time.Second}
+	var body string
+	Eventually(t, d, "GET "+url, func() bool {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = strings.TrimSpace(string(b))
+		return resp.StatusCode == http.StatusOK
+	})
+	return body
 }
