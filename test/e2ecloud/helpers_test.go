@@ -209,58 +209,26 @@ func sshRunPort(addr string, port int, user string, key ssh.Signer, cmd string) 
 
 // userConsole is `qvirtctl console NAME` on a pseudo-terminal: what a user sees and types.
 type userConsole struct {
-	cmd    *exec.Cmd
-	master *os.File
-	screen testutil.SyncBuffer
-	// done is closed once qvirtctl exited.
-	done chan struct{}
+	term *testutil.PTYCommand
 }
 
 // openConsole starts `qvirtctl console` for the VM's instance; it waits for an instance that is
 // still starting, so it shows the whole boot. It is closed when the test ends.
 func openConsole(t testing.TB, ns, name string) *userConsole {
 	t.Helper()
-	master, slave := testutil.OpenPTY(t)
-	c := &userConsole{master: master, done: make(chan struct{})}
-	c.cmd = exec.Command(filepath.Join(bin, "qvirtctl"), "console", name, "-n", ns, "--timeout", "5m")
-	c.cmd.Env = append(os.Environ(), "KUBECONFIG="+lc.Kubeconfig)
-	c.cmd.Stdin, c.cmd.Stdout, c.cmd.Stderr = slave, slave, slave
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = c.cmd.Wait(); close(c.done) }()
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			n, err := master.Read(b)
-			_, _ = c.screen.Write(b[:n])
-			if err != nil {
-				return
-			}
-		}
-	}()
+	cmd := exec.Command(filepath.Join(bin, "qvirtctl"), "console", name, "-n", ns, "--timeout", "5m")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+lc.Kubeconfig)
+	c := &userConsole{term: testutil.StartOnPTY(t, cmd)}
 	t.Cleanup(c.close)
 	return c
 }
 
-// close leaves the console as a user does (Ctrl+]); safe to call more than once.
-func (c *userConsole) close() {
-	select {
-	case <-c.done:
-		return
-	default:
-	}
-	_, _ = c.master.Write([]byte{0x1d}) // Ctrl+], as a user leaves
-	select {
-	case <-c.done:
-	case <-time.After(5 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
-}
+// close leaves the console as a user does (Ctrl+]); safe to call more than once. A console that
+// does not leave within 5 s is killed.
+func (c *userConsole) close() { _ = c.term.Detach(5 * time.Second) }
 
 // text is what the console showed, carriage returns dropped.
-func (c *userConsole) text() string { return strings.ReplaceAll(c.screen.String(), "\r", "") }
+func (c *userConsole) text() string { return strings.ReplaceAll(c.term.Screen.String(), "\r", "") }
 
 // tail is the end of what the console showed, for failure messages.
 func (c *userConsole) tail() string {
@@ -286,7 +254,5 @@ func (c *userConsole) expect(t testing.TB, from int, want string, d time.Duratio
 // typeLine types s and Enter.
 func (c *userConsole) typeLine(t testing.TB, s string) {
 	t.Helper()
-	if _, err := c.master.Write([]byte(s + "\r")); err != nil {
-		t.Fatalf("type on the console: %v", err)
-	}
+	c.term.Type(t, s+"\r")
 }

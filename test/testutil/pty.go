@@ -90,13 +90,21 @@ func (p *PTYCommand) Type(t testing.TB, s string) {
 }
 
 // Detach types Ctrl+], as a user leaves a console, and waits up to d for the command to exit; it
-// returns the command's error, or one saying it still runs.
+// returns the command's error, or, having killed it, one saying it still ran. A command that
+// already exited is not typed to.
 func (p *PTYCommand) Detach(d time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+	}
 	_, _ = p.Master.Write([]byte{0x1d})
 	select {
 	case <-p.done:
 		return p.err
 	case <-time.After(d):
-		return fmt.Errorf("%s still runs %s after Ctrl+]", p.cmd.Path, d)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s still ran %s after Ctrl+]", p.cmd.Path, d)
 	}
 }
