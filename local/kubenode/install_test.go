@@ -116,16 +116,28 @@ func (n *realNodes) describe(ns string) string {
 
 // kubectl runs the tools' kubectl as the cluster admin.
 func (n *realNodes) kubectl(args ...string) (string, error) {
+	return n.kubectlWith(nil, args...)
+}
+
+// kubectlWith runs kubectl with stdin (none when nil).
+func (n *realNodes) kubectlWith(stdin []byte, args ...string) (string, error) {
 	cmd := exec.Command(n.kubectlBin, append([]string{"--kubeconfig", n.kubeconfig}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	return out.String(), err
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 func (n *realNodes) kubectlOK(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := n.kubectl(args...)
+	return n.kubectlInOK(t, nil, args...)
+}
+
+// kubectlInOK runs kubectl with stdin and fails the test when it fails.
+func (n *realNodes) kubectlInOK(t *testing.T, stdin []byte, args ...string) string {
+	t.Helper()
+	out, err := n.kubectlWith(stdin, args...)
 	if err != nil {
 		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -183,7 +195,7 @@ func newDemoVM(t *testing.T, n *realNodes) *demoVM {
 		t.Fatalf("config/samples/vm-demo.yaml no longer names %s", sampleImage)
 	}
 	manifest = bytes.ReplaceAll(manifest, []byte(sampleImage), []byte(seeded.KernelBoot))
-	n.kubectlIn(t, manifest, "apply", "-f", "-")
+	n.kubectlInOK(t, manifest, "apply", "-f", "-")
 	return &demoVM{t: t, n: n, cl: cl, qvirtctl: filepath.Join(bin, "qvirtctl")}
 }
 
@@ -353,7 +365,8 @@ func qemuPID(t *testing.T, v *v1alpha1.VirtualMachineInstance) int {
 	return pids[0]
 }
 
-// checkRunsImage checks that every pod of qvirt component app runs image and is ready.
+// checkRunsImage checks that every pod of qvirt component app (bar those being deleted) runs
+// image; that they are ready is what the rollout status before it waited for.
 func (n *realNodes) checkRunsImage(t *testing.T, app, image string) {
 	t.Helper()
 	pods, err := n.cs.CoreV1().Pods("qvirt-system").List(context.Background(), metav1.ListOptions{LabelSelector: "qvirt.io/app=" + app})
@@ -405,25 +418,18 @@ func (d *demoVM) checkNothingLeft(v *v1alpha1.VirtualMachineInstance, pods []typ
 				if _, err := os.Stat(filepath.Join(dir, "kubelet", "pods", string(uid))); err == nil {
 					out = append(out, fmt.Sprintf("%s's kubelet directory of pod %s", node, uid))
 				}
-				cgroups, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/qvirt-"+node, "kubepods", "*", "pod"+string(uid)))
-				more, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/qvirt-"+node, "kubepods", "pod"+string(uid)))
-				out = append(out, append(cgroups, more...)...)
+				// cgroup v1 (a hierarchy per controller) and v2 (one); guaranteed pods sit right
+				// under kubepods, the others under their QoS class.
+				for _, root := range []string{"/sys/fs/cgroup/*/qvirt-" + node, "/sys/fs/cgroup/qvirt-" + node} {
+					for _, pattern := range []string{"kubepods/pod", "kubepods/*/pod"} {
+						found, _ := filepath.Glob(filepath.Join(root, pattern+string(uid)))
+						out = append(out, found...)
+					}
+				}
 			}
 		}
 		return out
 	}
 	testutil.Eventually(t, 2*time.Minute, "nothing of VMI demo left on the nodes", func() bool { return len(left()) == 0 },
 		func() string { return strings.Join(left(), "\n") })
-}
-
-// kubectlIn runs kubectl with stdin.
-func (n *realNodes) kubectlIn(t *testing.T, stdin []byte, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(n.kubectlBin, append([]string{"--kubeconfig", n.kubeconfig}, args...)...)
-	cmd.Stdin = bytes.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
 }
