@@ -53,7 +53,7 @@ generate: ## Generate deepcopy functions.
 
 manifests: ## Generate CRDs and RBAC into config/.
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true paths=./api/... output:crd:artifacts:config=config/crd/bases
-	$(CONTROLLER_GEN) rbac:roleName=qvirt-controller paths="./controllers;./internal/config/...;./internal/metricsauth/...;./controllers/vm/...;./controllers/vmi/...;./controllers/migration/...;./controllers/nodehealth/...;./controllers/admission/...;./controllers/certs/..." output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=qvirt-controller paths="./controllers;./internal/config/...;./internal/metricsauth/...;./controllers/vm/...;./controllers/vmi/...;./controllers/migration/...;./controllers/nodehealth/...;./controllers/admission/...;./controllers/certs/...;./controllers/uninstall/..." output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=qvirt-handler paths="./internal/config/...;./internal/metricsauth/...;./handler/..." output:rbac:artifacts:config=config/handler
 	$(CONTROLLER_GEN) webhook paths=./controllers/... output:webhook:artifacts:config=config/webhook
 

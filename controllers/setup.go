@@ -22,6 +22,7 @@ import (
 	certctl "github.com/qvirt/qvirt/controllers/certs"
 	"github.com/qvirt/qvirt/controllers/migration"
 	"github.com/qvirt/qvirt/controllers/nodehealth"
+	"github.com/qvirt/qvirt/controllers/uninstall"
 	"github.com/qvirt/qvirt/controllers/vm"
 	"github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/internal/config"
@@ -88,6 +89,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, 
 		{"nodehealth", func() error {
 			return (&nodehealth.Reconciler{Client: c, Recorder: recorder(mgr, "qvirt-nodehealth"), Timeout: opts.NodeHeartbeatTimeout}).SetupWithManager(mgr)
 		}},
+		{"uninstall", func() error { return (&uninstall.Reconciler{Client: c}).SetupWithManager(mgr) }},
 		{"certs", func() error {
 			return (&certctl.Reconciler{Client: c, Namespace: opts.Namespace, Recorder: recorder(mgr, "qvirt-certs")}).SetupWithManager(mgr)
 		}},

@@ -8,6 +8,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 )
@@ -22,4 +24,17 @@ func New() (*runtime.Scheme, error) {
 		return nil, fmt.Errorf("register %s: %w", v1alpha1.GroupVersion, err)
 	}
 	return s, nil
+}
+
+// NewClient is a controller-runtime client with this scheme, as the user of kubeconfig.
+func NewClient(kubeconfig string) (client.Client, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	s, err := New()
+	if err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: s})
 }

@@ -22,11 +22,14 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/instancetype"
+	"github.com/qvirt/qvirt/controllers/uninstall"
 	"github.com/qvirt/qvirt/internal/config"
 )
 
 // Setup registers the VirtualMachine and VirtualMachineInstance defaulters and validators, and the
-// launcher pods' eviction webhook (eviction.go), with mgr's webhook server.
+// launcher pods' eviction webhook (eviction.go) and the uninstall guard
+// (controllers/uninstall), with mgr's
+// webhook server.
 func Setup(mgr ctrl.Manager, store *config.Store) error {
 	reader := mgr.GetAPIReader()
 	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.VirtualMachine{}).WithDefaulter(VMDefaulter{Reader: reader}).
@@ -41,6 +44,7 @@ func Setup(mgr ctrl.Manager, store *config.Store) error {
 		return fmt.Errorf("register VirtualMachineInstance webhooks: %w", err)
 	}
 	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionAdmitter{Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Config: store}})
+	mgr.GetWebhookServer().Register(uninstall.Path, &webhook.Admission{Handler: &uninstall.Guard{Reader: mgr.GetClient()}})
 	return nil
 }
 

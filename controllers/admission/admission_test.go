@@ -11,7 +11,6 @@ import (
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/yaml"
 
 	"github.com/qvirt/qvirt/controllers/admission"
@@ -32,22 +31,7 @@ var store = config.NewStore(config.Default())
 
 func startWebhook(t *testing.T) {
 	t.Helper()
-	wo := cp.Env.WebhookInstallOptions
-	opts := cp.ManagerOptions()
-	opts.WebhookServer = webhook.NewServer(webhook.Options{
-		Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
-	})
-	mgr, err := ctrl.NewManager(cp.Config, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := admission.Setup(mgr, store); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	cp.StartWebhookManager(t, func(mgr ctrl.Manager) error { return admission.Setup(mgr, store) })
 	// Wait until the API server reaches the webhook: a dry-run create of a valid VM succeeds.
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -88,7 +88,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	log := ctrl.LoggerFrom(ctx).WithValues("vmi", vmim.Spec.VMIName, "phase", vmim.Status.Phase)
 	ctx = ctrl.LoggerInto(ctx, log)
 
-	// A finished migration needs no cleanup, so it gets no finalizer.
+	// A finished migration needs no cleanup (finishing it did that), so it gets no finalizer and
+	// loses the one it had once its final status is recorded: otherwise only this reconciler
+	// could delete it, and an uninstall would leave it, and its CRD, Terminating.
 	if !isTerminal(vmim.Status.Phase) {
 		if err := patch.AddFinalizer(ctx, r.Client, vmim, v1alpha1.MigrationFinalizer); err != nil {
 			return patch.Result(ctrl.Result{}, err)
@@ -102,7 +104,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		// let the migration go.
 		_, err := status.Patch(ctx, vmim)
 		err = errors.Join(retErr, client.IgnoreNotFound(err))
-		if release && err == nil {
+		if (release || isTerminal(vmim.Status.Phase)) && err == nil {
 			err = patch.RemoveFinalizer(ctx, r.Client, vmim, v1alpha1.MigrationFinalizer)
 		}
 		res, retErr = patch.Result(res, err)

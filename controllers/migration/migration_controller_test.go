@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
@@ -430,6 +431,15 @@ func TestMigrationSucceeds(t *testing.T) {
 		ms.Completed, ms.EndTimestamp = true, ptr.To(metav1.Now())
 	})
 	got := e.waitPhase(m, v1alpha1.MigrationSucceeded)
+	// A finished migration holds no finalizer: nothing is left to clean up, and one that stayed
+	// would need qvirt-controller to delete it (an uninstall would leave it Terminating).
+	e.eventually("the finished migration's finalizer released", func() (bool, string) {
+		cur, err := e.getMigration(m)
+		if err != nil {
+			return false, err.Error()
+		}
+		return !controllerutil.ContainsFinalizer(cur, v1alpha1.MigrationFinalizer), fmt.Sprint("finalizers ", cur.Finalizers)
+	})
 
 	after := e.getVMI(vmi)
 	if after.Status.NodeName != "node-b" {

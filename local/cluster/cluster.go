@@ -240,12 +240,18 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if p.ControllerProbe == 0 {
 		p.ControllerProbe = 9441
 	}
-	if err := c.cp.Install(ctx, cl, InstallOptions{Repo: opts.Repo, Namespace: Namespace, Config: cfg}); err != nil {
-		return nil, err
+	// On real nodes qvirt is installed as on any cluster, from config/default, once they are up.
+	if opts.Runtime != RuntimeContainerd {
+		if err := c.cp.Install(ctx, cl, InstallOptions{Repo: opts.Repo, Namespace: Namespace, Config: cfg}); err != nil {
+			return nil, err
+		}
 	}
 	step("starting the storage provisioner (StorageClass %s, the default; volumes in %s)", storage.ClassName, VolumesDir(opts.Dir))
 	if err := c.startStorage(ctx, nodeCtx, restCfg); err != nil {
 		return nil, err
+	}
+	if opts.Runtime == RuntimeContainerd {
+		return c, c.upOnKubeNodes(ctx, cfg)
 	}
 	step("starting %d qvirt-controller replicas (one leads, all serve the webhooks)", ControllerReplicas)
 	if err := c.cp.StartControllers(ctx, nodeCtx, sup, cl, ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),
@@ -268,12 +274,6 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	// Launcher pods run as an unprivileged user: their binaries must be where it can run them.
 	if err := installLauncher(opts.Bin, filepath.Join(opts.Dir, "bin")); err != nil {
 		return nil, err
-	}
-	if opts.Runtime == RuntimeContainerd {
-		if err := c.startKubeNodes(ctx, cniBin); err != nil {
-			return nil, err
-		}
-		return c, nil
 	}
 	for i := 1; i <= opts.Nodes; i++ {
 		name := NodeName(i)
@@ -336,6 +336,7 @@ func (c *Cluster) handler(i int) supervise.Component {
 // Down stops the nodes (their pods get SIGTERM: guests power off gracefully), then every
 // component in reverse order, and removes the API bridge. Logs and the state stay in Dir.
 func (c *Cluster) Down() {
+	c.powerOffOnKubeNodes()
 	if c.stopNodes != nil {
 		c.stopNodes()
 		for range c.nodes {

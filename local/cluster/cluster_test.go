@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/scheme"
@@ -65,21 +64,12 @@ func TestLocalCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	guest, err := testutil.GuestDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	started := time.Now()
-	c, err := Up(ctx, Options{Dir: dir, Nodes: 1, Emulation: true, Repo: "../..", Tools: tools, Bin: bin,
-		CNICache: filepath.Join(cache, "qvirt", "cni"), Progress: progress{t}, Log: testr.New(t), GuestDir: guest,
-		Ports: Ports{APIServer: testutil.FreePortPair(t), Etcd: testutil.FreePortPair(t), ControllerManager: testutil.FreePortPair(t), Scheduler: testutil.FreePortPair(t),
-			Webhook: testutil.FreePortPair(t), ControllerProbe: testutil.FreePortPair(t), Registry: testutil.FreePortPair(t), Streams: testutil.FreePortPair(t) - 1}})
+	opts := upOptions(t, dir, tools)
+	opts.Bin = bin
+	c, err := Up(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,28 +81,11 @@ func TestLocalCluster(t *testing.T) {
 	})
 	t.Logf("cluster up in %.1fs", time.Since(started).Seconds())
 
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	cl, err := scheme.NewClient(c.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sch, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(cfg, client.Options{Scheme: sch})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := translate.LoadFile("../../test/guest/vmi.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "demo", Namespace: "default"}, Spec: req.Spec}
-	// The demo guest image, pulled by the launcher from the local registry.
-	kb := vmi.Spec.Domain.Firmware.KernelBoot.Container
-	kb.Image, kb.KernelPath, kb.InitrdPath = c.Images.KernelBoot, registry.KernelPath, registry.InitrdPath
-	vmi.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
-	vmi.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	vmi := guestVMI(t, c)
 	// Two claims of the default StorageClass, which local mode's provisioner binds: a filesystem
 	// one (the guest's vda, disk.img in it) and a block one (vdb, a loop device).
 	claims := []*corev1.PersistentVolumeClaim{newClaim("demo-fs", "64Mi", corev1.PersistentVolumeFilesystem),
@@ -236,6 +209,40 @@ func TestLocalCluster(t *testing.T) {
 			t.Errorf("link %s left after Down", l)
 		}
 	}
+}
+
+// upOptions are a one-node test cluster's, as `qvirtctl local up --emulation` takes them, with
+// the test guest and free ports.
+func upOptions(t *testing.T, dir, tools string) Options {
+	t.Helper()
+	guest, err := testutil.GuestDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Options{Dir: dir, Nodes: 1, Emulation: true, Repo: "../..", Tools: tools,
+		CNICache: filepath.Join(cache, "qvirt", "cni"), Progress: progress{t}, Log: testr.New(t), GuestDir: guest,
+		Ports: Ports{APIServer: testutil.FreePortPair(t), Etcd: testutil.FreePortPair(t), ControllerManager: testutil.FreePortPair(t), Scheduler: testutil.FreePortPair(t),
+			Webhook: testutil.FreePortPair(t), ControllerProbe: testutil.FreePortPair(t), Registry: testutil.FreePortPair(t), Streams: testutil.FreePortPair(t) - 1}}
+}
+
+// guestVMI is VMI default/demo: the test guest (test/guest/vmi.yaml), its image pulled by the
+// launcher from c's registry, on the pod network with the masquerade binding.
+func guestVMI(t *testing.T, c *Cluster) *v1alpha1.VirtualMachineInstance {
+	t.Helper()
+	req, err := translate.LoadFile("../../test/guest/vmi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "demo", Namespace: "default"}, Spec: req.Spec}
+	kb := vmi.Spec.Domain.Firmware.KernelBoot.Container
+	kb.Image, kb.KernelPath, kb.InitrdPath = c.Images.KernelBoot, registry.KernelPath, registry.InitrdPath
+	vmi.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}
+	vmi.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	return vmi
 }
 
 func newClaim(name, size string, mode corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {

@@ -136,15 +136,7 @@ func installAndRunController(ctx, bg context.Context, t *testing.T, cp *ControlP
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/qvirt-controller").CombinedOutput(); err != nil {
 		t.Fatalf("build qvirt-controller: %v\n%s", err, out)
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sch, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: sch})
+	c, err := scheme.NewClient(cp.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,89 +16,36 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
-	"github.com/qvirt/qvirt/internal/images"
 	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/local/install"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/test/envtest"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
-// install is qvirt as a cluster administrator installs it on the real nodes.
-type install struct {
-	// images are the pushed references by image name (qvirt-launcher, ...), pinned by digest.
-	images map[string]string
-	// dir is the kustomize overlay applied.
-	dir string
-}
-
-// installQvirt builds the component images with internal/images (make images), pushes them to
-// the local registry (make push), and applies config/default through an overlay that only does
-// what the README's install section says an administrator does: point `images:` at the pushed
-// digests, and set qvirt-config's launcherImage and useEmulation (no KVM here). It waits for
-// qvirt-controller, qvirt-api and the qvirt-handler DaemonSet to roll out. epoch is the images'
-// time stamps: another epoch is another build (other digests) of the same sources, which is what
-// an upgrade applies.
-func installQvirt(t *testing.T, n *realNodes, epoch time.Time) *install {
+// installQvirt installs qvirt with local/install (make images, make push, kubectl apply -k of an
+// overlay that sets only what README's install section tells an administrator to: the images'
+// digests, and qvirt-config's launcherImage and useEmulation, as there is no KVM here) and waits
+// for the rollout. epoch is the images' time stamps: another epoch is another build (other
+// digests) of the same sources, which is what an upgrade applies. The overlay stays in the
+// cluster's state directory: later subtests uninstall with it.
+func installQvirt(t *testing.T, n *realNodes, epoch time.Time) *install.Installed {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	repo := envtest.RepoRoot()
-	lock, err := images.ReadLock(filepath.Join(repo, "hack", "images", "debs.lock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache, err := images.DefaultCacheDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	layout := t.TempDir()
 	started := time.Now()
-	if _, err := images.Build(ctx, images.Options{ModuleDir: repo, Lock: lock, Fetcher: &images.Fetcher{CacheDir: cache}, OutDir: layout, Epoch: epoch}); err != nil {
-		t.Fatalf("make images: %v", err)
-	}
-	pushed, err := images.Push(ctx, layout, n.registry, true)
+	in, err := install.Apply(ctx, install.Options{Repo: envtest.RepoRoot(), Registry: n.registry, Kubectl: n.kubectlBin, Kubeconfig: n.kubeconfig,
+		Dir: filepath.Join(n.state, fmt.Sprint("install-", epoch.Unix())), Epoch: epoch, Config: map[string]string{"useEmulation": "true"}})
 	if err != nil {
-		t.Fatalf("make push: %v", err)
+		t.Fatalf("%v\n%s", err, n.describe(install.Namespace))
 	}
-	t.Logf("images built and pushed in %.1fs", time.Since(started).Seconds())
-	in := &install{images: map[string]string{}, dir: t.TempDir()}
-	var kimages strings.Builder
-	for _, p := range pushed {
-		repoName := strings.TrimSuffix(p.Ref[strings.LastIndex(p.Ref, "/")+1:], ":latest")
-		ref := n.registry + "/qvirt/" + repoName
-		in.images[repoName] = ref + "@" + p.Digest.String()
-		fmt.Fprintf(&kimages, "- name: localhost:5000/qvirt/%s\n  newName: %s\n  digest: %s\n", repoName, ref, p.Digest)
-	}
-	base, err := filepath.Rel(in.dir, filepath.Join(repo, "config", "default"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kustomization := "resources:\n- " + base + "\nimages:\n" + kimages.String() + `patches:
-- patch: |-
-    apiVersion: v1
-    kind: ConfigMap
-    metadata:
-      name: qvirt-config
-      namespace: qvirt-system
-    data:
-      useEmulation: "true"
-      launcherImage: ` + in.images["qvirt-launcher"] + "\n"
-	if err := os.WriteFile(filepath.Join(in.dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n.kubectlOK(t, "apply", "-k", in.dir)
-	if out, err := n.kubectl("-n", "qvirt-system", "rollout", "status", "--timeout=5m",
-		"deploy/qvirt-controller", "deploy/qvirt-api", "ds/qvirt-handler"); err != nil {
-		t.Fatalf("qvirt did not roll out: %v\n%s\n%s", err, out, n.describe("qvirt-system"))
-	}
+	t.Logf("images built, pushed and rolled out in %.1fs", time.Since(started).Seconds())
 	return in
 }
 
@@ -171,21 +117,7 @@ func newDemoVM(t *testing.T, n *realNodes) *demoVM {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/qvirtctl: %v\n%s", err, out)
 	}
-	ctrllog.SetLogger(logr.Discard())
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1alpha1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", n.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := n.client(t)
 	manifest, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "config", "samples", "vm-demo.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -197,6 +129,17 @@ func newDemoVM(t *testing.T, n *realNodes) *demoVM {
 	manifest = bytes.ReplaceAll(manifest, []byte(sampleImage), []byte(seeded.KernelBoot))
 	n.kubectlInOK(t, manifest, "apply", "-f", "-")
 	return &demoVM{t: t, n: n, cl: cl, qvirtctl: filepath.Join(bin, "qvirtctl")}
+}
+
+// client is a controller-runtime client of the cluster, as its admin, that knows qvirt's kinds.
+func (n *realNodes) client(t *testing.T) client.Client {
+	t.Helper()
+	ctrllog.SetLogger(logr.Discard())
+	cl, err := scheme.NewClient(n.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }
 
 // vmi waits until the demo VMI satisfies ok and returns it.
@@ -264,12 +207,12 @@ func (d *demoVM) page(pod *corev1.Pod) string {
 
 // checkDemoVM: the demo VM starts in a launcher pod that containerd ran from the launcher image
 // on a real node, its console answers through qvirtctl and qvirt-api, its page answers at its pod
-// address. Then qvirt is upgraded (upgrade applies another build): every component rolls, and
+// address; `kubectl delete -k` cannot uninstall qvirt under it. Then qvirt is upgraded (upgrade applies another build): every component rolls, and
 // the guest's QEMU keeps running, with the same PID, in its launcher pod of the old build. Asked
 // to (`qvirtctl migrate`), it live-migrates to the other real node, into a launcher of the new
 // build, with its guest's memory (a file in its tmpfs) intact; it stops with `qvirtctl stop`;
 // and `kubectl delete` leaves nothing of it on either node.
-func checkDemoVM(t *testing.T, n *realNodes, in *install, upgrade func() *install) {
+func checkDemoVM(t *testing.T, n *realNodes, in *install.Installed, upgrade func() *install.Installed) {
 	d := newDemoVM(t, n)
 	v := d.vmi("Running", 5*time.Minute, func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.Running
@@ -283,8 +226,8 @@ func checkDemoVM(t *testing.T, n *realNodes, in *install, upgrade func() *instal
 		}
 	}
 	if launcherStatus == nil || !strings.HasPrefix(launcherStatus.ContainerID, "containerd://") ||
-		!strings.HasSuffix(in.images["qvirt-launcher"], launcherStatus.ImageID[strings.LastIndex(launcherStatus.ImageID, "@")+1:]) {
-		t.Errorf("launcher pod %s: compute container %+v, want one containerd ran from %s", pod.Name, launcherStatus, in.images["qvirt-launcher"])
+		!strings.HasSuffix(in.Images["qvirt-launcher"], launcherStatus.ImageID[strings.LastIndex(launcherStatus.ImageID, "@")+1:]) {
+		t.Errorf("launcher pod %s: compute container %+v, want one containerd ran from %s", pod.Name, launcherStatus, in.Images["qvirt-launcher"])
 	}
 	t.Logf("VMI demo Running on %s in pod %s at %s", source, pod.Name, pod.Status.PodIP)
 
@@ -293,13 +236,14 @@ func checkDemoVM(t *testing.T, n *realNodes, in *install, upgrade func() *instal
 		t.Errorf("the guest's page at %s: %q, want %q", pod.Status.PodIP, got, "demo")
 	}
 	qemu := qemuPID(t, v)
+	n.checkUninstallRefused(t, in)
 
 	next := upgrade()
-	if next.images["qvirt-launcher"] == in.images["qvirt-launcher"] || next.images["qvirt-handler"] == in.images["qvirt-handler"] {
-		t.Fatalf("the upgrade's images %v are the installed ones", next.images)
+	if next.Images["qvirt-launcher"] == in.Images["qvirt-launcher"] || next.Images["qvirt-handler"] == in.Images["qvirt-handler"] {
+		t.Fatalf("the upgrade's images %v are the installed ones", next.Images)
 	}
 	for _, name := range []string{"qvirt-controller", "qvirt-api", "qvirt-handler"} {
-		n.checkRunsImage(t, name, next.images[name])
+		n.checkRunsImage(t, name, next.Images[name])
 	}
 	if pid := qemuPID(t, v); pid != qemu {
 		t.Fatalf("the guest's QEMU was PID %d before the upgrade and is %d after it", qemu, pid)
@@ -319,12 +263,12 @@ func checkDemoVM(t *testing.T, n *realNodes, in *install, upgrade func() *instal
 		return v.Status.Phase == v1alpha1.Running && v.Status.NodeName != source && v.Status.NodeName != ""
 	})
 	target := d.launcherPod(v, v.Status.NodeName)
-	if img := target.Spec.Containers[0].Image; img != next.images["qvirt-launcher"] {
-		t.Errorf("after the migration the launcher pod runs %s, want the upgrade's %s", img, next.images["qvirt-launcher"])
+	if img := target.Spec.Containers[0].Image; img != next.Images["qvirt-launcher"] {
+		t.Errorf("after the migration the launcher pod runs %s, want the upgrade's %s", img, next.Images["qvirt-launcher"])
 	}
 	migrated := time.Now()
 	d.vmi("reporting the upgrade's launcher image", 2*time.Minute, func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.Status.LauncherContainerImageVersion == next.images["qvirt-launcher"]
+		return v.Status.LauncherContainerImageVersion == next.Images["qvirt-launcher"]
 	})
 	t.Logf("status.launcherContainerImageVersion names the upgrade's launcher %.1fs after the migration", time.Since(migrated).Seconds())
 	t.Logf("VMI demo migrated from %s to %s (pod %s at %s)", source, v.Status.NodeName, target.Name, target.Status.PodIP)
@@ -387,8 +331,7 @@ func (n *realNodes) checkRunsImage(t *testing.T, app, image string) {
 }
 
 // checkNothingLeft waits until nothing of VMI v and its launcher pods is left on the nodes: no
-// VMI, no pods, no process naming the VMI (QEMU, the launcher), no pod directory under a
-// kubelet's pods directory, no pod cgroup under a node's cgroup root.
+// VMI, no process naming the VMI (QEMU, the launcher), and nothing of the pods (podLeftovers).
 func (d *demoVM) checkNothingLeft(v *v1alpha1.VirtualMachineInstance, pods []types.UID) {
 	t := d.t
 	t.Helper()
@@ -398,37 +341,13 @@ func (d *demoVM) checkNothingLeft(v *v1alpha1.VirtualMachineInstance, pods []typ
 		if err := d.cl.Get(context.Background(), client.ObjectKeyFromObject(v), &got); !apierrors.IsNotFound(err) {
 			out = append(out, fmt.Sprintf("VMI demo still there (%v)", err))
 		}
-		var list corev1.PodList
-		if err := d.cl.List(context.Background(), &list, client.InNamespace("default")); err != nil {
-			out = append(out, err.Error())
-		}
-		for _, p := range list.Items {
-			if slices.Contains(pods, p.UID) {
-				out = append(out, "pod "+p.Name)
-			}
-		}
 		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 		for _, p := range procs {
 			if cmdline, err := os.ReadFile(p); err == nil && bytes.Contains(cmdline, []byte(v.UID)) {
 				out = append(out, fmt.Sprintf("process %s: %s", filepath.Base(filepath.Dir(p)), bytes.ReplaceAll(cmdline, []byte{0}, []byte(" "))))
 			}
 		}
-		for node, dir := range d.n.dirs {
-			for _, uid := range pods {
-				if _, err := os.Stat(filepath.Join(dir, "kubelet", "pods", string(uid))); err == nil {
-					out = append(out, fmt.Sprintf("%s's kubelet directory of pod %s", node, uid))
-				}
-				// cgroup v1 (a hierarchy per controller) and v2 (one); guaranteed pods sit right
-				// under kubepods, the others under their QoS class.
-				for _, root := range []string{"/sys/fs/cgroup/*/qvirt-" + node, "/sys/fs/cgroup/qvirt-" + node} {
-					for _, pattern := range []string{"kubepods/pod", "kubepods/*/pod"} {
-						found, _ := filepath.Glob(filepath.Join(root, pattern+string(uid)))
-						out = append(out, found...)
-					}
-				}
-			}
-		}
-		return out
+		return append(out, d.n.podLeftovers(pods)...)
 	}
 	testutil.Eventually(t, 2*time.Minute, "nothing of VMI demo left on the nodes", func() bool { return len(left()) == 0 },
 		func() string { return strings.Join(left(), "\n") })

@@ -22,6 +22,7 @@ import (
 	vmictrl "github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/local/cluster"
+	"github.com/qvirt/qvirt/local/install"
 	"github.com/qvirt/qvirt/local/kubenode"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
@@ -39,7 +40,9 @@ type realNodes struct {
 	kubectlBin, kubeconfig string
 	names                  []string
 	// dirs are the nodes' state directories, by name.
-	dirs     map[string]string
+	dirs map[string]string
+	// state is the cluster's state directory, which outlives every subtest.
+	state    string
 	registry string
 	// ready is how long the nodes took from their kubelets' start to Ready.
 	ready time.Duration
@@ -63,15 +66,27 @@ func TestRealNode(t *testing.T) {
 			checkClusterView(t, n, node)
 		}
 	})
-	var in *install
+	var in *install.Installed
 	t.Run("config/default installs qvirt on the real nodes from the images make images builds", func(t *testing.T) {
 		in = installQvirt(t, n, time.Unix(0, 0))
 	})
-	t.Run("the demo VM runs, answers, outlives an upgrade, migrates to the new build on the other real node, stops and leaves nothing behind", func(t *testing.T) {
+	t.Run("admission holds while the leading controller pod is deleted during 30 creates", func(t *testing.T) {
 		if in == nil {
 			t.Fatal("qvirt is not installed (see the test above)")
 		}
-		checkDemoVM(t, n, in, func() *install { return installQvirt(t, n, time.Unix(86400, 0)) })
+		checkAdmissionFailover(t, n)
+	})
+	t.Run("the demo VM runs, answers, keeps kubectl delete -k from uninstalling, outlives an upgrade, migrates to the new build on the other real node, stops and leaves nothing behind", func(t *testing.T) {
+		if in == nil {
+			t.Fatal("qvirt is not installed (see the test above)")
+		}
+		checkDemoVM(t, n, in, func() *install.Installed { in = installQvirt(t, n, time.Unix(86400, 0)); return in })
+	})
+	t.Run("kubectl delete -k removes qvirt once no VM is left, leaving nothing on the nodes", func(t *testing.T) {
+		if in == nil {
+			t.Fatal("qvirt is not installed (see the test above)")
+		}
+		n.checkUninstall(t, in)
 	})
 	t.Run("a migration target's containerDisk is pinned to the source's digest, caught when its tag moved, or named as unpinned", func(t *testing.T) {
 		checkImageVolumeDigests(t, n)
@@ -155,7 +170,7 @@ func startRealNodes(t *testing.T) *realNodes {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &realNodes{cs: cs, registry: srv.Addr(), kubectlBin: filepath.Join(tools, "kubectl"), kubeconfig: cp.Kubeconfig, dirs: map[string]string{}}
+	n := &realNodes{cs: cs, registry: srv.Addr(), kubectlBin: filepath.Join(tools, "kubectl"), kubeconfig: cp.Kubeconfig, dirs: map[string]string{}, state: dir}
 	t.Cleanup(func() {
 		// qvirt's VMs (a failed test leaves them running, and they would recreate their pods),
 		// then the pods, while the kubelet can still stop them; then the processes; then what

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qvirt/qvirt/api/scheme"
@@ -92,15 +91,7 @@ func pushCloudImage(ctx context.Context, out io.Writer, c *cluster.Cluster, dir 
 // runDemo applies the demo VM, waits until its instance runs and says how to reach it, and the
 // cloud-image VM when its image was pushed.
 func runDemo(ctx context.Context, out io.Writer, repo string, c *cluster.Cluster, cloud bool) error {
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
-	if err != nil {
-		return err
-	}
-	sch, err := scheme.New()
-	if err != nil {
-		return err
-	}
-	cl, err := client.New(cfg, client.Options{Scheme: sch})
+	cl, err := scheme.NewClient(c.Kubeconfig)
 	if err != nil {
 		return err
 	}

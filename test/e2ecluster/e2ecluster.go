@@ -19,7 +19,6 @@ import (
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -113,22 +112,10 @@ func Start(o Options) (*Cluster, func(), error) {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "%s: two-node local cluster up in %.1fs (state in %s)\n", o.Name, time.Since(started).Seconds(), c.Dir)
-	if c.Client, err = newClient(c.Kubeconfig); err != nil {
+	if c.Client, err = scheme.NewClient(c.Kubeconfig); err != nil {
 		return nil, cleanup, err
 	}
 	return c, cleanup, nil
-}
-
-func newClient(kubeconfig string) (client.Client, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	sch, err := scheme.New()
-	if err != nil {
-		return nil, err
-	}
-	return client.New(cfg, client.Options{Scheme: sch})
 }
 
 // Namespace makes a namespace named from prefix for one test and deletes it (and whatever is left

@@ -33,6 +33,7 @@ import (
 	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	crenvtest "sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 
@@ -240,6 +241,27 @@ func (cp *ControlPlane) ManagerOptions() ctrl.Options {
 		HealthProbeBindAddress: "0",
 		Controller:             crconfig.Controller{SkipNameValidation: &skip},
 	}
+}
+
+// StartWebhookManager runs, until t ends, a manager whose webhook server listens where the webhook
+// configurations point (Options.Webhooks), with what setup registers on it, as qvirt-controller
+// runs its webhooks.
+func (cp *ControlPlane) StartWebhookManager(t testing.TB, setup func(ctrl.Manager) error) {
+	t.Helper()
+	wo := cp.Env.WebhookInstallOptions
+	opts := cp.ManagerOptions()
+	opts.WebhookServer = webhook.NewServer(webhook.Options{Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir})
+	mgr, err := ctrl.NewManager(cp.Config, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup(mgr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // Codecs decodes manifests into the control plane's scheme.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/qvirt/qvirt/certs"
 	certctl "github.com/qvirt/qvirt/controllers/certs"
+	"github.com/qvirt/qvirt/controllers/uninstall"
 	"github.com/qvirt/qvirt/test/envtest"
 )
 
@@ -312,4 +313,51 @@ func TestNodeAgentCannotReadTenantSecrets(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestUninstallIsGuarded: every object config/default installs is guarded while VMs exist. Those a
+// webhook may see carry the label the uninstall webhook selects; the kinds Kubernetes sends no
+// webhook (webhook configurations, admission policies and their bindings) are each a target of the
+// finalizer reconciler, which names no object that is not installed.
+func TestUninstallIsGuarded(t *testing.T) {
+	objs := render(t)
+	exempt := []string{"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+	for _, o := range objs {
+		if slices.Contains(exempt, o.GetKind()) {
+			if !slices.ContainsFunc(uninstall.Targets, func(tg uninstall.Target) bool { return tg.GVK.Kind == o.GetKind() && tg.Name == o.GetName() }) {
+				t.Errorf("%s %s is not among uninstall.Targets: deleting it while VMs run would not wait", o.GetKind(), o.GetName())
+			}
+			continue
+		}
+		if o.GetLabels()[uninstall.InstallLabel] != "qvirt" {
+			t.Errorf("%s %s/%s lacks label %s=qvirt: the uninstall guard would let it go while VMs run", o.GetKind(), o.GetNamespace(), o.GetName(), uninstall.InstallLabel)
+		}
+	}
+	for _, tg := range uninstall.Targets {
+		// Cluster-scoped all, though kustomize gives the admission policies a namespace (it does
+		// not know their scope; kubectl ignores it).
+		if !slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == tg.GVK.Kind && o.GetName() == tg.Name }) {
+			t.Errorf("uninstall.Targets names %s %s, which config/default does not install", tg.GVK.Kind, tg.Name)
+		}
+	}
+	hook := webhookNamed(t, ofKind(objs, "ValidatingWebhookConfiguration"), "vuninstall.qvirt.io")
+	if sel, _, _ := unstructured.NestedStringMap(hook, "objectSelector", "matchLabels"); sel[uninstall.InstallLabel] != "qvirt" || len(sel) != 1 {
+		t.Errorf("webhook vuninstall.qvirt.io selects %v, want only %s=qvirt", sel, uninstall.InstallLabel)
+	}
+}
+
+// webhookNamed is the webhook called name in one of configs.
+func webhookNamed(t *testing.T, configs []*unstructured.Unstructured, name string) map[string]any {
+	t.Helper()
+	for _, c := range configs {
+		hooks, _, _ := unstructured.NestedSlice(c.Object, "webhooks")
+		for _, h := range hooks {
+			if n, _, _ := unstructured.NestedString(h.(map[string]any), "name"); n == name {
+				return h.(map[string]any)
+			}
+		}
+	}
+	t.Fatalf("no webhook %s", name)
+	return nil
 }

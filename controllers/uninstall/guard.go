@@ -1,0 +1,114 @@
+// Package uninstall keeps `kubectl delete -k config/default` from orphaning running guests. Each
+// VirtualMachine, VirtualMachineInstance and migration holds a finalizer that only
+// qvirt-controller and the node agents clear (graceful shutdown, launcher pod clean-up); an
+// uninstall that removed them with the objects would leave the guests running with nothing to
+// manage them, and the objects Terminating for ever. So while any exists, the uninstall is
+// refused: this is KubeVirt's uninstallStrategy BlockUninstallIfWorkloadsExist, applied to
+// qvirt's manifests since qvirt has no operator CR to guard.
+//
+// A migration counts until it finishes. Two mechanisms, because Kubernetes sends no webhook the deletion of webhook configurations and
+// admission policies (rules.IsExemptAdmissionConfigurationResource in k8s.io/apiserver):
+//   - Guard, a validating webhook, refuses the deletion of every other installed object (those
+//     carrying InstallLabel): the namespace first, by kustomize's order, so the controller stays up
+//     to refuse the rest.
+//   - Reconciler keeps Finalizer on qvirt's webhook configurations and admission policies while
+//     workloads exist, so that their deletion waits (they keep working while Terminating, and
+//     tenants' VMs stay validated) until the last workload is gone.
+package uninstall
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// Path is where the guard is served.
+const Path = "/validate-uninstall"
+
+// InstallLabel marks every object config/default installs (its kustomization's labels, value
+// "qvirt"); the guard's objectSelector matches it, so the guard sees no other deletion.
+const InstallLabel = "app.kubernetes.io/part-of"
+
+// The guard's failure policy is Ignore: a qvirt-controller that is not running cannot be asked, and
+// must not make a broken installation impossible to remove.
+// +kubebuilder:webhook:path=/validate-uninstall,mutating=false,failurePolicy=ignore,sideEffects=None,groups=*,resources=*,verbs=delete,versions=*,name=vuninstall.qvirt.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"objectSelector":{"matchLabels":{"app.kubernetes.io/part-of":"qvirt"}}}`
+
+// Guard refuses to delete an installed object while workloads exist.
+type Guard struct {
+	// Reader lists from the manager's cache: the guard answers every deletion of an installed
+	// object, and an uninstall deletes a few dozen of them.
+	Reader client.Reader
+}
+
+// Handle implements admission.Handler.
+func (g *Guard) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Delete {
+		return admission.Allowed("")
+	}
+	inUse, err := Workloads(ctx, g.Reader)
+	if err != nil {
+		return admission.Denied(fmt.Sprintf("qvirt could not tell whether VMs still exist, so it keeps %s %q: %v", req.Kind.Kind, req.Name, err))
+	}
+	if inUse == "" {
+		return admission.Allowed("")
+	}
+	return admission.Denied(fmt.Sprintf("qvirt is still in use (%s): deleting %s %q would leave their guests running with nothing to manage them; "+
+		"delete them first (kubectl delete vm,vmi,vmim --all -A) and run the uninstall again", inUse, req.Kind.Kind, req.Name))
+}
+
+// Workloads describes the objects that keep qvirt in use ("1 VirtualMachineInstance: default/demo;
+// ..."), or is empty when there are none: every VM (its definition would go with the CRD) and VMI,
+// and every migration not yet finished (a finished one holds no finalizer and is history, which
+// KubeVirt users never delete).
+func Workloads(ctx context.Context, r client.Reader) (string, error) {
+	kinds := []struct {
+		kind   string
+		list   client.ObjectList
+		counts func(runtime.Object) bool
+	}{
+		{"VirtualMachine", &v1alpha1.VirtualMachineList{}, nil},
+		{"VirtualMachineInstance", &v1alpha1.VirtualMachineInstanceList{}, nil},
+		{"VirtualMachineInstanceMigration", &v1alpha1.VirtualMachineInstanceMigrationList{}, func(o runtime.Object) bool {
+			p := o.(*v1alpha1.VirtualMachineInstanceMigration).Status.Phase
+			return p != v1alpha1.MigrationSucceeded && p != v1alpha1.MigrationFailed
+		}},
+	}
+	var parts []string
+	for _, k := range kinds {
+		if err := r.List(ctx, k.list, client.UnsafeDisableDeepCopy); err != nil {
+			return "", fmt.Errorf("list %ss: %w", k.kind, err)
+		}
+		if names := objectNames(k.list, k.counts); len(names) > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s: %s", len(names), k.kind, firstNames(names, 3)))
+		}
+	}
+	return strings.Join(parts, "; "), nil
+}
+
+// objectNames lists namespace/name of each item of list that counts (all when counts is nil).
+func objectNames(list client.ObjectList, counts func(runtime.Object) bool) []string {
+	var names []string
+	_ = meta.EachListItem(list, func(o runtime.Object) error {
+		if m, ok := o.(client.Object); ok && (counts == nil || counts(o)) {
+			names = append(names, m.GetNamespace()+"/"+m.GetName())
+		}
+		return nil
+	})
+	return names
+}
+
+// firstNames joins the first n names, saying how many more there are.
+func firstNames(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
+}

@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qvirt/qvirt/api/scheme"
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/local/install"
+	"github.com/qvirt/qvirt/local/kubenode"
+	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/testutil"
+)
+
+// TestLocalClusterOnRealNodes brings a one-node local cluster up as `qvirtctl local up --runtime
+// containerd --emulation` does: a real kubelet node (containerd, runc) joins the local control
+// plane, and qvirt is installed on it as on any cluster, from config/default with the images local
+// up builds and pushes to the local registry. Each of qvirt's components runs as a pod that
+// containerd started from the pushed image; the test guest starts in a launcher pod on the node
+// and its page answers at the pod's address; Down powers it off through its launcher pod, and
+// leaves no process of it, no link and no kube-proxy table.
+func TestLocalClusterOnRealNodes(t *testing.T) {
+	testutil.LockHostNetwork(t)
+	tools, err := envtest.Assets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeBin, err := kubenode.BuildBinaries(envtest.RepoRoot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Short: containerd's sockets live under it.
+	dir, err := os.MkdirTemp("", "qvc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			_ = os.RemoveAll(dir)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	started := time.Now()
+	opts := upOptions(t, dir, tools)
+	opts.Runtime, opts.NodeBin = RuntimeContainerd, nodeBin
+	c, err := Up(ctx, opts)
+	if err != nil {
+		t.Fatalf("%v (logs in %s)", err, filepath.Join(dir, "logs"))
+	}
+	downed := false
+	t.Cleanup(func() {
+		if !downed {
+			c.Down()
+		}
+	})
+	t.Logf("cluster up with qvirt installed in %.1fs", time.Since(started).Seconds())
+
+	cl, err := scheme.NewClient(c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	describe := func() string {
+		out, _ := exec.Command(filepath.Join(tools, "kubectl"), "--kubeconfig", c.Kubeconfig, "get", "pods", "-A", "-o", "wide").CombinedOutput()
+		return string(out)
+	}
+
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace(install.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	apps := map[string]int{}
+	for _, p := range pods.Items {
+		apps[p.Labels["qvirt.io/app"]]++
+		for _, s := range p.Status.ContainerStatuses {
+			if !strings.HasPrefix(s.ContainerID, "containerd://") || !strings.HasPrefix(s.ImageID, c.Registry+"/qvirt/") || !s.Ready {
+				t.Errorf("pod %s container %s: id %q image %q ready %v; want containerd running an image from %s", p.Name, s.Name, s.ContainerID, s.ImageID, s.Ready, c.Registry)
+			}
+		}
+	}
+	if apps["qvirt-controller"] == 0 || apps["qvirt-api"] == 0 || apps["qvirt-handler"] != 1 {
+		t.Fatalf("qvirt's pods by component %v, want controllers, API servers and one node agent:\n%s", apps, describe())
+	}
+
+	vmi := guestVMI(t, c)
+	created := time.Now()
+	if err := cl.Create(ctx, vmi); err != nil {
+		t.Fatal(err)
+	}
+	var got v1alpha1.VirtualMachineInstance
+	testutil.Eventually(t, 3*time.Minute, "VMI demo Running with an address", func() bool {
+		_ = cl.Get(ctx, client.ObjectKeyFromObject(vmi), &got)
+		return got.Status.Phase == v1alpha1.Running && len(got.Status.Interfaces) == 1 && got.Status.Interfaces[0].IP != ""
+	}, func() string { return fmt.Sprintf("status %+v\n%s", got.Status, describe()) })
+	t.Logf("VMI created -> Running in %.2fs on %s", time.Since(created).Seconds(), got.Status.NodeName)
+	if got.Status.NodeName != NodeName(1) {
+		t.Errorf("VMI runs on %q, want the real node %s", got.Status.NodeName, NodeName(1))
+	}
+	if body := testutil.HTTPBody(t, "http://"+got.Status.Interfaces[0].IP+"/", time.Minute); strings.TrimSpace(body) != "testguest" {
+		t.Errorf("the guest's page: %q, want testguest", body)
+	}
+
+	// Down with the guest running: it is powered off through its launcher pod (SIGTERM, ACPI
+	// shutdown) before the node goes.
+	var down strings.Builder
+	c.opts.Progress = io.MultiWriter(progress{t}, &down)
+	c.Down()
+	downed = true
+	if !strings.Contains(down.String(), "local down: 1 guests on the real nodes powered off") {
+		t.Errorf("Down did not report the guest powered off:\n%s", down.String())
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if cmdline, err := os.ReadFile(p); err == nil && strings.Contains(string(cmdline), string(got.UID)) {
+			t.Errorf("process %s of VMI demo left after Down: %s", filepath.Base(filepath.Dir(p)), strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	out, _ := exec.Command("ip", "-o", "link", "show").Output()
+	for _, l := range []string{apiBridge, "qvirt-k1"} {
+		if strings.Contains(string(out), l+":") || strings.Contains(string(out), l+"@") {
+			t.Errorf("link %s left after Down", l)
+		}
+	}
+	if out, err := exec.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); err == nil {
+		t.Errorf("kube-proxy's table left after Down:\n%s", testutil.Tail(string(out), 500))
+	}
+}
