@@ -44,7 +44,7 @@ func Setup(mgr ctrl.Manager, store *config.Store) error {
 		return fmt.Errorf("register VirtualMachineInstance webhooks: %w", err)
 	}
 	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionAdmitter{Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Config: store}})
-	mgr.GetWebhookServer().Register(uninstall.Path, &webhook.Admission{Handler: &uninstall.Guard{Reader: mgr.GetClient()}})
+	mgr.GetWebhookServer().Register(uninstall.Path, &webhook.Admission{Handler: &uninstall.Guard{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Client: mgr.GetClient()}})
 	return nil
 }
 

@@ -369,6 +369,21 @@ func (e *testEnv) assertFailed(m *v1alpha1.VirtualMachineInstanceMigration, reas
 	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason {
 		e.t.Fatalf("Failed condition = %+v, want reason %s", c, reason)
 	}
+	e.waitReleased(m)
+}
+
+// waitReleased waits until finished migration m holds no finalizer: finishing it cleaned up, and
+// one that stayed would need qvirt-controller to delete it (an uninstall would leave it, and its
+// CRD, Terminating).
+func (e *testEnv) waitReleased(m *v1alpha1.VirtualMachineInstanceMigration) {
+	e.t.Helper()
+	e.eventually("the finished migration's finalizer released", func() (bool, string) {
+		cur, err := e.getMigration(m)
+		if err != nil {
+			return apierrors.IsNotFound(err), err.Error()
+		}
+		return !controllerutil.ContainsFinalizer(cur, v1alpha1.MigrationFinalizer), fmt.Sprint("finalizers ", cur.Finalizers)
+	})
 }
 
 // driveToRunning plays kube-scheduler, the kubelet and both node agents up to a started migration.
@@ -431,15 +446,7 @@ func TestMigrationSucceeds(t *testing.T) {
 		ms.Completed, ms.EndTimestamp = true, ptr.To(metav1.Now())
 	})
 	got := e.waitPhase(m, v1alpha1.MigrationSucceeded)
-	// A finished migration holds no finalizer: nothing is left to clean up, and one that stayed
-	// would need qvirt-controller to delete it (an uninstall would leave it Terminating).
-	e.eventually("the finished migration's finalizer released", func() (bool, string) {
-		cur, err := e.getMigration(m)
-		if err != nil {
-			return false, err.Error()
-		}
-		return !controllerutil.ContainsFinalizer(cur, v1alpha1.MigrationFinalizer), fmt.Sprint("finalizers ", cur.Finalizers)
-	})
+	e.waitReleased(m)
 
 	after := e.getVMI(vmi)
 	if after.Status.NodeName != "node-b" {

@@ -48,15 +48,15 @@ var Targets = []Target{
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,resourceNames=qvirt-handler-own-node,verbs=get;list;watch;patch
 
 // Reconciler keeps Finalizer on each target that exists while any workload does, and takes it off
-// once none is left, so that a deletion refused for the rest of the installation holds these too
-// and one made after the last VM went is not held. It does not add the finalizer to a target
-// already being deleted (the API forbids it): a target deleted between a workload's creation and
-// this reconcile goes.
+// a target not being deleted once none is left. A target being deleted keeps it: it was deleted by
+// an uninstall that was refused, it stays in force (Terminating) while qvirt runs, and Guard
+// releases it when an uninstall goes through. Were it released with the last workload, qvirt would
+// lose its admission (VM validation, the node agent's own-node policy) while still installed.
+// The API forbids adding a finalizer to an object being deleted: a target deleted between a
+// workload's creation and this reconcile goes.
 type Reconciler struct {
 	// Client lists workloads from the manager's cache and patches targets.
 	Client client.Client
-	// Targets defaults to the package's Targets.
-	Targets []Target
 
 	targets cache.Cache
 }
@@ -67,12 +67,9 @@ var request = reconcile.Request{NamespacedName: types.NamespacedName{Name: "unin
 // SetupWithManager watches workloads' creations and deletions (in the manager's cache) and the
 // targets' metadata (in a cache of its own, each selected by name so RBAC can name it).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Targets == nil {
-		r.Targets = Targets
-	}
 	byObject := map[client.Object]cache.ByObject{}
 	var metas []*metav1.PartialObjectMetadata
-	for _, t := range r.Targets {
+	for _, t := range Targets {
 		o := &metav1.PartialObjectMetadata{}
 		o.SetGroupVersionKind(t.GVK)
 		byObject[o] = cache.ByObject{Field: fields.OneTermEqualSelector("metadata.name", t.Name)}
@@ -92,11 +89,17 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	onMeta := handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *metav1.PartialObjectMetadata) []reconcile.Request {
 		return []reconcile.Request{request}
 	})
-	// Status updates do not change whether a workload exists.
+	// Status updates do not change whether a VM or VMI exists; a migration stops counting when it
+	// finishes.
 	createDelete := builder.WithPredicates(predicate.Funcs{
 		CreateFunc: func(event.CreateEvent) bool { return true },
 		DeleteFunc: func(event.DeleteEvent) bool { return true },
 		UpdateFunc: func(event.UpdateEvent) bool { return false },
+	})
+	migrationEnds := builder.WithPredicates(predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return true },
+		DeleteFunc: func(event.DeleteEvent) bool { return true },
+		UpdateFunc: func(e event.UpdateEvent) bool { return counts(e.ObjectOld) != counts(e.ObjectNew) },
 	})
 	atStart := source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 		q.Add(request)
@@ -105,7 +108,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).Named("uninstall").
 		Watches(&v1alpha1.VirtualMachine{}, one, createDelete).
 		Watches(&v1alpha1.VirtualMachineInstance{}, one, createDelete).
-		Watches(&v1alpha1.VirtualMachineInstanceMigration{}, one, createDelete).
+		Watches(&v1alpha1.VirtualMachineInstanceMigration{}, one, migrationEnds).
 		WatchesRawSource(atStart)
 	for _, o := range metas {
 		b = b.WatchesRawSource(source.Kind(c, o, onMeta))
@@ -119,7 +122,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	for _, t := range r.Targets {
+	for _, t := range Targets {
 		o := &metav1.PartialObjectMetadata{}
 		o.SetGroupVersionKind(t.GVK)
 		err := r.targets.Get(ctx, client.ObjectKey{Name: t.Name}, o)
@@ -136,23 +139,51 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (ctrl.R
 	return ctrl.Result{}, nil
 }
 
-// hold adds Finalizer to o when workloads exist (inUse names them) and removes it when none do.
+// hold adds Finalizer to o when workloads exist (inUse names them) and removes it when none do,
+// unless o is being deleted.
 func (r *Reconciler) hold(ctx context.Context, o *metav1.PartialObjectMetadata, inUse string) error {
 	base := o.DeepCopy()
 	has := controllerutil.ContainsFinalizer(o, Finalizer)
 	switch {
-	case inUse != "" && has:
-		if o.DeletionTimestamp != nil {
-			ctrl.LoggerFrom(ctx).Info("deletion held until no workload is left", "kind", o.Kind, "name", o.Name, "workloads", inUse)
+	case o.DeletionTimestamp != nil:
+		if has {
+			ctrl.LoggerFrom(ctx).Info("held in force until qvirt is uninstalled", "kind", o.Kind, "name", o.Name, "workloads", inUse)
 		}
 		return nil
-	case inUse != "" && o.DeletionTimestamp == nil:
+	case inUse != "" && !has:
 		controllerutil.AddFinalizer(o, Finalizer)
 	case inUse == "" && has:
 		controllerutil.RemoveFinalizer(o, Finalizer)
 	default:
 		return nil
 	}
-	// Locked on the version read: a merge patch replaces the whole finalizers list.
-	return r.Client.Patch(ctx, o, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	return patchFinalizers(ctx, r.Client, base, o)
+}
+
+// Release takes Finalizer off every target that exists, read from kube-apiserver.
+func Release(ctx context.Context, r client.Reader, c client.Client) error {
+	for _, t := range Targets {
+		o := &metav1.PartialObjectMetadata{}
+		o.SetGroupVersionKind(t.GVK)
+		if err := r.Get(ctx, client.ObjectKey{Name: t.Name}, o); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("read %s %s: %w", t.GVK.Kind, t.Name, err)
+		}
+		base := o.DeepCopy()
+		if !controllerutil.RemoveFinalizer(o, Finalizer) {
+			continue
+		}
+		if err := patchFinalizers(ctx, c, base, o); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("%s %s: %w", t.GVK.Kind, t.Name, err)
+		}
+	}
+	return nil
+}
+
+// patchFinalizers writes o's finalizers, locked on the version base was read at: a merge patch
+// replaces the whole list.
+func patchFinalizers(ctx context.Context, c client.Client, base, o *metav1.PartialObjectMetadata) error {
+	return c.Patch(ctx, o, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 }

@@ -41,13 +41,13 @@ func TestMain(m *testing.M) {
 
 // startController runs what qvirt-controller runs for this: the admission webhooks (the guard
 // among them) and the finalizer reconciler, here over targets.
-func startController(t *testing.T, targets []uninstall.Target) {
+func startController(t *testing.T) {
 	t.Helper()
 	cp.StartWebhookManager(t, func(mgr ctrl.Manager) error {
 		if err := admission.Setup(mgr, config.NewStore(config.Default())); err != nil {
 			return err
 		}
-		return (&uninstall.Reconciler{Client: mgr.GetClient(), Targets: targets}).SetupWithManager(mgr)
+		return (&uninstall.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr)
 	})
 }
 
@@ -68,8 +68,10 @@ func kubectl(args ...string) (string, error) {
 //     the installed object can be deleted.
 func TestUninstallRefusedWhileVMsExist(t *testing.T) {
 	ctx := context.Background()
-	vwc := &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "guard-test"}}
-	vap := &admissionregv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "guard-test"},
+	// Two of the targets, by the names config/default gives them (envtest installs the webhook
+	// configurations under other names); harmless: no webhook, and a policy bound to nothing.
+	vwc := &admissionregv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "qvirt-validating-webhook"}}
+	vap := &admissionregv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "qvirt-handler-own-node"},
 		Spec: admissionregv1.ValidatingAdmissionPolicySpec{
 			FailurePolicy: ptr.To(admissionregv1.Ignore),
 			MatchConstraints: &admissionregv1.MatchResources{ResourceRules: []admissionregv1.NamedRuleWithOperations{{
@@ -83,10 +85,7 @@ func TestUninstallRefusedWhileVMsExist(t *testing.T) {
 		}
 		t.Cleanup(func() { release(o); _ = cp.Client.Delete(context.Background(), o) })
 	}
-	startController(t, []uninstall.Target{
-		{GVK: admissionregv1.SchemeGroupVersion.WithKind("ValidatingWebhookConfiguration"), Name: vwc.Name},
-		{GVK: admissionregv1.SchemeGroupVersion.WithKind("ValidatingAdmissionPolicy"), Name: vap.Name},
-	})
+	startController(t)
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "uninstall-"}}
 	if err := cp.Client.Create(ctx, ns); err != nil {
@@ -148,6 +147,13 @@ func TestUninstallRefusedWhileVMsExist(t *testing.T) {
 		t.Fatalf("the webhook configuration, deleted with a VMI in the cluster: %v (deletionTimestamp %v), want it held Terminating", err, vwc.DeletionTimestamp)
 	}
 
+	// A migration under way keeps qvirt in use after its VMI is gone, until it finishes.
+	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "moving"},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name}}
+	if err := cp.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Client.Delete(context.Background(), mig) })
 	// The VMI's graceful-shutdown finalizer (set by the mutating webhook) is the VMI reconciler's
 	// to clear, which does not run here: the test clears it, as the reconciler does once the
 	// launcher is gone.
@@ -155,17 +161,38 @@ func TestUninstallRefusedWhileVMsExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(vmi, v1alpha1.GracefulShutdownFinalizer)
-	testutil.Eventually(t, 20*time.Second, "the held webhook configuration gone once the VMI is", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the VMI gone", func() bool {
+		return apierrors.IsNotFound(cp.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi))
+	}, func() string { return fmt.Sprint("finalizers ", vmi.Finalizers) })
+	time.Sleep(time.Second)
+	if !held(vap)() {
+		t.Fatal("the admission policy was released with a migration still under way")
+	}
+	stderr, err = kubectl("delete", "-n", ns.Name, "configmap", installed.Name)
+	if err == nil || !strings.Contains(stderr, "1 VirtualMachineInstanceMigration: "+ns.Name+"/moving") {
+		t.Fatalf("kubectl delete with a migration under way: %v %s, want it refused naming the migration", err, stderr)
+	}
+
+	// The migration finishes (a status update): nothing is in use. The admission policy is
+	// released; the webhook configuration, deleted by the refused uninstall, stays held and in
+	// force: qvirt keeps its admission until an uninstall goes through.
+	mig.Status.Phase = v1alpha1.MigrationFailed
+	if err := cp.Client.Status().Update(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, "the finalizer off the admission policy once the migration finished", func() bool { return !held(vap)() },
+		func() string { return fmt.Sprint("finalizers ", vap.Finalizers) })
+	if !held(vwc)() || vwc.DeletionTimestamp == nil {
+		t.Fatalf("the webhook configuration deleted by the refused uninstall: finalizers %v, deletion %v; want it held Terminating", vwc.Finalizers, vwc.DeletionTimestamp)
+	}
+
+	// The uninstall goes through: the guard releases the held configuration first.
+	if stderr, err := kubectl("delete", "-n", ns.Name, "configmap", installed.Name); err != nil {
+		t.Fatalf("kubectl delete of an installed object with nothing in use: %s", stderr)
+	}
+	testutil.Eventually(t, 20*time.Second, "the held webhook configuration gone with the uninstall", func() bool {
 		return apierrors.IsNotFound(cp.Client.Get(ctx, client.ObjectKeyFromObject(vwc), vwc))
-	}, func() string {
-		err := cp.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)
-		return fmt.Sprintf("finalizers %v; the VMI: %v %v", vwc.Finalizers, err, vmi.Finalizers)
-	})
-	testutil.Eventually(t, 20*time.Second, "the finalizer off the admission policy", func() bool { return !held(vap)() }, func() string { return "" })
-	testutil.Eventually(t, 20*time.Second, "the installed object deleted", func() bool {
-		_, err := kubectl("delete", "-n", ns.Name, "configmap", installed.Name)
-		return err == nil
-	}, func() string { return "" })
+	}, func() string { return fmt.Sprint("finalizers ", vwc.Finalizers) })
 }
 
 // release takes finalizer (uninstall.Finalizer when none is given) off o, so that a failed test

@@ -251,7 +251,10 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 		return nil, err
 	}
 	if opts.Runtime == RuntimeContainerd {
-		return c, c.upOnKubeNodes(ctx, cfg)
+		if err := c.upOnKubeNodes(ctx, cfg); err != nil {
+			return nil, err
+		}
+		return c, nil
 	}
 	step("starting %d qvirt-controller replicas (one leads, all serve the webhooks)", ControllerReplicas)
 	if err := c.cp.StartControllers(ctx, nodeCtx, sup, cl, ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),

@@ -111,13 +111,25 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	}
 
 	// Down with the guest running: it is powered off through its launcher pod (SIGTERM, ACPI
-	// shutdown) before the node goes.
+	// shutdown) before the node goes. A launcher that did not power the guest off would be killed
+	// at the end of its pod's grace period: the pod must end well before.
+	var launchers corev1.PodList
+	if err := cl.List(ctx, &launchers, client.MatchingLabels{v1alpha1.VMINameLabel: vmi.Name}); err != nil || len(launchers.Items) != 1 ||
+		launchers.Items[0].Spec.TerminationGracePeriodSeconds == nil {
+		t.Fatalf("the VMI's launcher pods: %v %+v", err, launchers.Items)
+	}
+	grace := time.Duration(*launchers.Items[0].Spec.TerminationGracePeriodSeconds) * time.Second
 	var down strings.Builder
 	c.opts.Progress = io.MultiWriter(progress{t}, &down)
 	c.Down()
 	downed = true
-	if !strings.Contains(down.String(), "local down: 1 guests on the real nodes powered off") {
-		t.Errorf("Down did not report the guest powered off:\n%s", down.String())
+	var n int
+	var took float64
+	_, report, _ := strings.Cut(down.String(), "local down: ")
+	if _, err := fmt.Sscanf(report, "%d guests on the real nodes powered off (their launcher pods ended) in %fs", &n, &took); err != nil || n != 1 {
+		t.Errorf("Down did not report the guest powered off (%v):\n%s", err, down.String())
+	} else if time.Duration(took*float64(time.Second)) > grace/2 {
+		t.Errorf("the launcher pod took %.1fs of its %s grace period to end: the guest was not powered off in time", took, grace)
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {

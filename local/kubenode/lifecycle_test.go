@@ -147,12 +147,18 @@ func (n *realNodes) installed(t *testing.T, dir string) []unstructured.Unstructu
 	return list.Items
 }
 
-// checkUninstall: with no VM left, `kubectl delete -k` of the installed overlay goes through and
-// waits until every object is gone (the webhook configurations and policies held before went when
-// the last VM did, hence --ignore-not-found, as README says); nothing of qvirt's pods is left on
-// the nodes.
+// checkUninstall: with no VM left, qvirt still has its admission (the webhook configurations and
+// policies an earlier refused uninstall marked for deletion are held, in force); `kubectl delete
+// -k` of the installed overlay goes through and waits until every object is gone, those held
+// included; nothing of qvirt's pods is left on the nodes.
 func (n *realNodes) checkUninstall(t *testing.T, in *install.Installed) {
 	t.Helper()
+	for _, o := range n.installed(t, in.Dir) {
+		if slices.ContainsFunc(uninstall.Targets, func(tg uninstall.Target) bool { return tg.GVK.Kind == o.GetKind() && tg.Name == o.GetName() }) &&
+			!slices.Contains(o.GetFinalizers(), uninstall.Finalizer) {
+			t.Errorf("%s %s with no VM left: finalizers %v; want it still held since the refused uninstall", o.GetKind(), o.GetName(), o.GetFinalizers())
+		}
+	}
 	list, err := n.cs.CoreV1().Pods(install.Namespace).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +171,7 @@ func (n *realNodes) checkUninstall(t *testing.T, in *install.Installed) {
 		t.Fatalf("%d pods in %s before the uninstall, want qvirt's controllers, API servers and node agents", len(uids), install.Namespace)
 	}
 	started := time.Now()
-	if out, err := n.kubectl("delete", "-k", in.Dir, "--ignore-not-found", "--timeout=3m"); err != nil {
+	if out, err := n.kubectl("delete", "-k", in.Dir, "--timeout=3m"); err != nil {
 		t.Fatalf("kubectl delete -k with no VM left: %v\n%s\n%s", err, out, n.describe(install.Namespace))
 	}
 	t.Logf("kubectl delete -k removed qvirt in %.1fs", time.Since(started).Seconds())

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -344,6 +345,24 @@ func TestUninstallIsGuarded(t *testing.T) {
 	hook := webhookNamed(t, ofKind(objs, "ValidatingWebhookConfiguration"), "vuninstall.qvirt.io")
 	if sel, _, _ := unstructured.NestedStringMap(hook, "objectSelector", "matchLabels"); sel[uninstall.InstallLabel] != "qvirt" || len(sel) != 1 {
 		t.Errorf("webhook vuninstall.qvirt.io selects %v, want only %s=qvirt", sel, uninstall.InstallLabel)
+	}
+	// Its rules name every kind installed (kinds' plural resource names are their lower case
+	// and an s, for all of these).
+	rules, _, _ := unstructured.NestedSlice(hook, "rules")
+	for _, o := range objs {
+		if slices.Contains(exempt, o.GetKind()) {
+			continue
+		}
+		group := o.GroupVersionKind().Group
+		resource := strings.ToLower(o.GetKind()) + "s"
+		if !slices.ContainsFunc(rules, func(r any) bool {
+			groups, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "apiGroups")
+			resources, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+			ops, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "operations")
+			return slices.Contains(groups, group) && slices.Contains(resources, resource) && slices.Contains(ops, "DELETE")
+		}) {
+			t.Errorf("webhook vuninstall.qvirt.io has no rule for deleting %s (%s in group %q), which config/default installs", o.GetKind(), resource, group)
+		}
 	}
 }
 
