@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -30,6 +32,8 @@ import (
 // and its page answers at the pod's address; Down powers it off through its launcher pod, and
 // leaves no process of it, no link and no kube-proxy table.
 func TestLocalClusterOnRealNodes(t *testing.T) {
+	// The test's own client logs nothing worth showing.
+	ctrllog.SetLogger(logr.Discard())
 	testutil.LockHostNetwork(t)
 	tools, err := envtest.Assets()
 	if err != nil {

@@ -149,8 +149,9 @@ func (n *realNodes) installed(t *testing.T, dir string) []unstructured.Unstructu
 
 // checkUninstall: with no VM left, qvirt still has its admission (the webhook configurations and
 // policies an earlier refused uninstall marked for deletion are held, in force); `kubectl delete
-// -k` of the installed overlay goes through and waits until every object is gone, those held
-// included; nothing of qvirt's pods is left on the nodes.
+// -k --ignore-not-found` of the installed overlay, as README says it, goes through and waits
+// until every object is gone (the held ones go as soon as the guard lets the namespace go, before
+// kubectl gets to them, hence --ignore-not-found); nothing of qvirt's pods is left on the nodes.
 func (n *realNodes) checkUninstall(t *testing.T, in *install.Installed) {
 	t.Helper()
 	for _, o := range n.installed(t, in.Dir) {
@@ -171,7 +172,7 @@ func (n *realNodes) checkUninstall(t *testing.T, in *install.Installed) {
 		t.Fatalf("%d pods in %s before the uninstall, want qvirt's controllers, API servers and node agents", len(uids), install.Namespace)
 	}
 	started := time.Now()
-	if out, err := n.kubectl("delete", "-k", in.Dir, "--timeout=3m"); err != nil {
+	if out, err := n.kubectl("delete", "-k", in.Dir, "--ignore-not-found", "--timeout=3m"); err != nil {
 		t.Fatalf("kubectl delete -k with no VM left: %v\n%s\n%s", err, out, n.describe(install.Namespace))
 	}
 	t.Logf("kubectl delete -k removed qvirt in %.1fs", time.Since(started).Seconds())
