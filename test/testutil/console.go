@@ -104,19 +104,30 @@ func (c *Console) Run(t testing.TB, line, want string, d time.Duration) {
 	}
 }
 
-// A counter line of the guest's tick; the echo of a typed "tick 100 &" does not match.
+// A counter line of the guest's tick.
 var tickRE = regexp.MustCompile(`tick (\d+)\r\n`)
 
-// LastTick is the highest counter the guest's tick printed.
-func (c *Console) LastTick() int {
+// LastTick is the highest counter the guest's tick printed: the highest n whose n-1 the console
+// shows too. The echo of a typed "tick 100000 &" can look like a counter line when the shell's
+// banner breaks it ("tick 1000\r\n...00 &", seen on a loaded machine); a real counter line has its
+// predecessor, except the first one a console shows.
+func LastTick(text string) int {
+	seen := map[int]bool{}
+	for _, m := range tickRE.FindAllStringSubmatch(text, -1) {
+		n, _ := strconv.Atoi(m[1])
+		seen[n] = true
+	}
 	last := 0
-	for _, m := range tickRE.FindAllStringSubmatch(c.Text(), -1) {
-		if n, _ := strconv.Atoi(m[1]); n > last {
+	for n := range seen {
+		if seen[n-1] && n > last {
 			last = n
 		}
 	}
 	return last
 }
+
+// LastTick is the highest counter the guest's tick printed on this console (see LastTick).
+func (c *Console) LastTick() int { return LastTick(c.Text()) }
 
 // Tail is the last n bytes of s.
 func Tail(s string, n int) string {
