@@ -49,8 +49,9 @@ func claimMachine(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, claims map
 	return m
 }
 
-// loopDevice attaches a new file of size bytes as a loop device, detached when the test ends.
-func loopDevice(t *testing.T, size int64) string {
+// loopDevice attaches a new file of size bytes as a loop device (with losetup's further args),
+// detached when the test ends.
+func loopDevice(t *testing.T, size int64, args ...string) string {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "block.img")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
@@ -59,7 +60,7 @@ func loopDevice(t *testing.T, size int64) string {
 	if err := os.Truncate(file, size); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
+	out, err := exec.Command("losetup", append(args, "--find", "--show", file)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("losetup: %v: %s", err, out)
 	}

@@ -61,6 +61,10 @@ func (l *Launcher) HotplugDisk(ctx context.Context, d *machine.Disk) (machine.Di
 		return machine.Disk{}, ferr
 	}
 	hot := hotDisk{Disk: *d, img: img}
+	if ferr := resolveVolumeBlockSize(&hot.Disk, img, hotPath); ferr != nil {
+		removeEphemeral(d.Name, img)
+		return machine.Disk{}, ferr
+	}
 	if err := l.attachDisk(ctx, p, &hot); err != nil {
 		removeEphemeral(d.Name, img)
 		return machine.Disk{}, err

@@ -226,7 +226,7 @@ func (l *Launcher) devices(p *Process) ([]protocol.DiskStatus, []protocol.NICSta
 	var nics []protocol.NICStatus
 	for _, d := range m.Disks {
 		if d.Port == "" {
-			disks = append(disks, protocol.DiskStatus{Name: d.Name})
+			disks = append(disks, protocol.DiskStatus{Name: d.Name, BlockSize: volumeBlockSizeStatus(&d)})
 		}
 	}
 	for _, n := range m.NICs {
@@ -236,8 +236,8 @@ func (l *Launcher) devices(p *Process) ([]protocol.DiskStatus, []protocol.NICSta
 	}
 	cold := len(nics)
 	l.mu.Lock()
-	for name := range l.hotplug {
-		disks = append(disks, protocol.DiskStatus{Name: name, Hotplugged: true})
+	for name, hot := range l.hotplug {
+		disks = append(disks, protocol.DiskStatus{Name: name, Hotplugged: true, BlockSize: volumeBlockSizeStatus(&hot.Disk)})
 	}
 	for name, n := range l.nics {
 		nics = append(nics, protocol.NICStatus{Name: name, MAC: n.MAC, Hotplugged: true, Port: n.Port})
@@ -411,4 +411,13 @@ func (l *Launcher) anyProcess() (*Process, error) {
 		return nil, ErrNotRunning
 	}
 	return l.proc, nil
+}
+
+// volumeBlockSizeStatus is the block sizes d took from its volume, for the node agent to record;
+// nil for a disk whose sizes are its own.
+func volumeBlockSizeStatus(d *machine.Disk) *machine.BlockSize {
+	if !d.MatchVolumeBlockSize {
+		return nil
+	}
+	return d.BlockSize
 }

@@ -88,13 +88,19 @@ func (h HostResolver) Resolve(desc *machine.Machine, runDir string) (*Machine, e
 			errs = append(errs, err)
 		}
 	}
-	for i := range desc.Disks {
-		img, err := h.ResolveDisk(&desc.Disks[i], runDir, machinePath.Child("disks").Index(i))
+	// The disks get what the launcher reads of their storage; desc stays as the node agent sent it.
+	m.Disks = slices.Clone(desc.Disks)
+	for i := range m.Disks {
+		p := machinePath.Child("disks").Index(i)
+		img, err := h.ResolveDisk(&m.Disks[i], runDir, p)
+		if err == nil {
+			err = resolveVolumeBlockSize(&m.Disks[i], img, p)
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		m.Images[desc.Disks[i].Name] = img
+		m.Images[m.Disks[i].Name] = img
 	}
 	for i, f := range desc.Filesystems {
 		if err := sharedDir(machinePath.Child("filesystems").Index(i).Child("dir"), f); err != nil {

@@ -316,6 +316,11 @@ type Disk struct {
 	IOThread string `json:"ioThread,omitempty"`
 	// BlockSize is the block sizes the guest sees; QEMU's (512 bytes) when nil.
 	BlockSize *BlockSize `json:"blockSize,omitempty"`
+	// MatchVolumeBlockSize takes BlockSize from the storage of the disk's image when BlockSize is
+	// nil: the launcher reads it when it starts the machine or hot-plugs the disk, and reports
+	// it. A migration target gets the source's in BlockSize instead: the guest's disk must not
+	// change under it.
+	MatchVolumeBlockSize bool `json:"matchVolumeBlockSize,omitempty"`
 }
 
 // State is the VM's persistent state: what of it lives in Dir (absolute, writable by the

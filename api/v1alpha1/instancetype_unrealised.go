@@ -59,9 +59,6 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 // dropped silently, so these are refused too.
 func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	no := func(fp *field.Path, what string) {
-		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage))
-	}
 	if c := spec.CPU; c != nil {
 		errs = append(errs, validateCPUFeatures(c.PreferredCPUFeatures, p.Child("cpu", "preferredCPUFeatures"))...)
 	}
@@ -71,17 +68,8 @@ func NotRealisedPreference(spec *VirtualMachinePreferenceSpec, p *field.Path) fi
 			errs = append(errs, field.Forbidden(dp.Child("preferredVirtualGPUOptions"), "virtual GPU options (for GPUs) are "+NotRealisedMessage+PassthroughReason))
 		}
 		errs = append(errs, validateBlockSize(d.PreferredDiskBlockSize, false, dp.Child("preferredDiskBlockSize"))...)
-		if MatchVolumeBlockSize(d.PreferredDiskBlockSize) {
-			no(dp.Child("preferredDiskBlockSize", "matchVolume"), "taking the block sizes of the volume's storage")
-		}
 		if v := d.PreferredVideoType; v != nil && *v != "" {
 			errs = append(errs, validateEnum(dp.Child("preferredVideoType"), *v, string(VideoVGA), string(VideoVirtio), string(VideoBochs), string(VideoCirrus), string(VideoRamfb))...)
-		}
-	}
-	if f := spec.Features; f != nil {
-		fp := p.Child("features")
-		if a := f.PreferredApic; a != nil && a.Enabled != nil && !*a.Enabled {
-			no(fp.Child("preferredApic", "enabled"), "turning the APIC off")
 		}
 	}
 	if a := spec.PreferredArchitecture; a != nil && *a != "" && *a != "amd64" {

@@ -206,7 +206,8 @@ type RTCTimer struct {
 	// caught up, QEMU's driftfix=slew).
 	// +optional
 	TickPolicy RTCTickPolicy `json:"tickPolicy,omitempty"`
-	// Enabled (present) false would leave the RTC out, which q35 cannot: refused.
+	// Enabled (present) false is accepted with a warning and has no effect, as under KubeVirt
+	// (libvirt always gives QEMU its -rtc): the RTC is part of the q35 chipset.
 	// +optional
 	Enabled *bool `json:"present,omitempty"`
 	// Track: guest (the RTC stops while the guest is paused, QEMU's clock=vm) or wall (the
@@ -217,7 +218,9 @@ type RTCTimer struct {
 
 // HPETTimer is the High Precision Event Timer.
 type HPETTimer struct {
-	// TickPolicy is refused: QEMU's HPET has no lost-tick policy.
+	// TickPolicy is accepted with a warning and has no effect, as under KubeVirt (libvirt drops
+	// it): QEMU's HPET has no lost-tick policy (a late periodic timer raises one interrupt and
+	// skips the periods it missed).
 	// +optional
 	TickPolicy HPETTickPolicy `json:"tickPolicy,omitempty"`
 	// Enabled (present) false leaves the HPET out. Defaults to true.

@@ -34,20 +34,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		errs = append(errs, field.Forbidden(fp, what+" is "+NotRealisedMessage+instead))
 	}
 	dp := p.Child("domain")
-	if f := spec.Domain.Features; f != nil && f.APIC != nil && f.APIC.Enabled != nil && !*f.APIC.Enabled {
-		// QEMU's x86 CPUs have a local APIC, and KubeVirt's libvirt domain keeps it too when this is
-		// false; a guest without one would be a uniprocessor PIC-only machine.
-		no(dp.Child("features", "apic", "enabled"), "turning the APIC off", "; the guest's CPUs always have a local APIC")
-	}
-	if t := spec.Domain.Clock; t != nil && t.Timer != nil {
-		tp := dp.Child("clock", "timer")
-		if h := t.Timer.HPET; h != nil && h.TickPolicy != "" {
-			no(tp.Child("hpet", "tickPolicy"), "a tick policy for the HPET", "; QEMU's HPET has no lost-tick policy")
-		}
-		if r := t.Timer.RTC; r != nil && r.Enabled != nil && !*r.Enabled {
-			no(tp.Child("rtc", "present"), "leaving the RTC out", "; q35's RTC is part of its chipset")
-		}
-	}
 	if fw := spec.Domain.Firmware; fw != nil && fw.KernelBoot != nil {
 		kp := dp.Child("firmware", "kernelBoot", "container")
 		switch c := fw.KernelBoot.Container; {
@@ -78,10 +64,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		no(devp.Child("hostDevices"), "host device passthrough", PassthroughReason)
 	}
 	for i, d := range spec.Domain.Devices.Disks {
-		if MatchVolumeBlockSize(d.BlockSize) {
-			no(dp.Child("devices", "disks").Index(i).Child("blockSize", "matchVolume"), "taking the block sizes of the volume's storage",
-				"; a live migration would have to carry the source's sizes to the target: give them with custom")
-		}
 		if d.LUN != nil && d.LUN.Reservation {
 			no(dp.Child("devices", "disks").Index(i).Child("lun", "reservation"), "SCSI persistent reservation",
 				"; it needs qemu-pr-helper, which qvirt does not run")
@@ -104,4 +86,35 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 // the VM controller creates CDI DataVolumes); it stays as the place for the next one.
 func NotRealisedVM(spec *VirtualMachineSpec) field.ErrorList {
 	return nil
+}
+
+// Ineffective lists what the spec sets that the guest will not get, because QEMU has no such
+// setting; KubeVirt accepts each of them and libvirt drops them just the same (cited with each).
+// The webhooks accept such a spec and return these as warnings, so a KubeVirt manifest runs
+// unchanged and its author learns what it does here. Each names its field.
+func Ineffective(spec *VirtualMachineInstanceSpec, p *field.Path) []string {
+	var out []string
+	dp := p.Child("domain")
+	if f := spec.Domain.Features; f != nil && f.APIC != nil && f.APIC.Enabled != nil && !*f.APIC.Enabled {
+		// libvirt's QEMU driver has nothing that turns the APIC off: KubeVirt leaves <apic/> out
+		// of the domain and the guest keeps its APIC.
+		out = append(out, dp.Child("features", "apic", "enabled").String()+
+			": false has no effect: the guest's CPUs keep their local APIC (QEMU's x86 CPUs have one, as under KubeVirt)")
+	}
+	t := spec.Domain.Clock
+	if t == nil || t.Timer == nil {
+		return out
+	}
+	tp := dp.Child("clock", "timer")
+	if h := t.Timer.HPET; h != nil && h.TickPolicy != "" {
+		// libvirt's qemuBuildClockCommandLine: the only meaningful attribute for hpet is present.
+		out = append(out, tp.Child("hpet", "tickPolicy").String()+": "+string(h.TickPolicy)+
+			" has no effect: QEMU's HPET has no lost-tick policy; a late periodic timer raises one interrupt and skips the periods it missed (as under KubeVirt)")
+	}
+	if r := t.Timer.RTC; r != nil && r.Enabled != nil && !*r.Enabled {
+		// libvirt always gives QEMU -rtc and ignores present for the RTC.
+		out = append(out, tp.Child("rtc", "present").String()+
+			": false has no effect: the RTC is part of the q35 chipset and the guest keeps it (as under KubeVirt)")
+	}
+	return out
 }

@@ -31,7 +31,7 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 				Inputs:   []Input{{Name: "tablet"}, {Name: "vtablet", Bus: InputBusVirtio, Type: InputTypeTablet}},
 				Watchdog: &Watchdog{Name: "wd", I6300ESB: &I6300ESBWatchdog{Action: WatchdogActionPoweroff}},
 				Disks: []Disk{
-					{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1)},
+					{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1), BlockSize: &BlockSize{MatchVolume: &FeatureState{}}},
 					{Name: "scratch", Disk: &DiskTarget{Bus: DiskBusSATA}},
 					{Name: "data", Disk: &DiskTarget{Bus: DiskBusSCSI}},
 					{Name: "cidata", CDRom: &CDRomTarget{Bus: DiskBusSATA}},
@@ -90,15 +90,6 @@ func TestNotRealised(t *testing.T) {
 			s.Volumes = append(s.Volumes, Volume{Name: "san", VolumeSource: VolumeSource{
 				PersistentVolumeClaim: &PersistentVolumeClaimVolumeSource{ClaimName: "san"}}})
 		}, "spec.domain.devices.disks[4].lun.reservation"},
-		{"HPET tick policy", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Clock.Timer.HPET.TickPolicy = HPETTickPolicyCatchup
-		}, "spec.domain.clock.timer.hpet.tickPolicy"},
-		{"RTC left out", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Clock.Timer.RTC.Enabled = ptr.To(false)
-		}, "spec.domain.clock.timer.rtc.present"},
-		{"APIC off", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Features.APIC.Enabled = ptr.To(false)
-		}, "spec.domain.features.apic.enabled"},
 		{"supplementalPool", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.IOThreadsPolicy = ptr.To(IOThreadsPolicySupplementalPool)
 		}, "spec.domain.ioThreadsPolicy"},
@@ -114,9 +105,6 @@ func TestNotRealised(t *testing.T) {
 		{"a host device", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.HostDevices = []HostDevice{{Name: "qat", DeviceName: "intel.com/qat"}}
 		}, "spec.domain.devices.hostDevices"},
-		{"block sizes of the volume", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Devices.Disks[0].BlockSize = &BlockSize{MatchVolume: &FeatureState{}}
-		}, "spec.domain.devices.disks[0].blockSize.matchVolume"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,4 +147,41 @@ func TestNotRealised(t *testing.T) {
 			t.Fatalf("want no error, got %v", errs)
 		}
 	})
+}
+
+// TestIneffective: what KubeVirt accepts and libvirt drops is accepted here too, with a warning
+// naming the field; a spec that sets none of it gets none.
+func TestIneffective(t *testing.T) {
+	p := field.NewPath("spec")
+	if w := Ineffective(realisedSpec(), p); len(w) != 0 {
+		t.Fatalf("the base spec got warnings %q", w)
+	}
+	cases := []struct {
+		name   string
+		mutate func(s *VirtualMachineInstanceSpec)
+		want   string
+	}{
+		{"HPET tick policy", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Clock.Timer.HPET.TickPolicy = HPETTickPolicyCatchup
+		}, "spec.domain.clock.timer.hpet.tickPolicy: catchup has no effect"},
+		{"RTC left out", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Clock.Timer.RTC.Enabled = ptr.To(false)
+		}, "spec.domain.clock.timer.rtc.present: false has no effect"},
+		{"APIC off", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Features.APIC.Enabled = ptr.To(false)
+		}, "spec.domain.features.apic.enabled: false has no effect"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := realisedSpec()
+			tc.mutate(s)
+			if errs := append(ValidateVirtualMachineInstanceSpec(s, p), NotRealised(s, p)...); len(errs) != 0 {
+				t.Fatalf("want the spec accepted, got %v", errs)
+			}
+			w := Ineffective(s, p)
+			if len(w) != 1 || !strings.HasPrefix(w[0], tc.want) {
+				t.Fatalf("warnings %q, want one starting %q", w, tc.want)
+			}
+		})
+	}
 }

@@ -396,6 +396,11 @@ type VolumeStatus struct {
 	// Size is the volume's size, when known.
 	// +optional
 	Size *resource.Quantity `json:"size,omitempty"`
+	// BlockSize is what the guest sees of a disk whose block sizes come from its volume
+	// (blockSize.matchVolume), as read from the storage where the instance started: a live
+	// migration target gives the guest the same. A qvirt field.
+	// +optional
+	BlockSize *CustomBlockSize `json:"blockSize,omitempty"`
 }
 
 // SetPhase moves the instance to phase, recording when. Every writer of the phase uses it (the

@@ -505,7 +505,8 @@ type Features struct {
 	SMM *FeatureState `json:"smm,omitempty"`
 
 	// APIC is the guest's local APIC, which its CPUs always have; endOfInterrupt adds KVM's
-	// paravirtual end-of-interrupt. Turning the APIC off is not supported.
+	// paravirtual end-of-interrupt. enabled: false has no effect (as under KubeVirt), with a
+	// warning.
 	// +optional
 	APIC *FeatureAPIC `json:"apic,omitempty"`
 
@@ -534,7 +535,8 @@ type Features struct {
 
 // FeatureAPIC is the local APIC feature, as KubeVirt's.
 type FeatureAPIC struct {
-	// Enabled defaults to true; false is refused: the guest's CPUs always have a local APIC.
+	// Enabled defaults to true; false is accepted with a warning and has no effect, as under
+	// KubeVirt (libvirt has no way to turn it off): the guest's CPUs always have a local APIC.
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
 
@@ -957,8 +959,10 @@ type BlockSize struct {
 	// Custom gives the sizes.
 	// +optional
 	Custom *CustomBlockSize `json:"custom,omitempty"`
-	// MatchVolume takes the sizes of the volume's storage; not supported by this version of qvirt
-	// (refused): a live migration would have to carry the source's sizes to the target.
+	// MatchVolume takes the sizes of the volume's storage, as KubeVirt reads them where the
+	// instance starts (a block device's logical and physical sector sizes and discard
+	// granularity; a file's filesystem block size for all three). They are recorded in
+	// status.volumeStatus[].blockSize, and a live migration target gives the guest the same.
 	// +optional
 	MatchVolume *FeatureState `json:"matchVolume,omitempty"`
 }

@@ -72,7 +72,7 @@ func (v *VMValidator) ValidateCreate(ctx context.Context, vm *v1alpha1.VirtualMa
 func (v *VMValidator) ValidateUpdate(ctx context.Context, old, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
 	expanded, errs := v.check(ctx, vm)
 	_, oldErrs := v.check(ctx, old)
-	return warnings(&defaulted(expanded).Spec.Template.Spec), invalid("VirtualMachine", vm.Name, ratchet(errs, oldErrs))
+	return warnings(&defaulted(expanded).Spec.Template.Spec, templateSpecPath), invalid("VirtualMachine", vm.Name, ratchet(errs, oldErrs))
 }
 
 // ValidateDelete implements admission.Validator.
@@ -82,7 +82,7 @@ func (v *VMValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachine) 
 
 func (v *VMValidator) validate(ctx context.Context, vm *v1alpha1.VirtualMachine) (admission.Warnings, error) {
 	expanded, errs := v.check(ctx, vm)
-	return warnings(&defaulted(expanded).Spec.Template.Spec), invalid("VirtualMachine", vm.Name, errs)
+	return warnings(&defaulted(expanded).Spec.Template.Spec, templateSpecPath), invalid("VirtualMachine", vm.Name, errs)
 }
 
 // check is everything a VirtualMachine's instances would be refused for at creation, at the
@@ -148,7 +148,7 @@ func (v *VMIValidator) ValidateCreate(_ context.Context, vmi *v1alpha1.VirtualMa
 	p := field.NewPath("spec")
 	errs := v1alpha1.ValidateVirtualMachineInstanceSpec(&vmi.Spec, p)
 	errs = append(errs, checkRunnable(v.Config.Get(), vmi.Namespace, &vmi.Spec, p)...)
-	return warnings(&vmi.Spec), invalid("VirtualMachineInstance", vmi.Name, errs)
+	return warnings(&vmi.Spec, p), invalid("VirtualMachineInstance", vmi.Name, errs)
 }
 
 // ValidateUpdate implements admission.Validator. Host paths are checked only for added volumes:
@@ -163,7 +163,7 @@ func (v *VMIValidator) ValidateUpdate(_ context.Context, old, vmi *v1alpha1.Virt
 	errs = append(errs, ratchet(v1alpha1.NotRealised(&vmi.Spec, p), v1alpha1.NotRealised(&old.Spec, p))...)
 	var warn admission.Warnings
 	if was, _, _ := v1alpha1.LiveMigratable(&old.Spec); was {
-		warn = warnings(&vmi.Spec) // an added host disk or bridge interface ends live migration
+		warn = warnings(&vmi.Spec, p) // an added host disk or bridge interface ends live migration
 	}
 	return warn, invalid("VirtualMachineInstance", vmi.Name, errs)
 }
@@ -275,9 +275,12 @@ func validateHostPaths(cfg config.Config, namespace string, spec *v1alpha1.Virtu
 	return errs
 }
 
-// warnings tell users about accepted specs that will not behave as they may expect.
-func warnings(spec *v1alpha1.VirtualMachineInstanceSpec) admission.Warnings {
-	var w admission.Warnings
+// templateSpecPath is where a VirtualMachine keeps its instances' spec.
+var templateSpecPath = field.NewPath("spec", "template", "spec")
+
+// warnings tell users about accepted specs (at p) that will not behave as they may expect.
+func warnings(spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) admission.Warnings {
+	w := admission.Warnings(v1alpha1.Ineffective(spec, p))
 	if ok, _, msg := v1alpha1.LiveMigratable(spec); !ok {
 		w = append(w, "this VM cannot be live-migrated: "+msg)
 	}

@@ -380,3 +380,50 @@ func i64(v *int64) string {
 }
 
 func u32(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
+
+// kvNoEffect is a VirtualMachine with the settings KubeVirt accepts and libvirt drops: the APIC
+// turned off, an HPET tick policy and the RTC left out.
+const kvNoEffect = `
+apiVersion: qvirt.io/v1alpha1
+kind: VirtualMachine
+metadata:
+  name: kv-no-effect
+spec:
+  runStrategy: Halted
+  template:
+    spec:
+      domain:
+        features:
+          apic:
+            enabled: false
+        clock:
+          utc: {}
+          timer:
+            hpet:
+              tickPolicy: catchup
+            rtc:
+              present: false
+        memory:
+          guest: 64Mi
+        devices: {}
+`
+
+// TestKubeVirtNoEffectSettings: kubectl creates a VirtualMachine with what KubeVirt accepts but
+// libvirt drops, and prints a warning naming each such field.
+func TestKubeVirtNoEffectSettings(t *testing.T) {
+	startWebhook(t)
+	_, stderr, err := kubectlDefault([]byte(kvNoEffect), "create", "-f", "-")
+	if err != nil {
+		t.Fatalf("refused: %v: %s", err, stderr)
+	}
+	t.Cleanup(func() { _, _, _ = kubectlDefault(nil, "delete", "vm", "kv-no-effect", "--wait=false") })
+	for _, want := range []string{
+		"spec.template.spec.domain.features.apic.enabled: false has no effect",
+		"spec.template.spec.domain.clock.timer.hpet.tickPolicy: catchup has no effect",
+		"spec.template.spec.domain.clock.timer.rtc.present: false has no effect",
+	} {
+		if !strings.Contains(stderr, "Warning: "+want) {
+			t.Errorf("kubectl printed no warning %q: %q", want, stderr)
+		}
+	}
+}

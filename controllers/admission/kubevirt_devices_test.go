@@ -175,9 +175,10 @@ func TestKubeVirtPanicDevices(t *testing.T) {
 	}
 }
 
-// TestKubeVirtDiskBlockSize: a disk's blockSize.custom, as KubeVirt's user guide writes it, is
-// accepted, stored and translated to the disk's sizes; matchVolume, sizes QEMU does not take, a
-// cdrom's block size and large logical blocks on sata are refused naming the field.
+// TestKubeVirtDiskBlockSize: a disk's blockSize.custom and blockSize.matchVolume, as KubeVirt's
+// user guide writes them, are accepted, stored and translated to the disk's sizes (matchVolume's
+// to be read by the launcher); both at once, sizes QEMU does not take, a cdrom's block size and
+// large logical blocks on sata are refused naming the field.
 func TestKubeVirtDiskBlockSize(t *testing.T) {
 	startWebhook(t)
 	vmi := func(mutate func(disk map[string]any)) map[string]any {
@@ -204,12 +205,33 @@ func TestKubeVirtDiskBlockSize(t *testing.T) {
 		t.Errorf("the disk translates with block size %+v, want 512/4096", bs)
 	}
 
+	o = vmi(func(d map[string]any) {
+		d["blockSize"] = map[string]any{"matchVolume": map[string]any{"enabled": true}}
+	})
+	o["metadata"].(map[string]any)["name"] = "vmi-matchvolume"
+	data, _ = yaml.Marshal(o)
+	createByKubectl(t, data, "vmi", "vmi-matchvolume")
+	var storedMV v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "vmi-matchvolume", &storedMV)
+	m, err = translate.Machine(&storedMV, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := m.Disks[0]; !d.MatchVolumeBlockSize || d.BlockSize != nil {
+		t.Errorf("matchVolume translates to %+v, want a disk whose sizes the launcher reads from its volume", d)
+	}
+
 	for name, tc := range map[string]struct {
 		mutate func(d map[string]any)
 		want   string
 	}{
-		"matchVolume": {func(d map[string]any) { d["blockSize"] = map[string]any{"matchVolume": map[string]any{}} },
-			"spec.domain.devices.disks[0].blockSize.matchVolume"},
+		"matchVolume and custom": {func(d map[string]any) {
+			d["blockSize"] = map[string]any{"matchVolume": map[string]any{}, "custom": map[string]any{"logical": 512, "physical": 512}}
+		}, "give either custom or matchVolume"},
+		"matchVolume on a cdrom": {func(d map[string]any) {
+			d["cdrom"] = map[string]any{}
+			d["blockSize"] = map[string]any{"matchVolume": map[string]any{}}
+		}, "spec.domain.devices.disks[0].blockSize"},
 		"physical not a power of two": {func(d map[string]any) { d["blockSize"] = custom(512, 3000) },
 			"spec.domain.devices.disks[0].blockSize.custom.physical"},
 		"logical above physical": {func(d map[string]any) { d["blockSize"] = custom(4096, 512) },

@@ -112,12 +112,12 @@ func TestConflicts(t *testing.T) {
 func TestNotRealisedReferences(t *testing.T) {
 	it := baseIT()
 	it.GPUs = &runtime.RawExtension{Raw: []byte(`[{}]`)}
-	pref := &v1alpha1.VirtualMachinePreferenceSpec{Features: &v1alpha1.FeaturePreferences{PreferredApic: &v1alpha1.FeatureAPIC{Enabled: ptr.To(false)}}}
+	pref := &v1alpha1.VirtualMachinePreferenceSpec{Devices: &v1alpha1.DevicePreferences{PreferredVirtualGPUOptions: &runtime.RawExtension{Raw: []byte(`{}`)}}}
 	_, _, errs := Expand(baseVM(), resolution(it, pref))
 	msg := errs.ToAggregate().Error()
 	if len(errs) != 2 || !strings.Contains(msg, `spec.instancetype: Forbidden: VirtualMachineClusterInstancetype "it": spec.gpus: Forbidden: GPU passthrough is not supported`) ||
-		!strings.Contains(msg, `spec.preference: Forbidden: VirtualMachineClusterPreference "pref": spec.features.preferredApic.enabled`) {
-		t.Fatalf("errors %v, want the GPUs and the APIC turned off refused", errs)
+		!strings.Contains(msg, `spec.preference: Forbidden: VirtualMachineClusterPreference "pref": spec.devices.preferredVirtualGPUOptions`) {
+		t.Fatalf("errors %v, want the GPUs and the virtual GPU options refused", errs)
 	}
 }
 

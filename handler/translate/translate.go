@@ -329,8 +329,9 @@ func Disk(spec *v1alpha1.Disk, vol *v1alpha1.Volume, pod *PodVolumes, p *field.P
 	}
 	out.Shareable = d.Shareable != nil && *d.Shareable
 	if bs := d.BlockSize; bs != nil && bs.Custom != nil {
-		out.BlockSize = &machine.BlockSize{Logical: bs.Custom.Logical, Physical: bs.Custom.Physical, DiscardGranularity: ptr.Deref(bs.Custom.DiscardGranularity, 0)}
+		out.BlockSize = BlockSize(bs.Custom)
 	}
+	out.MatchVolumeBlockSize = v1alpha1.MatchVolumeBlockSize(d.BlockSize)
 	switch {
 	case d.CDRom != nil:
 		// A cdrom is always read-only: the guest cannot write to one, and readonly: false (which
@@ -583,4 +584,9 @@ func NIC(spec *v1alpha1.Interface, hosts map[string]machine.NIC, p *field.Path) 
 		out.MAC = in.MacAddress
 	}
 	return out, nil
+}
+
+// BlockSize is the machine's form of block sizes given in the API.
+func BlockSize(c *v1alpha1.CustomBlockSize) *machine.BlockSize {
+	return &machine.BlockSize{Logical: c.Logical, Physical: c.Physical, DiscardGranularity: ptr.Deref(c.DiscardGranularity, 0)}
 }

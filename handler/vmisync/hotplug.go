@@ -242,6 +242,9 @@ func placeHotplugged(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) err
 	}
 	var disks []machine.Disk
 	for _, d := range m.Disks {
+		if err := sourceBlockSize(v, &d); err != nil {
+			return err
+		}
 		if port, hot := ports[d.Name]; hot {
 			d.Port = port
 		} else if !cold[d.Name] {
@@ -270,5 +273,26 @@ func placeHotplugged(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) err
 		nics = append(nics, n)
 	}
 	m.NICs = nics
+	return nil
+}
+
+// sourceBlockSize gives a migration target's disk d that takes its block sizes from its volume
+// the sizes the source read from its own (status.volumeStatus[].blockSize): the target's storage
+// may differ (a block migration copies the disk to the target's), and the guest's disk must not
+// change under it. A disk the source has not attached yet reads its own when it is hot-plugged.
+func sourceBlockSize(v *v1alpha1.VirtualMachineInstance, d *machine.Disk) error {
+	if !d.MatchVolumeBlockSize {
+		return nil
+	}
+	for i, vs := range v.Status.VolumeStatus {
+		if vs.Name != d.Name || vs.Phase != v1alpha1.VolumeReady {
+			continue
+		}
+		if vs.BlockSize == nil {
+			return field.Required(field.NewPath("status", "volumeStatus").Index(i).Child("blockSize"),
+				fmt.Sprintf("disk %q takes its block sizes from its volume, and the source has not reported the ones its guest sees", d.Name))
+		}
+		d.BlockSize = translate.BlockSize(vs.BlockSize)
+	}
 	return nil
 }

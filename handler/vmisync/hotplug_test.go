@@ -96,3 +96,44 @@ func TestUnplugPendingBlocksMigration(t *testing.T) {
 		t.Errorf("an interface being unplugged: %v", err)
 	}
 }
+
+// TestMatchVolumeBlockSizesReachTheTarget: the block sizes a source launcher read from a disk's
+// volume go into the instance's status, and a migration target's machine gives the guest those,
+// for a cold and a hot-plugged disk alike; a target whose source reported none is refused naming
+// the status field rather than started with sizes of its own.
+func TestMatchVolumeBlockSizesReachTheTarget(t *testing.T) {
+	v := &v1alpha1.VirtualMachineInstance{}
+	v.Spec.Domain.Devices.Disks = []v1alpha1.Disk{{Name: "root"}, {Name: "data"}}
+	st := &protocol.Status{Phase: protocol.PhaseRunning,
+		Disks: []protocol.DiskStatus{{Name: "root", BlockSize: &machine.BlockSize{Logical: 4096, Physical: 4096, DiscardGranularity: 4096}},
+			{Name: "data", Hotplugged: true, BlockSize: &machine.BlockSize{Logical: 512, Physical: 4096}}},
+		Hotplugged: []machine.Disk{{Name: "data", Port: "hotplug0"}}}
+	v.Status.VolumeStatus = volumes(v, st, nil)
+	if bs := v.Status.VolumeStatus[0].BlockSize; bs == nil || bs.Logical != 4096 || bs.DiscardGranularity == nil || *bs.DiscardGranularity != 4096 {
+		t.Fatalf("status of root records block sizes %+v, want 4096/4096/4096", bs)
+	}
+	if bs := v.Status.VolumeStatus[1].BlockSize; bs == nil || bs.Physical != 4096 || bs.DiscardGranularity != nil {
+		t.Fatalf("status of data records block sizes %+v, want 512/4096 and no granularity", bs)
+	}
+
+	desc := func() *machine.Machine {
+		return &machine.Machine{Disks: []machine.Disk{{Name: "root", MatchVolumeBlockSize: true}, {Name: "data", MatchVolumeBlockSize: true}}}
+	}
+	m := desc()
+	if err := placeHotplugged(v, m); err != nil {
+		t.Fatal(err)
+	}
+	want := []machine.Disk{
+		{Name: "root", MatchVolumeBlockSize: true, BlockSize: &machine.BlockSize{Logical: 4096, Physical: 4096, DiscardGranularity: 4096}},
+		{Name: "data", MatchVolumeBlockSize: true, BlockSize: &machine.BlockSize{Logical: 512, Physical: 4096}, Port: "hotplug0"}}
+	if !reflect.DeepEqual(m.Disks, want) {
+		t.Errorf("target disks %+v, want %+v", m.Disks, want)
+	}
+
+	v.Status.VolumeStatus[0].BlockSize = nil
+	err := placeHotplugged(v, desc())
+	var fe *field.Error
+	if !errors.As(err, &fe) || fe.Field != "status.volumeStatus[0].blockSize" || !strings.Contains(fe.Detail, `disk "root"`) {
+		t.Errorf("target without the source's sizes: %v, want an error at status.volumeStatus[0].blockSize naming the disk", err)
+	}
+}

@@ -8,11 +8,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/launcher/protocol"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // Condition types and reasons the node agent sets on an instance. Ready and Paused are KubeVirt's;
@@ -388,6 +390,7 @@ func volumes(v *v1alpha1.VirtualMachineInstance, st *protocol.Status, failures h
 		if a, ok := attached[d.Name]; ok {
 			vs.Phase, vs.Hotplugged = v1alpha1.VolumeReady, a.Hotplugged
 			vs.Target = hotplugPort(st, d.Name)
+			vs.BlockSize = apiBlockSize(a.BlockSize)
 		}
 		if msg, ok := failures[d.Name]; ok {
 			vs.Phase, vs.Reason, vs.Message, vs.Hotplugged = v1alpha1.VolumeFailed, ReasonHotplugFailed, msg, true
@@ -425,4 +428,16 @@ func setSynchronized(v *v1alpha1.VirtualMachineInstance, err error, reason strin
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, reason, err.Error()
 	}
 	patch.SetCondition(&v.Status.Conditions, v, c)
+}
+
+// apiBlockSize is the API's form of block sizes a launcher reported; nil for nil.
+func apiBlockSize(bs *machine.BlockSize) *v1alpha1.CustomBlockSize {
+	if bs == nil {
+		return nil
+	}
+	out := &v1alpha1.CustomBlockSize{Logical: bs.Logical, Physical: bs.Physical}
+	if bs.DiscardGranularity != 0 {
+		out.DiscardGranularity = ptr.To(bs.DiscardGranularity)
+	}
+	return out
 }

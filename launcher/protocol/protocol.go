@@ -201,6 +201,9 @@ type FSFreeze struct {
 type DiskStatus struct {
 	Name       string `json:"name"`
 	Hotplugged bool   `json:"hotplugged,omitempty"`
+	// BlockSize is what a disk with MatchVolumeBlockSize read from its volume's storage, which
+	// a migration target's machine repeats.
+	BlockSize *machine.BlockSize `json:"blockSize,omitempty"`
 }
 
 // NICStatus is one attached NIC.
