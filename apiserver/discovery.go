@@ -65,7 +65,7 @@ func (a *API) apiGroupInfo() genericapiserver.APIGroupInfo {
 	add := func(p parent, resource, name, method string, f connectFunc) {
 		storage[resource+"/"+name] = subresource{parent: p, method: method, connect: f}
 	}
-	for _, s := range []string{sub.Console, sub.VNC, sub.QMP} {
+	for _, s := range streamSubresources {
 		add(vmi, sub.VirtualMachineInstances, s, http.MethodGet, a.stream(s))
 	}
 	add(vmi, sub.VirtualMachineInstances, sub.Pause, http.MethodPut, a.vmiAction(sub.Pause, http.MethodPut))
@@ -86,3 +86,6 @@ func (a *API) apiGroupInfo() genericapiserver.APIGroupInfo {
 	info.VersionedResourcesStorageMap[sub.GroupVersion.Version] = storage
 	return info
 }
+
+// streamSubresources are the VMI subresources that are websocket streams: long-running requests.
+var streamSubresources = []string{sub.Console, sub.VNC, sub.QMP, sub.USBRedir}

@@ -32,6 +32,7 @@ func TestDiscoveryAndVersion(t *testing.T) {
 	}
 	for name, want := range map[string]string{
 		"virtualmachineinstances/console": "get", "virtualmachineinstances/vnc": "get", "virtualmachineinstances/qmp": "get",
+		"virtualmachineinstances/usbredir":   "get",
 		"virtualmachineinstances/screenshot": "get", "virtualmachineinstances/pause": "update", "virtualmachineinstances/unpause": "update",
 		"virtualmachineinstances/softreboot": "update", "virtualmachines/start": "update", "virtualmachines/stop": "update",
 		"virtualmachines/restart": "update", "virtualmachines/migrate": "update", "virtualmachines/addvolume": "update",

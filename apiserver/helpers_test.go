@@ -154,6 +154,7 @@ func testVMI(t *testing.T, name, node string, phase v1alpha1.VirtualMachineInsta
 	}
 	req.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
 	req.Spec.Domain.Devices.AutoattachGraphicsDevice = ptr.To(true)
+	req.Spec.Domain.Devices.ClientPassthrough = &v1alpha1.ClientPassthroughDevices{}
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS}, Spec: req.Spec}
 	ctx := context.Background()
 	if err := cp.Client.Create(ctx, vmi); err != nil {

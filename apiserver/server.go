@@ -184,7 +184,7 @@ func (o *Options) config() (*genericapiserver.Config, error) {
 	cfg.OpenAPIConfig.Info.Title, cfg.OpenAPIConfig.Info.Version = "qvirt-api", sub.GroupVersion.Version
 	cfg.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(openAPIDefinitions, namer)
 	cfg.OpenAPIV3Config.Info.Title, cfg.OpenAPIV3Config.Info.Version = "qvirt-api", sub.GroupVersion.Version
-	cfg.LongRunningFunc = genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch"), sets.NewString(sub.Console, sub.VNC, sub.QMP))
+	cfg.LongRunningFunc = genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch"), sets.NewString(streamSubresources...))
 	return cfg, nil
 }
 

@@ -164,6 +164,39 @@ func TestStreams(t *testing.T) {
 		_ = c.Close(websocket.StatusNormalClosure, "done")
 	})
 
+	t.Run("USB redirection", func(t *testing.T) {
+		if _, resp, err := dial(t, view, vmi.Name, sub.USBRedir, sub.SubprotocolPlain); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+			t.Errorf("usbredir as view: %v (%s), want 403", err, bodyOf(resp))
+		}
+		// Each of the four slots takes one device: QEMU greets each client as usbredir's guest.
+		var open []*websocket.Conn
+		for i := range 4 {
+			c, resp, err := dial(t, edit, vmi.Name, sub.USBRedir, sub.SubprotocolPlain)
+			if err != nil {
+				t.Fatalf("usbredir %d as edit: %v (%s)", i, err, bodyOf(resp))
+			}
+			read(c).Expect(t, 0, "qemu usb-redir guest", 10*time.Second)
+			open = append(open, c)
+		}
+		_, resp, err := dial(t, edit, vmi.Name, sub.USBRedir, sub.SubprotocolPlain)
+		if body := bodyOf(resp); err == nil || resp.StatusCode != http.StatusConflict || !strings.Contains(body, "all 4 USB redirection slots of VMI default/guest are in use") {
+			t.Errorf("a fifth usbredir: %v (%s), want 409 saying the slots are in use", err, body)
+		}
+		// A client that leaves frees its slot for the next.
+		_ = open[2].Close(websocket.StatusNormalClosure, "done")
+		testutil.Eventually(t, 10*time.Second, "a freed slot", func() bool {
+			c, _, err := dial(t, edit, vmi.Name, sub.USBRedir, sub.SubprotocolPlain)
+			if err == nil {
+				read(c).Expect(t, 0, "qemu usb-redir guest", 10*time.Second)
+				_ = c.Close(websocket.StatusNormalClosure, "done")
+			}
+			return err == nil
+		})
+		for _, c := range open {
+			_ = c.Close(websocket.StatusNormalClosure, "done")
+		}
+	})
+
 	// Last: the guest goes away under an open console; the user learns it with the handler's code.
 	t.Run("QEMU exits under an open console", func(t *testing.T) {
 		c, resp, err := dial(t, edit, vmi.Name, sub.Console, sub.SubprotocolPlain)

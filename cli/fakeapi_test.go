@@ -153,7 +153,9 @@ func (f *fakeAPI) serveSubresource(w http.ResponseWriter, r *http.Request) {
 	case subv1.Console:
 		f.console(w, r, ns+"/"+name)
 	case subv1.VNC:
-		f.vnc(w, r)
+		f.echo(w, r, "RFB 003.008\n")
+	case subv1.USBRedir:
+		f.echo(w, r, "USBREDIR-HELLO")
 	case subv1.QMP:
 		f.qmp(w, r)
 	case subv1.Screenshot:
@@ -202,15 +204,15 @@ func (f *fakeAPI) console(w http.ResponseWriter, r *http.Request, key string) {
 	}
 }
 
-// vnc sends an RFB greeting and echoes what it receives.
-func (f *fakeAPI) vnc(w http.ResponseWriter, r *http.Request) {
+// echo sends greeting (VNC's RFB greeting, say) and echoes what it receives.
+func (f *fakeAPI) echo(w http.ResponseWriter, r *http.Request, greeting string) {
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{subv1.SubprotocolPlain}})
 	if err != nil {
 		return
 	}
 	defer c.CloseNow()
 	ctx := r.Context()
-	_ = c.Write(ctx, websocket.MessageBinary, []byte("RFB 003.008\n"))
+	_ = c.Write(ctx, websocket.MessageBinary, []byte(greeting))
 	for {
 		_, b, err := c.Read(ctx)
 		if err != nil {

@@ -59,7 +59,7 @@ func New(argv0 string) *cobra.Command {
 	root.AddCommand(
 		newStart(e), newStop(e), newRestart(e),
 		newPause(e, true), newPause(e, false), newSoftReboot(e),
-		newConsole(e), newVNC(e), newQMP(e), newMigrate(e), newMigrateList(e), newMigrateCancel(e),
+		newConsole(e), newVNC(e), newUSBRedir(e), newQMP(e), newMigrate(e), newMigrateList(e), newMigrateCancel(e),
 		newAddVolume(e), newRemoveVolume(e),
 		newGuestOSInfo(e), newUserList(e), newFileSystemList(e),
 		newVersion(e), newMachine(), newLocal(e), newCreate(),

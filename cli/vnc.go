@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/spf13/cobra"
 
 	subv1 "github.com/qvirt/qvirt/api/subresources/v1alpha1"
@@ -93,14 +92,7 @@ func proxyVNC(ctx context.Context, c *kube.Client, name string, tcp net.Conn, ti
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ws := websocket.NetConn(ctx, conn, websocket.MessageBinary)
-	defer ws.Close()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(ws, tcp); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(tcp, ws); done <- struct{}{} }()
-	<-done
+	pipeWebsocket(ctx, conn, tcp)
 	return nil
 }
 

@@ -226,6 +226,7 @@ type builder struct {
 	hotPorts map[string]string // spare root port -> what a placed hot-plugged device sits there
 	macs     map[string]string // normalised MAC -> interface
 	names    map[string]bool   // device names seen, per kind prefix ("disk/x", "nic/y")
+	usb      bool              // the xHCI controller is there
 }
 
 const machinePath machine.Path = "machine"
@@ -251,6 +252,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.disks()        // disk.go
 	b.nics()         // nic.go
 	b.inputs()       // input.go
+	b.usbRedirs()    // input.go
 	b.rng()          // rng.go
 	b.memBalloon()   // balloon.go
 	b.channels()     // channel.go

@@ -1,6 +1,9 @@
 package launcher
 
-import "path/filepath"
+import (
+	"fmt"
+	"path/filepath"
+)
 
 // Dir is one VMI's socket directory, <socket-dir>/<vmi-uid>: the launcher creates it and its
 // sockets in its pod's own sockets volume (podlayout.SocketDir); the node agent finds them through
@@ -27,6 +30,12 @@ func (d Dir) Serial() string { return filepath.Join(string(d), "serial.sock") }
 
 // VNC is the VNC display, when a graphics device is attached.
 func (d Dir) VNC() string { return filepath.Join(string(d), "vnc.sock") }
+
+// USBRedir is the socket of USB redirection slot n (from 0), QEMU's server: a client's usbredir
+// stream plugs a USB device into the guest.
+func (d Dir) USBRedir(n int) string {
+	return filepath.Join(string(d), fmt.Sprintf("usbredir-%d.sock", n))
+}
 
 // PIDFile is where QEMU writes its pid.
 func (d Dir) PIDFile() string { return filepath.Join(string(d), "qemu.pid") }

@@ -101,6 +101,10 @@ type Machine struct {
 	GuestAgent bool `json:"guestAgent,omitempty"`
 	// Inputs are the guest's input devices, in order.
 	Inputs []Input `json:"inputs,omitempty"`
+	// USBRedirSlots is how many USB devices a client can redirect into the guest at once (QEMU's
+	// usb-redir devices, each fed from a socket of the launcher's; KubeVirt's clientPassthrough),
+	// at most MaxUSBRedirSlots; none when 0.
+	USBRedirSlots int `json:"usbRedirSlots,omitempty"`
 	// Watchdog is the guest's hardware watchdog; none when nil.
 	Watchdog *Watchdog `json:"watchdog,omitempty"`
 	// Panic are the devices through which the guest reports a kernel panic (PanicISA, PanicPCI);
@@ -620,3 +624,7 @@ type Filesystem struct {
 	// guest's writes to them fail there.
 	Dir string `json:"dir"`
 }
+
+// MaxUSBRedirSlots is how many USB redirection slots a machine has at most, and what KubeVirt
+// gives every instance with clientPassthrough (v1.UsbClientPassthroughMaxNumberOf).
+const MaxUSBRedirSlots = 4

@@ -54,9 +54,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		no(devp.Child("autoattachVSOCK"), "a VSOCK device", "; the node's kernel keeps one CID space for every guest and process on the node, "+
 			"so any process there could connect to the guest, which qvirt's tenant isolation does not allow")
 	}
-	if spec.Domain.Devices.ClientPassthrough != nil {
-		no(devp.Child("clientPassthrough"), "USB redirection from a client", "; qvirtctl has no usbredir")
-	}
 	if len(spec.Domain.Devices.GPUs) > 0 {
 		no(devp.Child("gpus"), "GPU passthrough", PassthroughReason)
 	}

@@ -27,7 +27,8 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 				HPET: &HPETTimer{Enabled: ptr.To(false)}, PIT: &PITTimer{TickPolicy: PITTickPolicyCatchup}, KVM: &KVMTimer{},
 				RTC: &RTCTimer{TickPolicy: RTCTickPolicyCatchup, Track: TrackWall}, Hyperv: &HypervTimer{}}},
 			Devices: Devices{
-				Rng:      &Rng{},
+				Rng:               &Rng{},
+				ClientPassthrough: &ClientPassthroughDevices{},
 				Inputs:   []Input{{Name: "tablet"}, {Name: "vtablet", Bus: InputBusVirtio, Type: InputTypeTablet}},
 				Watchdog: &Watchdog{Name: "wd", I6300ESB: &I6300ESBWatchdog{Action: WatchdogActionPoweroff}},
 				Disks: []Disk{
@@ -97,8 +98,6 @@ func TestNotRealised(t *testing.T) {
 			s.Domain.IOThreads = &DiskIOThreads{SupplementalPoolThreadCount: ptr.To[uint32](4)}
 		}, "spec.domain.ioThreads"},
 		{"VSOCK", func(s *VirtualMachineInstanceSpec) { s.Domain.Devices.AutoattachVSOCK = ptr.To(true) }, "spec.domain.devices.autoattachVSOCK"},
-		{"USB redirection", func(s *VirtualMachineInstanceSpec) { s.Domain.Devices.ClientPassthrough = &ClientPassthroughDevices{} },
-			"spec.domain.devices.clientPassthrough"},
 		{"a GPU", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.GPUs = []GPU{{Name: "gpu1", DeviceName: "nvidia.com/TU104GL_Tesla_T4"}}
 		}, "spec.domain.devices.gpus"},

@@ -621,8 +621,9 @@ type Devices struct {
 	// +optional
 	AutoattachVSOCK *bool `json:"autoattachVSOCK,omitempty"`
 
-	// ClientPassthrough redirects USB devices of a client (virtctl usbredir); not supported by this
-	// version of qvirt (refused): qvirtctl has no USB redirection.
+	// ClientPassthrough lets a client redirect up to four of its USB devices into the guest at
+	// once (qvirtctl usbredir, as virtctl usbredir): the guest gets an xHCI controller with four
+	// usb-redir slots.
 	// +optional
 	ClientPassthrough *ClientPassthroughDevices `json:"clientPassthrough,omitempty"`
 

@@ -303,7 +303,7 @@ func TestKubeVirtDownwardMetrics(t *testing.T) {
 
 // TestKubeVirtRefusedDevices: KubeVirt's devices qvirt cannot give are refused through
 // kube-apiserver naming the field and why, not as unknown fields: GPUs and host devices (the user
-// guide's examples), VSOCK and USB redirection.
+// guide's examples) and VSOCK.
 func TestKubeVirtRefusedDevices(t *testing.T) {
 	startWebhook(t)
 	for name, tc := range map[string]struct {
@@ -315,8 +315,7 @@ func TestKubeVirtRefusedDevices(t *testing.T) {
 			[]string{"spec.domain.devices.gpus", "device plugin"}},
 		"hostDevices": {"hostDevices", []any{map[string]any{"name": "quickaccess", "deviceName": "intel.com/qat"}},
 			[]string{"spec.domain.devices.hostDevices", "device plugin"}},
-		"autoattachVSOCK":   {"autoattachVSOCK", true, []string{"spec.domain.devices.autoattachVSOCK", "CID space"}},
-		"clientPassthrough": {"clientPassthrough", map[string]any{}, []string{"spec.domain.devices.clientPassthrough", "usbredir"}},
+		"autoattachVSOCK": {"autoattachVSOCK", true, []string{"spec.domain.devices.autoattachVSOCK", "CID space"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := sample(t, "vmi_testguest.yaml")
@@ -331,5 +330,25 @@ func TestKubeVirtRefusedDevices(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestKubeVirtClientPassthrough: KubeVirt's clientPassthrough, as its user guide writes it, is
+// accepted, stored, and translates to a machine with USB redirection slots.
+func TestKubeVirtClientPassthrough(t *testing.T) {
+	startWebhook(t)
+	o := sample(t, "vmi_testguest.yaml")
+	o["metadata"].(map[string]any)["name"] = "vmi-usbredir"
+	o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["clientPassthrough"] = map[string]any{}
+	data, _ := yaml.Marshal(o)
+	createByKubectl(t, data, "vmi", "vmi-usbredir")
+	var stored v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "vmi-usbredir", &stored)
+	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.USBRedirSlots != machine.MaxUSBRedirSlots {
+		t.Errorf("clientPassthrough translates to %d USB redirection slots, want %d", m.USBRedirSlots, machine.MaxUSBRedirSlots)
 	}
 }

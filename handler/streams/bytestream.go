@@ -9,9 +9,11 @@ import (
 
 	"github.com/coder/websocket"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	subresources "github.com/qvirt/qvirt/api/subresources/v1alpha1"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // takeoverWait bounds how long a new console session waits for the one it replaces to let go of
@@ -65,6 +67,65 @@ func (s *Server) vnc(w http.ResponseWriter, r *http.Request) {
 	}
 	// QEMU's VNC server takes several clients at once: no takeover.
 	s.serveBytes(w, r, sess, conn, "VNC display", caller, t, SubprotocolPlain, SubprotocolBinary)
+}
+
+// usbRedir carries one client's USB device, in usbredir's protocol, to a free USB redirection slot
+// of the VMI: each slot takes one device, and a VMI has machine.MaxUSBRedirSlots.
+func (s *Server) usbRedir(w http.ResponseWriter, r *http.Request) {
+	caller, t, ok := s.prepare(w, r, SubprotocolPlain, SubprotocolBinary)
+	if !ok {
+		return
+	}
+	if t.vmi.Spec.Domain.Devices.ClientPassthrough == nil {
+		fail(w, apierrors.NewBadRequest(fmt.Sprintf("VMI %s has no USB redirection (spec.domain.devices.clientPassthrough is not set)", t.key())))
+		return
+	}
+	slot, ok := s.takeUSBSlot(t.vmi.UID)
+	if !ok {
+		fail(w, apierrors.NewConflict(schema.GroupResource{Group: subresources.GroupVersion.Group, Resource: subresources.VirtualMachineInstances}, t.vmi.Name,
+			fmt.Errorf("all %d USB redirection slots of VMI %s are in use", machine.MaxUSBRedirSlots, t.key())))
+		return
+	}
+	defer s.releaseUSBSlot(t.vmi.UID, slot)
+	sess := newSession(r.Context())
+	conn, err := dial(sess.ctx, t, "USB redirection", t.dir.USBRedir(slot))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	s.serveBytes(w, r, sess, conn, fmt.Sprintf("USB redirection slot %d", slot), caller, t, SubprotocolPlain, SubprotocolBinary)
+}
+
+// takeUSBSlot marks the VMI's first free USB redirection slot in use; false when none is free.
+func (s *Server) takeUSBSlot(uid types.UID) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slots := s.usbSlots[uid]
+	if slots == nil {
+		slots = &[machine.MaxUSBRedirSlots]bool{}
+		s.usbSlots[uid] = slots
+	}
+	for i, used := range slots {
+		if !used {
+			slots[i] = true
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// releaseUSBSlot frees a slot takeUSBSlot gave; a VMI with none in use is forgotten.
+func (s *Server) releaseUSBSlot(uid types.UID, slot int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slots := s.usbSlots[uid]
+	if slots == nil {
+		return
+	}
+	slots[slot] = false
+	if *slots == ([machine.MaxUSBRedirSlots]bool{}) {
+		delete(s.usbSlots, uid)
+	}
 }
 
 // prepare does what every stream does first: identify the caller, check the subprotocol and find

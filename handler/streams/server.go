@@ -18,6 +18,7 @@ import (
 
 	subresources "github.com/qvirt/qvirt/api/subresources/v1alpha1"
 	"github.com/qvirt/qvirt/certs"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // Options configure the stream server. Reader, NodeName, PodsDir, Addr and either the three
@@ -61,6 +62,8 @@ type Server struct {
 	addr     net.Addr
 	consoles map[types.UID]*consoleSession
 	qmpUsers map[types.UID]string
+	// usbSlots are the USB redirection slots in use, per VMI.
+	usbSlots map[types.UID]*[machine.MaxUSBRedirSlots]bool
 
 	// streams counts websocket sessions, which http.Server.Shutdown does not wait for (they are
 	// hijacked connections).
@@ -92,7 +95,8 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("streams: %w", err)
 	}
-	return &Server{opts: opts, certs: store, consoles: map[types.UID]*consoleSession{}, qmpUsers: map[types.UID]string{}}, nil
+	return &Server{opts: opts, certs: store, consoles: map[types.UID]*consoleSession{}, qmpUsers: map[types.UID]string{},
+		usbSlots: map[types.UID]*[machine.MaxUSBRedirSlots]bool{}}, nil
 }
 
 // NeedLeaderElection is false: every handler serves its own node.
@@ -158,6 +162,7 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+vmiPath+"console", s.tracked(s.console))
 	mux.HandleFunc("GET "+vmiPath+"vnc", s.tracked(s.vnc))
+	mux.HandleFunc("GET "+vmiPath+"usbredir", s.tracked(s.usbRedir))
 	mux.HandleFunc("GET "+vmiPath+"qmp", s.tracked(s.qmp))
 	mux.HandleFunc("PUT "+vmiPath+"pause", s.pause)
 	mux.HandleFunc("PUT "+vmiPath+"unpause", s.unpause)

@@ -208,6 +208,9 @@ func devices(d *v1alpha1.Devices, m *machine.Machine) {
 	for _, in := range d.Inputs {
 		m.Inputs = append(m.Inputs, machine.Input{Name: in.Name, Bus: machine.InputBus(in.Bus), Type: machine.InputType(in.Type)})
 	}
+	if d.ClientPassthrough != nil {
+		m.USBRedirSlots = machine.MaxUSBRedirSlots
+	}
 	if w := d.Watchdog; w != nil {
 		m.Watchdog = &machine.Watchdog{Name: w.Name, Model: machine.WatchdogI6300ESB, Action: machine.WatchdogAction(w.I6300ESB.Action)}
 	}

@@ -34,7 +34,8 @@ import (
 var RootPackages = []string{"qemu-system-x86", "qemu-system-common", "qemu-system-data", "qemu-utils", "seabios", "ovmf", "swtpm"}
 
 // qemuFiles are the files of the QEMU layer besides their shared libraries: the emulator,
-// qemu-img, the TCG accelerator (a module in Debian's build: emulation needs it), and the
+// qemu-img, the TCG accelerator and the device modules the launcher's machines use (modules in
+// Debian's build), and the
 // firmware and option ROMs a machine of the launcher's loads (QEMU's firmware path in Debian is
 // /usr/share/qemu, /usr/share/seabios, /usr/lib/ipxe/qemu). NICs get no option ROM
 // (romfile=""), so iPXE's are left out. The VNC server loads QEMU's default keymap, en-us, at
@@ -45,6 +46,12 @@ func qemuFiles() []string {
 		"/usr/bin/qemu-system-x86_64",
 		"/usr/bin/qemu-img",
 		"/usr/lib/x86_64-linux-gnu/qemu/accel-tcg-x86_64.so",
+		// Devices Debian builds as modules: the virtio GPU and VGA (video type virtio) and USB
+		// redirection (clientPassthrough).
+		"/usr/lib/x86_64-linux-gnu/qemu/hw-display-virtio-gpu.so",
+		"/usr/lib/x86_64-linux-gnu/qemu/hw-display-virtio-gpu-pci.so",
+		"/usr/lib/x86_64-linux-gnu/qemu/hw-display-virtio-vga.so",
+		"/usr/lib/x86_64-linux-gnu/qemu/hw-usb-redirect.so",
 		// SeaBIOS (the default firmware of pc and q35) and the VGA BIOS of the launcher's VGA.
 		"/usr/share/seabios/bios-256k.bin",
 		"/usr/share/seabios/vgabios-stdvga.bin",

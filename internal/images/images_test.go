@@ -192,6 +192,17 @@ func TestLauncherImageBootsTheTestGuest(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "QEMU emulator version 7.2") {
 		t.Fatalf("qemu-system-x86_64 -version in the image: %v\n%s", err, out)
 	}
+	// Debian builds some devices as modules QEMU loads from its module directory: the image
+	// must carry those the launcher gives a machine (virtio video, USB redirection).
+	out, err = runInImage(t, root, nil, "/usr/bin/qemu-system-x86_64", "-machine", "none", "-device", "help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("qemu-system-x86_64 -device help in the image: %v\n%s", err, out)
+	}
+	for _, dev := range []string{"virtio-vga", "virtio-gpu-pci", "usb-redir", "qemu-xhci", "usb-tablet", "bochs-display"} {
+		if !strings.Contains(string(out), `name "`+dev+`"`) {
+			t.Errorf("the image's QEMU has no device %s", dev)
+		}
+	}
 	out, err = runInImage(t, root, nil, "/usr/bin/qemu-img", "--version").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "qemu-img version 7.2") {
 		t.Fatalf("qemu-img --version in the image: %v\n%s", err, out)

@@ -45,9 +45,11 @@ var GroupVersion = schema.GroupVersion{Group: "subresources.qvirt.io", Version: 
 
 // Subresource names; each is also the RBAC subresource.
 const (
-	Console    = "console"
-	VNC        = "vnc"
-	QMP        = "qmp"
+	Console = "console"
+	VNC     = "vnc"
+	QMP     = "qmp"
+	// USBRedir carries a client's USB device to the guest in usbredir's protocol (KubeVirt's).
+	USBRedir   = "usbredir"
 	Pause      = "pause"
 	Unpause    = "unpause"
 	SoftReboot = "softreboot"
