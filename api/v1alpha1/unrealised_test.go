@@ -29,8 +29,8 @@ func realisedSpec() *VirtualMachineInstanceSpec {
 			Devices: Devices{
 				Rng:               &Rng{},
 				ClientPassthrough: &ClientPassthroughDevices{},
-				Inputs:   []Input{{Name: "tablet"}, {Name: "vtablet", Bus: InputBusVirtio, Type: InputTypeTablet}},
-				Watchdog: &Watchdog{Name: "wd", I6300ESB: &I6300ESBWatchdog{Action: WatchdogActionPoweroff}},
+				Inputs:            []Input{{Name: "tablet"}, {Name: "vtablet", Bus: InputBusVirtio, Type: InputTypeTablet}},
+				Watchdog:          &Watchdog{Name: "wd", I6300ESB: &I6300ESBWatchdog{Action: WatchdogActionPoweroff}},
 				Disks: []Disk{
 					{Name: "root", Disk: &DiskTarget{Bus: DiskBusVirtio}, BootOrder: ptr.To[uint32](1), BlockSize: &BlockSize{MatchVolume: &FeatureState{}}},
 					{Name: "scratch", Disk: &DiskTarget{Bus: DiskBusSATA}},
