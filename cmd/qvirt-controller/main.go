@@ -24,6 +24,7 @@ import (
 	"github.com/qvirt/qvirt/controllers/nodehealth"
 	"github.com/qvirt/qvirt/internal/drain"
 	"github.com/qvirt/qvirt/internal/metricsauth"
+	"github.com/qvirt/qvirt/internal/restlimit"
 )
 
 func main() {
@@ -41,22 +42,28 @@ func main() {
 		nodeTimeout = flag.Duration("node-heartbeat-timeout", nodehealth.DefaultTimeout, "how long a node agent may go without a heartbeat before its instances are failed")
 		pprofAddr   = flag.String("pprof-bind-address", "", "address of Go's /debug/pprof/ profiles, unauthenticated: bind it to loopback (empty disables it)")
 	)
+	// KubeVirt's virt-controller's: a burst of new instances costs a pod, status writes and
+	// events each, all from the leader.
+	apiLimit := restlimit.Register(flag.CommandLine, 200, 400)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr, *pprofAddr, *leaderElect, *namespace, *webhooks, *webhookPort, *certSecret, *certDir, *nodeTimeout, *drainDelay); err != nil {
+	if err := run(apiLimit, metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr, *pprofAddr, *leaderElect, *namespace, *webhooks, *webhookPort, *certSecret, *certDir, *nodeTimeout, *drainDelay); err != nil {
 		ctrl.Log.Error(err, "qvirt-controller failed")
 		os.Exit(1)
 	}
 }
 
-func run(metrics server.Options, probeAddr, pprofAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certSecret, certDir string, nodeTimeout, drainDelay time.Duration) error {
+func run(apiLimit *restlimit.Flags, metrics server.Options, probeAddr, pprofAddr string, leaderElect bool, namespace string, webhooks bool, webhookPort int, certSecret, certDir string, nodeTimeout, drainDelay time.Duration) error {
 	sch, err := scheme.New()
 	if err != nil {
 		return err
 	}
 	cfg := ctrl.GetConfigOrDie()
+	if err := apiLimit.Apply(cfg); err != nil {
+		return err
+	}
 	hookOpts := webhook.Options{Port: webhookPort, CertDir: certDir}
 	var serving *certs.Source
 	if webhooks && certDir == "" && certSecret != "" {

@@ -19,6 +19,7 @@ import (
 	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler"
 	"github.com/qvirt/qvirt/internal/metricsauth"
+	"github.com/qvirt/qvirt/internal/restlimit"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
@@ -37,6 +38,8 @@ func main() {
 	metricsCert := flag.String("metrics-cert-dir", "", "directory with tls.crt and tls.key for /metrics (empty: a self-signed certificate)")
 	probeAddr := flag.String("health-probe-bind-address", ":8444", "address of /healthz and /readyz")
 	pprofAddr := flag.String("pprof-bind-address", "", "address of Go's /debug/pprof/ profiles, unauthenticated: bind it to loopback (empty disables it)")
+	// A node agent writes its own node's instances' status only.
+	apiLimit := restlimit.Register(flag.CommandLine, 50, 100)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -54,13 +57,13 @@ func main() {
 		opts.Streams.AllowedClientNames = strings.Split(*allowed, ",")
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(opts, metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr, *pprofAddr); err != nil {
+	if err := run(opts, apiLimit, metricsauth.ServerOptions(*metricsAddr, *metricsCert), *probeAddr, *pprofAddr); err != nil {
 		ctrl.Log.Error(err, "qvirt-handler failed")
 		os.Exit(1)
 	}
 }
 
-func run(opts handler.Options, metrics server.Options, probeAddr, pprofAddr string) error {
+func run(opts handler.Options, apiLimit *restlimit.Flags, metrics server.Options, probeAddr, pprofAddr string) error {
 	sch, err := scheme.New()
 	if err != nil {
 		return err
@@ -68,6 +71,9 @@ func run(opts handler.Options, metrics server.Options, probeAddr, pprofAddr stri
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	if err := apiLimit.Apply(cfg); err != nil {
+		return err
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 sch,

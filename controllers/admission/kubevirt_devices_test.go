@@ -191,32 +191,14 @@ func TestKubeVirtDiskBlockSize(t *testing.T) {
 	custom := func(logical, physical int) map[string]any {
 		return map[string]any{"custom": map[string]any{"logical": logical, "physical": physical}}
 	}
-	o := vmi(func(d map[string]any) { d["blockSize"] = custom(512, 4096) })
-	o["metadata"].(map[string]any)["name"] = "vmi-blocksize"
-	data, _ := yaml.Marshal(o)
-	createByKubectl(t, data, "vmi", "vmi-blocksize")
-	var stored v1alpha1.VirtualMachineInstance
-	get(t, "vmi", "vmi-blocksize", &stored)
-	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := storedMachine(t, vmi(func(d map[string]any) { d["blockSize"] = custom(512, 4096) }), "vmi-blocksize")
 	if bs := m.Disks[0].BlockSize; bs == nil || bs.Logical != 512 || bs.Physical != 4096 {
 		t.Errorf("the disk translates with block size %+v, want 512/4096", bs)
 	}
 
-	o = vmi(func(d map[string]any) {
+	m = storedMachine(t, vmi(func(d map[string]any) {
 		d["blockSize"] = map[string]any{"matchVolume": map[string]any{"enabled": true}}
-	})
-	o["metadata"].(map[string]any)["name"] = "vmi-matchvolume"
-	data, _ = yaml.Marshal(o)
-	createByKubectl(t, data, "vmi", "vmi-matchvolume")
-	var storedMV v1alpha1.VirtualMachineInstance
-	get(t, "vmi", "vmi-matchvolume", &storedMV)
-	m, err = translate.Machine(&storedMV, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	}), "vmi-matchvolume")
 	if d := m.Disks[0]; !d.MatchVolumeBlockSize || d.BlockSize != nil {
 		t.Errorf("matchVolume translates to %+v, want a disk whose sizes the launcher reads from its volume", d)
 	}
@@ -256,16 +238,8 @@ func TestKubeVirtDiskBlockSize(t *testing.T) {
 func TestKubeVirtVirtioTransitional(t *testing.T) {
 	startWebhook(t)
 	o := sample(t, "vmi_testguest.yaml")
-	o["metadata"].(map[string]any)["name"] = "vmi-transitional"
 	o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["useVirtioTransitional"] = true
-	data, _ := yaml.Marshal(o)
-	createByKubectl(t, data, "vmi", "vmi-transitional")
-	var stored v1alpha1.VirtualMachineInstance
-	get(t, "vmi", "vmi-transitional", &stored)
-	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := storedMachine(t, o, "vmi-transitional")
 	if !m.VirtioTransitional {
 		t.Error("useVirtioTransitional: true translates to a machine without transitional virtio devices")
 	}
@@ -338,17 +312,25 @@ func TestKubeVirtRefusedDevices(t *testing.T) {
 func TestKubeVirtClientPassthrough(t *testing.T) {
 	startWebhook(t)
 	o := sample(t, "vmi_testguest.yaml")
-	o["metadata"].(map[string]any)["name"] = "vmi-usbredir"
 	o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)["clientPassthrough"] = map[string]any{}
+	m := storedMachine(t, o, "vmi-usbredir")
+	if m.USBRedirSlots != machine.MaxUSBRedirSlots {
+		t.Errorf("clientPassthrough translates to %d USB redirection slots, want %d", m.USBRedirSlots, machine.MaxUSBRedirSlots)
+	}
+}
+
+// storedMachine creates the instance o as name with kubectl, reads back what kube-apiserver stored
+// and translates it as a node agent would (under emulation, its interface on tap0).
+func storedMachine(t *testing.T, o map[string]any, name string) *machine.Machine {
+	t.Helper()
+	o["metadata"].(map[string]any)["name"] = name
 	data, _ := yaml.Marshal(o)
-	createByKubectl(t, data, "vmi", "vmi-usbredir")
+	createByKubectl(t, data, "vmi", name)
 	var stored v1alpha1.VirtualMachineInstance
-	get(t, "vmi", "vmi-usbredir", &stored)
+	get(t, "vmi", name, &stored)
 	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.USBRedirSlots != machine.MaxUSBRedirSlots {
-		t.Errorf("clientPassthrough translates to %d USB redirection slots, want %d", m.USBRedirSlots, machine.MaxUSBRedirSlots)
-	}
+	return m
 }
