@@ -268,6 +268,17 @@ func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.Virtua
 	case !ms.TargetReady || ms.TargetNodeAddress == "" || st.Phase != protocol.PhaseRunning:
 		return nil
 	}
+	// The streamed status st may lag behind the launcher (this agent's own start just now, its
+	// status write done, the stream not yet showing it): a second start would be refused and
+	// fail the migration, so the launcher itself is asked first.
+	running, err := r.migratingNow(ctx, v)
+	if err != nil {
+		return err
+	}
+	if running {
+		ms.StartTimestamp = ptr.To(metav1.NewTime(r.now().Time))
+		return nil
+	}
 	if err := unplugPending(v, st); err != nil {
 		r.failSourceMigration(v, err.Error())
 		return nil
@@ -279,6 +290,18 @@ func (r *Reconciler) syncSourceMigration(ctx context.Context, v *v1alpha1.Virtua
 	ms.StartTimestamp = ptr.To(metav1.NewTime(r.now().Time))
 	r.Recorder.Eventf(v, corev1.EventTypeNormal, EventMigrationStarted, "Migrating to node %s at %s", ms.TargetNode, ms.TargetNodeAddress)
 	return nil
+}
+
+// migratingNow asks the source launcher itself (not its status stream) whether it sends the
+// guest already.
+func (r *Reconciler) migratingNow(ctx context.Context, v *v1alpha1.VirtualMachineInstance) (bool, error) {
+	c := r.launchers.client(v.UID)
+	defer c.Close()
+	st, err := c.Status(ctx)
+	if err != nil {
+		return false, fmt.Errorf("the source launcher's status before the start: %w", err)
+	}
+	return outgoing(st.Migration), nil
 }
 
 // startOutgoing opens the tunnel to the target node's endpoint on a socket in the source pod and

@@ -2,7 +2,11 @@ package vmisync
 
 import (
 	"context"
+	"encoding/json"
+	"net"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -92,5 +96,50 @@ func TestPausedPostCopyIsNotAFailure(t *testing.T) {
 	}
 	if ms := v.Status.MigrationState; !ms.Failed {
 		t.Error("a paused post-copy migration whose QEMU ended was not failed")
+	}
+}
+
+// The streamed launcher status can lag behind the launcher itself: a reconcile right after the
+// agent's own start (its status write done, the stream not yet showing the migration) read a
+// stream that showed no migration and started again; the launcher refused ("409: a migration is
+// already running") and the migration failed (the real-node test's migrate after an upgrade).
+// Before starting, the agent asks the launcher itself.
+func TestSourceMigrationAsksTheLauncherBeforeStarting(t *testing.T) {
+	dir := launcher.Dir(t.TempDir())
+	var sources atomic.Int32
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(protocol.Status{Phase: protocol.PhaseRunning, RunState: "running",
+			Migration: &protocol.MigrationInfo{Role: protocol.RoleSource, Status: "active"}})
+	})
+	mux.HandleFunc("POST /v1/migration/source", func(w http.ResponseWriter, _ *http.Request) {
+		sources.Add(1)
+		w.WriteHeader(http.StatusConflict)
+		_ = json.NewEncoder(w).Encode(protocol.ErrorResponse{Error: "a migration is already running"})
+	})
+	ln, err := net.Listen("unix", dir.Command())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	v := &v1alpha1.VirtualMachineInstance{}
+	v.UID = "5a1d3b9e-0c1e-4d5e-9f3a-2b7c8d9e0f12"
+	v.Status.NodeName = "node-a"
+	v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationUID: "m-2",
+		SourceNode: "node-a", TargetNode: "node-b", TargetReady: true, TargetNodeAddress: "10.0.0.2:4443"}
+	r := &Reconciler{NodeName: "node-a", Recorder: record.NewFakeRecorder(10),
+		launchers: newLaunchers(launcher.ClientOptions{}, logr.Discard())}
+	r.launchers.place(v.UID, dir)
+	streamed := &protocol.Status{Phase: protocol.PhaseRunning, RunState: "running"} // no migration yet
+	if err := r.syncSourceMigration(context.Background(), v, streamed); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	ms := v.Status.MigrationState
+	if ms.Failed || ms.StartTimestamp == nil || sources.Load() != 0 {
+		t.Errorf("failed %v (%q), startTimestamp %v, starts sent %d; want the running migration recorded as started and none sent",
+			ms.Failed, ms.FailureReason, ms.StartTimestamp, sources.Load())
 	}
 }
