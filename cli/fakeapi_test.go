@@ -204,7 +204,8 @@ func (f *fakeAPI) console(w http.ResponseWriter, r *http.Request, key string) {
 	}
 }
 
-// echo sends greeting (VNC's RFB greeting, say) and echoes what it receives.
+// echo sends greeting (VNC's RFB greeting, say) and echoes what it receives until it receives
+// "BYE": then it closes the stream, as a VMI that stops does.
 func (f *fakeAPI) echo(w http.ResponseWriter, r *http.Request, greeting string) {
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{subv1.SubprotocolPlain}})
 	if err != nil {
@@ -216,6 +217,10 @@ func (f *fakeAPI) echo(w http.ResponseWriter, r *http.Request, greeting string) 
 	for {
 		_, b, err := c.Read(ctx)
 		if err != nil {
+			return
+		}
+		if string(b) == "BYE" {
+			c.Close(websocket.StatusNormalClosure, "the VMI stopped")
 			return
 		}
 		_ = c.Write(ctx, websocket.MessageBinary, b)

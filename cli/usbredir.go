@@ -91,15 +91,19 @@ func (e *env) usbRedir(ctx context.Context, cmd *cobra.Command, device, name, us
 		return fmt.Errorf("usbredirect --device %s: %w", device, withOutput(err, out.String()))
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "USB device %s redirected to VMI %s; Ctrl+C to take it back\n", device, name)
-	pipeWebsocket(ctx, conn, tcp)
-	select {
-	case <-exited:
-		// usbredirect ended the redirection: the device went away, or it failed.
+	if pipeWebsocket(ctx, conn, tcp) == localEnded {
+		// usbredirect ended the redirection (the device went away, or it failed): its exit is
+		// on its way, and says which.
+		<-exited
 		if waitErr != nil && ctx.Err() == nil {
 			return fmt.Errorf("usbredirect --device %s: %w", device, withOutput(waitErr, out.String()))
 		}
 		return nil
-	default:
+	}
+	if ctx.Err() != nil {
+		// Interrupted: exec.CommandContext kills usbredirect.
+		<-exited
+		return nil
 	}
 	// The VMI's side ended (the guest stopped or moved): usbredirect gives the device back.
 	_ = run.Process.Signal(os.Interrupt)
@@ -135,16 +139,24 @@ func withOutput(err error, out string) error {
 	return err
 }
 
+// pipeEnd says which side of a pipeWebsocket closed first.
+type pipeEnd int
+
+const (
+	localEnded pipeEnd = iota
+	remoteEnded
+)
+
 // pipeWebsocket carries bytes between a stream's websocket and a local connection until either
-// side closes, then closes both.
-func pipeWebsocket(ctx context.Context, conn *websocket.Conn, local io.ReadWriteCloser) {
+// side closes, then closes both, and says which side closed first.
+func pipeWebsocket(ctx context.Context, conn *websocket.Conn, local io.ReadWriteCloser) pipeEnd {
 	defer local.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ws := websocket.NetConn(ctx, conn, websocket.MessageBinary)
 	defer ws.Close()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(ws, local); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(local, ws); done <- struct{}{} }()
-	<-done
+	done := make(chan pipeEnd, 2)
+	go func() { _, _ = io.Copy(ws, local); done <- localEnded }()
+	go func() { _, _ = io.Copy(local, ws); done <- remoteEnded }()
+	return <-done
 }

@@ -56,9 +56,36 @@ head -c ${#msg} <&3 > "`+dir+`/echo"
 	if code != 0 || out != "USB device 1d6b:0002 redirected to VMI u2; Ctrl+C to take it back\n" {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
+	// usbredirect ended the redirection, not the VMI: saying otherwise sends the user looking at
+	// the wrong end.
+	if strings.Contains(errOut, "closed the USB redirection") {
+		t.Errorf("stderr blames the VMI for an end usbredirect made: %q", errOut)
+	}
 	for file, want := range map[string]string{"greeting": "USBREDIR-HELLO", "echo": "DEVICE-1d6b:0002"} {
 		if got, err := os.ReadFile(filepath.Join(dir, file)); err != nil || string(got) != want {
 			t.Errorf("%s: %q, %v; want %q", file, got, err, want)
 		}
+	}
+}
+
+// TestUSBRedirEndedByTheVMI: when the VMI's side closes the stream, qvirtctl gives usbredirect
+// its end and says the VMI closed the redirection. The script stands in for usbredirect as above.
+func TestUSBRedirEndedByTheVMI(t *testing.T) {
+	f := newFakeAPI(t)
+	kc := f.kubeconfig(t)
+	createVMI(t, "ns-a", "u3", qv1.Running)
+	script := filepath.Join(t.TempDir(), "usbredirect")
+	if err := os.WriteFile(script, []byte(`#!/bin/bash
+to=$4
+exec 3<>"/dev/tcp/${to%:*}/${to#*:}"
+head -c 14 <&3 >/dev/null
+printf BYE >&3
+cat <&3 >/dev/null
+`), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := run(t, nil, "usbredir", "1d6b:0002", "u3", "--usbredirect", script, "--kubeconfig", kc)
+	if code != 0 || !strings.Contains(errOut, "VMI u3 closed the USB redirection of 1d6b:0002") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }
