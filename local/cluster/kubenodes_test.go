@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -48,7 +49,12 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	netnsBefore := testutil.HostNetNSes(t)
 	t.Cleanup(func() {
+		// The nodes' pod network namespaces stay under the state directory too.
+		if left := slices.DeleteFunc(testutil.HostNetNSes(t), func(n string) bool { return slices.Contains(netnsBefore, n) }); len(left) > 0 {
+			t.Errorf("Down left %d network namespace files in the host's %s: %q", len(left), testutil.HostNetNSDir, left)
+		}
 		if t.Failed() {
 			return
 		}

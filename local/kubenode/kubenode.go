@@ -207,6 +207,9 @@ func (n *Node) writeKubeconfig() error {
 //     KubeVirt asks the same of containerd for its non-root launchers.
 //   - the sandbox image comes from the local registry: no internet registry is reachable.
 //   - the gRPC, ttrpc and stream server addresses are the node's own, so nodes coexist.
+//   - pod network namespaces are bind-mounted under the node's state, not the host's
+//     /var/run/netns: a node stopped with its pods left there an empty file per pod, which
+//     nothing removed.
 func (n *Node) writeContainerdConfig() error {
 	o := n.opts
 	q := strconv.Quote
@@ -220,6 +223,7 @@ func (n *Node) writeContainerdConfig() error {
 		"[plugins.'io.containerd.cri.v1.images'.pinned_images]", "  sandbox = " + q(o.SandboxImage),
 		"[plugins.'io.containerd.cri.v1.images'.registry]", "  config_path = " + q(n.path("certs.d")),
 		"[plugins.'io.containerd.cri.v1.runtime']", "  restrict_oom_score_adj = true", "  device_ownership_from_security_context = true",
+		"  netns_mounts_under_state_dir = true",
 		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]", "  runtime_type = 'io.containerd.runc.v2'",
 		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]",
 		"  BinaryName = " + q(o.Runc), "  SystemdCgroup = false",

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,6 +171,7 @@ func startRealNodes(t *testing.T) *realNodes {
 	if err != nil {
 		t.Fatal(err)
 	}
+	netnsBefore := testutil.HostNetNSes(t)
 	n := &realNodes{cs: cs, registry: srv.Addr(), kubectlBin: filepath.Join(tools, "kubectl"), kubeconfig: cp.Kubeconfig, dirs: map[string]string{}, state: dir}
 	t.Cleanup(func() {
 		// qvirt's VMs (a failed test leaves them running, and they would recreate their pods),
@@ -188,6 +190,9 @@ func startRealNodes(t *testing.T) *realNodes {
 		}
 		if err := kubenode.CleanupProxy(); err != nil {
 			t.Errorf("clean up kube-proxy: %v", err)
+		}
+		if left := slices.DeleteFunc(testutil.HostNetNSes(t), func(n string) bool { return slices.Contains(netnsBefore, n) }); len(left) > 0 {
+			t.Errorf("the nodes left %d network namespace files in the host's %s: %q", len(left), testutil.HostNetNSDir, left)
 		}
 		if t.Failed() {
 			t.Logf("state and logs kept in %s", dir)
