@@ -224,6 +224,17 @@ func hasInterface(v *v1alpha1.VirtualMachineInstance, name string) bool {
 	return false
 }
 
+// targetMachine makes m, translated from the whole spec, the machine a migration target starts
+// with: the guest must find the source's devices where and as they were.
+func targetMachine(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) error {
+	for i := range m.Disks {
+		if err := sourceBlockSize(v, &m.Disks[i]); err != nil {
+			return err
+		}
+	}
+	return placeHotplugged(v, m)
+}
+
 // placeHotplugged makes m, translated from the whole spec, the machine a migration target starts
 // with: exactly the source's device set, each hot-plugged device on the root port it has there, so
 // the guest finds every device where it was. Disks and interfaces the source has not attached
@@ -242,9 +253,6 @@ func placeHotplugged(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) err
 	}
 	var disks []machine.Disk
 	for _, d := range m.Disks {
-		if err := sourceBlockSize(v, &d); err != nil {
-			return err
-		}
 		if port, hot := ports[d.Name]; hot {
 			d.Port = port
 		} else if !cold[d.Name] {

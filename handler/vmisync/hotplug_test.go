@@ -120,7 +120,7 @@ func TestMatchVolumeBlockSizesReachTheTarget(t *testing.T) {
 		return &machine.Machine{Disks: []machine.Disk{{Name: "root", MatchVolumeBlockSize: true}, {Name: "data", MatchVolumeBlockSize: true}}}
 	}
 	m := desc()
-	if err := placeHotplugged(v, m); err != nil {
+	if err := targetMachine(v, m); err != nil {
 		t.Fatal(err)
 	}
 	want := []machine.Disk{
@@ -131,7 +131,7 @@ func TestMatchVolumeBlockSizesReachTheTarget(t *testing.T) {
 	}
 
 	v.Status.VolumeStatus[0].BlockSize = nil
-	err := placeHotplugged(v, desc())
+	err := targetMachine(v, desc())
 	var fe *field.Error
 	if !errors.As(err, &fe) || fe.Field != "status.volumeStatus[0].blockSize" || !strings.Contains(fe.Detail, `disk "root"`) {
 		t.Errorf("target without the source's sizes: %v, want an error at status.volumeStatus[0].blockSize naming the disk", err)

@@ -430,7 +430,7 @@ func (r *Reconciler) startLauncher(ctx context.Context, v *v1alpha1.VirtualMachi
 	}
 	m, err := translate.Machine(v, translate.Host{Emulation: launcherEmulation(pod), NICs: nics, SkipNotRealised: incoming, Pod: vols, NodeName: r.NodeName})
 	if err == nil && incoming {
-		err = placeHotplugged(v, m)
+		err = targetMachine(v, m)
 	}
 	if err == nil {
 		err = prepareHostDisks(peer, m.Disks)
