@@ -58,7 +58,7 @@ func removeNetNS(path string) error {
 
 // Cleanup removes what a run with this state directory left behind, for example after a crash:
 // the pods' processes (from their pid files), network namespaces, the veths on the node's bridge and
-// the bridge, IPAM reservations, CNI cache, volumes, and restores ip_forward if that run changed it.
+// the bridge, IPAM reservations, CNI cache, volumes, the pods' CPU cgroups, and restores ip_forward if that run changed it.
 // Logs stay. A missing state directory is nothing to clean. Run calls it at start and at exit.
 func Cleanup(stateDir string) error {
 	if _, err := os.Stat(stateDir); errors.Is(err, os.ErrNotExist) {
@@ -69,6 +69,7 @@ func Cleanup(stateDir string) error {
 	errs = append(errs, detachLeftoverLoops(filepath.Join(stateDir, podsDir)))
 	errs = append(errs, removeNetNSes(filepath.Join(stateDir, netnsDir)))
 	errs = append(errs, teardownState(stateDir))
+	errs = append(errs, removeCPUGroups(stateDir))
 	errs = append(errs, restoreIPForward(stateDir))
 	return errors.Join(errs...)
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -24,6 +25,7 @@ type bindMount struct {
 // pod's hostname. (The PID namespace is the process's own: see podRun.command.)
 type sandbox struct {
 	netns    string
+	cpuTasks string // the pod's CPU cgroup's tasks file, or ""
 	hostname string
 	hidden   []string
 	mounts   []bindMount
@@ -82,6 +84,13 @@ func (s sandbox) enterAndStart(cmd *exec.Cmd) error {
 	}
 	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 		return fmt.Errorf("enter netns %s: %w", s.netns, err)
+	}
+	// cgroup v1 moves this thread alone; the child forked from it starts in the pod's cgroup, as
+	// does everything it forks (the launcher's QEMU).
+	if s.cpuTasks != "" {
+		if err := os.WriteFile(s.cpuTasks, []byte(strconv.Itoa(unix.Gettid())), 0o644); err != nil {
+			return fmt.Errorf("enter the pod's CPU cgroup: %w", err)
+		}
 	}
 	return cmd.Start()
 }

@@ -31,8 +31,7 @@ func nodeObject(opts Options, addr netip.Addr) *corev1.Node {
 		"type":                 "virtual-kubelet",
 	}
 	maps.Copy(labels, opts.Labels)
-	capacity := defaultCapacity()
-	maps.Copy(capacity, opts.Capacity)
+	capacity := nodeCapacity(opts)
 	now := metav1.Now()
 	cond := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason string) corev1.NodeCondition {
 		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, LastHeartbeatTime: now, LastTransitionTime: now}
@@ -59,6 +58,13 @@ func nodeObject(opts Options, addr netip.Addr) *corev1.Node {
 			},
 		},
 	}
+}
+
+// nodeCapacity is the node's capacity (and allocatable): the defaults with Options.Capacity over them.
+func nodeCapacity(opts Options) corev1.ResourceList {
+	capacity := defaultCapacity()
+	maps.Copy(capacity, opts.Capacity)
+	return capacity
 }
 
 func defaultCapacity() corev1.ResourceList {

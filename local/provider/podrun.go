@@ -57,6 +57,7 @@ type podRun struct {
 	pod          *corev1.Pod
 	procs        []*os.Process // by container index; nil when not running
 	netns        string
+	cpuTasks     string             // the pod's cgroup's tasks file; "" when pods are not confined
 	leases       []*imagepull.Lease // of the pod's image volumes, released when the pod is gone
 	sandboxReady bool
 	stopping     bool
@@ -133,6 +134,9 @@ func (r *podRun) run() {
 	if err == nil {
 		err = r.setupNetwork(ctx, uid)
 	}
+	if err == nil {
+		err = r.setupCPU()
+	}
 	if errors.Is(err, errStopped) {
 		// Stopped while an image could not be pulled: no container ever ran. The kubelet reports
 		// such a container as below.
@@ -165,6 +169,9 @@ func (r *podRun) run() {
 	if err := detachRecordedLoops(r.dir); err != nil {
 		log.Error(err, "detach the pod's loop devices")
 	}
+	if err := r.p.cpu.removePod(r.pod.UID); err != nil {
+		log.Error(err, "remove the pod's CPU cgroup")
+	}
 	r.releaseImages()
 	_ = os.RemoveAll(r.dir)
 	r.mu.Lock()
@@ -192,6 +199,18 @@ func (r *podRun) setupNetwork(ctx context.Context, uid string) error {
 		st.PodIP = ip.String()
 		st.PodIPs = []corev1.PodIP{{IP: ip.String()}}
 	})
+	return nil
+}
+
+// setupCPU gives the pod its CPU cgroup, where its processes start.
+func (r *podRun) setupCPU() error {
+	tasks, err := r.p.cpu.addPod(r.pod)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.cpuTasks = tasks
+	r.mu.Unlock()
 	return nil
 }
 
@@ -372,7 +391,7 @@ func (r *podRun) runOnce(i int, vols map[string]volume) (*corev1.ContainerStateT
 // of its binary and of the init, so they stay reachable, read-only, even from under a hidden path).
 func (r *podRun) sandbox(c *corev1.Container, initBin, bin, termFile string, vols map[string]volume) (sandbox, error) {
 	r.mu.Lock()
-	sb := sandbox{netns: r.netns, hostname: podHostname(r.pod), hidden: r.p.opts.HiddenPaths}
+	sb := sandbox{netns: r.netns, cpuTasks: r.cpuTasks, hostname: podHostname(r.pod), hidden: r.p.opts.HiddenPaths}
 	r.mu.Unlock()
 	sb.mounts = append(containerMounts(c, vols), bindMount{source: termFile, target: terminationPath(c), file: true})
 	for _, p := range []string{initBin, bin} {

@@ -29,6 +29,8 @@ type pods struct {
 	recorder   record.EventRecorder
 	// images pulls and keeps the images of image volumes; nil when Options.ImageCache is empty.
 	images *imagepull.Store
+	// cpu holds each pod in a cgroup weighted by its CPU requests; nil confines nothing.
+	cpu *cpuGroups
 
 	mu     sync.Mutex
 	byKey  map[string]*podRun

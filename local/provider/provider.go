@@ -224,9 +224,13 @@ func Run(ctx context.Context, opts Options) (retErr error) {
 	}
 	// Teardown runs on every exit from here on, after the controllers stopped.
 	p := newPods(opts, net, images, log)
+	p.cpu, err = newCPUGroups(opts.StateDir, nodeCapacity(opts)[corev1.ResourceCPU])
+	if err != nil {
+		log.Error(err, "pods run without CPU shares: each of their processes competes with the host's as an equal")
+	}
 	defer func() {
 		p.shutdown(context.WithoutCancel(ctx))
-		if err := teardownState(opts.StateDir); err != nil && retErr == nil {
+		if err := errors.Join(teardownState(opts.StateDir), removeCPUGroups(opts.StateDir)); err != nil && retErr == nil {
 			retErr = err
 		}
 		releaseIPForward()

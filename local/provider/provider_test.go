@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -498,6 +499,59 @@ func TestVirtualNodes(t *testing.T) {
 		pids = append(pids, pidOf(t, pod))
 	})
 
+	var nodeGroups []string
+	t.Run("a pod's processes share a CPU cgroup weighted by its requests, under the node's weighted by its CPUs", func(t *testing.T) {
+		tc.t = t
+		pod := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "cpu-weighted"},
+			Spec: corev1.PodSpec{
+				NodeName: n1.name,
+				Containers: []corev1.Container{
+					{Name: "a", Image: busyboxImage, Command: []string{"sh", "-c", "sleep 3600 & wait"},
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m")}}},
+					{Name: "b", Image: busyboxImage, Command: []string{"sleep", "3600"},
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}},
+				},
+			},
+		})
+		pod = tc.waitPhase(pod.Name, corev1.PodRunning)
+		pid := pidOf(t, pod)
+		group := cpuCgroup(t, pid)
+		if filepath.Base(group) != "pod"+string(pod.UID) {
+			t.Fatalf("container process %d is in cpu cgroup %s, want the pod's (pod%s)", pid, group, pod.UID)
+		}
+		// What the container forked (sleep under sh) is there too.
+		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		for _, c := range strings.Fields(string(children)) {
+			if child, _ := strconv.Atoi(c); cpuCgroup(t, child) != group {
+				t.Errorf("child %d of the container is in cpu cgroup %s, not the pod's %s", child, cpuCgroup(t, child), group)
+			}
+		}
+		// 1250 millicores, 1024 shares per CPU (the kubelet's conversion).
+		dir := filepath.Join("/sys/fs/cgroup/cpu", group)
+		if got := readTrimmed(t, filepath.Join(dir, "cpu.shares")); got != "1280" {
+			t.Errorf("the pod's cpu.shares = %s, want 1280 (its containers request 1.25 CPUs)", got)
+		}
+		node := filepath.Dir(dir)
+		nodeGroups = append(nodeGroups, node)
+		if got, want := readTrimmed(t, filepath.Join(node, "cpu.shares")), strconv.Itoa(runtime.NumCPU()*1024); got != want {
+			t.Errorf("the node's cgroup %s has cpu.shares %s, want %s (its %d allocatable CPUs)", node, got, want, runtime.NumCPU())
+		}
+		if err := tc.client.CoreV1().Pods(tc.ns).Delete(tc.ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(1))}); err != nil {
+			t.Fatal(err)
+		}
+		tc.waitGone(pod.Name)
+		// The object can go before the processes' last moments (the provider removes the group
+		// after them).
+		deadline := time.Now().Add(10 * time.Second)
+		for _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist); _, err = os.Stat(dir) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the pod's cgroup %s is left 10 s after the pod is gone (stat: %v)", dir, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+
 	t.Run("stopping the providers leaves no process, namespace, veth, bridge or IPAM state", func(t *testing.T) {
 		tc.t = t
 		n1.stop(t)
@@ -519,6 +573,11 @@ func TestVirtualNodes(t *testing.T) {
 		}
 		if before.ipForward != after.ipForward {
 			t.Errorf("ip_forward before %s, after %s", before.ipForward, after.ipForward)
+		}
+		for _, g := range nodeGroups {
+			if _, err := os.Stat(g); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the node's CPU cgroup %s is left (stat: %v)", g, err)
+			}
 		}
 		for _, n := range []*node{n1, n2} {
 			for _, d := range []string{"netns", "ipam", "cni-cache", "pods"} {
@@ -630,6 +689,32 @@ func (tc *testCluster) httpGet(url string) string {
 	}
 	tc.t.Fatalf("GET %s: %v", url, lastErr)
 	return ""
+}
+
+// cpuCgroup is the cgroup v1 cpu controller's path of a process (/proc/PID/cgroup).
+func cpuCgroup(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "cpu") {
+			return f[2]
+		}
+	}
+	t.Fatalf("process %d has no cpu cgroup: %s", pid, b)
+	return ""
+}
+
+func readTrimmed(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // pidOf reads the process id from a running container's ID (process://PID).
