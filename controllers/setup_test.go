@@ -2,9 +2,7 @@ package controllers_test
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os/exec"
@@ -13,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -26,6 +22,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // These tests run the real qvirt-controller binary against a real API server, the way a cluster
@@ -84,16 +81,6 @@ func startController(t *testing.T, namespace string) (metrics, health string) {
 	return metrics, health
 }
 
-func get(url string) (int, string) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
-}
-
 // checkMetricsAuth reads the controller's /metrics as a scraper would: over HTTPS, with the
 // token of a ServiceAccount bound to config/rbac's qvirt-metrics-reader. Without a token, or with
 // one of a ServiceAccount holding no such binding, nothing is served.
@@ -105,16 +92,16 @@ func checkMetricsAuth(t *testing.T, addr string) {
 	}
 	scraper, stranger := saToken(t, "scraper", "qvirt-metrics-reader"), saToken(t, "stranger", "")
 	url := "https://" + addr + "/metrics"
-	if code, body := getWithToken(url, ""); code != http.StatusUnauthorized && code != http.StatusForbidden {
+	if code, body := testutil.GetWithToken(url, ""); code != http.StatusUnauthorized && code != http.StatusForbidden {
 		t.Errorf("/metrics without a token answered %d, want 401 or 403: %.300s", code, body)
 	}
-	if code, body := getWithToken(url, stranger); code != http.StatusForbidden {
+	if code, body := testutil.GetWithToken(url, stranger); code != http.StatusForbidden {
 		t.Errorf("/metrics for a ServiceAccount without the scraper role answered %d, want 403: %.300s", code, body)
 	}
 	var code int
 	var body string
 	eventually(t, 30*time.Second, "/metrics to serve the scraper", func() bool {
-		code, body = getWithToken(url, scraper)
+		code, body = testutil.GetWithToken(url, scraper)
 		return code == http.StatusOK
 	})
 	if !strings.Contains(body, "controller_runtime_reconcile_total") {
@@ -126,51 +113,15 @@ func checkMetricsAuth(t *testing.T, addr string) {
 // returns a token for it.
 func saToken(t *testing.T, name, clusterRole string) string {
 	t.Helper()
-	ctx := context.Background()
 	cs, err := kubernetes.NewForConfig(cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}
-	if _, err := cs.CoreV1().ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if clusterRole != "" {
-		crb := &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: name + "-" + clusterRole},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: clusterRole},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: "default"}},
-		}
-		if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tr, err := cs.CoreV1().ServiceAccounts("default").CreateToken(ctx, name,
-		&authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
+	token, err := testutil.ServiceAccountToken(context.Background(), cs, "default", name, clusterRole)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tr.Status.Token
-}
-
-// getWithToken GETs url over TLS without verifying the server (the metrics endpoint's certificate
-// is self-signed unless --metrics-cert-dir names one), as bearer token when not "".
-func getWithToken(url, token string) (int, string) {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		return 0, err.Error()
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	return token
 }
 
 func TestControllerBinaryRunsAVMAndDeletesItInOrder(t *testing.T) {
@@ -187,8 +138,8 @@ func TestControllerBinaryRunsAVMAndDeletesItInOrder(t *testing.T) {
 	}
 	metrics, health := startController(t, "qvirt-system")
 
-	eventually(t, 30*time.Second, "/readyz", func() bool { code, _ := get("http://" + health + "/readyz"); return code == 200 })
-	if code, _ := get("http://" + health + "/healthz"); code != 200 {
+	eventually(t, 30*time.Second, "/readyz", func() bool { code, _ := testutil.GetWithToken("http://" + health + "/readyz", ""); return code == 200 })
+	if code, _ := testutil.GetWithToken("http://" + health + "/healthz", ""); code != 200 {
 		t.Fatalf("/healthz answered %d", code)
 	}
 

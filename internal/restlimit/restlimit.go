@@ -2,7 +2,10 @@
 // bucket (rest.Config's QPS and Burst), which controller-runtime sets to 20 a second with bursts
 // of 30 when they are unset. A limit below what a burst of new instances asks for is a queue in
 // front of every start: at 100 instances created in ten seconds qvirt-controller's writes (a pod,
-// status patches and events per instance) waited seconds for tokens.
+// status patches and events per instance) waited seconds for tokens. So that the queue, and the
+// API server's answer times, show, a component whose limits are applied also exports on /metrics
+// the wait for tokens (rest_client_rate_limiter_duration_seconds) and each request's latency
+// (rest_client_request_duration_seconds), by verb, as Kubernetes' own controllers do.
 package restlimit
 
 import (
@@ -10,6 +13,7 @@ import (
 	"fmt"
 
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // Flags are a component's --kube-api-qps and --kube-api-burst.
@@ -35,5 +39,6 @@ func (f *Flags) Apply(cfg *rest.Config) error {
 		return fmt.Errorf("--kube-api-burst %d: want at least 1 and at least --kube-api-qps (%v)", f.burst, f.qps)
 	}
 	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
+	metrics.RegisterRESTClientMetrics(metrics.MetricRequestLatency, metrics.MetricRateLimiterLatency)
 	return nil
 }

@@ -2,10 +2,14 @@ package restlimit
 
 import (
 	"flag"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 func TestApply(t *testing.T) {
@@ -36,6 +40,43 @@ func TestApply(t *testing.T) {
 			t.Errorf("%v: error %v, want one saying %q", tc.args, err, tc.err)
 		case tc.err == "" && (cfg.QPS != tc.qps || cfg.Burst != tc.burst):
 			t.Errorf("%v: QPS %v burst %d, want %v %d", tc.args, cfg.QPS, cfg.Burst, tc.qps, tc.burst)
+		}
+	}
+}
+
+// TestRequestsAreMeasured: once the limits are applied, a request through the config shows on
+// controller-runtime's /metrics registry: its latency and its wait for a token.
+func TestRequestsAreMeasured(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
+	}))
+	defer srv.Close()
+	f := Register(flag.NewFlagSet("test", flag.ContinueOnError), 200, 400)
+	cfg := &rest.Config{Host: srv.URL}
+	if err := f.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dc.ServerVersion(); err != nil {
+		t.Fatal(err)
+	}
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			counts[mf.GetName()] += m.GetHistogram().GetSampleCount()
+		}
+	}
+	for _, name := range []string{"rest_client_request_duration_seconds", "rest_client_rate_limiter_duration_seconds"} {
+		if counts[name] == 0 {
+			t.Errorf("%s recorded no request", name)
 		}
 	}
 }

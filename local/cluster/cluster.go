@@ -259,7 +259,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	step("starting %d qvirt-controller replicas (one leads, all serve the webhooks)", ControllerReplicas)
 	if err := c.cp.StartControllers(ctx, nodeCtx, sup, cl, ControllerOptions{Binary: filepath.Join(opts.Bin, "qvirt-controller"),
 		Namespace: Namespace, Address: apiAddress, WebhookPort: p.Webhook, ProbePort: p.ControllerProbe,
-		PprofPort: c.pprofPort(controllerPprofPort)}); err != nil {
+		PprofPort: c.pprofPort(controllerPprofPort), MetricsPort: c.pprofPort(controllerMetricsPort)}); err != nil {
 		return nil, err
 	}
 	step("starting qvirt-api (the aggregated API of consoles, VNC, QMP and VM actions)")
@@ -499,6 +499,9 @@ func installLauncher(bin, dst string) error {
 const (
 	controllerPprofPort = 9640
 	handlerPprofPort    = 9650
+	// With profiling, replica i's /metrics is on controllerMetricsPort+i-1 (node agents always
+	// serve theirs).
+	controllerMetricsPort = 9660
 )
 
 // pprofPort is base when profiling is on, else 0 (off).
@@ -517,15 +520,32 @@ func pprofAddress(base, i int) string {
 	return "127.0.0.1:" + strconv.Itoa(base+i-1)
 }
 
-// PprofAddresses are where each qvirt-controller replica and node agent serves /debug/pprof/, by
-// component name (empty unless Options.Profiling).
-func (c *Cluster) PprofAddresses() map[string]string {
+// ControllerMetricsAddresses are where each qvirt-controller replica serves /metrics (HTTPS, for
+// tokens of ServiceAccounts bound to qvirt-metrics-reader), by component name; empty unless
+// Options.Profiling.
+func (c *Cluster) ControllerMetricsAddresses() map[string]string {
+	return c.controllerAddresses(controllerMetricsPort)
+}
+
+// controllerAddresses are the replicas' loopback addresses from base, by component name; empty
+// unless Options.Profiling.
+func (c *Cluster) controllerAddresses(base int) map[string]string {
 	out := map[string]string{}
 	if !c.opts.Profiling {
 		return out
 	}
 	for i := 1; i <= ControllerReplicas; i++ {
-		out[ControllerName(i)] = pprofAddress(controllerPprofPort, i)
+		out[ControllerName(i)] = pprofAddress(base, i)
+	}
+	return out
+}
+
+// PprofAddresses are where each qvirt-controller replica and node agent serves /debug/pprof/, by
+// component name (empty unless Options.Profiling).
+func (c *Cluster) PprofAddresses() map[string]string {
+	out := c.controllerAddresses(controllerPprofPort)
+	if !c.opts.Profiling {
+		return out
 	}
 	for i := 1; i <= c.opts.Nodes; i++ {
 		out["qvirt-handler-"+NodeName(i)] = pprofAddress(handlerPprofPort, i)

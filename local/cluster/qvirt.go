@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -33,6 +34,9 @@ type ControllerOptions struct {
 	WebhookPort, ProbePort int
 	// PprofPort, when set, serves Go's /debug/pprof/ from replica i on 127.0.0.1:PprofPort+i-1.
 	PprofPort int
+	// MetricsPort, when set, serves replica i's /metrics (for qvirt-metrics-reader's tokens) on
+	// 127.0.0.1:MetricsPort+i-1.
+	MetricsPort int
 	// ShutdownDelay is each replica's --shutdown-delay (2s when zero).
 	ShutdownDelay time.Duration
 }
@@ -57,7 +61,7 @@ func (cp *ControlPlane) Controller(o ControllerOptions, i int) supervise.Compone
 	}
 	return supervise.Component{Name: ControllerName(i), Path: o.Binary,
 		Args: []string{"--namespace=" + o.Namespace, "--leader-elect", "--webhook-port=" + strconv.Itoa(o.WebhookPort+i-1),
-			"--shutdown-delay=" + delay.String(), "--metrics-bind-address=0",
+			"--shutdown-delay=" + delay.String(), "--metrics-bind-address=" + cmp.Or(pprofAddress(o.MetricsPort, i), "0"),
 			"--health-probe-bind-address=" + o.probe(i), "--pprof-bind-address=" + pprofAddress(o.PprofPort, i)},
 		Env:   []string{"KUBECONFIG=" + filepath.Clean(cp.Kubeconfig)},
 		Ready: supervise.HTTPReady("http://"+o.probe(i)+"/readyz", nil)}

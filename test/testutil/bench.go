@@ -1,13 +1,9 @@
 package testutil
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"runtime"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -45,21 +41,13 @@ func APIRequests(ctx context.Context, cfg *rest.Config) (map[string]float64, err
 	if err != nil {
 		return nil, err
 	}
-	raw, err := cs.RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	families, err := APIServerMetrics(ctx, cs)
 	if err != nil {
-		return nil, fmt.Errorf("kube-apiserver /metrics: %w", err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		return nil, fmt.Errorf("parse kube-apiserver /metrics: %w", err)
+		return nil, err
 	}
 	out := map[string]float64{}
 	for _, m := range families["apiserver_request_total"].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
+		labels := labelMap(m)
 		key := labels["verb"] + " " + labels["resource"]
 		if sub := labels["subresource"]; sub != "" {
 			key += "/" + sub
