@@ -138,8 +138,8 @@ func TestControllerBinaryRunsAVMAndDeletesItInOrder(t *testing.T) {
 	}
 	metrics, health := startController(t, "qvirt-system")
 
-	eventually(t, 30*time.Second, "/readyz", func() bool { code, _ := testutil.GetWithToken("http://" + health + "/readyz", ""); return code == 200 })
-	if code, _ := testutil.GetWithToken("http://" + health + "/healthz", ""); code != 200 {
+	eventually(t, 30*time.Second, "/readyz", func() bool { code, _ := testutil.GetWithToken("http://"+health+"/readyz", ""); return code == 200 })
+	if code, _ := testutil.GetWithToken("http://"+health+"/healthz", ""); code != 200 {
 		t.Fatalf("/healthz answered %d", code)
 	}
 

@@ -42,6 +42,9 @@ type Options struct {
 	// PodsDir is the kubelet's pods directory (podlayout.KubeletPodsDir, a hostPath of the agent's
 	// pod), where each launcher pod's own sockets volume is.
 	PodsDir string
+	// CPUManagerState is the kubelet's CPU manager checkpoint (nodeagent.CPUManagerStateFile),
+	// whose policy the agent publishes in the Node's cpumanager label; "" leaves the label alone.
+	CPUManagerState string
 	// Namespace is the install namespace holding the qvirt-config ConfigMap.
 	Namespace string
 	// QEMU is the emulator the capability probe runs (the launchers' is in their image); from PATH
@@ -232,7 +235,7 @@ func setupNode(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		return fmt.Errorf("probe the node's capabilities: %w", err)
 	}
 	mgr.GetLogger().Info("node capabilities", "qemuVersion", caps.QEMUVersion, "kvm", caps.KVM, "kvmReason", caps.KVMReason)
-	hb := nodeagent.NewHeartbeat(mgr.GetClient(), opts.NodeName, caps, opts.HeartbeatInterval)
+	hb := nodeagent.NewHeartbeat(mgr.GetClient(), opts.NodeName, caps, opts.HeartbeatInterval).WithCPUManagerState(opts.CPUManagerState)
 	if streamsOn(opts.Streams) {
 		hb.AdvertiseStreams(opts.Streams.AdvertiseAddress)
 	}

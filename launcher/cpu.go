@@ -27,6 +27,9 @@ func (b *builder) cpuMemory() {
 	if cpu.Sockets == 0 || cpu.Cores == 0 || cpu.Threads == 0 || uint64(cpu.VCPUs) != uint64(cpu.Sockets)*uint64(cpu.Cores)*uint64(cpu.Threads) {
 		b.fail(machine.Invalid(cp.Child("vcpus"), cpu.VCPUs, fmt.Sprintf("must be sockets*cores*threads (%d*%d*%d), each at least 1", cpu.Sockets, cpu.Cores, cpu.Threads)))
 	}
+	if cpu.IsolateEmulatorThread && !cpu.DedicatedCPUs {
+		b.fail(machine.Invalid(cp.Child("isolateEmulatorThread"), true, "needs dedicatedCPUs"))
+	}
 	model := cpu.Model
 	if cpu.PVEOI {
 		// KubeVirt's features.apic.endOfInterrupt, as libvirt's <apic eoi='on'/>. A KVM feature:

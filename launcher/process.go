@@ -111,6 +111,7 @@ func Start(ctx context.Context, m *Machine, opts Options) (*Process, error) {
 		{"exec " + opts.QEMU, func(context.Context) error { return p.exec(opts.QEMU, argv) }},
 		{"connect QMP", func(ctx context.Context) error { return p.connect(ctx, opts.StartTimeout) }},
 		{"check CPU features", p.checkCPUFeatures},
+		{"pin CPUs", p.pinCPUs},
 		{"resume guest", p.resume},
 	}
 	for _, s := range steps {

@@ -160,6 +160,13 @@ type CPU struct {
 	HyperV *HyperV `json:"hyperV,omitempty"`
 	// Features turn CPU features on or off beyond the model's, each by its policy.
 	Features []CPUFeature `json:"features,omitempty"`
+	// DedicatedCPUs pins each vCPU thread to one CPU of those the launcher may run on (the CPUs
+	// the kubelet's CPU manager gave its container), in order: vCPU i to the i-th. The start
+	// fails when there are fewer CPUs than the pinning needs.
+	DedicatedCPUs bool `json:"dedicatedCPUs,omitempty"`
+	// IsolateEmulatorThread pins QEMU's other threads to the CPU after the vCPUs' (one more is
+	// needed); without it they share the vCPUs' CPUs. Only with DedicatedCPUs.
+	IsolateEmulatorThread bool `json:"isolateEmulatorThread,omitempty"`
 }
 
 // CPU feature policies, as KubeVirt's and libvirt's: force, require and optional turn the feature

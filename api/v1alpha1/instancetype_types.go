@@ -133,8 +133,8 @@ type CPUInstancetype struct {
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][-A-Za-z0-9_.]*$`
 	Model *string `json:"model,omitempty"`
 
-	// DedicatedCPUPlacement pins vCPUs to dedicated host CPUs; true is not supported by this
-	// version of qvirt (refused).
+	// DedicatedCPUPlacement is the instance's domain.cpu.dedicatedCpuPlacement: each vCPU pinned
+	// to a host CPU of its own.
 	// +optional
 	DedicatedCPUPlacement *bool `json:"dedicatedCPUPlacement,omitempty"`
 
@@ -144,8 +144,8 @@ type CPUInstancetype struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	NUMA *runtime.RawExtension `json:"numa,omitempty"`
 
-	// IsolateEmulatorThread gives QEMU's emulator thread a dedicated host CPU; true is not
-	// supported by this version of qvirt (refused).
+	// IsolateEmulatorThread is the instance's domain.cpu.isolateEmulatorThread: QEMU's other
+	// threads on one more dedicated host CPU.
 	// +optional
 	IsolateEmulatorThread *bool `json:"isolateEmulatorThread,omitempty"`
 

@@ -29,12 +29,6 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 		no(p.Child("launchSecurity"), "launch security (SEV)")
 	}
 	cp := p.Child("cpu")
-	if b := spec.CPU.DedicatedCPUPlacement; b != nil && *b {
-		no(cp.Child("dedicatedCPUPlacement"), "dedicated CPU placement (CPU pinning)")
-	}
-	if b := spec.CPU.IsolateEmulatorThread; b != nil && *b {
-		no(cp.Child("isolateEmulatorThread"), "an isolated emulator thread")
-	}
 	if spec.CPU.NUMA != nil {
 		no(cp.Child("numa"), "a guest NUMA topology")
 	}

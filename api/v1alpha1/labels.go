@@ -40,6 +40,13 @@ const (
 	// NodePostCopyReasonAnnotation then says why.
 	NodePostCopyLabel            = "qvirt.io/postcopy"
 	NodePostCopyReasonAnnotation = "qvirt.io/postcopy-reason"
+	// NodeCPUManagerLabel is KubeVirt's: "true" when the node's kubelet runs the static CPU
+	// manager, which gives a Guaranteed pod's container whole CPUs of its own, "false" otherwise
+	// (NodeCPUManagerReasonAnnotation then says why). Launcher pods of instances with
+	// dedicatedCpuPlacement select it; an administrator may set it by hand where the node agent
+	// cannot read the kubelet's state.
+	NodeCPUManagerLabel            = "cpumanager"
+	NodeCPUManagerReasonAnnotation = "qvirt.io/cpumanager-reason"
 	// NodeQEMUVersionLabel is the node's QEMU version, major.minor.micro as QMP reports it (the
 	// same form as a VMI's status.qemuVersion).
 	NodeQEMUVersionLabel = "qvirt.io/qemu-version"

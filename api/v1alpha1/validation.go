@@ -118,6 +118,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 		errs = append(errs, validateCPU(cpu, p.Child("cpu"))...)
 	}
 	errs = append(errs, validateMemory(d, p)...)
+	errs = append(errs, validateDedicatedCPUs(d, p)...)
 	if m := d.Machine; m != nil && m.Type != "" && !machRE.MatchString(m.Type) {
 		errs = append(errs, field.NotSupported(p.Child("machine", "type"), m.Type, []string{"q35", "pc-q35-<version>"}))
 	}
@@ -243,6 +244,47 @@ func validateSound(snd *SoundDevice, p *field.Path) field.ErrorList {
 	errs := validateName(p.Child("name"), snd.Name, map[string]bool{})
 	if snd.Model != "" {
 		errs = append(errs, validateEnum(p.Child("model"), string(snd.Model), string(SoundModelICH9), string(SoundModelAC97))...)
+	}
+	return errs
+}
+
+// validateDedicatedCPUs holds dedicatedCpuPlacement to what the kubelet's static CPU manager
+// needs to give the launcher's container whole CPUs of its own (a Guaranteed pod with an integer
+// CPU count), as KubeVirt's validateCpuPinning and validateCPUIsolatorThread do, each refusal
+// naming its field. The CPU resources, when set, must be the vCPU count: the pod asks for exactly
+// that many CPUs (and one more for an isolated emulator thread).
+func validateDedicatedCPUs(d *DomainSpec, p *field.Path) field.ErrorList {
+	cpu, cp := d.CPU, p.Child("cpu")
+	if cpu == nil || !cpu.DedicatedCPUPlacement {
+		if cpu != nil && cpu.IsolateEmulatorThread {
+			return field.ErrorList{field.Invalid(cp.Child("isolateEmulatorThread"), true, "needs dedicatedCpuPlacement: true (the emulator thread is isolated from dedicated vCPUs)")}
+		}
+		return nil
+	}
+	var errs field.ErrorList
+	vcpus := VCPUs(cpu)
+	rp := p.Child("resources")
+	for _, r := range []struct {
+		list corev1.ResourceList
+		name string
+	}{{d.Resources.Requests, "requests"}, {d.Resources.Limits, "limits"}} {
+		q, ok := r.list[corev1.ResourceCPU]
+		switch {
+		case !ok:
+		case q.MilliValue()%1000 != 0:
+			errs = append(errs, field.Invalid(rp.Child(r.name, "cpu"), QuantityText(q), "must be a whole number of CPUs with dedicatedCpuPlacement"))
+		case uint64(q.Value()) != vcpus:
+			errs = append(errs, field.Invalid(rp.Child(r.name, "cpu"), QuantityText(q), fmt.Sprintf(
+				"must be the vCPU count (sockets*cores*threads = %d) with dedicatedCpuPlacement, or left out", vcpus)))
+		}
+	}
+	req, hasReq := d.Resources.Requests[corev1.ResourceMemory]
+	if lim, ok := d.Resources.Limits[corev1.ResourceMemory]; ok && hasReq && req.Cmp(lim) != 0 {
+		errs = append(errs, field.Invalid(rp.Child("requests", "memory"), QuantityText(req), fmt.Sprintf(
+			"must equal resources.limits.memory (%s) with dedicatedCpuPlacement: the pod must be Guaranteed", QuantityText(lim))))
+	}
+	if cpu.Threads > 2 {
+		errs = append(errs, field.Invalid(cp.Child("threads"), cpu.Threads, "must be at most 2 with dedicatedCpuPlacement"))
 	}
 	return errs
 }

@@ -83,6 +83,25 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"too many vCPUs", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.CPU = &CPU{Sockets: 16, Cores: 16, Threads: 2}
 		}, "spec.template.spec.domain.cpu"},
+		{"isolated emulator thread without dedicated CPUs", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 2, IsolateEmulatorThread: true}
+		}, "spec.template.spec.domain.cpu.isolateEmulatorThread"},
+		{"dedicated CPUs with a fraction of a CPU", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 2, DedicatedCPUPlacement: true}
+			s.Domain.Resources.Requests = corev1.ResourceList{"cpu": resource.MustParse("1500m")}
+		}, "spec.template.spec.domain.resources.requests.cpu"},
+		{"dedicated CPUs with a CPU limit other than the vCPUs", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 2, DedicatedCPUPlacement: true}
+			s.Domain.Resources.Limits = corev1.ResourceList{"cpu": resource.MustParse("4")}
+		}, "spec.template.spec.domain.resources.limits.cpu"},
+		{"dedicated CPUs with memory request below its limit", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 2, DedicatedCPUPlacement: true}
+			s.Domain.Resources.Requests = corev1.ResourceList{"memory": resource.MustParse("1Gi")}
+			s.Domain.Resources.Limits = corev1.ResourceList{"memory": resource.MustParse("2Gi")}
+		}, "spec.template.spec.domain.resources.requests.memory"},
+		{"dedicated CPUs with three threads a core", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 1, Cores: 1, Threads: 3, DedicatedCPUPlacement: true}
+		}, "spec.template.spec.domain.cpu.threads"},
 		{"unknown bus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[0].Disk.Bus = "ide" }, "spec.template.spec.domain.devices.disks[0].disk.bus"},
 		{"cdrom on virtio", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks[1].CDRom.Bus = DiskBusVirtio

@@ -344,6 +344,19 @@ type CPU struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	Features []CPUFeature `json:"features,omitempty"`
+
+	// DedicatedCPUPlacement pins each vCPU to a host CPU of its own (KubeVirt's
+	// dedicatedCpuPlacement): the launcher pod is Guaranteed, with as many whole CPUs as the guest
+	// has vCPUs, scheduled to a node whose kubelet runs the static CPU manager (label
+	// cpumanager=true), and the launcher pins each vCPU thread to one of the CPUs the CPU manager
+	// gave its container.
+	// +optional
+	DedicatedCPUPlacement bool `json:"dedicatedCpuPlacement,omitempty"`
+
+	// IsolateEmulatorThread asks for one more whole CPU, to which QEMU's other threads (its main
+	// loop, I/O threads, workers) are pinned, away from the vCPUs. Needs dedicatedCpuPlacement.
+	// +optional
+	IsolateEmulatorThread bool `json:"isolateEmulatorThread,omitempty"`
 }
 
 // CPUFeaturePolicy is how a CPU feature is given to the guest (KubeVirt's and libvirt's policies).

@@ -18,6 +18,7 @@ import (
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/certs"
 	"github.com/qvirt/qvirt/handler"
+	"github.com/qvirt/qvirt/handler/nodeagent"
 	"github.com/qvirt/qvirt/internal/metricsauth"
 	"github.com/qvirt/qvirt/internal/restlimit"
 	"github.com/qvirt/qvirt/launcher/podlayout"
@@ -27,6 +28,8 @@ func main() {
 	opts := handler.Options{}
 	flag.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&opts.PodsDir, "pods-dir", podlayout.KubeletPodsDir, "the kubelet's pods directory, where each launcher pod's sockets volume is")
+	flag.StringVar(&opts.CPUManagerState, "cpu-manager-state", nodeagent.CPUManagerStateFile,
+		"the kubelet's CPU manager state file, whose policy the Node's cpumanager label shows; empty leaves the label to the administrator")
 	flag.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "qvirt-system"), "install namespace holding ConfigMaps qvirt-config and "+certs.BundleConfigMap)
 	flag.BoolVar(&opts.DevicePlugin, "device-plugin", true, "serve the kubelet device plugin for devices.qvirt.io/kvm and /tun (off in local mode)")
 	flag.StringVar(&opts.Streams.Addr, "streams-bind-address", ":8186", "address of the mTLS stream server for qvirt-api (0 disables it); its certificate names this node, from qvirt-controller (a CertificateSigningRequest of signer "+certs.HandlerSignerName+"), with the CA bundle of ConfigMap "+certs.BundleConfigMap+" in --namespace")

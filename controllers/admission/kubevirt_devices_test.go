@@ -334,3 +334,43 @@ func storedMachine(t *testing.T, o map[string]any, name string) *machine.Machine
 	}
 	return m
 }
+
+// TestKubeVirtDedicatedCPUs: KubeVirt's user guide example of dedicated CPUs with an isolated
+// emulator thread (dedicatedCpuPlacement and isolateEmulatorThread, the vCPUs from
+// resources.limits.cpu) is accepted, stored with its defaulted topology, and translates to a
+// machine that pins two vCPUs and the emulator; the combinations KubeVirt refuses are refused
+// naming the field.
+func TestKubeVirtDedicatedCPUs(t *testing.T) {
+	startWebhook(t)
+	vmi := func(cpu map[string]any, resources map[string]any) map[string]any {
+		o := sample(t, "vmi_testguest.yaml")
+		d := o["spec"].(map[string]any)["domain"].(map[string]any)
+		d["cpu"] = cpu
+		if resources != nil {
+			d["resources"] = resources
+		}
+		return o
+	}
+	m := storedMachine(t, vmi(map[string]any{"dedicatedCpuPlacement": true, "isolateEmulatorThread": true},
+		map[string]any{"limits": map[string]any{"cpu": 2}}), "vmi-dedicated")
+	if c := m.CPU; !c.DedicatedCPUs || !c.IsolateEmulatorThread || c.VCPUs != 2 {
+		t.Errorf("the machine's CPU is %+v, want 2 dedicated vCPUs and an isolated emulator thread", c)
+	}
+	for name, tc := range map[string]struct {
+		cpu       map[string]any
+		resources map[string]any
+		want      string
+	}{
+		"isolateEmulatorThread alone": {map[string]any{"isolateEmulatorThread": true}, nil, "spec.domain.cpu.isolateEmulatorThread"},
+		"a fraction of a CPU": {map[string]any{"dedicatedCpuPlacement": true},
+			map[string]any{"requests": map[string]any{"cpu": "1500m"}}, "spec.domain.resources.requests.cpu"},
+		"sockets and another CPU limit": {map[string]any{"dedicatedCpuPlacement": true, "sockets": 2},
+			map[string]any{"limits": map[string]any{"cpu": 4}}, "spec.domain.resources.limits.cpu"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, stderr, err := apply(t, vmi(tc.cpu, tc.resources), "vmi-dedicated-refused"); err == nil || !strings.Contains(stderr, tc.want) {
+				t.Errorf("%v: %s; want a refusal naming %q", err, stderr, tc.want)
+			}
+		})
+	}
+}

@@ -114,6 +114,12 @@ func applyCPU(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.VirtualMac
 		if c.Model != "" && it.CPU.Model != nil {
 			errs = append(errs, conflict(dp.Child("cpu", "model"), "cpu.model: "+*it.CPU.Model))
 		}
+		if c.DedicatedCPUPlacement && it.CPU.DedicatedCPUPlacement != nil {
+			errs = append(errs, conflict(dp.Child("cpu", "dedicatedCpuPlacement"), fmt.Sprintf("cpu.dedicatedCPUPlacement: %t", *it.CPU.DedicatedCPUPlacement)))
+		}
+		if c.IsolateEmulatorThread && it.CPU.IsolateEmulatorThread != nil {
+			errs = append(errs, conflict(dp.Child("cpu", "isolateEmulatorThread"), fmt.Sprintf("cpu.isolateEmulatorThread: %t", *it.CPU.IsolateEmulatorThread)))
+		}
 	}
 	if len(errs) > 0 {
 		return errs
@@ -123,6 +129,12 @@ func applyCPU(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.VirtualMac
 	}
 	if it.CPU.Model != nil {
 		d.CPU.Model = *it.CPU.Model
+	}
+	if b := it.CPU.DedicatedCPUPlacement; b != nil {
+		d.CPU.DedicatedCPUPlacement = *b
+	}
+	if b := it.CPU.IsolateEmulatorThread; b != nil {
+		d.CPU.IsolateEmulatorThread = *b
 	}
 	sockets, cores, threads, err := Topology(it.CPU.Guest, pref)
 	if err != nil {

@@ -88,6 +88,14 @@ func TestConflicts(t *testing.T) {
 			func(vm *v1alpha1.VirtualMachine) {
 				vm.Spec.Template.ObjectMeta.Annotations = map[string]string{"k": "other"}
 			}, "spec.template.metadata.annotations[k]"},
+		{"dedicatedCpuPlacement", func(it *v1alpha1.VirtualMachineInstancetypeSpec) { it.CPU.DedicatedCPUPlacement = ptr.To(true) },
+			func(vm *v1alpha1.VirtualMachine) {
+				vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{DedicatedCPUPlacement: true}
+			}, "spec.template.spec.domain.cpu.dedicatedCpuPlacement"},
+		{"isolateEmulatorThread", func(it *v1alpha1.VirtualMachineInstancetypeSpec) { it.CPU.IsolateEmulatorThread = ptr.To(false) },
+			func(vm *v1alpha1.VirtualMachine) {
+				vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{IsolateEmulatorThread: true}
+			}, "spec.template.spec.domain.cpu.isolateEmulatorThread"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -106,6 +114,20 @@ func TestConflicts(t *testing.T) {
 				t.Fatalf("errors %v, want one naming %s", errs, tc.field)
 			}
 		})
+	}
+}
+
+// TestDedicatedCPUsExpand: an instancetype's dedicatedCPUPlacement and isolateEmulatorThread reach
+// the instance's domain.cpu, as KubeVirt's apply/cpu.go sets them.
+func TestDedicatedCPUsExpand(t *testing.T) {
+	it := baseIT()
+	it.CPU.DedicatedCPUPlacement, it.CPU.IsolateEmulatorThread = ptr.To(true), ptr.To(true)
+	spec, _, errs := Expand(baseVM(), resolution(it, nil))
+	if len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	if c := spec.Domain.CPU; c == nil || !c.DedicatedCPUPlacement || !c.IsolateEmulatorThread {
+		t.Fatalf("domain.cpu %+v, want dedicated CPUs with an isolated emulator thread", c)
 	}
 }
 

@@ -68,6 +68,9 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 		nodeSelector = map[string]string{}
 	}
 	nodeSelector[v1alpha1.NodeSchedulableLabel] = "true"
+	if dedicatedCPUs(&spec.Domain) {
+		nodeSelector[v1alpha1.NodeCPUManagerLabel] = "true"
+	}
 
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -357,6 +360,10 @@ func launcherResources(d *v1alpha1.DomainSpec, cfg config.Config) (corev1.Resour
 		lim[corev1.ResourceMemory] = canonicalMemory(l)
 	}
 
+	if dedicatedCPUs(d) {
+		guaranteed(d, req, lim)
+	}
+
 	// Device-plugin resources: extended resources must have requests equal to limits.
 	one := resource.MustParse("1")
 	req[v1alpha1.TunResource], lim[v1alpha1.TunResource] = one.DeepCopy(), one.DeepCopy()
@@ -364,6 +371,25 @@ func launcherResources(d *v1alpha1.DomainSpec, cfg config.Config) (corev1.Resour
 		req[v1alpha1.KVMResource], lim[v1alpha1.KVMResource] = one.DeepCopy(), one.DeepCopy()
 	}
 	return corev1.ResourceRequirements{Requests: req, Limits: lim}, nil
+}
+
+func dedicatedCPUs(d *v1alpha1.DomainSpec) bool {
+	return d.CPU != nil && d.CPU.DedicatedCPUPlacement
+}
+
+// guaranteed makes the compute container Guaranteed with whole CPUs, so that the kubelet's static
+// CPU manager gives it CPUs of its own (KubeVirt's WithCPUPinning): as many as the guest has vCPUs,
+// one more for an isolated emulator thread, and a memory limit equal to the request. Admission
+// has checked that the instance's own CPU and memory figures agree with these
+// (v1alpha1.validateDedicatedCPUs).
+func guaranteed(d *v1alpha1.DomainSpec, req, lim corev1.ResourceList) {
+	cpus := int64(v1alpha1.VCPUs(d.CPU))
+	if d.CPU.IsolateEmulatorThread {
+		cpus++
+	}
+	req[corev1.ResourceCPU] = *resource.NewQuantity(cpus, resource.DecimalSI)
+	lim[corev1.ResourceCPU] = *resource.NewQuantity(cpus, resource.DecimalSI)
+	lim[corev1.ResourceMemory] = req[corev1.ResourceMemory].DeepCopy()
 }
 
 // canonicalMemory re-expresses a memory sum in binary units (512Mi + 98Mi prints 610Mi, not a byte

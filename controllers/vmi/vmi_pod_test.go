@@ -414,3 +414,44 @@ func TestNamedProbePort(t *testing.T) {
 		t.Errorf("readinessProbe = %+v, want httpGet on the port named http", p)
 	}
 }
+
+// TestRenderLauncherPodDedicatedCPUs: with dedicatedCpuPlacement the compute container is
+// Guaranteed with whole CPUs (the vCPUs, one more for an isolated emulator thread) and a memory
+// limit equal to its request, so that the kubelet's static CPU manager gives it CPUs of its own, and
+// the pod goes to a node labelled cpumanager=true (KubeVirt's WithCPUPinning and node selector).
+func TestRenderLauncherPodDedicatedCPUs(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		isolate bool
+		cpus    string
+	}{{"vCPUs only", false, "4"}, {"isolated emulator thread", true, "5"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := baseVMI()
+			v.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 2, Cores: 2, Threads: 1, DedicatedCPUPlacement: true, IsolateEmulatorThread: tc.isolate}
+			pod, err := RenderLauncherPod(v, config.Default(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := pod.Spec.Containers[0].Resources
+			for name, l := range map[string]corev1.ResourceList{"requests": res.Requests, "limits": res.Limits} {
+				if q := l[corev1.ResourceCPU]; q.String() != tc.cpus {
+					t.Errorf("%s.cpu = %s, want %s", name, q.String(), tc.cpus)
+				}
+			}
+			// 512Mi guest + 96Mi + 4*4Mi + 1Mi overhead.
+			if r, l := res.Requests[corev1.ResourceMemory], res.Limits[corev1.ResourceMemory]; r.String() != "625Mi" || l.String() != "625Mi" {
+				t.Errorf("memory requests %s limits %s, want 625Mi both (Guaranteed)", r.String(), l.String())
+			}
+			if got := pod.Spec.NodeSelector[v1alpha1.NodeCPUManagerLabel]; got != "true" {
+				t.Errorf("nodeSelector %v, want %s=true", pod.Spec.NodeSelector, v1alpha1.NodeCPUManagerLabel)
+			}
+		})
+	}
+	pod, err := RenderLauncherPod(baseVMI(), config.Default(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := pod.Spec.NodeSelector[v1alpha1.NodeCPUManagerLabel]; ok {
+		t.Errorf("an instance without dedicated CPUs selects %s: %v", v1alpha1.NodeCPUManagerLabel, pod.Spec.NodeSelector)
+	}
+}

@@ -46,7 +46,14 @@ type Heartbeat struct {
 	// userfaultfdSysctl is the node's vm.unprivileged_userfaultfd, read at every beat: whether
 	// launchers can take an incoming post-copy migration (NodePostCopyLabel).
 	userfaultfdSysctl string
+	// cpuManagerState is the kubelet's CPU manager checkpoint, read at every beat
+	// (NodeCPUManagerLabel); "" leaves the label to the administrator.
+	cpuManagerState string
 }
+
+// CPUManagerStateFile is where the kubelet keeps its CPU manager's state (its root directory's
+// cpu_manager_state), whatever the policy; the agent's DaemonSet mounts the directory read-only.
+const CPUManagerStateFile = "/var/lib/kubelet/cpu_manager_state"
 
 // UserfaultfdSysctl is the sysctl that gives unprivileged processes, such as launchers,
 // userfaultfd. vm.* sysctls are the host's in every container.
@@ -73,6 +80,37 @@ func (h *Heartbeat) AdvertiseStreams(addr string) *Heartbeat {
 func (h *Heartbeat) WithUserfaultfdSysctl(path string) *Heartbeat {
 	h.userfaultfdSysctl = path
 	return h
+}
+
+// WithCPUManagerState reads the kubelet's CPU manager state from path; "" (the default) leaves
+// NodeCPUManagerLabel alone.
+func (h *Heartbeat) WithCPUManagerState(path string) *Heartbeat {
+	h.cpuManagerState = path
+	return h
+}
+
+// cpuManager reports whether the kubelet runs the static CPU manager policy, which gives a
+// Guaranteed pod's containers with whole CPUs CPUs of their own, and why not; known is false when
+// the state cannot be read, and the label is then left as it is (an administrator's, as KubeVirt
+// allows).
+func (h *Heartbeat) cpuManager() (static, known bool, why string) {
+	if h.cpuManagerState == "" {
+		return false, false, "the node agent reads no kubelet CPU manager state (--cpu-manager-state is empty): the label " + v1alpha1.NodeCPUManagerLabel + " is the administrator's"
+	}
+	data, err := os.ReadFile(h.cpuManagerState)
+	if err != nil {
+		return false, false, fmt.Sprintf("read the kubelet's CPU manager state: %v", err)
+	}
+	var st struct {
+		PolicyName string `json:"policyName"`
+	}
+	if err := json.Unmarshal(data, &st); err != nil || st.PolicyName == "" {
+		return false, false, fmt.Sprintf("%s is no CPU manager checkpoint (no policyName): %v", h.cpuManagerState, err)
+	}
+	if st.PolicyName != "static" {
+		return false, true, fmt.Sprintf("the kubelet's CPU manager policy is %q: dedicated CPUs need its static policy", st.PolicyName)
+	}
+	return true, true, ""
 }
 
 // postCopy reports whether launchers here can take an incoming post-copy migration, and why not.
@@ -127,20 +165,34 @@ func (h *Heartbeat) Beat(ctx context.Context) error {
 	if postCopy {
 		postCopyReason = nil
 	}
+	labels := map[string]string{
+		v1alpha1.NodeSchedulableLabel: "true",
+		v1alpha1.NodeKVMLabel:         fmt.Sprint(h.caps.KVM),
+		v1alpha1.NodeQEMUVersionLabel: h.caps.QEMUVersion,
+		v1alpha1.NodePostCopyLabel:    fmt.Sprint(postCopy),
+	}
+	static, known, cpuWhy := h.cpuManager()
+	if known {
+		labels[v1alpha1.NodeCPUManagerLabel] = fmt.Sprint(static)
+	}
 	return h.patch(ctx, map[string]any{
-		"labels": map[string]string{
-			v1alpha1.NodeSchedulableLabel: "true",
-			v1alpha1.NodeKVMLabel:         fmt.Sprint(h.caps.KVM),
-			v1alpha1.NodeQEMUVersionLabel: h.caps.QEMUVersion,
-			v1alpha1.NodePostCopyLabel:    fmt.Sprint(postCopy),
-		},
+		"labels": labels,
 		"annotations": map[string]any{
-			v1alpha1.NodeHeartbeatAnnotation:      h.now().UTC().Format(time.RFC3339),
-			v1alpha1.NodeKVMReasonAnnotation:      reason,
-			v1alpha1.NodeStreamsAddressAnnotation: streams,
-			v1alpha1.NodePostCopyReasonAnnotation: postCopyReason,
+			v1alpha1.NodeHeartbeatAnnotation:        h.now().UTC().Format(time.RFC3339),
+			v1alpha1.NodeKVMReasonAnnotation:        reason,
+			v1alpha1.NodeStreamsAddressAnnotation:   streams,
+			v1alpha1.NodePostCopyReasonAnnotation:   postCopyReason,
+			v1alpha1.NodeCPUManagerReasonAnnotation: nullIfEmpty(cpuWhy),
 		},
 	})
+}
+
+// nullIfEmpty is s, or JSON null (which a merge patch reads as "remove") when s is empty.
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 func (h *Heartbeat) stop(ctx context.Context) error {

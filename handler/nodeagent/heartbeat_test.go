@@ -174,3 +174,46 @@ func TestHeartbeatLabelsPostCopyFromTheSysctl(t *testing.T) {
 		t.Fatalf("without the sysctl: labels %v", n.Labels)
 	}
 }
+
+// TestHeartbeatLabelsCPUManagerFromTheKubeletState: the Node's cpumanager label follows the policy
+// in the kubelet's CPU manager checkpoint, as KubeVirt's virt-handler sets it; a checkpoint the
+// agent cannot read leaves the label as the administrator set it, with the reason annotated.
+func TestHeartbeatLabelsCPUManagerFromTheKubeletState(t *testing.T) {
+	const node = "hb-cpumanager-node"
+	createNode(t, node, nil)
+	n := getNode(t, node)
+	n.Labels = map[string]string{v1alpha1.NodeCPUManagerLabel: "true"}
+	if err := cp.Client.Update(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(t.TempDir(), "cpu_manager_state")
+	hb := NewHeartbeat(cp.Client, node, Capabilities{QEMUVersion: "7.2.22"}, 0).WithCPUManagerState(state)
+	beat := func() *corev1.Node {
+		t.Helper()
+		if err := hb.Beat(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return getNode(t, node)
+	}
+	n = beat()
+	if n.Labels[v1alpha1.NodeCPUManagerLabel] != "true" || !strings.Contains(n.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation], "cpu_manager_state") {
+		t.Fatalf("without the kubelet's state: labels %v annotations %v; want the administrator's label kept and the reason", n.Labels, n.Annotations)
+	}
+	write := func(policy string) {
+		body := `{"policyName":"` + policy + `","defaultCpuSet":"0-1","checksum":1}`
+		if err := os.WriteFile(state, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("none")
+	if n = beat(); n.Labels[v1alpha1.NodeCPUManagerLabel] != "false" || !strings.Contains(n.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation], `policy is "none"`) {
+		t.Fatalf("with policy none: labels %v annotations %v", n.Labels, n.Annotations)
+	}
+	write("static")
+	if n = beat(); n.Labels[v1alpha1.NodeCPUManagerLabel] != "true" {
+		t.Fatalf("with policy static: labels %v", n.Labels)
+	}
+	if r, ok := n.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation]; ok {
+		t.Fatalf("CPU manager reason %q left behind", r)
+	}
+}

@@ -264,7 +264,8 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	}
 	one := func(v uint32) uint32 { return max(v, 1) }
 	m.CPU = machine.CPU{Model: model, VCPUs: uint32(v1alpha1.VCPUs(d.CPU)),
-		Sockets: one(c.Sockets), Cores: one(c.Cores), Threads: one(c.Threads)}
+		Sockets: one(c.Sockets), Cores: one(c.Cores), Threads: one(c.Threads),
+		DedicatedCPUs: c.DedicatedCPUPlacement, IsolateEmulatorThread: c.IsolateEmulatorThread}
 	// The APIC itself needs nothing: QEMU's x86 CPUs have one (NotRealised refuses turning it off).
 	if f := d.Features; f != nil && f.APIC != nil && f.APIC.EndOfInterrupt {
 		m.CPU.PVEOI = true
