@@ -44,12 +44,26 @@ func (b *builder) cpuMemory() {
 	}
 	ramKiB := guestRAMKiB(m)
 	b.add("-m", strconv.FormatInt(ramKiB, 10)+"K")
-	if len(m.Filesystems) > 0 {
-		// virtiofsd maps the guest's RAM to serve its requests: the RAM must be shared memory,
-		// a memfd QEMU passes to the daemon over the vhost-user socket (machineType names it).
-		b.add("-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dK,share=on", GuestRAMID, ramKiB))
+	if !ramBackend(m) {
+		return
 	}
+	// virtiofsd maps the guest's RAM to serve its requests: the RAM must be shared memory, a
+	// memfd QEMU passes to the daemon over the vhost-user socket. Huge pages come from a memfd of
+	// the kernel's huge page pool (as libvirt's memfd memory source), which needs no hugetlbfs
+	// mount in the pod and is charged to the pod's hugetlb cgroup. firmware's -machine names it.
+	backend := fmt.Sprintf("memory-backend-memfd,id=%s,size=%dK,share=on", GuestRAMID, ramKiB)
+	if kib := m.HugePageKiB; kib != 0 {
+		if (kib != 2048 && kib != 1<<20) || (m.MemoryMiB<<10)%kib != 0 {
+			b.fail(machine.Invalid(machinePath.Child("hugePageKiB"), kib, fmt.Sprintf("must be 2048 or 1048576 and divide the guest's %d MiB", m.MemoryMiB)))
+		}
+		backend += fmt.Sprintf(",hugetlb=on,hugetlbsize=%dK", kib)
+	}
+	b.add("-object", backend)
 }
+
+// ramBackend is whether the guest's RAM needs a memory backend of its own (GuestRAMID) rather than
+// QEMU's anonymous memory.
+func ramBackend(m *Machine) bool { return len(m.Filesystems) > 0 || m.HugePageKiB != 0 }
 
 // tcgRAMPadKiB is what the guest's RAM grows by under TCG. QEMU before 9.0 loses guest writes
 // during a live migration under TCG (fixed by QEMU commit 03bfc2188f, "physmem: Fix migration
@@ -66,7 +80,9 @@ const tcgRAMPadKiB = 8
 // guestRAMKiB is the size of the guest's RAM as QEMU is given it.
 func guestRAMKiB(m *Machine) int64 {
 	kib := m.MemoryMiB * 1024
-	if m.Accel == machine.AccelTCG {
+	// Huge pages cannot be padded: their memfd is a whole number of pages, and a migration under
+	// TCG is refused instead (migrationUnderTCGRefused).
+	if m.Accel == machine.AccelTCG && m.HugePageKiB == 0 {
 		kib += tcgRAMPadKiB
 	}
 	return kib

@@ -80,7 +80,7 @@ func (b *builder) machineType() {
 		// SeaBIOS then also writes its screen to the first serial port (its "sercon").
 		mopt += ",graphics=off"
 	}
-	if len(m.Filesystems) > 0 {
+	if ramBackend(m) {
 		mopt += ",memory-backend=" + GuestRAMID
 	}
 	if m.Firmware.EFI != nil {

@@ -61,6 +61,9 @@ type Machine struct {
 	Clock Clock `json:"clock,omitzero"`
 	// MemoryMiB is the guest's RAM.
 	MemoryMiB int64 `json:"memoryMiB"`
+	// HugePageKiB backs the guest's RAM with huge pages of this size (2048 or 1048576) from the
+	// host's pool; ordinary pages when 0. MemoryMiB must be a whole number of them.
+	HugePageKiB int64 `json:"hugePageKiB,omitempty"`
 	// Kernel boots a kernel and initrd from an image instead of the firmware's boot order.
 	Kernel *KernelBoot `json:"kernel,omitempty"`
 	// SerialConsole attaches ttyS0 to the serial socket; Graphics attaches a VGA on the VNC socket.

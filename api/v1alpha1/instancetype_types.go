@@ -168,12 +168,9 @@ type MemoryInstancetype struct {
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memory.guest must be a positive quantity"
 	Guest resource.Quantity `json:"guest"`
 
-	// Hugepages backs the guest memory with huge pages; not supported by this version of qvirt
-	// (refused).
+	// Hugepages is the instance's domain.memory.hugepages: the guest's RAM on huge pages.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	Hugepages *runtime.RawExtension `json:"hugepages,omitempty"`
+	Hugepages *Hugepages `json:"hugepages,omitempty"`
 
 	// OvercommitPercent lowers the launcher pod's memory request below the guest memory by this
 	// percentage (resources.requests.memory = guest * (100 - overcommitPercent) / 100), as KubeVirt

@@ -39,9 +39,6 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 		no(cp.Child("maxSockets"), "CPU hotplug")
 	}
 	mp := p.Child("memory")
-	if spec.Memory.Hugepages != nil {
-		no(mp.Child("hugepages"), "huge pages")
-	}
 	if spec.Memory.MaxGuest != nil {
 		no(mp.Child("maxGuest"), "memory hotplug")
 	}

@@ -119,6 +119,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	}
 	errs = append(errs, validateMemory(d, p)...)
 	errs = append(errs, validateDedicatedCPUs(d, p)...)
+	errs = append(errs, validateHugepages(d, p)...)
 	if m := d.Machine; m != nil && m.Type != "" && !machRE.MatchString(m.Type) {
 		errs = append(errs, field.NotSupported(p.Child("machine", "type"), m.Type, []string{"q35", "pc-q35-<version>"}))
 	}
@@ -287,6 +288,25 @@ func validateDedicatedCPUs(d *DomainSpec, p *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(cp.Child("threads"), cpu.Threads, "must be at most 2 with dedicatedCpuPlacement"))
 	}
 	return errs
+}
+
+// validateHugepages: the page size is one of x86's, and the guest's RAM (as QEMU is given it, in
+// whole MiB) a whole number of pages, as KubeVirt's validateHugepagesMemoryRequests asks of the
+// memory request.
+func validateHugepages(d *DomainSpec, p *field.Path) field.ErrorList {
+	if d.Memory == nil || d.Memory.Hugepages == nil {
+		return nil
+	}
+	hp := p.Child("memory", "hugepages", "pageSize")
+	page := d.Memory.Hugepages.PageBytes()
+	if page == 0 {
+		return field.ErrorList{field.NotSupported(hp, d.Memory.Hugepages.PageSize, []string{"2Mi", "1Gi"})}
+	}
+	if guest := GuestMemoryMiB(d) << 20; guest > 0 && guest%page != 0 {
+		return field.ErrorList{field.Invalid(hp, d.Memory.Hugepages.PageSize, fmt.Sprintf(
+			"the guest memory (%d MiB) must be a whole number of pages", guest>>20))}
+	}
+	return nil
 }
 
 var cpuFeatureRE = regexp.MustCompile(`^[a-z0-9][-a-z0-9_.]*$`)

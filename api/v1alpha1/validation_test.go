@@ -102,6 +102,13 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"dedicated CPUs with three threads a core", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.CPU = &CPU{Sockets: 1, Cores: 1, Threads: 3, DedicatedCPUPlacement: true}
 		}, "spec.template.spec.domain.cpu.threads"},
+		{"huge pages of an unknown size", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Memory.Hugepages = &Hugepages{PageSize: "4Mi"}
+		}, "spec.template.spec.domain.memory.hugepages.pageSize"},
+		{"guest memory not a whole number of huge pages", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Memory.Guest = ptr.To(resource.MustParse("129Mi"))
+			s.Domain.Memory.Hugepages = &Hugepages{PageSize: "2Mi"}
+		}, "spec.template.spec.domain.memory.hugepages.pageSize"},
 		{"unknown bus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) { s.Domain.Devices.Disks[0].Disk.Bus = "ide" }, "spec.template.spec.domain.devices.disks[0].disk.bus"},
 		{"cdrom on virtio", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks[1].CDRom.Bus = DiskBusVirtio

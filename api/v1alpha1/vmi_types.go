@@ -397,6 +397,30 @@ type Memory struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memory.guest must be a positive quantity"
 	Guest *resource.Quantity `json:"guest,omitempty"`
+
+	// Hugepages backs the guest's RAM with huge pages of the node (KubeVirt's memory.hugepages):
+	// the launcher pod asks for the guest memory as hugepages-<pageSize> and QEMU takes it from the
+	// kernel's huge page pool. The node must have such pages reserved.
+	// +optional
+	Hugepages *Hugepages `json:"hugepages,omitempty"`
+}
+
+// Hugepages is the size of the huge pages that back the guest's RAM.
+type Hugepages struct {
+	// PageSize is 2Mi or 1Gi, the x86 huge page sizes. The guest memory must be a multiple of it.
+	// +kubebuilder:validation:Enum="2Mi";"1Gi"
+	PageSize string `json:"pageSize"`
+}
+
+// PageBytes is the huge page size in bytes, 0 when PageSize is none of the x86 sizes.
+func (h *Hugepages) PageBytes() int64 {
+	switch h.PageSize {
+	case "2Mi":
+		return 2 << 20
+	case "1Gi":
+		return 1 << 30
+	}
+	return 0
 }
 
 // Machine is the emulated machine type.

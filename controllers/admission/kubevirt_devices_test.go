@@ -374,3 +374,29 @@ func TestKubeVirtDedicatedCPUs(t *testing.T) {
 		})
 	}
 }
+
+// TestKubeVirtHugepages: KubeVirt's user guide example of huge pages (memory.hugepages.pageSize
+// 2Mi) is accepted and translates to a machine whose RAM is of 2 MiB pages; a page size x86 has
+// not, or a guest memory that is no whole number of pages, is refused naming the field.
+func TestKubeVirtHugepages(t *testing.T) {
+	startWebhook(t)
+	vmi := func(memory map[string]any) map[string]any {
+		o := sample(t, "vmi_testguest.yaml")
+		o["spec"].(map[string]any)["domain"].(map[string]any)["memory"] = memory
+		return o
+	}
+	m := storedMachine(t, vmi(map[string]any{"guest": "128Mi", "hugepages": map[string]any{"pageSize": "2Mi"}}), "vmi-hugepages")
+	if m.HugePageKiB != 2048 || m.MemoryMiB != 128 {
+		t.Errorf("the machine has %d MiB of %d KiB pages, want 128 MiB of 2048 KiB pages", m.MemoryMiB, m.HugePageKiB)
+	}
+	for name, memory := range map[string]map[string]any{
+		"4Mi pages":               {"guest": "128Mi", "hugepages": map[string]any{"pageSize": "4Mi"}},
+		"no whole number of 1Gi": {"guest": "1536Mi", "hugepages": map[string]any{"pageSize": "1Gi"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, stderr, err := apply(t, vmi(memory), "vmi-hugepages-refused"); err == nil || !strings.Contains(stderr, "spec.domain.memory.hugepages.pageSize") {
+				t.Errorf("%v: %s; want a refusal naming spec.domain.memory.hugepages.pageSize", err, stderr)
+			}
+		})
+	}
+}

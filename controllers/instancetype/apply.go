@@ -237,6 +237,9 @@ func applyMemory(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.Virtual
 		d.Memory = &v1alpha1.Memory{}
 	}
 	d.Memory.Guest = &guest
+	if it.Memory.Hugepages != nil {
+		d.Memory.Hugepages = it.Memory.Hugepages.DeepCopy()
+	}
 	if pct := it.Memory.OvercommitPercent; pct > 0 {
 		if d.Resources.Requests == nil {
 			d.Resources.Requests = corev1.ResourceList{}

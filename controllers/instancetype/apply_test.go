@@ -118,16 +118,21 @@ func TestConflicts(t *testing.T) {
 }
 
 // TestDedicatedCPUsExpand: an instancetype's dedicatedCPUPlacement and isolateEmulatorThread reach
-// the instance's domain.cpu, as KubeVirt's apply/cpu.go sets them.
+// the instance's domain.cpu, and its memory.hugepages the domain's memory, as KubeVirt's
+// apply/cpu.go and apply/memory.go set them.
 func TestDedicatedCPUsExpand(t *testing.T) {
 	it := baseIT()
 	it.CPU.DedicatedCPUPlacement, it.CPU.IsolateEmulatorThread = ptr.To(true), ptr.To(true)
+	it.Memory.Hugepages = &v1alpha1.Hugepages{PageSize: "2Mi"}
 	spec, _, errs := Expand(baseVM(), resolution(it, nil))
 	if len(errs) != 0 {
 		t.Fatal(errs)
 	}
 	if c := spec.Domain.CPU; c == nil || !c.DedicatedCPUPlacement || !c.IsolateEmulatorThread {
 		t.Fatalf("domain.cpu %+v, want dedicated CPUs with an isolated emulator thread", c)
+	}
+	if m := spec.Domain.Memory; m == nil || m.Hugepages == nil || m.Hugepages.PageSize != "2Mi" {
+		t.Fatalf("domain.memory %+v, want 2Mi huge pages", m)
 	}
 }
 

@@ -360,6 +360,9 @@ func launcherResources(d *v1alpha1.DomainSpec, cfg config.Config) (corev1.Resour
 		lim[corev1.ResourceMemory] = canonicalMemory(l)
 	}
 
+	if d.Memory != nil && d.Memory.Hugepages != nil {
+		hugePages(req, lim, d.Memory.Hugepages, *guest, *overhead)
+	}
 	if dedicatedCPUs(d) {
 		guaranteed(d, req, lim)
 	}
@@ -371,6 +374,20 @@ func launcherResources(d *v1alpha1.DomainSpec, cfg config.Config) (corev1.Resour
 		req[v1alpha1.KVMResource], lim[v1alpha1.KVMResource] = one.DeepCopy(), one.DeepCopy()
 	}
 	return corev1.ResourceRequirements{Requests: req, Limits: lim}, nil
+}
+
+// hugePages moves the guest's RAM from the container's memory to hugepages-<pageSize> (KubeVirt's
+// WithHugePages): QEMU takes it from the node's huge page pool, which the kubelet accounts apart
+// and the scheduler places by. The memory request keeps only the overhead, and a memory limit only
+// what it allowed beyond the guest.
+func hugePages(req, lim corev1.ResourceList, hp *v1alpha1.Hugepages, guest, overhead resource.Quantity) {
+	name := corev1.ResourceName(corev1.ResourceHugePagesPrefix + hp.PageSize)
+	req[name], lim[name] = guest.DeepCopy(), guest.DeepCopy()
+	req[corev1.ResourceMemory] = canonicalMemory(overhead)
+	if l, ok := lim[corev1.ResourceMemory]; ok {
+		l.Sub(guest)
+		lim[corev1.ResourceMemory] = canonicalMemory(l)
+	}
 }
 
 func dedicatedCPUs(d *v1alpha1.DomainSpec) bool {

@@ -455,3 +455,44 @@ func TestRenderLauncherPodDedicatedCPUs(t *testing.T) {
 		t.Errorf("an instance without dedicated CPUs selects %s: %v", v1alpha1.NodeCPUManagerLabel, pod.Spec.NodeSelector)
 	}
 }
+
+// TestRenderLauncherPodHugepages: with memory.hugepages the guest's RAM is asked for as
+// hugepages-<pageSize> (request and limit), and the container's memory keeps only the overhead, in
+// its request and in a limit (KubeVirt's WithHugePages); with dedicated CPUs the pod stays
+// Guaranteed.
+func TestRenderLauncherPodHugepages(t *testing.T) {
+	v := baseVMI() // 512Mi guest, 1 vCPU: 101Mi overhead
+	v.Spec.Domain.Memory = &v1alpha1.Memory{Hugepages: &v1alpha1.Hugepages{PageSize: "2Mi"}}
+	v.Spec.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}
+	pod, err := RenderLauncherPod(v, config.Default(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := pod.Spec.Containers[0].Resources
+	for name, l := range map[string]corev1.ResourceList{"requests": res.Requests, "limits": res.Limits} {
+		if q := l["hugepages-2Mi"]; q.String() != "512Mi" {
+			t.Errorf("%s[hugepages-2Mi] = %s, want 512Mi", name, q.String())
+		}
+	}
+	if q := res.Requests[corev1.ResourceMemory]; q.String() != "101Mi" {
+		t.Errorf("requests.memory = %s, want the 101Mi overhead alone", q.String())
+	}
+	if q := res.Limits[corev1.ResourceMemory]; q.String() != "613Mi" {
+		t.Errorf("limits.memory = %s, want 613Mi (the 1Gi limit less the 512Mi guest, plus 101Mi)", q.String())
+	}
+
+	v = baseVMI()
+	v.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("1Gi")), Hugepages: &v1alpha1.Hugepages{PageSize: "1Gi"}}
+	v.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, DedicatedCPUPlacement: true}
+	pod, err = RenderLauncherPod(v, config.Default(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res = pod.Spec.Containers[0].Resources
+	if r, l := res.Requests[corev1.ResourceMemory], res.Limits[corev1.ResourceMemory]; r.String() != "102Mi" || l.String() != "102Mi" {
+		t.Errorf("dedicated CPUs with huge pages: memory requests %s limits %s, want the 102Mi overhead in both", r.String(), l.String())
+	}
+	if q := res.Limits["hugepages-1Gi"]; q.String() != "1Gi" {
+		t.Errorf("limits[hugepages-1Gi] = %s, want 1Gi", q.String())
+	}
+}

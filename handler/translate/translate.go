@@ -283,6 +283,9 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 // memory gives the guest its memory rounded up to a whole MiB (see GuestMemoryMiB).
 func memory(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	m.MemoryMiB = v1alpha1.GuestMemoryMiB(d)
+	if d.Memory != nil && d.Memory.Hugepages != nil {
+		m.HugePageKiB = d.Memory.Hugepages.PageBytes() >> 10
+	}
 	if m.MemoryMiB > 0 {
 		return nil
 	}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -107,7 +108,11 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 		t.Fatalf("qvirt's pods by component %v, want controllers, API servers and one node agent:\n%s", apps, describe())
 	}
 
+	// The guest has a dedicated CPU: the node agent labels the node from its kubelet's static CPU
+	// manager, the kubelet gives the Guaranteed launcher container a CPU of its own, and the
+	// launcher pins the vCPU there.
 	vmi := guestVMI(t, c)
+	vmi.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, DedicatedCPUPlacement: true}
 	created := time.Now()
 	if err := cl.Create(ctx, vmi); err != nil {
 		t.Fatal(err)
@@ -124,6 +129,7 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	if body := testutil.HTTPBody(t, "http://"+got.Status.Interfaces[0].IP+"/", time.Minute); strings.TrimSpace(body) != "testguest" {
 		t.Errorf("the guest's page: %q, want testguest", body)
 	}
+	checkDedicatedCPU(t, ctx, cl, dir, &got)
 
 	// Down with the guest running: it is powered off through its launcher pod (SIGTERM, ACPI
 	// shutdown) before the node goes. A launcher that did not power the guest off would be killed
@@ -161,4 +167,69 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	if out, err := exec.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); err == nil {
 		t.Errorf("kube-proxy's table left after Down:\n%s", testutil.Tail(string(out), 500))
 	}
+}
+
+// checkDedicatedCPU checks vmi's dedicated CPU on the real node: the node is labelled
+// cpumanager=true, the launcher pod is Guaranteed, its compute container has the CPU the kubelet's
+// CPU manager recorded for it (in its checkpoint under the state directory dir), outside the
+// shared pool, and QEMU's vCPU thread runs on that CPU alone.
+func checkDedicatedCPU(t *testing.T, ctx context.Context, cl client.Client, dir string, vmi *v1alpha1.VirtualMachineInstance) {
+	t.Helper()
+	var node corev1.Node
+	if err := cl.Get(ctx, client.ObjectKey{Name: vmi.Status.NodeName}, &node); err != nil {
+		t.Fatal(err)
+	}
+	if node.Labels[v1alpha1.NodeCPUManagerLabel] != "true" {
+		t.Errorf("node %s labels %v annotations %v, want %s=true", node.Name, node.Labels, node.Annotations, v1alpha1.NodeCPUManagerLabel)
+	}
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.MatchingLabels{v1alpha1.VMINameLabel: vmi.Name}); err != nil || len(pods.Items) != 1 {
+		t.Fatalf("the VMI's launcher pods: %v %d", err, len(pods.Items))
+	}
+	pod := pods.Items[0]
+	if pod.Status.QOSClass != corev1.PodQOSGuaranteed {
+		t.Errorf("launcher pod QoS %s, want Guaranteed", pod.Status.QOSClass)
+	}
+	var state string
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == "cpu_manager_state" {
+			state = p
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	data, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatalf("the kubelet's CPU manager state: %v", err)
+	}
+	var cp struct {
+		DefaultCPUSet string                       `json:"defaultCpuSet"`
+		Entries       map[string]map[string]string `json:"entries"`
+	}
+	if err := json.Unmarshal(data, &cp); err != nil {
+		t.Fatal(err)
+	}
+	exclusive := cp.Entries[string(pod.UID)]["compute"]
+	if exclusive == "" || strings.Contains(exclusive, ",") || strings.Contains(exclusive, "-") {
+		t.Fatalf("the CPU manager gave the compute container %q (state %s), want one CPU of its own", exclusive, data)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/task/*/comm")
+	var vcpu string
+	for _, p := range procs {
+		comm, err := os.ReadFile(p)
+		cmdline, err2 := os.ReadFile(filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(p))), "cmdline"))
+		if err != nil || err2 != nil || strings.TrimSpace(string(comm)) != "CPU 0/TCG" || !strings.Contains(string(cmdline), string(vmi.UID)) {
+			continue
+		}
+		status, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
+		for _, l := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
+				vcpu = strings.TrimSpace(v)
+			}
+		}
+	}
+	if vcpu != exclusive {
+		t.Errorf("the guest's vCPU thread runs on CPUs %q, want the container's own CPU %s (shared pool %s)", vcpu, exclusive, cp.DefaultCPUSet)
+	}
+	t.Logf("dedicated CPU: the vCPU runs on CPU %s, the shared pool is %s", vcpu, cp.DefaultCPUSet)
 }

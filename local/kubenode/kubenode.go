@@ -268,6 +268,9 @@ func (n *Node) writeCNIConfig() error {
 //   - the ImageVolumeWithDigest feature (alpha in 1.37): the kubelet reports what it pulled for a
 //     launcher pod's containerDisk and kernelBoot image volumes, which qvirt records in the
 //     instance's status and checks a migration target against.
+//   - the static CPU manager policy, with 100m of CPU kept for the system (the policy needs some;
+//     it keeps the first CPU out of exclusive use): a Guaranteed container with whole CPUs gets
+//     CPUs of its own, which qvirt's dedicatedCpuPlacement needs (KubeVirt's CPU manager nodes).
 //   - x509 client certificates from the cluster CA (the API server's, for logs and exec) and
 //     Webhook authorization; no anonymous access, no read-only port.
 func (n *Node) writeKubeletConfig() error {
@@ -287,7 +290,8 @@ func (n *Node) writeKubeletConfig() error {
 		"imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
 		"rotateCertificates": false, "serverTLSBootstrap": false, "registerNode": true,
 		"resolvConf": "/etc/resolv.conf", "clusterDomain": "cluster.local",
-		"featureGates": map[string]bool{"ImageVolumeWithDigest": true},
+		"featureGates":     map[string]bool{"ImageVolumeWithDigest": true},
+		"cpuManagerPolicy": "static", "kubeReserved": map[string]string{"cpu": "100m"},
 	}
 	return writeJSON(n.path("kubelet.json"), cfg)
 }
