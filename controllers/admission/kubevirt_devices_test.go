@@ -390,7 +390,7 @@ func TestKubeVirtHugepages(t *testing.T) {
 		t.Errorf("the machine has %d MiB of %d KiB pages, want 128 MiB of 2048 KiB pages", m.MemoryMiB, m.HugePageKiB)
 	}
 	for name, memory := range map[string]map[string]any{
-		"4Mi pages":               {"guest": "128Mi", "hugepages": map[string]any{"pageSize": "4Mi"}},
+		"4Mi pages":              {"guest": "128Mi", "hugepages": map[string]any{"pageSize": "4Mi"}},
 		"no whole number of 1Gi": {"guest": "1536Mi", "hugepages": map[string]any{"pageSize": "1Gi"}},
 	} {
 		t.Run(name, func(t *testing.T) {
