@@ -496,6 +496,8 @@ func FuzzValidateVirtualMachine(f *testing.F) {
 	f.Add(fs)
 	f.Add([]byte(`{"spec":{"template":{"spec":{"domain":{"devices":{},"features":{"hypervPassthrough":{},"hyperv":{"synic":{},"vendorid":{"vendorid":"a,b"}}},` +
 		`"clock":{"utc":{"offsetSeconds":-86400},"timezone":"Europe/Paris","timer":{"hpet":{"present":false,"tickPolicy":"merge"},"pit":{"tickPolicy":"discard"}}}}}}}}`))
+	f.Add([]byte(`{"spec":{"template":{"spec":{"domain":{"cpu":{"sockets":2,"threads":2,"dedicatedCpuPlacement":true,"isolateEmulatorThread":true},` +
+		`"memory":{"guest":"1Gi","hugepages":{"pageSize":"1Gi"}},"resources":{"requests":{"cpu":"4","memory":"1Gi"},"limits":{"cpu":"3500m","memory":"2Gi"}}}}}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var vm VirtualMachine
 		if err := yaml.Unmarshal(data, &vm); err != nil {
