@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -85,7 +86,8 @@ func (p *Process) pinOtherThreads(vcpuThreads map[int]int, emulator []int) error
 				continue
 			}
 			fresh = true
-			if err := setAffinity(tid, emulator...); err != nil && err != unix.ESRCH {
+			// A thread that ended meanwhile (ESRCH) needs no pinning.
+			if err := setAffinity(tid, emulator...); err != nil && !errors.Is(err, unix.ESRCH) {
 				return fmt.Errorf("pin QEMU thread %d to CPUs %s: %w", tid, formatCPUs(emulator), err)
 			}
 			done[tid] = true

@@ -147,13 +147,7 @@ func TestHeartbeatLabelsPostCopyFromTheSysctl(t *testing.T) {
 		}
 	}
 	hb := NewHeartbeat(cp.Client, node, Capabilities{QEMUVersion: "7.2.22"}, 0).WithUserfaultfdSysctl(sysctl)
-	beat := func() *corev1.Node {
-		t.Helper()
-		if err := hb.Beat(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		return getNode(t, node)
-	}
+	beat := func() *corev1.Node { return beatAndGet(t, hb, node) }
 	set("0")
 	n := beat()
 	if n.Labels[v1alpha1.NodePostCopyLabel] != "false" || !strings.Contains(n.Annotations[v1alpha1.NodePostCopyReasonAnnotation], "unprivileged_userfaultfd is 0") {
@@ -188,13 +182,7 @@ func TestHeartbeatLabelsCPUManagerFromTheKubeletState(t *testing.T) {
 	}
 	state := filepath.Join(t.TempDir(), "cpu_manager_state")
 	hb := NewHeartbeat(cp.Client, node, Capabilities{QEMUVersion: "7.2.22"}, 0).WithCPUManagerState(state)
-	beat := func() *corev1.Node {
-		t.Helper()
-		if err := hb.Beat(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		return getNode(t, node)
-	}
+	beat := func() *corev1.Node { return beatAndGet(t, hb, node) }
 	n = beat()
 	if n.Labels[v1alpha1.NodeCPUManagerLabel] != "true" || !strings.Contains(n.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation], "cpu_manager_state") {
 		t.Fatalf("without the kubelet's state: labels %v annotations %v; want the administrator's label kept and the reason", n.Labels, n.Annotations)
@@ -216,4 +204,13 @@ func TestHeartbeatLabelsCPUManagerFromTheKubeletState(t *testing.T) {
 	if r, ok := n.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation]; ok {
 		t.Fatalf("CPU manager reason %q left behind", r)
 	}
+}
+
+// beatAndGet beats once and reads the node back.
+func beatAndGet(t *testing.T, hb *Heartbeat, node string) *corev1.Node {
+	t.Helper()
+	if err := hb.Beat(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return getNode(t, node)
 }
