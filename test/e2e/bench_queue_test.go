@@ -89,11 +89,11 @@ func reportQueue(b *testing.B, before, after queueScrape) {
 	for i := range after.controllers {
 		now, was := after.controllers[i], before.controllers[i]
 		vmi := map[string]string{"name": "vmi"}
-		wait = addHist(wait, histDelta(now, was, "workqueue_queue_duration_seconds", vmi)[""])
-		work = addHist(work, histDelta(now, was, "workqueue_work_duration_seconds", vmi)[""])
-		limiter = addHist(limiter, histDelta(now, was, "rest_client_rate_limiter_duration_seconds", nil)[""])
+		wait = wait.Add(histDelta(now, was, "workqueue_queue_duration_seconds", vmi)[""])
+		work = work.Add(histDelta(now, was, "workqueue_work_duration_seconds", vmi)[""])
+		limiter = limiter.Add(histDelta(now, was, "rest_client_rate_limiter_duration_seconds", nil)[""])
 		for verb, h := range histDelta(now, was, "rest_client_request_duration_seconds", nil, "verb") {
-			requests[verb] = addHist(requests[verb], h)
+			requests[verb] = requests[verb].Add(h)
 		}
 	}
 	reportMS(b, "vmi-queue-wait", wait)
@@ -113,16 +113,6 @@ func histDelta(after, before testutil.Metrics, name string, where map[string]str
 	out := map[string]testutil.Hist{}
 	for key, h := range after.Histograms(name, where, keys...) {
 		out[key] = h.Since(was[key])
-	}
-	return out
-}
-
-func addHist(a, b testutil.Hist) testutil.Hist {
-	out := testutil.Hist{Sum: a.Sum + b.Sum, Count: a.Count + b.Count, Buckets: map[float64]float64{}}
-	for _, h := range []testutil.Hist{a, b} {
-		for le, n := range h.Buckets {
-			out.Buckets[le] += n
-		}
 	}
 	return out
 }

@@ -69,6 +69,17 @@ func (h Hist) Since(before Hist) Hist {
 	return out
 }
 
+// Add is h and o together: what two sources (replicas, label sets) observed.
+func (h Hist) Add(o Hist) Hist {
+	out := Hist{Sum: h.Sum + o.Sum, Count: h.Count + o.Count, Buckets: map[float64]float64{}}
+	for _, x := range []Hist{h, o} {
+		for le, n := range x.Buckets {
+			out.Buckets[le] += n
+		}
+	}
+	return out
+}
+
 // Mean is the mean observation, 0 without one.
 func (h Hist) Mean() float64 {
 	if h.Count == 0 {

@@ -23,6 +23,10 @@ func TestHistQuantileAndSince(t *testing.T) {
 	if q := beyond.Quantile(0.95); q != 1 {
 		t.Errorf("P95 beyond the last bound = %v, want that bound (1)", q)
 	}
+	sum := d.Add(before)
+	if sum.Count != 12 || sum.Sum != 6 || sum.Buckets[1] != 12 || sum.Buckets[0.1] != 4 {
+		t.Errorf("add = %+v, want the after histogram back", sum)
+	}
 	if q := (Hist{}).Quantile(0.5); q != 0 {
 		t.Errorf("P50 of nothing = %v, want 0", q)
 	}
