@@ -30,17 +30,17 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 	}
 	cp := p.Child("cpu")
 	if spec.CPU.NUMA != nil {
-		no(cp.Child("numa"), "a guest NUMA topology")
+		errs = append(errs, field.Forbidden(cp.Child("numa"), "a guest NUMA topology is "+NotRealisedMessage+NUMAReason))
 	}
 	if spec.CPU.Realtime != nil {
-		no(cp.Child("realtime"), "real-time tuning")
+		errs = append(errs, field.Forbidden(cp.Child("realtime"), "real-time vCPUs are "+NotRealisedMessage+RealtimeReason))
 	}
 	if spec.CPU.MaxSockets != nil {
-		no(cp.Child("maxSockets"), "CPU hotplug")
+		errs = append(errs, field.Forbidden(cp.Child("maxSockets"), "CPU hotplug is "+NotRealisedMessage+CPUHotplugReason))
 	}
 	mp := p.Child("memory")
 	if spec.Memory.MaxGuest != nil {
-		no(mp.Child("maxGuest"), "memory hotplug")
+		errs = append(errs, field.Forbidden(mp.Child("maxGuest"), "memory hotplug is "+NotRealisedMessage+MemoryHotplugReason))
 	}
 	return errs
 }

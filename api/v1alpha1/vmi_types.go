@@ -357,6 +357,22 @@ type CPU struct {
 	// loop, I/O threads, workers) are pinned, away from the vCPUs. Needs dedicatedCpuPlacement.
 	// +optional
 	IsolateEmulatorThread bool `json:"isolateEmulatorThread,omitempty"`
+
+	// NUMA is KubeVirt's guest NUMA topology (guestMappingPassthrough); refused (NUMAReason).
+	// +optional
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:pruning:PreserveUnknownFields
+	NUMA *runtime.RawExtension `json:"numa,omitempty"`
+
+	// Realtime is KubeVirt's real-time vCPU scheduling; refused (RealtimeReason).
+	// +optional
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:pruning:PreserveUnknownFields
+	Realtime *runtime.RawExtension `json:"realtime,omitempty"`
+
+	// MaxSockets is the most sockets CPU hotplug may reach; refused (CPUHotplugReason).
+	// +optional
+	MaxSockets uint32 `json:"maxSockets,omitempty"`
 }
 
 // CPUFeaturePolicy is how a CPU feature is given to the guest (KubeVirt's and libvirt's policies).
@@ -403,6 +419,10 @@ type Memory struct {
 	// kernel's huge page pool. The node must have such pages reserved.
 	// +optional
 	Hugepages *Hugepages `json:"hugepages,omitempty"`
+
+	// MaxGuest is the most memory hotplug may reach; refused (MemoryHotplugReason).
+	// +optional
+	MaxGuest *resource.Quantity `json:"maxGuest,omitempty"`
 }
 
 // Hugepages is the size of the huge pages that back the guest's RAM.

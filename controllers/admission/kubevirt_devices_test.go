@@ -400,3 +400,40 @@ func TestKubeVirtHugepages(t *testing.T) {
 		})
 	}
 }
+
+// TestKubeVirtRefusedCPUAndMemory: KubeVirt's guest NUMA topology, real-time vCPUs, CPU hotplug
+// and memory hotplug, as its user guide writes them, are refused through kube-apiserver naming the
+// field and why, not as unknown fields.
+func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
+	startWebhook(t)
+	for name, tc := range map[string]struct {
+		section, field string
+		value          any
+		want           []string
+	}{
+		"numa":       {"cpu", "numa", map[string]any{"guestMappingPassthrough": map[string]any{}}, []string{"spec.domain.cpu.numa", "CAP_SYS_NICE"}},
+		"realtime":   {"cpu", "realtime", map[string]any{"mask": "0"}, []string{"spec.domain.cpu.realtime", "SCHED_FIFO"}},
+		"maxSockets": {"cpu", "maxSockets", 4, []string{"spec.domain.cpu.maxSockets", "CPU hotplug"}},
+		"maxGuest":   {"memory", "maxGuest", "1Gi", []string{"spec.domain.memory.maxGuest", "memory hotplug"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := sample(t, "vmi_testguest.yaml")
+			d := o["spec"].(map[string]any)["domain"].(map[string]any)
+			sec, _ := d[tc.section].(map[string]any)
+			if sec == nil {
+				sec = map[string]any{}
+				d[tc.section] = sec
+			}
+			sec[tc.field] = tc.value
+			_, stderr, err := apply(t, o, "vmi-refused-cpu")
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("refusal does not say %q: %s", w, stderr)
+				}
+			}
+		})
+	}
+}
