@@ -40,6 +40,12 @@ func (p *Process) pinCPUs(ctx context.Context) error {
 			"needs %d host CPUs of its own (%s) but the launcher may run on %d (%s): the kubelet's static CPU manager gives them to a Guaranteed pod with whole CPUs",
 			need, pinNeeds(c), len(cpus), formatCPUs(cpus)))
 	}
+	if len(cpus) > need {
+		// In a pod the static CPU manager gives exactly the CPUs asked for; more means these are
+		// the node's shared pool (a cpumanager label set by hand on a node without the static
+		// policy), where other pods run too.
+		p.log.Info("more CPUs than the pinning needs: they may not be this pod's own", "cpus", formatCPUs(cpus), "needed", need)
+	}
 	vcpus, err := vcpuList(ctx, p)
 	if err != nil {
 		return err

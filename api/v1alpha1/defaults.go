@@ -142,7 +142,8 @@ func setMachineType(d *DomainSpec) {
 }
 
 // setGuestMemory is KubeVirt's setGuestMemory: without memory.guest, the guest gets
-// resources.requests.memory, else resources.limits.memory.
+// resources.requests.memory, else resources.limits.memory, else one huge page of
+// memory.hugepages.pageSize.
 func setGuestMemory(d *DomainSpec) {
 	if d.Memory != nil && d.Memory.Guest != nil {
 		return
@@ -153,6 +154,8 @@ func setGuestMemory(d *DomainSpec) {
 		guest = d.Resources.Requests.Memory()
 	case !d.Resources.Limits.Memory().IsZero():
 		guest = d.Resources.Limits.Memory()
+	case d.Memory != nil && d.Memory.Hugepages != nil && d.Memory.Hugepages.PageBytes() > 0:
+		guest = resource.NewQuantity(d.Memory.Hugepages.PageBytes(), resource.BinarySI)
 	default:
 		return
 	}

@@ -156,6 +156,13 @@ func TestSetDefaultsKubeVirtRules(t *testing.T) {
 					t.Errorf("memory.guest %v, want 2Gi", g)
 				}
 			}},
+		{"memory.guest one huge page without requests or limits",
+			VirtualMachineInstanceSpec{Domain: DomainSpec{Memory: &Memory{Hugepages: &Hugepages{PageSize: "1Gi"}}}},
+			func(t *testing.T, s *VirtualMachineInstanceSpec) {
+				if g := s.Domain.Memory.Guest; g == nil || g.Cmp(*mem("1Gi")) != 0 {
+					t.Errorf("memory.guest %v, want 1Gi", g)
+				}
+			}},
 		{"memory.guest as written",
 			VirtualMachineInstanceSpec{Domain: DomainSpec{Memory: &Memory{Guest: mem("256Mi")},
 				Resources: ResourceRequirements{Requests: corev1.ResourceList{"memory": resource.MustParse("1Gi")}}}},

@@ -16,6 +16,9 @@ const (
 	// backend-storage claim (backendstorage.go) that a migration target cannot share: one that is
 	// not ReadWriteMany (the VMI controller judges the claim, as it judges disk claims).
 	PersistentStateReason = "PersistentStateNotLiveMigratable"
+	// HugepagesUnderEmulationReason: the instance's RAM is of huge pages and the cluster runs its
+	// guests under emulation (TCG), where QEMU 7.2 cannot migrate such RAM safely.
+	HugepagesUnderEmulationReason = "HugepagesNotLiveMigratableUnderEmulation"
 )
 
 // ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim,

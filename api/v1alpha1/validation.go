@@ -287,6 +287,10 @@ func validateDedicatedCPUs(d *DomainSpec, p *field.Path) field.ErrorList {
 	if cpu.Threads > 2 {
 		errs = append(errs, field.Invalid(cp.Child("threads"), cpu.Threads, "must be at most 2 with dedicatedCpuPlacement"))
 	}
+	if d.Resources.OvercommitGuestOverhead {
+		errs = append(errs, field.Invalid(rp.Child("overcommitGuestOverhead"), true,
+			"cannot be combined with dedicatedCpuPlacement: the pod must be Guaranteed, its memory limit its request, which then must hold QEMU's overhead"))
+	}
 	return errs
 }
 

@@ -99,6 +99,10 @@ func TestValidateVirtualMachine(t *testing.T) {
 			s.Domain.Resources.Requests = corev1.ResourceList{"memory": resource.MustParse("1Gi")}
 			s.Domain.Resources.Limits = corev1.ResourceList{"memory": resource.MustParse("2Gi")}
 		}, "spec.template.spec.domain.resources.requests.memory"},
+		{"dedicated CPUs with the overhead overcommitted", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 2, DedicatedCPUPlacement: true}
+			s.Domain.Resources.OvercommitGuestOverhead = true
+		}, "spec.template.spec.domain.resources.overcommitGuestOverhead"},
 		{"dedicated CPUs with three threads a core", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.CPU = &CPU{Sockets: 1, Cores: 1, Threads: 3, DedicatedCPUPlacement: true}
 		}, "spec.template.spec.domain.cpu.threads"},

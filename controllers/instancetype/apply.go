@@ -229,6 +229,9 @@ func applyMemory(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.Virtual
 	if _, ok := d.Resources.Limits[corev1.ResourceMemory]; ok {
 		errs = append(errs, conflict(dp.Child("resources", "limits", "memory"), sets))
 	}
+	if hp := it.Memory.Hugepages; hp != nil && d.Memory != nil && d.Memory.Hugepages != nil {
+		errs = append(errs, conflict(dp.Child("memory", "hugepages"), "memory.hugepages.pageSize: "+hp.PageSize))
+	}
 	if len(errs) > 0 {
 		return errs
 	}

@@ -92,6 +92,12 @@ func TestConflicts(t *testing.T) {
 			func(vm *v1alpha1.VirtualMachine) {
 				vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{DedicatedCPUPlacement: true}
 			}, "spec.template.spec.domain.cpu.dedicatedCpuPlacement"},
+		{"hugepages", func(it *v1alpha1.VirtualMachineInstancetypeSpec) {
+			it.Memory.Hugepages = &v1alpha1.Hugepages{PageSize: "2Mi"}
+		},
+			func(vm *v1alpha1.VirtualMachine) {
+				vm.Spec.Template.Spec.Domain.Memory = &v1alpha1.Memory{Hugepages: &v1alpha1.Hugepages{PageSize: "1Gi"}}
+			}, "spec.template.spec.domain.memory.hugepages"},
 		{"isolateEmulatorThread", func(it *v1alpha1.VirtualMachineInstancetypeSpec) { it.CPU.IsolateEmulatorThread = ptr.To(false) },
 			func(vm *v1alpha1.VirtualMachine) {
 				vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{IsolateEmulatorThread: true}

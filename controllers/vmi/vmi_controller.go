@@ -135,7 +135,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vmi *v1alpha1.VirtualM
 	if err != nil {
 		return ctrl.Result{}, outcome{}, err
 	}
-	setLiveMigratable(vmi, claims)
+	setLiveMigratable(vmi, claims, r.Config.Get().UseEmulation)
 
 	pods, err := r.pods(ctx, vmi)
 	if err != nil {

@@ -172,8 +172,15 @@ func applyOutcome(st *v1alpha1.VirtualMachineInstanceStatus, o outcome, now meta
 
 // setLiveMigratable sets the LiveMigratable condition from the spec and its claims' access modes,
 // and the migration method from the disks.
-func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims) {
+func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims, emulation bool) {
 	ok, reason, msg := v1alpha1.LiveMigratable(&vmi.Spec)
+	if m := vmi.Spec.Domain.Memory; ok && emulation && m != nil && m.Hugepages != nil {
+		// The source launcher would refuse it (launcher/migration.go): say so before a target
+		// pod holds huge pages on another node.
+		ok, reason = false, v1alpha1.HugepagesUnderEmulationReason
+		msg = "memory.hugepages under emulation (useEmulation): QEMU 7.2 loses guest writes migrating RAM of whole 256 KiB blocks under TCG, " +
+			"and huge pages cannot be padded out of that; it migrates under KVM"
+	}
 	if vol, claim, modes := unsharedClaim(&vmi.Spec, claims); ok && claim != "" {
 		ok, reason = false, v1alpha1.DisksNotLiveMigratableReason
 		msg = fmt.Sprintf("volume %q uses PersistentVolumeClaim %q with access modes %v: live migration needs claims that are ReadWriteMany "+

@@ -114,7 +114,7 @@ func TestApplyOutcome(t *testing.T) {
 func TestSetLiveMigratable(t *testing.T) {
 	v := baseVMI()
 	v.Generation = 3
-	setLiveMigratable(v, nil)
+	setLiveMigratable(v, nil, false)
 	c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
 	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.MigratableReason || c.ObservedGeneration != 3 {
 		t.Fatalf("condition = %+v, want True/%s", c, v1alpha1.MigratableReason)
@@ -126,16 +126,27 @@ func TestSetLiveMigratable(t *testing.T) {
 	v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: "scratch",
 		VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("8Mi")}}})
 	v.Spec.Domain.Devices.Disks = append(v.Spec.Domain.Devices.Disks, v1alpha1.Disk{Name: "scratch"})
-	setLiveMigratable(v, nil)
+	setLiveMigratable(v, nil, false)
 	if v.Status.MigrationMethod != v1alpha1.BlockMigration {
 		t.Errorf("migrationMethod = %q with an emptyDisk, want %q", v.Status.MigrationMethod, v1alpha1.BlockMigration)
 	}
 	v.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}
-	setLiveMigratable(v, nil)
+	setLiveMigratable(v, nil, false)
 	c = meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
 	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.BridgeOnPodNetworkReason {
 		t.Fatalf("condition = %+v, want False/%s", c, v1alpha1.BridgeOnPodNetworkReason)
+	}
+
+	// Huge pages migrate under KVM, not under emulation, where the source launcher would refuse.
+	v = baseVMI()
+	v.Spec.Domain.Memory = &v1alpha1.Memory{Hugepages: &v1alpha1.Hugepages{PageSize: "2Mi"}}
+	for _, emulation := range []bool{false, true} {
+		setLiveMigratable(v, nil, emulation)
+		c = meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
+		if want := !emulation; c == nil || (c.Status == metav1.ConditionTrue) != want || (!want && c.Reason != v1alpha1.HugepagesUnderEmulationReason) {
+			t.Errorf("huge pages, emulation %v: condition = %+v", emulation, c)
+		}
 	}
 }
 

@@ -104,8 +104,11 @@ func (h *Heartbeat) cpuManager() (static, known bool, why string) {
 	var st struct {
 		PolicyName string `json:"policyName"`
 	}
-	if err := json.Unmarshal(data, &st); err != nil || st.PolicyName == "" {
-		return false, false, fmt.Sprintf("%s is no CPU manager checkpoint (no policyName): %v", h.cpuManagerState, err)
+	if err := json.Unmarshal(data, &st); err != nil {
+		return false, false, fmt.Sprintf("%s is no CPU manager checkpoint: %v", h.cpuManagerState, err)
+	}
+	if st.PolicyName == "" {
+		return false, false, fmt.Sprintf("%s is no CPU manager checkpoint: it names no policyName", h.cpuManagerState)
 	}
 	if st.PolicyName != "static" {
 		return false, true, fmt.Sprintf("the kubelet's CPU manager policy is %q: dedicated CPUs need its static policy", st.PolicyName)

@@ -26,6 +26,8 @@ func TestSpecField(t *testing.T) {
 		"machine.nics[0].mac":                           "spec.domain.devices.interfaces[0]",
 		"machine.disks[7].bus":                          "",
 		"machine.cpu.model":                             "spec.domain.cpu",
+		"machine.cpu.dedicatedCPUs":                     "spec.domain.cpu.dedicatedCpuPlacement",
+		"machine.hugePageKiB":                           "spec.domain.memory.hugepages.pageSize",
 		"machine.kernelish":                             "",
 		"name":                                          "",
 		"machine.disks[99999999999999999999].name":      "",

@@ -327,7 +327,8 @@ func (c *Cluster) handler(i int) supervise.Component {
 	migration := net.JoinHostPort(apiAddress.String(), strconv.Itoa(c.streamsPort(i)+1000))
 	return supervise.Component{Name: "qvirt-handler-" + name, Path: filepath.Join(c.opts.Bin, "qvirt-handler"),
 		Args: []string{"--node-name=" + name, "--pods-dir=" + provider.PodsDir(nodeStateDir(c.opts.Dir, i)), "--namespace=" + Namespace,
-			"--device-plugin=false",
+			// A virtual node has no CPU manager: the host's kubelet checkpoint, if any, is not its.
+			"--device-plugin=false", "--cpu-manager-state=",
 			"--streams-bind-address=" + streams, "--streams-advertise-address=" + streams,
 			"--migration-bind-address=" + migration, "--migration-advertise-address=" + migration,
 			"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(9550+i), "--health-probe-bind-address=" + probe,

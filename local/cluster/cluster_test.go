@@ -85,6 +85,17 @@ func TestLocalCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A virtual node has no CPU manager: its agent reads no kubelet checkpoint (not the host's) and
+	// leaves the cpumanager label to the administrator, saying so.
+	var node corev1.Node
+	testutil.Eventually(t, time.Minute, "node "+NodeName(1)+"'s CPU manager reason", func() bool {
+		_ = cl.Get(ctx, client.ObjectKey{Name: NodeName(1)}, &node)
+		return node.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation] != ""
+	}, func() string { return fmt.Sprintf("annotations %v", node.Annotations) })
+	if _, ok := node.Labels[v1alpha1.NodeCPUManagerLabel]; ok || !strings.Contains(node.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation], "--cpu-manager-state is empty") {
+		t.Errorf("virtual node %s: labels %v, CPU manager reason %q; want no %s label and the reason naming --cpu-manager-state", NodeName(1),
+			node.Labels, node.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation], v1alpha1.NodeCPUManagerLabel)
+	}
 	vmi := guestVMI(t, c)
 	// Two claims of the default StorageClass, which local mode's provisioner binds: a filesystem
 	// one (the guest's vda, disk.img in it) and a block one (vdb, a loop device).
