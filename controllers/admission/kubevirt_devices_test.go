@@ -294,15 +294,7 @@ func TestKubeVirtRefusedDevices(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			o := sample(t, "vmi_testguest.yaml")
 			o["spec"].(map[string]any)["domain"].(map[string]any)["devices"].(map[string]any)[tc.field] = tc.value
-			_, stderr, err := apply(t, o, "vmi-refused-device")
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(stderr, w) {
-					t.Errorf("refusal does not say %q: %s", w, stderr)
-				}
-			}
+			wantRefused(t, o, "vmi-refused-device", tc.want...)
 		})
 	}
 }
@@ -425,15 +417,21 @@ func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 				d[tc.section] = sec
 			}
 			sec[tc.field] = tc.value
-			_, stderr, err := apply(t, o, "vmi-refused-cpu")
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(stderr, w) {
-					t.Errorf("refusal does not say %q: %s", w, stderr)
-				}
-			}
+			wantRefused(t, o, "vmi-refused-cpu", tc.want...)
 		})
+	}
+}
+
+// wantRefused applies o as name and wants it refused with every one of want in the refusal.
+func wantRefused(t *testing.T, o map[string]any, name string, want ...string) {
+	t.Helper()
+	_, stderr, err := apply(t, o, name)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, w := range want {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("refusal does not say %q: %s", w, stderr)
+		}
 	}
 }
