@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -26,7 +27,8 @@ type DHCPLease struct {
 	MAC net.HardwareAddr
 	// IP is the guest's address and prefix length, e.g. 10.0.2.2/24.
 	IP netip.Prefix
-	// Gateway is the default router.
+	// Gateway is the default router; none (zero) on a secondary network, whose lease then needs a
+	// ServerID.
 	Gateway netip.Addr
 	// ServerID is the server identifier (option 54), an address of the interface the server
 	// listens on; Gateway when zero, as with the masquerade binding where the bridge is the
@@ -56,8 +58,10 @@ func (l *DHCPLease) validate() error {
 		return fmt.Errorf("dhcp lease: MAC %q is not an ethernet address", l.MAC)
 	case !l.IP.IsValid() || !l.IP.Addr().Is4():
 		return fmt.Errorf("dhcp lease: IP %v is not an IPv4 prefix", l.IP)
-	case !l.Gateway.Is4():
+	case l.Gateway.IsValid() && !l.Gateway.Is4():
 		return fmt.Errorf("dhcp lease: gateway %v is not an IPv4 address", l.Gateway)
+	case !l.Gateway.IsValid() && !l.ServerID.IsValid():
+		return errors.New("dhcp lease: neither a gateway nor a server identifier")
 	case l.ServerID.IsValid() && !l.ServerID.Is4():
 		return fmt.Errorf("dhcp lease: server identifier %v is not an IPv4 address", l.ServerID)
 	case l.MTU < 0 || l.MTU > 65535:
@@ -190,7 +194,9 @@ func (h *dhcpHandler) reply(req *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
 	mask := net.CIDRMask(h.lease.IP.Bits(), 32)
 	resp.YourIPAddr = ip
 	resp.UpdateOption(dhcpv4.OptSubnetMask(mask))
-	resp.UpdateOption(dhcpv4.OptRouter(gw))
+	if h.lease.Gateway.IsValid() {
+		resp.UpdateOption(dhcpv4.OptRouter(gw))
+	}
 	resp.UpdateOption(dhcpv4.OptIPAddressLeaseTime(DHCPLeaseTime))
 	bcast := make(net.IP, 4)
 	binary.BigEndian.PutUint32(bcast, binary.BigEndian.Uint32(ip.To4())|^binary.BigEndian.Uint32(mask))

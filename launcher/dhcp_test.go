@@ -131,15 +131,32 @@ func TestDHCPReplyServerID(t *testing.T) {
 	}
 }
 
+// On a secondary network (a multus one) the lease has no router: the guest's default route stays
+// the pod network's.
+func TestDHCPReplyWithoutGateway(t *testing.T) {
+	lease := testLease()
+	lease.Gateway = netip.Addr{}
+	lease.ServerID = netip.MustParseAddr("169.254.75.10")
+	if err := lease.validate(); err != nil {
+		t.Fatalf("a lease with a server identifier and no gateway: %v", err)
+	}
+	h := &dhcpHandler{lease: lease}
+	offer := h.reply(dhcpRequest(t, lease.MAC, dhcpv4.MessageTypeDiscover))
+	if offer == nil || !offer.ServerIdentifier().Equal(net.IPv4(169, 254, 75, 10)) || len(offer.Router()) != 0 ||
+		!offer.YourIPAddr.Equal(net.IPv4(10, 0, 2, 2)) {
+		t.Fatalf("offer = %v, want 10.0.2.2 from 169.254.75.10 without a router", offer)
+	}
+}
+
 func TestServeDHCPBadLease(t *testing.T) {
 	for name, mutate := range map[string]func(*DHCPLease){
-		"no MAC":      func(l *DHCPLease) { l.MAC = nil },
-		"no IP":       func(l *DHCPLease) { l.IP = netip.Prefix{} },
-		"IPv6":        func(l *DHCPLease) { l.IP = netip.MustParsePrefix("fd00::2/64") },
-		"no gateway":  func(l *DHCPLease) { l.Gateway = netip.Addr{} },
-		"IPv6 DNS":    func(l *DHCPLease) { l.DNS = []netip.Addr{netip.MustParseAddr("fd00::53")} },
-		"MTU too big": func(l *DHCPLease) { l.MTU = 70000 },
-		"IPv6 server": func(l *DHCPLease) { l.ServerID = netip.MustParseAddr("fd00::1") },
+		"no MAC":                              func(l *DHCPLease) { l.MAC = nil },
+		"no IP":                               func(l *DHCPLease) { l.IP = netip.Prefix{} },
+		"IPv6":                                func(l *DHCPLease) { l.IP = netip.MustParsePrefix("fd00::2/64") },
+		"no gateway and no server identifier": func(l *DHCPLease) { l.Gateway = netip.Addr{} },
+		"IPv6 DNS":                            func(l *DHCPLease) { l.DNS = []netip.Addr{netip.MustParseAddr("fd00::53")} },
+		"MTU too big":                         func(l *DHCPLease) { l.MTU = 70000 },
+		"IPv6 server":                         func(l *DHCPLease) { l.ServerID = netip.MustParseAddr("fd00::1") },
 	} {
 		lease := testLease()
 		mutate(&lease)

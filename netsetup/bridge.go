@@ -30,13 +30,18 @@ type Bridge struct {
 	TapMultiQueue bool
 	// BridgeName is the bridge; DefaultBridgeName when empty.
 	BridgeName string
+	// PodInterface is the pod interface to bind: a secondary one (Multus's), whose address (if
+	// any) moves to the guest without a default route. Empty for the pod network's interface, the
+	// one of the IPv4 default route.
+	PodInterface string
 }
 
 // BridgeResult is the guest's DHCP lease for the bridge binding.
 type BridgeResult struct {
-	// GuestIP is the pod's address and prefix length, now the guest's.
+	// GuestIP is the pod's address and prefix length, now the guest's; invalid when a secondary
+	// pod interface had none (a layer-2 network).
 	GuestIP netip.Prefix
-	// Gateway is the pod network's default router.
+	// Gateway is the pod network's default router; invalid for a secondary interface.
 	Gateway netip.Addr
 	// MAC is the pod interface's original MAC: the guest must use it, since the pod network
 	// (ARP caches, anti-spoofing) knows the pod's address at that MAC. The pod interface gets a
@@ -62,7 +67,11 @@ func (b Bridge) withDefaults() (Bridge, error) {
 	if b.BridgeName == "" {
 		b.BridgeName = DefaultBridgeName
 	}
-	for _, n := range []string{b.TapName, b.BridgeName} {
+	names := []string{b.TapName, b.BridgeName}
+	if b.PodInterface != "" {
+		names = append(names, b.PodInterface)
+	}
+	for _, n := range names {
 		if err := validLinkName(n); err != nil {
 			return b, fmt.Errorf("bridge binding: %w", err)
 		}
@@ -146,16 +155,27 @@ func existingBridge(b Bridge) (*BridgeResult, netlink.Link, error) {
 }
 
 func moveToBridge(b Bridge) (*BridgeResult, netlink.Link, error) {
-	pod, addr, gw, err := podConfig()
+	var pod netlink.Link
+	var addr netlink.Addr
+	var gw netip.Addr
+	var err error
+	if b.PodInterface == "" {
+		pod, addr, gw, err = podConfig()
+	} else {
+		pod, addr, err = secondaryConfig(b.PodInterface)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
-	ones, _ := addr.Mask.Size()
-	ip, _ := netip.AddrFromSlice(addr.IP.To4())
 	res := &BridgeResult{
-		GuestIP: netip.PrefixFrom(ip, ones), Gateway: gw, MAC: pod.Attrs().HardwareAddr,
+		Gateway: gw, MAC: pod.Attrs().HardwareAddr,
 		ServerIP: BridgeServerIP, PodInterface: pod.Attrs().Name,
 		BridgeName: b.BridgeName, TapName: b.TapName, MTU: pod.Attrs().MTU,
+	}
+	if addr.IPNet != nil {
+		ones, _ := addr.Mask.Size()
+		ip, _ := netip.AddrFromSlice(addr.IP.To4())
+		res.GuestIP = netip.PrefixFrom(ip, ones)
 	}
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: b.BridgeName, MTU: res.MTU}}
 	if err := netlink.LinkAdd(br); err != nil {
@@ -179,7 +199,12 @@ func moveToBridge(b Bridge) (*BridgeResult, netlink.Link, error) {
 			return netlink.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: BridgeServerIP.AsSlice(), Mask: net.CIDRMask(32, 32)}})
 		}},
 		{"set up", func() error { return netlink.LinkSetUp(link) }},
-		{"remove the pod's address from " + res.PodInterface, func() error { return netlink.AddrDel(pod, &addr) }},
+		{"remove the pod's address from " + res.PodInterface, func() error {
+			if addr.IPNet == nil {
+				return nil
+			}
+			return netlink.AddrDel(pod, &addr)
+		}},
 		{"set " + res.PodInterface + " down", func() error { return netlink.LinkSetDown(pod) }},
 		{"give " + res.PodInterface + " a new MAC", func() error { return netlink.LinkSetHardwareAddr(pod, randomMAC()) }},
 		{"enslave " + res.PodInterface, func() error { return netlink.LinkSetMaster(pod, link) }},
@@ -191,6 +216,25 @@ func moveToBridge(b Bridge) (*BridgeResult, netlink.Link, error) {
 		}
 	}
 	return res, link, nil
+}
+
+// secondaryConfig is the secondary pod interface name and its first global IPv4 address, if it
+// has one (a zero Addr otherwise).
+func secondaryConfig(name string) (netlink.Link, netlink.Addr, error) {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, netlink.Addr{}, fmt.Errorf("pod interface %s: %w", name, err)
+	}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, netlink.Addr{}, fmt.Errorf("addresses of %s: %w", name, err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip.IsGlobalUnicast() {
+			return link, a, nil
+		}
+	}
+	return link, netlink.Addr{}, nil
 }
 
 // podConfig is the IPv4 default route's link, its first global address and the gateway.
@@ -233,7 +277,14 @@ func randomMAC() net.HardwareAddr {
 }
 
 func bridgeAlias(r *BridgeResult) string {
-	return fmt.Sprintf("%sif=%s ip=%s gw=%s mac=%s", bridgeAliasPrefix, r.PodInterface, r.GuestIP, r.Gateway, r.MAC)
+	a := fmt.Sprintf("%sif=%s mac=%s", bridgeAliasPrefix, r.PodInterface, r.MAC)
+	if r.GuestIP.IsValid() {
+		a += " ip=" + r.GuestIP.String()
+	}
+	if r.Gateway.IsValid() {
+		a += " gw=" + r.Gateway.String()
+	}
+	return a
 }
 
 func parseBridgeAlias(alias string) (*BridgeResult, error) {
@@ -259,7 +310,7 @@ func parseBridgeAlias(alias string) (*BridgeResult, error) {
 			return nil, fmt.Errorf("alias %q: %w", alias, err)
 		}
 	}
-	if res.PodInterface == "" || !res.GuestIP.IsValid() || !res.Gateway.IsValid() || res.MAC == nil {
+	if res.PodInterface == "" || res.MAC == nil {
 		return nil, fmt.Errorf("alias %q is incomplete", alias)
 	}
 	return res, nil
@@ -323,8 +374,16 @@ func restorePod(r *BridgeResult) error {
 		{"set down", func() error { return netlink.LinkSetDown(pod) }},
 		{"restore the MAC", func() error { return netlink.LinkSetHardwareAddr(pod, r.MAC) }},
 		{"set up", func() error { return netlink.LinkSetUp(pod) }},
-		{"restore the address", func() error { return netlink.AddrReplace(pod, addr) }},
+		{"restore the address", func() error {
+			if !r.GuestIP.IsValid() {
+				return nil
+			}
+			return netlink.AddrReplace(pod, addr)
+		}},
 		{"restore the default route", func() error {
+			if !r.Gateway.IsValid() {
+				return nil
+			}
 			return netlink.RouteReplace(&netlink.Route{LinkIndex: pod.Attrs().Index, Gw: r.Gateway.AsSlice()})
 		}},
 	}

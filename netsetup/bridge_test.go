@@ -140,3 +140,61 @@ func TestBridgeGuest(t *testing.T) {
 		t.Errorf("eth0 after teardown = %+v, want %+v", after, before)
 	}
 }
+
+// TestBridgeSecondaryInterface binds a secondary pod interface (as Multus adds one): its address,
+// when it has one, moves to the guest without a gateway, eth0 keeps the pod network, and
+// teardown gives the address back; a layer-2 interface without address binds with no lease.
+func TestBridgeSecondaryInterface(t *testing.T) {
+	p := newPodNS(t)
+	h := p.handle(t)
+	before := p.eth0(t)
+	for _, tc := range []struct {
+		name, addr string
+	}{{"with an address", "192.168.77.5/24"}, {"layer 2", ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := randHex(t, 3)
+			podIf := "pod" + id
+			must(t, h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: podIf}, PeerName: "peer" + id}))
+			link, err := h.LinkByName(podIf)
+			must(t, err)
+			mac := link.Attrs().HardwareAddr.String()
+			if tc.addr != "" {
+				a, err := netlink.ParseAddr(tc.addr)
+				must(t, err)
+				must(t, h.AddrAdd(link, a))
+			}
+			must(t, h.LinkSetUp(link))
+			b := netsetup.Bridge{TapName: "qvt" + id, BridgeName: "qvb" + id, TapOwner: 4242, TapGroup: 4243, PodInterface: podIf}
+			res, err := netsetup.SetupBridge(p.Path, b)
+			must(t, err)
+			wantIP := netip.Prefix{}
+			if tc.addr != "" {
+				wantIP = netip.MustParsePrefix(tc.addr)
+			}
+			if res.GuestIP != wantIP || res.Gateway.IsValid() || res.MAC.String() != mac || res.PodInterface != podIf {
+				t.Errorf("result = %+v; want %v, no gateway, MAC %s of %s", *res, wantIP, mac, podIf)
+			}
+			if during := p.eth0(t); during.mac != before.mac || !slices.Equal(during.addrs, before.addrs) || during.gw != before.gw || during.master != 0 {
+				t.Errorf("eth0 during a secondary binding = %+v, want it untouched %+v", during, before)
+			}
+			again, err := netsetup.SetupBridge(p.Path, b)
+			must(t, err)
+			if again.GuestIP != res.GuestIP || again.MAC.String() != res.MAC.String() {
+				t.Errorf("second setup = %+v, want %+v", *again, *res)
+			}
+			must(t, netsetup.TeardownBridge(p.Path, b))
+			link, err = h.LinkByName(podIf)
+			must(t, err)
+			addrs, err := h.AddrList(link, netlink.FAMILY_V4)
+			must(t, err)
+			var got []string
+			for _, a := range addrs {
+				got = append(got, a.IPNet.String())
+			}
+			if want := []string{tc.addr}; tc.addr != "" && !slices.Equal(got, want) || tc.addr == "" && len(got) != 0 ||
+				link.Attrs().HardwareAddr.String() != mac || link.Attrs().MasterIndex != 0 {
+				t.Errorf("%s after teardown: addresses %v, MAC %s, master %d; want %q, %s, none", podIf, got, link.Attrs().HardwareAddr, link.Attrs().MasterIndex, tc.addr, mac)
+			}
+		})
+	}
+}

@@ -64,6 +64,7 @@ func SetDefaults(spec *VirtualMachineInstanceSpec) {
 	setGuestMemory(&spec.Domain)
 	setCPUTopology(&spec.Domain)
 	setPodInterface(spec)
+	setSecondaryBindings(spec)
 	SetVolumeDisks(spec)
 	setAutoattachedDevices(&spec.Domain.Devices)
 	FillDefaults(spec)
@@ -202,6 +203,21 @@ func setPodInterface(spec *VirtualMachineInstanceSpec) {
 	}
 	dev.Interfaces = []Interface{{Name: DefaultPodInterfaceName, Masquerade: &InterfaceMasquerade{}}}
 	spec.Networks = []Network{{Name: DefaultPodInterfaceName, Pod: &PodNetwork{}}}
+}
+
+// setSecondaryBindings gives an interface on a secondary (Multus, not default) network with no
+// binding the bridge binding, the only one such a network has: qvirt's default binding,
+// masquerade, needs the pod network.
+func setSecondaryBindings(spec *VirtualMachineInstanceSpec) {
+	for i := range spec.Domain.Devices.Interfaces {
+		in := &spec.Domain.Devices.Interfaces[i]
+		if in.Masquerade != nil || in.Bridge != nil {
+			continue
+		}
+		if n := spec.Network(in.Name); n != nil && n.IsSecondary() {
+			in.Bridge = &InterfaceBridge{}
+		}
+	}
 }
 
 // SetVolumeDisks is KubeVirt's SetDefaultVolumeDisk: every volume no disk attaches gets a disk of

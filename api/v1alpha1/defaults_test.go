@@ -127,6 +127,18 @@ func TestSetDefaultsKubeVirtRules(t *testing.T) {
 					t.Errorf("interfaces %+v, networks %+v: want default masquerade on the pod network", in, n)
 				}
 			}},
+		{"an interface on a secondary multus network without a binding gets bridge; the default network keeps masquerade",
+			VirtualMachineInstanceSpec{
+				Domain: DomainSpec{Devices: Devices{Interfaces: []Interface{{Name: "default"}, {Name: "lab"}}}},
+				Networks: []Network{{Name: "default", Multus: &MultusNetwork{NetworkName: "flat", Default: true}},
+					{Name: "lab", Multus: &MultusNetwork{NetworkName: "ns/lab"}}},
+			},
+			func(t *testing.T, s *VirtualMachineInstanceSpec) {
+				in := s.Domain.Devices.Interfaces
+				if in[0].Bridge != nil || in[1].Bridge == nil || in[1].Masquerade != nil {
+					t.Errorf("interfaces %+v: want default unbound (masquerade) and lab bridge", in)
+				}
+			}},
 		{"autoattachPodInterface false: no network",
 			VirtualMachineInstanceSpec{Domain: DomainSpec{Devices: Devices{AutoattachPodInterface: ptr.To(false)}}},
 			func(t *testing.T, s *VirtualMachineInstanceSpec) {

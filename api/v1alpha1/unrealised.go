@@ -95,15 +95,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 				"; it needs qemu-pr-helper, which qvirt does not run")
 		}
 	}
-	for i := 1; i < len(spec.Domain.Devices.Interfaces); i++ {
-		no(dp.Child("devices", "interfaces").Index(i), "a second interface", "; an instance has one interface, on the pod network")
-	}
-	for i := range spec.Networks {
-		n, np := &spec.Networks[i], p.Child("networks").Index(i)
-		if n.Multus != nil {
-			no(np.Child("multus"), "a multus network", "; only the pod network")
-		}
-	}
 	return errs
 }
 

@@ -78,15 +78,6 @@ func TestNotRealised(t *testing.T) {
 		{"initrd without a kernel", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Firmware.KernelBoot.Container.KernelPath = ""
 		}, "spec.domain.firmware.kernelBoot.container.kernelPath"},
-		{"second interface", func(s *VirtualMachineInstanceSpec) {
-			// Only one network can be the pod network, so the second is a multus one, refused too.
-			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Bridge: &InterfaceBridge{}})
-			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab"}})
-		}, "spec.domain.devices.interfaces[1]"},
-		{"multus", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Devices.Interfaces[0] = Interface{Name: "default", Bridge: &InterfaceBridge{}, Ports: []Port{{Name: "http", Port: 80}}}
-			s.Networks[0] = Network{Name: "default", Multus: &MultusNetwork{NetworkName: "lab"}}
-		}, "spec.networks[0].multus"},
 		{"SCSI persistent reservation", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Disks = append(s.Domain.Devices.Disks, Disk{Name: "san", LUN: &LunTarget{Reservation: true}})
 			s.Volumes = append(s.Volumes, Volume{Name: "san", VolumeSource: VolumeSource{

@@ -832,11 +832,39 @@ func validateNetworks(nets []Network, p *field.Path) field.ErrorList {
 			}
 			errs = append(errs, validateCIDR(np.Child("pod", "vmNetworkCIDR"), n.Pod.VMNetworkCIDR)...)
 		}
-		if n.Multus != nil && n.Multus.NetworkName == "" {
-			errs = append(errs, field.Required(np.Child("multus", "networkName"), "the NetworkAttachmentDefinition's name"))
+		if n.Multus != nil {
+			errs = append(errs, validateMultus(n.Multus, np.Child("multus"))...)
+			if n.Multus.Default {
+				pods++
+				if pods > 1 {
+					errs = append(errs, field.Duplicate(np.Child("multus", "default"), "only one network may be the pod's default: the pod network or one default multus network"))
+				}
+			}
 		}
 	}
 	return errs
+}
+
+// validateMultus checks a Multus network's NetworkAttachmentDefinition reference: <name> or
+// <namespace>/<name>, as Multus's networks annotation takes it.
+func validateMultus(m *MultusNetwork, p *field.Path) field.ErrorList {
+	p = p.Child("networkName")
+	if m.NetworkName == "" {
+		return field.ErrorList{field.Required(p, "the NetworkAttachmentDefinition's name, as <name> or <namespace>/<name>")}
+	}
+	ns, name, qualified := strings.Cut(m.NetworkName, "/")
+	if !qualified {
+		ns, name = "", ns
+	}
+	var msgs []string
+	if qualified {
+		msgs = append(msgs, validation.IsDNS1123Label(ns)...)
+	}
+	msgs = append(msgs, validation.IsDNS1123Subdomain(name)...)
+	if len(msgs) > 0 {
+		return field.ErrorList{field.Invalid(p, m.NetworkName, "must be <name> or <namespace>/<name> of a NetworkAttachmentDefinition: "+strings.Join(msgs, "; "))}
+	}
+	return nil
 }
 
 func validateDiskVolumePairs(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
@@ -900,8 +928,8 @@ func validateInterfaceNetworkPairs(spec *VirtualMachineInstanceSpec, p *field.Pa
 			errs = append(errs, field.NotFound(ip.Child("name"), in.Name))
 			continue
 		}
-		if in.Masquerade != nil && n.Pod == nil {
-			errs = append(errs, field.Invalid(ip.Child("masquerade"), in.Name, "the masquerade binding needs the pod network"))
+		if in.Masquerade != nil && n.IsSecondary() {
+			errs = append(errs, field.Invalid(ip.Child("masquerade"), in.Name, "the masquerade binding needs the pod network (or a default multus network); a secondary network takes the bridge binding"))
 		}
 	}
 	for i, n := range spec.Networks {

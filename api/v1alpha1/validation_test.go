@@ -203,6 +203,18 @@ func TestValidateVirtualMachine(t *testing.T) {
 		{"masquerade on multus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Networks[0] = Network{Name: "default", Multus: &MultusNetwork{NetworkName: "ns/net"}}
 		}, "spec.template.spec.domain.devices.interfaces[0].masquerade"},
+		{"masquerade on a secondary multus network", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Masquerade: &InterfaceMasquerade{}})
+			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab"}})
+		}, "spec.template.spec.domain.devices.interfaces[1].masquerade"},
+		{"pod network and a default multus network", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Bridge: &InterfaceBridge{}})
+			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab", Default: true}})
+		}, "spec.template.spec.networks[1].multus.default"},
+		{"multus networkName not a name", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Bridge: &InterfaceBridge{}})
+			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "a/b/c"}})
+		}, "spec.template.spec.networks[1].multus.networkName"},
 		{"pod and multus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Networks[0].Multus = &MultusNetwork{NetworkName: "x"}
 		}, "spec.template.spec.networks[0]"},
@@ -681,5 +693,32 @@ func TestTransitionalDevicesFitPCIe0(t *testing.T) {
 	errs := ValidateVirtualMachineInstanceSpec(spec(MaxTransitionalDevices), p)
 	if len(errs) != 1 || errs[0].Field != "spec.domain.devices.useVirtioTransitional" {
 		t.Fatalf("%d disks and an interface: %v, want one error at spec.domain.devices.useVirtioTransitional", MaxTransitionalDevices, errs)
+	}
+}
+
+// TestMultusNetworksAccepted: KubeVirt's secondary networks (bridge-bound multus networks besides
+// the pod network, a NetworkAttachmentDefinition of another namespace) and a default multus
+// network in place of the pod network validate and are realised.
+func TestMultusNetworksAccepted(t *testing.T) {
+	vm := validVM()
+	s := &vm.Spec.Template.Spec
+	s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces,
+		Interface{Name: "lab", Bridge: &InterfaceBridge{}}, Interface{Name: "storage", Bridge: &InterfaceBridge{}})
+	s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab"}},
+		Network{Name: "storage", Multus: &MultusNetwork{NetworkName: "infra/storage-net"}})
+	if errs := ValidateVirtualMachine(vm); len(errs) != 0 {
+		t.Fatalf("secondary networks refused: %v", errs)
+	}
+	if errs := NotRealised(s, field.NewPath("spec")); len(errs) != 0 {
+		t.Fatalf("secondary networks not realised: %v", errs)
+	}
+	vm = validVM()
+	s = &vm.Spec.Template.Spec
+	s.Networks[0] = Network{Name: s.Networks[0].Name, Multus: &MultusNetwork{NetworkName: "flat", Default: true}}
+	if errs := ValidateVirtualMachine(vm); len(errs) != 0 {
+		t.Fatalf("a default multus network refused: %v", errs)
+	}
+	if a, b := MultusInterfaceName("lab"), MultusInterfaceName("storage"); len(a) != 14 || a == b || a[:3] != "pod" {
+		t.Errorf("pod interface names %q and %q: want distinct pod<11 hex digits>", a, b)
 	}
 }

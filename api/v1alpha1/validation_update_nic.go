@@ -101,11 +101,12 @@ func ValidateHotplugInterface(in *Interface, p *field.Path) field.ErrorList {
 }
 
 // ValidateHotplugNetwork checks a network added to a running instance: only the pod network; a
-// multus network is refused at its multus field, since qvirt supports no secondary networks. p is
-// the network's path.
+// multus network is refused at its multus field, since Multus attaches a pod's networks when the
+// pod starts and qvirt runs no controller that attaches more to a running pod (KubeVirt needs
+// Multus's dynamic-networks controller for it). p is the network's path.
 func ValidateHotplugNetwork(n *Network, p *field.Path) field.ErrorList {
 	if n.Multus != nil {
-		return field.ErrorList{field.Forbidden(p.Child("multus"), "secondary networks are not supported: only the pod network can be hot-plugged")}
+		return field.ErrorList{field.Forbidden(p.Child("multus"), "a multus network cannot be hot-plugged: Multus attaches a pod's networks when the pod starts; add it to the spec and restart the VM")}
 	}
 	return nil
 }

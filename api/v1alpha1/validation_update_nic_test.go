@@ -80,7 +80,7 @@ func TestValidateNICHotplugUpdate(t *testing.T) {
 		{"added NIC on a multus network", nicVMI, func(_, v *VirtualMachineInstance) {
 			v.Spec.Networks[1] = Network{Name: "hot", Multus: &MultusNetwork{NetworkName: "other"}}
 			v.Spec.Domain.Devices.Interfaces[1].Masquerade = nil
-		}, nets + "[1].multus", "secondary networks are not supported"},
+		}, nets + "[1].multus", "a multus network cannot be hot-plugged"},
 		{"added e1000 NIC", nicVMI, func(_, v *VirtualMachineInstance) { v.Spec.Domain.Devices.Interfaces[1].Model = "e1000e" },
 			ifaces + "[1].model", `Unsupported value: "e1000e"`},
 		{"added NIC with both bindings", nicVMI, func(_, v *VirtualMachineInstance) {

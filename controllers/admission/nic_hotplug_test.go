@@ -33,7 +33,7 @@ func TestWebhookNICHotplugUpdates(t *testing.T) {
 	const pod = `{"name":"hot","pod":{}}`
 	refused := []struct{ name, patch, field, msg string }{
 		{"multus network", addNIC(`{"name":"hot","bridge":{}}`, `{"name":"hot","multus":{"networkName":"lab"}}`),
-			"spec.networks[0].multus", "secondary networks are not supported"},
+			"spec.networks[0].multus", "a multus network cannot be hot-plugged"},
 		{"e1000e model", addNIC(`{"name":"hot","model":"e1000e"}`, pod),
 			"spec.domain.devices.interfaces[0].model", `Unsupported value: "e1000e"`},
 		{"two pod NICs at once", `[{"op":"add","path":"/spec/domain/devices/interfaces","value":[{"name":"hot"},{"name":"hot2"}]},` +

@@ -133,6 +133,9 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 		return nil, err
 	}
 	addBackendStorage(pod, vmi)
+	if err := addMultusNetworks(pod, vmi); err != nil {
+		return nil, err
+	}
 	if err := addHostDiskVolumes(pod, vmi.Namespace, spec, cfg); err != nil {
 		return nil, err
 	}

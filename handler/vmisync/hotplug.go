@@ -180,8 +180,8 @@ func (r *Reconciler) plugNIC(ctx context.Context, v *v1alpha1.VirtualMachineInst
 	if err != nil {
 		return err
 	}
-	if _, ok := hosts[in.Name]; !ok || len(hosts) != 1 {
-		return fmt.Errorf("network setup made %d interfaces, want %s alone", len(hosts), in.Name)
+	if _, ok := hosts[in.Name]; !ok {
+		return fmt.Errorf("network setup made no interface %s", in.Name)
 	}
 	n, errs := translate.NIC(&in, hosts, field.NewPath("spec", "domain", "devices", "interfaces").Key(in.Name))
 	if len(errs) > 0 {

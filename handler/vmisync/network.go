@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -20,37 +21,64 @@ import (
 // setupNetwork makes the host side of every guest interface inside the launcher pod's network
 // namespace (reached through the launcher process, peer) and returns what the launcher needs to
 // attach them and serve their DHCP leases. It is idempotent: after a handler restart it returns
-// the same setup. A pod has one pod network, so at most one interface may use it.
+// the same setup. The pod's default network (the pod network, or a default multus one) is its
+// eth0, which one interface at most uses (validation); each secondary multus network is a pod
+// interface of its own that Multus added (v1alpha1.MultusInterfaceName), bound by bridge.
 func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer launcher.Peer) (map[string]machine.NIC, error) {
 	ifaces := v.Spec.Domain.Devices.Interfaces
-	if len(ifaces) == 0 {
-		return nil, nil
-	}
 	base := field.NewPath("spec", "domain", "devices", "interfaces")
-	if len(ifaces) > 1 {
-		return nil, field.TooMany(base, len(ifaces), 1)
+	nics := make(map[string]machine.NIC, len(ifaces))
+	for i := range ifaces {
+		in := &ifaces[i]
+		n := v.Spec.Network(in.Name)
+		if n == nil {
+			return nil, field.NotFound(base.Index(i).Child("name"), in.Name)
+		}
+		queues := v1alpha1.NICQueues(&v.Spec.Domain, in)
+		var nic machine.NIC
+		var err error
+		if n.IsSecondary() {
+			nic, err = secondarySetup(in, peer, queues > 1)
+		} else {
+			nic, err = defaultNetworkSetup(v, in, pod, peer, queues > 1, base.Index(i))
+		}
+		if err != nil {
+			return nil, err
+		}
+		nic.Queues = queues
+		nics[in.Name] = nic
 	}
-	in := &ifaces[0]
-	if !isPodNetwork(v, in.Name) {
-		return nil, field.NotSupported(field.NewPath("spec", "networks").Key(in.Name), "multus", []string{"pod"})
-	}
+	return nics, nil
+}
+
+// defaultNetworkSetup binds the pod's eth0 to interface in, by bridge or masquerade.
+func defaultNetworkSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, pod *corev1.Pod, peer launcher.Peer, multiQueue bool, p *field.Path) (machine.NIC, error) {
 	dns, err := podDNS(peer)
 	if err != nil {
-		return nil, err
+		return machine.NIC{}, err
 	}
-	hostname := pod.Spec.Hostname
-	queues := v1alpha1.NICQueues(&v.Spec.Domain, in)
-	var nic machine.NIC
 	if in.Bridge != nil {
-		nic, err = bridgeSetup(in, peer, dns, hostname, queues > 1)
-	} else {
-		nic, err = masqueradeSetup(v, in, peer, dns, hostname, queues > 1, base.Index(0))
+		return bridgeSetup(in, peer, dns, pod.Spec.Hostname, multiQueue)
 	}
+	return masqueradeSetup(v, in, peer, dns, pod.Spec.Hostname, multiQueue, p)
+}
+
+// secondarySetup binds the pod interface Multus made for interface in's network by bridge, in a
+// bridge and tap named after it. The guest gets the interface's address, if it has one, by DHCP,
+// without a router or name servers: those come with the default network.
+func secondarySetup(in *v1alpha1.Interface, peer launcher.Peer, multiQueue bool) (machine.NIC, error) {
+	podIf := v1alpha1.MultusInterfaceName(in.Name)
+	suffix := strings.TrimPrefix(podIf, "pod")
+	res, err := netsetup.SetupBridge(peer.NetNSPath(), netsetup.Bridge{TapOwner: peer.UID, TapGroup: peer.GID, TapMultiQueue: multiQueue,
+		PodInterface: podIf, TapName: "qvt" + suffix, BridgeName: "qvb" + suffix})
 	if err != nil {
-		return nil, err
+		return machine.NIC{}, fmt.Errorf("bridge binding of interface %q to pod interface %s (its multus network): %w", in.Name, podIf, err)
 	}
-	nic.Queues = queues
-	return map[string]machine.NIC{in.Name: nic}, nil
+	nic := machine.NIC{Name: in.Name, Tap: res.TapName, MAC: res.MAC.String()}
+	if res.GuestIP.IsValid() {
+		nic.DHCP = &machine.DHCP{Interface: res.BridgeName, IP: res.GuestIP, ServerID: res.ServerIP, MTU: res.MTU}
+	}
+	return nic, nil
 }
 
 func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, multiQueue bool, p *field.Path) (machine.NIC, error) {

@@ -366,12 +366,8 @@ func isMasquerade(v *v1alpha1.VirtualMachineInstance, name string) bool {
 }
 
 func isPodNetwork(v *v1alpha1.VirtualMachineInstance, name string) bool {
-	for _, n := range v.Spec.Networks {
-		if n.Name == name {
-			return n.Pod != nil
-		}
-	}
-	return false
+	n := v.Spec.Network(name)
+	return n != nil && !n.IsSecondary()
 }
 
 // volumes are the spec's disks and the attached ones: Ready once the launcher reports a disk (QEMU

@@ -110,9 +110,11 @@ type Cluster struct {
 	client client.Client
 	nodes  []string
 	// kubeNodes are the real kubelet nodes' (Runtime containerd).
-	kubeNodes  []kubenode.Options
-	stopNodes  context.CancelFunc
-	nodesDone  chan error
+	kubeNodes []kubenode.Options
+	stopNodes context.CancelFunc
+	nodesDone chan error
+	// multusBin holds Multus's thin plugin, which virtual nodes attach secondary networks with.
+	multusBin  string
 	Kubeconfig string
 	// Registry is the local registry's host:port; Images what Up seeded it with (when GuestDir was
 	// set).
@@ -269,9 +271,15 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	if err := c.startAPI(ctx, cl, p.API); err != nil {
 		return nil, err
 	}
-	step("building the CNI plugins (cached after the first time)")
+	step("building the CNI plugins and Multus (cached after the first time)")
+	multusBin := make(chan error, 1)
+	go func() {
+		var err error
+		c.multusBin, err = provider.BuildMultus(ctx, opts.CNICache)
+		multusBin <- err
+	}()
 	cniBin, err := provider.BuildCNIPlugins(ctx, opts.CNICache)
-	if err != nil {
+	if err = errors.Join(err, <-multusBin); err != nil {
 		return nil, err
 	}
 	// Launcher pods run as an unprivileged user: their binaries must be where it can run them.
@@ -303,6 +311,8 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 	// default 5 QPS a burst of launcher pods waits seconds for its status writes.
 	cfg.QPS, cfg.Burst = 100, 200
 	return provider.Options{NodeName: name, Config: cfg, StateDir: dir, CNIBinDir: cniBin,
+		// Multus reads pods and NetworkAttachmentDefinitions as the virtual node does.
+		MultusBinDir: c.multusBin, MultusKubeconfig: c.Kubeconfig,
 		Log: c.opts.Log.WithName(name), PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), Bridge: fmt.Sprintf("qvirt-n%d", i),
 		Images:     map[string]string{LauncherImage: filepath.Join(c.opts.Dir, "bin", "qvirt-launcher")},
 		InitBinary: filepath.Join(c.opts.Dir, "bin", "qvirt-pod-init"),

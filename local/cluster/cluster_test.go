@@ -97,6 +97,9 @@ func TestLocalCluster(t *testing.T) {
 			node.Labels, node.Annotations[v1alpha1.NodeCPUManagerReasonAnnotation], v1alpha1.NodeCPUManagerLabel)
 	}
 	vmi := guestVMI(t, c)
+	// A secondary network besides the pod network, through Multus: a bridge on the host.
+	sec := createSecondaryNet(t, ctx, cl, dir, "secondary")
+	addSecondary(vmi, "sec", sec)
 	// Two claims of the default StorageClass, which local mode's provisioner binds: a filesystem
 	// one (the guest's vda, disk.img in it) and a block one (vdb, a loop device).
 	claims := []*corev1.PersistentVolumeClaim{newClaim("demo-fs", "64Mi", corev1.PersistentVolumeFilesystem),
@@ -132,7 +135,7 @@ func TestLocalCluster(t *testing.T) {
 	var got v1alpha1.VirtualMachineInstance
 	testutil.Eventually(t, 90*time.Second, "VMI demo Running with an address", func() bool {
 		_ = cl.Get(ctx, client.ObjectKeyFromObject(vmi), &got)
-		return got.Status.Phase == v1alpha1.Running && len(got.Status.Interfaces) == 1 && got.Status.Interfaces[0].IP != ""
+		return got.Status.Phase == v1alpha1.Running && len(got.Status.Interfaces) == 2 && got.Status.Interfaces[0].IP != ""
 	}, func() string {
 		var pods corev1.PodList
 		_ = cl.List(ctx, &pods, client.InNamespace("default"))
@@ -181,17 +184,18 @@ func TestLocalCluster(t *testing.T) {
 		t.Errorf("the filesystem claim's disk.img does not hold what the guest wrote: %v", err)
 	}
 
-	hc := http.Client{Timeout: 5 * time.Second}
-	url := "http://" + got.Status.Interfaces[0].IP + "/"
-	testutil.Eventually(t, time.Minute, "GET "+url, func() bool {
-		resp, err := hc.Get(url)
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "testguest"
-	})
+	getGuest(t, "http://"+got.Status.Interfaces[0].IP+"/")
+	// The secondary network: Multus gave the pod interface an address, which the bridge binding
+	// moved to the guest's second NIC, where the host reaches it over the secondary bridge.
+	secIP, err := secondaryIP(t, ctx, cl, string(got.UID), "sec", sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	con.Expect(t, 0, "QVIRT-IP eth1 "+secIP, time.Minute)
+	getGuest(t, "http://"+secIP+"/")
+	if ips := sec.reservedIPs(); len(ips) != 1 || ips[0] != secIP {
+		t.Errorf("the secondary network's reservations = %v, want %s", ips, secIP)
+	}
 
 	if err := cl.Delete(ctx, vmi); err != nil {
 		t.Fatal(err)
@@ -200,6 +204,9 @@ func TestLocalCluster(t *testing.T) {
 		err := cl.Get(ctx, client.ObjectKeyFromObject(vmi), &got)
 		return client.IgnoreNotFound(err) == nil && err != nil
 	})
+	// Multus's DEL released the secondary address with the pod.
+	testutil.Eventually(t, time.Minute, "the secondary address released", func() bool { return len(sec.reservedIPs()) == 0 },
+		func() string { return fmt.Sprintf("reserved %v", sec.reservedIPs()) })
 	if dev := loopBackedBy(pvPaths["demo-block"]); dev != "" {
 		t.Errorf("%s is still attached to the block claim's file after its pod ended", dev)
 	}
@@ -220,6 +227,21 @@ func TestLocalCluster(t *testing.T) {
 			t.Errorf("link %s left after Down", l)
 		}
 	}
+}
+
+// getGuest waits until the test guest's httpd answers at url.
+func getGuest(t *testing.T, url string) {
+	t.Helper()
+	hc := http.Client{Timeout: 5 * time.Second}
+	testutil.Eventually(t, time.Minute, "GET "+url, func() bool {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "testguest"
+	})
 }
 
 // upOptions are a one-node test cluster's, as `qvirtctl local up --emulation` takes them, with

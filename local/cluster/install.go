@@ -42,6 +42,8 @@ func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts Insta
 	if err != nil || len(crds) == 0 {
 		return fmt.Errorf("no CRDs under %s/config/crd/bases (%v)", opts.Repo, err)
 	}
+	// Multus's NetworkAttachmentDefinition, since local mode's nodes run Multus.
+	crds = append(crds, filepath.Join(opts.Repo, "config", "multus", "network-attachment-definition-crd.yaml"))
 	var objs []*unstructured.Unstructured
 	for _, f := range crds {
 		o, err := readObjects(f)

@@ -82,7 +82,7 @@ func teardownState(stateDir string) error {
 		errs = append(errs, removeBridge(strings.TrimSpace(string(name))))
 	}
 	errs = append(errs, removeNetNSes(filepath.Join(stateDir, netnsDir)))
-	for _, d := range []string{podsDir, ipamDir, cniCacheDir, netnsDir, bridgeFile} {
+	for _, d := range []string{podsDir, ipamDir, cniCacheDir, multusDir, multusPodsDir, netnsDir, bridgeFile} {
 		if err := os.RemoveAll(filepath.Join(stateDir, d)); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", d, err))
 		}

@@ -13,6 +13,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/qvirt/qvirt/test/testutil"
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -61,7 +63,7 @@ func TestCleanupAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = removeBridge(opts.Bridge) })
-	nsPath, ip, err := net.add(ctx, "pod-uid-1")
+	nsPath, ip, err := net.add(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "pod-uid-1"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // CNIPluginsVersion is the containernetworking/plugins release BuildCNIPlugins builds.
@@ -81,12 +82,15 @@ func pluginsPresent(dir string) bool {
 // network runs one node's CNI configuration: a bridge with host-local IPAM over the node's
 // PodCIDR, and loopback. Safe for concurrent use (libcni and the plugins lock their own state).
 type network struct {
-	cni      *libcni.CNIConfig
-	pod      *libcni.NetworkConfigList
-	lo       *libcni.NetworkConfigList
-	gateway  netip.Prefix
-	bridge   string
-	netnsDir string
+	cni *libcni.CNIConfig
+	pod *libcni.NetworkConfigList
+	lo  *libcni.NetworkConfigList
+	// multus wraps pod for pods with Multus's annotations; nil when the node runs no Multus.
+	multus     *libcni.NetworkConfigList
+	multusPods string
+	gateway    netip.Prefix
+	bridge     string
+	netnsDir   string
 }
 
 func newNetwork(opts Options) (*network, error) {
@@ -125,14 +129,42 @@ func newNetwork(opts Options) (*network, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loopback network config: %w", err)
 	}
-	return &network{
-		cni:      libcni.NewCNIConfigWithCacheDir([]string{opts.CNIBinDir}, filepath.Join(opts.StateDir, cniCacheDir), nil),
-		pod:      pod,
-		lo:       lo,
-		gateway:  gw,
-		bridge:   opts.Bridge,
-		netnsDir: filepath.Join(opts.StateDir, netnsDir),
-	}, nil
+	n := &network{
+		cni:        libcni.NewCNIConfigWithCacheDir([]string{opts.CNIBinDir}, filepath.Join(opts.StateDir, cniCacheDir), nil),
+		pod:        pod,
+		lo:         lo,
+		gateway:    gw,
+		bridge:     opts.Bridge,
+		netnsDir:   filepath.Join(opts.StateDir, netnsDir),
+		multusPods: filepath.Join(opts.StateDir, multusPodsDir),
+	}
+	if opts.MultusBinDir == "" {
+		return n, nil
+	}
+	if n.multus, err = multusConf(opts, pod); err != nil {
+		return nil, err
+	}
+	n.cni = libcni.NewCNIConfigWithCacheDir([]string{opts.MultusBinDir, opts.CNIBinDir}, filepath.Join(opts.StateDir, cniCacheDir), nil)
+	return n, os.MkdirAll(n.multusPods, 0o700)
+}
+
+// podNetwork is the configuration that attaches pod, and the CNI_ARGS it runs with: Multus's for
+// a pod with its annotations, the node's pod network otherwise. A pod attached through Multus is
+// recorded (by UID) so that its DEL goes through Multus too.
+func (n *network) podNetwork(pod *corev1.Pod, adding bool) (*libcni.NetworkConfigList, [][2]string, error) {
+	mark := filepath.Join(n.multusPods, string(pod.UID))
+	if adding && usesMultus(pod) {
+		if n.multus == nil {
+			return nil, nil, fmt.Errorf("the pod asks for Multus networks (%s) but this node runs no Multus", strings.Join(multusAnnotations, ", "))
+		}
+		if err := os.WriteFile(mark, nil, 0o600); err != nil {
+			return nil, nil, fmt.Errorf("record the pod's Multus attachment: %w", err)
+		}
+	}
+	if _, err := os.Stat(mark); err == nil {
+		return n.multus, podArgs(pod), nil
+	}
+	return n.pod, nil, nil
 }
 
 // ensureBridge makes the bridge with its gateway address now, rather than at the first pod, so the
@@ -166,24 +198,29 @@ func (n *network) ensureBridge(_ context.Context) error {
 }
 
 // add creates the pod's network namespace and attaches it, returning the pod's IPv4 address.
-func (n *network) add(ctx context.Context, uid string) (nsPath string, ip netip.Addr, err error) {
+func (n *network) add(ctx context.Context, p *corev1.Pod) (nsPath string, ip netip.Addr, err error) {
+	uid := string(p.UID)
 	nsPath = filepath.Join(n.netnsDir, uid)
 	if err := newNetNS(nsPath); err != nil {
 		return "", netip.Addr{}, err
 	}
 	defer func() {
 		if err != nil {
-			_ = n.del(context.WithoutCancel(ctx), uid)
+			_ = n.del(context.WithoutCancel(ctx), p)
 		}
 	}()
 	rt := &libcni.RuntimeConf{ContainerID: uid, NetNS: nsPath, IfName: "lo"}
 	if _, err := n.cni.AddNetworkList(ctx, n.lo, rt); err != nil {
 		return "", netip.Addr{}, fmt.Errorf("cni add loopback: %w", err)
 	}
-	rt.IfName = podIfName
-	res, err := n.cni.AddNetworkList(ctx, n.pod, rt)
+	conf, args, err := n.podNetwork(p, true)
 	if err != nil {
-		return "", netip.Addr{}, fmt.Errorf("cni add %s: %w", n.pod.Name, err)
+		return "", netip.Addr{}, err
+	}
+	rt.IfName, rt.Args = podIfName, args
+	res, err := n.cni.AddNetworkList(ctx, conf, rt)
+	if err != nil {
+		return "", netip.Addr{}, fmt.Errorf("cni add %s: %w", conf.Name, err)
 	}
 	ip, err = podIPOf(res)
 	return nsPath, ip, err
@@ -205,18 +242,26 @@ func podIPOf(res types.Result) (netip.Addr, error) {
 
 // del detaches the pod (removing its veth and IP reservation) and removes its namespace. It is
 // idempotent: what is already gone is not an error.
-func (n *network) del(ctx context.Context, uid string) error {
+func (n *network) del(ctx context.Context, p *corev1.Pod) error {
+	uid := string(p.UID)
 	nsPath := filepath.Join(n.netnsDir, uid)
 	netnsArg := nsPath
 	if _, err := os.Stat(nsPath); err != nil {
 		// Without the namespace, DEL still releases the IP; the veth went with the namespace.
 		netnsArg = ""
 	}
-	rt := &libcni.RuntimeConf{ContainerID: uid, NetNS: netnsArg, IfName: podIfName}
 	var errs []error
-	if err := n.cni.DelNetworkList(ctx, n.pod, rt); err != nil {
-		errs = append(errs, fmt.Errorf("cni del %s: %w", n.pod.Name, err))
+	conf, args, err := n.podNetwork(p, false)
+	if err != nil {
+		return err
 	}
+	rt := &libcni.RuntimeConf{ContainerID: uid, NetNS: netnsArg, IfName: podIfName, Args: args}
+	if err := n.cni.DelNetworkList(ctx, conf, rt); err != nil {
+		errs = append(errs, fmt.Errorf("cni del %s: %w", conf.Name, err))
+	} else if conf == n.multus {
+		_ = os.Remove(filepath.Join(n.multusPods, uid))
+	}
+	rt.Args = nil
 	rt.IfName = "lo"
 	if err := n.cni.DelNetworkList(ctx, n.lo, rt); err != nil {
 		errs = append(errs, fmt.Errorf("cni del loopback: %w", err))

@@ -163,7 +163,7 @@ func (r *podRun) run() {
 		}
 		wg.Wait()
 	}
-	if err := r.p.net.del(ctx, uid); err != nil {
+	if err := r.p.net.del(ctx, r.pod); err != nil {
 		log.Error(err, "pod network teardown")
 	}
 	if err := detachRecordedLoops(r.dir); err != nil {
@@ -187,7 +187,7 @@ func (r *podRun) run() {
 }
 
 func (r *podRun) setupNetwork(ctx context.Context, uid string) error {
-	nsPath, ip, err := r.p.net.add(ctx, uid)
+	nsPath, ip, err := r.p.net.add(ctx, r.pod)
 	if err != nil {
 		return err
 	}

@@ -77,6 +77,14 @@ type Options struct {
 	Bridge string
 	// CNIBinDir holds the bridge, host-local and loopback plugin binaries (see BuildCNIPlugins).
 	CNIBinDir string
+	// MultusBinDir holds Multus's thin plugin (see BuildMultus): pods with Multus's annotations
+	// are attached through it, with the NetworkAttachmentDefinitions they name besides the pod
+	// network, and their secondary networks' plugins are CNIBinDir's. Empty: the node runs no
+	// Multus and such pods fail to start.
+	MultusBinDir string
+	// MultusKubeconfig is the kubeconfig file Multus reads pods and NetworkAttachmentDefinitions
+	// and writes pods' network-status annotations with; required with MultusBinDir.
+	MultusKubeconfig string
 	// Log receives the provider's and virtual-kubelet's logs.
 	Log logr.Logger
 
@@ -153,6 +161,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("provider options: Bridge %q must be 1 to 15 bytes", o.Bridge)
 	case o.CNIBinDir == "":
 		return errors.New("provider options: CNIBinDir is empty")
+	case o.MultusBinDir != "" && o.MultusKubeconfig == "":
+		return errors.New("provider options: MultusKubeconfig is empty, but MultusBinDir is set")
 	case !filepath.IsAbs(o.InitBinary):
 		return fmt.Errorf("provider options: InitBinary %q is not an absolute path (qvirt-pod-init)", o.InitBinary)
 	}

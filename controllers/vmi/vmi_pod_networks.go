@@ -1,0 +1,71 @@
+package vmi
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// Multus's pod annotations (k8s.cni.cncf.io's network plumbing working group's specification).
+const (
+	// MultusNetworksAnnotation lists the pod's secondary networks, as JSON network selection
+	// elements.
+	MultusNetworksAnnotation = "k8s.v1.cni.cncf.io/networks"
+	// MultusDefaultNetworkAnnotation replaces the cluster's default network of the pod.
+	MultusDefaultNetworkAnnotation = "v1.multus-cni.io/default-network"
+)
+
+// multusSelection is one element of MultusNetworksAnnotation.
+type multusSelection struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	Interface string `json:"interface"`
+}
+
+// addMultusNetworks asks Multus for the instance's multus networks, as KubeVirt's virt-controller
+// does: each secondary network as an extra pod interface named v1alpha1.MultusInterfaceName of the
+// network, where the node agent's bridge binding finds it, and a default one in place of the
+// cluster's network. A NetworkAttachmentDefinition named without a namespace is the instance's.
+func addMultusNetworks(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance) error {
+	var secondary []multusSelection
+	for _, n := range vmi.Spec.Networks {
+		if n.Multus == nil {
+			continue
+		}
+		ns, name := qualifiedNetwork(n.Multus.NetworkName, vmi.Namespace)
+		if n.Multus.Default {
+			setAnnotation(pod, MultusDefaultNetworkAnnotation, ns+"/"+name)
+			continue
+		}
+		secondary = append(secondary, multusSelection{Name: name, Namespace: ns, Interface: v1alpha1.MultusInterfaceName(n.Name)})
+	}
+	if len(secondary) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(secondary)
+	if err != nil {
+		return fmt.Errorf("spec.networks: the multus networks annotation: %w", err)
+	}
+	setAnnotation(pod, MultusNetworksAnnotation, string(b))
+	return nil
+}
+
+// qualifiedNetwork splits a multus networkName, <name> or <namespace>/<name>, defaulting the
+// namespace to ns.
+func qualifiedNetwork(networkName, ns string) (string, string) {
+	if n, name, ok := strings.Cut(networkName, "/"); ok {
+		return n, name
+	}
+	return ns, networkName
+}
+
+func setAnnotation(pod *corev1.Pod, key, value string) {
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[key] = value
+}
