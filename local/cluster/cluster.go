@@ -26,6 +26,7 @@ import (
 	"github.com/qvirt/qvirt/handler/podsockets"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/local/kubenode"
+	"github.com/qvirt/qvirt/local/multus"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
 	"github.com/qvirt/qvirt/local/storage"
@@ -275,7 +276,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
 	multusBin := make(chan error, 1)
 	go func() {
 		var err error
-		c.multusBin, err = provider.BuildMultus(ctx, opts.CNICache)
+		c.multusBin, err = multus.Build(ctx, opts.CNICache)
 		multusBin <- err
 	}()
 	cniBin, err := provider.BuildCNIPlugins(ctx, opts.CNICache)

@@ -33,6 +33,9 @@ type InstallOptions struct {
 	Config map[string]string
 }
 
+// multusCRD is Multus's NetworkAttachmentDefinition CRD, under the repository.
+const multusCRD = "config/multus/network-attachment-definition-crd.yaml"
+
 // Install applies qvirt's CRDs, the install namespace, the configuration, the node agents'
 // ServiceAccount with its RBAC and own-node admission policy (the identity the agents run with,
 // handlerauth.go) and the webhook configurations with their Service (webhooks), with server-side
@@ -43,7 +46,7 @@ func (cp *ControlPlane) Install(ctx context.Context, c client.Client, opts Insta
 		return fmt.Errorf("no CRDs under %s/config/crd/bases (%v)", opts.Repo, err)
 	}
 	// Multus's NetworkAttachmentDefinition, since local mode's nodes run Multus.
-	crds = append(crds, filepath.Join(opts.Repo, "config", "multus", "network-attachment-definition-crd.yaml"))
+	crds = append(crds, filepath.Join(opts.Repo, multusCRD))
 	var objs []*unstructured.Unstructured
 	for _, f := range crds {
 		o, err := readObjects(f)

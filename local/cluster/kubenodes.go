@@ -18,6 +18,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/local/install"
 	"github.com/qvirt/qvirt/local/kubenode"
+	"github.com/qvirt/qvirt/local/multus"
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/local/registry"
 )
@@ -47,6 +48,7 @@ func (c *Cluster) startKubeNodes(ctx context.Context, cniBin string) error {
 	}
 	for i := 1; i <= c.opts.Nodes; i++ {
 		opts := kubenode.Options{Name: NodeName(i), Dir: kubeNodeDir(c.opts.Dir, i), Bin: c.opts.NodeBin, CNIBin: cniBin,
+			MultusBin: c.multusBin, MultusKubeconfig: c.Kubeconfig,
 			PKIDir: filepath.Join(c.opts.Dir, "pki"), Server: c.cp.Server, NodeIP: apiAddress,
 			KubeletPort: 10250 + 2*(i-1), PodCIDR: "10.245." + strconv.Itoa(i) + ".0/24", Bridge: "qvirt-k" + strconv.Itoa(i),
 			Registry: c.Registry, SandboxImage: pause}
@@ -80,9 +82,12 @@ func (c *Cluster) startKubeNodes(ctx context.Context, cniBin string) error {
 // qvirt-handler DaemonSet run as pods on the nodes, from the images.
 func (c *Cluster) upOnKubeNodes(ctx context.Context, cfg map[string]string) error {
 	step := func(format string, args ...any) { fmt.Fprintf(c.opts.Progress, "local up: "+format+"\n", args...) }
-	step("building the CNI plugins (cached after the first time)")
+	step("building the CNI plugins and Multus (cached after the first time)")
 	cniBin, err := provider.BuildCNIPlugins(ctx, c.opts.CNICache)
 	if err != nil {
+		return err
+	}
+	if c.multusBin, err = multus.Build(ctx, c.opts.CNICache); err != nil {
 		return err
 	}
 	if err := c.startKubeNodes(ctx, cniBin); err != nil {
@@ -98,6 +103,22 @@ func (c *Cluster) upOnKubeNodes(ctx context.Context, cfg map[string]string) erro
 		return err
 	}
 	step("qvirt runs on the real nodes (%.0fs): launcher image %s", time.Since(started).Seconds(), in.Images["qvirt-launcher"])
+	return c.installMultusCRD(ctx)
+}
+
+// installMultusCRD applies Multus's NetworkAttachmentDefinition CRD, as a cluster's Multus
+// install does: the real nodes run Multus.
+func (c *Cluster) installMultusCRD(ctx context.Context) error {
+	objs, err := readObjects(filepath.Join(c.opts.Repo, multusCRD))
+	if err == nil {
+		err = applyAll(ctx, c.client, objs)
+	}
+	if err == nil {
+		err = waitServed(ctx, c.client, objs)
+	}
+	if err != nil {
+		return fmt.Errorf("install the NetworkAttachmentDefinition CRD: %w", err)
+	}
 	return nil
 }
 

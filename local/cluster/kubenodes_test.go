@@ -113,6 +113,9 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	// launcher pins the vCPU there.
 	vmi := guestVMI(t, c)
 	vmi.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, DedicatedCPUPlacement: true}
+	// And a secondary network, which the real node's Multus (containerd's CNI) attaches.
+	sec := createSecondaryNet(t, ctx, cl, dir, "secondary")
+	addSecondary(vmi, "sec", sec)
 	created := time.Now()
 	if err := cl.Create(ctx, vmi); err != nil {
 		t.Fatal(err)
@@ -120,7 +123,7 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	var got v1alpha1.VirtualMachineInstance
 	testutil.Eventually(t, 3*time.Minute, "VMI demo Running with an address", func() bool {
 		_ = cl.Get(ctx, client.ObjectKeyFromObject(vmi), &got)
-		return got.Status.Phase == v1alpha1.Running && len(got.Status.Interfaces) == 1 && got.Status.Interfaces[0].IP != ""
+		return got.Status.Phase == v1alpha1.Running && len(got.Status.Interfaces) == 2 && got.Status.Interfaces[0].IP != ""
 	}, func() string { return fmt.Sprintf("status %+v\n%s", got.Status, describe()) })
 	t.Logf("VMI created -> Running in %.2fs on %s", time.Since(created).Seconds(), got.Status.NodeName)
 	if got.Status.NodeName != NodeName(1) {
@@ -130,6 +133,13 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 		t.Errorf("the guest's page: %q, want testguest", body)
 	}
 	checkDedicatedCPU(t, ctx, cl, dir, &got)
+	secIP, err := secondaryIP(t, ctx, cl, string(got.UID), "sec", sec)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, describe())
+	}
+	if body := testutil.HTTPBody(t, "http://"+secIP+"/", time.Minute); strings.TrimSpace(body) != "testguest" {
+		t.Errorf("the guest's page on its secondary address %s: %q, want testguest", secIP, body)
+	}
 
 	// Down with the guest running: it is powered off through its launcher pod (SIGTERM, ACPI
 	// shutdown) before the node goes. A launcher that did not power the guest off would be killed
@@ -151,6 +161,9 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 		t.Errorf("Down did not report the guest powered off (%v):\n%s", err, down.String())
 	} else if time.Duration(took*float64(time.Second)) > grace/2 {
 		t.Errorf("the launcher pod took %.1fs of its %s grace period to end: the guest was not powered off in time", took, grace)
+	}
+	if ips := sec.reservedIPs(); len(ips) != 0 {
+		t.Errorf("the secondary network still reserves %v after Down: Multus's DEL did not release it", ips)
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/qvirt/qvirt/local/multus"
 	"github.com/qvirt/qvirt/local/pki"
 	"github.com/qvirt/qvirt/local/supervise"
 )
@@ -42,6 +43,10 @@ type Options struct {
 	Runc string
 	// CNIBin holds the bridge, host-local and loopback plugins.
 	CNIBin string
+	// MultusBin holds Multus's thin plugin (multus.Build): when set, the node's pods are attached
+	// through Multus, which adds the secondary networks their annotations ask for, reading them
+	// with MultusKubeconfig. Empty: the node's pods have the pod network alone.
+	MultusBin, MultusKubeconfig string
 	// PKIDir is the cluster's (local/pki): its CA ca.{crt,key} issues the kubelet's client
 	// certificate and verifies the API server's requests to the kubelet.
 	PKIDir string
@@ -75,6 +80,9 @@ func (o *Options) check() error {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("kubenode: %s is empty", flag))
 		}
+	}
+	if o.MultusBin != "" && o.MultusKubeconfig == "" {
+		errs = append(errs, errors.New("kubenode: MultusKubeconfig is empty, but MultusBin is set"))
 	}
 	if o.NodeIP == nil || o.NodeIP.IsLoopback() {
 		errs = append(errs, fmt.Errorf("kubenode: NodeIP %v: want a non-loopback address (the API server reaches the kubelet there)", o.NodeIP))
@@ -213,6 +221,10 @@ func (n *Node) writeKubeconfig() error {
 func (n *Node) writeContainerdConfig() error {
 	o := n.opts
 	q := strconv.Quote
+	binDirs := q(o.CNIBin)
+	if o.MultusBin != "" {
+		binDirs = q(o.MultusBin) + ", " + binDirs
+	}
 	toml := strings.Join([]string{
 		"version = 3",
 		"root = " + q(n.path("containerd", "root")),
@@ -228,7 +240,7 @@ func (n *Node) writeContainerdConfig() error {
 		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]",
 		"  BinaryName = " + q(o.Runc), "  SystemdCgroup = false",
 		"[plugins.'io.containerd.cri.v1.runtime'.cni]",
-		"  bin_dirs = [" + q(o.CNIBin) + "]", "  conf_dir = " + q(n.path("cni", "net.d")),
+		"  bin_dirs = [" + binDirs + "]", "  conf_dir = " + q(n.path("cni", "net.d")),
 		"[plugins.'io.containerd.grpc.v1.cri']", "  stream_server_address = '127.0.0.1'", "  stream_server_port = '0'",
 		"",
 	}, "\n")
@@ -254,7 +266,17 @@ func (n *Node) writeCNIConfig() error {
 			map[string]any{"type": "loopback"},
 		},
 	}
-	return writeJSON(n.path("cni", "net.d", "10-qvirt.conflist"), conf)
+	if err := writeJSON(n.path("cni", "net.d", "10-qvirt.conflist"), conf); err != nil {
+		return err
+	}
+	if n.opts.MultusBin == "" {
+		return nil
+	}
+	// containerd takes the first configuration by name: Multus's, with the pod network as its
+	// delegate for eth0.
+	m := multus.Config("multus-"+n.opts.Name, multus.Options{Kubeconfig: n.opts.MultusKubeconfig,
+		StateDir: n.path("cni", "multus"), CNIBinDir: n.opts.CNIBin}, conf)
+	return writeJSON(n.path("cni", "net.d", "00-multus.conflist"), m)
 }
 
 // writeKubeletConfig writes the KubeletConfiguration. Why the settings that are not the kubelet's

@@ -77,7 +77,7 @@ type Options struct {
 	Bridge string
 	// CNIBinDir holds the bridge, host-local and loopback plugin binaries (see BuildCNIPlugins).
 	CNIBinDir string
-	// MultusBinDir holds Multus's thin plugin (see BuildMultus): pods with Multus's annotations
+	// MultusBinDir holds Multus's thin plugin (see multus.Build): pods with Multus's annotations
 	// are attached through it, with the NetworkAttachmentDefinitions they name besides the pod
 	// network, and their secondary networks' plugins are CNIBinDir's. Empty: the node runs no
 	// Multus and such pods fail to start.
