@@ -1,0 +1,44 @@
+package admission_test
+
+import (
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/machine"
+)
+
+// TestKubeVirtMultusNetworks: the KubeVirt user guide's secondary network (a bridge interface on a
+// multus network besides the pod network) is accepted through kube-apiserver and kubectl; an
+// interface on a multus network that names no binding is stored with bridge, and the instance
+// translates to a machine with both NICs.
+func TestKubeVirtMultusNetworks(t *testing.T) {
+	startWebhook(t)
+	o := sample(t, "vmi_testguest.yaml")
+	spec := o["spec"].(map[string]any)
+	devices := spec["domain"].(map[string]any)["devices"].(map[string]any)
+	devices["interfaces"] = []any{map[string]any{"name": "default", "masquerade": map[string]any{}},
+		map[string]any{"name": "ptp", "bridge": map[string]any{}}, map[string]any{"name": "lab"}}
+	spec["networks"] = []any{map[string]any{"name": "default", "pod": map[string]any{}},
+		map[string]any{"name": "ptp", "multus": map[string]any{"networkName": "ptp-conf"}},
+		map[string]any{"name": "lab", "multus": map[string]any{"networkName": "infra/lab"}}}
+	o["metadata"].(map[string]any)["name"] = "vmi-multus"
+	data, _ := yaml.Marshal(o)
+	createByKubectl(t, data, "vmi", "vmi-multus")
+	var stored v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "vmi-multus", &stored)
+	if got := ifaceList(stored.Spec.Domain.Devices.Interfaces); got != "default:virtio:masquerade ptp:virtio:bridge lab:virtio:bridge" {
+		t.Errorf("stored interfaces %s, want lab defaulted to bridge", got)
+	}
+	nics := map[string]machine.NIC{"default": {Tap: "tap0", MAC: "02:00:00:00:00:01"},
+		"ptp": {Tap: "qvt1", MAC: "02:00:00:00:00:02"}, "lab": {Tap: "qvt2", MAC: "02:00:00:00:00:03"}}
+	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: nics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.NICs) != 3 || m.NICs[1].Name != "ptp" || m.NICs[1].Tap != "qvt1" || m.NICs[2].Tap != "qvt2" {
+		t.Errorf("machine NICs %+v, want default, ptp and lab in the spec's order", m.NICs)
+	}
+}
