@@ -73,23 +73,24 @@ func secondaryIP(t *testing.T, ctx context.Context, cl client.Client, uid string
 	if err := cl.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{v1alpha1.VMIUIDLabel: uid}); err != nil {
 		return "", err
 	}
-	for _, p := range pods.Items {
-		if p.Annotations[vmi.MultusNetworksAnnotation] == "" {
-			return "", fmt.Errorf("pod %s has no %s annotation: %v", p.Name, vmi.MultusNetworksAnnotation, p.Annotations)
-		}
-		var st []multusStatus
-		raw := p.Annotations["k8s.v1.cni.cncf.io/network-status"]
-		if err := json.Unmarshal([]byte(raw), &st); err != nil {
-			return "", fmt.Errorf("pod %s network-status %q: %w", p.Name, raw, err)
-		}
-		for _, s := range st {
-			if s.Name == "default/"+n.name && s.Interface == v1alpha1.MultusInterfaceName(name) && len(s.IPs) > 0 {
-				return s.IPs[0], nil
-			}
-		}
-		return "", fmt.Errorf("pod %s network-status %s has no address on %s", p.Name, raw, n.name)
+	if len(pods.Items) != 1 {
+		return "", fmt.Errorf("%d launcher pods, want 1", len(pods.Items))
 	}
-	return "", fmt.Errorf("no launcher pod")
+	p := pods.Items[0]
+	if p.Annotations[vmi.MultusNetworksAnnotation] == "" {
+		return "", fmt.Errorf("pod %s has no %s annotation: %v", p.Name, vmi.MultusNetworksAnnotation, p.Annotations)
+	}
+	var st []multusStatus
+	raw := p.Annotations["k8s.v1.cni.cncf.io/network-status"]
+	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+		return "", fmt.Errorf("pod %s network-status %q: %w", p.Name, raw, err)
+	}
+	for _, s := range st {
+		if s.Name == "default/"+n.name && s.Interface == v1alpha1.MultusInterfaceName(name) && len(s.IPs) > 0 {
+			return s.IPs[0], nil
+		}
+	}
+	return "", fmt.Errorf("pod %s network-status %s has no address on %s", p.Name, raw, n.name)
 }
 
 // reservedIPs are the addresses host-local holds in n's network.
