@@ -54,16 +54,16 @@ func ClaimVolumes(spec *VirtualMachineInstanceSpec) []ClaimVolume {
 // and the target writes it to its own store. Nor do disks whose contents live on the node only
 // (LocalDisks): a migration copies them to the target (block migration).
 func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message string) {
-	pod := map[string]bool{}
-	for _, n := range spec.Networks {
-		if n.Pod != nil {
-			pod[n.Name] = true
-		}
-	}
 	for _, in := range spec.Domain.Devices.Interfaces {
-		if in.Bridge != nil && pod[in.Name] {
-			return false, BridgeOnPodNetworkReason, fmt.Sprintf("interface %q uses the bridge binding on the pod network, which gives the guest the pod's address", in.Name)
+		if in.Bridge == nil {
+			continue
 		}
+		if n := spec.Network(in.Name); n != nil && n.IsSecondary() {
+			// KubeVirt migrates these; here the target pod's interface would have another MAC and,
+			// with IPAM, another address than the one the guest keeps.
+			return false, BridgeOnPodNetworkReason, fmt.Sprintf("interface %q uses the bridge binding on its multus network, which gives the guest the pod interface's MAC and address; the target pod's would differ", in.Name)
+		}
+		return false, BridgeOnPodNetworkReason, fmt.Sprintf("interface %q uses the bridge binding on the pod network, which gives the guest the pod's address", in.Name)
 	}
 	if f := spec.Domain.Features; f != nil && f.HypervPassthrough != nil && (f.HypervPassthrough.Enabled == nil || *f.HypervPassthrough.Enabled) {
 		return false, HypervPassthroughReason, "features.hypervPassthrough gives the guest the Hyper-V enlightenments of this node's KVM, which another node's may not offer"

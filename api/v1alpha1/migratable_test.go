@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -61,5 +62,32 @@ func TestLiveMigratableEFI(t *testing.T) {
 		if ok, reason, msg := LiveMigratable(&spec); !ok {
 			t.Errorf("secureBoot %v: not migratable (%s: %s)", secureBoot, reason, msg)
 		}
+	}
+}
+
+// A bridge-bound interface makes an instance not live-migratable, on the pod network and on a
+// multus network alike: the guest has the pod interface's MAC and address, which the target pod's
+// interface would not have. Masquerade on the pod network migrates.
+func TestLiveMigratableInterfaces(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		in      Interface
+		net     Network
+		ok      bool
+		message string
+	}{
+		{"masquerade on the pod network", Interface{Name: "n", Masquerade: &InterfaceMasquerade{}}, Network{Name: "n", Pod: &PodNetwork{}}, true, ""},
+		{"bridge on the pod network", Interface{Name: "n", Bridge: &InterfaceBridge{}}, Network{Name: "n", Pod: &PodNetwork{}}, false, "on the pod network"},
+		{"bridge on a secondary network", Interface{Name: "n", Bridge: &InterfaceBridge{}}, Network{Name: "n", Multus: &MultusNetwork{NetworkName: "lab"}}, false, "on its multus network"},
+		{"bridge on a default multus network", Interface{Name: "n", Bridge: &InterfaceBridge{}}, Network{Name: "n", Multus: &MultusNetwork{NetworkName: "lab", Default: true}}, false, "on the pod network"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := VirtualMachineInstanceSpec{Networks: []Network{tc.net}}
+			spec.Domain.Devices.Interfaces = []Interface{tc.in}
+			ok, reason, msg := LiveMigratable(&spec)
+			if ok != tc.ok || !ok && (reason != BridgeOnPodNetworkReason || !strings.Contains(msg, tc.message)) {
+				t.Errorf("LiveMigratable = %v, %s, %q; want %v and a message naming %q", ok, reason, msg, tc.ok, tc.message)
+			}
+		})
 	}
 }
