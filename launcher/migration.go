@@ -567,5 +567,5 @@ func migrationUnderTCGRefused(m *Machine) error {
 		return nil
 	}
 	return machine.Invalid(machinePath.Child("hugePageKiB"), m.HugePageKiB,
-		"huge page RAM does not live-migrate under emulation (TCG): QEMU 7.2 loses guest writes migrating RAM of whole 256 KiB blocks under TCG (fixed in QEMU 9.0), and huge pages cannot be padded; it migrates under KVM")
+		"huge page RAM does not live-migrate under emulation (TCG): "+machine.HugePagesTCGMigration)
 }

@@ -638,3 +638,8 @@ type Filesystem struct {
 // MaxUSBRedirSlots is how many USB redirection slots a machine has at most, and what KubeVirt
 // gives every instance with clientPassthrough (v1.UsbClientPassthroughMaxNumberOf).
 const MaxUSBRedirSlots = 4
+
+// HugePagesTCGMigration is why huge page RAM does not live-migrate under emulation (TCG), said by
+// the launcher that refuses it and by the controller that marks such an instance not migratable.
+const HugePagesTCGMigration = "QEMU 7.2 loses guest writes migrating RAM of whole 256 KiB blocks under TCG (fixed in QEMU 9.0), " +
+	"and huge pages cannot be padded out of that; it migrates under KVM"

@@ -14,6 +14,7 @@ import (
 	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/internal/patch"
 	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // Values of status.reason set by the VMI reconciler.
@@ -178,8 +179,7 @@ func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims, emul
 		// The source launcher would refuse it (launcher/migration.go): say so before a target
 		// pod holds huge pages on another node.
 		ok, reason = false, v1alpha1.HugepagesUnderEmulationReason
-		msg = "memory.hugepages under emulation (useEmulation): QEMU 7.2 loses guest writes migrating RAM of whole 256 KiB blocks under TCG, " +
-			"and huge pages cannot be padded out of that; it migrates under KVM"
+		msg = "memory.hugepages under emulation (useEmulation): " + machine.HugePagesTCGMigration
 	}
 	if vol, claim, modes := unsharedClaim(&vmi.Spec, claims); ok && claim != "" {
 		ok, reason = false, v1alpha1.DisksNotLiveMigratableReason

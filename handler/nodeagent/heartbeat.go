@@ -155,19 +155,7 @@ func (h *Heartbeat) Start(ctx context.Context) error {
 
 // Beat writes the labels and a fresh heartbeat once.
 func (h *Heartbeat) Beat(ctx context.Context) error {
-	reason := &h.caps.KVMReason // null removes the annotation once KVM works
-	if h.caps.KVM {
-		reason = nil
-	}
-	var streams *string
-	if h.streams != "" {
-		streams = &h.streams
-	}
 	postCopy, why := h.postCopy()
-	postCopyReason := &why
-	if postCopy {
-		postCopyReason = nil
-	}
 	labels := map[string]string{
 		v1alpha1.NodeSchedulableLabel: "true",
 		v1alpha1.NodeKVMLabel:         fmt.Sprint(h.caps.KVM),
@@ -182,12 +170,21 @@ func (h *Heartbeat) Beat(ctx context.Context) error {
 		"labels": labels,
 		"annotations": map[string]any{
 			v1alpha1.NodeHeartbeatAnnotation:        h.now().UTC().Format(time.RFC3339),
-			v1alpha1.NodeKVMReasonAnnotation:        reason,
-			v1alpha1.NodeStreamsAddressAnnotation:   streams,
-			v1alpha1.NodePostCopyReasonAnnotation:   postCopyReason,
+			v1alpha1.NodeKVMReasonAnnotation:        reasonUnless(h.caps.KVM, h.caps.KVMReason),
+			v1alpha1.NodeStreamsAddressAnnotation:   nullIfEmpty(h.streams),
+			v1alpha1.NodePostCopyReasonAnnotation:   reasonUnless(postCopy, why),
 			v1alpha1.NodeCPUManagerReasonAnnotation: nullIfEmpty(cpuWhy),
 		},
 	})
+}
+
+// reasonUnless is why a capability is missing, or JSON null (removing the annotation) once it
+// works.
+func reasonUnless(works bool, why string) *string {
+	if works {
+		return nil
+	}
+	return nullIfEmpty(why)
 }
 
 // nullIfEmpty is s, or JSON null (which a merge patch reads as "remove") when s is empty.
