@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,29 +100,16 @@ func TestGuestDedicatedCPUs(t *testing.T) {
 // the vCPU threads (named "CPU N/TCG" with debug-threads) and the others, by thread name and ID.
 func qemuThreadCPUs(t *testing.T, pid int) (vcpus, others map[string]string) {
 	t.Helper()
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	entries, err := os.ReadDir(dir)
+	threads, err := testutil.Threads(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	vcpus, others = map[string]string{}, map[string]string{}
-	for _, e := range entries {
-		comm, err1 := os.ReadFile(filepath.Join(dir, e.Name(), "comm"))
-		status, err2 := os.ReadFile(filepath.Join(dir, e.Name(), "status"))
-		if err1 != nil || err2 != nil {
-			continue // the thread ended
-		}
-		var allowed string
-		for _, line := range strings.Split(string(status), "\n") {
-			if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
-				allowed = strings.TrimSpace(v)
-			}
-		}
-		name := strings.TrimSpace(string(comm))
-		if strings.HasPrefix(name, "CPU ") {
-			vcpus[name] = canonicalCPUList(allowed)
+	for _, th := range threads {
+		if strings.HasPrefix(th.Name, "CPU ") {
+			vcpus[th.Name] = canonicalCPUList(th.CPUs)
 		} else {
-			others[name+"/"+e.Name()] = allowed
+			others[th.Name+"/"+th.TID] = th.CPUs
 		}
 	}
 	return vcpus, others

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -226,18 +227,18 @@ func checkDedicatedCPU(t *testing.T, ctx context.Context, cl client.Client, dir 
 	if exclusive == "" || strings.Contains(exclusive, ",") || strings.Contains(exclusive, "-") {
 		t.Fatalf("the CPU manager gave the compute container %q (state %s), want one CPU of its own", exclusive, data)
 	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/task/*/comm")
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	var vcpu string
 	for _, p := range procs {
-		comm, err := os.ReadFile(p)
-		cmdline, err2 := os.ReadFile(filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(p))), "cmdline"))
-		if err != nil || err2 != nil || strings.TrimSpace(string(comm)) != "CPU 0/TCG" || !strings.Contains(string(cmdline), string(vmi.UID)) {
+		cmdline, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(cmdline), "qemu-system") || !strings.Contains(string(cmdline), string(vmi.UID)) {
 			continue
 		}
-		status, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "status"))
-		for _, l := range strings.Split(string(status), "\n") {
-			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
-				vcpu = strings.TrimSpace(v)
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		threads, _ := testutil.Threads(pid)
+		for _, th := range threads {
+			if th.Name == "CPU 0/TCG" {
+				vcpu = th.CPUs
 			}
 		}
 	}
