@@ -395,6 +395,11 @@ func (c *Client) UnplugNIC(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/nics/"+url.PathEscape(name), nil, nil)
 }
 
+// SetSockets hot-plugs vCPUs until the guest has sockets sockets.
+func (c *Client) SetSockets(ctx context.Context, sockets uint32) error {
+	return c.do(ctx, http.MethodPut, "/v1/cpu", protocol.CPURequest{Sockets: sockets}, nil)
+}
+
 // PrepareMigrationTarget makes an incoming launcher listen and returns the URI for the source.
 func (c *Client) PrepareMigrationTarget(ctx context.Context, req protocol.MigrationTarget) (string, error) {
 	var out protocol.MigrationTargetReply

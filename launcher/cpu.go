@@ -9,9 +9,9 @@ import (
 	"github.com/qvirt/qvirt/machine"
 )
 
-// The CPU and memory device kind: the vCPU model, the topology and the guest RAM. All of it is
-// fixed when QEMU starts (the launcher hot-plugs neither vCPUs nor memory), so it has only a cold
-// form.
+// The CPU and memory device kind: the vCPU model, the topology and the guest RAM. The RAM is fixed
+// when QEMU starts; vCPUs can be hot-plugged, whole sockets at a time, up to MaxSockets
+// (cpu_hotplug.go).
 
 // cpuMemory: -cpu, -smp and -m. The model arrives decided (package machine); the host model is
 // refused without KVM rather than left for QEMU to reject after it started.
@@ -27,6 +27,12 @@ func (b *builder) cpuMemory() {
 	if cpu.Sockets == 0 || cpu.Cores == 0 || cpu.Threads == 0 || uint64(cpu.VCPUs) != uint64(cpu.Sockets)*uint64(cpu.Cores)*uint64(cpu.Threads) {
 		b.fail(machine.Invalid(cp.Child("vcpus"), cpu.VCPUs, fmt.Sprintf("must be sockets*cores*threads (%d*%d*%d), each at least 1", cpu.Sockets, cpu.Cores, cpu.Threads)))
 	}
+	if cpu.MaxSockets != 0 && (cpu.MaxSockets < cpu.Sockets || uint64(cpu.MaxSockets)*uint64(cpu.Cores)*uint64(cpu.Threads) > machine.MaxVCPUs) {
+		b.fail(machine.Invalid(cp.Child("maxSockets"), cpu.MaxSockets, fmt.Sprintf("must be at least sockets (%d) and give at most %d vCPUs", cpu.Sockets, machine.MaxVCPUs)))
+	}
+	if cpu.MaxSockets > cpu.Sockets && cpu.DedicatedCPUs {
+		b.fail(machine.Invalid(cp.Child("maxSockets"), cpu.MaxSockets, "vCPU hotplug cannot go with dedicatedCPUs: a hot-plugged vCPU would have no CPU of its own"))
+	}
 	if cpu.IsolateEmulatorThread && !cpu.DedicatedCPUs {
 		b.fail(machine.Invalid(cp.Child("isolateEmulatorThread"), true, "needs dedicatedCPUs"))
 	}
@@ -38,7 +44,10 @@ func (b *builder) cpuMemory() {
 	}
 	model += b.kvmFlags(cpu) + b.hypervFlags(cpu.HyperV, cp.Child("hyperV")) + b.featureFlags(cpu.Features, cp.Child("features"))
 	b.add("-cpu", model)
-	b.add("-smp", fmt.Sprintf("cpus=%d,sockets=%d,cores=%d,threads=%d", cpu.VCPUs, cpu.Sockets, cpu.Cores, cpu.Threads))
+	// -smp's sockets are the most there can be; cpus are those the guest starts with.
+	maxSockets := max(cpu.MaxSockets, cpu.Sockets)
+	b.add("-smp", fmt.Sprintf("cpus=%d,sockets=%d,cores=%d,threads=%d,maxcpus=%d", cpu.VCPUs, maxSockets, cpu.Cores, cpu.Threads,
+		maxSockets*cpu.Cores*cpu.Threads))
 	if m.MemoryMiB <= 0 {
 		b.fail(machine.Invalid(machinePath.Child("memoryMiB"), m.MemoryMiB, "must be positive"))
 	}

@@ -309,7 +309,13 @@ func (b *builder) disks() {
 			if at.addr == "" {
 				at.addr = "0x0"
 			}
-			b.devs = append(b.devs, "-device", at.driver+",id="+SCSIControllerID+at.opts())
+			queues := ""
+			if b.m.CPU.MaxSockets != 0 {
+				// QEMU sizes it by the vCPUs at start, which a migration target after a vCPU
+				// hotplug would not share.
+				queues = ",num_queues=1"
+			}
+			b.devs = append(b.devs, "-device", at.driver+",id="+SCSIControllerID+queues+at.opts())
 		}
 	}
 	if bootSeen {

@@ -212,6 +212,7 @@ func (l *Launcher) Status(ctx context.Context) (protocol.Status, <-chan struct{}
 	st.Paused = pausedState(state)
 	st.QEMUVersion = proc.QEMUVersion()
 	st.PID = proc.Pid()
+	st.Sockets = proc.Sockets()
 	st.Exit = exit
 	st.Disks, st.NICs = l.devices(proc)
 	if agent != nil {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,6 +80,9 @@ type Process struct {
 	version   string
 	changed   chan struct{} // closed and replaced on every state change
 	closeOnce sync.Once
+	// sockets is how many sockets of vCPUs the guest has: the machine's, then more as they are
+	// hot-plugged (cpu_hotplug.go).
+	sockets atomic.Uint32
 }
 
 // Start starts QEMU for m and returns once the guest runs (or, for a migration target, once QEMU
@@ -99,6 +103,7 @@ func Start(ctx context.Context, m *Machine, opts Options) (*Process, error) {
 		exited: make(chan struct{}), done: make(chan struct{}), changed: make(chan struct{}),
 		state: qmp.StatePrelaunch,
 	}
+	p.sockets.Store(m.CPU.Sockets)
 	if m.Incoming {
 		p.state = qmp.StateInMigrate
 	}

@@ -42,6 +42,7 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("DELETE /v1/disks/{name}", s.unplugDisk)
 	mux.HandleFunc("POST /v1/nics", s.hotplugNIC)
 	mux.HandleFunc("DELETE /v1/nics/{name}", s.unplugNIC)
+	mux.HandleFunc("PUT /v1/cpu", s.setCPU)
 	mux.HandleFunc("POST /v1/migration/target", s.migrationTarget)
 	mux.HandleFunc("POST /v1/migration/source", s.migrationSource)
 	mux.HandleFunc("DELETE /v1/migration", s.simple(l.CancelMigration))
@@ -255,6 +256,18 @@ func (s *server) hotplugNIC(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) unplugNIC(w http.ResponseWriter, r *http.Request) {
 	if err := s.l.UnplugNIC(r.Context(), r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) setCPU(w http.ResponseWriter, r *http.Request) {
+	var req protocol.CPURequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := s.l.SetSockets(r.Context(), req.Sockets); err != nil {
 		writeError(w, err)
 		return
 	}

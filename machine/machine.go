@@ -151,6 +151,9 @@ type CPU struct {
 	Sockets uint32 `json:"sockets"`
 	Cores   uint32 `json:"cores"`
 	Threads uint32 `json:"threads"`
+	// MaxSockets is the most sockets vCPU hotplug may reach (QEMU's maxcpus is that many sockets
+	// of Cores and Threads); 0 for Sockets, no hotplug.
+	MaxSockets uint32 `json:"maxSockets,omitempty"`
 	// PVEOI turns on KVM's paravirtual end-of-interrupt (kvm-pv-eoi); QEMU's default otherwise.
 	PVEOI bool `json:"pvEOI,omitempty"`
 	// KVMHidden hides KVM's CPUID signature (kvm=off).
@@ -643,3 +646,7 @@ const MaxUSBRedirSlots = 4
 // the launcher that refuses it and by the controller that marks such an instance not migratable.
 const HugePagesTCGMigration = "QEMU 7.2 loses guest writes migrating RAM of whole 256 KiB blocks under TCG (fixed in QEMU 9.0), " +
 	"and huge pages cannot be padded out of that; it migrates under KVM"
+
+// MaxVCPUs is the most vCPUs a q35 guest gets from QEMU here (without an IOMMU's interrupt
+// remapping, x2APIC IDs above 254 are unreachable).
+const MaxVCPUs = 255

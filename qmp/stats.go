@@ -56,3 +56,23 @@ func (m *Monitor) QueryBlockstats(ctx context.Context) ([]BlockStats, error) {
 	err := m.Call(ctx, "query-blockstats", nil, &stats)
 	return stats, err
 }
+
+// HotpluggableCPU is one entry of query-hotpluggable-cpus (QEMU 7.2 schema: HotpluggableCPU): a
+// place in the machine's topology (maxcpus of them) and, once a vCPU is there, its QOM path.
+type HotpluggableCPU struct {
+	// Type is the CPU device's driver, e.g. qemu64-x86_64-cpu.
+	Type       string `json:"type"`
+	VCPUsCount int    `json:"vcpus-count"`
+	// Props are the place's topology properties (socket-id, core-id, thread-id), which device_add
+	// takes as they are.
+	Props map[string]any `json:"props"`
+	// QOMPath is empty for a place without a vCPU.
+	QOMPath string `json:"qom-path,omitempty"`
+}
+
+// QueryHotpluggableCPUs lists every place for a vCPU, plugged or not.
+func (m *Monitor) QueryHotpluggableCPUs(ctx context.Context) ([]HotpluggableCPU, error) {
+	var cpus []HotpluggableCPU
+	err := m.Call(ctx, "query-hotpluggable-cpus", nil, &cpus)
+	return cpus, err
+}

@@ -155,8 +155,7 @@ type CPUInstancetype struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	Realtime *runtime.RawExtension `json:"realtime,omitempty"`
 
-	// MaxSockets is the most sockets CPU hotplug may reach; not supported by this version of
-	// qvirt (refused).
+	// MaxSockets is the instance's domain.cpu.maxSockets: the most sockets CPU hotplug may reach.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	MaxSockets *uint32 `json:"maxSockets,omitempty"`

@@ -35,9 +35,6 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 	if spec.CPU.Realtime != nil {
 		errs = append(errs, field.Forbidden(cp.Child("realtime"), "real-time vCPUs are "+NotRealisedMessage+RealtimeReason))
 	}
-	if spec.CPU.MaxSockets != nil {
-		errs = append(errs, field.Forbidden(cp.Child("maxSockets"), "CPU hotplug is "+NotRealisedMessage+CPUHotplugReason))
-	}
 	mp := p.Child("memory")
 	if spec.Memory.MaxGuest != nil {
 		errs = append(errs, field.Forbidden(mp.Child("maxGuest"), "memory hotplug is "+NotRealisedMessage+MemoryHotplugReason))

@@ -23,11 +23,8 @@ const NUMAReason = "; guestMappingPassthrough binds each guest node's memory to 
 const RealtimeReason = "; real-time vCPU threads run SCHED_FIFO, which needs CAP_SYS_NICE in the launcher's container, " +
 	"and the launcher holds no capability"
 
-// CPUHotplugReason and MemoryHotplugReason end the refusals of CPU and memory hotplug.
-const (
-	CPUHotplugReason    = "; QEMU starts with the guest's vCPUs fixed and the launcher plugs none later"
-	MemoryHotplugReason = "; QEMU starts with the guest's RAM fixed and the launcher plugs no memory (virtio-mem) later"
-)
+// MemoryHotplugReason ends the refusals of memory hotplug.
+const MemoryHotplugReason = "; QEMU starts with the guest's RAM fixed and the launcher plugs no memory (virtio-mem) later"
 
 // DefaultVMNetworkCIDR is the masquerade binding's guest network when the pod network's
 // vmNetworkCIDR is unset (netsetup.DefaultVMCIDR).
@@ -70,9 +67,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		}
 		if c.Realtime != nil {
 			no(cp.Child("realtime"), "real-time vCPUs", RealtimeReason)
-		}
-		if c.MaxSockets != 0 {
-			no(cp.Child("maxSockets"), "CPU hotplug", CPUHotplugReason)
 		}
 	}
 	if m := spec.Domain.Memory; m != nil && m.MaxGuest != nil {

@@ -102,7 +102,6 @@ func TestNotRealised(t *testing.T) {
 		{"real-time vCPUs", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.CPU = &CPU{Realtime: &runtime.RawExtension{Raw: []byte(`{"mask":"0"}`)}}
 		}, "spec.domain.cpu.realtime"},
-		{"CPU hotplug", func(s *VirtualMachineInstanceSpec) { s.Domain.CPU = &CPU{Sockets: 1, MaxSockets: 4} }, "spec.domain.cpu.maxSockets"},
 		{"memory hotplug", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Memory.MaxGuest = ptr.To(resource.MustParse("4Gi"))
 		}, "spec.domain.memory.maxGuest"},

@@ -22,7 +22,7 @@ import (
 // outside Kubernetes and must refuse what the API server would refuse.
 
 // MaxVCPUs is the most vCPUs a q35 guest gets from QEMU here.
-const MaxVCPUs = 255
+const MaxVCPUs = machine.MaxVCPUs
 
 var (
 	// The API admits fewer machine types and CPU models than a machine description may name; the
@@ -323,7 +323,28 @@ func validateCPU(cpu *CPU, p *field.Path) field.ErrorList {
 	if v := VCPUs(cpu); v > MaxVCPUs {
 		errs = append(errs, field.Invalid(p, v, fmt.Sprintf("sockets*cores*threads must be at most %d", MaxVCPUs)))
 	}
+	errs = append(errs, validateMaxSockets(cpu, p.Child("maxSockets"))...)
 	return append(errs, validateCPUFeatures(cpu.Features, p.Child("features"))...)
+}
+
+// validateMaxSockets checks CPU hotplug's bound: at least the sockets the guest starts with, at
+// most MaxVCPUs vCPUs, and not with dedicated CPUs (a hot-plugged vCPU would have no CPU of its
+// own: the pod's are fixed when it starts).
+func validateMaxSockets(cpu *CPU, p *field.Path) field.ErrorList {
+	if cpu.MaxSockets == 0 {
+		return nil
+	}
+	sockets := max(cpu.Sockets, 1)
+	perSocket := uint64(max(cpu.Cores, 1)) * uint64(max(cpu.Threads, 1))
+	switch {
+	case cpu.MaxSockets < sockets:
+		return field.ErrorList{field.Invalid(p, cpu.MaxSockets, fmt.Sprintf("must be at least sockets (%d)", sockets))}
+	case uint64(cpu.MaxSockets)*perSocket > MaxVCPUs:
+		return field.ErrorList{field.Invalid(p, cpu.MaxSockets, fmt.Sprintf("maxSockets*cores*threads must be at most %d", MaxVCPUs))}
+	case cpu.DedicatedCPUPlacement:
+		return field.ErrorList{field.Forbidden(p, "CPU hotplug cannot go with dedicatedCpuPlacement: a hot-plugged vCPU would have no CPU of its own")}
+	}
+	return nil
 }
 
 func validateCPUFeatures(features []CPUFeature, p *field.Path) field.ErrorList {
@@ -360,11 +381,22 @@ func NICQueues(d *DomainSpec, in *Interface) uint32 {
 	if mq == nil || !*mq || (in.Model != "" && in.Model != DefaultInterfaceModel) {
 		return 0
 	}
-	n := min(VCPUs(d.CPU), MaxNICQueues)
+	n := min(QueueVCPUs(d.CPU), MaxNICQueues)
 	if n < 2 {
 		return 0
 	}
 	return uint32(n)
+}
+
+// QueueVCPUs is the vCPU count multi-queue devices (blockMultiQueue, networkInterfaceMultiqueue)
+// are sized by: the vCPUs, or with CPU hotplug room (maxSockets) the most vCPUs the guest can
+// reach, so that the devices stay the same when vCPUs are plugged and a migration target, which
+// starts with them, has the source's devices.
+func QueueVCPUs(cpu *CPU) uint64 {
+	if cpu == nil || cpu.MaxSockets == 0 {
+		return VCPUs(cpu)
+	}
+	return uint64(cpu.MaxSockets) * uint64(max(cpu.Cores, 1)) * uint64(max(cpu.Threads, 1))
 }
 
 // VCPUs is the vCPU count of a topology, counting unset values as 1.

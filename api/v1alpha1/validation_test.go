@@ -215,6 +215,15 @@ func TestValidateVirtualMachine(t *testing.T) {
 			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Bridge: &InterfaceBridge{}})
 			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "a/b/c"}})
 		}, "spec.template.spec.networks[1].multus.networkName"},
+		{"maxSockets below sockets", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 2, MaxSockets: 1}
+		}, "spec.template.spec.domain.cpu.maxSockets"},
+		{"maxSockets beyond the vCPU limit", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 1, Cores: 2, MaxSockets: 128}
+		}, "spec.template.spec.domain.cpu.maxSockets"},
+		{"maxSockets with dedicated CPUs", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 1, MaxSockets: 2, DedicatedCPUPlacement: true}
+		}, "spec.template.spec.domain.cpu.maxSockets"},
 		{"pod and multus", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Networks[0].Multus = &MultusNetwork{NetworkName: "x"}
 		}, "spec.template.spec.networks[0]"},

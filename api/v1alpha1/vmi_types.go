@@ -50,7 +50,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="!has(oldSelf.domain.devices.interfaces) || !has(self.domain.devices.interfaces) || oldSelf.domain.devices.interfaces.all(o, self.domain.devices.interfaces.all(i, i.name != o.name || i == o))",message="an attached interface cannot change; remove it and add it again",fieldPath=".domain.devices.interfaces"
 	// +kubebuilder:validation:XValidation:rule="!has(oldSelf.networks) || !has(self.networks) || oldSelf.networks.all(o, self.networks.all(n, n.name != o.name || n == o))",message="the network of an attached interface cannot change; remove both and add them again",fieldPath=".networks"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.resources) == has(oldSelf.domain.resources) && (!has(self.domain.resources) || self.domain.resources == oldSelf.domain.resources)",message="spec.domain.resources is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.resources"
-	// +kubebuilder:validation:XValidation:rule="has(self.domain.cpu) == has(oldSelf.domain.cpu) && (!has(self.domain.cpu) || self.domain.cpu == oldSelf.domain.cpu)",message="spec.domain.cpu is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.cpu"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.cpu) == has(oldSelf.domain.cpu) && (!has(self.domain.cpu) || self.domain.cpu == oldSelf.domain.cpu || has(oldSelf.domain.cpu.maxSockets) && has(self.domain.cpu.maxSockets) && self.domain.cpu.maxSockets == oldSelf.domain.cpu.maxSockets)",message="spec.domain.cpu is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.cpu"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.memory) == has(oldSelf.domain.memory) && (!has(self.domain.memory) || self.domain.memory == oldSelf.domain.memory)",message="spec.domain.memory is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.memory"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.machine) == has(oldSelf.domain.machine) && (!has(self.domain.machine) || self.domain.machine == oldSelf.domain.machine)",message="spec.domain.machine is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.machine"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.firmware) == has(oldSelf.domain.firmware) && (!has(self.domain.firmware) || self.domain.firmware == oldSelf.domain.firmware)",message="spec.domain.firmware is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.firmware"
@@ -370,7 +370,9 @@ type CPU struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	Realtime *runtime.RawExtension `json:"realtime,omitempty"`
 
-	// MaxSockets is the most sockets CPU hotplug may reach; refused (CPUHotplugReason).
+	// MaxSockets is the most sockets CPU hotplug may reach: the guest starts with sockets and a
+	// running instance's sockets may be raised up to this (KubeVirt's CPU hotplug); unset, no
+	// hotplug.
 	// +optional
 	MaxSockets uint32 `json:"maxSockets,omitempty"`
 }

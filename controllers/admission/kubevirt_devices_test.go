@@ -394,8 +394,8 @@ func TestKubeVirtHugepages(t *testing.T) {
 }
 
 // TestKubeVirtRefusedCPUAndMemory: KubeVirt's guest NUMA topology, real-time vCPUs, CPU hotplug
-// and memory hotplug, as its user guide writes them, are refused through kube-apiserver naming the
-// field and why, not as unknown fields.
+// with dedicated CPUs and memory hotplug, as its user guide writes them, are refused through
+// kube-apiserver naming the field and why, not as unknown fields.
 func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 	startWebhook(t)
 	for name, tc := range map[string]struct {
@@ -405,7 +405,7 @@ func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 	}{
 		"numa":       {"cpu", "numa", map[string]any{"guestMappingPassthrough": map[string]any{}}, []string{"spec.domain.cpu.numa", "CAP_SYS_NICE"}},
 		"realtime":   {"cpu", "realtime", map[string]any{"mask": "0"}, []string{"spec.domain.cpu.realtime", "SCHED_FIFO"}},
-		"maxSockets": {"cpu", "maxSockets", 4, []string{"spec.domain.cpu.maxSockets", "CPU hotplug"}},
+		"maxSockets with dedicated CPUs": {"cpu", "maxSockets", 4, []string{"spec.domain.cpu.maxSockets", "dedicatedCpuPlacement"}},
 		"maxGuest":   {"memory", "maxGuest", "1Gi", []string{"spec.domain.memory.maxGuest", "memory hotplug"}},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -417,6 +417,9 @@ func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 				d[tc.section] = sec
 			}
 			sec[tc.field] = tc.value
+			if tc.field == "maxSockets" {
+				sec["dedicatedCpuPlacement"] = true
+			}
 			wantRefused(t, o, "vmi-refused-cpu", tc.want...)
 		})
 	}

@@ -120,6 +120,9 @@ func applyCPU(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.VirtualMac
 		if c.IsolateEmulatorThread && it.CPU.IsolateEmulatorThread != nil {
 			errs = append(errs, conflict(dp.Child("cpu", "isolateEmulatorThread"), fmt.Sprintf("cpu.isolateEmulatorThread: %t", *it.CPU.IsolateEmulatorThread)))
 		}
+		if c.MaxSockets != 0 && it.CPU.MaxSockets != nil {
+			errs = append(errs, conflict(dp.Child("cpu", "maxSockets"), fmt.Sprintf("cpu.maxSockets: %d", *it.CPU.MaxSockets)))
+		}
 	}
 	if len(errs) > 0 {
 		return errs
@@ -135,6 +138,9 @@ func applyCPU(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.VirtualMac
 	}
 	if b := it.CPU.IsolateEmulatorThread; b != nil {
 		d.CPU.IsolateEmulatorThread = *b
+	}
+	if n := it.CPU.MaxSockets; n != nil {
+		d.CPU.MaxSockets = *n
 	}
 	sockets, cores, threads, err := Topology(it.CPU.Guest, pref)
 	if err != nil {

@@ -264,7 +264,7 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	}
 	one := func(v uint32) uint32 { return max(v, 1) }
 	m.CPU = machine.CPU{Model: model, VCPUs: uint32(v1alpha1.VCPUs(d.CPU)),
-		Sockets: one(c.Sockets), Cores: one(c.Cores), Threads: one(c.Threads),
+		Sockets: one(c.Sockets), Cores: one(c.Cores), Threads: one(c.Threads), MaxSockets: c.MaxSockets,
 		DedicatedCPUs: c.DedicatedCPUPlacement, IsolateEmulatorThread: c.IsolateEmulatorThread}
 	// The APIC itself needs nothing: QEMU's x86 CPUs have one (NotRealised refuses turning it off).
 	if f := d.Features; f != nil && f.APIC != nil && f.APIC.EndOfInterrupt {
@@ -438,8 +438,13 @@ func tuneDisk(d *v1alpha1.DomainSpec, i int, md *machine.Disk) {
 	if md.Bus != machine.BusVirtio || md.CDROM {
 		return
 	}
-	if mq := d.Devices.BlockMultiQueue; mq != nil && *mq {
-		md.Queues = uint32(v1alpha1.VCPUs(d.CPU))
+	switch mq := d.Devices.BlockMultiQueue; {
+	case mq != nil && *mq:
+		md.Queues = uint32(v1alpha1.QueueVCPUs(d.CPU))
+	case d.CPU != nil && d.CPU.MaxSockets != 0:
+		// QEMU's default follows the vCPUs at start, which a migration target after a vCPU
+		// hotplug would not share.
+		md.Queues = 1
 	}
 	switch n := poolSize(d); {
 	case dedicated(&d.Devices.Disks[i]):

@@ -73,17 +73,20 @@ const (
 
 // Status is what the launcher knows about its VM.
 type Status struct {
-	Phase       Phase          `json:"phase"`
-	UID         string         `json:"uid,omitempty"`
-	RunState    string         `json:"runState,omitempty"`
-	Paused      bool           `json:"paused"`
-	QEMUVersion string         `json:"qemuVersion,omitempty"`
-	PID         int            `json:"pid,omitempty"`
-	Exit        *Exit          `json:"exit,omitempty"`
-	StartError  string         `json:"startError,omitempty"`
-	Disks       []DiskStatus   `json:"disks,omitempty"`
-	NICs        []NICStatus    `json:"nics,omitempty"`
-	Migration   *MigrationInfo `json:"migration,omitempty"`
+	Phase       Phase  `json:"phase"`
+	UID         string `json:"uid,omitempty"`
+	RunState    string `json:"runState,omitempty"`
+	Paused      bool   `json:"paused"`
+	QEMUVersion string `json:"qemuVersion,omitempty"`
+	PID         int    `json:"pid,omitempty"`
+	Exit        *Exit  `json:"exit,omitempty"`
+	StartError  string `json:"startError,omitempty"`
+	// Sockets is how many sockets of vCPUs the guest has (hot-plugged ones included); 0 before
+	// QEMU runs.
+	Sockets   uint32         `json:"sockets,omitempty"`
+	Disks     []DiskStatus   `json:"disks,omitempty"`
+	NICs      []NICStatus    `json:"nics,omitempty"`
+	Migration *MigrationInfo `json:"migration,omitempty"`
 	// Hotplugged are the hot-plugged disks as attached (each with its port), in the form a
 	// migration target's machine takes.
 	Hotplugged []machine.Disk `json:"hotplugged,omitempty"`
@@ -518,4 +521,9 @@ type InterfaceStats struct {
 	TxPackets  uint64 `json:"txPackets"`
 	TxErrors   uint64 `json:"txErrors"`
 	TxDropped  uint64 `json:"txDropped"`
+}
+
+// CPURequest is PUT /v1/cpu's body: the sockets of vCPUs the guest should have.
+type CPURequest struct {
+	Sockets uint32 `json:"sockets"`
 }
