@@ -125,6 +125,9 @@ func setupBridge(b Bridge) (*BridgeResult, error) {
 	if err == nil {
 		err = allowDHCPServer()
 	}
+	if err == nil && b.PodInterface != "" {
+		err = isolateSecondary(b.BridgeName, res.PodInterface)
+	}
 	if err != nil {
 		if moved {
 			err = errors.Join(err, teardownBridge(b))
@@ -348,6 +351,9 @@ func teardownBridge(b Bridge) error {
 	res, err := parseBridgeAlias(link.Attrs().Alias)
 	if _, isBridge := link.(*netlink.Bridge); !isBridge || err != nil {
 		return errors.Join(errs...) // not made by SetupBridge: leave it
+	}
+	if b.PodInterface != "" {
+		errs = append(errs, removeSecondaryTable(b.BridgeName))
 	}
 	errs = append(errs, restorePod(res))
 	if err := netlink.LinkDel(link); err != nil {

@@ -1,10 +1,12 @@
 package netsetup_test
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -177,12 +179,21 @@ func TestBridgeSecondaryInterface(t *testing.T) {
 			if during := p.eth0(t); during.mac != before.mac || !slices.Equal(during.addrs, before.addrs) || during.gw != before.gw || during.master != 0 {
 				t.Errorf("eth0 during a secondary binding = %+v, want it untouched %+v", during, before)
 			}
+			// The secondary network cannot reach the pod's stack, nor route through it.
+			table := fmt.Sprintf("%d qvirt-%s", nftables.TableFamilyBridge, b.BridgeName)
+			if !slices.Contains(p.tables(t), table) || p.sysctl(t, "net/ipv4/conf/"+b.BridgeName+"/forwarding") != "0" {
+				t.Errorf("tables %v, %s forwarding %s; want table %q and forwarding 0", p.tables(t), b.BridgeName,
+					p.sysctl(t, "net/ipv4/conf/"+b.BridgeName+"/forwarding"), table)
+			}
 			again, err := netsetup.SetupBridge(p.Path, b)
 			must(t, err)
 			if again.GuestIP != res.GuestIP || again.MAC.String() != res.MAC.String() {
 				t.Errorf("second setup = %+v, want %+v", *again, *res)
 			}
 			must(t, netsetup.TeardownBridge(p.Path, b))
+			if tables := p.tables(t); slices.Contains(tables, fmt.Sprintf("%d qvirt-%s", nftables.TableFamilyBridge, b.BridgeName)) {
+				t.Errorf("tables after teardown: %v", tables)
+			}
 			link, err = h.LinkByName(podIf)
 			must(t, err)
 			addrs, err := h.AddrList(link, netlink.FAMILY_V4)

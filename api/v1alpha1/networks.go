@@ -3,6 +3,10 @@ package v1alpha1
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // Network is the spec's network named name, or nil.
@@ -28,4 +32,29 @@ func (n *Network) IsSecondary() bool {
 func MultusInterfaceName(network string) string {
 	sum := sha256.Sum256([]byte(network))
 	return "pod" + hex.EncodeToString(sum[:])[:11]
+}
+
+// MultusGlobalNamespace is Multus's global namespace: its NetworkAttachmentDefinitions may be used
+// from any namespace, as Multus's namespaceIsolation allows.
+const MultusGlobalNamespace = "default"
+
+// ValidateMultusNamespaces refuses a multus network whose NetworkAttachmentDefinition is named in a
+// namespace other than namespace (the instance's) or MultusGlobalNamespace: another tenant's
+// attachment must not be reachable by naming it, and Multus checks that (namespaceIsolation) for
+// secondary networks only, not for the pod's default network. An unqualified default network is
+// Multus's to resolve in its own namespace (an administrator's, as KubeVirt passes it). p is the
+// spec's path.
+func ValidateMultusNamespaces(spec *VirtualMachineInstanceSpec, namespace string, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, n := range spec.Networks {
+		if n.Multus == nil {
+			continue
+		}
+		ns, _, qualified := strings.Cut(n.Multus.NetworkName, "/")
+		if qualified && ns != namespace && ns != MultusGlobalNamespace {
+			errs = append(errs, field.Forbidden(p.Child("networks").Index(i).Child("multus", "networkName"),
+				fmt.Sprintf("a NetworkAttachmentDefinition of namespace %q: an instance may use those of its own namespace (%s) and of %q only", ns, namespace, MultusGlobalNamespace)))
+		}
+	}
+	return errs
 }

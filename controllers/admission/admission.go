@@ -175,10 +175,12 @@ func (v *VMIValidator) ValidateDelete(context.Context, *v1alpha1.VirtualMachineI
 
 // checkRunnable refuses, beyond validation, what the launcher would refuse at start: what this
 // version does not realise (v1alpha1.NotRealised), and what the cluster's configuration rules out
-// (host disks outside the namespace's host disk directories, the host CPU model under emulation).
+// (host disks outside the namespace's host disk directories, the host CPU model under emulation),
+// and a multus network of another namespace.
 // p is spec's path.
 func checkRunnable(cfg config.Config, namespace string, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
 	errs := v1alpha1.NotRealised(spec, p)
+	errs = append(errs, v1alpha1.ValidateMultusNamespaces(spec, namespace, p)...)
 	errs = append(errs, validateHostPaths(cfg, namespace, spec, p, allVolumes(spec))...)
 	errs = append(errs, validateVirtiofs(cfg, spec, p)...)
 	errs = append(errs, validateDownwardMetrics(cfg, spec, p)...)

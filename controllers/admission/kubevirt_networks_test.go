@@ -1,6 +1,7 @@
 package admission_test
 
 import (
+	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
@@ -23,7 +24,7 @@ func TestKubeVirtMultusNetworks(t *testing.T) {
 		map[string]any{"name": "ptp", "bridge": map[string]any{}}, map[string]any{"name": "lab"}}
 	spec["networks"] = []any{map[string]any{"name": "default", "pod": map[string]any{}},
 		map[string]any{"name": "ptp", "multus": map[string]any{"networkName": "ptp-conf"}},
-		map[string]any{"name": "lab", "multus": map[string]any{"networkName": "infra/lab"}}}
+		map[string]any{"name": "lab", "multus": map[string]any{"networkName": "default/lab"}}}
 	o["metadata"].(map[string]any)["name"] = "vmi-multus"
 	data, _ := yaml.Marshal(o)
 	createByKubectl(t, data, "vmi", "vmi-multus")
@@ -40,5 +41,22 @@ func TestKubeVirtMultusNetworks(t *testing.T) {
 	}
 	if len(m.NICs) != 3 || m.NICs[1].Name != "ptp" || m.NICs[1].Tap != "qvt1" || m.NICs[2].Tap != "qvt2" {
 		t.Errorf("machine NICs %+v, want default, ptp and lab in the spec's order", m.NICs)
+	}
+	// Another tenant's attachment is refused, as a secondary and as the default network (which
+	// Multus's namespace isolation does not check).
+	for name, net := range map[string]map[string]any{
+		"secondary": {"name": "ptp", "multus": map[string]any{"networkName": "victim/ptp-conf"}},
+		"default":   {"name": "ptp", "multus": map[string]any{"networkName": "victim/flat", "default": true}},
+	} {
+		t.Run("another namespace's attachment as "+name, func(t *testing.T) {
+			o := sample(t, "vmi_testguest.yaml")
+			spec := o["spec"].(map[string]any)
+			spec["domain"].(map[string]any)["devices"].(map[string]any)["interfaces"] = []any{map[string]any{"name": "ptp", "bridge": map[string]any{}}}
+			spec["networks"] = []any{net}
+			_, stderr, err := apply(t, o, "vmi-multus-victim")
+			if err == nil || !strings.Contains(stderr, "spec.networks[0].multus.networkName") || !strings.Contains(stderr, `namespace "victim"`) {
+				t.Errorf("%v: %s; want a refusal naming spec.networks[0].multus.networkName", err, stderr)
+			}
+		})
 	}
 }

@@ -29,18 +29,20 @@ type multusSelection struct {
 // addMultusNetworks asks Multus for the instance's multus networks, as KubeVirt's virt-controller
 // does: each secondary network as an extra pod interface named v1alpha1.MultusInterfaceName of the
 // network, where the node agent's bridge binding finds it, and a default one in place of the
-// cluster's network. A NetworkAttachmentDefinition named without a namespace is the instance's.
+// cluster's network. A secondary NetworkAttachmentDefinition named without a namespace is the
+// instance's. (Admission refused other tenants' namespaces: v1alpha1.ValidateMultusNamespaces.)
 func addMultusNetworks(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance) error {
 	var secondary []multusSelection
 	for _, n := range vmi.Spec.Networks {
 		if n.Multus == nil {
 			continue
 		}
-		ns, name := qualifiedNetwork(n.Multus.NetworkName, vmi.Namespace)
 		if n.Multus.Default {
-			setAnnotation(pod, MultusDefaultNetworkAnnotation, ns+"/"+name)
+			// As KubeVirt: an unqualified name is Multus's to resolve, in its own namespace.
+			setAnnotation(pod, MultusDefaultNetworkAnnotation, n.Multus.NetworkName)
 			continue
 		}
+		ns, name := qualifiedNetwork(n.Multus.NetworkName, vmi.Namespace)
 		secondary = append(secondary, multusSelection{Name: name, Namespace: ns, Interface: v1alpha1.MultusInterfaceName(n.Name)})
 	}
 	if len(secondary) == 0 {
