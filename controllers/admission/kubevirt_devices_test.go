@@ -403,10 +403,10 @@ func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 		value          any
 		want           []string
 	}{
-		"numa":       {"cpu", "numa", map[string]any{"guestMappingPassthrough": map[string]any{}}, []string{"spec.domain.cpu.numa", "CAP_SYS_NICE"}},
-		"realtime":   {"cpu", "realtime", map[string]any{"mask": "0"}, []string{"spec.domain.cpu.realtime", "SCHED_FIFO"}},
+		"numa":                           {"cpu", "numa", map[string]any{"guestMappingPassthrough": map[string]any{}}, []string{"spec.domain.cpu.numa", "CAP_SYS_NICE"}},
+		"realtime":                       {"cpu", "realtime", map[string]any{"mask": "0"}, []string{"spec.domain.cpu.realtime", "SCHED_FIFO"}},
 		"maxSockets with dedicated CPUs": {"cpu", "maxSockets", 4, []string{"spec.domain.cpu.maxSockets", "dedicatedCpuPlacement"}},
-		"maxGuest":   {"memory", "maxGuest", "1Gi", []string{"spec.domain.memory.maxGuest", "memory hotplug"}},
+		"maxGuest":                       {"memory", "maxGuest", "1Gi", []string{"spec.domain.memory.maxGuest", "memory hotplug"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := sample(t, "vmi_testguest.yaml")
