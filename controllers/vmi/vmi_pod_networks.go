@@ -24,6 +24,10 @@ type multusSelection struct {
 	Name      string `json:"name"`
 	Namespace string `json:"namespace"`
 	Interface string `json:"interface"`
+	// MAC asks the attachment for the interface's macAddress (a plugin with the mac capability
+	// sets it), as KubeVirt's MacRequest: networks that check the port's MAC then let the guest's
+	// through.
+	MAC string `json:"mac,omitempty"`
 }
 
 // addMultusNetworks asks Multus for the instance's multus networks, as KubeVirt's virt-controller
@@ -43,7 +47,13 @@ func addMultusNetworks(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance) er
 			continue
 		}
 		ns, name := qualifiedNetwork(n.Multus.NetworkName, vmi.Namespace)
-		secondary = append(secondary, multusSelection{Name: name, Namespace: ns, Interface: v1alpha1.MultusInterfaceName(n.Name)})
+		sel := multusSelection{Name: name, Namespace: ns, Interface: v1alpha1.MultusInterfaceName(n.Name)}
+		for _, in := range vmi.Spec.Domain.Devices.Interfaces {
+			if in.Name == n.Name {
+				sel.MAC = in.MacAddress
+			}
+		}
+		secondary = append(secondary, sel)
 	}
 	if len(secondary) == 0 {
 		return nil

@@ -17,7 +17,7 @@ func TestRenderLauncherPodMultusNetworks(t *testing.T) {
 	v := baseVMI()
 	s := &v.Spec
 	s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces,
-		v1alpha1.Interface{Name: "lab", Bridge: &v1alpha1.InterfaceBridge{}}, v1alpha1.Interface{Name: "storage", Bridge: &v1alpha1.InterfaceBridge{}})
+		v1alpha1.Interface{Name: "lab", Bridge: &v1alpha1.InterfaceBridge{}, MacAddress: "02:00:00:00:00:0a"}, v1alpha1.Interface{Name: "storage", Bridge: &v1alpha1.InterfaceBridge{}})
 	s.Networks = append(s.Networks, v1alpha1.Network{Name: "lab", Multus: &v1alpha1.MultusNetwork{NetworkName: "lab-net"}},
 		v1alpha1.Network{Name: "storage", Multus: &v1alpha1.MultusNetwork{NetworkName: "infra/storage"}})
 	pod, err := RenderLauncherPod(v, config.Default(), nil)
@@ -28,7 +28,7 @@ func TestRenderLauncherPodMultusNetworks(t *testing.T) {
 	if err := json.Unmarshal([]byte(pod.Annotations[MultusNetworksAnnotation]), &got); err != nil {
 		t.Fatalf("annotation %s = %q: %v", MultusNetworksAnnotation, pod.Annotations[MultusNetworksAnnotation], err)
 	}
-	want := []multusSelection{{Name: "lab-net", Namespace: v.Namespace, Interface: v1alpha1.MultusInterfaceName("lab")},
+	want := []multusSelection{{Name: "lab-net", Namespace: v.Namespace, Interface: v1alpha1.MultusInterfaceName("lab"), MAC: "02:00:00:00:00:0a"},
 		{Name: "storage", Namespace: "infra", Interface: v1alpha1.MultusInterfaceName("storage")}}
 	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("networks %+v, want %+v", got, want)

@@ -72,7 +72,8 @@ func secondarySetup(in *v1alpha1.Interface, peer launcher.Peer, multiQueue bool)
 	res, err := netsetup.SetupBridge(peer.NetNSPath(), netsetup.Bridge{TapOwner: peer.UID, TapGroup: peer.GID, TapMultiQueue: multiQueue,
 		PodInterface: podIf, TapName: "qvt" + suffix, BridgeName: "qvb" + suffix})
 	if err != nil {
-		return machine.NIC{}, fmt.Errorf("bridge binding of interface %q to pod interface %s (its multus network): %w", in.Name, podIf, err)
+		return machine.NIC{}, fmt.Errorf("bridge binding of interface %q to pod interface %s, which Multus adds for its network "+
+			"(is Multus installed, and the NetworkAttachmentDefinition there? see the pod's k8s.v1.cni.cncf.io/network-status annotation): %w", in.Name, podIf, err)
 	}
 	nic := machine.NIC{Name: in.Name, Tap: res.TapName, MAC: res.MAC.String()}
 	if res.GuestIP.IsValid() {

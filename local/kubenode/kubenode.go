@@ -275,7 +275,7 @@ func (n *Node) writeCNIConfig() error {
 	// containerd takes the first configuration by name: Multus's, with the pod network as its
 	// delegate for eth0.
 	m := multus.Config("multus-"+n.opts.Name, multus.Options{Kubeconfig: n.opts.MultusKubeconfig,
-		StateDir: n.path("cni", "multus"), CNIBinDir: n.opts.CNIBin}, conf)
+		StateDir: n.path("cni", "multus"), CNIBinDir: n.opts.CNIBin, LogFile: n.path("cni", "multus.log")}, conf)
 	return writeJSON(n.path("cni", "net.d", "00-multus.conflist"), m)
 }
 

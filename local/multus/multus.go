@@ -58,8 +58,10 @@ type Options struct {
 	// Kubeconfig is the file Multus reads pods and NetworkAttachmentDefinitions and writes pods'
 	// network-status annotations with.
 	Kubeconfig string
-	// StateDir holds Multus's cache of the delegates it ran (which DEL needs) and its log.
+	// StateDir holds Multus's cache of the delegates it ran (which DEL needs).
 	StateDir string
+	// LogFile is Multus's log (errors only).
+	LogFile string
 	// CNIBinDir holds the plugins the delegates name.
 	CNIBinDir string
 }
@@ -79,8 +81,11 @@ func Config(name string, o Options, cluster map[string]any) map[string]any {
 			"binDir":             o.CNIBinDir,
 			"confDir":            filepath.Join(o.StateDir, "net.d"),
 			"namespaceIsolation": true,
-			"logFile":            filepath.Join(o.StateDir, "multus.log"),
+			"logFile":            o.LogFile,
 			"logLevel":           "error",
+			// Keep the cache when a delegate's DEL fails, so that a later DEL can release
+			// what it holds.
+			"retryDeleteOnError": true,
 			"delegates":          []any{cluster},
 		}},
 	}

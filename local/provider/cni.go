@@ -18,6 +18,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 )
 
 // CNIPluginsVersion is the containernetworking/plugins release BuildCNIPlugins builds.
@@ -35,10 +37,13 @@ const (
 	podIfName    = "eth0"
 )
 
-var cniPlugins = []string{"plugins/main/bridge", "plugins/ipam/host-local", "plugins/main/loopback"}
+// cniPlugins are the pod network's (bridge, host-local, loopback) and, for the secondary networks
+// that NetworkAttachmentDefinitions describe, those KubeVirt's examples use (ptp, macvlan, static).
+var cniPlugins = []string{"plugins/main/bridge", "plugins/ipam/host-local", "plugins/main/loopback",
+	"plugins/main/ptp", "plugins/main/macvlan", "plugins/ipam/static"}
 
-// BuildCNIPlugins builds the bridge, host-local and loopback plugins of containernetworking/plugins
-// CNIPluginsVersion with the go command into cacheRoot/<version> (for example
+// BuildCNIPlugins builds cniPlugins of containernetworking/plugins CNIPluginsVersion with the go
+// command into cacheRoot/<version> (for example
 // ~/.cache/qvirt/cni), unless they are there already, and returns that directory for
 // Options.CNIBinDir. It builds in a throwaway module so that the plugins' own dependencies resolve
 // as upstream pinned them; the Go module proxy is the only thing it reaches.
@@ -99,7 +104,7 @@ func newNetwork(opts Options) (*network, error) {
 		return nil, err
 	}
 	if !pluginsPresent(opts.CNIBinDir) {
-		return nil, fmt.Errorf("CNIBinDir %s: bridge, host-local or loopback missing (see BuildCNIPlugins)", opts.CNIBinDir)
+		return nil, fmt.Errorf("CNIBinDir %s: a plugin of %v is missing (see BuildCNIPlugins)", opts.CNIBinDir, cniPlugins)
 	}
 	podConf, err := json.Marshal(map[string]any{
 		"cniVersion": "1.0.0",
@@ -157,14 +162,48 @@ func (n *network) podNetwork(pod *corev1.Pod, adding bool) (*libcni.NetworkConfi
 		if n.multus == nil {
 			return nil, nil, fmt.Errorf("the pod asks for Multus networks (%s) but this node runs no Multus", strings.Join(multusAnnotations, ", "))
 		}
-		if err := os.WriteFile(mark, nil, 0o600); err != nil {
+		if err := os.WriteFile(mark, []byte(pod.Namespace+"/"+pod.Name), 0o600); err != nil {
 			return nil, nil, fmt.Errorf("record the pod's Multus attachment: %w", err)
 		}
 	}
-	if _, err := os.Stat(mark); err == nil {
-		return n.multus, podArgs(pod), nil
+	if _, err := os.Stat(mark); err != nil {
+		return n.pod, nil, nil
 	}
-	return n.pod, nil, nil
+	if n.multus == nil {
+		return nil, nil, fmt.Errorf("the pod was attached through Multus, but this node runs no Multus now (MultusBinDir)")
+	}
+	return n.multus, podArgs(pod), nil
+}
+
+// releaseMultusPods runs Multus's DEL for the pods an earlier run attached through it and did not
+// detach (it crashed), so that their secondary networks' IPAM releases their addresses before
+// Cleanup removes Multus's cache, which the DEL needs.
+func releaseMultusPods(ctx context.Context, opts Options) error {
+	entries, err := os.ReadDir(filepath.Join(opts.StateDir, multusPodsDir))
+	if errors.Is(err, os.ErrNotExist) || err == nil && len(entries) == 0 {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pods attached through Multus: %w", err)
+	}
+	n, err := newNetwork(opts)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		id, err := os.ReadFile(filepath.Join(n.multusPods, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ns, name, _ := strings.Cut(string(id), "/")
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: k8stypes.UID(e.Name())}}
+		if err := n.del(ctx, pod); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s/%s: %w", ns, name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // ensureBridge makes the bridge with its gateway address now, rather than at the first pod, so the

@@ -38,7 +38,8 @@ func multusConf(opts Options, pod *libcni.NetworkConfigList) (*libcni.NetworkCon
 		return nil, fmt.Errorf("multus config: the pod network's: %w", err)
 	}
 	conf, err := json.Marshal(multus.Config("qvirt-multus-"+opts.NodeName, multus.Options{Kubeconfig: opts.MultusKubeconfig,
-		StateDir: filepath.Join(opts.StateDir, multusDir), CNIBinDir: opts.CNIBinDir}, cluster))
+		StateDir: filepath.Join(opts.StateDir, multusDir), CNIBinDir: opts.CNIBinDir,
+		LogFile: filepath.Join(opts.StateDir, logsDir, "multus.log")}, cluster))
 	if err != nil {
 		return nil, fmt.Errorf("multus config: %w", err)
 	}

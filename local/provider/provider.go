@@ -208,6 +208,10 @@ func Run(ctx context.Context, opts Options) (retErr error) {
 		return err
 	}
 	log := opts.Log.WithValues("node", opts.NodeName)
+	if err := releaseMultusPods(ctx, opts); err != nil {
+		// Not fatal: the node can run; the addresses stay reserved in the attachments' IPAM.
+		log.Error(err, "release the secondary networks of the last run's pods")
+	}
 	if err := Cleanup(opts.StateDir); err != nil {
 		return fmt.Errorf("clean up the last run's leftovers: %w", err)
 	}
