@@ -1297,6 +1297,49 @@ func TestNICHotplug(t *testing.T) {
 	}
 }
 
+// TestCPUHotplug raises a running instance's sockets within its maxSockets, as a KubeVirt user
+// does: the node agent plugs the vCPUs (an Event says so), the status shows the new topology, the
+// guest onlines the vCPU and counts two; a live migration's target starts with both and the guest
+// keeps them.
+func TestCPUHotplug(t *testing.T) {
+	e := newEnv(t)
+	v := e.guestVMI("cpus")
+	v.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, MaxSockets: 2}
+	e.create(v)
+	e.kubelet.run(v, true)
+	con := e.console(v)
+	e.waitVMI("cpus", bootTimeout, "Running with one socket", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.Running && v.Status.CurrentCPUTopology != nil && v.Status.CurrentCPUTopology.Sockets == 1
+	})
+	con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+
+	cur := e.get("cpus")
+	base := cur.DeepCopy()
+	cur.Spec.Domain.CPU.Sockets = 2
+	if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
+		t.Fatalf("raise the sockets: %v", err)
+	}
+	e.waitVMI("cpus", 30*time.Second, "two sockets", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.CurrentCPUTopology != nil && v.Status.CurrentCPUTopology.Sockets == 2
+	})
+	e.waitEvent("cpus", vmisync.EventVCPUsAttached, "2 sockets", 10*time.Second)
+	from := len(con.Text())
+	con.Send(t, `for i in $(seq 30); do [ -e /sys/devices/system/cpu/cpu1/online ] && break; sleep 1; done; `+
+		`echo 1 > /sys/devices/system/cpu/cpu1/online; echo "PLUGGED-$(grep -c ^processor /proc/cpuinfo)-END"`)
+	con.Expect(t, from, "PLUGGED-2-END", time.Minute)
+
+	nodeB := e.addNode()
+	vmim, _ := e.startMigration(e.get("cpus"), "cpus-1", nodeB)
+	e.waitMigrationSucceeded(vmim)
+	e.waitVMI("cpus", 30*time.Second, "on "+nodeB.node+" with two sockets", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName == nodeB.node && v.Status.CurrentCPUTopology != nil && v.Status.CurrentCPUTopology.Sockets == 2
+	})
+	dst := nodeB.console(v)
+	from = len(dst.Text())
+	dst.Send(t, `echo "MIGRATED-$(grep -c ^processor /proc/cpuinfo)-END"`)
+	dst.Expect(t, from, "MIGRATED-2-END", time.Minute)
+}
+
 // startMigration creates migration name for v and runs its target pod on node n.
 func (e *env) startMigration(v *v1alpha1.VirtualMachineInstance, name string, n *nodeAgent) (*v1alpha1.VirtualMachineInstanceMigration, *pod) {
 	e.t.Helper()

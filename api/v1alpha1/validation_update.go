@@ -53,7 +53,8 @@ func HotplugImmutableFields() []string {
 }
 
 // ValidateVirtualMachineInstanceUpdate checks a change of an instance: every spec field but the
-// disks, volumes, interfaces and networks is immutable; disks, volumes, interfaces and networks
+// disks, volumes, interfaces and networks (and, with maxSockets, domain.cpu.sockets: CPU hotplug,
+// validateSocketsUpdate) is immutable; disks, volumes, interfaces and networks
 // present at creation cannot change or go; a disk (an interface) can be removed only when old's
 // status says it was hot-plugged (status.volumeStatus[].hotplugged, status.interfaces[].hotplugged);
 // an added disk must be a virtio disk backed by a hostDisk or emptyDisk volume
@@ -69,9 +70,14 @@ func ValidateVirtualMachineInstanceUpdate(old, vmi *VirtualMachineInstance) fiel
 	}
 	p := field.NewPath("spec")
 	var errs field.ErrorList
-	for _, fp := range specDiff(reflect.ValueOf(old.Spec), reflect.ValueOf(vmi.Spec), p, isHotplugField) {
+	cpuHotplug := old.Spec.Domain.CPU != nil && old.Spec.Domain.CPU.MaxSockets != 0
+	skip := func(fp *field.Path) bool {
+		return isHotplugField(fp) || cpuHotplug && fp.String() == "spec.domain.cpu.sockets"
+	}
+	for _, fp := range specDiff(reflect.ValueOf(old.Spec), reflect.ValueOf(vmi.Spec), p, skip) {
 		errs = append(errs, field.Forbidden(fp, ImmutableMessage(fp.String())))
 	}
+	errs = append(errs, validateSocketsUpdate(old, vmi, p.Child("domain", "cpu", "sockets"))...)
 	if old.Spec.Domain.Devices.DisableHotplug {
 		errs = append(errs, hotplugDisabled(old, vmi, p)...)
 		if len(errs) > 0 {
@@ -83,6 +89,23 @@ func ValidateVirtualMachineInstanceUpdate(old, vmi *VirtualMachineInstance) fiel
 	errs = append(errs, validateVolumeUpdate(old, vmi, p.Child("volumes"))...)
 	errs = append(errs, validateInterfaceUpdate(old, vmi, p.Child("domain", "devices", "interfaces"))...)
 	return append(errs, validateNetworkUpdate(old, vmi, p.Child("networks"))...)
+}
+
+// validateSocketsUpdate checks a change of a running instance's sockets, which CPU hotplug
+// allows when the instance has maxSockets: they may grow up to maxSockets, never shrink (the
+// launcher plugs vCPUs, it does not unplug them). p is the sockets' path.
+func validateSocketsUpdate(old, vmi *VirtualMachineInstance, p *field.Path) field.ErrorList {
+	oc, nc := old.Spec.Domain.CPU, vmi.Spec.Domain.CPU
+	if oc == nil || nc == nil || oc.MaxSockets == 0 || oc.Sockets == nc.Sockets {
+		return nil
+	}
+	switch {
+	case nc.Sockets < max(oc.Sockets, 1):
+		return field.ErrorList{field.Forbidden(p, fmt.Sprintf("vCPUs cannot be unplugged: sockets can only grow from %d, up to maxSockets; restart the VM for fewer", max(oc.Sockets, 1)))}
+	case nc.Sockets > oc.MaxSockets:
+		return field.ErrorList{field.Invalid(p, nc.Sockets, fmt.Sprintf("must be at most maxSockets (%d)", oc.MaxSockets))}
+	}
+	return nil
 }
 
 // AddedVolumes are the indexes in vmi.Spec.Volumes of the volumes old does not have.

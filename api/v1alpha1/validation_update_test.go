@@ -261,3 +261,36 @@ func FuzzValidateVirtualMachineInstanceUpdate(f *testing.F) {
 		}
 	})
 }
+
+// TestSocketsUpdate: a running instance with maxSockets may grow its sockets up to maxSockets
+// (CPU hotplug); shrinking them, going past maxSockets, changing another CPU field, or any sockets
+// change without maxSockets is refused naming the field.
+func TestSocketsUpdate(t *testing.T) {
+	vmi := func(sockets, maxSockets uint32, cores uint32) *VirtualMachineInstance {
+		v := &VirtualMachineInstance{}
+		v.Spec.Domain.CPU = &CPU{Sockets: sockets, Cores: cores, Threads: 1, MaxSockets: maxSockets}
+		v.Spec.Domain.Memory = &Memory{Guest: ptr.To(resource.MustParse("128Mi"))}
+		return v
+	}
+	for _, tc := range []struct {
+		name     string
+		old, new *VirtualMachineInstance
+		path     string
+	}{
+		{"grow within maxSockets", vmi(1, 4, 1), vmi(3, 4, 1), ""},
+		{"grow to maxSockets", vmi(1, 4, 1), vmi(4, 4, 1), ""},
+		{"shrink", vmi(2, 4, 1), vmi(1, 4, 1), "spec.domain.cpu.sockets"},
+		{"past maxSockets", vmi(1, 4, 1), vmi(5, 4, 1), "spec.domain.cpu.sockets"},
+		{"another CPU field", vmi(1, 4, 1), vmi(2, 4, 2), "spec.domain.cpu.cores"},
+		{"maxSockets itself", vmi(1, 4, 1), vmi(1, 8, 1), "spec.domain.cpu.maxSockets"},
+		{"without maxSockets", vmi(1, 0, 1), vmi(2, 0, 1), "spec.domain.cpu.sockets"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := ValidateVirtualMachineInstanceUpdate(tc.old, tc.new)
+			if tc.path == "" && len(errs) != 0 || tc.path != "" && !hasPath(errs, tc.path) {
+				t.Errorf("errors %v, want %s", errs, map[bool]string{true: "none", false: "one at " + tc.path}[tc.path == ""])
+			}
+		})
+	}
+}
+

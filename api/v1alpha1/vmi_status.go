@@ -139,6 +139,11 @@ type VirtualMachineInstanceStatus struct {
 	// +optional
 	QEMUVersion string `json:"qemuVersion,omitempty"`
 
+	// CurrentCPUTopology is the guest's CPU topology now: more sockets than it started with once
+	// vCPUs were hot-plugged (KubeVirt's field).
+	// +optional
+	CurrentCPUTopology *CPUTopology `json:"currentCPUTopology,omitempty"`
+
 	// VolumeStatus is the state of each volume.
 	// +optional
 	// +listType=atomic
@@ -423,3 +428,10 @@ const (
 	BlockMigration VirtualMachineInstanceMigrationMethod = "BlockMigration"
 	LiveMigration  VirtualMachineInstanceMigrationMethod = "LiveMigration"
 )
+
+// CPUTopology is a guest's sockets, cores per socket and threads per core.
+type CPUTopology struct {
+	Sockets uint32 `json:"sockets,omitempty"`
+	Cores   uint32 `json:"cores,omitempty"`
+	Threads uint32 `json:"threads,omitempty"`
+}

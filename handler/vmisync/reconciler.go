@@ -211,13 +211,14 @@ type phase struct {
 }
 
 // phases are the steps of a reconcile, in order: the launcher runs the instance (and its status is
-// known) before a migration, disk or NIC is synced with it.
+// known) before a migration, disk, NIC or vCPU is synced with it.
 func (r *Reconciler) phases() []phase {
 	return []phase{
 		{"launcher", r.launcherPhase},
 		{"source migration", func(ctx context.Context, s *syncState) error { return r.syncSourceMigration(ctx, s.v, s.st) }},
 		{"disks", r.disksPhase},
 		{"nics", func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }},
+		{"cpus", func(ctx context.Context, s *syncState) error { return r.syncCPUs(ctx, s.v, s.st) }},
 	}
 }
 

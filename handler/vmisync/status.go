@@ -118,7 +118,7 @@ func TerminatedOutcome(pod *corev1.Pod, ended string) (v1alpha1.VirtualMachineIn
 }
 
 // applyLauncherStatus writes what the launcher reports into the instance's status: phase, QEMU and
-// launcher versions, Ready and Paused conditions, interfaces (reached at the pod's addresses, the
+// launcher versions, the CPU topology, Ready and Paused conditions, interfaces (reached at the pod's addresses, the
 // masquerade binding's and, for the bridge binding, the guest's own) and volumes. It returns the
 // Event message when the guest ended ("" otherwise). It is pure: now is the transition time.
 func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status, failures hotplugFailures, now metav1.Time) (ended string) {
@@ -126,6 +126,13 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 	ended = applyOutcome(v, pod, st, now)
 	if st.QEMUVersion != "" {
 		status.QEMUVersion = st.QEMUVersion
+	}
+	if st.Sockets != 0 {
+		c := v.Spec.Domain.CPU
+		if c == nil {
+			c = &v1alpha1.CPU{}
+		}
+		status.CurrentCPUTopology = &v1alpha1.CPUTopology{Sockets: st.Sockets, Cores: max(c.Cores, 1), Threads: max(c.Threads, 1)}
 	}
 	if c := computeContainer(pod); c != nil {
 		status.LauncherContainerImageVersion = c.Image
