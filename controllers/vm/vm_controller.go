@@ -38,6 +38,8 @@ const (
 	EventSuccessfulDelete = "SuccessfulDelete"
 	EventFailedCreate     = "FailedCreate"
 	EventFailedDelete     = "FailedDelete"
+	// EventSocketsUpdated: the running instance was given the template's new sockets.
+	EventSocketsUpdated = "SocketsUpdated"
 )
 
 // deletionRecheck is how often a VM being deleted looks again at its VMI, on top of the watch.
@@ -263,6 +265,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 			r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventSuccessfulDelete, "deleted VMI %s (%s): %s", vmi.Name, uid, d.Message)
 		}
 	}
+	if d.Action == ActionNone && next != nil && actionErr == nil {
+		after, actionErr = r.liveUpdateSockets(ctx, vm, &next.Spec, after)
+	}
 	if actionErr != nil || retry || blocked || provisioning {
 		// The decision assumed the action succeeded: keep the requests, the hold and the entered
 		// strategy as they were so that the next pass decides again.
@@ -311,6 +316,29 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 		res.RequeueAfter = recheck
 	}
 	return res, actionErr
+}
+
+// liveUpdateSockets gives a running instance the sockets its VM's template now has, when CPU
+// hotplug allows it: KubeVirt's LiveUpdate of cpu.sockets. The template and the instance have the
+// same maxSockets and the template more sockets, at most that many; the node agent then plugs the
+// vCPUs. Anything else about the CPU waits for a restart (RestartRequired, coldSpec). It returns
+// the instance as patched.
+func (r *Reconciler) liveUpdateSockets(ctx context.Context, vm *v1alpha1.VirtualMachine, desired *v1alpha1.VirtualMachineInstanceSpec, vmi *v1alpha1.VirtualMachineInstance) (*v1alpha1.VirtualMachineInstance, error) {
+	if !vmiActive(vmi) || vmi.DeletionTimestamp != nil {
+		return vmi, nil
+	}
+	want, have := desired.Domain.CPU, vmi.Spec.Domain.CPU
+	if want == nil || have == nil || have.MaxSockets == 0 || want.MaxSockets != have.MaxSockets ||
+		want.Sockets <= max(have.Sockets, 1) || want.Sockets > have.MaxSockets {
+		return vmi, nil
+	}
+	patched := vmi.DeepCopy()
+	patched.Spec.Domain.CPU.Sockets = want.Sockets
+	if err := r.Client.Patch(ctx, patched, client.MergeFrom(vmi)); err != nil {
+		return vmi, fmt.Errorf("raise VMI %s to %d sockets: %w", vmi.Name, want.Sockets, err)
+	}
+	r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventSocketsUpdated, "VMI %s: sockets %d -> %d (CPU hotplug)", vmi.Name, max(have.Sockets, 1), want.Sockets)
+	return patched, nil
 }
 
 // reconcileDelete deletes the VM's instance and removes the finalizer once the instance is gone

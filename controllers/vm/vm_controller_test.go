@@ -82,6 +82,7 @@ func TestReconciler(t *testing.T) {
 	cases := matrixCases()
 	cases = append(cases,
 		namedCase{"RestartRequired", testRestartRequired},
+		namedCase{"LiveUpdateSockets", testLiveUpdateSockets},
 		namedCase{"StartPaused", testStartPaused},
 		namedCase{"CrashLoopBackOff", testCrashLoopBackOff},
 		namedCase{"DeleteVM", testDeleteVM},
@@ -371,6 +372,58 @@ func testRestartRequired(h *harness) error {
 	})
 }
 
+// testLiveUpdateSockets: with maxSockets, more sockets in the template reach the running instance
+// (CPU hotplug, KubeVirt's LiveUpdate) without RestartRequired; fewer sockets leave the instance as
+// it is and require a restart.
+func testLiveUpdateSockets(h *harness) error {
+	const name = "vm"
+	if err := h.createVM(name, v1alpha1.RunStrategyAlways, func(vm *v1alpha1.VirtualMachine) {
+		vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, MaxSockets: 4}
+	}); err != nil {
+		return err
+	}
+	vmi, err := h.waitVMI(name, "the VMI with maxSockets", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Spec.Domain.CPU != nil && v.Spec.Domain.CPU.MaxSockets == 4
+	})
+	if err != nil {
+		return err
+	}
+	if err := h.setPhase(name, vmi.UID, v1alpha1.Running); err != nil {
+		return err
+	}
+	restartRequired := func(vm *v1alpha1.VirtualMachine) bool {
+		return meta.FindStatusCondition(vm.Status.Conditions, v1alpha1.VirtualMachineRestartRequired) != nil
+	}
+	setSockets := func(n uint32) error {
+		return h.updateVM(name, func(vm *v1alpha1.VirtualMachine) { vm.Spec.Template.Spec.Domain.CPU.Sockets = n })
+	}
+	if err := setSockets(3); err != nil {
+		return err
+	}
+	if _, err := h.waitVMI(name, "the running VMI raised to 3 sockets", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.UID == vmi.UID && v.Spec.Domain.CPU.Sockets == 3
+	}); err != nil {
+		return err
+	}
+	if err := h.waitVM(name, "Running without RestartRequired", func(vm *v1alpha1.VirtualMachine) bool {
+		return vm.Status.ObservedGeneration == vm.Generation && vm.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && !restartRequired(vm)
+	}); err != nil {
+		return err
+	}
+	if err := setSockets(2); err != nil {
+		return err
+	}
+	if err := h.waitVM(name, "RestartRequired with 2 sockets", func(vm *v1alpha1.VirtualMachine) bool {
+		return vm.Status.ObservedGeneration == vm.Generation && restartRequired(vm)
+	}); err != nil {
+		return err
+	}
+	if v, err := h.waitVMI(name, "the VMI", func(*v1alpha1.VirtualMachineInstance) bool { return true }); err != nil || v.Spec.Domain.CPU.Sockets != 3 {
+		return fmt.Errorf("the running VMI has %d sockets after the template asked for 2, want 3 (%v)", v.Spec.Domain.CPU.Sockets, err)
+	}
+	return nil
+}
+
 // testStartPaused: a Start request with paused data (`qvirtctl start --paused`) creates an instance
 // with spec.startStrategy Paused, which does not count as a template change; the next plain Start
 // creates a running one.
@@ -597,10 +650,13 @@ func testTemplate(name string) v1alpha1.VirtualMachineInstanceTemplateSpec {
 	}
 }
 
-func (h *harness) createVM(name string, s v1alpha1.RunStrategy) error {
+func (h *harness) createVM(name string, s v1alpha1.RunStrategy, mutate ...func(*v1alpha1.VirtualMachine)) error {
 	vm := &v1alpha1.VirtualMachine{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns},
 		Spec:       v1alpha1.VirtualMachineSpec{RunStrategy: ptr.To(s), Template: testTemplate(name)},
+	}
+	for _, m := range mutate {
+		m(vm)
 	}
 	if err := h.c.Create(h.ctx, vm); err != nil {
 		return fmt.Errorf("create VM: %w", err)

@@ -114,7 +114,7 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 	case !hasDataVolumes(vm, desired):
 		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.VirtualMachineDataVolumesReady)
 	}
-	if vmiActive(vmi) && !equality.Semantic.DeepEqual(coldSpec(*desired), coldSpec(vmi.Spec)) {
+	if vmiActive(vmi) && (!equality.Semantic.DeepEqual(coldSpec(*desired), coldSpec(vmi.Spec)) || fewerSockets(desired, &vmi.Spec)) {
 		set(metav1.Condition{Type: v1alpha1.VirtualMachineRestartRequired, Status: metav1.ConditionTrue,
 			Reason:  ReasonTemplateChange,
 			Message: "the VM template changed since VMI " + vmi.Name + " was created; restart the VM to apply it"})
@@ -136,8 +136,8 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 
 // coldSpec is a spec with the defaults admission gives an instance (the instance's were recorded
 // when it was created, the template's are not) and without its disks, volumes, interfaces and
-// networks: those can be hot-plugged into a running instance, so a difference there needs no
-// restart. The start strategy is left out too: it only says how the instance started (a `start
+// networks, nor its sockets when it has maxSockets: those can be hot-plugged into a running
+// instance, so a difference there needs no restart. The start strategy is left out too: it only says how the instance started (a `start
 // --paused` sets it on the instance alone).
 func coldSpec(spec v1alpha1.VirtualMachineInstanceSpec) v1alpha1.VirtualMachineInstanceSpec {
 	c := *spec.DeepCopy()
@@ -145,7 +145,19 @@ func coldSpec(spec v1alpha1.VirtualMachineInstanceSpec) v1alpha1.VirtualMachineI
 	c.Volumes, c.Domain.Devices.Disks = nil, nil
 	c.Networks, c.Domain.Devices.Interfaces = nil, nil
 	c.StartStrategy = nil
+	if cpu := c.Domain.CPU; cpu != nil && cpu.MaxSockets != 0 {
+		// More sockets, up to maxSockets, are plugged into the running instance
+		// (liveUpdateSockets); fewer need a restart (fewerSockets).
+		cpu.Sockets = 0
+	}
 	return c
+}
+
+// fewerSockets says whether the template has fewer sockets than the running instance: vCPUs are
+// not unplugged, so that takes a restart.
+func fewerSockets(desired, running *v1alpha1.VirtualMachineInstanceSpec) bool {
+	d, r := desired.Domain.CPU, running.Domain.CPU
+	return d != nil && r != nil && r.MaxSockets != 0 && max(d.Sockets, 1) < max(r.Sockets, 1)
 }
 
 // held reads the StoppedByRequest hold from the status.
