@@ -293,4 +293,3 @@ func TestSocketsUpdate(t *testing.T) {
 		})
 	}
 }
-

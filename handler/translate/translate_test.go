@@ -377,8 +377,8 @@ func TestMachineErrors(t *testing.T) {
 			v.Spec.Volumes[0].VolumeSource = v1alpha1.VolumeSource{DataVolume: &v1alpha1.DataVolumeSource{Name: "dv"}}
 		}, translate.Host{Emulation: true, NICs: hostNICs, SkipNotRealised: true}, "spec.volumes[root]"},
 		{"not realised by this version", func(v *v1alpha1.VirtualMachineInstance) {
-			v.Spec.Networks = append(v.Spec.Networks, v1alpha1.Network{Name: "m", Multus: &v1alpha1.MultusNetwork{NetworkName: "n"}})
-		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.networks[1].multus"},
+			v.Spec.Domain.Devices.AutoattachVSOCK = ptr.To(true)
+		}, translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.devices.autoattachVSOCK"},
 		{"validation runs first", func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Volumes[0].Name = "other" },
 			translate.Host{Emulation: true, NICs: hostNICs}, "spec.domain.devices.disks[0].name"},
 	}
