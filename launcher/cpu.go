@@ -44,10 +44,14 @@ func (b *builder) cpuMemory() {
 	}
 	model += b.kvmFlags(cpu) + b.hypervFlags(cpu.HyperV, cp.Child("hyperV")) + b.featureFlags(cpu.Features, cp.Child("features"))
 	b.add("-cpu", model)
-	// -smp's sockets are the most there can be; cpus are those the guest starts with.
-	maxSockets := max(cpu.MaxSockets, cpu.Sockets)
-	b.add("-smp", fmt.Sprintf("cpus=%d,sockets=%d,cores=%d,threads=%d,maxcpus=%d", cpu.VCPUs, maxSockets, cpu.Cores, cpu.Threads,
-		maxSockets*cpu.Cores*cpu.Threads))
+	smp := fmt.Sprintf("cpus=%d,sockets=%d,cores=%d,threads=%d", cpu.VCPUs, cpu.Sockets, cpu.Cores, cpu.Threads)
+	if cpu.MaxSockets > cpu.Sockets {
+		// With room for vCPU hotplug, -smp's sockets are the most there can be; cpus are those
+		// the guest starts with.
+		smp = fmt.Sprintf("cpus=%d,sockets=%d,cores=%d,threads=%d,maxcpus=%d", cpu.VCPUs, cpu.MaxSockets, cpu.Cores, cpu.Threads,
+			cpu.MaxSockets*cpu.Cores*cpu.Threads)
+	}
+	b.add("-smp", smp)
 	if m.MemoryMiB <= 0 {
 		b.fail(machine.Invalid(machinePath.Child("memoryMiB"), m.MemoryMiB, "must be positive"))
 	}
