@@ -7,10 +7,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strings"
+
+	"github.com/qvirt/qvirt/local/gobuild"
 )
 
 // Version is the Multus CNI release Build builds: its thin plugin, the one binary that reads a
@@ -22,30 +21,16 @@ const module = "gopkg.in/k8snetworkplumbingwg/multus-cni.v4"
 
 // Build builds Multus's thin plugin (Version) with the go command into
 // cacheRoot/multus-<version>, unless it is there already, and returns that directory for
-// provider.Options.MultusBinDir and kubenode.Options.MultusBin. Like provider.BuildCNIPlugins it
-// builds in a throwaway module, so Multus's own dependencies resolve as upstream pinned them.
+// provider.Options.MultusBinDir and kubenode.Options.MultusBin (local/gobuild).
 func Build(ctx context.Context, cacheRoot string) (string, error) {
 	dir := filepath.Join(cacheRoot, "multus-"+Version)
 	if _, err := os.Stat(filepath.Join(dir, "multus")); err == nil {
 		return dir, nil
 	}
-	work, err := os.MkdirTemp("", "qvirt-multus-build-")
-	if err != nil {
-		return "", fmt.Errorf("multus build dir: %w", err)
-	}
-	defer os.RemoveAll(work)
-	gomod := fmt.Sprintf("module qvirt.local/multus\n\ngo %s\n\nrequire %s %s\n",
-		strings.TrimPrefix(runtime.Version(), "go"), module, Version)
-	if err := os.WriteFile(filepath.Join(work, "go.mod"), []byte(gomod), 0o644); err != nil {
-		return "", fmt.Errorf("multus build module: %w", err)
-	}
 	// Built into a temporary name and renamed, so a build cut short leaves no binary behind.
 	tmp := filepath.Join(dir, fmt.Sprintf(".multus-%d.tmp", os.Getpid()))
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", tmp, module+"/cmd/multus")
-	cmd.Dir = work
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off", "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build multus %s: %w: %s", Version, err, out)
+	if err := gobuild.Build(ctx, module, Version, tmp, []string{"-ldflags", "-s -w"}, module+"/cmd/multus"); err != nil {
+		return "", err
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, "multus")); err != nil {
 		return "", fmt.Errorf("install multus: %w", err)

@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 
@@ -20,10 +18,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
+
+	"github.com/qvirt/qvirt/local/gobuild"
 )
 
 // CNIPluginsVersion is the containernetworking/plugins release BuildCNIPlugins builds.
 const CNIPluginsVersion = "v1.10.0"
+
+const cniModule = "github.com/containernetworking/plugins"
 
 // Names inside a node's state directory.
 const (
@@ -45,32 +47,18 @@ var cniPlugins = []string{"plugins/main/bridge", "plugins/ipam/host-local", "plu
 // BuildCNIPlugins builds cniPlugins of containernetworking/plugins CNIPluginsVersion with the go
 // command into cacheRoot/<version> (for example
 // ~/.cache/qvirt/cni), unless they are there already, and returns that directory for
-// Options.CNIBinDir. It builds in a throwaway module so that the plugins' own dependencies resolve
-// as upstream pinned them; the Go module proxy is the only thing it reaches.
+// Options.CNIBinDir (local/gobuild; the Go module proxy is the only thing it reaches).
 func BuildCNIPlugins(ctx context.Context, cacheRoot string) (string, error) {
 	dir := filepath.Join(cacheRoot, CNIPluginsVersion)
 	if pluginsPresent(dir) {
 		return dir, nil
 	}
-	work, err := os.MkdirTemp("", "qvirt-cni-build-")
-	if err != nil {
-		return "", fmt.Errorf("cni plugins build dir: %w", err)
-	}
-	defer os.RemoveAll(work)
-	gomod := fmt.Sprintf("module qvirt.local/cni-plugins\n\ngo %s\n\nrequire github.com/containernetworking/plugins %s\n",
-		strings.TrimPrefix(runtime.Version(), "go"), CNIPluginsVersion)
-	if err := os.WriteFile(filepath.Join(work, "go.mod"), []byte(gomod), 0o644); err != nil {
-		return "", fmt.Errorf("cni plugins build module: %w", err)
-	}
-	args := []string{"build", "-trimpath", "-o", dir + "/"}
+	var pkgs []string
 	for _, p := range cniPlugins {
-		args = append(args, "github.com/containernetworking/plugins/"+p)
+		pkgs = append(pkgs, cniModule+"/"+p)
 	}
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = work
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build the CNI plugins %s: %w: %s", CNIPluginsVersion, err, out)
+	if err := gobuild.Build(ctx, cniModule, CNIPluginsVersion, dir+"/", nil, pkgs...); err != nil {
+		return "", fmt.Errorf("the CNI plugins: %w", err)
 	}
 	return dir, nil
 }
