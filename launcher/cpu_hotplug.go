@@ -23,6 +23,16 @@ func (l *Launcher) SetSockets(ctx context.Context, sockets uint32) error {
 	if err != nil {
 		return err
 	}
+	l.mu.Lock()
+	migrating := l.migration != nil && !migrationDone(l.migration.Status)
+	l.mu.Unlock()
+	if migrating {
+		// The target starts with the vCPUs the source had when it was made.
+		return &ConflictError{Msg: "vCPUs cannot be plugged during a migration; the target's node agent plugs them once it runs the guest"}
+	}
+	// One plug at a time: a retry that overlaps a slow one would add the same vCPUs twice.
+	l.cpuPlug.Lock()
+	defer l.cpuPlug.Unlock()
 	cpu := p.Machine().CPU
 	have := p.sockets.Load()
 	switch {

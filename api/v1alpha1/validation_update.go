@@ -100,7 +100,7 @@ func validateSocketsUpdate(old, vmi *VirtualMachineInstance, p *field.Path) fiel
 		return nil
 	}
 	switch {
-	case nc.Sockets < max(oc.Sockets, 1):
+	case max(nc.Sockets, 1) < max(oc.Sockets, 1):
 		return field.ErrorList{field.Forbidden(p, fmt.Sprintf("vCPUs cannot be unplugged: sockets can only grow from %d, up to maxSockets; restart the VM for fewer", max(oc.Sockets, 1)))}
 	case nc.Sockets > oc.MaxSockets:
 		return field.ErrorList{field.Invalid(p, nc.Sockets, fmt.Sprintf("must be at most maxSockets (%d)", oc.MaxSockets))}

@@ -324,7 +324,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 // vCPUs. Anything else about the CPU waits for a restart (RestartRequired, coldSpec). It returns
 // the instance as patched.
 func (r *Reconciler) liveUpdateSockets(ctx context.Context, vm *v1alpha1.VirtualMachine, desired *v1alpha1.VirtualMachineInstanceSpec, vmi *v1alpha1.VirtualMachineInstance) (*v1alpha1.VirtualMachineInstance, error) {
-	if !vmiActive(vmi) || vmi.DeletionTimestamp != nil {
+	if !vmiActive(vmi) || vmi.DeletionTimestamp != nil || migrating(vmi) {
+		// A migration's end brings the VMI, and so the VM, back.
 		return vmi, nil
 	}
 	want, have := desired.Domain.CPU, vmi.Spec.Domain.CPU

@@ -302,7 +302,8 @@ func MemoryOverhead(d *v1alpha1.DomainSpec, cfg config.Config) (*resource.Quanti
 		return nil, err
 	}
 	o := cfg.MemoryOverhead
-	bytes := o.Base.Value() + o.PerVCPU.Value()*int64(v1alpha1.VCPUs(d.CPU))
+	// With CPU hotplug room, the vCPUs it may reach: the pod is not resized when they are plugged.
+	bytes := o.Base.Value() + o.PerVCPU.Value()*int64(v1alpha1.QueueVCPUs(d.CPU))
 	if o.GuestRatio > 0 {
 		bytes += guest.Value() / o.GuestRatio
 	}

@@ -496,3 +496,24 @@ func TestRenderLauncherPodHugepages(t *testing.T) {
 		t.Errorf("limits[hugepages-1Gi] = %s, want 1Gi", q.String())
 	}
 }
+
+// TestMemoryOverheadCountsTheHotplugRoom: with maxSockets the per-vCPU overhead counts the vCPUs
+// the guest may reach, since plugging them does not resize the pod.
+func TestMemoryOverheadCountsTheHotplugRoom(t *testing.T) {
+	d := &baseVMI().Spec.Domain
+	d.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 2, Threads: 1}
+	fixed, err := MemoryOverhead(d, config.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.CPU.MaxSockets = 4
+	room, err := MemoryOverhead(d, config.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	perVCPU := cfg.MemoryOverhead.PerVCPU.Value()
+	if got := room.Value() - fixed.Value(); got != 6*perVCPU {
+		t.Errorf("maxSockets 4 of 2 cores adds %d bytes of overhead, want 6 vCPUs' %d", got, 6*perVCPU)
+	}
+}

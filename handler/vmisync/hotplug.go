@@ -227,12 +227,33 @@ func hasInterface(v *v1alpha1.VirtualMachineInstance, name string) bool {
 // targetMachine makes m, translated from the whole spec, the machine a migration target starts
 // with: the guest must find the source's devices where and as they were.
 func targetMachine(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) error {
+	if err := sourceSockets(v, m); err != nil {
+		return err
+	}
 	for i := range m.Disks {
 		if err := sourceBlockSize(v, &m.Disks[i]); err != nil {
 			return err
 		}
 	}
 	return placeHotplugged(v, m)
+}
+
+// sourceSockets gives a migration target with CPU hotplug room the sockets the source's guest has
+// (status.currentCPUTopology), not the spec's: a spec raised while the migration was made was not
+// plugged on the source, and a target that started with more vCPUs would give the guest vCPUs it
+// was never told of. The target's node agent plugs the rest once the guest has arrived.
+func sourceSockets(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) error {
+	if m.CPU.MaxSockets == 0 {
+		return nil
+	}
+	cur := v.Status.CurrentCPUTopology
+	if cur == nil || cur.Sockets == 0 || cur.Sockets > m.CPU.MaxSockets {
+		return fmt.Errorf("status.currentCPUTopology %+v: the source's sockets are unknown or beyond maxSockets %d; "+
+			"a target with CPU hotplug room must start with the source's vCPUs", cur, m.CPU.MaxSockets)
+	}
+	m.CPU.Sockets = cur.Sockets
+	m.CPU.VCPUs = cur.Sockets * m.CPU.Cores * m.CPU.Threads
+	return nil
 }
 
 // placeHotplugged makes m, translated from the whole spec, the machine a migration target starts

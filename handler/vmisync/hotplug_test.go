@@ -137,3 +137,25 @@ func TestMatchVolumeBlockSizesReachTheTarget(t *testing.T) {
 		t.Errorf("target without the source's sizes: %v, want an error at status.volumeStatus[0].blockSize naming the disk", err)
 	}
 }
+
+// TestTargetStartsWithTheSourcesSockets: with CPU hotplug room, a migration target starts with the
+// sockets the source's guest has (status.currentCPUTopology), not the spec's, which may have been
+// raised without the source plugging them yet; unknown sockets refuse the target.
+func TestTargetStartsWithTheSourcesSockets(t *testing.T) {
+	v := &v1alpha1.VirtualMachineInstance{}
+	v.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 3, Cores: 2, Threads: 1, MaxSockets: 4}
+	newMachine := func() *machine.Machine {
+		return &machine.Machine{CPU: machine.CPU{Sockets: 3, Cores: 2, Threads: 1, VCPUs: 6, MaxSockets: 4}}
+	}
+	if err := targetMachine(v, newMachine()); err == nil {
+		t.Errorf("a target with hotplug room and no status.currentCPUTopology was made")
+	}
+	v.Status.CurrentCPUTopology = &v1alpha1.CPUTopology{Sockets: 2, Cores: 2, Threads: 1}
+	m := newMachine()
+	if err := targetMachine(v, m); err != nil {
+		t.Fatal(err)
+	}
+	if m.CPU.Sockets != 2 || m.CPU.VCPUs != 4 {
+		t.Errorf("target CPU %+v, want the source's 2 sockets (4 vCPUs)", m.CPU)
+	}
+}

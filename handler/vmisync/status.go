@@ -127,12 +127,13 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 	if st.QEMUVersion != "" {
 		status.QEMUVersion = st.QEMUVersion
 	}
-	if st.Sockets != 0 {
-		c := v.Spec.Domain.CPU
+	if c := v.Spec.Domain.CPU; st.Sockets != 0 {
 		if c == nil {
 			c = &v1alpha1.CPU{}
 		}
-		status.CurrentCPUTopology = &v1alpha1.CPUTopology{Sockets: st.Sockets, Cores: max(c.Cores, 1), Threads: max(c.Threads, 1)}
+		// What the launcher says, within what the spec allows (the launcher is the tenant's).
+		sockets := min(st.Sockets, max(c.MaxSockets, c.Sockets, 1))
+		status.CurrentCPUTopology = &v1alpha1.CPUTopology{Sockets: sockets, Cores: max(c.Cores, 1), Threads: max(c.Threads, 1)}
 	}
 	if c := computeContainer(pod); c != nil {
 		status.LauncherContainerImageVersion = c.Image
