@@ -38,7 +38,7 @@ type Launcher struct {
 	migration *protocol.MigrationInfo
 	hotplug   map[string]hotDisk
 	nics      map[string]hotNIC
-	cpuPlug   sync.Mutex // held by SetSockets
+	cpuPlug   sync.Mutex  // held by SetSockets
 	blocks    blockState  // block migration (blockmigration.go)
 	agent     *agentState // the current QEMU's guest agent (agent.go); nil without a channel
 	changed   chan struct{}
