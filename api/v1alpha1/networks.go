@@ -34,6 +34,15 @@ func MultusInterfaceName(network string) string {
 	return "pod" + hex.EncodeToString(sum[:])[:11]
 }
 
+// Split is the NetworkAttachmentDefinition's namespace and name; the namespace is "" when
+// networkName names none.
+func (m *MultusNetwork) Split() (namespace, name string) {
+	if ns, n, ok := strings.Cut(m.NetworkName, "/"); ok {
+		return ns, n
+	}
+	return "", m.NetworkName
+}
+
 // MultusGlobalNamespace is Multus's global namespace: its NetworkAttachmentDefinitions may be used
 // from any namespace, as Multus's namespaceIsolation allows.
 const MultusGlobalNamespace = "default"
@@ -50,8 +59,8 @@ func ValidateMultusNamespaces(spec *VirtualMachineInstanceSpec, namespace string
 		if n.Multus == nil {
 			continue
 		}
-		ns, _, qualified := strings.Cut(n.Multus.NetworkName, "/")
-		if qualified && ns != namespace && ns != MultusGlobalNamespace {
+		ns, _ := n.Multus.Split()
+		if ns != "" && ns != namespace && ns != MultusGlobalNamespace {
 			errs = append(errs, field.Forbidden(p.Child("networks").Index(i).Child("multus", "networkName"),
 				fmt.Sprintf("a NetworkAttachmentDefinition of namespace %q: an instance may use those of its own namespace (%s) and of %q only", ns, namespace, MultusGlobalNamespace)))
 		}

@@ -884,12 +884,9 @@ func validateMultus(m *MultusNetwork, p *field.Path) field.ErrorList {
 	if m.NetworkName == "" {
 		return field.ErrorList{field.Required(p, "the NetworkAttachmentDefinition's name, as <name> or <namespace>/<name>")}
 	}
-	ns, name, qualified := strings.Cut(m.NetworkName, "/")
-	if !qualified {
-		ns, name = "", ns
-	}
+	ns, name := m.Split()
 	var msgs []string
-	if qualified {
+	if strings.Contains(m.NetworkName, "/") {
 		msgs = append(msgs, validation.IsDNS1123Label(ns)...)
 	}
 	msgs = append(msgs, validation.IsDNS1123Subdomain(name)...)

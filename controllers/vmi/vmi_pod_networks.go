@@ -3,9 +3,9 @@ package vmi
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 )
@@ -43,10 +43,13 @@ func addMultusNetworks(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance) er
 		}
 		if n.Multus.Default {
 			// As KubeVirt: an unqualified name is Multus's to resolve, in its own namespace.
-			setAnnotation(pod, MultusDefaultNetworkAnnotation, n.Multus.NetworkName)
+			metav1.SetMetaDataAnnotation(&pod.ObjectMeta, MultusDefaultNetworkAnnotation, n.Multus.NetworkName)
 			continue
 		}
-		ns, name := qualifiedNetwork(n.Multus.NetworkName, vmi.Namespace)
+		ns, name := n.Multus.Split()
+		if ns == "" {
+			ns = vmi.Namespace
+		}
 		sel := multusSelection{Name: name, Namespace: ns, Interface: v1alpha1.MultusInterfaceName(n.Name)}
 		for _, in := range vmi.Spec.Domain.Devices.Interfaces {
 			if in.Name == n.Name {
@@ -62,22 +65,6 @@ func addMultusNetworks(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance) er
 	if err != nil {
 		return fmt.Errorf("spec.networks: the multus networks annotation: %w", err)
 	}
-	setAnnotation(pod, MultusNetworksAnnotation, string(b))
+	metav1.SetMetaDataAnnotation(&pod.ObjectMeta, MultusNetworksAnnotation, string(b))
 	return nil
-}
-
-// qualifiedNetwork splits a multus networkName, <name> or <namespace>/<name>, defaulting the
-// namespace to ns.
-func qualifiedNetwork(networkName, ns string) (string, string) {
-	if n, name, ok := strings.Cut(networkName, "/"); ok {
-		return n, name
-	}
-	return ns, networkName
-}
-
-func setAnnotation(pod *corev1.Pod, key, value string) {
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
-	pod.Annotations[key] = value
 }
