@@ -301,7 +301,7 @@ func serve(ctx context.Context, opts Options, p *pods, net *network, log logr.Lo
 	p.recorder = recorder
 
 	pc, err := node.NewPodController(node.PodControllerConfig{
-		PodClient:                 client.CoreV1(),
+		PodClient:                 statusOnlyPods{PodsGetter: client.CoreV1(), pods: podInformer.Lister()},
 		PodInformer:               podInformer,
 		EventRecorder:             recorder,
 		Provider:                  p,
