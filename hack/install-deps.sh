@@ -8,9 +8,10 @@ set -euo pipefail
 # runc runs the containers of real kubelet nodes (containerd is built by hack/build-node.sh).
 # swtpm emulates the TPM of instances that have one (launcher/tpm.go).
 # qemu-guest-agent: its qemu-ga and the libraries it links go into the test guest (test/guest/build.sh).
+# passt is the user-mode network of the passt binding (launcher/passt.go).
 # usbredirect exports a USB device for qvirtctl usbredir (its test runs it).
 pkgs=(qemu-system-x86 qemu-utils ovmf mtools sbsigntool openssl busybox-static iproute2 nftables cpio kmod mount
-  mmdebstrap dosfstools fdisk debian-archive-keyring qemu-guest-agent runc swtpm usbredirect)
+  mmdebstrap dosfstools fdisk debian-archive-keyring qemu-guest-agent runc swtpm usbredirect passt)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -15,9 +15,10 @@ import (
 	"github.com/go-logr/logr"
 )
 
-// daemons are the helper processes of one QEMU: a virtiofsd per filesystem (filesystem.go) and a
-// swtpm for the TPM (tpm.go). Each listens on a unix socket the launcher makes and hands it, so it
-// is ready before QEMU starts and connects. They die with the launcher (Pdeathsig), are ended
+// daemons are the helper processes of one QEMU: a virtiofsd per filesystem (filesystem.go), a
+// passt per passt NIC (passt.go) and a swtpm for the TPM (tpm.go). Each listens on a unix socket
+// (the launcher makes it and hands it over; passt makes its own and says when) and is ready before
+// QEMU starts and connects. They die with the launcher (Pdeathsig), are ended
 // when QEMU ends, and one that ends on its own while QEMU runs ends QEMU too (watch): the guest
 // would hang on its device otherwise.
 type daemons struct {
@@ -50,7 +51,8 @@ type daemon struct {
 
 // startDaemons starts the daemons m needs: nil when it needs none.
 func startDaemons(m *Machine, opts Options, log logr.Logger) (*daemons, error) {
-	if len(m.Filesystems) == 0 && !m.TPM {
+	passts := passtNICs(m)
+	if len(m.Filesystems) == 0 && !m.TPM && len(passts) == 0 {
 		return nil, nil
 	}
 	d := &daemons{log: log, failed: make(chan error, 1)}
@@ -62,6 +64,16 @@ func startDaemons(m *Machine, opts Options, log logr.Logger) (*daemons, error) {
 		if err := d.startFilesystem(f, m.FilesystemSocket(i), virtiofsd); err != nil {
 			d.stop()
 			return nil, fmt.Errorf("filesystem %q: %w", f.Name, err)
+		}
+	}
+	passt := opts.Passt
+	if passt == "" {
+		passt = DefaultPasst
+	}
+	for _, i := range passts {
+		if err := d.startPasst(m, i, passt); err != nil {
+			d.stop()
+			return nil, fmt.Errorf("interface %q: %w", m.NICs[i].Name, err)
 		}
 	}
 	if m.TPM {
@@ -121,7 +133,9 @@ func (d *daemons) run(dm daemon, log logr.Logger) error {
 	go func() {
 		<-copied
 		err := cmd.Wait()
-		close(exited)
+		// exited closes after the failure is sent, so that one waiting for the daemon to start
+		// finds why it ended.
+		defer close(exited)
 		d.mu.Lock()
 		stopping := d.stopping
 		d.mu.Unlock()

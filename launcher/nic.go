@@ -46,7 +46,9 @@ func checkNIC(p machine.Path, n *machine.NIC) (string, machine.FieldErrors) {
 	if err := checkName(p.Child("name"), n.Name); err != nil {
 		errs = append(errs, err)
 	}
-	if !machine.IsTapName(n.Tap) || n.Tap == "." || n.Tap == ".." {
+	if n.Passt != nil {
+		errs = append(errs, checkPasst(p, n)...)
+	} else if !machine.IsTapName(n.Tap) || n.Tap == "." || n.Tap == ".." {
 		errs = append(errs, machine.Invalid(p.Child("tap"), n.Tap, "must be a network interface name: 1-15 letters, digits or _.-"))
 	}
 	drv, ok := nicDrivers[n.Model]
@@ -109,10 +111,9 @@ func (b *builder) nic(p machine.Path, n *machine.NIC) {
 	if !b.unique(p.Child("name"), "nic", n.Name) || !b.uniqueMAC(p.Child("mac"), hw, n.Name) {
 		return
 	}
-	// No vhost: /dev/vhost-net is absent here, and QEMU may not open it without it.
-	netdev := "tap,id=" + NetdevID(n.Name) + ",ifname=" + optEscape(n.Tap) + ",script=no,downscript=no"
-	if multiQueue(n) {
-		netdev += fmt.Sprintf(",queues=%d", n.Queues)
+	netdev := tapNetdev(n)
+	if n.Passt != nil {
+		netdev = passtNetdev(n, b.m.PasstSocket(n.Name))
 	}
 	id := NICDeviceID(n.Name)
 	if !nicDrivers[n.Model].pcie {
@@ -132,6 +133,16 @@ func (b *builder) nic(p machine.Path, n *machine.NIC) {
 		dev.Bus = b.rootPort("port-" + id)
 	}
 	b.devs = append(b.devs, "-netdev", netdev, "-device", jsonArg(dev))
+}
+
+// tapNetdev is the tap backend of n. No vhost: /dev/vhost-net is absent here, and QEMU may not open
+// it without it.
+func tapNetdev(n *machine.NIC) string {
+	netdev := "tap,id=" + NetdevID(n.Name) + ",ifname=" + optEscape(n.Tap) + ",script=no,downscript=no"
+	if multiQueue(n) {
+		netdev += fmt.Sprintf(",queues=%d", n.Queues)
+	}
+	return netdev
 }
 
 // uniqueMAC records interface name's MAC hw (QEMU's form), failing at p when another NIC has it.

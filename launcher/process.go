@@ -54,6 +54,8 @@ type Options struct {
 	Virtiofsd string
 	// SWTPM is the TPM emulator behind the machine's TPM; DefaultSWTPM when empty.
 	SWTPM string
+	// Passt is the user-mode network of passt NICs; DefaultPasst when empty.
+	Passt string
 }
 
 // Process supervises one QEMU: it starts it paused, connects QMP, resumes the guest and tracks the

@@ -126,11 +126,18 @@ func newLauncher(t *testing.T) *vm {
 // bytes; t.TempDir() can be longer), and kills its QEMU when the test ends.
 func newLauncherWith(t *testing.T, res launcher.HostResolver) *vm {
 	t.Helper()
+	return newLauncherOpts(t, res, launcher.Options{})
+}
+
+// newLauncherOpts is newLauncherWith with the launcher's options (its Log is the test's).
+func newLauncherOpts(t *testing.T, res launcher.HostResolver, opts launcher.Options) *vm {
+	t.Helper()
 	runDir, err := os.MkdirTemp("", "qvt-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := launcher.New(runDir, res, launcher.Options{Log: testr.New(t)})
+	opts.Log = testr.New(t)
+	l := launcher.New(runDir, res, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	sock := filepath.Join(runDir, launcher.SocketName)
 	served := make(chan struct{})

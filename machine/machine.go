@@ -499,8 +499,11 @@ const (
 // NIC is one guest NIC and the host side the node agent made for it in the pod's network namespace.
 type NIC struct {
 	Name string `json:"name"`
-	// Tap is the tap device QEMU opens by name.
-	Tap   string   `json:"tap"`
+	// Tap is the tap device QEMU opens by name; "" with Passt.
+	Tap string `json:"tap"`
+	// Passt, when set, connects the NIC to a passt process the launcher runs in its own network
+	// namespace instead of a tap: user-mode networking that gives the guest the pod's address.
+	Passt *Passt   `json:"passt,omitempty"`
 	MAC   string   `json:"mac"`
 	Model NICModel `json:"model"`
 	// DHCP, when set, makes the launcher hand the guest its address.
@@ -510,6 +513,15 @@ type NIC struct {
 	// Queues is the queue pairs of a virtio NIC on a multi-queue Tap (one per vCPU); 0 for one
 	// queue on a single-queue tap.
 	Queues uint32 `json:"queues,omitempty"`
+}
+
+// Passt is what a passt-backed NIC's passt forwards from the pod to the guest: the listed ports,
+// or every port when both lists are empty. passt serves the guest's DHCP itself.
+type Passt struct {
+	// Interface is the pod's interface whose address, routes and name servers the guest gets.
+	Interface string  `json:"interface"`
+	TCPPorts  []int32 `json:"tcpPorts,omitempty"`
+	UDPPorts  []int32 `json:"udpPorts,omitempty"`
 }
 
 // DHCP is the one lease the launcher's DHCP server gives a guest NIC.

@@ -211,7 +211,7 @@ func setPodInterface(spec *VirtualMachineInstanceSpec) {
 func setSecondaryBindings(spec *VirtualMachineInstanceSpec) {
 	for i := range spec.Domain.Devices.Interfaces {
 		in := &spec.Domain.Devices.Interfaces[i]
-		if in.Masquerade != nil || in.Bridge != nil {
+		if in.Masquerade != nil || in.Bridge != nil || in.Binding != nil {
 			continue
 		}
 		if n := spec.Network(in.Name); n != nil && n.IsSecondary() {

@@ -55,6 +55,11 @@ func ClaimVolumes(spec *VirtualMachineInstanceSpec) []ClaimVolume {
 // (LocalDisks): a migration copies them to the target (block migration).
 func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message string) {
 	for _, in := range spec.Domain.Devices.Interfaces {
+		if in.IsPasst() {
+			// As KubeVirt's passt plugin unless registered with a migration method: the guest
+			// keeps the source pod's address, which the target's passt would not serve.
+			return false, BridgeOnPodNetworkReason, fmt.Sprintf("interface %q uses the passt binding, which gives the guest the pod's address", in.Name)
+		}
 		if in.Bridge == nil {
 			continue
 		}

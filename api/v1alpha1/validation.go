@@ -649,9 +649,7 @@ func validateInterfaces(ifaces []Interface, p *field.Path) field.ErrorList {
 		if in.Model != "" {
 			errs = append(errs, validateEnum(ip.Child("model"), in.Model, "virtio", "e1000", "e1000e", "rtl8139")...)
 		}
-		if in.Masquerade != nil && in.Bridge != nil {
-			errs = append(errs, field.Forbidden(ip.Child("bridge"), "an interface has one binding: masquerade or bridge, not both"))
-		}
+		errs = append(errs, validateBinding(in, ip)...)
 		if in.MacAddress != "" {
 			errs = append(errs, validateMAC(ip.Child("macAddress"), in.MacAddress, macs)...)
 		}
@@ -960,11 +958,35 @@ func validateInterfaceNetworkPairs(spec *VirtualMachineInstanceSpec, p *field.Pa
 		if in.Masquerade != nil && n.IsSecondary() {
 			errs = append(errs, field.Invalid(ip.Child("masquerade"), in.Name, "the masquerade binding needs the pod network (or a default multus network); a secondary network takes the bridge binding"))
 		}
+		if in.IsPasst() && n.Pod == nil {
+			// KubeVirt's passt binding plugin is for the pod network only, as here: passt connects
+			// the guest to the pod's own eth0.
+			errs = append(errs, field.Invalid(ip.Child("binding"), in.Name, "the passt binding is for the pod network only"))
+		}
 	}
 	for i, n := range spec.Networks {
 		if !ifaces[n.Name] {
 			errs = append(errs, field.Invalid(p.Child("networks").Index(i).Child("name"), n.Name, "no interface uses this network"))
 		}
+	}
+	return errs
+}
+
+// validateBinding checks that an interface names one binding at most, and of binding plugins
+// only passt, which qvirt runs built in.
+func validateBinding(in *Interface, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if in.Masquerade != nil && in.Bridge != nil {
+		errs = append(errs, field.Forbidden(p.Child("bridge"), "an interface has one binding: masquerade, bridge or binding, not two"))
+	}
+	if in.Binding == nil {
+		return errs
+	}
+	if in.Masquerade != nil || in.Bridge != nil {
+		errs = append(errs, field.Forbidden(p.Child("binding"), "an interface has one binding: masquerade, bridge or binding, not two"))
+	}
+	if in.Binding.Name != PasstBinding {
+		errs = append(errs, field.NotSupported(p.Child("binding", "name"), in.Binding.Name, []string{PasstBinding}))
 	}
 	return errs
 }

@@ -85,7 +85,7 @@ func validateNetworkUpdate(old, vmi *VirtualMachineInstance, p *field.Path) fiel
 }
 
 // ValidateHotplugInterface checks an interface added to a running instance: a virtio NIC (the
-// model may be left empty) with the masquerade (the default) or bridge binding. p is the
+// model may be left empty) with the masquerade (the default) or bridge binding, not passt. p is the
 // interface's path. Its network (same name, required by the spec's pairing rule) is
 // ValidateHotplugNetwork's; whether the instance already has a pod interface is the caller's to
 // check, as is everything ValidateVirtualMachineInstanceSpec checks (MACs, ports).
@@ -94,8 +94,10 @@ func ValidateHotplugInterface(in *Interface, p *field.Path) field.ErrorList {
 	if in.Model != "" && in.Model != hotplugNICModel {
 		errs = append(errs, field.NotSupported(p.Child("model"), in.Model, []string{hotplugNICModel}))
 	}
-	if in.Masquerade != nil && in.Bridge != nil {
-		errs = append(errs, field.Forbidden(p.Child("bridge"), "an interface has one binding: masquerade or bridge, not both"))
+	errs = append(errs, validateBinding(in, p)...)
+	if in.Binding != nil {
+		// passt connects to QEMU as the launcher starts it; a hot-plugged NIC has a tap.
+		errs = append(errs, field.Forbidden(p.Child("binding"), "an interface with a binding plugin (passt) cannot be hot-plugged: passt is started with the guest; use masquerade or bridge"))
 	}
 	return errs
 }

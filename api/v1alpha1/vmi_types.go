@@ -1112,7 +1112,7 @@ type LunTarget struct {
 }
 
 // Interface is one guest network card, connected to the network of the same name.
-// +kubebuilder:validation:XValidation:rule="!(has(self.masquerade) && has(self.bridge))",message="an interface has one binding: masquerade or bridge, not both"
+// +kubebuilder:validation:XValidation:rule="[has(self.masquerade), has(self.bridge), has(self.binding)].filter(b, b).size() <= 1",message="an interface has one binding: masquerade, bridge or binding, not two"
 type Interface struct {
 	// Name is the interface's name; it must match a network's name.
 	// +kubebuilder:validation:MinLength=1
@@ -1134,7 +1134,16 @@ type Interface struct {
 	// +optional
 	Bridge *InterfaceBridge `json:"bridge,omitempty"`
 
-	// Ports limit which inbound ports are forwarded to the guest with masquerade; all when empty.
+	// Binding names a network binding plugin, as KubeVirt's interfaces[].binding does: "passt"
+	// (the only one; qvirt runs it built in, with no plugin to register) connects the guest to
+	// the pod network through a passt process of the launcher's, user-mode: the guest gets the
+	// pod's address by DHCP and passt forwards the pod's ports (ports, all when empty) to it.
+	// Pod network only; not live-migratable.
+	// +optional
+	Binding *PluginBinding `json:"binding,omitempty"`
+
+	// Ports limit which inbound ports are forwarded to the guest with masquerade or passt; all
+	// when empty.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
@@ -1152,6 +1161,24 @@ type InterfaceMasquerade struct{}
 
 // InterfaceBridge selects the bridge binding.
 type InterfaceBridge struct{}
+
+// PluginBinding is KubeVirt's network binding plugin reference.
+type PluginBinding struct {
+	// Name is the binding's: passt.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+}
+
+// PasstBinding is the binding plugin name of the passt binding, KubeVirt's.
+const PasstBinding = "passt"
+
+// IsPasst says whether the interface uses the passt binding.
+func (in *Interface) IsPasst() bool { return in.Binding != nil && in.Binding.Name == PasstBinding }
+
+// IsMasquerade says whether the interface uses the masquerade binding: named, or by default
+// (an interface that names none is defaulted to it on the pod network).
+func (in *Interface) IsMasquerade() bool { return in.Bridge == nil && in.Binding == nil }
 
 // Port is an inbound port forwarded to the guest.
 type Port struct {

@@ -94,7 +94,7 @@ func applyDevicePreferences(spec *v1alpha1.VirtualMachineInstanceSpec, p *v1alph
 		if in.Model == "" {
 			in.Model = p.PreferredInterfaceModel
 		}
-		if p.PreferredInterfaceMasquerade != nil && in.Masquerade == nil && in.Bridge == nil {
+		if p.PreferredInterfaceMasquerade != nil && in.Masquerade == nil && in.Bridge == nil && in.Binding == nil {
 			in.Masquerade = &v1alpha1.InterfaceMasquerade{}
 		}
 	}

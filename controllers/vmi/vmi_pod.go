@@ -139,14 +139,31 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 	if err := addHostDiskVolumes(pod, vmi.Namespace, spec, cfg); err != nil {
 		return nil, err
 	}
-	if len(spec.Domain.Devices.Filesystems) > 0 {
+	passt := usesPasst(spec)
+	if len(spec.Domain.Devices.Filesystems) > 0 || passt {
 		// The launcher runs virtiofsd in a user namespace of its own (launcher/filesystem.go),
-		// which the runtime's default seccomp profile refuses to a container without
-		// CAP_SYS_ADMIN. The container keeps its non-root user, no capabilities and no privilege
-		// escalation; only the syscall filter goes.
+		// and passt sandboxes itself in one (launcher/passt.go), which the runtime's default
+		// seccomp profile refuses to a container without CAP_SYS_ADMIN. The container keeps its
+		// non-root user, no capabilities and no privilege escalation; only the syscall filter goes.
 		c.SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
 	}
+	if passt {
+		// What KubeVirt's passt binding sets (its CNI plugin): passt, an unprivileged process,
+		// binds the pod's ports below 1024 for the guest and answers its pings with ping sockets.
+		// Both are the pod's own network namespace's, and safe sysctls a kubelet allows.
+		if pod.Spec.SecurityContext == nil {
+			pod.Spec.SecurityContext = &corev1.PodSecurityContext{}
+		}
+		pod.Spec.SecurityContext.Sysctls = append(pod.Spec.SecurityContext.Sysctls,
+			corev1.Sysctl{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"},
+			corev1.Sysctl{Name: "net.ipv4.ping_group_range", Value: "0 2147483647"})
+	}
 	return pod, nil
+}
+
+// usesPasst says whether an interface of spec has the passt binding.
+func usesPasst(spec *v1alpha1.VirtualMachineInstanceSpec) bool {
+	return slices.ContainsFunc(spec.Domain.Devices.Interfaces, func(in v1alpha1.Interface) bool { return in.IsPasst() })
 }
 
 // podProbe is the compute container's probe for an instance's, as KubeVirt's virt-controller

@@ -51,7 +51,7 @@ func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer laun
 	return nics, nil
 }
 
-// defaultNetworkSetup binds the pod's eth0 to interface in, by bridge or masquerade.
+// defaultNetworkSetup binds the pod's eth0 to interface in, by bridge, masquerade or passt.
 func defaultNetworkSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, pod *corev1.Pod, peer launcher.Peer, multiQueue bool, p *field.Path) (machine.NIC, error) {
 	dns, err := podDNS(peer)
 	if err != nil {
@@ -59,6 +59,9 @@ func defaultNetworkSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interf
 	}
 	if in.Bridge != nil {
 		return bridgeSetup(in, peer, dns, pod.Spec.Hostname, multiQueue)
+	}
+	if in.IsPasst() {
+		return passtSetup(v, in), nil
 	}
 	return masqueradeSetup(v, in, peer, dns, pod.Spec.Hostname, multiQueue, p)
 }
@@ -80,6 +83,24 @@ func secondarySetup(in *v1alpha1.Interface, peer launcher.Peer, multiQueue bool)
 		nic.DHCP = &machine.DHCP{Interface: res.BridgeName, IP: res.GuestIP, ServerID: res.ServerIP, MTU: res.MTU}
 	}
 	return nic, nil
+}
+
+// podInterface is the pod's default network interface, which the kubelet names eth0 (CNI_IFNAME).
+const podInterface = "eth0"
+
+// passtSetup needs nothing of the node agent: the launcher's passt connects the guest to the pod's
+// eth0 from inside the pod, and forwards the interface's ports (all when it lists none).
+func passtSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface) machine.NIC {
+	p := &machine.Passt{Interface: podInterface}
+	for _, port := range in.Ports {
+		if port.Protocol == "UDP" {
+			p.UDPPorts = append(p.UDPPorts, port.Port)
+		} else {
+			p.TCPPorts = append(p.TCPPorts, port.Port)
+		}
+	}
+	// The spec's macAddress, when set, wins in translate.NIC.
+	return machine.NIC{Name: in.Name, MAC: netsetup.StableMAC(string(v.UID), in.Name), Passt: p}
 }
 
 func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, multiQueue bool, p *field.Path) (machine.NIC, error) {

@@ -367,7 +367,7 @@ func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protoco
 func isMasquerade(v *v1alpha1.VirtualMachineInstance, name string) bool {
 	for _, in := range v.Spec.Domain.Devices.Interfaces {
 		if in.Name == name {
-			return in.Bridge == nil
+			return in.IsMasquerade()
 		}
 	}
 	return false

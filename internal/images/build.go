@@ -31,7 +31,7 @@ import (
 
 // RootPackages are the packages whose files the QEMU layer carries; the lock adds the libraries
 // they need (Lock.Update finds them).
-var RootPackages = []string{"qemu-system-x86", "qemu-system-common", "qemu-system-data", "qemu-utils", "seabios", "ovmf", "swtpm"}
+var RootPackages = []string{"qemu-system-x86", "qemu-system-common", "qemu-system-data", "qemu-utils", "seabios", "ovmf", "swtpm", "passt"}
 
 // qemuFiles are the files of the QEMU layer besides their shared libraries: the emulator,
 // qemu-img, the TCG accelerator and the device modules the launcher's machines use (modules in
@@ -72,6 +72,10 @@ func qemuFiles() []string {
 		launcher.DefaultVirtiofsd,
 		// The TPM emulator (launcher/tpm.go).
 		launcher.DefaultSWTPM,
+		// The passt binding's user-mode network (launcher/passt.go), and the AVX2 build it
+		// executes instead where the CPU has AVX2.
+		launcher.DefaultPasst,
+		launcher.DefaultPasst + ".avx2",
 	}
 	for _, sb := range []bool{false, true} {
 		code, vars := launcher.OVMFFiles(sb)

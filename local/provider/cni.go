@@ -227,6 +227,9 @@ func (n *network) ensureBridge(_ context.Context) error {
 // add creates the pod's network namespace and attaches it, returning the pod's IPv4 address.
 func (n *network) add(ctx context.Context, p *corev1.Pod) (nsPath string, ip netip.Addr, err error) {
 	uid := string(p.UID)
+	if err := checkSysctls(p); err != nil {
+		return "", netip.Addr{}, err
+	}
 	nsPath = filepath.Join(n.netnsDir, uid)
 	if err := newNetNS(nsPath); err != nil {
 		return "", netip.Addr{}, err
@@ -236,6 +239,9 @@ func (n *network) add(ctx context.Context, p *corev1.Pod) (nsPath string, ip net
 			_ = n.del(context.WithoutCancel(ctx), p)
 		}
 	}()
+	if err := setSysctls(nsPath, p); err != nil {
+		return "", netip.Addr{}, err
+	}
 	rt := &libcni.RuntimeConf{ContainerID: uid, NetNS: nsPath, IfName: "lo"}
 	if _, err := n.cni.AddNetworkList(ctx, n.lo, rt); err != nil {
 		return "", netip.Addr{}, fmt.Errorf("cni add loopback: %w", err)
