@@ -32,7 +32,9 @@ func (m *Machine) PasstSocket(name string) string {
 	return Dir(m.RunDir).passt(slices.IndexFunc(m.NICs, func(n machine.NIC) bool { return n.Name == name }), "sock")
 }
 
-func (d Dir) passt(i int, ext string) string { return string(d) + "/passt" + strconv.Itoa(i) + "." + ext }
+func (d Dir) passt(i int, ext string) string {
+	return string(d) + "/passt" + strconv.Itoa(i) + "." + ext
+}
 
 // passtNICs are the indexes of m's passt NICs.
 func passtNICs(m *Machine) []int {

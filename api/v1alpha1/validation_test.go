@@ -207,6 +207,18 @@ func TestValidateVirtualMachine(t *testing.T) {
 			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Masquerade: &InterfaceMasquerade{}})
 			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab"}})
 		}, "spec.template.spec.domain.devices.interfaces[1].masquerade"},
+		{"a binding plugin qvirt does not have", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].Masquerade = nil
+			s.Domain.Devices.Interfaces[0].Binding = &PluginBinding{Name: "slirp"}
+		}, "spec.template.spec.domain.devices.interfaces[0].binding.name"},
+		{"passt and masquerade", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces[0].Masquerade = &InterfaceMasquerade{}
+			s.Domain.Devices.Interfaces[0].Binding = &PluginBinding{Name: PasstBinding}
+		}, "spec.template.spec.domain.devices.interfaces[0].binding"},
+		{"passt on a secondary multus network", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Binding: &PluginBinding{Name: PasstBinding}})
+			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab"}})
+		}, "spec.template.spec.domain.devices.interfaces[1].binding"},
 		{"pod network and a default multus network", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Interfaces = append(s.Domain.Devices.Interfaces, Interface{Name: "lab", Bridge: &InterfaceBridge{}})
 			s.Networks = append(s.Networks, Network{Name: "lab", Multus: &MultusNetwork{NetworkName: "lab", Default: true}})
@@ -729,5 +741,28 @@ func TestMultusNetworksAccepted(t *testing.T) {
 	}
 	if a, b := MultusInterfaceName("lab"), MultusInterfaceName("storage"); len(a) != 14 || a == b || a[:3] != "pod" {
 		t.Errorf("pod interface names %q and %q: want distinct pod<11 hex digits>", a, b)
+	}
+}
+
+// KubeVirt's passt binding plugin, as its user guide writes it: accepted, kept as written (no
+// masquerade added by default), and refused for hotplug, naming the field.
+func TestPasstBindingAccepted(t *testing.T) {
+	vm := validVM()
+	s := &vm.Spec.Template.Spec
+	s.Domain.Devices.Interfaces[0] = Interface{Name: s.Networks[0].Name, Binding: &PluginBinding{Name: PasstBinding}}
+	SetDefaults(s)
+	in := s.Domain.Devices.Interfaces[0]
+	if in.Masquerade != nil || in.Bridge != nil || !in.IsPasst() || in.IsMasquerade() {
+		t.Fatalf("defaults changed the passt interface: %+v", in)
+	}
+	if errs := ValidateVirtualMachine(vm); len(errs) != 0 {
+		t.Fatalf("passt refused: %v", errs)
+	}
+	if errs := NotRealised(s, field.NewPath("spec")); len(errs) != 0 {
+		t.Fatalf("passt not realised: %v", errs)
+	}
+	errs := ValidateHotplugInterface(&in, field.NewPath("spec", "domain", "devices", "interfaces").Index(1))
+	if len(errs) != 1 || errs[0].Field != "spec.domain.devices.interfaces[1].binding" {
+		t.Fatalf("hotplug of a passt interface: %v, want one error at its binding", errs)
 	}
 }

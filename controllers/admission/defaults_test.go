@@ -343,6 +343,8 @@ func ifaceList(ifaces []v1alpha1.Interface) string {
 			binding = "masquerade"
 		} else if in.Bridge != nil {
 			binding = "bridge"
+		} else if in.Binding != nil {
+			binding = "binding=" + in.Binding.Name
 		}
 		out = append(out, in.Name+":"+in.Model+":"+binding)
 	}

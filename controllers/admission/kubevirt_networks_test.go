@@ -60,3 +60,51 @@ func TestKubeVirtMultusNetworks(t *testing.T) {
 		})
 	}
 }
+
+// TestKubeVirtPasstBinding: the passt binding as KubeVirt's user guide writes it, through kubectl:
+// stored as written (no masquerade added), translated to a passt NIC; another binding plugin,
+// passt on a multus network, and passt beside masquerade are refused naming the field.
+func TestKubeVirtPasstBinding(t *testing.T) {
+	startWebhook(t)
+	o := sample(t, "vmi_testguest.yaml")
+	spec := o["spec"].(map[string]any)
+	spec["domain"].(map[string]any)["devices"].(map[string]any)["interfaces"] = []any{
+		map[string]any{"name": "passtnet", "binding": map[string]any{"name": "passt"}}}
+	spec["networks"] = []any{map[string]any{"name": "passtnet", "pod": map[string]any{}}}
+	o["metadata"].(map[string]any)["name"] = "vmi-passt"
+	data, _ := yaml.Marshal(o)
+	createByKubectl(t, data, "vmi", "vmi-passt")
+	var stored v1alpha1.VirtualMachineInstance
+	get(t, "vmi", "vmi-passt", &stored)
+	if got := ifaceList(stored.Spec.Domain.Devices.Interfaces); got != "passtnet:virtio:binding=passt" {
+		t.Errorf("stored interfaces %s, want passtnet with the passt binding alone", got)
+	}
+	nics := map[string]machine.NIC{"passtnet": {MAC: "02:00:00:00:00:01", Passt: &machine.Passt{Interface: "eth0"}}}
+	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: nics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.NICs) != 1 || m.NICs[0].Passt == nil || m.NICs[0].Tap != "" || m.NICs[0].Model != machine.NICVirtio {
+		t.Errorf("machine NICs %+v, want one virtio NIC on passt", m.NICs)
+	}
+	for name, tc := range map[string]struct {
+		iface, net map[string]any
+		field      string
+	}{
+		"another binding plugin": {map[string]any{"name": "n", "binding": map[string]any{"name": "slirp"}},
+			map[string]any{"name": "n", "pod": map[string]any{}}, "spec.domain.devices.interfaces[0].binding.name"},
+		"passt on a multus network": {map[string]any{"name": "n", "binding": map[string]any{"name": "passt"}},
+			map[string]any{"name": "n", "multus": map[string]any{"networkName": "flat", "default": true}}, "spec.domain.devices.interfaces[0].binding"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := sample(t, "vmi_testguest.yaml")
+			spec := o["spec"].(map[string]any)
+			spec["domain"].(map[string]any)["devices"].(map[string]any)["interfaces"] = []any{tc.iface}
+			spec["networks"] = []any{tc.net}
+			_, stderr, err := apply(t, o, "vmi-passt-refused")
+			if err == nil || !strings.Contains(stderr, tc.field) {
+				t.Errorf("%v: %s; want a refusal naming %s", err, stderr, tc.field)
+			}
+		})
+	}
+}

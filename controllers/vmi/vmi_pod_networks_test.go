@@ -2,10 +2,14 @@ package vmi
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 )
 
 // TestRenderLauncherPodMultusNetworks: an instance's secondary multus networks are asked of Multus
@@ -51,5 +55,37 @@ func TestRenderLauncherPodMultusNetworks(t *testing.T) {
 	}
 	if len(pod.Annotations) != 0 {
 		t.Errorf("an instance on the pod network alone: annotations %v", pod.Annotations)
+	}
+}
+
+// A passt interface: the launcher's container runs without the default seccomp filter (passt
+// sandboxes itself in a user namespace) and the pod sets the sysctls KubeVirt's passt binding sets,
+// beside the fsGroup its claims need; an instance without passt keeps the runtime's filter and sets
+// no sysctl.
+func TestRenderLauncherPodPasst(t *testing.T) {
+	v := withVolumes(baseVMI(), claimVolume("data", "data-claim"))
+	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Binding: &v1alpha1.PluginBinding{Name: v1alpha1.PasstBinding}}}
+	claims := Claims{"data-claim": &corev1.PersistentVolumeClaim{}}
+	pod, err := RenderLauncherPod(v, config.Default(), claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp := pod.Spec.Containers[0].SecurityContext.SeccompProfile; sp == nil || sp.Type != corev1.SeccompProfileTypeUnconfined {
+		t.Errorf("seccomp %+v, want Unconfined", sp)
+	}
+	sc := pod.Spec.SecurityContext
+	want := []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"}, {Name: "net.ipv4.ping_group_range", Value: "0 2147483647"}}
+	if sc == nil || !slices.Equal(sc.Sysctls, want) || sc.FSGroup == nil || *sc.FSGroup != podlayout.LauncherUID {
+		t.Errorf("pod securityContext %+v, want sysctls %v and the launcher's fsGroup", sc, want)
+	}
+
+	if pod, err = RenderLauncherPod(baseVMI(), config.Default(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if sp := pod.Spec.Containers[0].SecurityContext.SeccompProfile; sp == nil || sp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("without passt: seccomp %+v, want RuntimeDefault", sp)
+	}
+	if sc := pod.Spec.SecurityContext; sc != nil && len(sc.Sysctls) > 0 {
+		t.Errorf("without passt: sysctls %v", sc.Sysctls)
 	}
 }

@@ -9,3 +9,6 @@ import (
 func StatusOnlyPods(pods corev1client.PodsGetter, lister corev1listers.PodLister) corev1client.PodsGetter {
 	return statusOnlyPods{PodsGetter: pods, pods: lister}
 }
+
+// CheckSysctls is the virtual node's check of a pod's sysctls, for its test.
+var CheckSysctls = checkSysctls

@@ -376,7 +376,10 @@ func TestInvalidManifestsRejected(t *testing.T) {
 			o.set(t, td+".disks.0", map[string]any{"name": "root", "lun": map[string]any{"bus": "sata"}})
 		}, "spec.template.spec.domain.devices.disks[0].lun.bus", "a lun is passed through on the scsi bus"},
 		{"bad MAC", vmi, func(t *testing.T, o obj) { o.set(t, d+".interfaces.0.macAddress", "02:00:00:00:00") }, "spec.domain.devices.interfaces[0].macAddress", "should match"},
-		{"two bindings", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.bridge", map[string]any{}) }, "spec.template.spec.domain.devices.interfaces[0]", "masquerade or bridge, not both"},
+		{"two bindings", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.bridge", map[string]any{}) }, "spec.template.spec.domain.devices.interfaces[0]", "masquerade, bridge or binding, not two"},
+		{"a binding plugin beside masquerade", vm, func(t *testing.T, o obj) {
+			o.set(t, td+".interfaces.0.binding", map[string]any{"name": "passt"})
+		}, "spec.template.spec.domain.devices.interfaces[0]", "masquerade, bridge or binding, not two"},
 		{"unknown NIC model", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.model", "ne2k_pci") }, "spec.template.spec.domain.devices.interfaces[0].model", "Unsupported value"},
 		{"port out of range", vm, func(t *testing.T, o obj) { o.set(t, td+".interfaces.0.ports.0.port", 70000) }, "spec.template.spec.domain.devices.interfaces[0].ports[0].port", "less than or equal to 65535"},
 		{"zero cores", vm, func(t *testing.T, o obj) { o.set(t, "spec.template.spec.domain.cpu.cores", 0) }, "spec.template.spec.domain.cpu.cores", "greater than or equal to 1"},

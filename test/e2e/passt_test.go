@@ -1,0 +1,38 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	"github.com/qvirt/qvirt/api/v1alpha1"
+)
+
+// TestPasstBinding is KubeVirt's passt binding as a user writes it (`binding: {name: passt}` on
+// the pod network's interface): the guest gets the pod's own address from passt, the VMI reports
+// it, the pod's port 80 (below 1024, which the launcher pod's sysctl lets passt, an unprivileged
+// process, bind) reaches the guest's web server, and the VMI is not live-migratable, naming the
+// interface.
+func TestPasstBinding(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	const name = "passt"
+	vm := demoVM(t, ns, name, v1alpha1.RunStrategyAlways)
+	vm.Spec.Template.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default",
+		Binding: &v1alpha1.PluginBinding{Name: v1alpha1.PasstBinding}, Ports: []v1alpha1.Port{{Name: "http", Port: 80}}}}
+	vmi, con := bootVM(t, vm)
+	vmi = waitVMI(t, ns, name, time.Minute, "the pod's address in status.interfaces", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v != nil && len(v.Status.Interfaces) > 0 && v.Status.Interfaces[0].IP != ""
+	})
+	ip := vmi.Status.Interfaces[0].IP
+	con.Expect(t, 0, "QVIRT-IP eth0 "+ip, time.Minute)
+	if body := httpGet(t, ip, time.Minute); body != name {
+		t.Errorf("GET http://%s/ = %q, want the guest's hostname %q", ip, body, name)
+	}
+	c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
+	if c == nil || c.Status != "False" || c.Reason != v1alpha1.BridgeOnPodNetworkReason || !strings.Contains(c.Message, `"default"`) {
+		t.Errorf("LiveMigratable condition %+v, want False (%s) naming the interface", c, v1alpha1.BridgeOnPodNetworkReason)
+	}
+}
