@@ -142,6 +142,25 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 		t.Errorf("the guest's page on its secondary address %s: %q, want testguest", secIP, body)
 	}
 
+	// The passt binding on a real node: the launcher image's passt, run by the launcher in its
+	// container (no seccomp filter, its own user namespace), binds the pod's port 80 (the pod's
+	// sysctl, which the kubelet applies) for the guest, which has the pod's address.
+	pvmi := guestVMI(t, c)
+	pvmi.Name = "passt"
+	pvmi.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default",
+		Binding: &v1alpha1.PluginBinding{Name: v1alpha1.PasstBinding}, Ports: []v1alpha1.Port{{Port: 80}}}}
+	if err := cl.Create(ctx, pvmi); err != nil {
+		t.Fatal(err)
+	}
+	var pgot v1alpha1.VirtualMachineInstance
+	testutil.Eventually(t, 3*time.Minute, "VMI passt Running with an address", func() bool {
+		_ = cl.Get(ctx, client.ObjectKeyFromObject(pvmi), &pgot)
+		return pgot.Status.Phase == v1alpha1.Running && len(pgot.Status.Interfaces) == 1 && pgot.Status.Interfaces[0].IP != ""
+	}, func() string { return fmt.Sprintf("status %+v\n%s", pgot.Status, describe()) })
+	if body := testutil.HTTPBody(t, "http://"+pgot.Status.Interfaces[0].IP+"/", time.Minute); strings.TrimSpace(body) != "testguest" {
+		t.Errorf("the passt guest's page at the pod's address: %q, want testguest", body)
+	}
+
 	// Down with the guest running: it is powered off through its launcher pod (SIGTERM, ACPI
 	// shutdown) before the node goes. A launcher that did not power the guest off would be killed
 	// at the end of its pod's grace period: the pod must end well before.
@@ -158,7 +177,7 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	var n int
 	var took float64
 	_, report, _ := strings.Cut(down.String(), "local down: ")
-	if _, err := fmt.Sscanf(report, "%d guests on the real nodes powered off (their launcher pods ended) in %fs", &n, &took); err != nil || n != 1 {
+	if _, err := fmt.Sscanf(report, "%d guests on the real nodes powered off (their launcher pods ended) in %fs", &n, &took); err != nil || n != 2 {
 		t.Errorf("Down did not report the guest powered off (%v):\n%s", err, down.String())
 	} else if time.Duration(took*float64(time.Second)) > grace/2 {
 		t.Errorf("the launcher pod took %.1fs of its %s grace period to end: the guest was not powered off in time", took, grace)
@@ -168,7 +187,7 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
-		if cmdline, err := os.ReadFile(p); err == nil && strings.Contains(string(cmdline), string(got.UID)) {
+		if cmdline, err := os.ReadFile(p); err == nil && (strings.Contains(string(cmdline), string(got.UID)) || strings.Contains(string(cmdline), string(pgot.UID))) {
 			t.Errorf("process %s of VMI demo left after Down: %s", filepath.Base(filepath.Dir(p)), strings.ReplaceAll(string(cmdline), "\x00", " "))
 		}
 	}
