@@ -15,8 +15,9 @@ const EventVCPUsAttached = "VCPUsAttached"
 
 // syncCPUs plugs the vCPUs of the sockets the spec has and the guest lacks (CPU hotplug: a user
 // raised spec.domain.cpu.sockets, up to maxSockets, which admission checked). Never during a
-// migration: the target starts with the sockets the spec had when it was made. Failures are
-// recorded as Events and retried.
+// migration: a target starts with the source guest's sockets (status.currentCPUTopology) and, once
+// it runs the guest, its own agent plugs the rest here. Failures are recorded as Events and
+// retried.
 func (r *Reconciler) syncCPUs(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *protocol.Status) error {
 	c := v.Spec.Domain.CPU
 	if c == nil || c.MaxSockets == 0 || st.Phase != protocol.PhaseRunning || st.Sockets == 0 ||

@@ -204,35 +204,48 @@ type syncState struct {
 	failures hotplugFailures
 }
 
-// phase is one step of bringing the launcher in line with the instance.
+// phase is one step of bringing the launcher in line with the instance. A hotplug phase is
+// independent of the other hotplug phases: its failure (retried, with an Event) must not hold back
+// theirs, so a volume that cannot be attached does not keep a vCPU or a NIC from being plugged.
 type phase struct {
-	name string
-	run  func(context.Context, *syncState) error
+	name    string
+	run     func(context.Context, *syncState) error
+	hotplug bool
 }
 
 // phases are the steps of a reconcile, in order: the launcher runs the instance (and its status is
 // known) before a migration, disk, NIC or vCPU is synced with it.
 func (r *Reconciler) phases() []phase {
 	return []phase{
-		{"launcher", r.launcherPhase},
-		{"source migration", func(ctx context.Context, s *syncState) error { return r.syncSourceMigration(ctx, s.v, s.st) }},
-		{"disks", r.disksPhase},
-		{"nics", func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }},
-		{"cpus", func(ctx context.Context, s *syncState) error { return r.syncCPUs(ctx, s.v, s.st) }},
+		{name: "launcher", run: r.launcherPhase},
+		{name: "source migration", run: func(ctx context.Context, s *syncState) error { return r.syncSourceMigration(ctx, s.v, s.st) }},
+		{name: "disks", run: r.disksPhase, hotplug: true},
+		{name: "nics", run: func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }, hotplug: true},
+		{name: "cpus", run: func(ctx context.Context, s *syncState) error { return r.syncCPUs(ctx, s.v, s.st) }, hotplug: true},
 	}
 }
 
-// runPhases runs the phases in order until one fails or no launcher status is left to sync with.
+// runPhases runs the phases in order until one that is not a hotplug phase fails or no launcher
+// status is left to sync with; the hotplug phases all run, and their errors are joined.
 func (r *Reconciler) runPhases(ctx context.Context, s *syncState) error {
-	for _, p := range r.phases() {
-		if err := p.run(ctx, s); err != nil {
-			return fmt.Errorf("%s: %w", p.name, err)
+	return runPhases(ctx, s, r.phases())
+}
+
+func runPhases(ctx context.Context, s *syncState, phases []phase) error {
+	var hotplugErrs []error
+	for _, p := range phases {
+		err := p.run(ctx, s)
+		if err != nil && !p.hotplug {
+			return errors.Join(append(hotplugErrs, fmt.Errorf("%s: %w", p.name, err))...)
+		}
+		if err != nil {
+			hotplugErrs = append(hotplugErrs, fmt.Errorf("%s: %w", p.name, err))
 		}
 		if s.st == nil {
-			return nil
+			break
 		}
 	}
-	return nil
+	return errors.Join(hotplugErrs...)
 }
 
 func (r *Reconciler) launcherPhase(ctx context.Context, s *syncState) error {

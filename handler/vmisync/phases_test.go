@@ -1,0 +1,48 @@
+package vmisync
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/qvirt/qvirt/launcher/protocol"
+)
+
+// A hotplug phase that fails (a volume that cannot be attached, retried) must not hold back the
+// others: the vCPUs a user asked for are plugged all the same, and the error names the failing
+// phase. A failing launcher phase still ends the reconcile.
+func TestHotplugPhasesRunDespiteAnotherFailing(t *testing.T) {
+	var ran []string
+	step := func(name string, err error) func(context.Context, *syncState) error {
+		return func(_ context.Context, s *syncState) error {
+			ran = append(ran, name)
+			if name == "launcher" && err == nil {
+				s.st = &protocol.Status{Phase: protocol.PhaseRunning}
+			}
+			return err
+		}
+	}
+	phases := func(launcherErr error) []phase {
+		return []phase{
+			{name: "launcher", run: step("launcher", launcherErr)},
+			{name: "disks", run: step("disks", errors.New("attach volume \"bad\": no such claim")), hotplug: true},
+			{name: "nics", run: step("nics", nil), hotplug: true},
+			{name: "cpus", run: step("cpus", nil), hotplug: true},
+		}
+	}
+	err := runPhases(context.Background(), &syncState{}, phases(nil))
+	if want := []string{"launcher", "disks", "nics", "cpus"}; !slices.Equal(ran, want) {
+		t.Errorf("phases run %v, want %v", ran, want)
+	}
+	if err == nil || !strings.Contains(err.Error(), `disks: attach volume "bad"`) {
+		t.Errorf("error %v, want the disks phase's", err)
+	}
+
+	ran = nil
+	err = runPhases(context.Background(), &syncState{}, phases(errLauncherStarting))
+	if !slices.Equal(ran, []string{"launcher"}) || !errors.Is(err, errLauncherStarting) {
+		t.Errorf("after a failing launcher phase: ran %v, error %v; want only the launcher phase and its error", ran, err)
+	}
+}
