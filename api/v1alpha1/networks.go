@@ -19,6 +19,16 @@ func (spec *VirtualMachineInstanceSpec) Network(name string) *Network {
 	return nil
 }
 
+// Interface is the spec's interface named name, nil when there is none.
+func (spec *VirtualMachineInstanceSpec) Interface(name string) *Interface {
+	for i := range spec.Domain.Devices.Interfaces {
+		if spec.Domain.Devices.Interfaces[i].Name == name {
+			return &spec.Domain.Devices.Interfaces[i]
+		}
+	}
+	return nil
+}
+
 // IsSecondary says whether n is a Multus network besides the pod's default one: its interface is
 // an extra pod interface that Multus adds, named by MultusInterfaceName.
 func (n *Network) IsSecondary() bool {

@@ -51,10 +51,8 @@ func addMultusNetworks(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance) er
 			ns = vmi.Namespace
 		}
 		sel := multusSelection{Name: name, Namespace: ns, Interface: v1alpha1.MultusInterfaceName(n.Name)}
-		for _, in := range vmi.Spec.Domain.Devices.Interfaces {
-			if in.Name == n.Name {
-				sel.MAC = in.MacAddress
-			}
+		if in := vmi.Spec.Interface(n.Name); in != nil {
+			sel.MAC = in.MacAddress
 		}
 		secondary = append(secondary, sel)
 	}

@@ -216,12 +216,7 @@ func (r *Reconciler) hotplugFailed(v *v1alpha1.VirtualMachineInstance, err error
 }
 
 func hasInterface(v *v1alpha1.VirtualMachineInstance, name string) bool {
-	for _, in := range v.Spec.Domain.Devices.Interfaces {
-		if in.Name == name {
-			return true
-		}
-	}
-	return false
+	return v.Spec.Interface(name) != nil
 }
 
 // targetMachine makes m, translated from the whole spec, the machine a migration target starts

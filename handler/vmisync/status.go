@@ -365,12 +365,8 @@ func interfaces(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protoco
 }
 
 func isMasquerade(v *v1alpha1.VirtualMachineInstance, name string) bool {
-	for _, in := range v.Spec.Domain.Devices.Interfaces {
-		if in.Name == name {
-			return in.IsMasquerade()
-		}
-	}
-	return false
+	in := v.Spec.Interface(name)
+	return in != nil && in.IsMasquerade()
 }
 
 func isPodNetwork(v *v1alpha1.VirtualMachineInstance, name string) bool {
