@@ -22,8 +22,8 @@ func TestPasstBinding(t *testing.T) {
 	vm := demoVM(t, ns, name, v1alpha1.RunStrategyAlways)
 	vm.Spec.Template.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default",
 		Binding: &v1alpha1.PluginBinding{Name: v1alpha1.PasstBinding}, Ports: []v1alpha1.Port{{Name: "http", Port: 80}}}}
-	vmi, con := bootVM(t, vm)
-	vmi = waitVMI(t, ns, name, time.Minute, "the pod's address in status.interfaces", func(v *v1alpha1.VirtualMachineInstance) bool {
+	_, con := bootVM(t, vm)
+	vmi := waitVMI(t, ns, name, time.Minute, "the pod's address in status.interfaces", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v != nil && len(v.Status.Interfaces) > 0 && v.Status.Interfaces[0].IP != ""
 	})
 	ip := vmi.Status.Interfaces[0].IP
