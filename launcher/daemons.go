@@ -24,7 +24,7 @@ import (
 type daemons struct {
 	log     logr.Logger
 	mu      sync.Mutex
-	running []running
+	running []*running
 	// stopping is set once the launcher ends them, so their exit is not a failure.
 	stopping bool
 	// failed receives the first daemon that ended on its own while QEMU needed it.
@@ -34,19 +34,24 @@ type daemons struct {
 	tpmIncoming string
 }
 
-// running is a daemon started, and closed once it has exited.
+// running is a daemon started: exited closes once it has exited, after failure is set when the
+// exit was one.
 type running struct {
-	cmd    *exec.Cmd
-	exited chan struct{}
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	failure error
 }
 
 // daemonStopGrace is how long stop lets the daemons end on SIGTERM before it kills them.
 const daemonStopGrace = 2 * time.Second
 
 // daemon is one helper process to start: name is the program, of what it serves, for messages.
+// A daemon that outlives QEMU's connection (passt waits for another) ends only when the launcher
+// ends it: for it even an exit 0 is a failure (anyExitFails).
 type daemon struct {
-	name, of string
-	cmd      *exec.Cmd
+	name, of     string
+	cmd          *exec.Cmd
+	anyExitFails bool
 }
 
 // startDaemons starts the daemons m needs: nil when it needs none.
@@ -102,10 +107,11 @@ func listenFor(path string) (*os.File, error) {
 	return f, err
 }
 
-// run starts the daemon, logging its stderr. An exit 0 is the daemon seeing QEMU close its socket,
-// which QEMU does only as it ends: no failure, QEMU's own exit tells why; any other exit while
-// the launcher has not stopped it is a failure (watch).
-func (d *daemons) run(dm daemon, log logr.Logger) error {
+// run starts the daemon, logging its stderr, and returns it running. An exit 0 is the daemon
+// seeing QEMU close its socket, which QEMU does only as it ends: no failure, QEMU's own exit tells
+// why (unless anyExitFails); any other exit while the launcher has not stopped it is a failure
+// (watch).
+func (d *daemons) run(dm daemon, log logr.Logger) (*running, error) {
 	cmd := dm.cmd
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
@@ -113,14 +119,14 @@ func (d *daemons) run(dm daemon, log logr.Logger) error {
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", cmd.Path, err)
+		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
-	exited := make(chan struct{})
+	r := &running{cmd: cmd, exited: make(chan struct{})}
 	d.mu.Lock()
-	d.running = append(d.running, running{cmd: cmd, exited: exited})
+	d.running = append(d.running, r)
 	d.mu.Unlock()
 	log = log.WithValues("pid", cmd.Process.Pid)
 	log.Info(dm.name + " started")
@@ -133,23 +139,25 @@ func (d *daemons) run(dm daemon, log logr.Logger) error {
 	go func() {
 		<-copied
 		err := cmd.Wait()
-		// exited closes after the failure is sent, so that one waiting for the daemon to start
-		// finds why it ended.
-		defer close(exited)
+		defer close(r.exited)
 		d.mu.Lock()
 		stopping := d.stopping
 		d.mu.Unlock()
-		if stopping || err == nil {
+		if stopping || (err == nil && !dm.anyExitFails) {
 			log.Info(dm.name+" ended", "error", err)
 			return
 		}
+		if err == nil {
+			err = errors.New("exit status 0")
+		}
 		log.Error(err, dm.name+" ended while the guest needs it")
+		r.failure = fmt.Errorf("%s of %s ended (%v): %s", dm.name, dm.of, err, tail.String())
 		select {
-		case d.failed <- fmt.Errorf("%s of %s ended (%v): %s", dm.name, dm.of, err, tail.String()):
+		case d.failed <- r.failure:
 		default:
 		}
 	}()
-	return nil
+	return r, nil
 }
 
 // stop ends the daemons (QEMU has ended or failed to start): SIGTERM first, so that a daemon

@@ -23,7 +23,7 @@ func TestDaemonsStopLetsThemFinish(t *testing.T) {
 	polite := exec.Command("/bin/sh", "-c", `trap 'echo state > `+saved+`; exit 0' TERM; : > `+dir+`/ready-polite; while :; do sleep 0.05; done`)
 	stubborn := exec.Command("/bin/sh", "-c", `trap '' TERM; : > `+dir+`/ready-stubborn; while :; do sleep 0.05; done`)
 	for _, c := range []*exec.Cmd{polite, stubborn} {
-		if err := d.run(daemon{name: "sh", of: "the test", cmd: c}, d.log); err != nil {
+		if _, err := d.run(daemon{name: "sh", of: "the test", cmd: c}, d.log); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -69,6 +69,28 @@ func TestTPMStateNames(t *testing.T) {
 		}
 		if !ok && (err == nil || !strings.Contains(err.Error(), tpmCurrentFile)) {
 			t.Errorf("tpm-current %q: %q, %v; want an error naming %s", name, got, err, tpmCurrentFile)
+		}
+	}
+}
+
+// A daemon that outlives QEMU's connection (passt) fails the guest even when it exits 0 on its
+// own; another daemon's exit 0 is QEMU closing its socket, no failure.
+func TestDaemonExitZero(t *testing.T) {
+	for _, anyExitFails := range []bool{true, false} {
+		d := &daemons{log: logr.Discard(), failed: make(chan error, 1)}
+		r, err := d.run(daemon{name: "passt", of: `interface "default"`, cmd: exec.Command("/bin/sh", "-c", "echo bye >&2; exit 0"),
+			anyExitFails: anyExitFails}, d.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-r.exited
+		switch {
+		case anyExitFails && (r.failure == nil || !strings.Contains(r.failure.Error(), `passt of interface "default" ended (exit status 0): bye`)):
+			t.Errorf("passt's exit 0: failure %v, want it named with its last words", r.failure)
+		case anyExitFails && len(d.failed) != 1:
+			t.Error("passt's exit 0 did not reach the watch")
+		case !anyExitFails && (r.failure != nil || len(d.failed) != 0):
+			t.Errorf("a daemon's exit 0: failure %v, want none", r.failure)
 		}
 	}
 }

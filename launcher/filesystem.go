@@ -119,5 +119,6 @@ func (d *daemons) startFilesystem(f machine.Filesystem, socket, virtiofsd string
 	}
 	// virtiofsd exits 0 when QEMU closes its socket, which QEMU does only as it ends (a guest
 	// powering off): no failure, and QEMU's own exit tells why.
-	return d.run(daemon{name: "virtiofsd", of: fmt.Sprintf("filesystem %q", f.Name), cmd: cmd}, d.log.WithValues("filesystem", f.Name, "dir", f.Dir))
+	_, err = d.run(daemon{name: "virtiofsd", of: fmt.Sprintf("filesystem %q", f.Name), cmd: cmd}, d.log.WithValues("filesystem", f.Name, "dir", f.Dir))
+	return err
 }

@@ -108,45 +108,28 @@ func passtPorts(ports []int32, p *machine.Passt) string {
 }
 
 // checkAllPorts refuses, with the reason and the remedy, a NIC forwarding every port where passt
-// could not open a socket per port: it binds every port below the ephemeral range for TCP and for
-// UDP, about 65,500 open files, which a container runtime's usual limit (1048576) allows but a
-// lower one does not; passt itself would only say it cannot open enough sockets.
+// could not open a socket per port: its "all" binds every port below 49152 (passt's own
+// PORT_EPHEMERAL_MIN, whatever the kernel's ephemeral range) for TCP and for UDP, about 98,300
+// open files, which a container runtime's usual limit (1048576) allows but a lower one does not;
+// passt itself would only say it cannot open enough sockets.
 func checkAllPorts(p *machine.Passt) error {
 	if len(p.TCPPorts) > 0 || len(p.UDPPorts) > 0 {
 		return nil
 	}
-	first, err := ephemeralPortStart()
-	if err != nil {
-		return err
-	}
-	need := 2*uint64(first-1) + passtSpareFiles
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return fmt.Errorf("open-file limit: %w", err)
 	}
-	if lim.Max < need {
+	if lim.Max < PasstAllPortsFiles {
 		return fmt.Errorf("the interface lists no ports, so passt forwards every port, which takes a socket per port "+
-			"and protocol: %d open files, over this pod's limit of %d; list the ports the guest serves in the interface's ports", need, lim.Max)
+			"and protocol: %d open files, over this pod's limit of %d; list the ports the guest serves in the interface's ports", PasstAllPortsFiles, lim.Max)
 	}
 	return nil
 }
 
-// passtSpareFiles are the open files passt needs besides its forwarding sockets.
-const passtSpareFiles = 256
-
-// ephemeralPortStart is the first port of the ephemeral range (net.ipv4.ip_local_port_range) of
-// the launcher's network namespace, the pod's: passt's "all" binds the ports below it.
-func ephemeralPortStart() (int, error) {
-	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0, fmt.Errorf("ephemeral port range: %w", err)
-	}
-	var first, last int
-	if _, err := fmt.Sscan(string(data), &first, &last); err != nil || first < 1 {
-		return 0, fmt.Errorf("ephemeral port range %q: not two port numbers", strings.TrimSpace(string(data)))
-	}
-	return first, nil
-}
+// PasstAllPortsFiles are the open files passt needs to forward every port: a socket per port
+// below 49152 (passt's PORT_EPHEMERAL_MIN) for TCP and for UDP, and some to spare.
+const PasstAllPortsFiles = 2*49152 + 256
 
 // startPasst starts the passt of NIC i and waits until it listens (it writes its PID file once
 // its socket listens), so that QEMU's connect does not race its start.
@@ -162,12 +145,12 @@ func (d *daemons) startPasst(m *Machine, i int, passt string) error {
 		return err
 	}
 	cmd := exec.Command(passt, passtArgs(n, socket, pidFile)...)
-	if err := d.run(daemon{name: "passt", of: fmt.Sprintf("interface %q", n.Name), cmd: cmd}, d.log.WithValues("interface", n.Name)); err != nil {
+	// passt waits for another client when QEMU disconnects: it ends only when the launcher ends
+	// it, so any other exit leaves the guest without its network and fails it.
+	r, err := d.run(daemon{name: "passt", of: fmt.Sprintf("interface %q", n.Name), cmd: cmd, anyExitFails: true}, d.log.WithValues("interface", n.Name))
+	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	exited := d.running[len(d.running)-1].exited
-	d.mu.Unlock()
 	deadline := time.NewTimer(passtReady)
 	defer deadline.Stop()
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -177,14 +160,11 @@ func (d *daemons) startPasst(m *Machine, i int, passt string) error {
 			return nil
 		}
 		select {
-		case <-exited:
-			// QEMU has not started: the failure (with passt's last words) is this start's.
-			select {
-			case err := <-d.failed:
-				return err
-			default:
-				return fmt.Errorf("passt of interface %q ended before it listened", n.Name)
+		case <-r.exited:
+			if r.failure != nil {
+				return r.failure
 			}
+			return fmt.Errorf("passt of interface %q ended before it listened", n.Name)
 		case <-deadline.C:
 			return fmt.Errorf("passt of interface %q did not listen at %s within %s", n.Name, socket, passtReady)
 		case <-tick.C:

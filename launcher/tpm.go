@@ -74,7 +74,8 @@ func (d *daemons) startTPM(m *Machine, swtpm string) error {
 		"--ctrl", "type=unixio,fd=3", "--terminate")
 	cmd.Dir = state
 	cmd.ExtraFiles = []*os.File{sock}
-	return d.run(daemon{name: "swtpm", of: "the TPM", cmd: cmd}, d.log.WithValues("tpm", state))
+	_, err = d.run(daemon{name: "swtpm", of: "the TPM", cmd: cmd}, d.log.WithValues("tpm", state))
+	return err
 }
 
 // tpmState makes the directory of the TPM's state: the persistent one when the TPM persists

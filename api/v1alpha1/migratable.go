@@ -5,7 +5,7 @@ import "fmt"
 // Reasons for the LiveMigratable condition.
 const (
 	MigratableReason             = "Migratable"
-	BridgeOnPodNetworkReason     = "InterfaceNotLiveMigratable"
+	InterfaceNotLiveMigratableReason     = "InterfaceNotLiveMigratable"
 	HostDiskNotSharedReason      = "HostDiskNotLiveMigratable"
 	DisksNotLiveMigratableReason = "DisksNotLiveMigratable"
 	// HypervPassthroughReason is KubeVirt's VirtualMachineInstanceReasonHypervPassthroughNotMigratable.
@@ -58,7 +58,7 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 		if in.IsPasst() {
 			// As KubeVirt's passt plugin unless registered with a migration method: the guest
 			// keeps the source pod's address, which the target's passt would not serve.
-			return false, BridgeOnPodNetworkReason, fmt.Sprintf("interface %q uses the passt binding, which gives the guest the pod's address", in.Name)
+			return false, InterfaceNotLiveMigratableReason, fmt.Sprintf("interface %q uses the passt binding, which gives the guest the pod's address", in.Name)
 		}
 		if in.Bridge == nil {
 			continue
@@ -66,9 +66,9 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 		if n := spec.Network(in.Name); n != nil && n.IsSecondary() {
 			// KubeVirt migrates these; here the target pod's interface would have another MAC and,
 			// with IPAM, another address than the one the guest keeps.
-			return false, BridgeOnPodNetworkReason, fmt.Sprintf("interface %q uses the bridge binding on its multus network, which gives the guest the pod interface's MAC and address; the target pod's would differ", in.Name)
+			return false, InterfaceNotLiveMigratableReason, fmt.Sprintf("interface %q uses the bridge binding on its multus network, which gives the guest the pod interface's MAC and address; the target pod's would differ", in.Name)
 		}
-		return false, BridgeOnPodNetworkReason, fmt.Sprintf("interface %q uses the bridge binding on the pod network, which gives the guest the pod's address", in.Name)
+		return false, InterfaceNotLiveMigratableReason, fmt.Sprintf("interface %q uses the bridge binding on the pod network, which gives the guest the pod's address", in.Name)
 	}
 	if f := spec.Domain.Features; f != nil && f.HypervPassthrough != nil && (f.HypervPassthrough.Enabled == nil || *f.HypervPassthrough.Enabled) {
 		return false, HypervPassthroughReason, "features.hypervPassthrough gives the guest the Hyper-V enlightenments of this node's KVM, which another node's may not offer"

@@ -86,7 +86,7 @@ func TestLiveMigratableInterfaces(t *testing.T) {
 			spec := VirtualMachineInstanceSpec{Networks: []Network{tc.net}}
 			spec.Domain.Devices.Interfaces = []Interface{tc.in}
 			ok, reason, msg := LiveMigratable(&spec)
-			if ok != tc.ok || !ok && (reason != BridgeOnPodNetworkReason || !strings.Contains(msg, tc.message)) {
+			if ok != tc.ok || !ok && (reason != InterfaceNotLiveMigratableReason || !strings.Contains(msg, tc.message)) {
 				t.Errorf("LiveMigratable = %v, %s, %q; want %v and a message naming %q", ok, reason, msg, tc.ok, tc.message)
 			}
 		})

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"slices"
+
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -25,6 +27,24 @@ const RealtimeReason = "; real-time vCPU threads run SCHED_FIFO, which needs CAP
 
 // MemoryHotplugReason ends the refusals of memory hotplug.
 const MemoryHotplugReason = "; QEMU starts with the guest's RAM fixed and the launcher plugs no memory (virtio-mem) later"
+
+// passtTCPProbes warns of tcpSocket probes on an instance with the passt binding: passt listens on
+// the pod's forwarded ports itself and accepts a connection before the guest sees it, so such a
+// probe succeeds whatever the guest does (as under KubeVirt, whose passt is the same).
+func passtTCPProbes(spec *VirtualMachineInstanceSpec, p *field.Path) []string {
+	if !slices.ContainsFunc(spec.Domain.Devices.Interfaces, func(in Interface) bool { return in.IsPasst() }) {
+		return nil
+	}
+	var out []string
+	for name, probe := range map[string]*Probe{"readinessProbe": spec.ReadinessProbe, "livenessProbe": spec.LivenessProbe} {
+		if probe != nil && probe.TCPSocket != nil {
+			out = append(out, p.Child(name, "tcpSocket").String()+": with the passt binding this probe always succeeds: "+
+				"passt accepts the connection in the pod before the guest sees it; use httpGet, exec or guestAgentPing")
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // DefaultVMNetworkCIDR is the masquerade binding's guest network when the pod network's
 // vmNetworkCIDR is unset (netsetup.DefaultVMCIDR).
@@ -104,7 +124,7 @@ func NotRealisedVM(spec *VirtualMachineSpec) field.ErrorList {
 // The webhooks accept such a spec and return these as warnings, so a KubeVirt manifest runs
 // unchanged and its author learns what it does here. Each names its field.
 func Ineffective(spec *VirtualMachineInstanceSpec, p *field.Path) []string {
-	var out []string
+	out := passtTCPProbes(spec, p)
 	dp := p.Child("domain")
 	if f := spec.Domain.Features; f != nil && f.APIC != nil && f.APIC.Enabled != nil && !*f.APIC.Enabled {
 		// libvirt's QEMU driver has nothing that turns the APIC off: KubeVirt leaves <apic/> out

@@ -170,6 +170,10 @@ func TestIneffective(t *testing.T) {
 		{"APIC off", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Features.APIC.Enabled = ptr.To(false)
 		}, "spec.domain.features.apic.enabled: false has no effect"},
+		{"a tcpSocket probe on passt", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces = []Interface{{Name: s.Networks[0].Name, Binding: &PluginBinding{Name: PasstBinding}}}
+			s.ReadinessProbe = &Probe{Handler: Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}}
+		}, "spec.readinessProbe.tcpSocket: with the passt binding this probe always succeeds"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -378,7 +378,8 @@ const MaxNICQueues = 256
 // for a virtio interface when devices.networkInterfaceMultiqueue is true, else 0 (one queue).
 func NICQueues(d *DomainSpec, in *Interface) uint32 {
 	mq := d.Devices.NetworkInterfaceMultiQueue
-	if mq == nil || !*mq || (in.Model != "" && in.Model != DefaultInterfaceModel) {
+	// passt's stream backend has one queue (KubeVirt's passt plugin gives it no more).
+	if mq == nil || !*mq || (in.Model != "" && in.Model != DefaultInterfaceModel) || in.IsPasst() {
 		return 0
 	}
 	n := min(QueueVCPUs(d.CPU), MaxNICQueues)

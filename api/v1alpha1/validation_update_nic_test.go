@@ -178,7 +178,7 @@ func TestLiveMigratableWithHotpluggedNIC(t *testing.T) {
 		t.Fatalf("bridge hotplug refused: %v", errs)
 	}
 	ok, reason, msg := LiveMigratable(&bridge.Spec)
-	if ok || reason != BridgeOnPodNetworkReason || !strings.Contains(msg, `"hot"`) {
-		t.Fatalf("hot-plugged bridge NIC: migratable=%v reason=%s message=%q, want %s naming hot", ok, reason, msg, BridgeOnPodNetworkReason)
+	if ok || reason != InterfaceNotLiveMigratableReason || !strings.Contains(msg, `"hot"`) {
+		t.Fatalf("hot-plugged bridge NIC: migratable=%v reason=%s message=%q, want %s naming hot", ok, reason, msg, InterfaceNotLiveMigratableReason)
 	}
 }

@@ -183,6 +183,7 @@ func checkRunnable(cfg config.Config, namespace string, spec *v1alpha1.VirtualMa
 	errs = append(errs, v1alpha1.ValidateMultusNamespaces(spec, namespace, p)...)
 	errs = append(errs, validateHostPaths(cfg, namespace, spec, p, allVolumes(spec))...)
 	errs = append(errs, validateVirtiofs(cfg, spec, p)...)
+	errs = append(errs, validatePasst(cfg, spec, p)...)
 	errs = append(errs, validateDownwardMetrics(cfg, spec, p)...)
 	return append(errs, validateEmulation(cfg, spec, p)...)
 }
@@ -196,6 +197,23 @@ func validateVirtiofs(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSp
 	return field.ErrorList{field.Forbidden(p.Child("domain", "devices", "filesystems"), fmt.Sprintf(
 		"virtiofs filesystems are not enabled in this cluster (enableVirtiofs in ConfigMap %s): their launcher pod runs without a seccomp profile, "+
 			"because QEMU 7.2's virtiofsd sandboxes itself in a user namespace; share the volume as a disk instead", config.ConfigMapName))}
+}
+
+// validatePasst refuses the passt binding unless the cluster enabled it (see
+// config.Config.EnablePasstBinding for what enabling costs).
+func validatePasst(cfg config.Config, spec *v1alpha1.VirtualMachineInstanceSpec, p *field.Path) field.ErrorList {
+	if cfg.EnablePasstBinding {
+		return nil
+	}
+	var errs field.ErrorList
+	for i, in := range spec.Domain.Devices.Interfaces {
+		if in.IsPasst() {
+			errs = append(errs, field.Forbidden(p.Child("domain", "devices", "interfaces").Index(i).Child("binding"), fmt.Sprintf(
+				"the passt binding is not enabled in this cluster (enablePasstBinding in ConfigMap %s, as KubeVirt needs its passt plugin registered): "+
+					"its launcher pod runs without a seccomp profile, because passt sandboxes itself in a user namespace; use masquerade instead", config.ConfigMapName)))
+		}
+	}
+	return errs
 }
 
 // validateDownwardMetrics refuses the downward metrics port unless the cluster enabled it (see

@@ -47,7 +47,7 @@ func evictee(t *testing.T, ns, name string, strategy *v1alpha1.EvictionStrategy,
 	cond := metav1.Condition{Type: v1alpha1.VirtualMachineInstanceIsMigratable, Status: metav1.ConditionTrue,
 		Reason: v1alpha1.MigratableReason, Message: "the instance can be live-migrated"}
 	if !migratable {
-		cond.Status, cond.Reason = metav1.ConditionFalse, v1alpha1.BridgeOnPodNetworkReason
+		cond.Status, cond.Reason = metav1.ConditionFalse, v1alpha1.InterfaceNotLiveMigratableReason
 		cond.Message = `interface "default" uses the bridge binding on the pod network`
 	}
 	meta.SetStatusCondition(&vmi.Status.Conditions, cond)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/translate"
+	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -62,7 +63,7 @@ func TestKubeVirtMultusNetworks(t *testing.T) {
 }
 
 // TestKubeVirtPasstBinding: the passt binding as KubeVirt's user guide writes it, through kubectl:
-// stored as written (no masquerade added), translated to a passt NIC; another binding plugin,
+// refused until the cluster enables it, then stored as written (no masquerade added), translated to a passt NIC; another binding plugin,
 // passt on a multus network, and passt beside masquerade are refused naming the field.
 func TestKubeVirtPasstBinding(t *testing.T) {
 	startWebhook(t)
@@ -72,6 +73,15 @@ func TestKubeVirtPasstBinding(t *testing.T) {
 		map[string]any{"name": "passtnet", "binding": map[string]any{"name": "passt"}}}
 	spec["networks"] = []any{map[string]any{"name": "passtnet", "pod": map[string]any{}}}
 	o["metadata"].(map[string]any)["name"] = "vmi-passt"
+	// Off by default, naming the field and the key that turns it on.
+	if _, stderr, err := apply(t, o, "vmi-passt"); err == nil || !strings.Contains(stderr, "spec.domain.devices.interfaces[0].binding") ||
+		!strings.Contains(stderr, "enablePasstBinding") {
+		t.Fatalf("with passt not enabled: %v: %s; want a refusal naming the binding and enablePasstBinding", err, stderr)
+	}
+	cfg := config.Default()
+	cfg.EnablePasstBinding = true
+	store.Set(cfg)
+	t.Cleanup(func() { store.Set(config.Default()) })
 	data, _ := yaml.Marshal(o)
 	createByKubectl(t, data, "vmi", "vmi-passt")
 	var stored v1alpha1.VirtualMachineInstance

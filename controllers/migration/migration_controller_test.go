@@ -730,7 +730,7 @@ func TestNotMigratable(t *testing.T) {
 	e := setup(t, nil)
 	vmi, _ := e.runningVMI("vm1", "node-a", true)
 	m := e.migrate("mig", vmi.Name)
-	e.assertFailed(m, v1alpha1.BridgeOnPodNetworkReason)
+	e.assertFailed(m, v1alpha1.InterfaceNotLiveMigratableReason)
 	if pods := e.targetPods(m); len(pods) != 0 {
 		t.Errorf("%d target pods created", len(pods))
 	}

@@ -90,7 +90,7 @@ func TestDecidePhase(t *testing.T) {
 			wantPhase: v1alpha1.MigrationFailed, wantReason: ReasonVMINotRunning, wantAction: actFail},
 		{name: "not live-migratable",
 			in:        phaseInput{Phase: v1alpha1.MigrationPending, VMI: bridge},
-			wantPhase: v1alpha1.MigrationFailed, wantReason: v1alpha1.BridgeOnPodNetworkReason, wantAction: actFail},
+			wantPhase: v1alpha1.MigrationFailed, wantReason: v1alpha1.InterfaceNotLiveMigratableReason, wantAction: actFail},
 		{name: "another migration goes first, even under the limits",
 			in:        phaseInput{Phase: v1alpha1.MigrationPending, VMI: runningVMI(), InProgress: "other", Limit: &limitHold{Reason: ReasonClusterLimitReached}},
 			wantPhase: v1alpha1.MigrationFailed, wantReason: ReasonMigrationInProgress, wantAction: actFail},

@@ -475,7 +475,7 @@ func TestBridgeOnPodNetworkIsNotLiveMigratable(t *testing.T) {
 	}
 	eventually(t, "LiveMigratable=False", func() (bool, string) {
 		c := meta.FindStatusCondition(getVMI(t, v).Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.BridgeOnPodNetworkReason, fmt.Sprintf("condition %+v", c)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.InterfaceNotLiveMigratableReason, fmt.Sprintf("condition %+v", c)
 	})
 }
 

@@ -156,10 +156,14 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 		}
 		pod.Spec.SecurityContext.Sysctls = append(pod.Spec.SecurityContext.Sysctls,
 			corev1.Sysctl{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"},
-			corev1.Sysctl{Name: "net.ipv4.ping_group_range", Value: "0 2147483647"})
+			corev1.Sysctl{Name: "net.ipv4.ping_group_range", Value: pingGroups})
 	}
 	return pod, nil
 }
+
+// pingGroups is the ping_group_range of a passt instance's pod: the launcher's group alone, whose
+// passt answers the guest's pings with ping sockets.
+var pingGroups = fmt.Sprintf("%d %d", podlayout.LauncherUID, podlayout.LauncherUID)
 
 // usesPasst says whether an interface of spec has the passt binding.
 func usesPasst(spec *v1alpha1.VirtualMachineInstanceSpec) bool {

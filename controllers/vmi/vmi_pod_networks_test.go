@@ -74,7 +74,7 @@ func TestRenderLauncherPodPasst(t *testing.T) {
 		t.Errorf("seccomp %+v, want Unconfined", sp)
 	}
 	sc := pod.Spec.SecurityContext
-	want := []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"}, {Name: "net.ipv4.ping_group_range", Value: "0 2147483647"}}
+	want := []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"}, {Name: "net.ipv4.ping_group_range", Value: "107 107"}}
 	if sc == nil || !slices.Equal(sc.Sysctls, want) || sc.FSGroup == nil || *sc.FSGroup != podlayout.LauncherUID {
 		t.Errorf("pod securityContext %+v, want sysctls %v and the launcher's fsGroup", sc, want)
 	}

@@ -134,8 +134,8 @@ func TestSetLiveMigratable(t *testing.T) {
 	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}
 	setLiveMigratable(v, nil, false)
 	c = meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VirtualMachineInstanceIsMigratable)
-	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.BridgeOnPodNetworkReason {
-		t.Fatalf("condition = %+v, want False/%s", c, v1alpha1.BridgeOnPodNetworkReason)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.InterfaceNotLiveMigratableReason {
+		t.Fatalf("condition = %+v, want False/%s", c, v1alpha1.InterfaceNotLiveMigratableReason)
 	}
 
 	// Huge pages migrate under KVM, not under emulation, where the source launcher would refuse.

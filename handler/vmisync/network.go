@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -53,15 +54,15 @@ func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer laun
 
 // defaultNetworkSetup binds the pod's eth0 to interface in, by bridge, masquerade or passt.
 func defaultNetworkSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, pod *corev1.Pod, peer launcher.Peer, multiQueue bool, p *field.Path) (machine.NIC, error) {
+	if in.IsPasst() {
+		return passtSetup(v, in), nil
+	}
 	dns, err := podDNS(peer)
 	if err != nil {
 		return machine.NIC{}, err
 	}
 	if in.Bridge != nil {
 		return bridgeSetup(in, peer, dns, pod.Spec.Hostname, multiQueue)
-	}
-	if in.IsPasst() {
-		return passtSetup(v, in), nil
 	}
 	return masqueradeSetup(v, in, peer, dns, pod.Spec.Hostname, multiQueue, p)
 }
@@ -93,10 +94,13 @@ const podInterface = "eth0"
 func passtSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface) machine.NIC {
 	p := &machine.Passt{Interface: podInterface}
 	for _, port := range in.Ports {
+		// A port listed twice (named twice, say) is one forward: passt refuses overlaps.
+		list := &p.TCPPorts
 		if port.Protocol == "UDP" {
-			p.UDPPorts = append(p.UDPPorts, port.Port)
-		} else {
-			p.TCPPorts = append(p.TCPPorts, port.Port)
+			list = &p.UDPPorts
+		}
+		if !slices.Contains(*list, port.Port) {
+			*list = append(*list, port.Port)
 		}
 	}
 	// The spec's macAddress, when set, wins in translate.NIC.

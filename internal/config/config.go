@@ -72,6 +72,11 @@ type Config struct {
 	// runtime's default profile forbids; a tenant who execs into such a pod reaches more of the
 	// node's kernel. Key: enableVirtiofs.
 	EnableVirtiofs bool
+	// EnablePasstBinding admits instances with the passt binding. Off by default, as KubeVirt
+	// needs its passt plugin registered: their launcher pods run without a seccomp profile, since
+	// passt sandboxes itself in a user namespace of its own (as virtiofsd does). Key:
+	// enablePasstBinding.
+	EnablePasstBinding bool
 	// EnableDownwardMetrics admits instances with devices.downwardMetrics. Off by default, as
 	// KubeVirt's DownwardMetrics feature gate: the port shows the guest its node's free memory and
 	// CPU time, which other tenants' load moves. Key: enableDownwardMetrics.
@@ -207,6 +212,8 @@ func (c *Config) set(key, val string) error {
 		c.EvictionStrategy, err = evictionStrategy(val)
 	case "enableVirtiofs":
 		c.EnableVirtiofs, err = strconv.ParseBool(val)
+	case "enablePasstBinding":
+		c.EnablePasstBinding, err = strconv.ParseBool(val)
 	case "enableDownwardMetrics":
 		c.EnableDownwardMetrics, err = strconv.ParseBool(val)
 	case "launcherCPUProfile":
@@ -214,7 +221,7 @@ func (c *Config) set(key, val string) error {
 	default:
 		return fmt.Errorf("unknown key; known keys are useEmulation, launcherImage, parallelMigrationsPerCluster, " +
 			"parallelOutboundMigrationsPerNode, bandwidthPerMigration, completionTimeoutPerGiB, progressTimeout, memoryOverheadBase, " +
-			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, vmStateStorageClass, evictionStrategy, enableVirtiofs, enableDownwardMetrics, launcherCPUProfile")
+			"memoryOverheadPerVCPU, memoryOverheadGuestRatio, allowedHostPaths, hostDiskNamespaces, insecureRegistries, vmStateStorageClass, evictionStrategy, enableVirtiofs, enablePasstBinding, enableDownwardMetrics, launcherCPUProfile")
 	}
 	return err
 }

@@ -16,11 +16,14 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/local/install"
 	"github.com/qvirt/qvirt/local/kubenode"
 	"github.com/qvirt/qvirt/test/envtest"
@@ -149,9 +152,17 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	pvmi.Name = "passt"
 	pvmi.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default",
 		Binding: &v1alpha1.PluginBinding{Name: v1alpha1.PasstBinding}, Ports: []v1alpha1.Port{{Port: 80}}}}
-	if err := cl.Create(ctx, pvmi); err != nil {
+	// The binding is off by default: the cluster enables it, and admission lets the instance in
+	// once qvirt-controller has read the change.
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: config.ConfigMapName, Namespace: install.Namespace}}
+	if err := cl.Patch(ctx, cm, client.RawPatch(types.MergePatchType, []byte(`{"data":{"enablePasstBinding":"true"}}`))); err != nil {
 		t.Fatal(err)
 	}
+	var createErr error
+	testutil.Eventually(t, 30*time.Second, "VMI passt admitted", func() bool {
+		createErr = cl.Create(ctx, pvmi.DeepCopy())
+		return createErr == nil
+	}, func() string { return fmt.Sprint(createErr) })
 	var pgot v1alpha1.VirtualMachineInstance
 	testutil.Eventually(t, 3*time.Minute, "VMI passt Running with an address", func() bool {
 		_ = cl.Get(ctx, client.ObjectKeyFromObject(pvmi), &pgot)

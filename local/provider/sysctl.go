@@ -31,11 +31,29 @@ func checkSysctls(p *corev1.Pod) error {
 		return nil
 	}
 	for i, s := range p.Spec.SecurityContext.Sysctls {
-		if !safeSysctls[s.Name] {
+		if !safeSysctls[dotted(s.Name)] {
 			return fmt.Errorf("spec.securityContext.sysctls[%d]: %q is not a safe sysctl of the pod's network namespace, which is all a virtual node sets (SysctlForbidden)", i, s.Name)
 		}
 	}
 	return nil
+}
+
+// dotted is a sysctl's name with dots between its parts, as the kubelet normalises one written
+// with slashes (net/ipv4/ping_group_range): there, a dot is part of a part (an interface's name)
+// and swaps with the slash.
+func dotted(name string) string {
+	if i := strings.IndexAny(name, "./"); i < 0 || name[i] == '.' {
+		return name
+	}
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '/':
+			return '.'
+		case '.':
+			return '/'
+		}
+		return r
+	}, name)
 }
 
 // setSysctls writes the pod's sysctls (checked by checkSysctls) in its network namespace at nsPath.
@@ -45,7 +63,7 @@ func setSysctls(nsPath string, p *corev1.Pod) error {
 	}
 	return ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
 		for _, s := range p.Spec.SecurityContext.Sysctls {
-			path := filepath.Join("/proc/sys", strings.ReplaceAll(s.Name, ".", "/"))
+			path := filepath.Join("/proc/sys", strings.ReplaceAll(dotted(s.Name), ".", "/"))
 			if err := os.WriteFile(path, []byte(s.Value), 0o644); err != nil {
 				return fmt.Errorf("sysctl %s=%q: %w", s.Name, s.Value, err)
 			}

@@ -19,7 +19,7 @@ func TestPodSysctls(t *testing.T) {
 		}
 		return p
 	}
-	if err := provider.CheckSysctls(pod("net.ipv4.ip_unprivileged_port_start", "net.ipv4.ping_group_range")); err != nil {
+	if err := provider.CheckSysctls(pod("net.ipv4.ip_unprivileged_port_start", "net/ipv4/ping_group_range")); err != nil {
 		t.Errorf("the passt binding's sysctls: %v", err)
 	}
 	if err := provider.CheckSysctls(&corev1.Pod{}); err != nil {
