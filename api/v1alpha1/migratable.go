@@ -4,10 +4,10 @@ import "fmt"
 
 // Reasons for the LiveMigratable condition.
 const (
-	MigratableReason             = "Migratable"
-	InterfaceNotLiveMigratableReason     = "InterfaceNotLiveMigratable"
-	HostDiskNotSharedReason      = "HostDiskNotLiveMigratable"
-	DisksNotLiveMigratableReason = "DisksNotLiveMigratable"
+	MigratableReason                 = "Migratable"
+	InterfaceNotLiveMigratableReason = "InterfaceNotLiveMigratable"
+	HostDiskNotSharedReason          = "HostDiskNotLiveMigratable"
+	DisksNotLiveMigratableReason     = "DisksNotLiveMigratable"
 	// HypervPassthroughReason is KubeVirt's VirtualMachineInstanceReasonHypervPassthroughNotMigratable.
 	HypervPassthroughReason = "HypervPassthroughNotLiveMigratable"
 	// VirtIOFSReason is KubeVirt's VirtualMachineInstanceReasonVirtIOFSNotMigratable.
