@@ -26,11 +26,7 @@ func TestKubeVirtMultusNetworks(t *testing.T) {
 	spec["networks"] = []any{map[string]any{"name": "default", "pod": map[string]any{}},
 		map[string]any{"name": "ptp", "multus": map[string]any{"networkName": "ptp-conf"}},
 		map[string]any{"name": "lab", "multus": map[string]any{"networkName": "default/lab"}}}
-	o["metadata"].(map[string]any)["name"] = "vmi-multus"
-	data, _ := yaml.Marshal(o)
-	createByKubectl(t, data, "vmi", "vmi-multus")
-	var stored v1alpha1.VirtualMachineInstance
-	get(t, "vmi", "vmi-multus", &stored)
+	stored := createVMI(t, o, "vmi-multus")
 	if got := ifaceList(stored.Spec.Domain.Devices.Interfaces); got != "default:virtio:masquerade ptp:virtio:bridge lab:virtio:bridge" {
 		t.Errorf("stored interfaces %s, want lab defaulted to bridge", got)
 	}
@@ -82,10 +78,7 @@ func TestKubeVirtPasstBinding(t *testing.T) {
 	cfg.EnablePasstBinding = true
 	store.Set(cfg)
 	t.Cleanup(func() { store.Set(config.Default()) })
-	data, _ := yaml.Marshal(o)
-	createByKubectl(t, data, "vmi", "vmi-passt")
-	var stored v1alpha1.VirtualMachineInstance
-	get(t, "vmi", "vmi-passt", &stored)
+	stored := createVMI(t, o, "vmi-passt")
 	if got := ifaceList(stored.Spec.Domain.Devices.Interfaces); got != "passtnet:virtio:binding=passt" {
 		t.Errorf("stored interfaces %s, want passtnet with the passt binding alone", got)
 	}
@@ -117,4 +110,18 @@ func TestKubeVirtPasstBinding(t *testing.T) {
 			}
 		})
 	}
+}
+
+// createVMI creates the instance o as name with kubectl and returns it as stored.
+func createVMI(t *testing.T, o map[string]any, name string) v1alpha1.VirtualMachineInstance {
+	t.Helper()
+	o["metadata"].(map[string]any)["name"] = name
+	data, err := yaml.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	createByKubectl(t, data, "vmi", name)
+	var stored v1alpha1.VirtualMachineInstance
+	get(t, "vmi", name, &stored)
+	return stored
 }
