@@ -52,6 +52,8 @@ type daemon struct {
 	name, of     string
 	cmd          *exec.Cmd
 	anyExitFails bool
+	// noise, when set, says which stderr lines are not worth logging.
+	noise func(line string) bool
 }
 
 // startDaemons starts the daemons m needs: nil when it needs none.
@@ -133,6 +135,9 @@ func (d *daemons) run(dm daemon, log logr.Logger) (*running, error) {
 	tail := newTailBuffer(1024)
 	copied := make(chan struct{})
 	go copyLines(stderr, copied, func(line string) {
+		if dm.noise != nil && dm.noise(line) {
+			return
+		}
 		tail.Write([]byte(line + "\n"))
 		log.Info(dm.name, "stderr", line)
 	})

@@ -131,6 +131,12 @@ func checkAllPorts(p *machine.Passt) error {
 // below 49152 (passt's PORT_EPHEMERAL_MIN) for TCP and for UDP, and some to spare.
 const PasstAllPortsFiles = 2*49152 + 256
 
+// passtNoise are passt's complaints that it has no syslog (a pod has none; its stderr is logged),
+// which it makes for every message.
+func passtNoise(line string) bool {
+	return strings.HasPrefix(line, "Failed to send ") && strings.HasSuffix(line, " to syslog")
+}
+
 // startPasst starts the passt of NIC i and waits until it listens (it writes its PID file once
 // its socket listens), so that QEMU's connect does not race its start.
 func (d *daemons) startPasst(m *Machine, i int, passt string) error {
@@ -147,7 +153,7 @@ func (d *daemons) startPasst(m *Machine, i int, passt string) error {
 	cmd := exec.Command(passt, passtArgs(n, socket, pidFile)...)
 	// passt waits for another client when QEMU disconnects: it ends only when the launcher ends
 	// it, so any other exit leaves the guest without its network and fails it.
-	r, err := d.run(daemon{name: "passt", of: fmt.Sprintf("interface %q", n.Name), cmd: cmd, anyExitFails: true}, d.log.WithValues("interface", n.Name))
+	r, err := d.run(daemon{name: "passt", of: fmt.Sprintf("interface %q", n.Name), cmd: cmd, anyExitFails: true, noise: passtNoise}, d.log.WithValues("interface", n.Name))
 	if err != nil {
 		return err
 	}
