@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -27,6 +28,11 @@ func (spec *VirtualMachineInstanceSpec) Interface(name string) *Interface {
 		}
 	}
 	return nil
+}
+
+// UsesPasst says whether an interface of spec has the passt binding.
+func (spec *VirtualMachineInstanceSpec) UsesPasst() bool {
+	return slices.ContainsFunc(spec.Domain.Devices.Interfaces, func(in Interface) bool { return in.IsPasst() })
 }
 
 // IsSecondary says whether n is a Multus network besides the pod's default one: its interface is

@@ -32,7 +32,7 @@ const MemoryHotplugReason = "; QEMU starts with the guest's RAM fixed and the la
 // the pod's forwarded ports itself and accepts a connection before the guest sees it, so such a
 // probe succeeds whatever the guest does (as under KubeVirt, whose passt is the same).
 func passtTCPProbes(spec *VirtualMachineInstanceSpec, p *field.Path) []string {
-	if !slices.ContainsFunc(spec.Domain.Devices.Interfaces, func(in Interface) bool { return in.IsPasst() }) {
+	if !spec.UsesPasst() {
 		return nil
 	}
 	var out []string

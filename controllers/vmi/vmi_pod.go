@@ -139,7 +139,7 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 	if err := addHostDiskVolumes(pod, vmi.Namespace, spec, cfg); err != nil {
 		return nil, err
 	}
-	passt := usesPasst(spec)
+	passt := spec.UsesPasst()
 	if len(spec.Domain.Devices.Filesystems) > 0 || passt {
 		// The launcher runs virtiofsd in a user namespace of its own (launcher/filesystem.go),
 		// and passt sandboxes itself in one (launcher/passt.go), which the runtime's default
@@ -164,11 +164,6 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 // pingGroups is the ping_group_range of a passt instance's pod: the launcher's group alone, whose
 // passt answers the guest's pings with ping sockets.
 var pingGroups = fmt.Sprintf("%d %d", podlayout.LauncherUID, podlayout.LauncherUID)
-
-// usesPasst says whether an interface of spec has the passt binding.
-func usesPasst(spec *v1alpha1.VirtualMachineInstanceSpec) bool {
-	return slices.ContainsFunc(spec.Domain.Devices.Interfaces, func(in v1alpha1.Interface) bool { return in.IsPasst() })
-}
 
 // podProbe is the compute container's probe for an instance's, as KubeVirt's virt-controller
 // makes it (pkg/virt-controller/services/template.go): a tcpSocket or httpGet probe is copied, and
