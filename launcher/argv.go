@@ -255,6 +255,7 @@ func BuildArgv(m *Machine) ([]string, error) {
 	b.usbRedirs()    // input.go
 	b.rng()          // rng.go
 	b.memBalloon()   // balloon.go
+	b.memHotplug()   // memory_hotplug.go
 	b.channels()     // channel.go
 	b.watchdog()     // watchdog.go
 	b.sound()        // sound.go

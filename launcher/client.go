@@ -400,6 +400,11 @@ func (c *Client) SetSockets(ctx context.Context, sockets uint32) error {
 	return c.do(ctx, http.MethodPut, "/v1/cpu", protocol.CPURequest{Sockets: sockets}, nil)
 }
 
+// SetGuestMemory asks the guest to have guestMiB of memory (memory hotplug).
+func (c *Client) SetGuestMemory(ctx context.Context, guestMiB int64) error {
+	return c.do(ctx, http.MethodPut, "/v1/memory", protocol.MemoryRequest{GuestMiB: guestMiB}, nil)
+}
+
 // PrepareMigrationTarget makes an incoming launcher listen and returns the URI for the source.
 func (c *Client) PrepareMigrationTarget(ctx context.Context, req protocol.MigrationTarget) (string, error) {
 	var out protocol.MigrationTargetReply

@@ -9,9 +9,9 @@ import (
 	"github.com/qvirt/qvirt/machine"
 )
 
-// The CPU and memory device kind: the vCPU model, the topology and the guest RAM. The RAM is fixed
-// when QEMU starts; vCPUs can be hot-plugged, whole sockets at a time, up to MaxSockets
-// (cpu_hotplug.go).
+// The CPU and memory device kind: the vCPU model, the topology and the guest RAM. vCPUs can be
+// hot-plugged, whole sockets at a time, up to MaxSockets (cpu_hotplug.go); RAM beyond the boot RAM
+// through a virtio-mem device, up to MaxMemoryMiB (memory_hotplug.go).
 
 // cpuMemory: -cpu, -smp and -m. The model arrives decided (package machine); the host model is
 // refused without KVM rather than left for QEMU to reject after it started.
@@ -56,7 +56,12 @@ func (b *builder) cpuMemory() {
 		b.fail(machine.Invalid(machinePath.Child("memoryMiB"), m.MemoryMiB, "must be positive"))
 	}
 	ramKiB := guestRAMKiB(m)
-	b.add("-m", strconv.FormatInt(ramKiB, 10)+"K")
+	mem := strconv.FormatInt(ramKiB, 10) + "K"
+	if room := m.MemoryHotplugRoomMiB(); room > 0 {
+		// The room above the boot RAM that the virtio-mem device (memory_hotplug.go) sits in.
+		mem += ",maxmem=" + strconv.FormatInt(ramKiB+room<<10, 10) + "K"
+	}
+	b.add("-m", mem)
 	if !ramBackend(m) {
 		return
 	}

@@ -39,6 +39,7 @@ type Launcher struct {
 	hotplug   map[string]hotDisk
 	nics      map[string]hotNIC
 	cpuPlug   sync.Mutex  // held by SetSockets
+	memPlug   sync.Mutex  // held by SetGuestMemory
 	blocks    blockState  // block migration (blockmigration.go)
 	agent     *agentState // the current QEMU's guest agent (agent.go); nil without a channel
 	changed   chan struct{}
@@ -214,6 +215,7 @@ func (l *Launcher) Status(ctx context.Context) (protocol.Status, <-chan struct{}
 	st.QEMUVersion = proc.QEMUVersion()
 	st.PID = proc.Pid()
 	st.Sockets = proc.Sockets()
+	st.Memory = proc.memoryStatus()
 	st.Exit = exit
 	st.Disks, st.NICs = l.devices(proc)
 	if agent != nil {

@@ -559,13 +559,20 @@ func (l *Launcher) setMigration(info *protocol.MigrationInfo) {
 
 func ptrTo[T any](v T) *T { return &v }
 
-// migrationUnderTCGRefused refuses to migrate huge page RAM under emulation: QEMU 7.2 loses guest
-// writes when it migrates RAM whose length is a whole number of 256 KiB blocks under TCG (see
-// tcgRAMPadKiB), and huge page RAM cannot be padded out of that. Under KVM it migrates.
+// migrationUnderTCGRefused refuses to migrate, under emulation, RAM that cannot be padded out of
+// QEMU 7.2's TCG dirty-tracking defect (tcgRAMPadKiB): huge page RAM and the virtio-mem region of
+// memory hotplug, both whole 256 KiB blocks.
 func migrationUnderTCGRefused(m *Machine) error {
-	if m.Accel != machine.AccelTCG || m.HugePageKiB == 0 {
+	if m.Accel != machine.AccelTCG {
 		return nil
 	}
-	return machine.Invalid(machinePath.Child("hugePageKiB"), m.HugePageKiB,
-		"huge page RAM does not live-migrate under emulation (TCG): "+machine.HugePagesTCGMigration)
+	if m.HugePageKiB != 0 {
+		return machine.Invalid(machinePath.Child("hugePageKiB"), m.HugePageKiB,
+			"huge page RAM does not live-migrate under emulation (TCG): "+machine.HugePagesTCGMigration)
+	}
+	if m.MemoryHotplugRoomMiB() != 0 {
+		return machine.Invalid(machinePath.Child("maxMemoryMiB"), m.MaxMemoryMiB,
+			"memory hotplug room does not live-migrate under emulation (TCG): "+machine.MemoryHotplugTCGMigration)
+	}
+	return nil
 }

@@ -85,6 +85,9 @@ type Process struct {
 	// sockets is how many sockets of vCPUs the guest has: the machine's, then more as they are
 	// hot-plugged (cpu_hotplug.go).
 	sockets atomic.Uint32
+	// memRequested and memPlugged are the MiB the virtio-mem device was asked for and has plugged
+	// (memory_hotplug.go).
+	memRequested, memPlugged atomic.Int64
 }
 
 // Start starts QEMU for m and returns once the guest runs (or, for a migration target, once QEMU
@@ -106,6 +109,8 @@ func Start(ctx context.Context, m *Machine, opts Options) (*Process, error) {
 		state: qmp.StatePrelaunch,
 	}
 	p.sockets.Store(m.CPU.Sockets)
+	p.memRequested.Store(m.PluggedMemoryMiB)
+	p.memPlugged.Store(m.PluggedMemoryMiB)
 	if m.Incoming {
 		p.state = qmp.StateInMigrate
 	}
@@ -346,6 +351,10 @@ func (p *Process) onEvent(ev gqmp.Event) {
 	case qmp.EventGuestPanicked:
 		p.panicked = true
 		p.state = qmp.StateGuestPanicked
+	case qmp.EventMemoryDeviceSizeChange:
+		if !p.onMemorySizeChange(ev) {
+			return
+		}
 	case qmp.EventMigration:
 		if s, _ := ev.Data["status"].(string); s == string(qmp.MigrationCompleted) && !p.machine.Incoming {
 			p.migrated = true

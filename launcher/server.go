@@ -43,6 +43,7 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/nics", s.hotplugNIC)
 	mux.HandleFunc("DELETE /v1/nics/{name}", s.unplugNIC)
 	mux.HandleFunc("PUT /v1/cpu", s.setCPU)
+	mux.HandleFunc("PUT /v1/memory", s.setMemory)
 	mux.HandleFunc("POST /v1/migration/target", s.migrationTarget)
 	mux.HandleFunc("POST /v1/migration/source", s.migrationSource)
 	mux.HandleFunc("DELETE /v1/migration", s.simple(l.CancelMigration))
@@ -268,6 +269,18 @@ func (s *server) setCPU(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.l.SetSockets(r.Context(), req.Sockets); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) setMemory(w http.ResponseWriter, r *http.Request) {
+	var req protocol.MemoryRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := s.l.SetGuestMemory(r.Context(), req.GuestMiB); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -64,6 +64,13 @@ type Machine struct {
 	// HugePageKiB backs the guest's RAM with huge pages of this size (2048 or 1048576) from the
 	// host's pool; ordinary pages when 0. MemoryMiB must be a whole number of them.
 	HugePageKiB int64 `json:"hugePageKiB,omitempty"`
+	// MaxMemoryMiB is the most RAM memory hotplug may give the guest: beyond MemoryMiB, QEMU
+	// gets a virtio-mem device of MaxMemoryMiB-MemoryMiB, in MemoryBlockMiB blocks, which the
+	// launcher plugs on request (SetGuestMemory). No hotplug room when 0 or MemoryMiB.
+	MaxMemoryMiB int64 `json:"maxMemoryMiB,omitempty"`
+	// PluggedMemoryMiB is what that device gives the guest from the start: a migration target's
+	// is the source's. At most MaxMemoryMiB-MemoryMiB.
+	PluggedMemoryMiB int64 `json:"pluggedMemoryMiB,omitempty"`
 	// Kernel boots a kernel and initrd from an image instead of the firmware's boot order.
 	Kernel *KernelBoot `json:"kernel,omitempty"`
 	// SerialConsole attaches ttyS0 to the serial socket; Graphics attaches a VGA on the VNC socket.
@@ -659,6 +666,20 @@ const MaxUSBRedirSlots = 4
 const HugePagesTCGMigration = "QEMU 7.2 loses guest writes migrating RAM of whole 256 KiB blocks under TCG (fixed in QEMU 9.0), " +
 	"and huge pages cannot be padded out of that; it migrates under KVM"
 
+// MemoryBlockMiB is the virtio-mem block size: the unit memory is plugged in, and what the guest
+// memory and its hotplug room must be whole multiples of (KubeVirt's 2 MiB alignment).
+const MemoryBlockMiB = 2
+
+// MemoryHotplugTCGMigration is why RAM with memory hotplug room does not live-migrate under
+// emulation (TCG), said by the launcher that refuses it and by the controller that marks such an
+// instance not migratable.
+const MemoryHotplugTCGMigration = "QEMU 7.2 loses guest writes migrating RAM of whole 256 KiB blocks under TCG (fixed in QEMU 9.0), " +
+	"and the virtio-mem region is whole 2 MiB blocks, which cannot be padded out of that; it migrates under KVM"
+
 // MaxVCPUs is the most vCPUs a q35 guest gets from QEMU here (without an IOMMU's interrupt
 // remapping, x2APIC IDs above 254 are unreachable).
 const MaxVCPUs = 255
+
+// MemoryHotplugRoomMiB is the virtio-mem device's size: the memory hotplug may add beyond
+// MemoryMiB; 0 without hotplug room.
+func (m *Machine) MemoryHotplugRoomMiB() int64 { return max(m.MaxMemoryMiB-m.MemoryMiB, 0) }

@@ -25,6 +25,9 @@ const (
 	EventMigration     = "MIGRATION"
 	EventMigrationPass = "MIGRATION_PASS"
 	EventBlockIOError  = "BLOCK_IO_ERROR"
+	// EventMemoryDeviceSizeChange: a virtio-mem device's plugged size changed (the guest plugged or
+	// unplugged blocks); data: id, size (bytes), qom-path.
+	EventMemoryDeviceSizeChange = "MEMORY_DEVICE_SIZE_CHANGE"
 )
 
 // ErrWaiterCancelled is returned by Waiter.Wait after Waiter.Cancel.

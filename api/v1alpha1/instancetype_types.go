@@ -179,8 +179,7 @@ type MemoryInstancetype struct {
 	// +kubebuilder:validation:Maximum=100
 	OvercommitPercent int `json:"overcommitPercent,omitempty"`
 
-	// MaxGuest is the most memory hotplug may reach; not supported by this version of qvirt
-	// (refused).
+	// MaxGuest is the instance's domain.memory.maxGuest: the most memory hotplug may reach.
 	// +optional
 	MaxGuest *resource.Quantity `json:"maxGuest,omitempty"`
 }

@@ -35,10 +35,6 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 	if spec.CPU.Realtime != nil {
 		errs = append(errs, field.Forbidden(cp.Child("realtime"), "real-time vCPUs are "+NotRealisedMessage+RealtimeReason))
 	}
-	mp := p.Child("memory")
-	if spec.Memory.MaxGuest != nil {
-		errs = append(errs, field.Forbidden(mp.Child("maxGuest"), "memory hotplug is "+NotRealisedMessage+MemoryHotplugReason))
-	}
 	return errs
 }
 

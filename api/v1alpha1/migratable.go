@@ -19,6 +19,9 @@ const (
 	// HugepagesUnderEmulationReason: the instance's RAM is of huge pages and the cluster runs its
 	// guests under emulation (TCG), where QEMU 7.2 cannot migrate such RAM safely.
 	HugepagesUnderEmulationReason = "HugepagesNotLiveMigratableUnderEmulation"
+	// MemoryHotplugUnderEmulationReason: the instance has memory hotplug room (maxGuest) and the
+	// cluster runs its guests under emulation (TCG), where QEMU 7.2 cannot migrate it safely.
+	MemoryHotplugUnderEmulationReason = "MemoryHotplugNotLiveMigratableUnderEmulation"
 )
 
 // ClaimVolume is a volume of spec backed by a PersistentVolumeClaim (persistentVolumeClaim,

@@ -25,9 +25,6 @@ const NUMAReason = "; guestMappingPassthrough binds each guest node's memory to 
 const RealtimeReason = "; real-time vCPU threads run SCHED_FIFO, which needs CAP_SYS_NICE in the launcher's container, " +
 	"and the launcher holds no capability"
 
-// MemoryHotplugReason ends the refusals of memory hotplug.
-const MemoryHotplugReason = "; QEMU starts with the guest's RAM fixed and the launcher plugs no memory (virtio-mem) later"
-
 // passtTCPProbes warns of tcpSocket probes on an instance with the passt binding: passt listens on
 // the pod's forwarded ports itself and accepts a connection before the guest sees it, so such a
 // probe succeeds whatever the guest does (as under KubeVirt, whose passt is the same).
@@ -88,9 +85,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 		if c.Realtime != nil {
 			no(cp.Child("realtime"), "real-time vCPUs", RealtimeReason)
 		}
-	}
-	if m := spec.Domain.Memory; m != nil && m.MaxGuest != nil {
-		no(dp.Child("memory", "maxGuest"), "memory hotplug", MemoryHotplugReason)
 	}
 	devp := dp.Child("devices")
 	if v := spec.Domain.Devices.AutoattachVSOCK; v != nil && *v {

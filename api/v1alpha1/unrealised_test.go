@@ -102,9 +102,6 @@ func TestNotRealised(t *testing.T) {
 		{"real-time vCPUs", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.CPU = &CPU{Realtime: &runtime.RawExtension{Raw: []byte(`{"mask":"0"}`)}}
 		}, "spec.domain.cpu.realtime"},
-		{"memory hotplug", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.Memory.MaxGuest = ptr.To(resource.MustParse("4Gi"))
-		}, "spec.domain.memory.maxGuest"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -120,6 +120,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	errs = append(errs, validateMemory(d, p)...)
 	errs = append(errs, validateDedicatedCPUs(d, p)...)
 	errs = append(errs, validateHugepages(d, p)...)
+	errs = append(errs, validateMaxGuest(d, p)...)
 	if m := d.Machine; m != nil && m.Type != "" && !machRE.MatchString(m.Type) {
 		errs = append(errs, field.NotSupported(p.Child("machine", "type"), m.Type, []string{"q35", "pc-q35-<version>"}))
 	}
@@ -454,8 +455,10 @@ func QuantityText(q resource.Quantity) string {
 // GuestMemoryMiB is the guest memory QEMU is given, in MiB: GuestMemory rounded up to a whole MiB,
 // as libvirt rounds it for KubeVirt (qemuDomainAlignMemorySizes), so the common KubeVirt request
 // 1024M (976.56 MiB) gives the guest 977 MiB. 0 when no memory is set.
-func GuestMemoryMiB(d *DomainSpec) int64 {
-	q := GuestMemory(d)
+func GuestMemoryMiB(d *DomainSpec) int64 { return QuantityMiB(GuestMemory(d)) }
+
+// QuantityMiB is q in whole MiB, a fraction of one rounded up; 0 when q is nil or not positive.
+func QuantityMiB(q *resource.Quantity) int64 {
 	if q == nil || q.Sign() <= 0 {
 		return 0
 	}

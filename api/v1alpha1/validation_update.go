@@ -54,7 +54,8 @@ func HotplugImmutableFields() []string {
 
 // ValidateVirtualMachineInstanceUpdate checks a change of an instance: every spec field but the
 // disks, volumes, interfaces and networks (and, with maxSockets, domain.cpu.sockets: CPU hotplug,
-// validateSocketsUpdate) is immutable; disks, volumes, interfaces and networks
+// validateSocketsUpdate; with maxGuest, domain.memory.guest: memory hotplug,
+// validateGuestMemoryUpdate) is immutable; disks, volumes, interfaces and networks
 // present at creation cannot change or go; a disk (an interface) can be removed only when old's
 // status says it was hot-plugged (status.volumeStatus[].hotplugged, status.interfaces[].hotplugged);
 // an added disk must be a virtio disk backed by a hostDisk or emptyDisk volume
@@ -71,13 +72,16 @@ func ValidateVirtualMachineInstanceUpdate(old, vmi *VirtualMachineInstance) fiel
 	p := field.NewPath("spec")
 	var errs field.ErrorList
 	cpuHotplug := old.Spec.Domain.CPU != nil && old.Spec.Domain.CPU.MaxSockets != 0
+	memHotplug := hotplugsMemory(&old.Spec)
 	skip := func(fp *field.Path) bool {
-		return isHotplugField(fp) || cpuHotplug && fp.String() == "spec.domain.cpu.sockets"
+		return isHotplugField(fp) || cpuHotplug && fp.String() == "spec.domain.cpu.sockets" ||
+			memHotplug && fp.String() == "spec.domain.memory.guest"
 	}
 	for _, fp := range specDiff(reflect.ValueOf(old.Spec), reflect.ValueOf(vmi.Spec), p, skip) {
 		errs = append(errs, field.Forbidden(fp, ImmutableMessage(fp.String())))
 	}
 	errs = append(errs, validateSocketsUpdate(old, vmi, p.Child("domain", "cpu", "sockets"))...)
+	errs = append(errs, validateGuestMemoryUpdate(old, vmi, p.Child("domain", "memory", "guest"))...)
 	if old.Spec.Domain.Devices.DisableHotplug {
 		errs = append(errs, hotplugDisabled(old, vmi, p)...)
 		if len(errs) > 0 {

@@ -293,3 +293,37 @@ func TestSocketsUpdate(t *testing.T) {
 		})
 	}
 }
+
+// TestGuestMemoryUpdate: a running instance with maxGuest may grow memory.guest up to maxGuest
+// (memory hotplug) in whole 2Mi blocks; shrinking it, going past maxGuest, part of a block, or any
+// change without maxGuest is refused naming the field.
+func TestGuestMemoryUpdate(t *testing.T) {
+	vmi := func(guest, maxGuest string) *VirtualMachineInstance {
+		v := &VirtualMachineInstance{}
+		v.Spec.Domain.Memory = &Memory{Guest: ptr.To(resource.MustParse(guest))}
+		if maxGuest != "" {
+			v.Spec.Domain.Memory.MaxGuest = ptr.To(resource.MustParse(maxGuest))
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name     string
+		old, new *VirtualMachineInstance
+		path     string
+	}{
+		{"grow within maxGuest", vmi("1Gi", "4Gi"), vmi("1536Mi", "4Gi"), ""},
+		{"grow to maxGuest", vmi("1Gi", "4Gi"), vmi("4Gi", "4Gi"), ""},
+		{"shrink", vmi("2Gi", "4Gi"), vmi("1Gi", "4Gi"), "spec.domain.memory.guest"},
+		{"past maxGuest", vmi("1Gi", "4Gi"), vmi("5Gi", "4Gi"), "spec.domain.memory.guest"},
+		{"part of a block", vmi("1Gi", "4Gi"), vmi("1025Mi", "4Gi"), "spec.domain.memory.guest"},
+		{"maxGuest itself", vmi("1Gi", "4Gi"), vmi("1Gi", "8Gi"), "spec.domain.memory.maxGuest"},
+		{"without maxGuest", vmi("1Gi", ""), vmi("2Gi", ""), "spec.domain.memory.guest"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := ValidateVirtualMachineInstanceUpdate(tc.old, tc.new)
+			if tc.path == "" && len(errs) != 0 || tc.path != "" && !hasPath(errs, tc.path) {
+				t.Errorf("errors %v, want %s", errs, map[bool]string{true: "none", false: "one at " + tc.path}[tc.path == ""])
+			}
+		})
+	}
+}

@@ -144,6 +144,11 @@ type VirtualMachineInstanceStatus struct {
 	// +optional
 	CurrentCPUTopology *CPUTopology `json:"currentCPUTopology,omitempty"`
 
+	// Memory is the guest's memory under memory hotplug (memory.maxGuest; KubeVirt's field): what it
+	// booted with, what it was asked to have and what it has plugged so far.
+	// +optional
+	Memory *MemoryStatus `json:"memory,omitempty"`
+
 	// VolumeStatus is the state of each volume.
 	// +optional
 	// +listType=atomic
@@ -434,4 +439,17 @@ type CPUTopology struct {
 	Sockets uint32 `json:"sockets,omitempty"`
 	Cores   uint32 `json:"cores,omitempty"`
 	Threads uint32 `json:"threads,omitempty"`
+}
+
+// MemoryStatus is the guest's memory under memory hotplug, each figure the whole guest memory.
+type MemoryStatus struct {
+	// GuestAtBoot is the memory the guest booted with.
+	// +optional
+	GuestAtBoot *resource.Quantity `json:"guestAtBoot,omitempty"`
+	// GuestCurrent is the memory the guest has now: at boot plus what its virtio_mem driver plugged.
+	// +optional
+	GuestCurrent *resource.Quantity `json:"guestCurrent,omitempty"`
+	// GuestRequested is the memory the guest was asked to have.
+	// +optional
+	GuestRequested *resource.Quantity `json:"guestRequested,omitempty"`
 }

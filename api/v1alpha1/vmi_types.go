@@ -51,7 +51,7 @@ type VirtualMachineInstance struct {
 	// +kubebuilder:validation:XValidation:rule="!has(oldSelf.networks) || !has(self.networks) || oldSelf.networks.all(o, self.networks.all(n, n.name != o.name || n == o))",message="the network of an attached interface cannot change; remove both and add them again",fieldPath=".networks"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.resources) == has(oldSelf.domain.resources) && (!has(self.domain.resources) || self.domain.resources == oldSelf.domain.resources)",message="spec.domain.resources is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.resources"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.cpu) == has(oldSelf.domain.cpu) && (!has(self.domain.cpu) || self.domain.cpu == oldSelf.domain.cpu || has(oldSelf.domain.cpu.maxSockets) && has(self.domain.cpu.maxSockets) && self.domain.cpu.maxSockets == oldSelf.domain.cpu.maxSockets)",message="spec.domain.cpu is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.cpu"
-	// +kubebuilder:validation:XValidation:rule="has(self.domain.memory) == has(oldSelf.domain.memory) && (!has(self.domain.memory) || self.domain.memory == oldSelf.domain.memory)",message="spec.domain.memory is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.memory"
+	// +kubebuilder:validation:XValidation:rule="has(self.domain.memory) == has(oldSelf.domain.memory) && (!has(self.domain.memory) || self.domain.memory == oldSelf.domain.memory || has(oldSelf.domain.memory.maxGuest) && has(self.domain.memory.maxGuest) && self.domain.memory.maxGuest == oldSelf.domain.memory.maxGuest)",message="spec.domain.memory is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.memory"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.machine) == has(oldSelf.domain.machine) && (!has(self.domain.machine) || self.domain.machine == oldSelf.domain.machine)",message="spec.domain.machine is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.machine"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.firmware) == has(oldSelf.domain.firmware) && (!has(self.domain.firmware) || self.domain.firmware == oldSelf.domain.firmware)",message="spec.domain.firmware is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.firmware"
 	// +kubebuilder:validation:XValidation:rule="has(self.domain.features) == has(oldSelf.domain.features) && (!has(self.domain.features) || self.domain.features == oldSelf.domain.features)",message="spec.domain.features is immutable; only volumes, disks, interfaces and networks can be hot-plugged",fieldPath=".domain.features"
@@ -422,7 +422,10 @@ type Memory struct {
 	// +optional
 	Hugepages *Hugepages `json:"hugepages,omitempty"`
 
-	// MaxGuest is the most memory hotplug may reach; refused (MemoryHotplugReason).
+	// MaxGuest is the most memory hotplug may reach (KubeVirt's memory hotplug): the guest boots
+	// with guest and QEMU holds a virtio-mem device of the room up to maxGuest; raising guest on
+	// the running instance (up to maxGuest, never down) plugs memory, which the guest's
+	// virtio_mem driver takes. A whole number of 2Mi blocks, with guest at least 1Gi.
 	// +optional
 	MaxGuest *resource.Quantity `json:"maxGuest,omitempty"`
 }

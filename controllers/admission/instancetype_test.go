@@ -104,10 +104,6 @@ spec:
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineInstancetype","metadata":{"name":"gpu"},
 				"spec":{"cpu":{"guest":1},"memory":{"guest":"1Gi"},"gpus":[{"name":"gpu1","deviceName":"nvidia.com/TU104GL_Tesla_T4"}]}}`)
 		}, []string{"spec.gpus", "GPU passthrough is not supported by this version of qvirt"}},
-		{"an instancetype with memory hotplug", func() []byte {
-			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterInstancetype","metadata":{"name":"pinned"},
-				"spec":{"cpu":{"guest":1,"dedicatedCPUPlacement":true},"memory":{"guest":"1Gi","hugepages":{"pageSize":"2Mi"},"maxGuest":"4Gi"}}}`)
-		}, []string{"spec.memory.maxGuest"}},
 		{"a preferred panic device of s390", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachinePreference","metadata":{"name":"s390"},
 				"spec":{"devices":{"preferredPanicDeviceModel":"s390"}}}`)

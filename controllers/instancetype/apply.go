@@ -238,6 +238,9 @@ func applyMemory(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.Virtual
 	if hp := it.Memory.Hugepages; hp != nil && d.Memory != nil && d.Memory.Hugepages != nil {
 		errs = append(errs, conflict(dp.Child("memory", "hugepages"), "memory.hugepages.pageSize: "+hp.PageSize))
 	}
+	if mg := it.Memory.MaxGuest; mg != nil && d.Memory != nil && d.Memory.MaxGuest != nil {
+		errs = append(errs, conflict(dp.Child("memory", "maxGuest"), "memory.maxGuest: "+mg.String()))
+	}
 	if len(errs) > 0 {
 		return errs
 	}
@@ -248,6 +251,10 @@ func applyMemory(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.Virtual
 	d.Memory.Guest = &guest
 	if it.Memory.Hugepages != nil {
 		d.Memory.Hugepages = it.Memory.Hugepages.DeepCopy()
+	}
+	if mg := it.Memory.MaxGuest; mg != nil {
+		mg := mg.DeepCopy()
+		d.Memory.MaxGuest = &mg
 	}
 	if pct := it.Memory.OvercommitPercent; pct > 0 {
 		if d.Resources.Requests == nil {

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -40,6 +42,8 @@ const (
 	EventFailedDelete     = "FailedDelete"
 	// EventSocketsUpdated: the running instance was given the template's new sockets.
 	EventSocketsUpdated = "SocketsUpdated"
+	// EventMemoryUpdated: the running instance was given the template's new guest memory.
+	EventMemoryUpdated = "MemoryUpdated"
 )
 
 // deletionRecheck is how often a VM being deleted looks again at its VMI, on top of the watch.
@@ -267,6 +271,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vm *v1alpha1.VirtualMa
 	}
 	if d.Action == ActionNone && next != nil && actionErr == nil {
 		after, actionErr = r.liveUpdateSockets(ctx, vm, &next.Spec, after)
+		if actionErr == nil {
+			after, actionErr = r.liveUpdateMemory(ctx, vm, &next.Spec, after)
+		}
 	}
 	if actionErr != nil || retry || blocked || provisioning {
 		// The decision assumed the action succeeded: keep the requests, the hold and the entered
@@ -340,6 +347,39 @@ func (r *Reconciler) liveUpdateSockets(ctx context.Context, vm *v1alpha1.Virtual
 	}
 	r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventSocketsUpdated, "VMI %s: sockets %d -> %d (CPU hotplug)", vmi.Name, max(have.Sockets, 1), want.Sockets)
 	return patched, nil
+}
+
+// liveUpdateMemory gives a running instance the guest memory its VM's template now has, when
+// memory hotplug allows it: KubeVirt's LiveUpdate of memory.guest. The template and the instance
+// have the same maxGuest and the template more memory, at most that much; the node agent then has
+// the launcher plug it. Less memory waits for a restart (RestartRequired, lessMemory). It returns
+// the instance as patched.
+func (r *Reconciler) liveUpdateMemory(ctx context.Context, vm *v1alpha1.VirtualMachine, desired *v1alpha1.VirtualMachineInstanceSpec, vmi *v1alpha1.VirtualMachineInstance) (*v1alpha1.VirtualMachineInstance, error) {
+	if !vmiActive(vmi) || vmi.DeletionTimestamp != nil || migrating(vmi) {
+		return vmi, nil
+	}
+	want, have := v1alpha1.GuestMemory(&desired.Domain), v1alpha1.GuestMemory(&vmi.Spec.Domain)
+	room := maxGuest(vmi.Spec.Domain.Memory)
+	if want == nil || have == nil || room == nil || !equality.Semantic.DeepEqual(maxGuest(desired.Domain.Memory), room) ||
+		want.Cmp(*have) <= 0 || want.Cmp(*room) > 0 {
+		return vmi, nil
+	}
+	patched := vmi.DeepCopy()
+	g := want.DeepCopy()
+	patched.Spec.Domain.Memory.Guest = &g
+	if err := r.Client.Patch(ctx, patched, client.MergeFrom(vmi)); err != nil {
+		return vmi, fmt.Errorf("raise VMI %s to %s of memory: %w", vmi.Name, g.String(), err)
+	}
+	r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventMemoryUpdated, "VMI %s: memory %s -> %s (memory hotplug)", vmi.Name, have.String(), g.String())
+	return patched, nil
+}
+
+// maxGuest is memory.maxGuest, nil when unset.
+func maxGuest(m *v1alpha1.Memory) *resource.Quantity {
+	if m == nil {
+		return nil
+	}
+	return m.MaxGuest
 }
 
 // reconcileDelete deletes the VM's instance and removes the finalizer once the instance is gone

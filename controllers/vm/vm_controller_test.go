@@ -83,6 +83,7 @@ func TestReconciler(t *testing.T) {
 	cases = append(cases,
 		namedCase{"RestartRequired", testRestartRequired},
 		namedCase{"LiveUpdateSockets", testLiveUpdateSockets},
+		namedCase{"LiveUpdateMemory", testLiveUpdateMemory},
 		namedCase{"StartPaused", testStartPaused},
 		namedCase{"CrashLoopBackOff", testCrashLoopBackOff},
 		namedCase{"DeleteVM", testDeleteVM},
@@ -420,6 +421,58 @@ func testLiveUpdateSockets(h *harness) error {
 	}
 	if v, err := h.waitVMI(name, "the VMI", func(*v1alpha1.VirtualMachineInstance) bool { return true }); err != nil || v.Spec.Domain.CPU.Sockets != 3 {
 		return fmt.Errorf("the running VMI has %d sockets after the template asked for 2, want 3 (%v)", v.Spec.Domain.CPU.Sockets, err)
+	}
+	return nil
+}
+
+// testLiveUpdateMemory: with maxGuest, more guest memory in the template reaches the running
+// instance (memory hotplug, KubeVirt's LiveUpdate) without RestartRequired; less memory leaves the
+// instance as it is and requires a restart.
+func testLiveUpdateMemory(h *harness) error {
+	const name = "vm"
+	if err := h.createVM(name, v1alpha1.RunStrategyAlways, func(vm *v1alpha1.VirtualMachine) {
+		vm.Spec.Template.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("1Gi")), MaxGuest: ptr.To(resource.MustParse("4Gi"))}
+	}); err != nil {
+		return err
+	}
+	vmi, err := h.waitVMI(name, "the VMI with maxGuest", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Spec.Domain.Memory != nil && v.Spec.Domain.Memory.MaxGuest != nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := h.setPhase(name, vmi.UID, v1alpha1.Running); err != nil {
+		return err
+	}
+	restartRequired := func(vm *v1alpha1.VirtualMachine) bool {
+		return meta.FindStatusCondition(vm.Status.Conditions, v1alpha1.VirtualMachineRestartRequired) != nil
+	}
+	setGuest := func(q string) error {
+		return h.updateVM(name, func(vm *v1alpha1.VirtualMachine) { vm.Spec.Template.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse(q)) })
+	}
+	if err := setGuest("3Gi"); err != nil {
+		return err
+	}
+	if _, err := h.waitVMI(name, "the running VMI raised to 3Gi", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.UID == vmi.UID && v.Spec.Domain.Memory.Guest.String() == "3Gi"
+	}); err != nil {
+		return err
+	}
+	if err := h.waitVM(name, "Running without RestartRequired", func(vm *v1alpha1.VirtualMachine) bool {
+		return vm.Status.ObservedGeneration == vm.Generation && vm.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && !restartRequired(vm)
+	}); err != nil {
+		return err
+	}
+	if err := setGuest("2Gi"); err != nil {
+		return err
+	}
+	if err := h.waitVM(name, "RestartRequired with 2Gi", func(vm *v1alpha1.VirtualMachine) bool {
+		return vm.Status.ObservedGeneration == vm.Generation && restartRequired(vm)
+	}); err != nil {
+		return err
+	}
+	if v, err := h.waitVMI(name, "the VMI", func(*v1alpha1.VirtualMachineInstance) bool { return true }); err != nil || v.Spec.Domain.Memory.Guest.String() != "3Gi" {
+		return fmt.Errorf("the running VMI has %s of memory after the template asked for 2Gi, want 3Gi (%v)", v.Spec.Domain.Memory.Guest, err)
 	}
 	return nil
 }

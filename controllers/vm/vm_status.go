@@ -114,7 +114,7 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 	case !hasDataVolumes(vm, desired):
 		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.VirtualMachineDataVolumesReady)
 	}
-	if vmiActive(vmi) && (!equality.Semantic.DeepEqual(coldSpec(*desired), coldSpec(vmi.Spec)) || fewerSockets(desired, &vmi.Spec)) {
+	if vmiActive(vmi) && (!equality.Semantic.DeepEqual(coldSpec(*desired), coldSpec(vmi.Spec)) || fewerSockets(desired, &vmi.Spec) || lessMemory(desired, &vmi.Spec)) {
 		set(metav1.Condition{Type: v1alpha1.VirtualMachineRestartRequired, Status: metav1.ConditionTrue,
 			Reason:  ReasonTemplateChange,
 			Message: "the VM template changed since VMI " + vmi.Name + " was created; restart the VM to apply it"})
@@ -136,7 +136,8 @@ func computeStatus(in statusInput) v1alpha1.VirtualMachineStatus {
 
 // coldSpec is a spec with the defaults admission gives an instance (the instance's were recorded
 // when it was created, the template's are not) and without its disks, volumes, interfaces and
-// networks, nor its sockets when it has maxSockets: those can be hot-plugged into a running
+// networks, nor its sockets when it has maxSockets, nor its guest memory when it has maxGuest:
+// those can be hot-plugged into a running
 // instance, so a difference there needs no restart. The start strategy is left out too: it only says how the instance started (a `start
 // --paused` sets it on the instance alone).
 func coldSpec(spec v1alpha1.VirtualMachineInstanceSpec) v1alpha1.VirtualMachineInstanceSpec {
@@ -150,7 +151,18 @@ func coldSpec(spec v1alpha1.VirtualMachineInstanceSpec) v1alpha1.VirtualMachineI
 		// (liveUpdateSockets); fewer need a restart (fewerSockets).
 		cpu.Sockets = 0
 	}
+	if m := c.Domain.Memory; m != nil && m.MaxGuest != nil {
+		// The same for memory up to maxGuest (liveUpdateMemory); less needs a restart (lessMemory).
+		m.Guest = nil
+	}
 	return c
+}
+
+// lessMemory says whether the template has less guest memory than the running instance under
+// memory hotplug: memory is not unplugged, so that takes a restart.
+func lessMemory(desired, running *v1alpha1.VirtualMachineInstanceSpec) bool {
+	d, r := v1alpha1.GuestMemory(&desired.Domain), v1alpha1.GuestMemory(&running.Domain)
+	return running.Domain.Memory != nil && running.Domain.Memory.MaxGuest != nil && d != nil && r != nil && d.Cmp(*r) < 0
 }
 
 // fewerSockets says whether the template has fewer sockets than the running instance: vCPUs are

@@ -318,8 +318,12 @@ func MemoryOverhead(d *v1alpha1.DomainSpec, cfg config.Config) (*resource.Quanti
 		return nil, err
 	}
 	o := cfg.MemoryOverhead
-	// With CPU hotplug room, the vCPUs it may reach: the pod is not resized when they are plugged.
+	// With CPU hotplug room, the vCPUs it may reach, and with memory hotplug room, the memory:
+	// the pod is not resized when they are plugged.
 	bytes := o.Base.Value() + o.PerVCPU.Value()*int64(v1alpha1.QueueVCPUs(d.CPU))
+	if m := d.Memory; m != nil && m.MaxGuest != nil && m.MaxGuest.Cmp(*guest) > 0 {
+		guest = m.MaxGuest
+	}
 	if o.GuestRatio > 0 {
 		bytes += guest.Value() / o.GuestRatio
 	}

@@ -181,6 +181,10 @@ func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims, emul
 		ok, reason = false, v1alpha1.HugepagesUnderEmulationReason
 		msg = "memory.hugepages under emulation (useEmulation): " + machine.HugePagesTCGMigration
 	}
+	if m := vmi.Spec.Domain.Memory; ok && emulation && m != nil && m.MaxGuest != nil {
+		ok, reason = false, v1alpha1.MemoryHotplugUnderEmulationReason
+		msg = "memory.maxGuest under emulation (useEmulation): " + machine.MemoryHotplugTCGMigration
+	}
 	if vol, claim, modes := unsharedClaim(&vmi.Spec, claims); ok && claim != "" {
 		ok, reason = false, v1alpha1.DisksNotLiveMigratableReason
 		msg = fmt.Sprintf("volume %q uses PersistentVolumeClaim %q with access modes %v: live migration needs claims that are ReadWriteMany "+

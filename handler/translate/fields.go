@@ -34,6 +34,8 @@ var machineFields = []struct{ machine, spec string }{
 	{"machine.cpu.isolateEmulatorThread", "spec.domain.cpu.isolateEmulatorThread"},
 	{"machine.cpu", "spec.domain.cpu"},
 	{"machine.memoryMiB", "spec.domain.memory.guest"},
+	{"machine.maxMemoryMiB", "spec.domain.memory.maxGuest"},
+	{"machine.pluggedMemoryMiB", "spec.domain.memory.guest"},
 	{"machine.hugePageKiB", "spec.domain.memory.hugepages.pageSize"},
 	{"machine.firmware.efi.secureBoot", "spec.domain.firmware.bootloader.efi.secureBoot"},
 	{"machine.firmware.efi", "spec.domain.firmware.bootloader.efi"},

@@ -286,6 +286,10 @@ func memory(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	if d.Memory != nil && d.Memory.Hugepages != nil {
 		m.HugePageKiB = d.Memory.Hugepages.PageBytes() >> 10
 	}
+	if d.Memory != nil && d.Memory.MaxGuest != nil {
+		// Memory hotplug: the guest boots with memory.guest and QEMU holds room up to maxGuest.
+		m.MaxMemoryMiB = v1alpha1.QuantityMiB(d.Memory.MaxGuest)
+	}
 	if m.MemoryMiB > 0 {
 		return nil
 	}

@@ -225,6 +225,9 @@ func targetMachine(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) error
 	if err := sourceSockets(v, m); err != nil {
 		return err
 	}
+	if err := sourceMemory(v, m); err != nil {
+		return err
+	}
 	for i := range m.Disks {
 		if err := sourceBlockSize(v, &m.Disks[i]); err != nil {
 			return err

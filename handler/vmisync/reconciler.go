@@ -214,7 +214,7 @@ type phase struct {
 }
 
 // phases are the steps of a reconcile, in order: the launcher runs the instance (and its status is
-// known) before a migration, disk, NIC or vCPU is synced with it.
+// known) before a migration, disk, NIC, vCPU or memory is synced with it.
 func (r *Reconciler) phases() []phase {
 	return []phase{
 		{name: "launcher", run: r.launcherPhase},
@@ -222,6 +222,7 @@ func (r *Reconciler) phases() []phase {
 		{name: "disks", run: r.disksPhase, hotplug: true},
 		{name: "nics", run: func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }, hotplug: true},
 		{name: "cpus", run: func(ctx context.Context, s *syncState) error { return r.syncCPUs(ctx, s.v, s.st) }, hotplug: true},
+		{name: "memory", run: func(ctx context.Context, s *syncState) error { return r.syncMemory(ctx, s.v, s.st) }, hotplug: true},
 	}
 }
 

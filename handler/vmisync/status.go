@@ -118,7 +118,7 @@ func TerminatedOutcome(pod *corev1.Pod, ended string) (v1alpha1.VirtualMachineIn
 }
 
 // applyLauncherStatus writes what the launcher reports into the instance's status: phase, QEMU and
-// launcher versions, the CPU topology, Ready and Paused conditions, interfaces (reached at the pod's addresses, the
+// launcher versions, the CPU topology, the memory under hotplug, Ready and Paused conditions, interfaces (reached at the pod's addresses, the
 // masquerade binding's and, for the bridge binding, the guest's own) and volumes. It returns the
 // Event message when the guest ended ("" otherwise). It is pure: now is the transition time.
 func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status, failures hotplugFailures, now metav1.Time) (ended string) {
@@ -134,6 +134,9 @@ func applyLauncherStatus(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st
 		// What the launcher says, within what the spec allows (the launcher is the tenant's).
 		sockets := min(st.Sockets, max(c.MaxSockets, c.Sockets, 1))
 		status.CurrentCPUTopology = &v1alpha1.CPUTopology{Sockets: sockets, Cores: max(c.Cores, 1), Threads: max(c.Threads, 1)}
+	}
+	if m := memoryStatus(v, st); m != nil {
+		status.Memory = m
 	}
 	if c := computeContainer(pod); c != nil {
 		status.LauncherContainerImageVersion = c.Image

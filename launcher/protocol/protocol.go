@@ -83,7 +83,9 @@ type Status struct {
 	StartError  string `json:"startError,omitempty"`
 	// Sockets is how many sockets of vCPUs the guest has (hot-plugged ones included); 0 before
 	// QEMU runs.
-	Sockets   uint32         `json:"sockets,omitempty"`
+	Sockets uint32 `json:"sockets,omitempty"`
+	// Memory is the guest's memory when the machine has memory hotplug room; nil without.
+	Memory    *MemoryStatus  `json:"memory,omitempty"`
 	Disks     []DiskStatus   `json:"disks,omitempty"`
 	NICs      []NICStatus    `json:"nics,omitempty"`
 	Migration *MigrationInfo `json:"migration,omitempty"`
@@ -526,4 +528,17 @@ type InterfaceStats struct {
 // CPURequest is PUT /v1/cpu's body: the sockets of vCPUs the guest should have.
 type CPURequest struct {
 	Sockets uint32 `json:"sockets"`
+}
+
+// MemoryRequest is PUT /v1/memory's body: the memory the guest should have, boot RAM included.
+type MemoryRequest struct {
+	GuestMiB int64 `json:"guestMiB"`
+}
+
+// MemoryStatus is the guest's memory under memory hotplug, each figure boot RAM included:
+// KubeVirt's status.memory (guestAtBoot, guestRequested, guestCurrent).
+type MemoryStatus struct {
+	BootMiB      int64 `json:"bootMiB"`
+	RequestedMiB int64 `json:"requestedMiB"`
+	PluggedMiB   int64 `json:"pluggedMiB"`
 }

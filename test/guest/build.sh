@@ -53,7 +53,7 @@ BOOT_MODULES=(
 # devices they attach: the guest has no udev).
 EXTRA_MODULES=(ext4 crc32c_generic efivarfs
 	virtio_rng virtio_input xhci_pci usbhid hid_generic i6300esb virtiofs
-	virtio_balloon snd_hda_intel snd_hda_codec_generic pvpanic_mmio pvpanic_pci)
+	virtio_balloon snd_hda_intel snd_hda_codec_generic pvpanic_mmio pvpanic_pci virtio_mem)
 
 # Recommended kernel command line, written to OUTDIR/cmdline.
 CMDLINE="console=ttyS0 quiet panic=-1"
