@@ -448,7 +448,9 @@ func testLiveUpdateMemory(h *harness) error {
 		return meta.FindStatusCondition(vm.Status.Conditions, v1alpha1.VirtualMachineRestartRequired) != nil
 	}
 	setGuest := func(q string) error {
-		return h.updateVM(name, func(vm *v1alpha1.VirtualMachine) { vm.Spec.Template.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse(q)) })
+		return h.updateVM(name, func(vm *v1alpha1.VirtualMachine) {
+			vm.Spec.Template.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse(q))
+		})
 	}
 	if err := setGuest("3Gi"); err != nil {
 		return err
