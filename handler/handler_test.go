@@ -1405,3 +1405,40 @@ func TestHypervLeftOutUnderEmulation(t *testing.T) {
 	})
 	e.waitEvent("hyperv", vmisync.EventFeaturesLeftOut, "under emulation", 10*time.Second)
 }
+
+// TestMemoryHotplug: an instance with memory.maxGuest boots with its memory.guest; raising
+// memory.guest on the running instance (a patch, as the VM controller's LiveUpdate makes) has the
+// node agent ask its launcher for the memory: the guest plugs it and counts 512 MiB more,
+// status.memory says what it booted with, was asked for and has, and an Event says it.
+func TestMemoryHotplug(t *testing.T) {
+	e := newEnv(t)
+	v := e.guestVMI("mem")
+	one, two := resource.MustParse("1Gi"), resource.MustParse("2Gi")
+	v.Spec.Domain.Memory.Guest, v.Spec.Domain.Memory.MaxGuest = &one, &two
+	e.create(v)
+	e.kubelet.run(v, true)
+	con := e.console(v)
+	e.waitVMI("mem", bootTimeout, "Running with 1Gi", func(v *v1alpha1.VirtualMachineInstance) bool {
+		m := v.Status.Memory
+		return v.Status.Phase == v1alpha1.Running && m != nil && m.GuestAtBoot.Equal(one) && m.GuestCurrent.Equal(one) && m.GuestRequested.Equal(one)
+	})
+	con.Expect(t, 0, "QVIRT-GUEST-READY", bootTimeout)
+	before := con.Number(t, `echo online > /sys/devices/system/memory/auto_online_blocks; modprobe virtio_mem; `+
+		`echo "BEFORE-$(awk '/^MemTotal/ {print $2}' /proc/meminfo)-E""ND"`, "BEFORE")
+
+	cur := e.get("mem")
+	base := cur.DeepCopy()
+	more := resource.MustParse("1536Mi")
+	cur.Spec.Domain.Memory.Guest = &more
+	if err := e.c.Patch(context.Background(), cur, client.MergeFrom(base)); err != nil {
+		t.Fatalf("raise the guest memory: %v", err)
+	}
+	e.waitVMI("mem", time.Minute, "1536Mi plugged", func(v *v1alpha1.VirtualMachineInstance) bool {
+		m := v.Status.Memory
+		return m != nil && m.GuestCurrent.Equal(more) && m.GuestRequested.Equal(more) && m.GuestAtBoot.Equal(one)
+	})
+	e.waitEvent("mem", vmisync.EventMemoryPlugged, "1536 MiB", 10*time.Second)
+	if after := con.Number(t, `echo "AFTER-$(awk '/^MemTotal/ {print $2}' /proc/meminfo)-E""ND"`, "AFTER"); after-before != 512<<10 {
+		t.Errorf("the guest's MemTotal went from %d to %d KiB, want 512 MiB more", before, after)
+	}
+}

@@ -3,8 +3,6 @@ package launcher_test
 import (
 	"context"
 	"errors"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,9 +31,8 @@ func TestGuestMemoryHotplug(t *testing.T) {
 		t.Fatalf("status at boot: memory %+v, %v; want 1024 MiB booted, requested and plugged", st.Memory, err)
 	}
 	// The guest has no udev: it onlines hot-added memory blocks by the kernel's default instead.
-	from := len(con.Text())
-	con.Send(t, `echo online > /sys/devices/system/memory/auto_online_blocks; modprobe virtio_mem; echo "BEFORE-$(awk '/^MemTotal/ {print $2}' /proc/meminfo)-E""ND"`)
-	before := memTotalKiB(t, con, from, "BEFORE")
+	before := con.Number(t, `echo online > /sys/devices/system/memory/auto_online_blocks; modprobe virtio_mem; `+
+		`echo "BEFORE-$(awk '/^MemTotal/ {print $2}' /proc/meminfo)-E""ND"`, "BEFORE")
 
 	if err := v.client.SetGuestMemory(ctx, 1536); err != nil {
 		t.Fatalf("plug memory: %v", err)
@@ -44,9 +41,7 @@ func TestGuestMemoryHotplug(t *testing.T) {
 		st, err := v.client.Status(ctx)
 		return err == nil && st.Memory != nil && st.Memory.PluggedMiB == 1536 && st.Memory.RequestedMiB == 1536
 	})
-	from = len(con.Text())
-	con.Send(t, `echo "AFTER-$(awk '/^MemTotal/ {print $2}' /proc/meminfo)-E""ND"`)
-	after := memTotalKiB(t, con, from, "AFTER")
+	after := con.Number(t, `echo "AFTER-$(awk '/^MemTotal/ {print $2}' /proc/meminfo)-E""ND"`, "AFTER")
 	if after-before != 512<<10 {
 		t.Errorf("the guest's MemTotal went from %d to %d KiB, want 512 MiB more", before, after)
 	}
@@ -65,17 +60,4 @@ func TestGuestMemoryHotplug(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.Field != "machine.maxMemoryMiB" || !strings.Contains(apiErr.Msg, "under emulation") {
 		t.Errorf("migrate: %v (field %q), want a refusal at machine.maxMemoryMiB", err, fieldOf(apiErr))
 	}
-}
-
-// memTotalKiB waits for the guest's console line "<tag>-<KiB>-END" after from and reads the KiB.
-func memTotalKiB(t *testing.T, con *console, from int, tag string) int64 {
-	t.Helper()
-	con.Expect(t, from, "-END", time.Minute)
-	text := con.Text()[from:]
-	m := regexp.MustCompile(tag + `-(\d+)-END`).FindStringSubmatch(text)
-	if m == nil {
-		t.Fatalf("no %s-<KiB>-END on the console: %q", tag, text)
-	}
-	n, _ := strconv.ParseInt(m[1], 10, 64)
-	return n
 }

@@ -393,9 +393,33 @@ func TestKubeVirtHugepages(t *testing.T) {
 	}
 }
 
+// TestKubeVirtMemoryHotplug: KubeVirt's memory hotplug (memory.guest 1Gi, maxGuest 2Gi) is
+// accepted through kubectl and translates to a machine with room up to 2 GiB; kubectl patch may
+// then raise the running instance's memory.guest within maxGuest, and is refused, naming
+// spec.domain.memory.guest, going past it or down.
+func TestKubeVirtMemoryHotplug(t *testing.T) {
+	startWebhook(t)
+	o := sample(t, "vmi_testguest.yaml")
+	o["spec"].(map[string]any)["domain"].(map[string]any)["memory"] = map[string]any{"guest": "1Gi", "maxGuest": "2Gi"}
+	m := storedMachine(t, o, "vmi-memhp")
+	if m.MemoryMiB != 1024 || m.MaxMemoryMiB != 2048 || m.MemoryHotplugRoomMiB() != 1024 {
+		t.Errorf("the machine has %d MiB up to %d MiB, want 1024 up to 2048", m.MemoryMiB, m.MaxMemoryMiB)
+	}
+	patch := func(guest string) string { return `{"spec":{"domain":{"memory":{"guest":"` + guest + `"}}}}` }
+	if _, stderr, err := kubectlDefault(nil, "patch", "vmi", "vmi-memhp", "--type=merge", "-p", patch("1536Mi")); err != nil {
+		t.Fatalf("raise memory.guest to 1536Mi: %v: %s", err, stderr)
+	}
+	for guest, want := range map[string]string{"3Gi": "must be at most maxGuest", "1Gi": "memory cannot be unplugged"} {
+		if _, stderr, err := kubectlDefault(nil, "patch", "--dry-run=server", "vmi", "vmi-memhp", "--type=merge", "-p", patch(guest)); err == nil ||
+			!strings.Contains(stderr, "spec.domain.memory.guest") || !strings.Contains(stderr, want) {
+			t.Errorf("memory.guest %s: %v: %s; want a refusal naming spec.domain.memory.guest: %s", guest, err, stderr, want)
+		}
+	}
+}
+
 // TestKubeVirtRefusedCPUAndMemory: KubeVirt's guest NUMA topology, real-time vCPUs, CPU hotplug
-// with dedicated CPUs and memory hotplug, as its user guide writes them, are refused through
-// kube-apiserver naming the field and why, not as unknown fields.
+// with dedicated CPUs and memory hotplug of a guest below KubeVirt's 1Gi, as its user guide writes
+// them, are refused through kube-apiserver naming the field and why, not as unknown fields.
 func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 	startWebhook(t)
 	for name, tc := range map[string]struct {
@@ -406,7 +430,7 @@ func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 		"numa":                           {"cpu", "numa", map[string]any{"guestMappingPassthrough": map[string]any{}}, []string{"spec.domain.cpu.numa", "CAP_SYS_NICE"}},
 		"realtime":                       {"cpu", "realtime", map[string]any{"mask": "0"}, []string{"spec.domain.cpu.realtime", "SCHED_FIFO"}},
 		"maxSockets with dedicated CPUs": {"cpu", "maxSockets", 4, []string{"spec.domain.cpu.maxSockets", "dedicatedCpuPlacement"}},
-		"maxGuest":                       {"memory", "maxGuest", "1Gi", []string{"spec.domain.memory.maxGuest", "memory hotplug"}},
+		"maxGuest with less than 1Gi":    {"memory", "maxGuest", "1Gi", []string{"spec.domain.memory.guest", "must be at least 1Gi with memory.maxGuest"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := sample(t, "vmi_testguest.yaml")

@@ -81,6 +81,27 @@ func (c *Console) Expect(t testing.TB, from int, want string, d time.Duration) i
 	return end
 }
 
+// Number types cmd, whose output must end in a line "<tag>-<number>-END" (write the END in cmd
+// as E""ND, so the echoed command does not match), and returns the number: what the guest said
+// (MemTotal, a count).
+func (c *Console) Number(t testing.TB, cmd, tag string) int64 {
+	t.Helper()
+	from := len(c.Text())
+	c.Send(t, cmd)
+	re := regexp.MustCompile(regexp.QuoteMeta(tag) + `-(\d+)-END`)
+	var n int64
+	Eventually(t, time.Minute, tag+"-<number>-END on the console", func() bool {
+		text := c.Text()
+		m := re.FindStringSubmatch(text[min(from, len(text)):])
+		if m == nil {
+			return false
+		}
+		n, _ = strconv.ParseInt(m[1], 10, 64)
+		return true
+	}, func() string { return "console ends with " + strconv.Quote(Tail(c.Text(), 300)) })
+	return n
+}
+
 // Run types line and waits until the console shows want after what it showed before, typing the
 // line again every 5 s: a line typed while the guest is still booting is lost (the kernel resets
 // the UART when it opens the console), so a test that cannot wait for the boot banner (it may
