@@ -22,11 +22,15 @@ const (
 	memoryHotplugBackendID = "memhp-ram"
 )
 
+// maxMemoryMiB is the most memory a machine may reach (the API's 1 EiB), so that sizes in KiB and
+// bytes stay within an int64.
+const maxMemoryMiB = 1 << 40
+
 // memHotplug adds the virtio-mem device when the machine has hotplug room.
 func (b *builder) memHotplug() {
 	m, p := b.m, machinePath
-	if m.MaxMemoryMiB != 0 && m.MaxMemoryMiB < m.MemoryMiB {
-		b.fail(machine.Invalid(p.Child("maxMemoryMiB"), m.MaxMemoryMiB, fmt.Sprintf("must be at least memoryMiB (%d)", m.MemoryMiB)))
+	if m.MaxMemoryMiB != 0 && (m.MaxMemoryMiB < m.MemoryMiB || m.MaxMemoryMiB > maxMemoryMiB) {
+		b.fail(machine.Invalid(p.Child("maxMemoryMiB"), m.MaxMemoryMiB, fmt.Sprintf("must be at least memoryMiB (%d) and at most 1 EiB", m.MemoryMiB)))
 		return
 	}
 	room := m.MemoryHotplugRoomMiB()

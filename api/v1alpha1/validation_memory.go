@@ -29,6 +29,9 @@ func validateMaxGuest(d *DomainSpec, p *field.Path) field.ErrorList {
 	}
 	mp := p.Child("memory", "maxGuest")
 	maxGuest := *d.Memory.MaxGuest
+	if errs := validateMemorySize(mp, &maxGuest); len(errs) > 0 {
+		return errs
+	}
 	guest := GuestMemory(d)
 	var errs field.ErrorList
 	switch {

@@ -32,6 +32,7 @@ func TestMaxGuest(t *testing.T) {
 			d.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}
 		}), ""},
 		{"below the guest", domain("2Gi", "1Gi"), "spec.domain.memory.maxGuest"},
+		{"beyond an int64 of bytes", domain("1Gi", "8Ei"), "spec.domain.memory.maxGuest"},
 		{"part of a block", domain("1Gi", "2049Mi"), "spec.domain.memory.maxGuest"},
 		{"guest below 1Gi", domain("512Mi", "2Gi"), "spec.domain.memory.guest"},
 		{"guest in part of a block", domain("1025Mi", "2Gi"), "spec.domain.memory.guest"},

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
@@ -157,5 +158,32 @@ func TestTargetStartsWithTheSourcesSockets(t *testing.T) {
 	}
 	if m.CPU.Sockets != 2 || m.CPU.VCPUs != 4 {
 		t.Errorf("target CPU %+v, want the source's 2 sockets (4 vCPUs)", m.CPU)
+	}
+}
+
+// TestTargetStartsWithTheSourcesMemory: with memory hotplug room, a migration target boots with
+// the memory the source's guest booted with and has its virtio-mem device start at what the source
+// was asked for (status.memory), not the spec's, which may have been raised meanwhile; unknown or
+// impossible figures refuse the target.
+func TestTargetStartsWithTheSourcesMemory(t *testing.T) {
+	v := &v1alpha1.VirtualMachineInstance{}
+	newMachine := func() *machine.Machine {
+		return &machine.Machine{CPU: machine.CPU{Sockets: 1, Cores: 1, Threads: 1, VCPUs: 1}, MemoryMiB: 2048, MaxMemoryMiB: 4096}
+	}
+	if err := targetMachine(v, newMachine()); err == nil {
+		t.Errorf("a target with memory hotplug room and no status.memory was made")
+	}
+	q := func(s string) *resource.Quantity { r := resource.MustParse(s); return &r }
+	v.Status.Memory = &v1alpha1.MemoryStatus{GuestAtBoot: q("1Gi"), GuestRequested: q("5Gi"), GuestCurrent: q("1Gi")}
+	if err := targetMachine(v, newMachine()); err == nil {
+		t.Errorf("a target asked for more than maxGuest was made")
+	}
+	v.Status.Memory.GuestRequested = q("1536Mi")
+	m := newMachine()
+	if err := targetMachine(v, m); err != nil {
+		t.Fatal(err)
+	}
+	if m.MemoryMiB != 1024 || m.PluggedMemoryMiB != 512 {
+		t.Errorf("target boots with %d MiB and %d MiB plugged, want the source's 1024 and 512", m.MemoryMiB, m.PluggedMemoryMiB)
 	}
 }
