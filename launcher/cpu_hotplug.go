@@ -19,16 +19,9 @@ const cpuPath = machinePath + ".cpu"
 // QEMU would need the guest to eject the vCPUs, which KubeVirt does not do in place either), as
 // are more than the machine's MaxSockets. Asking again for what the guest has is no error.
 func (l *Launcher) SetSockets(ctx context.Context, sockets uint32) error {
-	p, err := l.process()
+	p, err := l.hotplugProcess("vCPUs")
 	if err != nil {
 		return err
-	}
-	l.mu.Lock()
-	migrating := l.migration != nil && !migrationDone(l.migration.Status)
-	l.mu.Unlock()
-	if migrating {
-		// The target starts with the vCPUs the source had when it was made.
-		return &ConflictError{Msg: "vCPUs cannot be plugged during a migration; the target's node agent plugs them once it runs the guest"}
 	}
 	// One plug at a time: a retry that overlaps a slow one would add the same vCPUs twice.
 	l.cpuPlug.Lock()
@@ -54,10 +47,25 @@ func (l *Launcher) SetSockets(ctx context.Context, sockets uint32) error {
 		}
 	}
 	p.sockets.Store(sockets)
-	l.mu.Lock()
-	l.notifyLocked()
-	l.mu.Unlock()
+	l.notify()
 	return nil
+}
+
+// hotplugProcess is the QEMU a vCPU or memory plug goes to. A plug is refused during a migration:
+// the target starts with what the source had when it was made, and its node agent plugs the rest
+// once it runs the guest.
+func (l *Launcher) hotplugProcess(what string) (*Process, error) {
+	p, err := l.process()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	migrating := l.migration != nil && !migrationDone(l.migration.Status)
+	l.mu.Unlock()
+	if migrating {
+		return nil, &ConflictError{Msg: what + " cannot be plugged during a migration; the target's node agent plugs the rest once it runs the guest"}
+	}
+	return p, nil
 }
 
 // freePlaces are the places without a vCPU in the first sockets sockets, in topology order.

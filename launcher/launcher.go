@@ -189,6 +189,13 @@ func (l *Launcher) removeEphemeralImages(p *Process) {
 	}
 }
 
+// notify is notifyLocked for a caller that does not hold l.mu.
+func (l *Launcher) notify() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.notifyLocked()
+}
+
 func (l *Launcher) notifyLocked() {
 	close(l.changed)
 	l.changed = make(chan struct{})

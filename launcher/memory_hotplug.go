@@ -70,15 +70,9 @@ const memoryPath = machinePath + ".memoryMiB"
 // as KubeVirt's), as is more than MaxMemoryMiB or a size out of whole blocks. Asking again for
 // what was asked is no error.
 func (l *Launcher) SetGuestMemory(ctx context.Context, guestMiB int64) error {
-	p, err := l.process()
+	p, err := l.hotplugProcess("memory")
 	if err != nil {
 		return err
-	}
-	l.mu.Lock()
-	migrating := l.migration != nil && !migrationDone(l.migration.Status)
-	l.mu.Unlock()
-	if migrating {
-		return &ConflictError{Msg: "memory cannot be plugged during a migration; the target's node agent plugs it once it runs the guest"}
 	}
 	l.memPlug.Lock()
 	defer l.memPlug.Unlock()
@@ -101,9 +95,7 @@ func (l *Launcher) SetGuestMemory(ctx context.Context, guestMiB int64) error {
 		return fmt.Errorf("plug memory up to %d MiB: %w", guestMiB, err)
 	}
 	p.memRequested.Store(requested)
-	l.mu.Lock()
-	l.notifyLocked()
-	l.mu.Unlock()
+	l.notify()
 	return nil
 }
 

@@ -377,67 +377,60 @@ func testRestartRequired(h *harness) error {
 // (CPU hotplug, KubeVirt's LiveUpdate) without RestartRequired; fewer sockets leave the instance as
 // it is and require a restart.
 func testLiveUpdateSockets(h *harness) error {
-	const name = "vm"
-	if err := h.createVM(name, v1alpha1.RunStrategyAlways, func(vm *v1alpha1.VirtualMachine) {
-		vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, MaxSockets: 4}
-	}); err != nil {
-		return err
+	sockets := func(n uint32) func(*v1alpha1.VirtualMachineInstanceSpec) {
+		return func(s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.CPU.Sockets = n }
 	}
-	vmi, err := h.waitVMI(name, "the VMI with maxSockets", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.Spec.Domain.CPU != nil && v.Spec.Domain.CPU.MaxSockets == 4
+	return liveUpdate(h, liveUpdateCase{
+		room: func(s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, MaxSockets: 4}
+		},
+		hasRoom: func(s *v1alpha1.VirtualMachineInstanceSpec) bool {
+			return s.Domain.CPU != nil && s.Domain.CPU.MaxSockets == 4
+		},
+		value: func(s *v1alpha1.VirtualMachineInstanceSpec) string { return fmt.Sprint(s.Domain.CPU.Sockets) },
+		up:    sockets(3), upValue: "3",
+		down: sockets(2),
 	})
-	if err != nil {
-		return err
-	}
-	if err := h.setPhase(name, vmi.UID, v1alpha1.Running); err != nil {
-		return err
-	}
-	restartRequired := func(vm *v1alpha1.VirtualMachine) bool {
-		return meta.FindStatusCondition(vm.Status.Conditions, v1alpha1.VirtualMachineRestartRequired) != nil
-	}
-	setSockets := func(n uint32) error {
-		return h.updateVM(name, func(vm *v1alpha1.VirtualMachine) { vm.Spec.Template.Spec.Domain.CPU.Sockets = n })
-	}
-	if err := setSockets(3); err != nil {
-		return err
-	}
-	if _, err := h.waitVMI(name, "the running VMI raised to 3 sockets", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.UID == vmi.UID && v.Spec.Domain.CPU.Sockets == 3
-	}); err != nil {
-		return err
-	}
-	if err := h.waitVM(name, "Running without RestartRequired", func(vm *v1alpha1.VirtualMachine) bool {
-		return vm.Status.ObservedGeneration == vm.Generation && vm.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && !restartRequired(vm)
-	}); err != nil {
-		return err
-	}
-	if err := setSockets(2); err != nil {
-		return err
-	}
-	if err := h.waitVM(name, "RestartRequired with 2 sockets", func(vm *v1alpha1.VirtualMachine) bool {
-		return vm.Status.ObservedGeneration == vm.Generation && restartRequired(vm)
-	}); err != nil {
-		return err
-	}
-	if v, err := h.waitVMI(name, "the VMI", func(*v1alpha1.VirtualMachineInstance) bool { return true }); err != nil || v.Spec.Domain.CPU.Sockets != 3 {
-		return fmt.Errorf("the running VMI has %d sockets after the template asked for 2, want 3 (%v)", v.Spec.Domain.CPU.Sockets, err)
-	}
-	return nil
 }
 
 // testLiveUpdateMemory: with maxGuest, more guest memory in the template reaches the running
 // instance (memory hotplug, KubeVirt's LiveUpdate) without RestartRequired; less memory leaves the
 // instance as it is and requires a restart.
 func testLiveUpdateMemory(h *harness) error {
+	guest := func(q string) func(*v1alpha1.VirtualMachineInstanceSpec) {
+		return func(s *v1alpha1.VirtualMachineInstanceSpec) { s.Domain.Memory.Guest = ptr.To(resource.MustParse(q)) }
+	}
+	return liveUpdate(h, liveUpdateCase{
+		room: func(s *v1alpha1.VirtualMachineInstanceSpec) {
+			s.Domain.Memory = &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("1Gi")), MaxGuest: ptr.To(resource.MustParse("4Gi"))}
+		},
+		hasRoom: func(s *v1alpha1.VirtualMachineInstanceSpec) bool {
+			return s.Domain.Memory != nil && s.Domain.Memory.MaxGuest != nil
+		},
+		value: func(s *v1alpha1.VirtualMachineInstanceSpec) string { return s.Domain.Memory.Guest.String() },
+		up:    guest("3Gi"), upValue: "3Gi",
+		down: guest("2Gi"),
+	})
+}
+
+// liveUpdateCase is a hotplug field of KubeVirt's LiveUpdate: room gives the template hotplug room
+// (hasRoom finds it on the instance), up raises the field to upValue (value reads it) and down
+// lowers it below that.
+type liveUpdateCase struct {
+	room, up, down func(*v1alpha1.VirtualMachineInstanceSpec)
+	hasRoom        func(*v1alpha1.VirtualMachineInstanceSpec) bool
+	value          func(*v1alpha1.VirtualMachineInstanceSpec) string
+	upValue        string
+}
+
+// liveUpdate: raising the field in the template reaches the running instance without
+// RestartRequired; lowering it leaves the instance as it is and requires a restart.
+func liveUpdate(h *harness, c liveUpdateCase) error {
 	const name = "vm"
-	if err := h.createVM(name, v1alpha1.RunStrategyAlways, func(vm *v1alpha1.VirtualMachine) {
-		vm.Spec.Template.Spec.Domain.Memory = &v1alpha1.Memory{Guest: ptr.To(resource.MustParse("1Gi")), MaxGuest: ptr.To(resource.MustParse("4Gi"))}
-	}); err != nil {
+	if err := h.createVM(name, v1alpha1.RunStrategyAlways, func(vm *v1alpha1.VirtualMachine) { c.room(&vm.Spec.Template.Spec) }); err != nil {
 		return err
 	}
-	vmi, err := h.waitVMI(name, "the VMI with maxGuest", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.Spec.Domain.Memory != nil && v.Spec.Domain.Memory.MaxGuest != nil
-	})
+	vmi, err := h.waitVMI(name, "the VMI with hotplug room", func(v *v1alpha1.VirtualMachineInstance) bool { return c.hasRoom(&v.Spec) })
 	if err != nil {
 		return err
 	}
@@ -447,16 +440,11 @@ func testLiveUpdateMemory(h *harness) error {
 	restartRequired := func(vm *v1alpha1.VirtualMachine) bool {
 		return meta.FindStatusCondition(vm.Status.Conditions, v1alpha1.VirtualMachineRestartRequired) != nil
 	}
-	setGuest := func(q string) error {
-		return h.updateVM(name, func(vm *v1alpha1.VirtualMachine) {
-			vm.Spec.Template.Spec.Domain.Memory.Guest = ptr.To(resource.MustParse(q))
-		})
-	}
-	if err := setGuest("3Gi"); err != nil {
+	if err := h.updateVM(name, func(vm *v1alpha1.VirtualMachine) { c.up(&vm.Spec.Template.Spec) }); err != nil {
 		return err
 	}
-	if _, err := h.waitVMI(name, "the running VMI raised to 3Gi", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.UID == vmi.UID && v.Spec.Domain.Memory.Guest.String() == "3Gi"
+	if _, err := h.waitVMI(name, "the running VMI raised to "+c.upValue, func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.UID == vmi.UID && c.value(&v.Spec) == c.upValue
 	}); err != nil {
 		return err
 	}
@@ -465,16 +453,20 @@ func testLiveUpdateMemory(h *harness) error {
 	}); err != nil {
 		return err
 	}
-	if err := setGuest("2Gi"); err != nil {
+	if err := h.updateVM(name, func(vm *v1alpha1.VirtualMachine) { c.down(&vm.Spec.Template.Spec) }); err != nil {
 		return err
 	}
-	if err := h.waitVM(name, "RestartRequired with 2Gi", func(vm *v1alpha1.VirtualMachine) bool {
+	if err := h.waitVM(name, "RestartRequired after lowering it", func(vm *v1alpha1.VirtualMachine) bool {
 		return vm.Status.ObservedGeneration == vm.Generation && restartRequired(vm)
 	}); err != nil {
 		return err
 	}
-	if v, err := h.waitVMI(name, "the VMI", func(*v1alpha1.VirtualMachineInstance) bool { return true }); err != nil || v.Spec.Domain.Memory.Guest.String() != "3Gi" {
-		return fmt.Errorf("the running VMI has %s of memory after the template asked for 2Gi, want 3Gi (%v)", v.Spec.Domain.Memory.Guest, err)
+	v, err := h.waitVMI(name, "the VMI", func(*v1alpha1.VirtualMachineInstance) bool { return true })
+	if err != nil {
+		return err
+	}
+	if got := c.value(&v.Spec); got != c.upValue {
+		return fmt.Errorf("the running VMI has %s after the template lowered it, want %s", got, c.upValue)
 	}
 	return nil
 }
