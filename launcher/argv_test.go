@@ -473,7 +473,7 @@ func TestBuildArgvErrors(t *testing.T) {
 		{"vCPUs that do not match the topology", func(m *Machine) { m.CPU.VCPUs = 3 }, "machine.cpu.vcpus"},
 		{"no memory", func(m *Machine) { m.MemoryMiB = 0 }, "machine.memoryMiB"},
 		{"maxMemoryMiB below memoryMiB", func(m *Machine) { m.MemoryMiB, m.MaxMemoryMiB = 1024, 512 }, "machine.maxMemoryMiB"},
-		{"maxMemoryMiB beyond 1 EiB", func(m *Machine) { m.MemoryMiB, m.MaxMemoryMiB = 1024, 1<<41 }, "machine.maxMemoryMiB"},
+		{"maxMemoryMiB beyond the address space", func(m *Machine) { m.MemoryMiB, m.MaxMemoryMiB = 1024, 980<<10 }, "machine.maxMemoryMiB"},
 		{"hotplug room of part of a block", func(m *Machine) { m.MemoryMiB, m.MaxMemoryMiB = 1024, 2049 }, "machine.maxMemoryMiB"},
 		{"hotplug room with huge pages", func(m *Machine) { m.MemoryMiB, m.MaxMemoryMiB, m.HugePageKiB = 1024, 2048, 2048 }, "machine.maxMemoryMiB"},
 		{"plugged beyond the room", func(m *Machine) { m.MemoryMiB, m.MaxMemoryMiB, m.PluggedMemoryMiB = 1024, 2048, 1026 }, "machine.pluggedMemoryMiB"},

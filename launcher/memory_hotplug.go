@@ -22,15 +22,18 @@ const (
 	memoryHotplugBackendID = "memhp-ram"
 )
 
-// maxMemoryMiB is the most memory a machine may reach (the API's 1 EiB), so that sizes in KiB and
-// bytes stay within an int64.
-const maxMemoryMiB = 1 << 40
+// maxMemoryMiB is the most memory hotplug may reach: QEMU 7.2 refuses a machine whose memory ends
+// beyond the CPU's physical address bits, 40 for its CPU models (1 TiB, less the 4 GiB below the
+// PCI hole's top and the alignment of the device memory region). Tried here: 1G,maxmem=960G
+// starts, 980G does not. It also keeps sizes in KiB and bytes within an int64.
+const maxMemoryMiB = 960 << 10
 
 // memHotplug adds the virtio-mem device when the machine has hotplug room.
 func (b *builder) memHotplug() {
 	m, p := b.m, machinePath
 	if m.MaxMemoryMiB != 0 && (m.MaxMemoryMiB < m.MemoryMiB || m.MaxMemoryMiB > maxMemoryMiB) {
-		b.fail(machine.Invalid(p.Child("maxMemoryMiB"), m.MaxMemoryMiB, fmt.Sprintf("must be at least memoryMiB (%d) and at most 1 EiB", m.MemoryMiB)))
+		b.fail(machine.Invalid(p.Child("maxMemoryMiB"), m.MaxMemoryMiB, fmt.Sprintf("must be at least memoryMiB (%d) and at most %d MiB: "+
+			"the guest's 40-bit physical address space (QEMU's CPU models) must hold it above the PCI hole", m.MemoryMiB, maxMemoryMiB)))
 		return
 	}
 	room := m.MemoryHotplugRoomMiB()
@@ -50,7 +53,9 @@ func (b *builder) memHotplug() {
 		b.fail(machine.Invalid(p.Child("pluggedMemoryMiB"), m.PluggedMemoryMiB,
 			fmt.Sprintf("must be whole %d MiB blocks within the hotplug room of %d MiB", machine.MemoryBlockMiB, room)))
 	}
-	backend := "memory-backend-ram"
+	// reserve=off maps the room with MAP_NORESERVE: unplugged, it takes none of the node's commit
+	// limit, and a room larger than the node's memory still starts.
+	backend := "memory-backend-ram,reserve=off"
 	if ramBackend(m) {
 		// The same memory as the boot RAM's: virtiofsd maps all of the guest's RAM.
 		backend = "memory-backend-memfd,share=on"
@@ -110,6 +115,23 @@ func (p *Process) memoryStatus() *protocol.MemoryStatus {
 		RequestedMiB: m.MemoryMiB + p.memRequested.Load(),
 		PluggedMiB:   m.MemoryMiB + p.memPlugged.Load(),
 	}
+}
+
+// refreshMemorySize reads what the virtio-mem device has plugged and was asked for: a migration
+// target's device arrives as the source had it, with no size event.
+func (p *Process) refreshMemorySize(ctx context.Context) {
+	if p.Machine().MemoryHotplugRoomMiB() == 0 {
+		return
+	}
+	size, err := p.Monitor().MemoryDeviceSize(ctx, MemoryHotplugDeviceID)
+	if err != nil {
+		p.log.Error(err, "read the virtio-mem device's size after the migration")
+		return
+	}
+	p.memPlugged.Store(size >> 20)
+	p.mu.Lock()
+	p.notifyLocked()
+	p.mu.Unlock()
 }
 
 // onMemorySizeChange records what the guest has plugged, from the device's event.

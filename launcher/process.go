@@ -356,7 +356,12 @@ func (p *Process) onEvent(ev gqmp.Event) {
 			return
 		}
 	case qmp.EventMigration:
-		if s, _ := ev.Data["status"].(string); s == string(qmp.MigrationCompleted) && !p.machine.Incoming {
+		s, _ := ev.Data["status"].(string)
+		if s == string(qmp.MigrationCompleted) && p.machine.Incoming {
+			// Not under p.mu, and not on this goroutine, which must go on reading events.
+			go p.refreshMemorySize(context.Background())
+		}
+		if s == string(qmp.MigrationCompleted) && !p.machine.Incoming {
 			p.migrated = true
 			p.state = qmp.StatePostMigrate
 		}

@@ -181,7 +181,7 @@ func setLiveMigratable(vmi *v1alpha1.VirtualMachineInstance, claims Claims, emul
 		ok, reason = false, v1alpha1.HugepagesUnderEmulationReason
 		msg = "memory.hugepages under emulation (useEmulation): " + machine.HugePagesTCGMigration
 	}
-	if m := vmi.Spec.Domain.Memory; ok && emulation && m != nil && m.MaxGuest != nil {
+	if m, g := vmi.Spec.Domain.Memory, v1alpha1.GuestMemory(&vmi.Spec.Domain); ok && emulation && m != nil && m.MaxGuest != nil && g != nil && m.MaxGuest.Cmp(*g) > 0 {
 		ok, reason = false, v1alpha1.MemoryHotplugUnderEmulationReason
 		msg = "memory.maxGuest under emulation (useEmulation): " + machine.MemoryHotplugTCGMigration
 	}
