@@ -144,7 +144,7 @@ type metricXML struct {
 }
 
 // metricsDocument measures the node (from /proc, which the launcher's pod shares with its node)
-// and the guest (QEMU's CPU time, the machine's sizes).
+// and the guest (QEMU's CPU time, its vCPUs and memory as plugged so far).
 func metricsDocument(p *Process) ([]byte, error) {
 	fs, err := procfs.NewFS("/proc")
 	if err != nil {
@@ -185,9 +185,9 @@ func metricsDocument(p *Process) ([]byte, error) {
 		host("uint64", "KiB", "UsedVirtualMemory", u(deref(mem.MemTotal)-deref(mem.MemFree)+deref(mem.SwapTotal)-deref(mem.SwapFree))),
 		host("uint64", "s", "Time", u(uint64(time.Now().Unix()))),
 		vm("real64", "s", "TotalCPUTime", f(qemu.Total().Seconds())),
-		vm("real64", "", "ResourceProcessorLimit", u(uint64(m.CPU.VCPUs))),
-		vm("uint64", "MiB", "PhysicalMemoryAllocatedToVirtualSystem", u(uint64(m.MemoryMiB))),
-		vm("uint64", "MiB", "ResourceMemoryLimit", u(uint64(m.MemoryMiB))),
+		vm("real64", "", "ResourceProcessorLimit", u(uint64(p.Sockets()*m.CPU.Cores*m.CPU.Threads))),
+		vm("uint64", "MiB", "PhysicalMemoryAllocatedToVirtualSystem", u(uint64(m.MemoryMiB+p.memPlugged.Load()))),
+		vm("uint64", "MiB", "ResourceMemoryLimit", u(uint64(m.MemoryMiB+p.memRequested.Load()))),
 	}}
 	return xml.MarshalIndent(doc, "", "  ")
 }

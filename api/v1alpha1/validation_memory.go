@@ -98,3 +98,18 @@ func validateGuestMemoryUpdate(old, vmi *VirtualMachineInstance, p *field.Path) 
 	}
 	return nil // blocks: validateMaxGuest on the new spec
 }
+
+// ValidateInstancetypeMaxGuest checks an instancetype's memory.maxGuest as an instance's, so that
+// the refusal comes when the instancetype is written, not when a VM using it starts. p is the
+// instancetype spec's path.
+func ValidateInstancetypeMaxGuest(spec *VirtualMachineInstancetypeSpec, p *field.Path) field.ErrorList {
+	if spec.Memory.MaxGuest == nil {
+		return nil
+	}
+	guest := spec.Memory.Guest
+	d := &DomainSpec{Memory: &Memory{Guest: &guest, MaxGuest: spec.Memory.MaxGuest, Hugepages: spec.Memory.Hugepages}}
+	if b := spec.CPU.DedicatedCPUPlacement; b != nil && *b {
+		d.CPU = &CPU{DedicatedCPUPlacement: true}
+	}
+	return validateMaxGuest(d, p)
+}

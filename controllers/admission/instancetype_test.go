@@ -104,6 +104,14 @@ spec:
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineInstancetype","metadata":{"name":"gpu"},
 				"spec":{"cpu":{"guest":1},"memory":{"guest":"1Gi"},"gpus":[{"name":"gpu1","deviceName":"nvidia.com/TU104GL_Tesla_T4"}]}}`)
 		}, []string{"spec.gpus", "GPU passthrough is not supported by this version of qvirt"}},
+		{"an instancetype with memory hotplug on huge pages and dedicated CPUs", func() []byte {
+			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineClusterInstancetype","metadata":{"name":"pinned"},
+				"spec":{"cpu":{"guest":1,"dedicatedCPUPlacement":true},"memory":{"guest":"1Gi","hugepages":{"pageSize":"2Mi"},"maxGuest":"4Gi"}}}`)
+		}, []string{"spec.memory.maxGuest", "cannot be combined with memory.hugepages", "cannot be combined with dedicatedCpuPlacement"}},
+		{"an instancetype with maxGuest below its guest memory", func() []byte {
+			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachineInstancetype","metadata":{"name":"small"},
+				"spec":{"cpu":{"guest":1},"memory":{"guest":"2Gi","maxGuest":"1Gi"}}}`)
+		}, []string{"spec.memory.maxGuest", "must be at least memory.guest"}},
 		{"a preferred panic device of s390", func() []byte {
 			return []byte(`{"apiVersion":"qvirt.io/v1alpha1","kind":"VirtualMachinePreference","metadata":{"name":"s390"},
 				"spec":{"devices":{"preferredPanicDeviceModel":"s390"}}}`)

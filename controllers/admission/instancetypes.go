@@ -56,10 +56,12 @@ func setupInstancetypes(mgr ctrl.Manager) error {
 }
 
 // ValidateInstancetypeSpec is what an instancetype must be for its instances to start: nothing
-// NotRealisedInstancetype refuses, and guest memory within what an instance may ask for. p is the
+// NotRealisedInstancetype refuses, guest memory within what an instance may ask for, and memory
+// hotplug room an instance may have. p is the
 // spec's path.
 func ValidateInstancetypeSpec(spec *v1alpha1.VirtualMachineInstancetypeSpec, p *field.Path) field.ErrorList {
 	errs := v1alpha1.NotRealisedInstancetype(spec, p)
+	errs = append(errs, v1alpha1.ValidateInstancetypeMaxGuest(spec, p)...)
 	if g := spec.Memory.Guest; g.CmpInt64(v1alpha1.MaxGuestMemory) > 0 {
 		errs = append(errs, field.Invalid(p.Child("memory", "guest"), g.String(), "must be at most 1Ei"))
 	}

@@ -358,7 +358,9 @@ func (r *Reconciler) liveUpdateMemory(ctx context.Context, vm *v1alpha1.VirtualM
 	if !vmiActive(vmi) || vmi.DeletionTimestamp != nil || migrating(vmi) {
 		return vmi, nil
 	}
-	want, have := v1alpha1.GuestMemory(&desired.Domain), v1alpha1.GuestMemory(&vmi.Spec.Domain)
+	// Only memory.guest goes live: a template sizing the guest by resources.requests.memory
+	// changes the pod too, which takes a restart (coldSpec keeps the resources).
+	want, have := desiredGuest(desired), v1alpha1.GuestMemory(&vmi.Spec.Domain)
 	room := maxGuest(vmi.Spec.Domain.Memory)
 	if want == nil || have == nil || room == nil || !equality.Semantic.DeepEqual(maxGuest(desired.Domain.Memory), room) ||
 		want.Cmp(*have) <= 0 || want.Cmp(*room) > 0 {
@@ -372,6 +374,14 @@ func (r *Reconciler) liveUpdateMemory(ctx context.Context, vm *v1alpha1.VirtualM
 	}
 	r.Recorder.Eventf(vm, corev1.EventTypeNormal, EventMemoryUpdated, "VMI %s: memory %s -> %s (memory hotplug)", vmi.Name, have.String(), g.String())
 	return patched, nil
+}
+
+// desiredGuest is the template's memory.guest, nil when unset.
+func desiredGuest(s *v1alpha1.VirtualMachineInstanceSpec) *resource.Quantity {
+	if s.Domain.Memory == nil {
+		return nil
+	}
+	return s.Domain.Memory.Guest
 }
 
 // maxGuest is memory.maxGuest, nil when unset.

@@ -187,3 +187,21 @@ func TestTargetStartsWithTheSourcesMemory(t *testing.T) {
 		t.Errorf("target boots with %d MiB and %d MiB plugged, want the source's 1024 and 512", m.MemoryMiB, m.PluggedMemoryMiB)
 	}
 }
+
+// TestMemoryStatusBoundsTheLaunchersWord: status.memory comes from the launcher, which the tenant
+// controls: figures below zero or beyond maxGuest are clamped to them, and an instance without
+// maxGuest gets none whatever the launcher says.
+func TestMemoryStatusBoundsTheLaunchersWord(t *testing.T) {
+	v := &v1alpha1.VirtualMachineInstance{}
+	one, two := resource.MustParse("1Gi"), resource.MustParse("2Gi")
+	v.Spec.Domain.Memory = &v1alpha1.Memory{Guest: &one}
+	st := &protocol.Status{Memory: &protocol.MemoryStatus{BootMiB: -5, RequestedMiB: 1 << 40, PluggedMiB: 1536}}
+	if got := memoryStatus(v, st); got != nil {
+		t.Errorf("an instance without maxGuest got status.memory %+v", got)
+	}
+	v.Spec.Domain.Memory.MaxGuest = &two
+	got := memoryStatus(v, st)
+	if got == nil || !got.GuestAtBoot.IsZero() || !got.GuestRequested.Equal(two) || !got.GuestCurrent.Equal(resource.MustParse("1536Mi")) {
+		t.Errorf("status.memory %+v, want boot 0, requested clamped to 2Gi, current 1536Mi", got)
+	}
+}

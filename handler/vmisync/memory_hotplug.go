@@ -67,9 +67,9 @@ func sourceMemory(v *v1alpha1.VirtualMachineInstance, m *machine.Machine) error 
 		return fmt.Errorf("status.memory %+v: the source's memory is unknown; a target with memory hotplug room must start with the source's", s)
 	}
 	boot, asked := v1alpha1.QuantityMiB(s.GuestAtBoot), v1alpha1.QuantityMiB(s.GuestRequested)
-	if boot == 0 || asked < boot || asked > m.MaxMemoryMiB {
+	if boot == 0 || asked < boot || asked > m.MaxMemoryMiB || boot%machine.MemoryBlockMiB != 0 || asked%machine.MemoryBlockMiB != 0 {
 		return fmt.Errorf("status.memory: the source's guest booted with %d MiB and was asked for %d MiB, "+
-			"which does not fit maxGuest (%d MiB)", boot, asked, m.MaxMemoryMiB)
+			"which is no whole number of 2 MiB blocks within maxGuest (%d MiB)", boot, asked, m.MaxMemoryMiB)
 	}
 	m.MemoryMiB, m.PluggedMemoryMiB = boot, asked-boot
 	return nil
