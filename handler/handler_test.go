@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +24,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -1410,6 +1413,45 @@ func TestHypervLeftOutUnderEmulation(t *testing.T) {
 // memory.guest on the running instance (a patch, as the VM controller's LiveUpdate makes) has the
 // node agent ask its launcher for the memory: the guest plugs it and counts 512 MiB more,
 // status.memory says what it booted with, was asked for and has, and an Event says it.
+// TestRealtimeVCPUs: KubeVirt's real-time guest (dedicated CPUs, the guest NUMA mapping, huge
+// pages) with vCPU 0 of two real-time. The node agent makes vCPU 0's thread in the launcher's QEMU
+// SCHED_FIFO at priority 1 and leaves vCPU 1's alone, with an Event.
+func TestRealtimeVCPUs(t *testing.T) {
+	e := newEnv(t)
+	v := e.guestVMI("rt")
+	v.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 2, Cores: 1, Threads: 1, DedicatedCPUPlacement: true,
+		NUMA: &v1alpha1.NUMA{GuestMappingPassthrough: &v1alpha1.NUMAGuestMappingPassthrough{}}, Realtime: &v1alpha1.Realtime{Mask: "0-1,^1"}}
+	v.Spec.Domain.Memory.Hugepages = &v1alpha1.Hugepages{PageSize: "2Mi"}
+	testutil.ReserveHugepages(t, int(v1alpha1.GuestMemoryMiB(&v.Spec.Domain)/2))
+	e.create(v)
+	e.kubelet.run(v, true)
+	e.waitVMI("rt", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool { return v.Status.Phase == v1alpha1.Running })
+	e.waitEvent("rt", vmisync.EventRealtimeVCPUs, "vCPUs [0] run SCHED_FIFO at priority 1", time.Minute)
+	qemu := qemuPIDOf(t, e.get("rt"))
+	sched := func() map[string]string {
+		threads, err := testutil.Threads(qemu)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, th := range threads {
+			if strings.HasPrefix(th.Name, "CPU ") {
+				tid, _ := strconv.Atoi(th.TID)
+				a, err := unix.SchedGetAttr(tid, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[th.Name] = fmt.Sprintf("policy %d priority %d", a.Policy, a.Priority)
+			}
+		}
+		return got
+	}
+	want := map[string]string{"CPU 0/TCG": "policy 1 priority 1", "CPU 1/TCG": "policy 0 priority 0"}
+	if got := sched(); !maps.Equal(got, want) {
+		t.Fatalf("vCPU threads %v, want %v (SCHED_FIFO is policy 1)", got, want)
+	}
+}
+
 func TestMemoryHotplug(t *testing.T) {
 	e := newEnv(t)
 	v := e.guestVMI("mem")
@@ -1441,4 +1483,19 @@ func TestMemoryHotplug(t *testing.T) {
 	if after := con.Number(t, `echo "AFTER-$(awk '/^MemTotal/ {print $2}' /proc/meminfo)-E""ND"`, "AFTER"); after-before != 512<<10 {
 		t.Errorf("the guest's MemTotal went from %d to %d KiB, want 512 MiB more", before, after)
 	}
+}
+
+// qemuPIDOf is the QEMU process running v (its command line names the instance's UID).
+func qemuPIDOf(t *testing.T, v *v1alpha1.VirtualMachineInstance) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(p)
+		if err == nil && strings.HasPrefix(string(cmdline), "qemu-system") && strings.Contains(string(cmdline), string(v.UID)) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			return pid
+		}
+	}
+	t.Fatalf("no QEMU runs VMI %s", v.Name)
+	return 0
 }

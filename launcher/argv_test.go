@@ -421,6 +421,13 @@ func TestBuildArgvErrors(t *testing.T) {
 		path   string
 	}{
 		{"unknown bus", func(m *Machine) { m.Disks[1].Bus = "ide" }, disks + "[1].bus"},
+		{"real-time vCPUs without dedicated CPUs", func(m *Machine) { m.CPU.RealtimeVCPUs = []uint32{0} }, "machine.cpu.realtimeVCPUs"},
+		{"a real-time vCPU the machine lacks", func(m *Machine) {
+			m.CPU.DedicatedCPUs, m.CPU.RealtimeVCPUs = true, []uint32{m.CPU.VCPUs}
+		}, "machine.cpu.realtimeVCPUs[0]"},
+		{"a real-time vCPU twice", func(m *Machine) { m.CPU.DedicatedCPUs, m.CPU.RealtimeVCPUs = true, []uint32{0, 0} }, "machine.cpu.realtimeVCPUs[1]"},
+		{"the NUMA mapping without huge pages", func(m *Machine) { m.CPU.DedicatedCPUs, m.CPU.NUMAPassthrough = true, true }, "machine.cpu.numaPassthrough"},
+		{"the NUMA mapping without dedicated CPUs", func(m *Machine) { m.HugePageKiB, m.CPU.NUMAPassthrough = 2048, true }, "machine.cpu.numaPassthrough"},
 		{"unknown cache", func(m *Machine) { m.Disks[1].Cache = "unsafe" }, disks + "[1].cache"},
 		{"native I/O with the page cache", func(m *Machine) { m.Disks[1].IO = machine.IONative }, disks + "[1].io"},
 		{"writable cdrom", func(m *Machine) { m.Disks[2].ReadOnly = false }, disks + "[2].readOnly"},

@@ -36,11 +36,17 @@ func (b *builder) cpuMemory() {
 	if cpu.IsolateEmulatorThread && !cpu.DedicatedCPUs {
 		b.fail(machine.Invalid(cp.Child("isolateEmulatorThread"), true, "needs dedicatedCPUs"))
 	}
+	b.realtime(cpu, cp.Child("realtimeVCPUs"))
 	model := cpu.Model
 	if cpu.PVEOI {
 		// KubeVirt's features.apic.endOfInterrupt, as libvirt's <apic eoi='on'/>. A KVM feature:
 		// under TCG QEMU accepts it and it does nothing.
 		model += ",kvm-pv-eoi=on"
+	}
+	if len(cpu.RealtimeVCPUs) > 0 {
+		// As KubeVirt's real-time guests (<pmu state='off'/>): no PMU whose counters the host
+		// would multiplex on the vCPUs' CPUs.
+		model += ",pmu=off"
 	}
 	model += b.kvmFlags(cpu) + b.hypervFlags(cpu.HyperV, cp.Child("hyperV")) + b.featureFlags(cpu.Features, cp.Child("features"))
 	b.add("-cpu", model)
@@ -62,9 +68,15 @@ func (b *builder) cpuMemory() {
 		mem += ",maxmem=" + strconv.FormatInt(ramKiB+room<<10, 10) + "K"
 	}
 	b.add("-m", mem)
-	if !ramBackend(m) {
-		return
+	if ramBackend(m) {
+		b.guestRAMBackend(ramKiB)
 	}
+	b.guestNUMA()
+}
+
+// guestRAMBackend: the guest RAM's backend, GuestRAMID.
+func (b *builder) guestRAMBackend(ramKiB int64) {
+	m := b.m
 	// virtiofsd maps the guest's RAM to serve its requests: the RAM must be shared memory, a
 	// memfd QEMU passes to the daemon over the vhost-user socket. Huge pages come from a memfd of
 	// the kernel's huge page pool (as libvirt's memfd memory source), which needs no hugetlbfs

@@ -3,6 +3,7 @@ package launcher_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -255,43 +256,12 @@ func machineFS(name, dir string) machine.Filesystem {
 // the host the file belongs to the launcher's user.
 func TestVirtiofsUnprivilegedLauncher(t *testing.T) {
 	t.Parallel()
-	const nobody = 65534
-	uid, gid := os.Getuid(), os.Getgid()
-	if uid == 0 {
-		uid, gid = nobody, nobody
-	}
-	// Everything the launcher reads lies in a directory the user can reach (t.TempDir is the
-	// test's user's only).
-	open := func(dir string) string {
-		t.Helper()
-		// t.TempDir's parent, the test's own directory, too.
-		for _, d := range []string{filepath.Dir(dir), dir} {
-			if err := os.Chmod(d, 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return dir
-	}
-	bin := filepath.Join(open(t.TempDir()), "qvirt-launcher")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v: %s", err, out)
-	}
-	guest := open(t.TempDir())
-	for _, f := range []string{"vmlinuz", "initrd.img"} {
-		data, err := os.ReadFile(filepath.Join(guestDir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(guest, f), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	share := open(t.TempDir())
-	if err := os.Chown(share, uid, gid); err != nil {
+	u := newUnprivileged(t)
+	share := u.open(t.TempDir())
+	if err := os.Chown(share, u.uid, u.gid); err != nil {
 		t.Fatal(err)
 	}
-	vmi := guestVMI(t)
-	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guest
+	vmi := u.vmi(t)
 	vmi.Spec.Domain.Devices.Disks, vmi.Spec.Volumes = nil, []v1alpha1.Volume{{Name: "data", VolumeSource: v1alpha1.VolumeSource{
 		PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}}}
 	vmi.Spec.Domain.Devices.Filesystems = []v1alpha1.Filesystem{{Name: "data", Virtiofs: &v1alpha1.FilesystemVirtiofs{}}}
@@ -300,32 +270,10 @@ func TestVirtiofsUnprivilegedLauncher(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Filesystems[0].Dir = share
-	desc, err := json.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(open(t.TempDir()), "vm.json")
-	if err := os.WriteFile(file, desc, 0o644); err != nil {
-		t.Fatal(err)
-	}
-
-	cmd := exec.Command(bin, "run", "-f", file)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, Setpgid: true}
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent", "TMPDIR=/tmp"}
-	stdin, _ := cmd.StdinPipe()
-	var stdout, stderr testutil.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
-	waitFor(t, bootTimeout, "QVIRT-GUEST-READY on stdout", func() bool {
-		return strings.Contains(stdout.String(), "QVIRT-GUEST-READY") || cmd.ProcessState != nil
-	})
-	if !strings.Contains(stdout.String(), "QVIRT-GUEST-READY") {
-		t.Fatalf("no guest; stderr:\n%s", testutil.Tail(stderr.String(), 2000))
-	}
-	time.Sleep(500 * time.Millisecond)
+	r := u.run(t, m)
+	cmd, stdin, stdout, stderr := r.cmd, r.stdin, &r.stdout, &r.stderr
+	r.waitReady(t)
+	uid, gid := u.uid, u.gid
 	_, _ = stdin.Write([]byte(`mkdir -p /mnt/data && mount -t virtiofs data /mnt/data && echo from-guest > /mnt/data/note && sync && echo "SHARED-$((40+2))"` + "\n"))
 	waitFor(t, time.Minute, "the guest's write", func() bool { return strings.Contains(stdout.String(), "SHARED-42") })
 	st, err := os.Stat(filepath.Join(share, "note"))
@@ -346,4 +294,95 @@ func TestVirtiofsUnprivilegedLauncher(t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("the guest did not power off; stdout tail:\n%s", testutil.Tail(stdout.String(), 500))
 	}
+}
+
+// unprivileged runs `qvirt-launcher run` as an unprivileged user, as in a launcher pod: the test's
+// own user, or nobody when the test runs as root.
+type unprivileged struct {
+	uid, gid int
+	bin      string // the launcher, built for the test
+	guest    string // the test guest's kernel and initrd
+}
+
+func newUnprivileged(t *testing.T) *unprivileged {
+	t.Helper()
+	const nobody = 65534
+	u := &unprivileged{uid: os.Getuid(), gid: os.Getgid()}
+	if u.uid == 0 {
+		u.uid, u.gid = nobody, nobody
+	}
+	u.bin = filepath.Join(u.open(t.TempDir()), "qvirt-launcher")
+	if out, err := exec.Command("go", "build", "-o", u.bin, "../cmd/qvirt-launcher").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	u.guest = u.open(t.TempDir())
+	for _, f := range []string{"vmlinuz", "initrd.img"} {
+		data, err := os.ReadFile(filepath.Join(guestDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(u.guest, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return u
+}
+
+// open lets the user reach dir: everything the launcher reads lies in such a directory
+// (t.TempDir is the test's user's only, and so is its parent, the test's own directory).
+func (u *unprivileged) open(dir string) string {
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			panic(err)
+		}
+	}
+	return dir
+}
+
+// vmi is the test guest, booted from the copy the user can read.
+func (u *unprivileged) vmi(t *testing.T) *v1alpha1.VirtualMachineInstance {
+	vmi := guestVMI(t)
+	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + u.guest
+	return vmi
+}
+
+type unprivilegedRun struct {
+	cmd            *exec.Cmd
+	stdin          io.WriteCloser
+	stdout, stderr testutil.SyncBuffer
+}
+
+// run starts `qvirt-launcher run -f` of m as the user; the test ends it.
+func (u *unprivileged) run(t *testing.T, m *machine.Machine) *unprivilegedRun {
+	t.Helper()
+	desc, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(u.open(t.TempDir()), "vm.json")
+	if err := os.WriteFile(file, desc, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := &unprivilegedRun{cmd: exec.Command(u.bin, "run", "-f", file)}
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.uid), Gid: uint32(u.gid)}, Setpgid: true}
+	r.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent", "TMPDIR=/tmp"}
+	r.stdin, _ = r.cmd.StdinPipe()
+	r.cmd.Stdout, r.cmd.Stderr = &r.stdout, &r.stderr
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL); _ = r.cmd.Wait() })
+	return r
+}
+
+// waitReady waits for the guest's banner on the console (the launcher's stdout).
+func (r *unprivilegedRun) waitReady(t *testing.T) {
+	t.Helper()
+	waitFor(t, bootTimeout, "QVIRT-GUEST-READY on stdout", func() bool {
+		return strings.Contains(r.stdout.String(), "QVIRT-GUEST-READY") || r.cmd.ProcessState != nil
+	})
+	if !strings.Contains(r.stdout.String(), "QVIRT-GUEST-READY") {
+		t.Fatalf("no guest; stderr:\n%s", testutil.Tail(r.stderr.String(), 2000))
+	}
+	time.Sleep(500 * time.Millisecond)
 }

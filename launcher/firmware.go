@@ -80,7 +80,12 @@ func (b *builder) machineType() {
 		// SeaBIOS then also writes its screen to the first serial port (its "sercon").
 		mopt += ",graphics=off"
 	}
-	if ramBackend(m) {
+	switch {
+	case m.CPU.NUMAPassthrough:
+		// The guest's NUMA node names the RAM (numa.go); KubeVirt's mapping also keeps the pages
+		// from being merged with other guests' (<nosharepages/>), which would move them off the node.
+		mopt += ",mem-merge=off"
+	case ramBackend(m):
 		mopt += ",memory-backend=" + GuestRAMID
 	}
 	if m.Firmware.EFI != nil {

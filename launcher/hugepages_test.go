@@ -15,8 +15,6 @@ import (
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
-const nrHugepages = "/proc/sys/vm/nr_hugepages"
-
 // TestGuestHugepages boots the test guest with KubeVirt's memory.hugepages (2Mi): QEMU maps the
 // guest's whole RAM from the host's pool of 2 MiB pages, which the test reserves for it (and gives
 // back after), and the guest runs. A live migration of it under TCG is refused naming the field,
@@ -24,7 +22,7 @@ const nrHugepages = "/proc/sys/vm/nr_hugepages"
 func TestGuestHugepages(t *testing.T) {
 	vmi := guestVMI(t)
 	guestMiB := v1alpha1.GuestMemoryMiB(&vmi.Spec.Domain)
-	reserveHugepages(t, int(guestMiB/2))
+	testutil.ReserveHugepages(t, int(guestMiB/2))
 	vmi.Spec.Domain.Memory.Hugepages = &v1alpha1.Hugepages{PageSize: "2Mi"}
 	v, _ := bootGuest(t, testutil.SyncRequest(t, vmi, nil))
 	st, err := v.client.Status(context.Background())
@@ -39,31 +37,6 @@ func TestGuestHugepages(t *testing.T) {
 	var apiErr *launcher.APIError
 	if !errors.As(err, &apiErr) || apiErr.Field != "machine.hugePageKiB" || !strings.Contains(apiErr.Msg, "under emulation") {
 		t.Errorf("migrate: %v (field %q), want a refusal at machine.hugePageKiB", err, fieldOf(apiErr))
-	}
-}
-
-// reserveHugepages adds n 2 MiB pages to the host's pool for the test, and takes them back when it
-// ends (after its launchers' QEMUs, whose cleanups run first).
-func reserveHugepages(t *testing.T, n int) {
-	t.Helper()
-	data, err := os.ReadFile(nrHugepages)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	set := func(v int) {
-		if err := os.WriteFile(nrHugepages, []byte(strconv.Itoa(v)), 0o644); err != nil {
-			t.Errorf("set %s to %d: %v", nrHugepages, v, err)
-		}
-	}
-	t.Cleanup(func() { set(before) })
-	set(before + n)
-	data, _ = os.ReadFile(nrHugepages)
-	if got, _ := strconv.Atoi(strings.TrimSpace(string(data))); got < before+n {
-		t.Fatalf("the kernel reserved %d huge pages of the %d asked for", got, before+n)
 	}
 }
 

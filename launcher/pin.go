@@ -46,6 +46,11 @@ func (p *Process) pinCPUs(ctx context.Context) error {
 		// policy), where other pods run too.
 		p.log.Info("more CPUs than the pinning needs: they may not be this pod's own", "cpus", formatCPUs(cpus), "needed", need)
 	}
+	if c.NUMAPassthrough {
+		if err := checkOneHostNode(cpus[:need]); err != nil {
+			return err
+		}
+	}
 	vcpus, err := vcpuList(ctx, p)
 	if err != nil {
 		return err

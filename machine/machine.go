@@ -180,6 +180,13 @@ type CPU struct {
 	// IsolateEmulatorThread pins QEMU's other threads to the CPU after the vCPUs' (one more is
 	// needed); without it they share the vCPUs' CPUs. Only with DedicatedCPUs.
 	IsolateEmulatorThread bool `json:"isolateEmulatorThread,omitempty"`
+	// NUMAPassthrough gives the guest the NUMA layout of the host CPUs its vCPUs are pinned to
+	// (KubeVirt's guestMappingPassthrough). Only with DedicatedCPUs and huge pages.
+	NUMAPassthrough bool `json:"numaPassthrough,omitempty"`
+	// RealtimeVCPUs are the vCPUs whose threads run real-time (SCHED_FIFO, priority 1), which the
+	// node agent sets once QEMU runs; the launcher turns the PMU off for them. Only with
+	// DedicatedCPUs: a real-time thread on a CPU it shares would starve the others there.
+	RealtimeVCPUs []uint32 `json:"realtimeVCPUs,omitempty"`
 }
 
 // CPU feature policies, as KubeVirt's and libvirt's: force, require and optional turn the feature

@@ -138,22 +138,18 @@ type CPUInstancetype struct {
 	// +optional
 	DedicatedCPUPlacement *bool `json:"dedicatedCPUPlacement,omitempty"`
 
-	// NUMA is KubeVirt's guest NUMA topology; not supported by this version of qvirt (refused).
+	// NUMA is the instance's domain.cpu.numa.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	NUMA *runtime.RawExtension `json:"numa,omitempty"`
+	NUMA *NUMA `json:"numa,omitempty"`
 
 	// IsolateEmulatorThread is the instance's domain.cpu.isolateEmulatorThread: QEMU's other
 	// threads on one more dedicated host CPU.
 	// +optional
 	IsolateEmulatorThread *bool `json:"isolateEmulatorThread,omitempty"`
 
-	// Realtime is KubeVirt's real-time tuning; not supported by this version of qvirt (refused).
+	// Realtime is the instance's domain.cpu.realtime.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	Realtime *runtime.RawExtension `json:"realtime,omitempty"`
+	Realtime *Realtime `json:"realtime,omitempty"`
 
 	// MaxSockets is the instance's domain.cpu.maxSockets: the most sockets CPU hotplug may reach.
 	// +optional

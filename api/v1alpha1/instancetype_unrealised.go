@@ -28,13 +28,6 @@ func NotRealisedInstancetype(spec *VirtualMachineInstancetypeSpec, p *field.Path
 	if spec.LaunchSecurity != nil {
 		no(p.Child("launchSecurity"), "launch security (SEV)")
 	}
-	cp := p.Child("cpu")
-	if spec.CPU.NUMA != nil {
-		errs = append(errs, field.Forbidden(cp.Child("numa"), "a guest NUMA topology is "+NotRealisedMessage+NUMAReason))
-	}
-	if spec.CPU.Realtime != nil {
-		errs = append(errs, field.Forbidden(cp.Child("realtime"), "real-time vCPUs are "+NotRealisedMessage+RealtimeReason))
-	}
 	return errs
 }
 

@@ -17,14 +17,6 @@ const PassthroughReason = "; it needs a device plugin offering deviceName as a n
 const SupplementalPoolReason = "; it spreads a disk's queues over several I/O threads, which QEMU 7.2 cannot " +
 	"(its virtio-blk takes one iothread; iothread-vq-mapping came in QEMU 9.0): use ioThreadsPolicy shared or auto"
 
-// NUMAReason ends the refusal of a guest NUMA topology.
-const NUMAReason = "; guestMappingPassthrough binds each guest node's memory to a host node (mbind), which the launcher's " +
-	"container may not do: the runtime's default seccomp profile allows it only with CAP_SYS_NICE, and the launcher holds no capability"
-
-// RealtimeReason ends the refusal of real-time vCPUs.
-const RealtimeReason = "; real-time vCPU threads run SCHED_FIFO, which needs CAP_SYS_NICE in the launcher's container, " +
-	"and the launcher holds no capability"
-
 // passtTCPProbes warns of tcpSocket probes on an instance with the passt binding: passt listens on
 // the pod's forwarded ports itself and accepts a connection before the guest sees it, so such a
 // probe succeeds whatever the guest does (as under KubeVirt, whose passt is the same).
@@ -76,15 +68,6 @@ func NotRealised(spec *VirtualMachineInstanceSpec, p *field.Path) field.ErrorLis
 	}
 	if spec.Domain.IOThreads != nil {
 		no(dp.Child("ioThreads"), "a supplemental I/O thread pool", SupplementalPoolReason)
-	}
-	if c := spec.Domain.CPU; c != nil {
-		cp := dp.Child("cpu")
-		if c.NUMA != nil {
-			no(cp.Child("numa"), "a guest NUMA topology", NUMAReason)
-		}
-		if c.Realtime != nil {
-			no(cp.Child("realtime"), "real-time vCPUs", RealtimeReason)
-		}
 	}
 	devp := dp.Child("devices")
 	if v := spec.Domain.Devices.AutoattachVSOCK; v != nil && *v {

@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
@@ -96,12 +95,6 @@ func TestNotRealised(t *testing.T) {
 		{"a host device", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.HostDevices = []HostDevice{{Name: "qat", DeviceName: "intel.com/qat"}}
 		}, "spec.domain.devices.hostDevices"},
-		{"a guest NUMA topology", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.CPU = &CPU{NUMA: &runtime.RawExtension{Raw: []byte(`{"guestMappingPassthrough":{}}`)}}
-		}, "spec.domain.cpu.numa"},
-		{"real-time vCPUs", func(s *VirtualMachineInstanceSpec) {
-			s.Domain.CPU = &CPU{Realtime: &runtime.RawExtension{Raw: []byte(`{"mask":"0"}`)}}
-		}, "spec.domain.cpu.realtime"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

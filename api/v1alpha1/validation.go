@@ -120,6 +120,7 @@ func validateDomain(d *DomainSpec, p *field.Path) field.ErrorList {
 	errs = append(errs, validateMemory(d, p)...)
 	errs = append(errs, validateDedicatedCPUs(d, p)...)
 	errs = append(errs, validateHugepages(d, p)...)
+	errs = append(errs, validateRealtime(d, p)...)
 	errs = append(errs, validateMaxGuest(d, p)...)
 	if m := d.Machine; m != nil && m.Type != "" && !machRE.MatchString(m.Type) {
 		errs = append(errs, field.NotSupported(p.Child("machine", "type"), m.Type, []string{"q35", "pc-q35-<version>"}))

@@ -358,23 +358,41 @@ type CPU struct {
 	// +optional
 	IsolateEmulatorThread bool `json:"isolateEmulatorThread,omitempty"`
 
-	// NUMA is KubeVirt's guest NUMA topology (guestMappingPassthrough); refused (NUMAReason).
+	// NUMA is KubeVirt's guest NUMA topology: with guestMappingPassthrough the guest gets the NUMA
+	// layout of the host CPUs its vCPUs are pinned to. Needs dedicatedCpuPlacement and huge pages.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	NUMA *runtime.RawExtension `json:"numa,omitempty"`
+	NUMA *NUMA `json:"numa,omitempty"`
 
-	// Realtime is KubeVirt's real-time vCPU scheduling; refused (RealtimeReason).
+	// Realtime runs vCPU threads real-time (SCHED_FIFO, priority 1) and turns the guest's PMU off,
+	// as KubeVirt's. Needs dedicatedCpuPlacement and numa.guestMappingPassthrough.
 	// +optional
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:pruning:PreserveUnknownFields
-	Realtime *runtime.RawExtension `json:"realtime,omitempty"`
+	Realtime *Realtime `json:"realtime,omitempty"`
 
 	// MaxSockets is the most sockets CPU hotplug may reach: the guest starts with sockets and a
 	// running instance's sockets may be raised up to this (KubeVirt's CPU hotplug); unset, no
 	// hotplug.
 	// +optional
 	MaxSockets uint32 `json:"maxSockets,omitempty"`
+}
+
+// NUMA is KubeVirt's guest NUMA topology.
+type NUMA struct {
+	// GuestMappingPassthrough gives each host NUMA node of the vCPUs' dedicated CPUs a guest NUMA
+	// node with those vCPUs and its share of the memory.
+	// +optional
+	GuestMappingPassthrough *NUMAGuestMappingPassthrough `json:"guestMappingPassthrough,omitempty"`
+}
+
+// NUMAGuestMappingPassthrough has no settings: its presence asks for the mapping.
+type NUMAGuestMappingPassthrough struct{}
+
+// Realtime is KubeVirt's real-time tuning of the vCPUs.
+type Realtime struct {
+	// Mask is which vCPUs run real-time, in libvirt's syntax: indexes and ranges separated by
+	// commas, ^N leaving vCPU N out ("0-3,^1"). Empty, all of them.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Mask string `json:"mask,omitempty"`
 }
 
 // CPUFeaturePolicy is how a CPU feature is given to the guest (KubeVirt's and libvirt's policies).

@@ -1,6 +1,7 @@
 package admission_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -417,9 +418,34 @@ func TestKubeVirtMemoryHotplug(t *testing.T) {
 	}
 }
 
-// TestKubeVirtRefusedCPUAndMemory: KubeVirt's guest NUMA topology, real-time vCPUs, CPU hotplug
-// with dedicated CPUs and memory hotplug of a guest below KubeVirt's 1Gi, as its user guide writes
-// them, are refused through kube-apiserver naming the field and why, not as unknown fields.
+// TestKubeVirtRealtime: KubeVirt's real-time guest as its user guide writes it (dedicated CPUs, an
+// isolated emulator thread, the guest NUMA mapping, huge pages, realtime with a mask) is accepted
+// through kubectl and becomes a machine with vCPU 0 real-time on one guest NUMA node; a mask naming
+// a vCPU the guest lacks, and the NUMA mapping without huge pages, are refused naming the field.
+func TestKubeVirtRealtime(t *testing.T) {
+	startWebhook(t)
+	vmi := func(mask string, hugepages bool) map[string]any {
+		o := sample(t, "vmi_testguest.yaml")
+		d := o["spec"].(map[string]any)["domain"].(map[string]any)
+		d["cpu"] = map[string]any{"cores": 2, "dedicatedCpuPlacement": true, "isolateEmulatorThread": true,
+			"numa": map[string]any{"guestMappingPassthrough": map[string]any{}}, "realtime": map[string]any{"mask": mask}}
+		if hugepages {
+			d["memory"] = map[string]any{"guest": "128Mi", "hugepages": map[string]any{"pageSize": "2Mi"}}
+		}
+		return o
+	}
+	m := storedMachine(t, vmi("0-1,^1", true), "vmi-realtime")
+	if !m.CPU.NUMAPassthrough || !slices.Equal(m.CPU.RealtimeVCPUs, []uint32{0}) || !m.CPU.DedicatedCPUs || m.HugePageKiB != 2048 {
+		t.Errorf("the machine's CPU %+v, huge pages %d KiB; want vCPU 0 real-time on the NUMA mapping, dedicated CPUs, 2 MiB pages", m.CPU, m.HugePageKiB)
+	}
+	wantRefused(t, vmi("0-2", true), "vmi-realtime-refused", "spec.domain.cpu.realtime.mask", "names a vCPU the guest does not have")
+	wantRefused(t, vmi("0", false), "vmi-realtime-refused", "spec.domain.memory.hugepages",
+		"must be requested when NUMA topology strategy is set in spec.domain.cpu.numa.guestMappingPassthrough")
+}
+
+// TestKubeVirtRefusedCPUAndMemory: real-time vCPUs without the guest NUMA mapping, CPU hotplug
+// with dedicated CPUs and memory hotplug of a guest below KubeVirt's 1Gi are refused through
+// kube-apiserver naming the field and why, as KubeVirt refuses them.
 func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 	startWebhook(t)
 	for name, tc := range map[string]struct {
@@ -427,10 +453,9 @@ func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 		value          any
 		want           []string
 	}{
-		"numa":                           {"cpu", "numa", map[string]any{"guestMappingPassthrough": map[string]any{}}, []string{"spec.domain.cpu.numa", "CAP_SYS_NICE"}},
-		"realtime":                       {"cpu", "realtime", map[string]any{"mask": "0"}, []string{"spec.domain.cpu.realtime", "SCHED_FIFO"}},
-		"maxSockets with dedicated CPUs": {"cpu", "maxSockets", 4, []string{"spec.domain.cpu.maxSockets", "dedicatedCpuPlacement"}},
-		"maxGuest with less than 1Gi":    {"memory", "maxGuest", "1Gi", []string{"spec.domain.memory.guest", "must be at least 1Gi with memory.maxGuest"}},
+		"realtime without the NUMA mapping": {"cpu", "realtime", map[string]any{"mask": "0"}, []string{"spec.domain.cpu.numa.guestMappingPassthrough", "must be defined when spec.domain.cpu.realtime is used"}},
+		"maxSockets with dedicated CPUs":    {"cpu", "maxSockets", 4, []string{"spec.domain.cpu.maxSockets", "dedicatedCpuPlacement"}},
+		"maxGuest with less than 1Gi":       {"memory", "maxGuest", "1Gi", []string{"spec.domain.memory.guest", "must be at least 1Gi with memory.maxGuest"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := sample(t, "vmi_testguest.yaml")
@@ -441,7 +466,7 @@ func TestKubeVirtRefusedCPUAndMemory(t *testing.T) {
 				d[tc.section] = sec
 			}
 			sec[tc.field] = tc.value
-			if tc.field == "maxSockets" {
+			if tc.field == "maxSockets" || tc.field == "realtime" {
 				sec["dedicatedCpuPlacement"] = true
 			}
 			wantRefused(t, o, "vmi-refused-cpu", tc.want...)

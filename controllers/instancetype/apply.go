@@ -123,6 +123,12 @@ func applyCPU(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.VirtualMac
 		if c.MaxSockets != 0 && it.CPU.MaxSockets != nil {
 			errs = append(errs, conflict(dp.Child("cpu", "maxSockets"), fmt.Sprintf("cpu.maxSockets: %d", *it.CPU.MaxSockets)))
 		}
+		if c.NUMA != nil && it.CPU.NUMA != nil {
+			errs = append(errs, conflict(dp.Child("cpu", "numa"), "cpu.numa"))
+		}
+		if c.Realtime != nil && it.CPU.Realtime != nil {
+			errs = append(errs, conflict(dp.Child("cpu", "realtime"), "cpu.realtime"))
+		}
 	}
 	if len(errs) > 0 {
 		return errs
@@ -141,6 +147,12 @@ func applyCPU(spec *v1alpha1.VirtualMachineInstanceSpec, it *v1alpha1.VirtualMac
 	}
 	if n := it.CPU.MaxSockets; n != nil {
 		d.CPU.MaxSockets = *n
+	}
+	if it.CPU.NUMA != nil {
+		d.CPU.NUMA = it.CPU.NUMA.DeepCopy()
+	}
+	if it.CPU.Realtime != nil {
+		d.CPU.Realtime = it.CPU.Realtime.DeepCopy()
 	}
 	sockets, cores, threads, err := Topology(it.CPU.Guest, pref)
 	if err != nil {

@@ -102,6 +102,16 @@ func TestConflicts(t *testing.T) {
 			func(vm *v1alpha1.VirtualMachine) {
 				vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{IsolateEmulatorThread: true}
 			}, "spec.template.spec.domain.cpu.isolateEmulatorThread"},
+		{"numa", func(it *v1alpha1.VirtualMachineInstancetypeSpec) {
+			it.CPU.NUMA = &v1alpha1.NUMA{GuestMappingPassthrough: &v1alpha1.NUMAGuestMappingPassthrough{}}
+		},
+			func(vm *v1alpha1.VirtualMachine) {
+				vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{NUMA: &v1alpha1.NUMA{GuestMappingPassthrough: &v1alpha1.NUMAGuestMappingPassthrough{}}}
+			}, "spec.template.spec.domain.cpu.numa"},
+		{"realtime", func(it *v1alpha1.VirtualMachineInstancetypeSpec) { it.CPU.Realtime = &v1alpha1.Realtime{} },
+			func(vm *v1alpha1.VirtualMachine) {
+				vm.Spec.Template.Spec.Domain.CPU = &v1alpha1.CPU{Realtime: &v1alpha1.Realtime{Mask: "0"}}
+			}, "spec.template.spec.domain.cpu.realtime"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,12 +133,14 @@ func TestConflicts(t *testing.T) {
 	}
 }
 
-// TestDedicatedCPUsExpand: an instancetype's dedicatedCPUPlacement and isolateEmulatorThread reach
+// TestDedicatedCPUsExpand: an instancetype's dedicatedCPUPlacement, isolateEmulatorThread, numa and realtime reach
 // the instance's domain.cpu, and its memory.hugepages the domain's memory, as KubeVirt's
 // apply/cpu.go and apply/memory.go set them.
 func TestDedicatedCPUsExpand(t *testing.T) {
 	it := baseIT()
 	it.CPU.DedicatedCPUPlacement, it.CPU.IsolateEmulatorThread = ptr.To(true), ptr.To(true)
+	it.CPU.NUMA = &v1alpha1.NUMA{GuestMappingPassthrough: &v1alpha1.NUMAGuestMappingPassthrough{}}
+	it.CPU.Realtime = &v1alpha1.Realtime{Mask: "0"}
 	it.Memory.Hugepages = &v1alpha1.Hugepages{PageSize: "2Mi"}
 	spec, _, errs := Expand(baseVM(), resolution(it, nil))
 	if len(errs) != 0 {
@@ -136,6 +148,9 @@ func TestDedicatedCPUsExpand(t *testing.T) {
 	}
 	if c := spec.Domain.CPU; c == nil || !c.DedicatedCPUPlacement || !c.IsolateEmulatorThread {
 		t.Fatalf("domain.cpu %+v, want dedicated CPUs with an isolated emulator thread", c)
+	}
+	if c := spec.Domain.CPU; c.NUMA == nil || c.NUMA.GuestMappingPassthrough == nil || c.Realtime == nil || c.Realtime.Mask != "0" {
+		t.Fatalf("domain.cpu numa %+v realtime %+v, want the instancetype's NUMA mapping and real-time mask", c.NUMA, c.Realtime)
 	}
 	if m := spec.Domain.Memory; m == nil || m.Hugepages == nil || m.Hugepages.PageSize != "2Mi" {
 		t.Fatalf("domain.memory %+v, want 2Mi huge pages", m)

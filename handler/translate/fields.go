@@ -31,6 +31,8 @@ var machineFields = []struct{ machine, spec string }{
 	{"machine.clock", "spec.domain.clock"},
 	{"machine.rtcStart", "spec.domain.clock"},
 	{"machine.cpu.dedicatedCPUs", "spec.domain.cpu.dedicatedCpuPlacement"},
+	{"machine.cpu.realtimeVCPUs", "spec.domain.cpu.realtime"},
+	{"machine.cpu.numaPassthrough", "spec.domain.cpu.numa.guestMappingPassthrough"},
 	{"machine.cpu.isolateEmulatorThread", "spec.domain.cpu.isolateEmulatorThread"},
 	{"machine.cpu", "spec.domain.cpu"},
 	{"machine.memoryMiB", "spec.domain.memory.guest"},

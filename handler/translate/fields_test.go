@@ -27,6 +27,8 @@ func TestSpecField(t *testing.T) {
 		"machine.disks[7].bus":                          "",
 		"machine.cpu.model":                             "spec.domain.cpu",
 		"machine.cpu.dedicatedCPUs":                     "spec.domain.cpu.dedicatedCpuPlacement",
+		"machine.cpu.realtimeVCPUs[0]":                  "spec.domain.cpu.realtime",
+		"machine.cpu.numaPassthrough":                   "spec.domain.cpu.numa.guestMappingPassthrough",
 		"machine.hugePageKiB":                           "spec.domain.memory.hugepages.pageSize",
 		"machine.kernelish":                             "",
 		"name":                                          "",

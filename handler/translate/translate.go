@@ -265,7 +265,13 @@ func cpu(d *v1alpha1.DomainSpec, m *machine.Machine) field.ErrorList {
 	one := func(v uint32) uint32 { return max(v, 1) }
 	m.CPU = machine.CPU{Model: model, VCPUs: uint32(v1alpha1.VCPUs(d.CPU)),
 		Sockets: one(c.Sockets), Cores: one(c.Cores), Threads: one(c.Threads), MaxSockets: c.MaxSockets,
-		DedicatedCPUs: c.DedicatedCPUPlacement, IsolateEmulatorThread: c.IsolateEmulatorThread}
+		DedicatedCPUs: c.DedicatedCPUPlacement, IsolateEmulatorThread: c.IsolateEmulatorThread,
+		NUMAPassthrough: c.NUMA != nil && c.NUMA.GuestMappingPassthrough != nil}
+	rt, err := v1alpha1.RealtimeVCPUs(&c)
+	if err != nil {
+		return field.ErrorList{field.Invalid(domainPath.Child("cpu", "realtime", "mask"), c.Realtime.Mask, err.Error())}
+	}
+	m.CPU.RealtimeVCPUs = rt
 	// The APIC itself needs nothing: QEMU's x86 CPUs have one (NotRealised refuses turning it off).
 	if f := d.Features; f != nil && f.APIC != nil && f.APIC.EndOfInterrupt {
 		m.CPU.PVEOI = true

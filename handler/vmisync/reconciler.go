@@ -214,11 +214,12 @@ type phase struct {
 }
 
 // phases are the steps of a reconcile, in order: the launcher runs the instance (and its status is
-// known) before a migration, disk, NIC, vCPU or memory is synced with it.
+// known) before a migration, real-time vCPUs, disk, NIC, vCPU or memory is synced with it.
 func (r *Reconciler) phases() []phase {
 	return []phase{
 		{name: "launcher", run: r.launcherPhase},
 		{name: "source migration", run: func(ctx context.Context, s *syncState) error { return r.syncSourceMigration(ctx, s.v, s.st) }},
+		{name: "realtime", run: func(ctx context.Context, s *syncState) error { return r.syncRealtime(ctx, s.v, s.st) }, hotplug: true},
 		{name: "disks", run: r.disksPhase, hotplug: true},
 		{name: "nics", run: func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }, hotplug: true},
 		{name: "cpus", run: func(ctx context.Context, s *syncState) error { return r.syncCPUs(ctx, s.v, s.st) }, hotplug: true},
