@@ -94,8 +94,8 @@ test: deps verify-generated ## Unit, integration and end-to-end tests, then boun
 	  hack/build-tools.sh >/dev/null && hack/build-node.sh >/dev/null && $(GO) test -count=1 -exec true ./... >/dev/null || { wait $$cloud; rm -f "$$log"; exit 1; }; \
 	  if ! wait $$cloud; then cat "$$log"; rm -f "$$log"; echo "test/guest/cloud/build.sh failed" >&2; exit 1; fi; \
 	  rm -f "$$log"
-	KUBEBUILDER_ASSETS=$$(hack/build-tools.sh) ENVTEST_PKGS="$(ENVTEST_PKGS)" GO=$(GO) hack/test-packages.sh -p 1 -count=1 -timeout 30m
-	$(MAKE) fuzz
+	KUBEBUILDER_ASSETS=$$(hack/build-tools.sh) ENVTEST_PKGS="$(ENVTEST_PKGS)" LIGHT_THEN="hack/fuzz.sh $(FUZZTIME)" FUZZ_WORKERS=1 GO=$(GO) \
+	  hack/test-packages.sh -p 1 -count=1 -timeout 30m
 
 test-unit: ## Tests that need no API server, QEMU or root.
 	$(GO) test -short ./...

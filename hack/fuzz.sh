@@ -10,6 +10,8 @@
 # under testdata/fuzz. Only that bare failure is run once more; any other failure fails at once.
 set -euo pipefail
 fuzztime=${1:-10s}
+# FUZZ_WORKERS is how many inputs each target runs at once; every CPU by default.
+workers=${FUZZ_WORKERS:-$(nproc)}
 cd "$(dirname "$0")/.."
 module=$(go list -m)
 cache=$(go env GOCACHE)/fuzz
@@ -18,7 +20,7 @@ trap 'rm -rf "$work"' EXIT
 log=$work/log
 # fuzz runs target $3 of the package in directory $1 with its test binary $2.
 fuzz() {
-  (cd "$1" && "$2" -test.run='^$' -test.fuzz="^$3\$" -test.fuzztime="$fuzztime" \
+  (cd "$1" && "$2" -test.run='^$' -test.fuzz="^$3\$" -test.fuzztime="$fuzztime" -test.parallel="$workers" \
     -test.fuzzcachedir="$cache/$module/${1#./}") 2>&1 | tee "$log"
   return "${PIPESTATUS[0]}"
 }

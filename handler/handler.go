@@ -167,6 +167,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) error {
 		Launcher:        opts.LauncherLimits,
 		TargetSource:    source.Kind(targets, client.Object(&v1alpha1.VirtualMachineInstance{}), &crhandler.EnqueueRequestForObject{}),
 		MigrationConfig: func() config.MigrationConfig { return store.Get().Migrations },
+		CPUManagerState: opts.CPUManagerState,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the instance reconciler: %w", err)

@@ -119,6 +119,8 @@ type nodeAgent struct {
 	node    string
 	podsDir string
 	kubelet *kubelet
+	// cpuState is where the agent reads its kubelet's CPU manager checkpoint, which a test writes.
+	cpuState string
 
 	// registry holds the node agent's per-instance metrics.
 	registry *prometheus.Registry
@@ -156,7 +158,8 @@ func newEnvWithLimits(t *testing.T, limits launcher.ClientOptions) *env {
 func (e *env) addNode() *nodeAgent {
 	t := e.t
 	podsDir := t.TempDir()
-	n := &nodeAgent{t: t, limits: e.limits, pki: e.pki, node: "node-" + rand.String(5), podsDir: podsDir}
+	n := &nodeAgent{t: t, limits: e.limits, pki: e.pki, node: "node-" + rand.String(5), podsDir: podsDir,
+		cpuState: filepath.Join(t.TempDir(), "cpu_manager_state")}
 	// The Node the agent beats on, as its kubelet would have registered it.
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.node}}
 	if err := e.c.Create(context.Background(), node); err != nil {
@@ -205,7 +208,8 @@ func (n *nodeAgent) startHandler() {
 	}
 	n.registry = prometheus.NewRegistry()
 	opts2 := handler.Options{NodeName: n.node, PodsDir: n.podsDir, HeartbeatInterval: agentBeat, Namespace: "qvirt-system", Registry: n.registry, LauncherLimits: n.limits,
-		Migration: handler.MigrationOptions{Addr: "127.0.0.1:0"}, Certs: certs.Fixed(n.pki.material(t, certs.HandlerNodeSpec(n.node)))}
+		Migration: handler.MigrationOptions{Addr: "127.0.0.1:0"}, Certs: certs.Fixed(n.pki.material(t, certs.HandlerNodeSpec(n.node))),
+		CPUManagerState: n.cpuState}
 	if err := handler.Setup(context.Background(), mgr, opts2); err != nil {
 		t.Fatal(err)
 	}
@@ -1414,8 +1418,10 @@ func TestHypervLeftOutUnderEmulation(t *testing.T) {
 // node agent ask its launcher for the memory: the guest plugs it and counts 512 MiB more,
 // status.memory says what it booted with, was asked for and has, and an Event says it.
 // TestRealtimeVCPUs: KubeVirt's real-time guest (dedicated CPUs, the guest NUMA mapping, huge
-// pages) with vCPU 0 of two real-time. The node agent makes vCPU 0's thread in the launcher's QEMU
-// SCHED_FIFO at priority 1 and leaves vCPU 1's alone, with an Event.
+// pages) with vCPU 0 of two real-time. While the kubelet's CPU manager checkpoint gives the launcher
+// pod's compute container no CPUs of its own, the node agent makes no thread real-time and says
+// why in an Event; once it gives it the CPUs the launcher pinned the vCPUs to, the agent makes vCPU
+// 0's thread in the launcher's QEMU SCHED_FIFO at priority 1 and leaves vCPU 1's alone.
 func TestRealtimeVCPUs(t *testing.T) {
 	e := newEnv(t)
 	v := e.guestVMI("rt")
@@ -1426,7 +1432,18 @@ func TestRealtimeVCPUs(t *testing.T) {
 	e.create(v)
 	e.kubelet.run(v, true)
 	e.waitVMI("rt", bootTimeout, "Running", func(v *v1alpha1.VirtualMachineInstance) bool { return v.Status.Phase == v1alpha1.Running })
-	e.waitEvent("rt", vmisync.EventRealtimeVCPUs, "vCPUs [0] run SCHED_FIFO at priority 1", time.Minute)
+	var pods corev1.PodList
+	if err := e.c.List(context.Background(), &pods, client.InNamespace(e.ns), client.MatchingLabels{v1alpha1.VMINameLabel: "rt"}); err != nil || len(pods.Items) != 1 {
+		t.Fatalf("the launcher pods: %v %d", err, len(pods.Items))
+	}
+	checkpoint := func(entries string) {
+		data := `{"policyName":"static","defaultCpuSet":"","entries":{` + entries + `},"checksum":1}`
+		if err := os.WriteFile(e.nodeAgent.cpuState, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint(`"some-other-pod":{"compute":"0-1"}`)
+	e.waitEvent("rt", vmisync.EventRealtimeFailed, "gave container compute of pod "+string(pods.Items[0].UID)+" no CPUs of its own", time.Minute)
 	qemu := qemuPIDOf(t, e.get("rt"))
 	sched := func() map[string]string {
 		threads, err := testutil.Threads(qemu)
@@ -1446,6 +1463,13 @@ func TestRealtimeVCPUs(t *testing.T) {
 		}
 		return got
 	}
+	normal := map[string]string{"CPU 0/TCG": "policy 0 priority 0", "CPU 1/TCG": "policy 0 priority 0"}
+	if got := sched(); !maps.Equal(got, normal) {
+		t.Fatalf("vCPU threads %v without CPUs of the pod's own, want %v", got, normal)
+	}
+
+	checkpoint(`"` + string(pods.Items[0].UID) + `":{"compute":"0-1"}`)
+	e.waitEvent("rt", vmisync.EventRealtimeVCPUs, "vCPUs [0] run SCHED_FIFO at priority 1", time.Minute)
 	want := map[string]string{"CPU 0/TCG": "policy 1 priority 1", "CPU 1/TCG": "policy 0 priority 0"}
 	if got := sched(); !maps.Equal(got, want) {
 		t.Fatalf("vCPU threads %v, want %v (SCHED_FIFO is policy 1)", got, want)

@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/qvirt/qvirt/machine"
@@ -63,7 +64,7 @@ func (b *builder) machineType() {
 	if m.Accel != machine.AccelKVM && m.Accel != machine.AccelTCG {
 		b.fail(machine.NotSupported(machinePath.Child("accel"), m.Accel, []string{string(machine.AccelKVM), string(machine.AccelTCG)}))
 	}
-	mopt := m.Type + ",accel=" + string(m.Accel)
+	mopt := m.Type
 	if m.NoACPI {
 		mopt += ",acpi=off"
 	}
@@ -92,6 +93,11 @@ func (b *builder) machineType() {
 		mopt += ",pflash0=" + EFICodeNode + ",pflash1=" + EFIVarsNode
 	}
 	b.add("-machine", mopt)
+	accel := string(m.Accel)
+	if m.Accel == machine.AccelTCG {
+		accel += ",tb-size=" + strconv.Itoa(machine.TCGTranslationBufferMiB)
+	}
+	b.add("-accel", accel)
 	b.efi()
 }
 

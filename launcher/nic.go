@@ -46,9 +46,12 @@ func checkNIC(p machine.Path, n *machine.NIC) (string, machine.FieldErrors) {
 	if err := checkName(p.Child("name"), n.Name); err != nil {
 		errs = append(errs, err)
 	}
-	if n.Passt != nil {
+	switch {
+	case n.Passt != nil:
 		errs = append(errs, checkPasst(p, n)...)
-	} else if !machine.IsTapName(n.Tap) || n.Tap == "." || n.Tap == ".." {
+	case n.Slirp != nil:
+		errs = append(errs, checkSlirp(p, n)...)
+	case !machine.IsTapName(n.Tap) || n.Tap == "." || n.Tap == "..":
 		errs = append(errs, machine.Invalid(p.Child("tap"), n.Tap, "must be a network interface name: 1-15 letters, digits or _.-"))
 	}
 	drv, ok := nicDrivers[n.Model]
@@ -112,8 +115,11 @@ func (b *builder) nic(p machine.Path, n *machine.NIC) {
 		return
 	}
 	netdev := tapNetdev(n)
-	if n.Passt != nil {
+	switch {
+	case n.Passt != nil:
 		netdev = passtNetdev(n, b.m.PasstSocket(n.Name))
+	case n.Slirp != nil:
+		netdev = slirpNetdev(n)
 	}
 	id := NICDeviceID(n.Name)
 	if !nicDrivers[n.Model].pcie {

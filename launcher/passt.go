@@ -49,19 +49,7 @@ func passtNICs(m *Machine) []int {
 
 // checkPasst checks a passt NIC: cold-plugged, one queue, its pod interface and ports named.
 func checkPasst(p machine.Path, n *machine.NIC) machine.FieldErrors {
-	var errs machine.FieldErrors
-	if n.Tap != "" {
-		errs = append(errs, machine.Invalid(p.Child("tap"), n.Tap, "a passt NIC has no tap"))
-	}
-	if n.Port != "" {
-		errs = append(errs, machine.Invalid(p.Child("port"), n.Port, "a passt NIC cannot be hot-plugged: passt connects as QEMU starts"))
-	}
-	if n.Queues > 1 {
-		errs = append(errs, machine.Invalid(p.Child("queues"), n.Queues, "a passt NIC has one queue"))
-	}
-	if n.DHCP != nil {
-		errs = append(errs, machine.Invalid(p.Child("dhcp"), "set", "passt serves the guest's DHCP itself"))
-	}
+	errs := checkUserModeNIC(p, n, "passt")
 	if !machine.IsTapName(n.Passt.Interface) {
 		errs = append(errs, machine.Invalid(p.Child("passt", "interface"), n.Passt.Interface, "must be a network interface name of 1 to 15 characters"))
 	}
@@ -74,6 +62,29 @@ func checkPasst(p machine.Path, n *machine.NIC) machine.FieldErrors {
 				errs = append(errs, machine.Invalid(p.Child("passt", ports.name).Index(i), port, "must be 1-65535"))
 			}
 		}
+	}
+	return errs
+}
+
+// checkUserModeNIC checks what a NIC on a user-mode network (kind: passt or slirp) cannot have:
+// a tap, a hot-plug port, several queues, the launcher's DHCP (the user-mode stack serves its
+// own), or the other user-mode network.
+func checkUserModeNIC(p machine.Path, n *machine.NIC, kind string) machine.FieldErrors {
+	var errs machine.FieldErrors
+	if n.Tap != "" {
+		errs = append(errs, machine.Invalid(p.Child("tap"), n.Tap, "a "+kind+" NIC has no tap"))
+	}
+	if n.Port != "" {
+		errs = append(errs, machine.Invalid(p.Child("port"), n.Port, "a "+kind+" NIC cannot be hot-plugged: its network comes up as QEMU starts"))
+	}
+	if n.Queues > 1 {
+		errs = append(errs, machine.Invalid(p.Child("queues"), n.Queues, "a "+kind+" NIC has one queue"))
+	}
+	if n.DHCP != nil {
+		errs = append(errs, machine.Invalid(p.Child("dhcp"), "set", kind+" serves the guest's DHCP itself"))
+	}
+	if n.Passt != nil && n.Slirp != nil {
+		errs = append(errs, machine.Forbidden(p.Child("slirp"), "a NIC is on passt or on slirp, not both"))
 	}
 	return errs
 }

@@ -37,6 +37,17 @@ const (
 	AccelTCG Accel = "tcg"
 )
 
+// TCGTranslationBufferMiB bounds QEMU's translation cache under emulation (-accel tcg,tb-size):
+// QEMU's default, 1 GiB, is reserved and filled as the guest runs new code (about 60 MiB by the
+// end of a Linux boot), so QEMU's memory grew past a pod overhead sized for KVM. Full, the cache is
+// flushed and code translated again. EmulationOverheadMiB is what emulation adds to QEMU's memory
+// with this bound (the cache and its index, measured at 1.25 times its size, and room), which the
+// launcher pod's memory overhead counts under emulation.
+const (
+	TCGTranslationBufferMiB = 32
+	EmulationOverheadMiB    = 48
+)
+
 // Machine is one VM, resolved.
 type Machine struct {
 	// Name, Namespace and UID identify the VMI (QEMU's -name, the launcher's checks).
@@ -513,11 +524,14 @@ const (
 // NIC is one guest NIC and the host side the node agent made for it in the pod's network namespace.
 type NIC struct {
 	Name string `json:"name"`
-	// Tap is the tap device QEMU opens by name; "" with Passt.
+	// Tap is the tap device QEMU opens by name; "" with Passt or Slirp.
 	Tap string `json:"tap"`
 	// Passt, when set, connects the NIC to a passt process the launcher runs in its own network
 	// namespace instead of a tap: user-mode networking that gives the guest the pod's address.
-	Passt *Passt   `json:"passt,omitempty"`
+	Passt *Passt `json:"passt,omitempty"`
+	// Slirp, when set, connects the NIC to QEMU's own user-mode network stack (libslirp) in the
+	// launcher's network namespace instead of a tap: the guest gets a private address behind it.
+	Slirp *Slirp   `json:"slirp,omitempty"`
 	MAC   string   `json:"mac"`
 	Model NICModel `json:"model"`
 	// DHCP, when set, makes the launcher hand the guest its address.
@@ -536,6 +550,15 @@ type Passt struct {
 	Interface string  `json:"interface"`
 	TCPPorts  []int32 `json:"tcpPorts,omitempty"`
 	UDPPorts  []int32 `json:"udpPorts,omitempty"`
+}
+
+// Slirp is what a slirp NIC forwards from the pod's addresses to the guest: the listed ports (none
+// when both lists are empty, as KubeVirt's slirp binding). QEMU's stack gives the guest
+// 10.0.2.15/24 by DHCP, with 10.0.2.2 as its router and 10.0.2.3 as its name server, which
+// answers from the pod's resolv.conf.
+type Slirp struct {
+	TCPPorts []int32 `json:"tcpPorts,omitempty"`
+	UDPPorts []int32 `json:"udpPorts,omitempty"`
 }
 
 // DHCP is the one lease the launcher's DHCP server gives a guest NIC.

@@ -63,6 +63,10 @@ func LiveMigratable(spec *VirtualMachineInstanceSpec) (ok bool, reason, message 
 			// keeps the source pod's address, which the target's passt would not serve.
 			return false, InterfaceNotLiveMigratableReason, fmt.Sprintf("interface %q uses the passt binding, which gives the guest the pod's address", in.Name)
 		}
+		if in.IsSlirp() {
+			// As KubeVirt's slirp plugin, registered with no migration method.
+			return false, InterfaceNotLiveMigratableReason, fmt.Sprintf("interface %q uses the slirp binding, whose connections live in the source QEMU's own network stack", in.Name)
+		}
 		if in.Bridge == nil {
 			continue
 		}

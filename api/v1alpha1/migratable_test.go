@@ -80,6 +80,7 @@ func TestLiveMigratableInterfaces(t *testing.T) {
 		{"bridge on the pod network", Interface{Name: "n", Bridge: &InterfaceBridge{}}, Network{Name: "n", Pod: &PodNetwork{}}, false, "on the pod network"},
 		{"bridge on a secondary network", Interface{Name: "n", Bridge: &InterfaceBridge{}}, Network{Name: "n", Multus: &MultusNetwork{NetworkName: "lab"}}, false, "on its multus network"},
 		{"passt on the pod network", Interface{Name: "n", Binding: &PluginBinding{Name: PasstBinding}}, Network{Name: "n", Pod: &PodNetwork{}}, false, "passt binding"},
+		{"slirp on the pod network", Interface{Name: "n", Binding: &PluginBinding{Name: SlirpBinding}}, Network{Name: "n", Pod: &PodNetwork{}}, false, "slirp binding"},
 		{"bridge on a default multus network", Interface{Name: "n", Bridge: &InterfaceBridge{}}, Network{Name: "n", Multus: &MultusNetwork{NetworkName: "lab", Default: true}}, false, "on the pod network"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

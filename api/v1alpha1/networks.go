@@ -35,6 +35,11 @@ func (spec *VirtualMachineInstanceSpec) UsesPasst() bool {
 	return slices.ContainsFunc(spec.Domain.Devices.Interfaces, func(in Interface) bool { return in.IsPasst() })
 }
 
+// UsesUserMode says whether an interface of spec has a user-mode binding (passt or slirp).
+func (spec *VirtualMachineInstanceSpec) UsesUserMode() bool {
+	return slices.ContainsFunc(spec.Domain.Devices.Interfaces, func(in Interface) bool { return in.IsUserMode() })
+}
+
 // IsSecondary says whether n is a Multus network besides the pod's default one: its interface is
 // an extra pod interface that Multus adds, named by MultusInterfaceName.
 func (n *Network) IsSecondary() bool {

@@ -17,18 +17,19 @@ const PassthroughReason = "; it needs a device plugin offering deviceName as a n
 const SupplementalPoolReason = "; it spreads a disk's queues over several I/O threads, which QEMU 7.2 cannot " +
 	"(its virtio-blk takes one iothread; iothread-vq-mapping came in QEMU 9.0): use ioThreadsPolicy shared or auto"
 
-// passtTCPProbes warns of tcpSocket probes on an instance with the passt binding: passt listens on
-// the pod's forwarded ports itself and accepts a connection before the guest sees it, so such a
-// probe succeeds whatever the guest does (as under KubeVirt, whose passt is the same).
+// passtTCPProbes warns of tcpSocket probes on an instance with a user-mode binding: passt, or
+// QEMU's slirp, listens on the pod's forwarded ports itself and accepts a connection before the
+// guest sees it, so such a probe succeeds whatever the guest does (as under KubeVirt, whose passt
+// and slirp are the same).
 func passtTCPProbes(spec *VirtualMachineInstanceSpec, p *field.Path) []string {
-	if !spec.UsesPasst() {
+	if !spec.UsesUserMode() {
 		return nil
 	}
 	var out []string
 	for name, probe := range map[string]*Probe{"readinessProbe": spec.ReadinessProbe, "livenessProbe": spec.LivenessProbe} {
 		if probe != nil && probe.TCPSocket != nil {
-			out = append(out, p.Child(name, "tcpSocket").String()+": with the passt binding this probe always succeeds: "+
-				"passt accepts the connection in the pod before the guest sees it; use httpGet, exec or guestAgentPing")
+			out = append(out, p.Child(name, "tcpSocket").String()+": with the passt or slirp binding this probe always succeeds: "+
+				"the user-mode network accepts the connection in the pod before the guest sees it; use httpGet, exec or guestAgentPing")
 		}
 	}
 	slices.Sort(out)

@@ -163,7 +163,12 @@ func TestIneffective(t *testing.T) {
 		{"a tcpSocket probe on passt", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Interfaces = []Interface{{Name: s.Networks[0].Name, Binding: &PluginBinding{Name: PasstBinding}}}
 			s.ReadinessProbe = &Probe{Handler: Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}}
-		}, "spec.readinessProbe.tcpSocket: with the passt binding this probe always succeeds"},
+		}, "spec.readinessProbe.tcpSocket: with the passt or slirp binding this probe always succeeds"},
+		{"a tcpSocket probe on slirp", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.Devices.Interfaces = []Interface{{Name: s.Networks[0].Name, Binding: &PluginBinding{Name: SlirpBinding}}}
+			s.ReadinessProbe = nil
+			s.LivenessProbe = &Probe{Handler: Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}}
+		}, "spec.livenessProbe.tcpSocket: with the passt or slirp binding this probe always succeeds"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

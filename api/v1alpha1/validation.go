@@ -380,8 +380,9 @@ const MaxNICQueues = 256
 // for a virtio interface when devices.networkInterfaceMultiqueue is true, else 0 (one queue).
 func NICQueues(d *DomainSpec, in *Interface) uint32 {
 	mq := d.Devices.NetworkInterfaceMultiQueue
-	// passt's stream backend has one queue (KubeVirt's passt plugin gives it no more).
-	if mq == nil || !*mq || (in.Model != "" && in.Model != DefaultInterfaceModel) || in.IsPasst() {
+	// passt's stream backend and QEMU's user network have one queue (KubeVirt's passt and slirp
+	// plugins give them no more).
+	if mq == nil || !*mq || (in.Model != "" && in.Model != DefaultInterfaceModel) || in.IsUserMode() {
 		return 0
 	}
 	n := min(QueueVCPUs(d.CPU), MaxNICQueues)
@@ -963,10 +964,10 @@ func validateInterfaceNetworkPairs(spec *VirtualMachineInstanceSpec, p *field.Pa
 		if in.Masquerade != nil && n.IsSecondary() {
 			errs = append(errs, field.Invalid(ip.Child("masquerade"), in.Name, "the masquerade binding needs the pod network (or a default multus network); a secondary network takes the bridge binding"))
 		}
-		if in.IsPasst() && n.Pod == nil {
-			// KubeVirt's passt binding plugin is for the pod network only, as here: passt connects
-			// the guest to the pod's own eth0.
-			errs = append(errs, field.Invalid(ip.Child("binding"), in.Name, "the passt binding is for the pod network only"))
+		if in.IsUserMode() && n.Pod == nil {
+			// KubeVirt's passt and slirp binding plugins are for the pod network only, as here:
+			// they connect the guest to the pod's own eth0.
+			errs = append(errs, field.Invalid(ip.Child("binding"), in.Name, "the "+in.Binding.Name+" binding is for the pod network only"))
 		}
 	}
 	for i, n := range spec.Networks {
@@ -978,7 +979,7 @@ func validateInterfaceNetworkPairs(spec *VirtualMachineInstanceSpec, p *field.Pa
 }
 
 // validateBinding checks that an interface names one binding at most, and of binding plugins
-// only passt, which qvirt runs built in.
+// only passt and slirp, which qvirt runs built in.
 func validateBinding(in *Interface, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	if in.Masquerade != nil && in.Bridge != nil {
@@ -990,8 +991,8 @@ func validateBinding(in *Interface, p *field.Path) field.ErrorList {
 	if in.Masquerade != nil || in.Bridge != nil {
 		errs = append(errs, field.Forbidden(p.Child("binding"), "an interface has one binding: masquerade, bridge or binding, not two"))
 	}
-	if in.Binding.Name != PasstBinding {
-		errs = append(errs, field.NotSupported(p.Child("binding", "name"), in.Binding.Name, []string{PasstBinding}))
+	if in.Binding.Name != PasstBinding && in.Binding.Name != SlirpBinding {
+		errs = append(errs, field.NotSupported(p.Child("binding", "name"), in.Binding.Name, []string{PasstBinding, SlirpBinding}))
 	}
 	return errs
 }

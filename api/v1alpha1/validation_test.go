@@ -209,7 +209,7 @@ func TestValidateVirtualMachine(t *testing.T) {
 		}, "spec.template.spec.domain.devices.interfaces[1].masquerade"},
 		{"a binding plugin qvirt does not have", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Interfaces[0].Masquerade = nil
-			s.Domain.Devices.Interfaces[0].Binding = &PluginBinding{Name: "slirp"}
+			s.Domain.Devices.Interfaces[0].Binding = &PluginBinding{Name: "macvtap"}
 		}, "spec.template.spec.domain.devices.interfaces[0].binding.name"},
 		{"passt and masquerade", func(_ *VirtualMachine, s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Interfaces[0].Masquerade = &InterfaceMasquerade{}

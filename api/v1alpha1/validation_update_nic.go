@@ -96,8 +96,9 @@ func ValidateHotplugInterface(in *Interface, p *field.Path) field.ErrorList {
 	}
 	errs = append(errs, validateBinding(in, p)...)
 	if in.Binding != nil {
-		// passt connects to QEMU as the launcher starts it; a hot-plugged NIC has a tap.
-		errs = append(errs, field.Forbidden(p.Child("binding"), "an interface with a binding plugin (passt) cannot be hot-plugged: passt is started with the guest; use masquerade or bridge"))
+		// passt connects to QEMU, and QEMU's slirp comes up, as the launcher starts it; a
+		// hot-plugged NIC has a tap.
+		errs = append(errs, field.Forbidden(p.Child("binding"), "an interface with a binding plugin (passt, slirp) cannot be hot-plugged: its network is started with the guest; use masquerade or bridge"))
 	}
 	return errs
 }

@@ -1185,7 +1185,7 @@ type InterfaceBridge struct{}
 
 // PluginBinding is KubeVirt's network binding plugin reference.
 type PluginBinding struct {
-	// Name is the binding's: passt.
+	// Name is the binding's: passt or slirp.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
 	Name string `json:"name"`
@@ -1196,6 +1196,18 @@ const PasstBinding = "passt"
 
 // IsPasst says whether the interface uses the passt binding.
 func (in *Interface) IsPasst() bool { return in.Binding != nil && in.Binding.Name == PasstBinding }
+
+// SlirpBinding is the binding plugin name of KubeVirt's slirp binding: QEMU's own user-mode
+// network stack (libslirp) in the pod.
+const SlirpBinding = "slirp"
+
+// IsSlirp says whether the interface uses the slirp binding.
+func (in *Interface) IsSlirp() bool { return in.Binding != nil && in.Binding.Name == SlirpBinding }
+
+// IsUserMode says whether the interface reaches the pod's network through a user-mode network
+// stack (passt or slirp) rather than a tap: an unprivileged process in the pod then binds its
+// forwarded ports and opens its connections.
+func (in *Interface) IsUserMode() bool { return in.IsPasst() || in.IsSlirp() }
 
 // IsMasquerade says whether the interface uses the masquerade binding: named, or by default
 // (an interface that names none is defaulted to it on the pod network).

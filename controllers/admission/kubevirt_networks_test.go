@@ -94,7 +94,7 @@ func TestKubeVirtPasstBinding(t *testing.T) {
 		iface, net map[string]any
 		field      string
 	}{
-		"another binding plugin": {map[string]any{"name": "n", "binding": map[string]any{"name": "slirp"}},
+		"another binding plugin": {map[string]any{"name": "n", "binding": map[string]any{"name": "macvtap"}},
 			map[string]any{"name": "n", "pod": map[string]any{}}, "spec.domain.devices.interfaces[0].binding.name"},
 		"passt on a multus network": {map[string]any{"name": "n", "binding": map[string]any{"name": "passt"}},
 			map[string]any{"name": "n", "multus": map[string]any{"networkName": "flat", "default": true}}, "spec.domain.devices.interfaces[0].binding"},
@@ -109,6 +109,39 @@ func TestKubeVirtPasstBinding(t *testing.T) {
 				t.Errorf("%v: %s; want a refusal naming %s", err, stderr, tc.field)
 			}
 		})
+	}
+}
+
+// TestKubeVirtSlirpBinding: KubeVirt's slirp binding plugin, as its user guide writes the
+// interface (with a port), is accepted through kubectl with no cluster setting (QEMU runs it: the
+// pod keeps its seccomp profile) and becomes a machine NIC on QEMU's user network forwarding the
+// port; on a multus network it is refused naming the binding.
+func TestKubeVirtSlirpBinding(t *testing.T) {
+	startWebhook(t)
+	o := sample(t, "vmi_testguest.yaml")
+	spec := o["spec"].(map[string]any)
+	spec["domain"].(map[string]any)["devices"].(map[string]any)["interfaces"] = []any{
+		map[string]any{"name": "slirpnet", "binding": map[string]any{"name": "slirp"}, "ports": []any{map[string]any{"name": "http", "port": 80}}}}
+	spec["networks"] = []any{map[string]any{"name": "slirpnet", "pod": map[string]any{}}}
+	stored := createVMI(t, o, "vmi-slirp")
+	if got := ifaceList(stored.Spec.Domain.Devices.Interfaces); got != "slirpnet:virtio:binding=slirp" {
+		t.Errorf("stored interfaces %s, want slirpnet with the slirp binding alone", got)
+	}
+	nics := map[string]machine.NIC{"slirpnet": {MAC: "02:00:00:00:00:01", Slirp: &machine.Slirp{TCPPorts: []int32{80}}}}
+	m, err := translate.Machine(&stored, translate.Host{Emulation: true, NICs: nics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.NICs) != 1 || m.NICs[0].Slirp == nil || m.NICs[0].Tap != "" || m.NICs[0].Model != machine.NICVirtio {
+		t.Errorf("machine NICs %+v, want one virtio NIC on slirp", m.NICs)
+	}
+	o = sample(t, "vmi_testguest.yaml")
+	spec = o["spec"].(map[string]any)
+	spec["domain"].(map[string]any)["devices"].(map[string]any)["interfaces"] = []any{map[string]any{"name": "n", "binding": map[string]any{"name": "slirp"}}}
+	spec["networks"] = []any{map[string]any{"name": "n", "multus": map[string]any{"networkName": "flat", "default": true}}}
+	if _, stderr, err := apply(t, o, "vmi-slirp-refused"); err == nil || !strings.Contains(stderr, "spec.domain.devices.interfaces[0].binding") ||
+		!strings.Contains(stderr, "the slirp binding is for the pod network only") {
+		t.Errorf("slirp on a multus network: %v: %s; want a refusal naming the binding", err, stderr)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/launcher/podlayout"
+	"github.com/qvirt/qvirt/machine"
 )
 
 // The launcher pod's layout (container, paths, user, flags) is podlayout's, shared with the node
@@ -147,9 +148,10 @@ func RenderLauncherPod(vmi *v1alpha1.VirtualMachineInstance, cfg config.Config, 
 		// non-root user, no capabilities and no privilege escalation; only the syscall filter goes.
 		c.SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
 	}
-	if passt {
-		// What KubeVirt's passt binding sets (its CNI plugin): passt, an unprivileged process,
-		// binds the pod's ports below 1024 for the guest and answers its pings with ping sockets.
+	if spec.UsesUserMode() {
+		// What KubeVirt's passt binding sets (its CNI plugin): passt, or QEMU's slirp, an
+		// unprivileged process, binds the pod's ports below 1024 for the guest and answers its
+		// pings with ping sockets.
 		// Both are the pod's own network namespace's, and safe sysctls a kubelet allows.
 		if pod.Spec.SecurityContext == nil {
 			pod.Spec.SecurityContext = &corev1.PodSecurityContext{}
@@ -307,11 +309,16 @@ func owningVM(vmi *v1alpha1.VirtualMachineInstance) string {
 // MemoryOverhead is the launcher pod's memory beyond the guest's:
 //
 //	overhead = Base + PerVCPU * vCPUs + guest / GuestRatio   (the last term only when GuestRatio > 0)
+//	           + machine.EmulationOverheadMiB                    (only with useEmulation)
 //
 // rounded up to a whole MiB. What it covers, measured here: the launcher process holds about
-// 12 MiB RSS, and QEMU under TCG about 60 MiB beyond guest RAM (translation cache, device models,
-// per-vCPU threads' stacks); page tables and the like grow with guest memory. The defaults
-// (96Mi + 4Mi per vCPU + 1/512 of guest memory) leave room above those figures.
+// 14 MiB RSS, and QEMU about 50 MiB beyond guest RAM (device models, per-vCPU threads' stacks,
+// its libraries' pages, which the pod's memory cgroup is charged for); page tables and the like
+// grow with guest memory. The defaults (96Mi + 4Mi per vCPU + 1/512 of guest memory) leave room
+// above those figures. Under emulation QEMU's translation cache comes on top: a Debian kernel's
+// boot filled 60 MiB of it, which took a huge-page guest's pod, whose memory limit is the
+// overhead alone, past its limit (the kernel's OOM killer ended QEMU on a real kubelet). The
+// launcher bounds the cache (machine.TCGTranslationBufferMiB) and the formula counts it.
 func MemoryOverhead(d *v1alpha1.DomainSpec, cfg config.Config) (*resource.Quantity, error) {
 	guest, err := guestMemory(d)
 	if err != nil {
@@ -326,6 +333,9 @@ func MemoryOverhead(d *v1alpha1.DomainSpec, cfg config.Config) (*resource.Quanti
 	}
 	if o.GuestRatio > 0 {
 		bytes += guest.Value() / o.GuestRatio
+	}
+	if cfg.UseEmulation {
+		bytes += machine.EmulationOverheadMiB << 20
 	}
 	const mib = 1 << 20
 	bytes = (bytes + mib - 1) / mib * mib

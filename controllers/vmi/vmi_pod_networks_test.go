@@ -88,4 +88,18 @@ func TestRenderLauncherPodPasst(t *testing.T) {
 	if sc := pod.Spec.SecurityContext; sc != nil && len(sc.Sysctls) > 0 {
 		t.Errorf("without passt: sysctls %v", sc.Sysctls)
 	}
+
+	// slirp: QEMU binds the ports and opens the ping sockets, so the same sysctls; QEMU needs no
+	// user namespace, so the seccomp filter stays.
+	v = baseVMI()
+	v.Spec.Domain.Devices.Interfaces = []v1alpha1.Interface{{Name: "default", Binding: &v1alpha1.PluginBinding{Name: v1alpha1.SlirpBinding}}}
+	if pod, err = RenderLauncherPod(v, config.Default(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if sp := pod.Spec.Containers[0].SecurityContext.SeccompProfile; sp == nil || sp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("slirp: seccomp %+v, want RuntimeDefault", sp)
+	}
+	if sc := pod.Spec.SecurityContext; sc == nil || !slices.Equal(sc.Sysctls, want) {
+		t.Errorf("slirp: pod securityContext %+v, want sysctls %v", sc, want)
+	}
 }

@@ -172,8 +172,8 @@ func TestRenderLauncherPodResources(t *testing.T) {
 		}
 	}
 
-	// 4 vCPUs, 2Gi guest, limit 3Gi, overcommit: request is the bare guest, limit keeps the overhead
-	// (96 + 16 + 4 = 116Mi).
+	// 4 vCPUs, 2Gi guest, limit 3Gi, overcommit, emulation: request is the bare guest, limit keeps
+	// the overhead (96 + 16 + 4 = 116Mi, and 48Mi for emulation's translation cache).
 	v := baseVMI()
 	v.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 2, Cores: 2}
 	v.Spec.Domain.Resources = v1alpha1.ResourceRequirements{
@@ -191,8 +191,8 @@ func TestRenderLauncherPodResources(t *testing.T) {
 	if got := mem(pod, res.Requests); got != "2Gi" {
 		t.Errorf("overcommit requests.memory = %s, want 2Gi", got)
 	}
-	if got := mem(pod, res.Limits); got != "3188Mi" {
-		t.Errorf("limits.memory = %s, want 3188Mi (3Gi + 116Mi)", got)
+	if got := mem(pod, res.Limits); got != "3236Mi" {
+		t.Errorf("limits.memory = %s, want 3236Mi (3Gi + 116Mi + 48Mi)", got)
 	}
 	if _, ok := res.Requests[v1alpha1.KVMResource]; ok {
 		t.Errorf("emulation still requests %s", v1alpha1.KVMResource)

@@ -15,6 +15,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/cpumanager"
 )
 
 // DefaultHeartbeatInterval is how often the node agent beats, as KubeVirt's virt-handler.
@@ -51,9 +52,8 @@ type Heartbeat struct {
 	cpuManagerState string
 }
 
-// CPUManagerStateFile is where the kubelet keeps its CPU manager's state (its root directory's
-// cpu_manager_state), whatever the policy; the agent's DaemonSet mounts the directory read-only.
-const CPUManagerStateFile = "/var/lib/kubelet/cpu_manager_state"
+// CPUManagerStateFile is the kubelet's CPU manager checkpoint.
+const CPUManagerStateFile = cpumanager.StateFile
 
 // UserfaultfdSysctl is the sysctl that gives unprivileged processes, such as launchers,
 // userfaultfd. vm.* sysctls are the host's in every container.
@@ -97,18 +97,9 @@ func (h *Heartbeat) cpuManager() (static, known bool, why string) {
 	if h.cpuManagerState == "" {
 		return false, false, "the node agent reads no kubelet CPU manager state (--cpu-manager-state is empty): the label " + v1alpha1.NodeCPUManagerLabel + " is the administrator's"
 	}
-	data, err := os.ReadFile(h.cpuManagerState)
+	st, err := cpumanager.Read(h.cpuManagerState)
 	if err != nil {
-		return false, false, fmt.Sprintf("read the kubelet's CPU manager state: %v", err)
-	}
-	var st struct {
-		PolicyName string `json:"policyName"`
-	}
-	if err := json.Unmarshal(data, &st); err != nil {
-		return false, false, fmt.Sprintf("%s is no CPU manager checkpoint: %v", h.cpuManagerState, err)
-	}
-	if st.PolicyName == "" {
-		return false, false, fmt.Sprintf("%s is no CPU manager checkpoint: it names no policyName", h.cpuManagerState)
+		return false, false, err.Error()
 	}
 	if st.PolicyName != "static" {
 		return false, true, fmt.Sprintf("the kubelet's CPU manager policy is %q: dedicated CPUs need its static policy", st.PolicyName)

@@ -52,10 +52,13 @@ func setupNetwork(v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, peer laun
 	return nics, nil
 }
 
-// defaultNetworkSetup binds the pod's eth0 to interface in, by bridge, masquerade or passt.
+// defaultNetworkSetup binds the pod's eth0 to interface in, by bridge, masquerade, passt or slirp.
 func defaultNetworkSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, pod *corev1.Pod, peer launcher.Peer, multiQueue bool, p *field.Path) (machine.NIC, error) {
 	if in.IsPasst() {
 		return passtSetup(v, in), nil
+	}
+	if in.IsSlirp() {
+		return slirpSetup(v, in), nil
 	}
 	dns, err := podDNS(peer)
 	if err != nil {
@@ -92,19 +95,32 @@ const podInterface = "eth0"
 // passtSetup needs nothing of the node agent: the launcher's passt connects the guest to the pod's
 // eth0 from inside the pod, and forwards the interface's ports (all when it lists none).
 func passtSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface) machine.NIC {
-	p := &machine.Passt{Interface: podInterface}
+	tcp, udp := forwardedPorts(in)
+	// The spec's macAddress, when set, wins in translate.NIC.
+	return machine.NIC{Name: in.Name, MAC: netsetup.StableMAC(string(v.UID), in.Name),
+		Passt: &machine.Passt{Interface: podInterface, TCPPorts: tcp, UDPPorts: udp}}
+}
+
+// slirpSetup needs nothing of the node agent either: QEMU's own network stack, in the pod, forwards
+// the interface's ports (none when it lists none, as KubeVirt's slirp binding).
+func slirpSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface) machine.NIC {
+	tcp, udp := forwardedPorts(in)
+	return machine.NIC{Name: in.Name, MAC: netsetup.StableMAC(string(v.UID), in.Name), Slirp: &machine.Slirp{TCPPorts: tcp, UDPPorts: udp}}
+}
+
+// forwardedPorts are interface in's ports by protocol, each once: a port listed twice (named
+// twice, say) is one forward, since passt refuses overlaps and QEMU a second forward.
+func forwardedPorts(in *v1alpha1.Interface) (tcp, udp []int32) {
 	for _, port := range in.Ports {
-		// A port listed twice (named twice, say) is one forward: passt refuses overlaps.
-		list := &p.TCPPorts
+		list := &tcp
 		if port.Protocol == "UDP" {
-			list = &p.UDPPorts
+			list = &udp
 		}
 		if !slices.Contains(*list, port.Port) {
 			*list = append(*list, port.Port)
 		}
 	}
-	// The spec's macAddress, when set, wins in translate.NIC.
-	return machine.NIC{Name: in.Name, MAC: netsetup.StableMAC(string(v.UID), in.Name), Passt: p}
+	return tcp, udp
 }
 
 func masqueradeSetup(v *v1alpha1.VirtualMachineInstance, in *v1alpha1.Interface, peer launcher.Peer, dns []netip.Addr, hostname string, multiQueue bool, p *field.Path) (machine.NIC, error) {

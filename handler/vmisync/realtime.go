@@ -7,14 +7,18 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/cpuset"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/cpumanager"
 	"github.com/qvirt/qvirt/launcher"
+	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/launcher/protocol"
 )
 
@@ -33,23 +37,18 @@ var vcpuThreadName = regexp.MustCompile(`^CPU (\d+)/(TCG|KVM)$`)
 // syncRealtime makes the threads of the instance's real-time vCPUs (domain.cpu.realtime's mask)
 // SCHED_FIFO at priority 1, as KubeVirt's virt-handler does: the launcher holds no capability, and
 // the node agent has CAP_SYS_NICE. The threads are those named as vCPUs in the QEMU that the
-// instance's launcher process (checked to be its pod's) started; admission holds real-time to
-// dedicated CPUs, so they run on CPUs of the pod's own. It runs at every sync, so that a new node
-// agent, or the target's after a migration, finds the threads as they must be; a failure is an
-// Event and is retried.
-func (r *Reconciler) syncRealtime(ctx context.Context, v *v1alpha1.VirtualMachineInstance, st *protocol.Status) error {
+// instance's launcher process (checked to be its pod's) started. A real-time thread starves every
+// other on its CPU, so each must run only on CPUs the kubelet's static CPU manager gave the pod's
+// compute container for itself (its checkpoint says which), not on a shared pool a hand-set
+// cpumanager label would send the pod to. It runs at every sync, so that a new node agent, or the
+// target's after a migration, finds the threads as they must be; a failure is an Event and is
+// retried.
+func (r *Reconciler) syncRealtime(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, st *protocol.Status) error {
 	vcpus, err := v1alpha1.RealtimeVCPUs(v.Spec.Domain.CPU)
 	if err != nil || len(vcpus) == 0 || st.Phase != protocol.PhaseRunning {
 		return nil
 	}
-	peer, err := r.peer(ctx, v)
-	if err == nil {
-		var changed []uint32
-		changed, err = makeRealtime(peer, vcpus)
-		if len(changed) > 0 {
-			r.Recorder.Eventf(v, corev1.EventTypeNormal, EventRealtimeVCPUs, "vCPUs %v run SCHED_FIFO at priority %d", changed, rtPriority)
-		}
-	}
+	err = r.makeRealtime(ctx, v, pod, vcpus)
 	if err != nil {
 		err = fmt.Errorf("spec.domain.cpu.realtime: make the real-time vCPUs' threads SCHED_FIFO: %w", err)
 		r.Recorder.Event(v, corev1.EventTypeWarning, EventRealtimeFailed, err.Error())
@@ -57,9 +56,37 @@ func (r *Reconciler) syncRealtime(ctx context.Context, v *v1alpha1.VirtualMachin
 	return err
 }
 
+func (r *Reconciler) makeRealtime(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, vcpus []uint32) error {
+	own, err := r.ownCPUs(pod)
+	if err != nil {
+		return err
+	}
+	peer, err := r.peer(ctx, v)
+	if err != nil {
+		return err
+	}
+	changed, err := makeRealtime(peer, vcpus, own)
+	if len(changed) > 0 {
+		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventRealtimeVCPUs, "vCPUs %v run SCHED_FIFO at priority %d", changed, rtPriority)
+	}
+	return err
+}
+
+// ownCPUs are the CPUs the kubelet's CPU manager gave the pod's compute container for itself.
+func (r *Reconciler) ownCPUs(pod *corev1.Pod) (cpuset.CPUSet, error) {
+	if r.CPUManagerState == "" {
+		return cpuset.CPUSet{}, errors.New("the node agent reads no kubelet CPU manager state (--cpu-manager-state is empty), so it cannot tell which CPUs the pod has for itself")
+	}
+	st, err := cpumanager.Read(r.CPUManagerState)
+	if err != nil {
+		return cpuset.CPUSet{}, err
+	}
+	return st.Exclusive(string(pod.UID), podlayout.ComputeContainer)
+}
+
 // makeRealtime makes the threads of vcpus in the launcher's QEMU SCHED_FIFO where they are not,
-// and returns the vCPUs it changed.
-func makeRealtime(peer launcher.Peer, vcpus []uint32) ([]uint32, error) {
+// each once it runs only on CPUs of own, and returns the vCPUs it changed.
+func makeRealtime(peer launcher.Peer, vcpus []uint32, own cpuset.CPUSet) ([]uint32, error) {
 	qemu, err := qemuOf(peer.PID)
 	if err != nil {
 		return nil, err
@@ -81,13 +108,30 @@ func makeRealtime(peer launcher.Peer, vcpus []uint32) ([]uint32, error) {
 		if cur.Policy == unix.SCHED_FIFO && cur.Priority == rtPriority {
 			continue
 		}
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(tid, &set); err != nil {
+			return changed, fmt.Errorf("read vCPU %d's thread %d's CPUs: %w", vcpu, tid, err)
+		}
+		if runs := cpusOf(&set); !runs.IsSubsetOf(own) {
+			return changed, fmt.Errorf("vCPU %d's thread %d may run on CPUs %s, not only on the container's own %s", vcpu, tid, runs, own)
+		}
 		attr := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: rtPriority}
 		if err := unix.SchedSetAttr(tid, attr, 0); err != nil {
-			return changed, fmt.Errorf("vCPU %d's thread %d: %w", vcpu, tid, err)
+			return changed, fmt.Errorf("vCPU %d's thread %d: %w%s", vcpu, tid, err, noRTBudget(tid))
 		}
 		changed = append(changed, vcpu)
 	}
 	return changed, nil
+}
+
+func cpusOf(set *unix.CPUSet) cpuset.CPUSet {
+	var cpus []int
+	for c := 0; c < len(set)*64; c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpuset.New(cpus...)
 }
 
 // qemuOf is the QEMU process the launcher process pid started (its child running qemu-system-*).
@@ -138,4 +182,44 @@ func vcpuThreads(pid int) (map[uint32]int, error) {
 		}
 	}
 	return threads, nil
+}
+
+// cgroupCPURoot is where cgroup v1's cpu controller is mounted.
+var cgroupCPURoot = "/sys/fs/cgroup/cpu"
+
+// noRTBudget explains a refused SCHED_FIFO when the kernel schedules real-time threads by cgroup
+// (CONFIG_RT_GROUP_SCHED, cgroup v1's cpu.rt_runtime_us): a cgroup has no real-time budget unless
+// given some, and the kubelet gives pods none. The thread's own cgroup is read where it can be (a
+// node agent in a container sees only its own cgroup's subtree). "" on other kernels, or when the
+// thread's cgroup has a budget.
+func noRTBudget(tid int) string {
+	if _, err := os.Stat(filepath.Join(cgroupCPURoot, "cpu.rt_runtime_us")); err != nil {
+		return ""
+	}
+	path := cpuCgroupOf(tid)
+	budget, err := os.ReadFile(filepath.Join(cgroupCPURoot, filepath.Clean("/"+path), "cpu.rt_runtime_us"))
+	switch {
+	case err != nil:
+		return fmt.Sprintf(" (this node's kernel schedules real-time threads by cgroup (CONFIG_RT_GROUP_SCHED), and the thread's cpu cgroup %s "+
+			"has no real-time budget unless given one: the kubelet leaves every pod's cpu.rt_runtime_us at 0; run real-time guests on nodes whose kernel does not)", path)
+	case strings.TrimSpace(string(budget)) == "0":
+		return fmt.Sprintf(" (this node's kernel schedules real-time threads by cgroup (CONFIG_RT_GROUP_SCHED), and the thread's cpu cgroup %s "+
+			"has no real-time budget: its cpu.rt_runtime_us is 0, as the kubelet leaves every pod's; run real-time guests on nodes whose kernel does not)", path)
+	}
+	return ""
+}
+
+// cpuCgroupOf is thread tid's cgroup in cgroup v1's cpu hierarchy ("" when unknown).
+func cpuCgroupOf(tid int) string {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(tid), "cgroup"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), "cpu") {
+			return parts[2]
+		}
+	}
+	return ""
 }

@@ -88,6 +88,9 @@ type Reconciler struct {
 	// production limits when zero. A launcher is untrusted: one that hangs costs its own instance
 	// a timeout per retry, never the node's workers.
 	Launcher launcher.ClientOptions
+	// CPUManagerState is the kubelet's CPU manager checkpoint (cpumanager.StateFile), which shows
+	// the CPUs a launcher's container has for itself; without it no vCPU is made real-time.
+	CPUManagerState string
 
 	// APIReader reads what the cache does not hold (the instance's PersistentVolumeClaims);
 	// Client when nil.
@@ -219,7 +222,7 @@ func (r *Reconciler) phases() []phase {
 	return []phase{
 		{name: "launcher", run: r.launcherPhase},
 		{name: "source migration", run: func(ctx context.Context, s *syncState) error { return r.syncSourceMigration(ctx, s.v, s.st) }},
-		{name: "realtime", run: func(ctx context.Context, s *syncState) error { return r.syncRealtime(ctx, s.v, s.st) }, hotplug: true},
+		{name: "realtime", run: func(ctx context.Context, s *syncState) error { return r.syncRealtime(ctx, s.v, s.pod, s.st) }, hotplug: true},
 		{name: "disks", run: r.disksPhase, hotplug: true},
 		{name: "nics", run: func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }, hotplug: true},
 		{name: "cpus", run: func(ctx context.Context, s *syncState) error { return r.syncCPUs(ctx, s.v, s.st) }, hotplug: true},

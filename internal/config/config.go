@@ -129,9 +129,10 @@ type MemoryOverhead struct {
 }
 
 // Default is the configuration used when the ConfigMap is absent; KubeVirt's migration defaults.
-// The overhead is measured, not copied: a running launcher holds about 12 MiB RSS and QEMU under
-// TCG about 60 MiB beyond guest RAM, so 96 MiB leaves room; KubeVirt's 240 MiB base carries
-// libvirt, virtlogd and virt-launcher's monitor, which qvirt does not have.
+// The overhead is measured, not copied: a running launcher holds about 14 MiB RSS and QEMU about
+// 50 MiB beyond guest RAM, so 96 MiB leaves room (emulation's translation cache is counted apart:
+// vmi.MemoryOverhead); KubeVirt's 240 MiB base carries libvirt, virtlogd and virt-launcher's
+// monitor, which qvirt does not have.
 func Default() Config {
 	return Config{
 		LauncherImage: "localhost:5000/qvirt/qvirt-launcher:latest",

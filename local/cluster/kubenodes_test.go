@@ -23,6 +23,7 @@ import (
 
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	"github.com/qvirt/qvirt/handler/vmisync"
 	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/local/install"
 	"github.com/qvirt/qvirt/local/kubenode"
@@ -71,6 +72,8 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	// Huge pages for the real-time guest, before the kubelet reads the node's capacity.
+	testutil.ReserveHugepages(t, 128)
 	started := time.Now()
 	opts := upOptions(t, dir, tools)
 	opts.Runtime, opts.NodeBin = RuntimeContainerd, nodeBin
@@ -112,11 +115,14 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 		t.Fatalf("qvirt's pods by component %v, want controllers, API servers and one node agent:\n%s", apps, describe())
 	}
 
-	// The guest has a dedicated CPU: the node agent labels the node from its kubelet's static CPU
-	// manager, the kubelet gives the Guaranteed launcher container a CPU of its own, and the
-	// launcher pins the vCPU there.
+	// The guest is KubeVirt's real-time guest: it has a dedicated CPU (the node agent labels the
+	// node from its kubelet's static CPU manager, the kubelet gives the Guaranteed launcher
+	// container a CPU of its own, and the launcher pins the vCPU there), the guest NUMA mapping on
+	// huge pages, and a real-time vCPU, which the node agent makes SCHED_FIFO.
 	vmi := guestVMI(t, c)
-	vmi.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, DedicatedCPUPlacement: true}
+	vmi.Spec.Domain.CPU = &v1alpha1.CPU{Sockets: 1, Cores: 1, Threads: 1, DedicatedCPUPlacement: true,
+		NUMA: &v1alpha1.NUMA{GuestMappingPassthrough: &v1alpha1.NUMAGuestMappingPassthrough{}}, Realtime: &v1alpha1.Realtime{}}
+	vmi.Spec.Domain.Memory.Hugepages = &v1alpha1.Hugepages{PageSize: "2Mi"}
 	// And a secondary network, which the real node's Multus (containerd's CNI) attaches.
 	sec := createSecondaryNet(t, ctx, cl, dir, "secondary")
 	addSecondary(vmi, "sec", sec)
@@ -216,7 +222,8 @@ func TestLocalClusterOnRealNodes(t *testing.T) {
 // checkDedicatedCPU checks vmi's dedicated CPU on the real node: the node is labelled
 // cpumanager=true, the launcher pod is Guaranteed, its compute container has the CPU the kubelet's
 // CPU manager recorded for it (in its checkpoint under the state directory dir), outside the
-// shared pool, and QEMU's vCPU thread runs on that CPU alone.
+// shared pool, and QEMU's vCPU thread runs on that CPU alone, real-time, with a guest NUMA node on
+// huge pages.
 func checkDedicatedCPU(t *testing.T, ctx context.Context, cl client.Client, dir string, vmi *v1alpha1.VirtualMachineInstance) {
 	t.Helper()
 	var node corev1.Node
@@ -267,13 +274,57 @@ func checkDedicatedCPU(t *testing.T, ctx context.Context, cl client.Client, dir 
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 		threads, _ := testutil.Threads(pid)
 		for _, th := range threads {
-			if th.Name == "CPU 0/TCG" {
-				vcpu = th.CPUs
+			if th.Name != "CPU 0/TCG" {
+				continue
 			}
+			vcpu = th.CPUs
+			checkRealtime(t, ctx, cl, vmi, pid, th.TID)
+		}
+		if cmdline := string(cmdline); !strings.Contains(cmdline, "node,nodeid=0,cpus=0-0,memdev=") || !strings.Contains(cmdline, "hugetlb=on") {
+			t.Errorf("QEMU's command line has no guest NUMA node on huge pages: %q", strings.ReplaceAll(cmdline, "\x00", " "))
 		}
 	}
 	if vcpu != exclusive {
 		t.Errorf("the guest's vCPU thread runs on CPUs %q, want the container's own CPU %s (shared pool %s)", vcpu, exclusive, cp.DefaultCPUSet)
 	}
 	t.Logf("dedicated CPU: the vCPU runs on CPU %s, the shared pool is %s", vcpu, cp.DefaultCPUSet)
+}
+
+// checkRealtime checks the real-time vCPU's thread tid of QEMU pid on the real node. Where the
+// kernel schedules real-time threads by cgroup (CONFIG_RT_GROUP_SCHED: cgroup v1's
+// cpu.rt_runtime_us, as on this machine), the kubelet gives the pod's cgroup no real-time budget,
+// so no thread of it can be made real-time: the node agent says so in an Event naming the
+// pod's cgroup, and the thread stays as it was. Elsewhere the thread runs SCHED_FIFO (policy 1)
+// at priority 1 (fields 41 and 40 of its stat).
+func checkRealtime(t *testing.T, ctx context.Context, cl client.Client, vmi *v1alpha1.VirtualMachineInstance, pid int, tid string) {
+	t.Helper()
+	policy := func() string {
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, tid))
+		_, after, _ := strings.Cut(string(stat), ") ")
+		if f := strings.Fields(after); len(f) >= 39 {
+			return "policy " + f[38] + " priority " + f[37]
+		}
+		return "no stat"
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.rt_runtime_us"); err != nil {
+		testutil.Eventually(t, time.Minute, "the real-time vCPU's thread SCHED_FIFO", func() bool { return policy() == "policy 1 priority 1" },
+			func() string { return policy() })
+		return
+	}
+	var msg string
+	testutil.Eventually(t, time.Minute, "Event RealtimeFailed saying the pod's cgroup has no real-time budget", func() bool {
+		var events corev1.EventList
+		_ = cl.List(ctx, &events, client.InNamespace(vmi.Namespace))
+		for _, e := range events.Items {
+			if e.InvolvedObject.UID == vmi.UID && e.Reason == vmisync.EventRealtimeFailed {
+				msg = e.Message
+				return strings.Contains(msg, "CONFIG_RT_GROUP_SCHED") && strings.Contains(msg, "cpu.rt_runtime_us") && strings.Contains(msg, "operation not permitted")
+			}
+		}
+		return false
+	}, func() string { return msg })
+	if got := policy(); got != "policy 0 priority 0" {
+		t.Errorf("the vCPU's thread: %s, want it left SCHED_OTHER", got)
+	}
+	t.Logf("real-time vCPU on this kernel: %s", msg)
 }

@@ -1,36 +1,55 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
 // nrHugepages is the size of the host's pool of 2 MiB pages.
 const nrHugepages = "/proc/sys/vm/nr_hugepages"
 
-// ReserveHugepages adds n 2 MiB pages to the host's pool for the test, and takes them back when it
-// ends (after its launchers' QEMUs, whose cleanups run first).
+// hugepagesMu orders this process's changes to the pool, each read and written as one step.
+var hugepagesMu sync.Mutex
+
+// ReserveHugepages adds n 2 MiB pages to the host's pool for the test, and takes as many back
+// when it ends (after its launchers' QEMUs, whose cleanups run first). Both are relative to the
+// pool as it is then, so tests that overlap leave the pool as they found it.
 func ReserveHugepages(t *testing.T, n int) {
 	t.Helper()
-	data, err := os.ReadFile(nrHugepages)
-	if err != nil {
+	if err := addHugepages(n); err != nil {
 		t.Fatal(err)
 	}
-	before, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	set := func(v int) {
-		if err := os.WriteFile(nrHugepages, []byte(strconv.Itoa(v)), 0o644); err != nil {
-			t.Errorf("set %s to %d: %v", nrHugepages, v, err)
+	t.Cleanup(func() {
+		if err := addHugepages(-n); err != nil {
+			t.Error(err)
 		}
+	})
+}
+
+func addHugepages(n int) error {
+	hugepagesMu.Lock()
+	defer hugepagesMu.Unlock()
+	read := func() (int, error) {
+		data, err := os.ReadFile(nrHugepages)
+		if err != nil {
+			return 0, err
+		}
+		return strconv.Atoi(strings.TrimSpace(string(data)))
 	}
-	t.Cleanup(func() { set(before) })
-	set(before + n)
-	data, _ = os.ReadFile(nrHugepages)
-	if got, _ := strconv.Atoi(strings.TrimSpace(string(data))); got < before+n {
-		t.Fatalf("the kernel reserved %d huge pages of the %d asked for", got, before+n)
+	before, err := read()
+	if err != nil {
+		return err
 	}
+	want := max(before+n, 0)
+	if err := os.WriteFile(nrHugepages, []byte(strconv.Itoa(want)), 0o644); err != nil {
+		return err
+	}
+	if got, err := read(); err != nil || (n > 0 && got < want) {
+		return fmt.Errorf("the kernel holds %d huge pages of the %d asked for (%v)", got, want, err)
+	}
+	return nil
 }
