@@ -85,19 +85,8 @@ func TestPasstBinding(t *testing.T) {
 
 	// Outbound: the guest reaches a server on the pod's network through passt. Not at the
 	// gateway's address, which passt maps to the pod's own loopback (as under KubeVirt).
-	peer := pod.HostIP.Next().Next()
-	run(t, "ip", "addr", "add", peer.String()+"/32", "dev", pod.HostVeth)
-	ln, err := net.Listen("tcp", peer.String()+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "FROM-HOST-%s\n", strings.Split(r.RemoteAddr, ":")[0])
-	})}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
 	from = len(c.Text())
-	c.Send(t, "wget -q -O - http://"+ln.Addr().String()+"/")
+	c.Send(t, "wget -q -O - http://"+serveOnPodNetwork(t, pod)+"/")
 	// passt connects from the pod's own address: the host sees the pod, as with any pod.
 	c.Expect(t, from, "FROM-HOST-"+pod.PodIP.String(), time.Minute)
 
@@ -114,6 +103,24 @@ func TestPasstBinding(t *testing.T) {
 	if !strings.Contains(st.Exit.Detail, `passt of interface "default" ended`) {
 		t.Errorf("the guest's end %q does not say passt ended", st.Exit.String())
 	}
+}
+
+// serveOnPodNetwork serves HTTP at an address of pod's network beside the host's end, answering
+// FROM-HOST-<the client's address>, and returns the address (host:port).
+func serveOnPodNetwork(t *testing.T, pod *podnet.NS) string {
+	t.Helper()
+	peer := pod.HostIP.Next().Next()
+	run(t, "ip", "addr", "add", peer.String()+"/32", "dev", pod.HostVeth)
+	ln, err := net.Listen("tcp", peer.String()+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "FROM-HOST-%s\n", strings.Split(r.RemoteAddr, ":")[0])
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String()
 }
 
 // A passt that cannot start (the port it must forward is taken in the pod) fails the start with

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -76,18 +75,7 @@ func TestSlirpBinding(t *testing.T) {
 	}
 
 	// Outbound: the guest reaches a server on the pod's network, which sees the pod's address.
-	peer := pod.HostIP.Next().Next()
-	run(t, "ip", "addr", "add", peer.String()+"/32", "dev", pod.HostVeth)
-	ln, err := net.Listen("tcp", peer.String()+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "FROM-HOST-%s\n", strings.Split(r.RemoteAddr, ":")[0])
-	})}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
 	from = len(c.Text())
-	c.Send(t, "wget -q -O - http://"+ln.Addr().String()+"/")
+	c.Send(t, "wget -q -O - http://"+serveOnPodNetwork(t, pod)+"/")
 	c.Expect(t, from, "FROM-HOST-"+pod.PodIP.String(), time.Minute)
 }
