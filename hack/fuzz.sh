@@ -26,7 +26,7 @@ fuzz() {
 }
 grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u | while read -r pkg; do
   bin=$work/$(echo "${pkg#./}" | tr / _).test
-  go test -c -vet=off -fuzz . -o "$bin" "$pkg"
+  "${GO:-go}" test -c -vet=off -fuzz . -o "$bin" "$pkg"
   grep -ho '^func Fuzz[A-Za-z0-9_]*' "$pkg"/*_test.go | cut -d' ' -f2 | while read -r target; do
     echo "fuzz $pkg $target for $fuzztime"
     if fuzz "$pkg" "$bin" "$target"; then continue; fi

@@ -1413,10 +1413,6 @@ func TestHypervLeftOutUnderEmulation(t *testing.T) {
 	e.waitEvent("hyperv", vmisync.EventFeaturesLeftOut, "under emulation", 10*time.Second)
 }
 
-// TestMemoryHotplug: an instance with memory.maxGuest boots with its memory.guest; raising
-// memory.guest on the running instance (a patch, as the VM controller's LiveUpdate makes) has the
-// node agent ask its launcher for the memory: the guest plugs it and counts 512 MiB more,
-// status.memory says what it booted with, was asked for and has, and an Event says it.
 // TestRealtimeVCPUs: KubeVirt's real-time guest (dedicated CPUs, the guest NUMA mapping, huge
 // pages) with vCPU 0 of two real-time. While the kubelet's CPU manager checkpoint gives the launcher
 // pod's compute container no CPUs of its own, the node agent makes no thread real-time and says
@@ -1476,6 +1472,10 @@ func TestRealtimeVCPUs(t *testing.T) {
 	}
 }
 
+// TestMemoryHotplug: an instance with memory.maxGuest boots with its memory.guest; raising
+// memory.guest on the running instance (a patch, as the VM controller's LiveUpdate makes) has the
+// node agent ask its launcher for the memory: the guest plugs it and counts 512 MiB more,
+// status.memory says what it booted with, was asked for and has, and an Event says it.
 func TestMemoryHotplug(t *testing.T) {
 	e := newEnv(t)
 	v := e.guestVMI("mem")

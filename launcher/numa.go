@@ -2,8 +2,10 @@ package launcher
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -84,8 +86,12 @@ func hostNodesOf(cpus []int) (map[int][]int, error) {
 		for _, c := range list {
 			if want[c] {
 				nodes[n] = append(nodes[n], c)
+				delete(want, c)
 			}
 		}
+	}
+	if len(want) > 0 {
+		return nil, fmt.Errorf("CPUs %v are on no NUMA node %s lists", slices.Sorted(maps.Keys(want)), sysNodeDir)
 	}
 	return nodes, nil
 }

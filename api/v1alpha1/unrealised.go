@@ -104,6 +104,15 @@ func NotRealisedVM(spec *VirtualMachineSpec) field.ErrorList {
 func Ineffective(spec *VirtualMachineInstanceSpec, p *field.Path) []string {
 	out := passtTCPProbes(spec, p)
 	dp := p.Child("domain")
+	if c := spec.Domain.CPU; c != nil && c.Realtime != nil && !c.IsolateEmulatorThread {
+		if rt, err := RealtimeVCPUs(c); err == nil && uint64(len(rt)) == VCPUs(c) {
+			// As under KubeVirt, which does not warn: QEMU's main loop and I/O threads are pinned to
+			// the vCPUs' CPUs without an isolated emulator thread.
+			out = append(out, dp.Child("cpu", "realtime").String()+": every vCPU is real-time and QEMU's other threads share their CPUs "+
+				"(isolateEmulatorThread is false): while the guest keeps its vCPUs busy, QEMU's device emulation gets only what the kernel's "+
+				"real-time throttle leaves; set isolateEmulatorThread, or leave a vCPU out of the mask")
+		}
+	}
 	if f := spec.Domain.Features; f != nil && f.APIC != nil && f.APIC.Enabled != nil && !*f.APIC.Enabled {
 		// libvirt's QEMU driver has nothing that turns the APIC off: KubeVirt leaves <apic/> out
 		// of the domain and the guest keeps its APIC.

@@ -164,6 +164,10 @@ func TestIneffective(t *testing.T) {
 			s.Domain.Devices.Interfaces = []Interface{{Name: s.Networks[0].Name, Binding: &PluginBinding{Name: PasstBinding}}}
 			s.ReadinessProbe = &Probe{Handler: Handler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}}
 		}, "spec.readinessProbe.tcpSocket: with the passt or slirp binding this probe always succeeds"},
+		{"every vCPU real-time with the emulator thread on their CPUs", func(s *VirtualMachineInstanceSpec) {
+			s.Domain.CPU = &CPU{Sockets: 2, DedicatedCPUPlacement: true, NUMA: &NUMA{GuestMappingPassthrough: &NUMAGuestMappingPassthrough{}}, Realtime: &Realtime{}}
+			s.Domain.Memory = &Memory{Guest: s.Domain.Memory.Guest, Hugepages: &Hugepages{PageSize: "2Mi"}}
+		}, "spec.domain.cpu.realtime: every vCPU is real-time and QEMU's other threads share their CPUs"},
 		{"a tcpSocket probe on slirp", func(s *VirtualMachineInstanceSpec) {
 			s.Domain.Devices.Interfaces = []Interface{{Name: s.Networks[0].Name, Binding: &PluginBinding{Name: SlirpBinding}}}
 			s.ReadinessProbe = nil

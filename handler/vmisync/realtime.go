@@ -91,7 +91,7 @@ func makeRealtime(peer launcher.Peer, vcpus []uint32, own cpuset.CPUSet) ([]uint
 	if err != nil {
 		return nil, err
 	}
-	threads, err := vcpuThreads(qemu)
+	threads, err := vcpuThreads(qemu.pid)
 	if err != nil {
 		return nil, err
 	}
@@ -99,29 +99,47 @@ func makeRealtime(peer launcher.Peer, vcpus []uint32, own cpuset.CPUSet) ([]uint
 	for _, vcpu := range vcpus {
 		tid, ok := threads[vcpu]
 		if !ok {
-			return changed, fmt.Errorf("QEMU (process %d) has no thread for vCPU %d", qemu, vcpu)
+			return changed, fmt.Errorf("QEMU (process %d) has no thread for vCPU %d", qemu.pid, vcpu)
 		}
-		cur, err := unix.SchedGetAttr(tid, 0)
+		did, err := setFIFO(qemu, tid, own)
 		if err != nil {
-			return changed, fmt.Errorf("read vCPU %d's thread %d: %w", vcpu, tid, err)
+			return changed, fmt.Errorf("vCPU %d's thread %d: %w", vcpu, tid, err)
 		}
-		if cur.Policy == unix.SCHED_FIFO && cur.Priority == rtPriority {
-			continue
+		if did {
+			changed = append(changed, vcpu)
 		}
-		var set unix.CPUSet
-		if err := unix.SchedGetaffinity(tid, &set); err != nil {
-			return changed, fmt.Errorf("read vCPU %d's thread %d's CPUs: %w", vcpu, tid, err)
-		}
-		if runs := cpusOf(&set); !runs.IsSubsetOf(own) {
-			return changed, fmt.Errorf("vCPU %d's thread %d may run on CPUs %s, not only on the container's own %s", vcpu, tid, runs, own)
-		}
-		attr := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: rtPriority}
-		if err := unix.SchedSetAttr(tid, attr, 0); err != nil {
-			return changed, fmt.Errorf("vCPU %d's thread %d: %w%s", vcpu, tid, err, noRTBudget(tid))
-		}
-		changed = append(changed, vcpu)
 	}
 	return changed, nil
+}
+
+// setFIFO makes thread tid of process p SCHED_FIFO at rtPriority unless it is, once it may run on
+// no CPU beyond own. Its children and threads start SCHED_OTHER (reset on fork). A thread ID is
+// only a number: should p have ended and tid been reused meanwhile, the thread is set back and the
+// change refused. It reports whether it changed the thread.
+func setFIFO(p process, tid int, own cpuset.CPUSet) (bool, error) {
+	cur, err := unix.SchedGetAttr(tid, 0)
+	if err != nil {
+		return false, err
+	}
+	if cur.Policy == unix.SCHED_FIFO && cur.Priority == rtPriority {
+		return false, nil
+	}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(tid, &set); err != nil {
+		return false, fmt.Errorf("read its CPUs: %w", err)
+	}
+	if runs := cpusOf(&set); !runs.IsSubsetOf(own) {
+		return false, fmt.Errorf("it may run on CPUs %s, not only on the container's own %s", runs, own)
+	}
+	attr := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: rtPriority, Flags: unix.SCHED_FLAG_RESET_ON_FORK}
+	if err := unix.SchedSetAttr(tid, attr, 0); err != nil {
+		return false, fmt.Errorf("%w%s", err, noRTBudget(tid))
+	}
+	if !p.owns(tid) {
+		_ = unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL}, 0)
+		return false, fmt.Errorf("QEMU (process %d) ended while its thread was changed: set back", p.pid)
+	}
+	return true, nil
 }
 
 func cpusOf(set *unix.CPUSet) cpuset.CPUSet {
@@ -134,25 +152,56 @@ func cpusOf(set *unix.CPUSet) cpuset.CPUSet {
 	return cpuset.New(cpus...)
 }
 
-// qemuOf is the QEMU process the launcher process pid started (its child running qemu-system-*).
-func qemuOf(pid int) (int, error) {
+// process is a process as /proc showed it: its ID, parent and start time (which tells it from a
+// later process given the same ID).
+type process struct {
+	pid, ppid int
+	start     string
+}
+
+// procStat reads /proc/<pid>/stat, or a thread's /proc/<pid>/task/<tid>/stat: its name, state,
+// parent and start time. The name is read up to the last ") ", since it may hold one itself.
+func procStat(path string) (name, state string, ppid int, start string, err error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", "", 0, "", err
+	}
+	s := string(data)
+	open, end := strings.IndexByte(s, '('), strings.LastIndex(s, ") ")
+	fields := strings.Fields(s[max(end, 0)+1:])
+	if open < 0 || end < open || len(fields) < 20 {
+		return "", "", 0, "", fmt.Errorf("%s: not a stat line", path)
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return s[open+1 : end], fields[0], ppid, fields[19], err
+}
+
+// owns says whether thread tid is still p's, and p the process it was.
+func (p process) owns(tid int) bool {
+	_, state, ppid, start, err := procStat(filepath.Join("/proc", strconv.Itoa(p.pid), "stat"))
+	if err != nil || state == "Z" || ppid != p.ppid || start != p.start {
+		return false
+	}
+	_, err = os.Stat(filepath.Join("/proc", strconv.Itoa(p.pid), "task", strconv.Itoa(tid)))
+	return err == nil
+}
+
+// qemuOf is the QEMU process the launcher process pid started: its child running qemu-system-*
+// that has not ended.
+func qemuOf(pid int) (process, error) {
 	stats, err := filepath.Glob("/proc/[0-9]*/stat")
 	if err != nil {
-		return 0, err
+		return process{}, err
 	}
 	for _, f := range stats {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue // ended meanwhile
+		name, state, ppid, start, err := procStat(f)
+		if err != nil || ppid != pid || state == "Z" || !strings.HasPrefix(name, "qemu-system") {
+			continue // ended meanwhile, or another process
 		}
-		comm, rest, ok := strings.Cut(string(data), ") ")
-		fields := strings.Fields(rest)
-		if !ok || len(fields) < 2 || fields[1] != strconv.Itoa(pid) || !strings.Contains(comm, "(qemu-system") {
-			continue
-		}
-		return strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		child, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		return process{pid: child, ppid: pid, start: start}, err
 	}
-	return 0, fmt.Errorf("the launcher (process %d) runs no QEMU", pid)
+	return process{}, fmt.Errorf("the launcher (process %d) runs no QEMU", pid)
 }
 
 // vcpuThreads maps each vCPU of QEMU process pid to its thread, by the threads' names.

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/utils/cpuset"
 )
 
 // TestNoRTBudget: on a kernel that schedules real-time threads by cgroup (cgroup v1's
@@ -47,5 +48,61 @@ func TestNoRTBudget(t *testing.T) {
 	}
 	if why := noRTBudget(os.Getpid()); why != "" {
 		t.Errorf("noRTBudget of the test (its cgroup has the root's budget) = %q, want none", why)
+	}
+}
+
+// TestSetFIFO: a thread that may run on a CPU beyond the container's own is refused and left as it
+// was; one held to them becomes SCHED_FIFO at priority 1, reset on fork; and a thread whose process
+// is no longer the one found (its ID reused) is set back and refused.
+func TestSetFIFO(t *testing.T) {
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
+	pid := sleep.Process.Pid
+	_, _, ppid, start, err := procStat(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := process{pid: pid, ppid: ppid, start: start}
+	policy := func() (uint32, uint64) {
+		a, err := unix.SchedGetAttr(pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Policy, a.Flags
+	}
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(pid, &all); err != nil || all.Count() < 2 {
+		t.Fatalf("the test needs a thread that may run on 2 CPUs or more: %v (%d)", err, all.Count())
+	}
+	own := cpuset.New(cpusOf(&all).List()[0])
+	if did, err := setFIFO(p, pid, own); did || err == nil || !strings.Contains(err.Error(), "not only on the container's own "+own.String()) {
+		t.Errorf("a thread on every CPU: %v, %v; want a refusal naming the container's CPUs", did, err)
+	}
+	if pol, _ := policy(); pol != unix.SCHED_NORMAL {
+		t.Errorf("after the refusal the thread's policy is %d, want SCHED_OTHER", pol)
+	}
+
+	var one unix.CPUSet
+	one.Set(own.List()[0])
+	if err := unix.SchedSetaffinity(pid, &one); err != nil {
+		t.Fatal(err)
+	}
+	if did, err := setFIFO(process{pid: pid, ppid: ppid, start: start + "0"}, pid, own); did || err == nil || !strings.Contains(err.Error(), "set back") {
+		t.Errorf("a process not the one found: %v, %v; want it set back and refused", did, err)
+	}
+	if pol, _ := policy(); pol != unix.SCHED_NORMAL {
+		t.Errorf("after setting back the thread's policy is %d, want SCHED_OTHER", pol)
+	}
+	if did, err := setFIFO(p, pid, own); !did || err != nil {
+		t.Fatalf("a thread held to the container's CPU: %v, %v; want it made real-time", did, err)
+	}
+	if pol, flags := policy(); pol != unix.SCHED_FIFO || flags&unix.SCHED_FLAG_RESET_ON_FORK == 0 {
+		t.Errorf("the thread's policy %d flags %#x, want SCHED_FIFO reset on fork", pol, flags)
+	}
+	if did, err := setFIFO(p, pid, own); did || err != nil {
+		t.Errorf("again: %v, %v; want nothing to change", did, err)
 	}
 }
