@@ -128,11 +128,11 @@ func TestClock(t *testing.T) {
 		{"pit catchup, no hpet", v1alpha1.Clock{Timer: &v1alpha1.Timer{PIT: &v1alpha1.PITTimer{TickPolicy: v1alpha1.PITTickPolicyCatchup},
 			HPET: &v1alpha1.HPETTimer{Enabled: ptr.To(false)}}},
 			machine.Clock{PITLostTicks: machine.LostTickSlew, NoHPET: true},
-			[]string{"q35,accel=kvm,hpet=off", "-global", "kvm-pit.lost_tick_policy=slew"}},
+			[]string{"-machine", "q35,hpet=off", "-accel", "kvm", "-global", "kvm-pit.lost_tick_policy=slew"}},
 		{"pit discard", v1alpha1.Clock{Timer: &v1alpha1.Timer{PIT: &v1alpha1.PITTimer{TickPolicy: v1alpha1.PITTickPolicyDiscard}}},
 			machine.Clock{PITLostTicks: machine.LostTickDiscard}, []string{"kvm-pit.lost_tick_policy=discard"}},
 		{"no pit, hpet present", v1alpha1.Clock{Timer: &v1alpha1.Timer{PIT: &v1alpha1.PITTimer{Enabled: ptr.To(false)}, HPET: &v1alpha1.HPETTimer{}}},
-			machine.Clock{NoPIT: true}, []string{"q35,accel=kvm,pit=off"}},
+			machine.Clock{NoPIT: true}, []string{"-machine", "q35,pit=off", "-accel", "kvm"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
