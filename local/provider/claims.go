@@ -8,26 +8,37 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Claims on a virtual node, as a kubelet's volume plugins give them to a pod. The claim must be
-// bound (the scheduler places no pod with an unbound claim) to a PersistentVolume whose source is a
-// host path (local mode's provisioner makes such volumes, local/storage): a filesystem-mode
+// Claims on a virtual node, as a kubelet's volume plugins give them to a pod. Until the claim is
+// Bound the pod waits in ContainerCreating with FailedMount Events, as for a Secret (secrets.go).
+// Its PersistentVolume's source must be a host path (local mode's provisioner makes such volumes, local/storage): a filesystem-mode
 // volume's directory is bound into the container at its mountPath like any other volume, a
 // block-mode volume's file is attached to a loop device (loop.go) whose node the container gets at
 // its volumeDevices' devicePath.
 
 // claimVolume resolves a pod's claim to the host path of its volume.
-func (r *podRun) claimVolume(src *corev1.PersistentVolumeClaimVolumeSource) (volume, error) {
+func (r *podRun) claimVolume(name string, src *corev1.PersistentVolumeClaimVolumeSource) (volume, error) {
+	return r.waitVolume(name, func() (volume, error) { return r.attachClaim(src) })
+}
+
+// attachClaim gives the claim's volume to the pod; an error wrapping errVolumeNotReady (the claim
+// missing, or not Bound yet) is worth retrying, as a kubelet retries: the scheduler places a pod
+// once its claim names a volume, a moment before the claim's status says Bound.
+func (r *podRun) attachClaim(src *corev1.PersistentVolumeClaimVolumeSource) (volume, error) {
 	ctx := context.Background()
 	ns := r.pod.Namespace
 	pvc, err := r.p.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, src.ClaimName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return volume{}, fmt.Errorf("persistentvolumeclaim %q not found: %w", src.ClaimName, errVolumeNotReady)
+	}
 	if err != nil {
 		return volume{}, fmt.Errorf("claim %s: %w", src.ClaimName, err)
 	}
 	if pvc.Status.Phase != corev1.ClaimBound || pvc.Spec.VolumeName == "" {
-		return volume{}, fmt.Errorf("claim %s is %s, not Bound", src.ClaimName, pvc.Status.Phase)
+		return volume{}, fmt.Errorf("claim %s is %s, not Bound: %w", src.ClaimName, pvc.Status.Phase, errVolumeNotReady)
 	}
 	pv, err := r.p.client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
 	if err != nil {

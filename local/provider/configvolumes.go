@@ -103,7 +103,7 @@ func objectMissing(kind, name string, opt *bool, err error) (map[string]secretFi
 	case apierrors.IsNotFound(err) && optional(opt):
 		return nil, nil
 	case apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("%s %q not found: %w", kind, name, errSecretNotReady)
+		return nil, fmt.Errorf("%s %q not found: %w", kind, name, errVolumeNotReady)
 	}
 	return nil, fmt.Errorf("%s %q: %w", kind, name, err)
 }
@@ -137,7 +137,7 @@ func keyedFiles(kind, name string, data map[string][]byte, items []corev1.KeyToP
 			if optional(opt) {
 				continue
 			}
-			return nil, fmt.Errorf("couldn't find key %s in %s %s: %w", it.Key, kind, name, errSecretNotReady)
+			return nil, fmt.Errorf("couldn't find key %s in %s %s: %w", it.Key, kind, name, errVolumeNotReady)
 		}
 		out[it.Path] = secretFile{data: v, mode: modeOf(it.Mode, int32(mode))}
 	}
@@ -204,7 +204,7 @@ func (r *podRun) tokenFile(p *corev1.ServiceAccountTokenProjection, mode os.File
 	}
 	tr, err := r.p.client.CoreV1().ServiceAccounts(r.pod.Namespace).CreateToken(context.Background(), sa, req, metav1.CreateOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("serviceaccount %q not found: %w", sa, errSecretNotReady)
+		return nil, fmt.Errorf("serviceaccount %q not found: %w", sa, errVolumeNotReady)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("token of serviceaccount %q: %w", sa, err)

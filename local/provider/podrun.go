@@ -138,13 +138,13 @@ func (r *podRun) run() {
 		err = r.setupCPU()
 	}
 	if errors.Is(err, errStopped) {
-		// Stopped while an image could not be pulled: no container ever ran. The kubelet reports
-		// such a container as below.
+		// Stopped while a volume was not ready: no container ever ran. The kubelet reports such a
+		// container as below.
 		r.update(func(st *corev1.PodStatus) {
 			for i := range st.ContainerStatuses {
 				st.ContainerStatuses[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
 					ExitCode: 137, Reason: "ContainerStatusUnknown", FinishedAt: v1.Now(),
-					Message: "the pod stopped before the container started: an image could not be pulled"}}
+					Message: "the pod stopped before the container started: a volume was not ready"}}
 			}
 		})
 	} else if err != nil {
@@ -652,7 +652,7 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 			}
 			vols[v.Name] = vol
 		case v.PersistentVolumeClaim != nil:
-			vol, err := r.claimVolume(v.PersistentVolumeClaim)
+			vol, err := r.claimVolume(v.Name, v.PersistentVolumeClaim)
 			if err != nil {
 				return nil, fmt.Errorf("spec.volumes[%d] (%s): %w", i, v.Name, err)
 			}
@@ -665,7 +665,8 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 	return vols, nil
 }
 
-// errStopped ends a pod's preparation when the pod is stopped while it waits to pull an image again.
+// errStopped ends a pod's preparation when the pod is stopped while it waits for a volume: to pull
+// an image again, or for an object or a claim's binding.
 var errStopped = errors.New("the pod stopped before its volumes were ready")
 
 // pullError is a failed pull of an image volume's image, which a kubelet retries.

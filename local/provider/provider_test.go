@@ -382,6 +382,60 @@ func TestVirtualNodes(t *testing.T) {
 		}
 	})
 
+	t.Run("a claim not yet Bound keeps the pod in ContainerCreating (FailedMount) until it is, then mounts its volume", func(t *testing.T) {
+		// The scheduler places a pod once its claim names a volume; the claim's status says Bound
+		// a moment later. A kubelet waits for that; it does not fail the pod.
+		tc.t = t
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("from the volume"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: tc.ns + "-late"}, Spec: corev1.PersistentVolumeSpec{
+			Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")},
+			AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}}}
+		if _, err := client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{}) })
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "late"}, Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}}}}
+		pvc, err := client.CoreV1().PersistentVolumeClaims(tc.ns).Create(ctx, pvc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reader := tc.create(&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "claim-reader"},
+			Spec: corev1.PodSpec{NodeName: n1.name, RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+				Name: "main", Image: busyboxImage, Command: []string{"sh", "-c", "cat /data/hello > /dev/termination-log"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
+				Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: pvc.Name}}}}},
+		})
+		tc.waitFor(reader.Name, "Pending in ContainerCreating", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return p.Status.Phase == corev1.PodPending && len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "ContainerCreating"
+		})
+		// Bound as the PV controller binds: the claim names its volume first, its status follows.
+		pvc.Spec.VolumeName = pv.Name
+		if pvc, err = client.CoreV1().PersistentVolumeClaims(tc.ns).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second) // a few retries later, still waiting
+		if p, err := client.CoreV1().Pods(tc.ns).Get(ctx, reader.Name, metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
+			t.Fatalf("with its claim naming a volume but not Bound, the pod is %+v (%v); want it Pending", p.Status, err)
+		}
+		pvc.Status.Phase = corev1.ClaimBound
+		if _, err = client.CoreV1().PersistentVolumeClaims(tc.ns).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		reader = tc.waitPhase(reader.Name, corev1.PodSucceeded)
+		if term := reader.Status.ContainerStatuses[0].State.Terminated; term == nil || term.Message != "from the volume" {
+			t.Errorf("container state %+v: want the volume's file read back", reader.Status.ContainerStatuses[0].State)
+		}
+	})
+
 	t.Run("configMap, downwardAPI and projected service account volumes hold their files, as a kubelet writes them", func(t *testing.T) {
 		tc.t = t
 		for _, cm := range []*corev1.ConfigMap{

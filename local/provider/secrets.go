@@ -22,9 +22,6 @@ const (
 	secretRetryMax   = 30 * time.Second
 )
 
-// errPodStopped ends a wait for a pod's volume when the pod is deleted first.
-var errPodStopped = errors.New("pod stopped before its volumes were ready")
-
 // secretVolumeDir is where pod podDir keeps Secret volume name, as the kubelet lays it out.
 func secretVolumeDir(podDir, name string) string {
 	return filepath.Join(podDir, "volumes", "kubernetes.io~secret", name)
@@ -36,13 +33,13 @@ func (r *podRun) secretVolume(name string, src *corev1.SecretVolumeSource) (volu
 }
 
 // waitVolume writes volume name with write until it succeeds or fails for good: while what it
-// needs is not there yet (an error wrapping errSecretNotReady), the pod waits in ContainerCreating
+// needs is not there yet (an error wrapping errVolumeNotReady), the pod waits in ContainerCreating
 // with FailedMount Events, as a kubelet's does.
 func (r *podRun) waitVolume(name string, write func() (volume, error)) (volume, error) {
 	backoff := secretRetryFirst
 	for first := true; ; first = false {
 		vol, err := write()
-		if err == nil || !errors.Is(err, errSecretNotReady) {
+		if err == nil || !errors.Is(err, errVolumeNotReady) {
 			return vol, err
 		}
 		if first {
@@ -53,18 +50,19 @@ func (r *podRun) waitVolume(name string, write func() (volume, error)) (volume, 
 		r.p.event(r.snapshot(), corev1.EventTypeWarning, "FailedMount", fmt.Sprintf("MountVolume.SetUp failed for volume %q : %v", name, err))
 		select {
 		case <-r.stopCh:
-			return volume{}, errPodStopped
+			return volume{}, errStopped
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, secretRetryMax)
 	}
 }
 
-// errSecretNotReady: the Secret (or a key it must have) is not there yet.
-var errSecretNotReady = errors.New("not ready")
+// errVolumeNotReady: what a volume needs (a Secret or a key it must have, a ConfigMap, a claim's
+// binding) is not there yet.
+var errVolumeNotReady = errors.New("not ready")
 
 // writeSecretVolume writes the Secret's files into the volume's directory; an error wrapping
-// errSecretNotReady is worth retrying.
+// errVolumeNotReady is worth retrying.
 func (r *podRun) writeSecretVolume(name string, src *corev1.SecretVolumeSource) (volume, error) {
 	optional := src.Optional != nil && *src.Optional
 	dir := secretVolumeDir(r.dir, name)
@@ -76,7 +74,7 @@ func (r *podRun) writeSecretVolume(name string, src *corev1.SecretVolumeSource) 
 	case apierrors.IsNotFound(err) && optional:
 		return volume{path: dir, readOnly: true}, nil
 	case apierrors.IsNotFound(err):
-		return volume{}, fmt.Errorf("secret %q not found: %w", src.SecretName, errSecretNotReady)
+		return volume{}, fmt.Errorf("secret %q not found: %w", src.SecretName, errVolumeNotReady)
 	case err != nil:
 		return volume{}, fmt.Errorf("secret %q: %w", src.SecretName, err)
 	}
@@ -139,7 +137,7 @@ func secretFiles(s *corev1.Secret, src *corev1.SecretVolumeSource) (map[string]s
 			if src.Optional != nil && *src.Optional {
 				continue
 			}
-			return nil, fmt.Errorf("couldn't find key %s in Secret %s/%s: %w", it.Key, s.Namespace, s.Name, errSecretNotReady)
+			return nil, fmt.Errorf("couldn't find key %s in Secret %s/%s: %w", it.Key, s.Namespace, s.Name, errVolumeNotReady)
 		}
 		if !filepath.IsLocal(it.Path) {
 			return nil, fmt.Errorf("secret %q: item path %q leaves the volume", s.Name, it.Path)
