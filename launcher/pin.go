@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/qvirt/qvirt/internal/affinity"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -30,7 +31,7 @@ func (p *Process) pinCPUs(ctx context.Context) error {
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
 		return fmt.Errorf("read the CPUs the launcher may run on: %w", err)
 	}
-	cpus := cpuList(&set)
+	cpus := affinity.CPUs(&set)
 	need := int(c.VCPUs)
 	if c.IsolateEmulatorThread {
 		need++
@@ -133,16 +134,6 @@ func setAffinity(tid int, cpus ...int) error {
 }
 
 // cpuList is the CPUs of set in ascending order.
-func cpuList(set *unix.CPUSet) []int {
-	var out []int
-	for c := 0; c < len(set)*64; c++ {
-		if set.IsSet(c) {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 func pinNeeds(c machine.CPU) string {
 	if c.IsolateEmulatorThread {
 		return fmt.Sprintf("%d vCPUs and the emulator thread", c.VCPUs)

@@ -11,12 +11,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/cpuset"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/handler/cpumanager"
+	"github.com/qvirt/qvirt/internal/affinity"
 	"github.com/qvirt/qvirt/launcher"
 	"github.com/qvirt/qvirt/launcher/podlayout"
 	"github.com/qvirt/qvirt/launcher/protocol"
@@ -48,7 +50,7 @@ func (r *Reconciler) syncRealtime(ctx context.Context, v *v1alpha1.VirtualMachin
 	if err != nil || len(vcpus) == 0 || st.Phase != protocol.PhaseRunning {
 		return nil
 	}
-	err = r.makeRealtime(ctx, v, pod, vcpus)
+	err = r.makeRealtime(ctx, v, pod, vcpus, st.PID)
 	if err != nil {
 		err = fmt.Errorf("spec.domain.cpu.realtime: make the real-time vCPUs' threads SCHED_FIFO: %w", err)
 		r.Recorder.Event(v, corev1.EventTypeWarning, EventRealtimeFailed, err.Error())
@@ -56,7 +58,7 @@ func (r *Reconciler) syncRealtime(ctx context.Context, v *v1alpha1.VirtualMachin
 	return err
 }
 
-func (r *Reconciler) makeRealtime(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, vcpus []uint32) error {
+func (r *Reconciler) makeRealtime(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, vcpus []uint32, qemuPID int) error {
 	own, err := r.ownCPUs(pod)
 	if err != nil {
 		return err
@@ -65,7 +67,7 @@ func (r *Reconciler) makeRealtime(ctx context.Context, v *v1alpha1.VirtualMachin
 	if err != nil {
 		return err
 	}
-	changed, err := makeRealtime(peer, vcpus, own)
+	changed, err := makeRealtime(peer, qemuPID, vcpus, own)
 	if len(changed) > 0 {
 		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventRealtimeVCPUs, "vCPUs %v run SCHED_FIFO at priority %d", changed, rtPriority)
 	}
@@ -84,10 +86,11 @@ func (r *Reconciler) ownCPUs(pod *corev1.Pod) (cpuset.CPUSet, error) {
 	return st.Exclusive(string(pod.UID), podlayout.ComputeContainer)
 }
 
-// makeRealtime makes the threads of vcpus in the launcher's QEMU SCHED_FIFO where they are not,
-// each once it runs only on CPUs of own, and returns the vCPUs it changed.
-func makeRealtime(peer launcher.Peer, vcpus []uint32, own cpuset.CPUSet) ([]uint32, error) {
-	qemu, err := qemuOf(peer.PID)
+// makeRealtime makes the threads of vcpus in the launcher's QEMU (process qemuPID, as the launcher
+// says) SCHED_FIFO where they are not, each once it runs only on CPUs of own, and returns the vCPUs
+// it changed.
+func makeRealtime(peer launcher.Peer, qemuPID int, vcpus []uint32, own cpuset.CPUSet) ([]uint32, error) {
+	qemu, err := qemuOf(peer.PID, qemuPID)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +131,7 @@ func setFIFO(p process, tid int, own cpuset.CPUSet) (bool, error) {
 	if err := unix.SchedGetaffinity(tid, &set); err != nil {
 		return false, fmt.Errorf("read its CPUs: %w", err)
 	}
-	if runs := cpusOf(&set); !runs.IsSubsetOf(own) {
+	if runs := cpuset.New(affinity.CPUs(&set)...); !runs.IsSubsetOf(own) {
 		return false, fmt.Errorf("it may run on CPUs %s, not only on the container's own %s", runs, own)
 	}
 	attr := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: rtPriority, Flags: unix.SCHED_FLAG_RESET_ON_FORK}
@@ -142,66 +145,48 @@ func setFIFO(p process, tid int, own cpuset.CPUSet) (bool, error) {
 	return true, nil
 }
 
-func cpusOf(set *unix.CPUSet) cpuset.CPUSet {
-	var cpus []int
-	for c := 0; c < len(set)*64; c++ {
-		if set.IsSet(c) {
-			cpus = append(cpus, c)
-		}
-	}
-	return cpuset.New(cpus...)
-}
-
 // process is a process as /proc showed it: its ID, parent and start time (which tells it from a
 // later process given the same ID).
 type process struct {
 	pid, ppid int
-	start     string
-}
-
-// procStat reads /proc/<pid>/stat, or a thread's /proc/<pid>/task/<tid>/stat: its name, state,
-// parent and start time. The name is read up to the last ") ", since it may hold one itself.
-func procStat(path string) (name, state string, ppid int, start string, err error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", "", 0, "", err
-	}
-	s := string(data)
-	open, end := strings.IndexByte(s, '('), strings.LastIndex(s, ") ")
-	fields := strings.Fields(s[max(end, 0)+1:])
-	if open < 0 || end < open || len(fields) < 20 {
-		return "", "", 0, "", fmt.Errorf("%s: not a stat line", path)
-	}
-	ppid, err = strconv.Atoi(fields[1])
-	return s[open+1 : end], fields[0], ppid, fields[19], err
+	start     uint64
 }
 
 // owns says whether thread tid is still p's, and p the process it was.
 func (p process) owns(tid int) bool {
-	_, state, ppid, start, err := procStat(filepath.Join("/proc", strconv.Itoa(p.pid), "stat"))
-	if err != nil || state == "Z" || ppid != p.ppid || start != p.start {
+	proc, err := procfs.NewProc(p.pid)
+	if err != nil {
 		return false
 	}
-	_, err = os.Stat(filepath.Join("/proc", strconv.Itoa(p.pid), "task", strconv.Itoa(tid)))
+	st, err := proc.Stat()
+	if err != nil || st.State == "Z" || st.PPID != p.ppid || st.Starttime != p.start {
+		return false
+	}
+	_, err = proc.Thread(tid)
 	return err == nil
 }
 
-// qemuOf is the QEMU process the launcher process pid started: its child running qemu-system-*
-// that has not ended.
-func qemuOf(pid int) (process, error) {
-	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+// qemuOf is the QEMU process the launcher process launcherPID started, which the launcher names as
+// pid: checked to be its child running qemu-system-* that has not ended, since a launcher's word
+// alone is no proof (the tenant may run code in the pod). One process's stat, not a walk of /proc,
+// at every sync.
+func qemuOf(launcherPID, pid int) (process, error) {
+	if pid <= 0 {
+		return process{}, fmt.Errorf("the launcher (process %d) names no QEMU process", launcherPID)
+	}
+	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return process{}, err
+		return process{}, fmt.Errorf("the launcher's QEMU (process %d): %w", pid, err)
 	}
-	for _, f := range stats {
-		name, state, ppid, start, err := procStat(f)
-		if err != nil || ppid != pid || state == "Z" || !strings.HasPrefix(name, "qemu-system") {
-			continue // ended meanwhile, or another process
-		}
-		child, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		return process{pid: child, ppid: pid, start: start}, err
+	st, err := p.Stat()
+	if err != nil {
+		return process{}, fmt.Errorf("the launcher's QEMU (process %d): %w", pid, err)
 	}
-	return process{}, fmt.Errorf("the launcher (process %d) runs no QEMU", pid)
+	if st.PPID != launcherPID || st.State == "Z" || !strings.HasPrefix(st.Comm, "qemu-system") {
+		return process{}, fmt.Errorf("process %d, which the launcher (process %d) names as its QEMU, is not its running qemu-system child (%q, parent %d, state %s)",
+			pid, launcherPID, st.Comm, st.PPID, st.State)
+	}
+	return process{pid: pid, ppid: launcherPID, start: st.Starttime}, nil
 }
 
 // vcpuThreads maps each vCPU of QEMU process pid to its thread, by the threads' names.

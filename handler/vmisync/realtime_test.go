@@ -9,9 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/cpuset"
+
+	"github.com/qvirt/qvirt/internal/affinity"
 )
 
 // TestNoRTBudget: on a kernel that schedules real-time threads by cgroup (cgroup v1's
@@ -61,10 +64,15 @@ func TestSetFIFO(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
 	pid := sleep.Process.Pid
-	_, _, ppid, start, err := procStat(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	proc, err := procfs.NewProc(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
+	st, err := proc.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ppid, start := st.PPID, st.Starttime
 	p := process{pid: pid, ppid: ppid, start: start}
 	policy := func() (uint32, uint64) {
 		a, err := unix.SchedGetAttr(pid, 0)
@@ -77,7 +85,7 @@ func TestSetFIFO(t *testing.T) {
 	if err := unix.SchedGetaffinity(pid, &all); err != nil || all.Count() < 2 {
 		t.Fatalf("the test needs a thread that may run on 2 CPUs or more: %v (%d)", err, all.Count())
 	}
-	own := cpuset.New(cpusOf(&all).List()[0])
+	own := cpuset.New(affinity.CPUs(&all)[0])
 	if did, err := setFIFO(p, pid, own); did || err == nil || !strings.Contains(err.Error(), "not only on the container's own "+own.String()) {
 		t.Errorf("a thread on every CPU: %v, %v; want a refusal naming the container's CPUs", did, err)
 	}
@@ -90,7 +98,7 @@ func TestSetFIFO(t *testing.T) {
 	if err := unix.SchedSetaffinity(pid, &one); err != nil {
 		t.Fatal(err)
 	}
-	if did, err := setFIFO(process{pid: pid, ppid: ppid, start: start + "0"}, pid, own); did || err == nil || !strings.Contains(err.Error(), "set back") {
+	if did, err := setFIFO(process{pid: pid, ppid: ppid, start: start + 1}, pid, own); did || err == nil || !strings.Contains(err.Error(), "set back") {
 		t.Errorf("a process not the one found: %v, %v; want it set back and refused", did, err)
 	}
 	if pol, _ := policy(); pol != unix.SCHED_NORMAL {
@@ -104,5 +112,47 @@ func TestSetFIFO(t *testing.T) {
 	}
 	if did, err := setFIFO(p, pid, own); did || err != nil {
 		t.Errorf("again: %v, %v; want nothing to change", did, err)
+	}
+}
+
+// TestQEMUOf: the QEMU a launcher names is taken only when it is that launcher's running child
+// named qemu-system-*; another process, or the right name under another parent, is refused.
+func TestQEMUOf(t *testing.T) {
+	fake := filepath.Join(t.TempDir(), "qemu-system-x86_64")
+	sleepBin, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleepBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fake, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := func(bin string) int {
+		cmd := exec.Command(bin, "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd.Process.Pid
+	}
+	qemu, other := start(fake), start(sleepBin)
+	if p, err := qemuOf(os.Getpid(), qemu); err != nil || p.pid != qemu || p.ppid != os.Getpid() || p.start == 0 {
+		t.Errorf("our child qemu-system-x86_64: %+v, %v; want it taken with its start time", p, err)
+	}
+	for _, c := range []struct {
+		what            string
+		launcher, named int
+		want            string
+	}{
+		{"a child not named qemu-system-*", os.Getpid(), other, `"sleep"`},
+		{"a qemu-system-* of another parent", os.Getppid(), qemu, "is not its running qemu-system child"},
+		{"no process named", os.Getpid(), 0, "names no QEMU process"},
+	} {
+		if _, err := qemuOf(c.launcher, c.named); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want an error containing %s", c.what, err, c.want)
+		}
 	}
 }

@@ -1,16 +1,15 @@
 package provider
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/prometheus/procfs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -145,22 +144,18 @@ func writePidFile(path string, pid int) error {
 	return os.WriteFile(path, fmt.Appendf(nil, "%d %d\n", pid, st), 0o644)
 }
 
+// procStartTime is when process pid started, in clock ticks since boot: with its ID, what tells it
+// from a later process given the same ID.
 func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, fmt.Errorf("process %d: %w", pid, err)
 	}
-	// Fields after the command (which may hold spaces) start after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("process %d: malformed stat", pid)
+	st, err := p.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("process %d: %w", pid, err)
 	}
-	f := strings.Fields(string(b[i+1:]))
-	// starttime is field 22 overall; f[0] is field 3 (state).
-	if len(f) < 20 {
-		return 0, fmt.Errorf("process %d: short stat", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return st.Starttime, nil
 }
 
 // detachLeftoverLoops detaches the loop devices the pods under dir recorded; their processes are
