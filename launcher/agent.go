@@ -205,12 +205,9 @@ func (a *agentState) set(l *Launcher, st protocol.GuestAgent) {
 	same := reflect.DeepEqual(a.status, st)
 	a.status = st
 	a.mu.Unlock()
-	if same {
-		return
+	if !same {
+		l.notify()
 	}
-	l.mu.Lock()
-	l.notifyLocked()
-	l.mu.Unlock()
 }
 
 // disconnect closes the connection; the guest's interfaces and OS stay as last reported

@@ -42,8 +42,10 @@ func Handler(l *Launcher, log logr.Logger) http.Handler {
 	mux.HandleFunc("DELETE /v1/disks/{name}", s.unplugDisk)
 	mux.HandleFunc("POST /v1/nics", s.hotplugNIC)
 	mux.HandleFunc("DELETE /v1/nics/{name}", s.unplugNIC)
-	mux.HandleFunc("PUT /v1/cpu", s.setCPU)
-	mux.HandleFunc("PUT /v1/memory", s.setMemory)
+	mux.HandleFunc("PUT /v1/cpu", put(func(ctx context.Context, req protocol.CPURequest) error { return l.SetSockets(ctx, req.Sockets) }))
+	mux.HandleFunc("PUT /v1/memory", put(func(ctx context.Context, req protocol.MemoryRequest) error {
+		return l.SetGuestMemory(ctx, req.GuestMiB)
+	}))
 	mux.HandleFunc("POST /v1/migration/target", s.migrationTarget)
 	mux.HandleFunc("POST /v1/migration/source", s.migrationSource)
 	mux.HandleFunc("DELETE /v1/migration", s.simple(l.CancelMigration))
@@ -263,28 +265,19 @@ func (s *server) unplugNIC(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *server) setCPU(w http.ResponseWriter, r *http.Request) {
-	var req protocol.CPURequest
-	if !decode(w, r, &req) {
-		return
+// put decodes a request of type T and applies it with fn, answering 204 when it is done.
+func put[T any](fn func(context.Context, T) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req T
+		if !decode(w, r, &req) {
+			return
+		}
+		if err := fn(r.Context(), req); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	}
-	if err := s.l.SetSockets(r.Context(), req.Sockets); err != nil {
-		writeError(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *server) setMemory(w http.ResponseWriter, r *http.Request) {
-	var req protocol.MemoryRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	if err := s.l.SetGuestMemory(r.Context(), req.GuestMiB); err != nil {
-		writeError(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *server) migrationTarget(w http.ResponseWriter, r *http.Request) {

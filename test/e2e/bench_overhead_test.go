@@ -40,7 +40,7 @@ func reportOverhead(ctx context.Context, b *testing.B, spec *v1alpha1.VirtualMac
 	launchers, qemus := clusterProcesses()
 	var launcherMax, qemuMax float64
 	for _, pid := range launchers {
-		launcherMax = max(launcherMax, statusMiB(pid, "VmRSS:"))
+		launcherMax = max(launcherMax, rssMiB(pid))
 	}
 	for _, pid := range qemus {
 		rss, guest, err := qemuResident(pid, guestBytes)

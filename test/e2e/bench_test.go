@@ -1,9 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -372,6 +372,7 @@ type memWatch struct {
 	// fromNow counts every process from when it is first seen, launchers too (an idle window);
 	// otherwise a launcher first seen during the run counts from its start.
 	fromNow bool
+	procs   procIndex
 }
 
 type cpuSeen struct {
@@ -449,11 +450,12 @@ func (m *memWatch) sample() {
 	}
 	// This process runs the virtual nodes (virtual-kubelet, CNI) and the registry, and the bench.
 	m.seeCPU(os.Getpid(), "nodes-registry-bench", m.cpu[os.Getpid()] != nil)
-	launcherPIDs, qemuPIDs := clusterProcesses()
+	launcherPIDs, qemuPIDs := m.procs.scan()
 	var launchers, launchersPrivate, qemus []float64
 	for _, pid := range launcherPIDs {
-		launchers = append(launchers, statusMiB(pid, "VmRSS:"))
-		launchersPrivate = append(launchersPrivate, statusMiB(pid, "RssAnon:"))
+		mib := statusMiB(pid, "VmRSS:", "RssAnon:")
+		launchers = append(launchers, mib[0])
+		launchersPrivate = append(launchersPrivate, mib[1])
 		m.seeCPU(pid, "launchers", true)
 	}
 	for _, pid := range qemuPIDs {
@@ -469,27 +471,81 @@ func (m *memWatch) sample() {
 
 // clusterProcesses are the PIDs of this cluster's launchers and of the QEMUs they started.
 func clusterProcesses() (launchers, qemus []int) {
-	launcherExe := filepath.Join(dir, "bin", "qvirt-launcher")
-	procs, _ := filepath.Glob("/proc/[0-9]*/exe")
-	isLauncher := map[int]bool{}
-	var anyQEMU []int
-	for _, p := range procs {
-		exe, err := os.Readlink(p)
+	var x procIndex
+	return x.scan()
+}
+
+// procIndex finds this cluster's launchers and QEMUs among the machine's processes, remembering
+// the processes that cannot become either, so that a watch sampling every half second reads
+// /proc's listing and few executables: walking every process's exe link at each sample cost the
+// benchmark about 1.4 CPU-seconds of a saturated start-up. A process running one of the cluster's
+// binaries (a pod's qvirt-pod-init execs the launcher; a launcher forks before it execs QEMU) or
+// this test binary (which forks the CNI plugins) is looked at again at every scan.
+type procIndex struct {
+	settled map[int]procKind
+}
+
+type procKind uint8
+
+const (
+	otherProc procKind = iota + 1
+	qemuProc           // a QEMU of this cluster: a child of one of its launchers
+)
+
+func (x *procIndex) scan() (launchers, qemus []int) {
+	if x.settled == nil {
+		x.settled = map[int]procKind{}
+	}
+	f, err := os.Open("/proc")
+	if err != nil {
+		return nil, nil
+	}
+	names, _ := f.Readdirnames(-1)
+	f.Close()
+	binDir := filepath.Join(dir, "bin") + "/"
+	launcherExe := binDir + "qvirt-launcher"
+	self, _ := os.Executable()
+	seen := make(map[int]bool, len(names))
+	var candidates []int
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
 		if err != nil {
 			continue
 		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		seen[pid] = true
+		if k, ok := x.settled[pid]; ok {
+			if k == qemuProc {
+				qemus = append(qemus, pid)
+			}
+			continue
+		}
+		exe, err := os.Readlink("/proc/" + n + "/exe")
 		switch {
+		case err != nil:
+			// A kernel thread has no executable; one that ended is dropped below next time.
+			if !errors.Is(err, os.ErrNotExist) {
+				x.settled[pid] = otherProc
+			}
 		case exe == launcherExe:
-			isLauncher[pid] = true
 			launchers = append(launchers, pid)
 		case strings.HasSuffix(exe, "/qemu-system-x86_64"):
-			anyQEMU = append(anyQEMU, pid)
+			candidates = append(candidates, pid)
+		case strings.HasPrefix(exe, binDir) || exe == self:
+		default:
+			x.settled[pid] = otherProc
 		}
 	}
-	for _, pid := range anyQEMU { // this cluster's: children of its launchers
-		if isLauncher[parentPID(pid)] {
+	for _, pid := range candidates { // this cluster's: children of its launchers
+		if slices.Contains(launchers, parentPID(pid)) {
+			x.settled[pid] = qemuProc
 			qemus = append(qemus, pid)
+		} else {
+			x.settled[pid] = otherProc
+		}
+	}
+	for pid := range x.settled {
+		if !seen[pid] {
+			delete(x.settled, pid)
 		}
 	}
 	return launchers, qemus
@@ -521,23 +577,25 @@ func maxOf(xs []float64) float64 {
 }
 
 // rssMiB is a process's resident memory in MiB (0 when it is gone).
-func rssMiB(pid int) float64 { return statusMiB(pid, "VmRSS:") }
+func rssMiB(pid int) float64 { return statusMiB(pid, "VmRSS:")[0] }
 
-// statusMiB is a kB field of /proc/PID/status (VmRSS:, RssAnon:) in MiB (0 when it is gone).
-func statusMiB(pid int, field string) float64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+// statusMiB reads kB fields of /proc/PID/status (VmRSS:, RssAnon:) in MiB, in the order given (0
+// for a field missing, or all when the process is gone), in one read.
+func statusMiB(pid int, fields ...string) []float64 {
+	out := make([]float64, len(fields))
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0
+		return out
 	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), field); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			return kb / 1024
+	for line := range strings.Lines(string(data)) {
+		for i, field := range fields {
+			if rest, ok := strings.CutPrefix(line, field); ok {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+				out[i] = kb / 1024
+			}
 		}
 	}
-	return 0
+	return out
 }
 
 // cpuTicks is a process's CPU time in clock ticks, user and system, its own and that of its
