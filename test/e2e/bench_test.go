@@ -102,7 +102,7 @@ func benchStartup(b *testing.B) {
 	clock := newPhaseClock()
 	clock.watch(ctx, b, ns.Name)
 	mem := newMemWatch()
-	stopMem := mem.run(500 * time.Millisecond)
+	stopMem := mem.run(time.Second)
 	// First: the first scrape of qvirt-controller's /metrics leaves its authentication caches and
 	// TLS state behind, which the heap per VMI must not count (it read 10 KB/VMI more).
 	queued := queueFigures(ctx, b, ns.Name)
@@ -476,7 +476,7 @@ func clusterProcesses() (launchers, qemus []int) {
 }
 
 // procIndex finds this cluster's launchers and QEMUs among the machine's processes, remembering
-// the processes that cannot become either, so that a watch sampling every half second reads
+// the processes that cannot become either, so that a watch sampling every second reads
 // /proc's listing and few executables: walking every process's exe link at each sample cost the
 // benchmark about 1.4 CPU-seconds of a saturated start-up. A process running one of the cluster's
 // binaries (a pod's qvirt-pod-init execs the launcher; a launcher forks before it execs QEMU) or
