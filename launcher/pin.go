@@ -133,7 +133,7 @@ func setAffinity(tid int, cpus ...int) error {
 	return unix.SchedSetaffinity(tid, &set)
 }
 
-// cpuList is the CPUs of set in ascending order.
+// pinNeeds says what the pinning needs CPUs for, for an error that there are too few.
 func pinNeeds(c machine.CPU) string {
 	if c.IsolateEmulatorThread {
 		return fmt.Sprintf("%d vCPUs and the emulator thread", c.VCPUs)

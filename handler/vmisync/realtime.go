@@ -50,7 +50,7 @@ func (r *Reconciler) syncRealtime(ctx context.Context, v *v1alpha1.VirtualMachin
 	if err != nil || len(vcpus) == 0 || st.Phase != protocol.PhaseRunning {
 		return nil
 	}
-	err = r.makeRealtime(ctx, v, pod, vcpus, st.PID)
+	err = r.makeRealtime(ctx, v, pod, vcpus)
 	if err != nil {
 		err = fmt.Errorf("spec.domain.cpu.realtime: make the real-time vCPUs' threads SCHED_FIFO: %w", err)
 		r.Recorder.Event(v, corev1.EventTypeWarning, EventRealtimeFailed, err.Error())
@@ -58,7 +58,7 @@ func (r *Reconciler) syncRealtime(ctx context.Context, v *v1alpha1.VirtualMachin
 	return err
 }
 
-func (r *Reconciler) makeRealtime(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, vcpus []uint32, qemuPID int) error {
+func (r *Reconciler) makeRealtime(ctx context.Context, v *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, vcpus []uint32) error {
 	own, err := r.ownCPUs(pod)
 	if err != nil {
 		return err
@@ -67,7 +67,7 @@ func (r *Reconciler) makeRealtime(ctx context.Context, v *v1alpha1.VirtualMachin
 	if err != nil {
 		return err
 	}
-	changed, err := makeRealtime(peer, qemuPID, vcpus, own)
+	changed, err := makeRealtime(peer, vcpus, own)
 	if len(changed) > 0 {
 		r.Recorder.Eventf(v, corev1.EventTypeNormal, EventRealtimeVCPUs, "vCPUs %v run SCHED_FIFO at priority %d", changed, rtPriority)
 	}
@@ -86,11 +86,10 @@ func (r *Reconciler) ownCPUs(pod *corev1.Pod) (cpuset.CPUSet, error) {
 	return st.Exclusive(string(pod.UID), podlayout.ComputeContainer)
 }
 
-// makeRealtime makes the threads of vcpus in the launcher's QEMU (process qemuPID, as the launcher
-// says) SCHED_FIFO where they are not, each once it runs only on CPUs of own, and returns the vCPUs
-// it changed.
-func makeRealtime(peer launcher.Peer, qemuPID int, vcpus []uint32, own cpuset.CPUSet) ([]uint32, error) {
-	qemu, err := qemuOf(peer.PID, qemuPID)
+// makeRealtime makes the threads of vcpus in the launcher's QEMU SCHED_FIFO where they are not,
+// each once it runs only on CPUs of own, and returns the vCPUs it changed.
+func makeRealtime(peer launcher.Peer, vcpus []uint32, own cpuset.CPUSet) ([]uint32, error) {
+	qemu, err := qemuOf(peer.PID)
 	if err != nil {
 		return nil, err
 	}
@@ -166,27 +165,45 @@ func (p process) owns(tid int) bool {
 	return err == nil
 }
 
-// qemuOf is the QEMU process the launcher process launcherPID started, which the launcher names as
-// pid: checked to be its child running qemu-system-* that has not ended, since a launcher's word
-// alone is no proof (the tenant may run code in the pod). One process's stat, not a walk of /proc,
-// at every sync.
-func qemuOf(launcherPID, pid int) (process, error) {
-	if pid <= 0 {
-		return process{}, fmt.Errorf("the launcher (process %d) names no QEMU process", launcherPID)
+// qemuOf is the QEMU process the launcher process pid started: its child running qemu-system-*
+// that has not ended. The children come from the kernel's list of each of the launcher's threads
+// (/proc/<pid>/task/<tid>/children), read on the node: a handful of small files, not a walk of
+// /proc at every sync. Nothing the launcher reports is used: the QEMU PID in its status is in the
+// pod's own PID namespace.
+func qemuOf(pid int) (process, error) {
+	tasks, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+	if err != nil || len(tasks) == 0 {
+		return process{}, fmt.Errorf("the launcher (process %d) has ended, or the kernel lists no children (%v)", pid, err)
 	}
+	for _, t := range tasks {
+		list, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		for _, f := range strings.Fields(string(list)) {
+			child, err := strconv.Atoi(f)
+			if err != nil {
+				continue
+			}
+			if p, ok := runningQEMU(child, pid); ok {
+				return p, nil
+			}
+		}
+	}
+	return process{}, fmt.Errorf("the launcher (process %d) runs no QEMU", pid)
+}
+
+// runningQEMU is process pid when it is a child of parent running qemu-system-* that has not ended.
+func runningQEMU(pid, parent int) (process, bool) {
 	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return process{}, fmt.Errorf("the launcher's QEMU (process %d): %w", pid, err)
+		return process{}, false
 	}
 	st, err := p.Stat()
-	if err != nil {
-		return process{}, fmt.Errorf("the launcher's QEMU (process %d): %w", pid, err)
+	if err != nil || st.PPID != parent || st.State == "Z" || !strings.HasPrefix(st.Comm, "qemu-system") {
+		return process{}, false
 	}
-	if st.PPID != launcherPID || st.State == "Z" || !strings.HasPrefix(st.Comm, "qemu-system") {
-		return process{}, fmt.Errorf("process %d, which the launcher (process %d) names as its QEMU, is not its running qemu-system child (%q, parent %d, state %s)",
-			pid, launcherPID, st.Comm, st.PPID, st.State)
-	}
-	return process{pid: pid, ppid: launcherPID, start: st.Starttime}, nil
+	return process{pid: pid, ppid: parent, start: st.Starttime}, true
 }
 
 // vcpuThreads maps each vCPU of QEMU process pid to its thread, by the threads' names.

@@ -167,7 +167,7 @@ func podCondition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodConditi
 	return nil
 }
 
-// waitEvent waits for an Event about pod with that type, reason and message.
+// waitEvent waits for an Event about pod with that type and reason whose message holds message.
 func (tc *testCluster) waitEvent(pod *corev1.Pod, typ, reason, message string) {
 	tc.t.Helper()
 	var seen []string
@@ -181,7 +181,7 @@ func (tc *testCluster) waitEvent(pod *corev1.Pod, typ, reason, message string) {
 			if e.InvolvedObject.Name != pod.Name {
 				continue
 			}
-			if e.Type == typ && e.Reason == reason && e.Message == message {
+			if e.Type == typ && e.Reason == reason && strings.Contains(e.Message, message) {
 				return
 			}
 			seen = append(seen, e.Type+" "+e.Reason+": "+e.Message)

@@ -352,18 +352,7 @@ func TestVirtualNodes(t *testing.T) {
 				VolumeMounts:    []corev1.VolumeMount{{Name: "ud", MountPath: "/secret", ReadOnly: true}}}},
 				Volumes: []corev1.Volume{{Name: "ud", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "cloud-user"}}}}},
 		})
-		testutil.Eventually(t, time.Minute, "a FailedMount Event naming the Secret", func() bool {
-			evs, err := client.CoreV1().Events(tc.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + reader.Name})
-			if err != nil {
-				return false
-			}
-			for _, e := range evs.Items {
-				if e.Reason == "FailedMount" && strings.Contains(e.Message, `secret "cloud-user" not found`) {
-					return true
-				}
-			}
-			return false
-		})
+		tc.waitEvent(reader, corev1.EventTypeWarning, "FailedMount", `secret "cloud-user" not found`)
 		tc.waitFor(reader.Name, "Pending in ContainerCreating", func(p *corev1.Pod) bool {
 			cs := p.Status.ContainerStatuses
 			return p.Status.Phase == corev1.PodPending && len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "ContainerCreating"
@@ -419,6 +408,7 @@ func TestVirtualNodes(t *testing.T) {
 			cs := p.Status.ContainerStatuses
 			return p.Status.Phase == corev1.PodPending && len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "ContainerCreating"
 		})
+		tc.waitEvent(reader, corev1.EventTypeWarning, "FailedMount", "claim late is Pending, not Bound")
 		// Bound as the PV controller binds: the claim names its volume first, its status follows.
 		pvc.Spec.VolumeName = pv.Name
 		if pvc, err = client.CoreV1().PersistentVolumeClaims(tc.ns).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -114,6 +113,8 @@ func benchStartup(b *testing.B) {
 	clock := newPhaseClock()
 	clock.watch(ctx, b, ns.Name)
 	mem := newMemWatch()
+	// Each second: a peak that lasts less (a launcher's is its steady state) is not what the
+	// figures are for, and sampling costs CPU the start-up competes for.
 	stopMem := mem.run(time.Second)
 	// First: the first scrape of qvirt-controller's /metrics leaves its authentication caches and
 	// TLS state behind, which the heap per VMI must not count (it read 10 KB/VMI more).
@@ -492,7 +493,9 @@ func clusterProcesses() (launchers, qemus []int) {
 // /proc's listing and few executables: walking every process's exe link at each sample cost the
 // benchmark about 1.4 CPU-seconds of a saturated start-up. A process running one of the cluster's
 // binaries (a pod's qvirt-pod-init execs the launcher; a launcher forks before it execs QEMU) or
-// this test binary (which forks the CNI plugins) is looked at again at every scan.
+// this test binary (which forks the CNI plugins) is looked at again at every scan. A process is
+// forgotten at the first scan that misses it: its ID could come back only after the kernel's
+// PIDs wrapped around (pid_max, 32768 here) within the second between two scans.
 type procIndex struct {
 	settled map[int]procKind
 }
@@ -534,10 +537,9 @@ func (x *procIndex) scan() (launchers, qemus []int) {
 		exe, err := os.Readlink("/proc/" + n + "/exe")
 		switch {
 		case err != nil:
-			// A kernel thread has no executable; one that ended is dropped below next time.
-			if !errors.Is(err, os.ErrNotExist) {
-				x.settled[pid] = otherProc
-			}
+			// A kernel thread has no executable, and a process that ended has none left: neither
+			// becomes a launcher (an ended one is forgotten at the first scan without it).
+			x.settled[pid] = otherProc
 		case exe == launcherExe:
 			launchers = append(launchers, pid)
 		case strings.HasSuffix(exe, "/qemu-system-x86_64"):
