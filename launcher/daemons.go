@@ -123,7 +123,8 @@ func (d *daemons) run(dm daemon, log logr.Logger) (*running, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	release, err := startPinned(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
 	r := &running{cmd: cmd, exited: make(chan struct{})}
@@ -144,6 +145,7 @@ func (d *daemons) run(dm daemon, log logr.Logger) (*running, error) {
 	go func() {
 		<-copied
 		err := cmd.Wait()
+		release()
 		defer close(r.exited)
 		d.mu.Lock()
 		stopping := d.stopping

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -92,5 +93,28 @@ func TestDaemonExitZero(t *testing.T) {
 		case !anyExitFails && (r.failure != nil || len(d.failed) != 0):
 			t.Errorf("a daemon's exit 0: failure %v, want none", r.failure)
 		}
+	}
+}
+
+// TestDaemonOutlivesTheThreadThatStartedIt: a daemon dies with the launcher (Pdeathsig), and the
+// kernel sends that signal when the thread that forked it ends. A daemon started from a goroutine
+// whose locked thread then ends (the Go runtime ends such a thread) keeps running: it was forked
+// from a thread held for it, not from the caller's.
+func TestDaemonOutlivesTheThreadThatStartedIt(t *testing.T) {
+	d := &daemons{log: logr.Discard(), failed: make(chan error, 1)}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		_, err := d.run(daemon{name: "sleep", of: "the test", cmd: exec.Command("sleep", "60")}, d.log)
+		started <- err
+	}()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	defer d.stop()
+	select {
+	case err := <-d.failed:
+		t.Fatalf("the daemon ended once the thread that asked for it did: %v", err)
+	case <-time.After(2 * time.Second):
 	}
 }

@@ -184,7 +184,8 @@ func (p *Process) exec(qemu string, argv []string) error {
 	}
 	// QEMU outlives the request that started it but dies with the launcher.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	release, err := startPinned(cmd)
+	if err != nil {
 		return err
 	}
 	p.cmd = cmd
@@ -197,6 +198,7 @@ func (p *Process) exec(qemu string, argv []string) error {
 	go func() {
 		<-copied // Wait closes the pipe; read all of stderr first
 		err := cmd.Wait()
+		release()
 		p.onExit(err)
 	}()
 	return nil

@@ -1,0 +1,32 @@
+package launcher
+
+import (
+	"os/exec"
+	"runtime"
+)
+
+// startPinned starts cmd, whose SysProcAttr.Pdeathsig ties it to the launcher, from an OS thread
+// kept for it until release is called (after cmd.Wait). The kernel sends the death signal when the
+// thread that forked the child ends, not the process (prctl(2), PR_SET_PDEATHSIG; golang/go#27505),
+// and the Go runtime ends a thread whenever a goroutine that locked it returns without unlocking:
+// a child forked from such a thread would be killed while the launcher runs on. That happened in
+// the launcher's tests, whose DHCP tests lock threads into network namespaces: swtpm was killed
+// under a running guest. A thread locked to a goroutine that waits runs nothing else and never
+// ends before release.
+func startPinned(cmd *exec.Cmd) (release func(), err error) {
+	started := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			<-done
+		}
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return func() { close(done) }, nil
+}
