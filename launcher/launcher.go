@@ -155,10 +155,7 @@ func (l *Launcher) follow(p *Process) {
 		state, exit, changed := p.State()
 		l.mu.Lock()
 		if exit != nil {
-			l.phase = protocol.PhaseFailed
-			if exit.Reason.Clean() {
-				l.phase = protocol.PhaseSucceeded
-			}
+			l.phase = exitPhase(exit)
 		} else if l.phase == protocol.PhaseIncoming && state == qmp.StateRunning {
 			l.phase = protocol.PhaseRunning
 		}
@@ -170,6 +167,14 @@ func (l *Launcher) follow(p *Process) {
 		}
 		<-changed
 	}
+}
+
+// exitPhase is the phase a VM ends in when QEMU exits so.
+func exitPhase(exit *protocol.Exit) protocol.Phase {
+	if exit.Reason.Clean() {
+		return protocol.PhaseSucceeded
+	}
+	return protocol.PhaseFailed
 }
 
 // removeEphemeralImages deletes the emptyDisk images and containerDisk overlays of a VM whose QEMU
@@ -224,6 +229,11 @@ func (l *Launcher) Status(ctx context.Context) (protocol.Status, <-chan struct{}
 	st.Sockets = proc.Sockets()
 	st.Memory = proc.memoryStatus()
 	st.Exit = exit
+	if exit != nil {
+		// follow records the same phase, but may not have run yet when a caller reads Status
+		// right after Shutdown or Wait returned.
+		st.Phase = exitPhase(exit)
+	}
 	st.Disks, st.NICs = l.devices(proc)
 	if agent != nil {
 		st.GuestAgent = agent.snapshot()
