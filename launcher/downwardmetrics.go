@@ -9,8 +9,6 @@ import (
 	"net"
 	"strconv"
 	"time"
-
-	"github.com/prometheus/procfs"
 )
 
 // The downward metrics server: KubeVirt's downwardMetrics device, vhostmd's virtio transport. The
@@ -146,17 +144,13 @@ type metricXML struct {
 // metricsDocument measures the node (from /proc, which the launcher's pod shares with its node)
 // and the guest (QEMU's CPU time, its vCPUs and memory as plugged so far).
 func metricsDocument(p *Process) ([]byte, error) {
-	fs, err := procfs.NewFS("/proc")
+	cpu, err := readHostCPU()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read the node's CPU time: %w", err)
 	}
-	stat, err := fs.Stat()
+	mem, err := readHostMemory()
 	if err != nil {
-		return nil, fmt.Errorf("read /proc/stat: %w", err)
-	}
-	mem, err := fs.Meminfo()
-	if err != nil {
-		return nil, fmt.Errorf("read /proc/meminfo: %w", err)
+		return nil, fmt.Errorf("read the node's memory: %w", err)
 	}
 	qemu, err := readProcessCPU(procPath(p.Pid(), "stat"))
 	if err != nil {
@@ -169,8 +163,6 @@ func metricsDocument(p *Process) ([]byte, error) {
 	vm := func(typ, unit, name, value string) metricXML {
 		return metricXML{Type: typ, Context: "vm", Unit: unit, Name: name, Value: value}
 	}
-	c := stat.CPUTotal
-	hostCPU := c.User + c.Nice + c.System + c.IRQ + c.SoftIRQ + c.Steal
 	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 6, 64) }
 	doc := metricsXML{Metrics: []metricXML{
@@ -178,11 +170,11 @@ func metricsDocument(p *Process) ([]byte, error) {
 		host("string", "", "HostSystemInfo", "linux"),
 		host("string", "", "VirtualizationVendor", "qvirt.io"),
 		host("string", "", "VirtProductInfo", "qvirt"),
-		host("uint32", "", "NumberOfPhysicalCPUs", u(uint64(len(stat.CPU)))),
-		host("real64", "s", "TotalCPUTime", f(hostCPU)),
-		host("uint64", "KiB", "FreePhysicalMemory", u(deref(mem.MemFree))),
-		host("uint64", "KiB", "FreeVirtualMemory", u(deref(mem.MemFree)+deref(mem.SwapFree))),
-		host("uint64", "KiB", "UsedVirtualMemory", u(deref(mem.MemTotal)-deref(mem.MemFree)+deref(mem.SwapTotal)-deref(mem.SwapFree))),
+		host("uint32", "", "NumberOfPhysicalCPUs", u(uint64(cpu.CPUs))),
+		host("real64", "s", "TotalCPUTime", f(cpu.Busy.Seconds())),
+		host("uint64", "KiB", "FreePhysicalMemory", u(mem.MemFree)),
+		host("uint64", "KiB", "FreeVirtualMemory", u(mem.MemFree+mem.SwapFree)),
+		host("uint64", "KiB", "UsedVirtualMemory", u(mem.MemTotal-mem.MemFree+mem.SwapTotal-mem.SwapFree)),
 		host("uint64", "s", "Time", u(uint64(time.Now().Unix()))),
 		vm("real64", "s", "TotalCPUTime", f(qemu.Total().Seconds())),
 		vm("real64", "", "ResourceProcessorLimit", u(uint64(p.Sockets()*m.CPU.Cores*m.CPU.Threads))),
@@ -190,11 +182,4 @@ func metricsDocument(p *Process) ([]byte, error) {
 		vm("uint64", "MiB", "ResourceMemoryLimit", u(uint64(m.MemoryMiB+p.memRequested.Load()))),
 	}}
 	return xml.MarshalIndent(doc, "", "  ")
-}
-
-func deref(v *uint64) uint64 {
-	if v == nil {
-		return 0
-	}
-	return *v
 }
