@@ -1,10 +1,8 @@
 package launcher
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -115,55 +113,41 @@ func listenFor(path string) (*os.File, error) {
 // (watch).
 func (d *daemons) run(dm daemon, log logr.Logger) (*running, error) {
 	cmd := dm.cmd
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	release, err := startPinned(cmd)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
-	}
 	r := &running{cmd: cmd, exited: make(chan struct{})}
-	d.mu.Lock()
-	d.running = append(d.running, r)
-	d.mu.Unlock()
-	log = log.WithValues("pid", cmd.Process.Pid)
-	log.Info(dm.name + " started")
 	tail := newTailBuffer(1024)
-	copied := make(chan struct{})
-	go copyLines(stderr, copied, func(line string) {
+	line := func(line string) {
 		if dm.noise != nil && dm.noise(line) {
 			return
 		}
 		tail.Write([]byte(line + "\n"))
-		log.Info(dm.name, "stderr", line)
-	})
-	go func() {
-		<-copied
-		err := cmd.Wait()
-		release()
+		log.Info(dm.name, "pid", cmd.Process.Pid, "stderr", line)
+	}
+	exited := func(err error) {
 		defer close(r.exited)
 		d.mu.Lock()
 		stopping := d.stopping
 		d.mu.Unlock()
 		if stopping || (err == nil && !dm.anyExitFails) {
-			log.Info(dm.name+" ended", "error", err)
+			log.Info(dm.name+" ended", "pid", cmd.Process.Pid, "error", err)
 			return
 		}
 		if err == nil {
 			err = errors.New("exit status 0")
 		}
-		log.Error(err, dm.name+" ended while the guest needs it")
+		log.Error(err, dm.name+" ended while the guest needs it", "pid", cmd.Process.Pid)
 		r.failure = fmt.Errorf("%s of %s ended (%v): %s", dm.name, dm.of, err, tail.String())
 		select {
 		case d.failed <- r.failure:
 		default:
 		}
-	}()
+	}
+	if err := startTied(cmd, line, exited); err != nil {
+		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	d.mu.Lock()
+	d.running = append(d.running, r)
+	d.mu.Unlock()
+	log.Info(dm.name+" started", "pid", cmd.Process.Pid)
 	return r, nil
 }
 
@@ -204,13 +188,5 @@ func (d *daemons) watch(p *Process) {
 	case err := <-d.failed:
 		p.daemonFailed(err)
 	case <-p.exited:
-	}
-}
-
-func copyLines(r io.Reader, done chan<- struct{}, line func(string)) {
-	defer close(done)
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line(sc.Text())
 	}
 }

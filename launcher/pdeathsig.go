@@ -1,9 +1,44 @@
 package launcher
 
 import (
+	"bufio"
+	"io"
 	"os/exec"
 	"runtime"
+	"syscall"
 )
+
+// startTied starts cmd so that it dies with the launcher (Pdeathsig, forked from a thread kept
+// for it: startPinned). Each line cmd writes to stderr goes to line; once stderr has ended, cmd is
+// reaped and how it ended goes to exited.
+func startTied(cmd *exec.Cmd, line func(string), exited func(error)) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	release, err := startPinned(cmd)
+	if err != nil {
+		return err
+	}
+	go func() {
+		copyLines(stderr, line) // Wait closes the pipe: read all of it first
+		err := cmd.Wait()
+		release()
+		exited(err)
+	}()
+	return nil
+}
+
+func copyLines(r io.Reader, line func(string)) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line(sc.Text())
+	}
+}
 
 // startPinned starts cmd, whose SysProcAttr.Pdeathsig ties it to the launcher, from an OS thread
 // kept for it until release is called (after cmd.Wait). The kernel sends the death signal when the

@@ -1,11 +1,9 @@
 package launcher
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -178,14 +176,8 @@ func (p *Process) killFor(err error) {
 func (p *Process) exec(qemu string, argv []string) error {
 	cmd := exec.Command(qemu, argv...)
 	cmd.Stdin = nil
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return err
-	}
 	// QEMU outlives the request that started it but dies with the launcher.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	release, err := startPinned(cmd)
-	if err != nil {
+	if err := startTied(cmd, p.stderrLine, p.onExit); err != nil {
 		return err
 	}
 	p.cmd = cmd
@@ -193,25 +185,12 @@ func (p *Process) exec(qemu string, argv []string) error {
 	if p.daemons != nil {
 		go p.daemons.watch(p)
 	}
-	copied := make(chan struct{})
-	go p.copyStderr(stderr, copied)
-	go func() {
-		<-copied // Wait closes the pipe; read all of stderr first
-		err := cmd.Wait()
-		release()
-		p.onExit(err)
-	}()
 	return nil
 }
 
-func (p *Process) copyStderr(r io.Reader, done chan<- struct{}) {
-	defer close(done)
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		p.stderr.Write([]byte(line + "\n"))
-		p.log.Info("qemu", "stderr", line)
-	}
+func (p *Process) stderrLine(line string) {
+	p.stderr.Write([]byte(line + "\n"))
+	p.log.Info("qemu", "stderr", line)
 }
 
 func (p *Process) connect(ctx context.Context, timeout time.Duration) error {

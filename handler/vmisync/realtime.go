@@ -153,15 +153,11 @@ type process struct {
 
 // owns says whether thread tid is still p's, and p the process it was.
 func (p process) owns(tid int) bool {
-	proc, err := procfs.NewProc(p.pid)
-	if err != nil {
+	now, ok := runningQEMU(p.pid, p.ppid)
+	if !ok || now.start != p.start {
 		return false
 	}
-	st, err := proc.Stat()
-	if err != nil || st.State == "Z" || st.PPID != p.ppid || st.Starttime != p.start {
-		return false
-	}
-	_, err = proc.Thread(tid)
+	_, err := os.Stat(filepath.Join("/proc", strconv.Itoa(p.pid), "task", strconv.Itoa(tid)))
 	return err == nil
 }
 

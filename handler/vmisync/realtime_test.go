@@ -58,7 +58,7 @@ func TestNoRTBudget(t *testing.T) {
 // was; one held to them becomes SCHED_FIFO at priority 1, reset on fork; and a thread whose process
 // is no longer the one found (its ID reused) is set back and refused.
 func TestSetFIFO(t *testing.T) {
-	sleep := exec.Command("sleep", "60")
+	sleep := exec.Command(fakeQEMU(t), "60")
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -118,16 +118,9 @@ func TestSetFIFO(t *testing.T) {
 // TestQEMUOf: the launcher's QEMU is its running child named qemu-system-*, found from the
 // kernel's list of its children; another child is not taken, nor a process with no such child.
 func TestQEMUOf(t *testing.T) {
-	fake := filepath.Join(t.TempDir(), "qemu-system-x86_64")
+	fake := fakeQEMU(t)
 	sleepBin, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(sleepBin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(fake, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	start := func(bin string) int {
@@ -146,4 +139,22 @@ func TestQEMUOf(t *testing.T) {
 	if p, err := qemuOf(qemu); err == nil || !strings.Contains(err.Error(), "runs no QEMU") {
 		t.Errorf("a process with no QEMU child: %+v, %v; want an error saying so", p, err)
 	}
+}
+
+// fakeQEMU is a copy of sleep named as QEMU's binary is, so that its process is taken for QEMU.
+func fakeQEMU(t *testing.T) string {
+	t.Helper()
+	sleepBin, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleepBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(t.TempDir(), "qemu-system-x86_64")
+	if err := os.WriteFile(fake, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return fake
 }
