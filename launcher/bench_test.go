@@ -103,13 +103,11 @@ func startBare(b *testing.B) time.Duration {
 // BenchmarkLauncherRSS runs `qvirt-launcher run` with the test guest and reports the launcher's own
 // resident memory (QEMU not counted) once the guest runs.
 func BenchmarkLauncherRSS(b *testing.B) {
-	bin := filepath.Join(b.TempDir(), "qvirt-launcher")
-	// Built as `make build` builds it: static, so no libc or ld.so pages count.
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "../cmd/qvirt-launcher")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v: %s", err, out)
+	dir := b.TempDir()
+	if err := testutil.BuildCommands("..", dir, "qvirt-launcher"); err != nil {
+		b.Fatal(err)
 	}
+	bin := filepath.Join(dir, "qvirt-launcher")
 	vmi := guestMachineFile(b)
 	var total, private float64
 	for i := 0; i < b.N; i++ {

@@ -71,7 +71,7 @@ func Start(o Options) (*Cluster, func(), error) {
 	}
 	undo = append(undo, func() { os.RemoveAll(c.Bin) })
 	repo := envtest.RepoRoot()
-	if err := buildCommands(repo, c.Bin); err != nil {
+	if err := testutil.BuildCommands(repo, c.Bin); err != nil {
 		return nil, cleanup, err
 	}
 	// Short: socket paths live under it.
@@ -182,30 +182,3 @@ func (c *Cluster) LauncherPods(t testing.TB, vmi *v1alpha1.VirtualMachineInstanc
 	return pods.Items
 }
 
-// buildCommands builds qvirt's commands into bin as `make build` does: the launcher static (it
-// runs once per VM; a cgo build maps libc and ld.so into each, which BenchmarkStartup would count
-// in every launcher's memory and start), the others with the toolchain's defaults.
-func buildCommands(repo, bin string) error {
-	entries, err := os.ReadDir(filepath.Join(repo, "cmd"))
-	if err != nil {
-		return err
-	}
-	var others []string
-	for _, e := range entries {
-		if e.IsDir() && e.Name() != "qvirt-launcher" {
-			others = append(others, "./cmd/"+e.Name())
-		}
-	}
-	build := exec.Command("go", append([]string{"build", "-o", bin + "/"}, others...)...)
-	build.Dir = repo
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", strings.Join(others, " "), err, out)
-	}
-	static := exec.Command("go", "build", "-trimpath", "-o", bin+"/", "./cmd/qvirt-launcher")
-	static.Dir = repo
-	static.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := static.CombinedOutput(); err != nil {
-		return fmt.Errorf("CGO_ENABLED=0 go build ./cmd/qvirt-launcher: %w\n%s", err, out)
-	}
-	return nil
-}

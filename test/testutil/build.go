@@ -1,0 +1,21 @@
+package testutil
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+)
+
+// BuildCommands builds qvirt's commands (all of them when cmds is empty) into the directory bin
+// the way `make build` does, by running it: how each is built (the launcher static) is said once,
+// in the Makefile.
+func BuildCommands(repo, bin string, cmds ...string) error {
+	args := []string{"-C", repo, "--no-print-directory", "build", "BIN=" + bin}
+	if len(cmds) > 0 {
+		args = append(args, "CMDS="+strings.Join(cmds, " "))
+	}
+	if out, err := exec.Command("make", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("make %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
