@@ -166,6 +166,10 @@ func (c *Client) do(ctx context.Context, f func() error) error {
 	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Now()) })
 	defer stop()
 	err := f()
+	// A deadline left set is a timer that wakes the idle launcher when it expires, after the call.
+	if clearErr := c.conn.SetDeadline(time.Time{}); clearErr != nil && err == nil {
+		err = clearErr
+	}
 	var agentErr *Error
 	if err != nil && !errors.As(err, &agentErr) {
 		c.broken = true

@@ -172,3 +172,39 @@ func TestDecodeInterfacesBounds(t *testing.T) {
 		t.Errorf("addresses %d: %v...", len(i.Addresses), i.Addresses[:2])
 	}
 }
+
+// deadlineConn records the last deadline set on it.
+type deadlineConn struct {
+	net.Conn
+	last time.Time
+}
+
+func (d *deadlineConn) SetDeadline(t time.Time) error {
+	d.last = t
+	return d.Conn.SetDeadline(t)
+}
+
+// A call leaves no deadline on the connection: one left set is a timer that fires after the call
+// and wakes the idle launcher (every poll of a connected agent, 5 s after it).
+func TestCallLeavesNoDeadline(t *testing.T) {
+	host, guest := net.Pipe()
+	t.Cleanup(func() { host.Close(); guest.Close() })
+	go func() {
+		sc := bufio.NewScanner(guest)
+		for sc.Scan() {
+			if _, err := guest.Write([]byte(`{"return": {"id": "debian"}}` + "\n")); err != nil {
+				return
+			}
+		}
+	}()
+	conn := &deadlineConn{Conn: host}
+	c := New(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.OSInfo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !conn.last.IsZero() {
+		t.Errorf("after the call the connection's deadline is %v, want none", conn.last)
+	}
+}
