@@ -103,46 +103,125 @@ func startBare(b *testing.B) time.Duration {
 // BenchmarkLauncherRSS runs `qvirt-launcher run` with the test guest and reports the launcher's own
 // resident memory (QEMU not counted) once the guest runs.
 func BenchmarkLauncherRSS(b *testing.B) {
-	dir := b.TempDir()
-	if err := testutil.BuildCommands("..", dir, "qvirt-launcher"); err != nil {
-		b.Fatal(err)
-	}
-	bin := filepath.Join(dir, "qvirt-launcher")
-	vmi := guestMachineFile(b)
+	bin, vmi := launcherBinary(b), guestMachineFile(b)
 	var total, private float64
 	for i := 0; i < b.N; i++ {
-		runDir, err := os.MkdirTemp("", "qvb-")
-		if err != nil {
-			b.Fatal(err)
-		}
-		cmd := exec.Command(bin, "run", "--no-console", "--run-dir", runDir, "-f", vmi)
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		client := launcher.NewClient(filepath.Join(runDir, launcher.SocketName))
-		deadline := time.Now().Add(time.Minute)
-		for {
-			st, err := client.Status(context.Background())
-			if err == nil && st.RunState == string(qmp.StateRunning) {
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatal("the guest did not start")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		l := startRunLauncher(b, bin, vmi)
 		time.Sleep(2 * time.Second) // steady state: the guest boots, the launcher serves
-		total += statusMiB(b, cmd.Process.Pid, "VmRSS:")
-		private += statusMiB(b, cmd.Process.Pid, "RssAnon:")
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = client.Kill(context.Background())
-		_ = cmd.Wait()
-		_ = os.RemoveAll(runDir)
+		total += statusMiB(b, l.cmd.Process.Pid, "VmRSS:")
+		private += statusMiB(b, l.cmd.Process.Pid, "RssAnon:")
+		l.stop()
 	}
 	b.ReportMetric(total/float64(b.N), "launcher-rss-MiB")
 	// The rest of the RSS is the binary's mapped pages (RssFile), which every launcher on a node
 	// shares through the page cache: the private part is what each further VM costs.
 	b.ReportMetric(private/float64(b.N), "launcher-private-MiB")
+}
+
+// BenchmarkLauncherIdle reports the CPU an idle launcher uses per minute while its guest's agent is
+// connected, and polled every AgentPollInterval as KubeVirt polls it (the startup benchmark's tiny
+// guests have no agent). Nothing else asks the launcher anything; QEMU's CPU is not counted.
+func BenchmarkLauncherIdle(b *testing.B) {
+	bin, vmi := launcherBinary(b), guestMachineFile(b)
+	const window = time.Minute
+	var total time.Duration
+	for i := 0; i < b.N; i++ {
+		l := startRunLauncher(b, bin, vmi)
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			st, err := l.client.Status(context.Background())
+			if err == nil && st.GuestAgent != nil && st.GuestAgent.Connected {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the guest agent did not connect")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(5 * time.Second) // the first full poll done
+		before := taskCPU(b, l.cmd.Process.Pid)
+		time.Sleep(window)
+		total += taskCPU(b, l.cmd.Process.Pid) - before
+		l.stop()
+	}
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N)/window.Minutes(), "idle-agent-cpu-ms-per-min")
+}
+
+// launcherBinary builds qvirt-launcher as `make build` builds it (static, so no libc or ld.so pages
+// count) and returns its path.
+func launcherBinary(b *testing.B) string {
+	dir := b.TempDir()
+	if err := testutil.BuildCommands("..", dir, "qvirt-launcher"); err != nil {
+		b.Fatal(err)
+	}
+	return filepath.Join(dir, "qvirt-launcher")
+}
+
+type runLauncher struct {
+	cmd    *exec.Cmd
+	client *launcher.Client
+	runDir string
+}
+
+// startRunLauncher runs `bin run` for the machine file vmi and returns once its guest runs.
+func startRunLauncher(b *testing.B, bin, vmi string) *runLauncher {
+	runDir, err := os.MkdirTemp("", "qvb-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := &runLauncher{cmd: exec.Command(bin, "run", "--no-console", "--run-dir", runDir, "-f", vmi), runDir: runDir,
+		client: launcher.NewClient(filepath.Join(runDir, launcher.SocketName))}
+	if err := l.cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(l.stop)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, err := l.client.Status(context.Background())
+		if err == nil && st.RunState == string(qmp.StateRunning) {
+			return l
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("the guest did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (l *runLauncher) stop() {
+	if l.cmd.ProcessState != nil {
+		return
+	}
+	_ = l.cmd.Process.Signal(syscall.SIGTERM)
+	_ = l.client.Kill(context.Background())
+	_ = l.cmd.Wait()
+	_ = os.RemoveAll(l.runDir)
+}
+
+// taskCPU is the CPU time all of process pid's threads have run (schedstat, in nanoseconds: the
+// clock-tick counts of /proc/PID/stat are too coarse for an idle minute).
+func taskCPU(b *testing.B, pid int) time.Duration {
+	stats, err := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/schedstat")
+	if err != nil || len(stats) == 0 {
+		b.Fatalf("no threads of process %d: %v", pid, err)
+	}
+	var ns int64
+	for _, f := range stats {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread ended
+		}
+		fields := strings.Fields(string(data))
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseInt(fields[0], 10, 64)
+		if err != nil {
+			b.Fatalf("%s: %v", f, err)
+		}
+		ns += v
+	}
+	return time.Duration(ns)
 }
 
 // statusMiB is a kB field of /proc/PID/status (VmRSS:, RssAnon:) in MiB.
