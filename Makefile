@@ -22,7 +22,7 @@ deps: ## Install the Debian packages the tests and the demo need (QEMU, busybox,
 all: build
 
 # The launcher runs once per VM, so it is built static: it then maps neither libc nor ld.so,
-# 1.4 MiB of resident memory per launcher (BenchmarkLauncherRSS builds it the same way). cgo
+# 1.4 MiB of resident memory per launcher (the tests and benchmarks build it with this target). cgo
 # would serve only package net's host name resolver, and the pure Go one does as well for it.
 STATIC_CMDS := $(filter qvirt-launcher,$(CMDS))
 

@@ -129,7 +129,7 @@ func BenchmarkLauncherIdle(b *testing.B) {
 		l := startRunLauncher(b, bin, vmi)
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
-			st, err := l.client.Status(context.Background())
+			st, err := statusWithin(l.client, 5*time.Second)
 			if err == nil && st.GuestAgent != nil && st.GuestAgent.Connected {
 				break
 			}
@@ -177,7 +177,7 @@ func startRunLauncher(b *testing.B, bin, vmi string) *runLauncher {
 	b.Cleanup(l.stop)
 	deadline := time.Now().Add(time.Minute)
 	for {
-		st, err := l.client.Status(context.Background())
+		st, err := statusWithin(l.client, 5*time.Second)
 		if err == nil && st.RunState == string(qmp.StateRunning) {
 			return l
 		}
@@ -186,6 +186,12 @@ func startRunLauncher(b *testing.B, bin, vmi string) *runLauncher {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func statusWithin(c *launcher.Client, d time.Duration) (protocol.Status, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return c.Status(ctx)
 }
 
 func (l *runLauncher) stop() {
@@ -201,9 +207,12 @@ func (l *runLauncher) stop() {
 // taskCPU is the CPU time all of process pid's threads have run (schedstat, in nanoseconds: the
 // clock-tick counts of /proc/PID/stat are too coarse for an idle minute).
 func taskCPU(b *testing.B, pid int) time.Duration {
-	stats, err := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/schedstat")
+	// A launcher's threads live as long as it does (the Go runtime keeps them), so no thread's
+	// time is lost between two readings.
+	pattern := "/proc/" + strconv.Itoa(pid) + "/task/*/schedstat"
+	stats, err := filepath.Glob(pattern)
 	if err != nil || len(stats) == 0 {
-		b.Fatalf("no threads of process %d: %v", pid, err)
+		b.Fatalf("no %s (the process ended, or the kernel keeps no schedstat): %v", pattern, err)
 	}
 	var ns int64
 	for _, f := range stats {

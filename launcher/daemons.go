@@ -141,13 +141,15 @@ func (d *daemons) run(dm daemon, log logr.Logger) (*running, error) {
 		default:
 		}
 	}
-	if err := startTied(cmd, line, exited); err != nil {
+	started := func() {
+		d.mu.Lock()
+		d.running = append(d.running, r)
+		d.mu.Unlock()
+		log.Info(dm.name+" started", "pid", cmd.Process.Pid)
+	}
+	if err := startTied(cmd, started, line, exited); err != nil {
 		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
-	d.mu.Lock()
-	d.running = append(d.running, r)
-	d.mu.Unlock()
-	log.Info(dm.name+" started", "pid", cmd.Process.Pid)
 	return r, nil
 }
 

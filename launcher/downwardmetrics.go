@@ -171,7 +171,7 @@ func metricsDocument(p *Process) ([]byte, error) {
 		host("string", "", "VirtualizationVendor", "qvirt.io"),
 		host("string", "", "VirtProductInfo", "qvirt"),
 		host("uint32", "", "NumberOfPhysicalCPUs", u(uint64(cpu.CPUs))),
-		host("real64", "s", "TotalCPUTime", f(cpu.Busy.Seconds())),
+		host("real64", "s", "TotalCPUTime", f(cpu.BusySeconds)),
 		host("uint64", "KiB", "FreePhysicalMemory", u(mem.MemFree)),
 		host("uint64", "KiB", "FreeVirtualMemory", u(mem.MemFree+mem.SwapFree)),
 		host("uint64", "KiB", "UsedVirtualMemory", u(mem.MemTotal-mem.MemFree+mem.SwapTotal-mem.SwapFree)),

@@ -15,7 +15,9 @@ import (
 // softirq and steal, as KubeVirt's TotalCPUTime counts it.
 type hostCPU struct {
 	CPUs int
-	Busy time.Duration
+	// BusySeconds is a float: a node's CPU time summed over all its CPUs outgrows a Duration's
+	// 292 years within a few years of uptime on a large node.
+	BusySeconds float64
 }
 
 // parseHostStat reads /proc/stat (proc(5)): the "cpu" line's fields, in clock ticks, and one
@@ -36,7 +38,7 @@ func parseHostStat(data []byte, tick time.Duration) (hostCPU, error) {
 		if err != nil {
 			return hostCPU{}, fmt.Errorf("cpu line: %w", err)
 		}
-		h.Busy, seenTotal = time.Duration(busy)*tick, true
+		h.BusySeconds, seenTotal = float64(busy)*tick.Seconds(), true
 	}
 	if !seenTotal {
 		return hostCPU{}, fmt.Errorf("no cpu line")
@@ -70,25 +72,32 @@ type hostMemory struct {
 	MemTotal, MemFree, SwapTotal, SwapFree uint64
 }
 
-// parseMeminfo reads the four lines of /proc/meminfo that the downward metrics need ("MemFree:
-// 1234 kB"); each must be there.
+// parseMeminfo reads the lines of /proc/meminfo that the downward metrics need ("MemFree:
+// 1234 kB"). MemTotal and MemFree must be there; a /proc without the swap lines (a sandbox's, or a
+// kernel built without swap) has no swap.
 func parseMeminfo(data []byte) (hostMemory, error) {
 	var m hostMemory
 	fields := map[string]*uint64{"MemTotal:": &m.MemTotal, "MemFree:": &m.MemFree, "SwapTotal:": &m.SwapTotal, "SwapFree:": &m.SwapFree}
+	seen := map[string]bool{}
 	for line := range bytes.Lines(data) {
 		name, rest := nextField(line)
 		dst, ok := fields[string(name)]
-		if !ok {
+		if !ok || seen[string(name)] {
 			continue
 		}
 		value, _ := nextField(rest)
 		if *dst, ok = parseUint(value); !ok {
 			return hostMemory{}, fmt.Errorf("%s %q is not a number of KiB", name, value)
 		}
-		delete(fields, string(name))
+		seen[string(name)] = true
 	}
-	for name := range fields {
-		return hostMemory{}, fmt.Errorf("no %s line", name)
+	for _, name := range []string{"MemTotal:", "MemFree:"} {
+		if !seen[name] {
+			return hostMemory{}, fmt.Errorf("no %s line", name)
+		}
+	}
+	if m.MemFree > m.MemTotal || m.SwapFree > m.SwapTotal {
+		return hostMemory{}, fmt.Errorf("more free than total (memory %d of %d KiB, swap %d of %d KiB)", m.MemFree, m.MemTotal, m.SwapFree, m.SwapTotal)
 	}
 	return m, nil
 }

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"os/exec"
 	"runtime"
@@ -9,9 +10,10 @@ import (
 )
 
 // startTied starts cmd so that it dies with the launcher (Pdeathsig, forked from a thread kept
-// for it: startPinned). Each line cmd writes to stderr goes to line; once stderr has ended, cmd is
-// reaped and how it ended goes to exited.
-func startTied(cmd *exec.Cmd, line func(string), exited func(error)) error {
+// for it: startPinned). started runs once cmd has started, before anything else can see it end.
+// Each line cmd writes to stderr then goes to line; once stderr has ended, cmd is reaped and how it
+// ended goes to exited.
+func startTied(cmd *exec.Cmd, started func(), line func(string), exited func(error)) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
@@ -24,6 +26,7 @@ func startTied(cmd *exec.Cmd, line func(string), exited func(error)) error {
 	if err != nil {
 		return err
 	}
+	started()
 	go func() {
 		copyLines(stderr, line) // Wait closes the pipe: read all of it first
 		err := cmd.Wait()
@@ -33,10 +36,16 @@ func startTied(cmd *exec.Cmd, line func(string), exited func(error)) error {
 	return nil
 }
 
+// copyLines hands each line of r to line until r ends. A line longer than the scanner takes is
+// reported, and the rest of r is drained unread: a child blocked writing to a full pipe would hang.
 func copyLines(r io.Reader, line func(string)) {
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line(sc.Text())
+	}
+	if err := sc.Err(); err != nil {
+		line(fmt.Sprintf("(stderr not read further: %v)", err))
+		_, _ = io.Copy(io.Discard, r)
 	}
 }
 

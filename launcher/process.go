@@ -177,15 +177,14 @@ func (p *Process) exec(qemu string, argv []string) error {
 	cmd := exec.Command(qemu, argv...)
 	cmd.Stdin = nil
 	// QEMU outlives the request that started it but dies with the launcher.
-	if err := startTied(cmd, p.stderrLine, p.onExit); err != nil {
-		return err
+	started := func() {
+		p.cmd = cmd
+		p.log.Info("qemu started", "pid", cmd.Process.Pid)
+		if p.daemons != nil {
+			go p.daemons.watch(p)
+		}
 	}
-	p.cmd = cmd
-	p.log.Info("qemu started", "pid", cmd.Process.Pid)
-	if p.daemons != nil {
-		go p.daemons.watch(p)
-	}
-	return nil
+	return startTied(cmd, started, p.stderrLine, p.onExit)
 }
 
 func (p *Process) stderrLine(line string) {

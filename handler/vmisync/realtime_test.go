@@ -58,7 +58,7 @@ func TestNoRTBudget(t *testing.T) {
 // was; one held to them becomes SCHED_FIFO at priority 1, reset on fork; and a thread whose process
 // is no longer the one found (its ID reused) is set back and refused.
 func TestSetFIFO(t *testing.T) {
-	sleep := exec.Command(fakeQEMU(t), "60")
+	sleep := fakeQEMU(t)
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -118,21 +118,17 @@ func TestSetFIFO(t *testing.T) {
 // TestQEMUOf: the launcher's QEMU is its running child named qemu-system-*, found from the
 // kernel's list of its children; another child is not taken, nor a process with no such child.
 func TestQEMUOf(t *testing.T) {
-	fake := fakeQEMU(t)
-	sleepBin, err := exec.LookPath("sleep")
-	if err != nil {
+	other := exec.Command("sleep", "60") // a child that is not QEMU, started first
+	if err := other.Start(); err != nil {
 		t.Fatal(err)
 	}
-	start := func(bin string) int {
-		cmd := exec.Command(bin, "60")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		return cmd.Process.Pid
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	fake := fakeQEMU(t)
+	if err := fake.Start(); err != nil {
+		t.Fatal(err)
 	}
-	start(sleepBin) // a child that is not QEMU, started first
-	qemu := start(fake)
+	t.Cleanup(func() { _ = fake.Process.Kill(); _ = fake.Wait() })
+	qemu := fake.Process.Pid
 	if p, err := qemuOf(os.Getpid()); err != nil || p.pid != qemu || p.ppid != os.Getpid() || p.start == 0 {
 		t.Errorf("our child qemu-system-x86_64 (process %d): %+v, %v; want it taken with its start time", qemu, p, err)
 	}
@@ -141,8 +137,10 @@ func TestQEMUOf(t *testing.T) {
 	}
 }
 
-// fakeQEMU is a copy of sleep named as QEMU's binary is, so that its process is taken for QEMU.
-func fakeQEMU(t *testing.T) string {
+// fakeQEMU is `sleep 60` from a copy of its binary named as QEMU's is, so that its process is
+// taken for QEMU (the kernel names a process after its file; argv[0] stays "sleep" for a
+// multi-call binary that picks its command by it).
+func fakeQEMU(t *testing.T) *exec.Cmd {
 	t.Helper()
 	sleepBin, err := exec.LookPath("sleep")
 	if err != nil {
@@ -156,5 +154,34 @@ func fakeQEMU(t *testing.T) string {
 	if err := os.WriteFile(fake, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return fake
+	cmd := exec.Command(fake, "60")
+	cmd.Args[0] = "sleep"
+	return cmd
+}
+
+// owns takes only the QEMU it found: a process of the same PID, parent and start time whose name
+// is not QEMU's is not it.
+func TestOwnsOnlyQEMU(t *testing.T) {
+	for _, c := range []struct {
+		cmd  *exec.Cmd
+		want bool
+	}{{exec.Command("sleep", "60"), false}, {fakeQEMU(t), true}} {
+		if err := c.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.cmd.Process.Kill(); _ = c.cmd.Wait() })
+		pid := c.cmd.Process.Pid
+		st, err := procfs.NewProc(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stat, err := st.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := process{pid: pid, ppid: stat.PPID, start: stat.Starttime}
+		if got := p.owns(pid); got != c.want {
+			t.Errorf("%s (process %d) owns its main thread: %v, want %v", stat.Comm, pid, got, c.want)
+		}
+	}
 }

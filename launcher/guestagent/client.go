@@ -163,12 +163,18 @@ func (c *Client) do(ctx context.Context, f func() error) error {
 		return err
 	}
 	// A context cancelled early (the caller went away) ends the wait too.
-	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Now()) })
-	defer stop()
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		_ = c.conn.SetDeadline(time.Now())
+	})
 	err := f()
+	if !stop() {
+		<-fired // its deadline must not land on the next call's
+	}
 	// A deadline left set is a timer that wakes the idle launcher when it expires, after the call.
 	if clearErr := c.conn.SetDeadline(time.Time{}); clearErr != nil && err == nil {
-		err = clearErr
+		err = fmt.Errorf("clear the deadline: %w", clearErr)
 	}
 	var agentErr *Error
 	if err != nil && !errors.As(err, &agentErr) {

@@ -181,4 +181,3 @@ func (c *Cluster) LauncherPods(t testing.TB, vmi *v1alpha1.VirtualMachineInstanc
 	}
 	return pods.Items
 }
-

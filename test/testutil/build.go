@@ -3,6 +3,7 @@ package testutil
 import (
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 )
 
@@ -10,6 +11,11 @@ import (
 // the way `make build` does, by running it: how each is built (the launcher static) is said once,
 // in the Makefile.
 func BuildCommands(repo, bin string, cmds ...string) error {
+	// make -C would take a relative bin from repo.
+	bin, err := filepath.Abs(bin)
+	if err != nil {
+		return err
+	}
 	args := []string{"-C", repo, "--no-print-directory", "build", "BIN=" + bin}
 	if len(cmds) > 0 {
 		args = append(args, "CMDS="+strings.Join(cmds, " "))
