@@ -64,16 +64,8 @@ func TestSetFIFO(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
 	pid := sleep.Process.Pid
-	proc, err := procfs.NewProc(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := proc.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ppid, start := st.PPID, st.Starttime
-	p := process{pid: pid, ppid: ppid, start: start}
+	p, _ := started(t, sleep)
+	ppid, start := p.ppid, p.start
 	policy := func() (uint32, uint64) {
 		a, err := unix.SchedGetAttr(pid, 0)
 		if err != nil {
@@ -170,18 +162,23 @@ func TestOwnsOnlyQEMU(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.cmd.Process.Kill(); _ = c.cmd.Wait() })
-		pid := c.cmd.Process.Pid
-		st, err := procfs.NewProc(pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stat, err := st.Stat()
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := process{pid: pid, ppid: stat.PPID, start: stat.Starttime}
-		if got := p.owns(pid); got != c.want {
-			t.Errorf("%s (process %d) owns its main thread: %v, want %v", stat.Comm, pid, got, c.want)
+		p, comm := started(t, c.cmd)
+		if got := p.owns(p.pid); got != c.want {
+			t.Errorf("%s (process %d) owns its main thread: %v, want %v", comm, p.pid, got, c.want)
 		}
 	}
+}
+
+// started is cmd's running process as the kernel lists it, and its name.
+func started(t *testing.T, cmd *exec.Cmd) (process, string) {
+	t.Helper()
+	proc, err := procfs.NewProc(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := proc.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return process{pid: st.PID, ppid: st.PPID, start: st.Starttime}, st.Comm
 }
