@@ -112,20 +112,23 @@ func read(t *testing.T, c *console, s string, n int) string {
 	return got
 }
 
-// guestNumber runs a command printing a number in the guest and returns it.
+// guestNumber runs a command printing a number in the guest and returns it. An answer that is not
+// a number fails the test at once, naming it: waiting on would only time out. The answer cannot
+// start with "$", so the echo of the typed line ("<N=$(...") is not taken for it.
 func guestNumber(t *testing.T, c *console, cmd string) int {
 	t.Helper()
 	from := len(c.Text())
 	c.Send(t, `echo "<N=$(`+cmd+`)>"`)
-	re := regexp.MustCompile(`<N=(\d+)>`)
-	var n int
-	waitFor(t, time.Minute, "the guest's answer to "+cmd, func() bool {
-		m := re.FindStringSubmatch(c.Text()[from:])
-		if m != nil {
-			n, _ = strconv.Atoi(m[1])
-		}
-		return m != nil
-	})
+	re := regexp.MustCompile(`<N=([^$>\r\n]*)>`)
+	var answer []string
+	testutil.Eventually(t, time.Minute, "the guest's answer to "+cmd, func() bool {
+		answer = re.FindStringSubmatch(c.Text()[from:])
+		return answer != nil
+	}, func() string { return "console ends with " + strconv.Quote(testutil.Tail(c.Text(), 300)) })
+	n, err := strconv.Atoi(answer[1])
+	if err != nil {
+		t.Fatalf("the guest answered %q to %s, want a number", answer[1], cmd)
+	}
 	return n
 }
 
@@ -144,8 +147,9 @@ func TestBlockMigrationCarriesLocalDisks(t *testing.T) {
 		t.Fatalf("the emptyDisk reads %q on the source", got)
 	}
 	// A writer that goes on during the migration: sequence number n at block 8192, then n in
-	// /tmp/seq (guest memory, which migrates).
-	c.Send(t, `(i=0; while :; do i=$((i+1)); put SCRATCH 8192 "SEQ-$i"; echo $i > /tmp/seq; sleep 0.05; done) & W=$!`)
+	// /tmp/seq (guest memory, which migrates), renamed into place: a cat between the shell's
+	// truncation of the file and its write would read nothing (seen once in CI).
+	c.Send(t, `(i=0; while :; do i=$((i+1)); put SCRATCH 8192 "SEQ-$i"; echo $i > /tmp/seq.new; mv /tmp/seq.new /tmp/seq; sleep 0.05; done) & W=$!`)
 	waitFor(t, time.Minute, "the writer to write", func() bool { return guestNumber(t, c, "cat /tmp/seq 2>/dev/null || echo 0") > 3 })
 
 	dst := localDiskTarget(t, src, vmi)
