@@ -277,10 +277,7 @@ func (l *Launcher) agentClient() (*guestagent.Client, error) {
 // would have the kubelet kill the target mid-migration (KubeVirt suppresses its pings during a
 // migration for the same reason).
 func (l *Launcher) GuestPing(ctx context.Context) (struct{}, error) {
-	l.mu.Lock()
-	incoming := l.phase == protocol.PhaseIncoming
-	l.mu.Unlock()
-	if incoming {
+	if l.currentPhase() == protocol.PhaseIncoming {
 		return struct{}{}, nil
 	}
 	c, err := l.agentClient()

@@ -42,10 +42,7 @@ func (l *Launcher) GuestExecProbe(ctx context.Context, req protocol.GuestExecPro
 	if err := checkExecProbe(req); err != nil {
 		return protocol.GuestExecResult{}, err
 	}
-	l.mu.Lock()
-	incoming := l.phase == protocol.PhaseIncoming
-	l.mu.Unlock()
-	if incoming {
+	if l.currentPhase() == protocol.PhaseIncoming {
 		return protocol.GuestExecResult{Skipped: "migration target: the guest still runs on the source"}, nil
 	}
 	c, err := l.agentClient()

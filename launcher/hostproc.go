@@ -77,22 +77,22 @@ type hostMemory struct {
 // kernel built without swap) has no swap.
 func parseMeminfo(data []byte) (hostMemory, error) {
 	var m hostMemory
+	// A line is read once: the first of a name counts, and its name leaves fields.
 	fields := map[string]*uint64{"MemTotal:": &m.MemTotal, "MemFree:": &m.MemFree, "SwapTotal:": &m.SwapTotal, "SwapFree:": &m.SwapFree}
-	seen := map[string]bool{}
 	for line := range bytes.Lines(data) {
 		name, rest := nextField(line)
 		dst, ok := fields[string(name)]
-		if !ok || seen[string(name)] {
+		if !ok {
 			continue
 		}
 		value, _ := nextField(rest)
 		if *dst, ok = parseUint(value); !ok {
 			return hostMemory{}, fmt.Errorf("%s %q is not a number of KiB", name, value)
 		}
-		seen[string(name)] = true
+		delete(fields, string(name))
 	}
 	for _, name := range []string{"MemTotal:", "MemFree:"} {
-		if !seen[name] {
+		if fields[name] != nil {
 			return hostMemory{}, fmt.Errorf("no %s line", name)
 		}
 	}

@@ -154,9 +154,7 @@ func (l *Launcher) follow(p *Process) {
 	for {
 		state, exit, changed := p.State()
 		l.mu.Lock()
-		if exit != nil {
-			l.phase = exitPhase(exit)
-		} else if l.phase == protocol.PhaseIncoming && state == qmp.StateRunning {
+		if l.phase == protocol.PhaseIncoming && state == qmp.StateRunning {
 			l.phase = protocol.PhaseRunning
 		}
 		l.notifyLocked()
@@ -169,12 +167,30 @@ func (l *Launcher) follow(p *Process) {
 	}
 }
 
-// exitPhase is the phase a VM ends in when QEMU exits so.
-func exitPhase(exit *protocol.Exit) protocol.Phase {
-	if exit.Reason.Clean() {
+// phaseOf is the phase of a VM whose launcher recorded phase: once QEMU has exited, its exit
+// decides it. The exit is the one record of the end, so a caller reading right after Shutdown or
+// Wait returned sees the end as the exit says, whether follow has woken yet or not.
+func phaseOf(recorded protocol.Phase, exit *protocol.Exit) protocol.Phase {
+	switch {
+	case exit == nil:
+		return recorded
+	case exit.Reason.Clean():
 		return protocol.PhaseSucceeded
+	default:
+		return protocol.PhaseFailed
 	}
-	return protocol.PhaseFailed
+}
+
+// currentPhase is phaseOf the recorded phase and QEMU's exit, if it has exited.
+func (l *Launcher) currentPhase() protocol.Phase {
+	l.mu.Lock()
+	phase, proc := l.phase, l.proc
+	l.mu.Unlock()
+	if proc == nil {
+		return phase
+	}
+	_, exit, _ := proc.State()
+	return phaseOf(phase, exit)
 }
 
 // removeEphemeralImages deletes the emptyDisk images and containerDisk overlays of a VM whose QEMU
@@ -229,11 +245,7 @@ func (l *Launcher) Status(ctx context.Context) (protocol.Status, <-chan struct{}
 	st.Sockets = proc.Sockets()
 	st.Memory = proc.memoryStatus()
 	st.Exit = exit
-	if exit != nil {
-		// follow records the same phase, but may not have run yet when a caller reads Status
-		// right after Shutdown or Wait returned.
-		st.Phase = exitPhase(exit)
-	}
+	st.Phase = phaseOf(st.Phase, exit)
 	st.Disks, st.NICs = l.devices(proc)
 	if agent != nil {
 		st.GuestAgent = agent.snapshot()

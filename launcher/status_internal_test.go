@@ -31,11 +31,18 @@ func TestStatusPhaseAgreesWithTheExit(t *testing.T) {
 		p.exit = &exit
 		close(p.exited)
 		close(p.done)
-		l := New(t.TempDir(), nil, Options{})
-		l.proc, l.phase = p, protocol.PhaseRunning // follow has not run yet
-		st, _ := l.Status(context.Background())
-		if st.Phase != tc.want {
-			t.Errorf("exit %q: phase %s, want %s", tc.exit.Reason, st.Phase, tc.want)
+		for _, recorded := range []protocol.Phase{protocol.PhaseRunning, protocol.PhaseIncoming} {
+			l := New(t.TempDir(), nil, Options{})
+			l.proc, l.phase = p, recorded // follow has not run yet
+			st, _ := l.Status(context.Background())
+			if st.Phase != tc.want {
+				t.Errorf("exit %q of a guest %s: phase %s, want %s", tc.exit.Reason, recorded, st.Phase, tc.want)
+			}
+			// A migration target passes its probes while it waits for the guest; one whose QEMU
+			// has exited waits for nothing.
+			if _, err := l.GuestPing(context.Background()); err == nil {
+				t.Errorf("exit %q of a guest %s: the guest-agent ping passes", tc.exit.Reason, recorded)
+			}
 		}
 	}
 }
