@@ -43,8 +43,8 @@ func CacheOptions(namespace string) cache.Options {
 			// StatefulSet's and DaemonSet's.
 			&appsv1.ControllerRevision{}: {Label: vm.RevisionSelector()},
 		},
-		// managedFields are never read here and are about a fifth of a cached VMI.
-		DefaultTransform: cache.TransformStripManagedFields(),
+		// Managed fields go, and launcher pods keep only what the controller reads from its cache.
+		DefaultTransform: vmi.CacheTransform,
 	}
 }
 

@@ -234,7 +234,9 @@ func (r *Reconciler) apply(ctx context.Context, vmim *v1alpha1.VirtualMachineIns
 		return ctrl.Result{RequeueAfter: d.RequeueAfter}, nil
 
 	case actCreateTargetPod:
-		source, err := findSourcePod(ctx, r.Client, vmi)
+		// The target copies the source pod's whole spec, which the cache does not keep
+		// (vmictrl.CacheTransform): read it from the API server, once per target pod.
+		source, err := findSourcePod(ctx, r.apiReader(), vmi)
 		if err != nil {
 			return ctrl.Result{}, err
 		}

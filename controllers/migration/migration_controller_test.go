@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
+	vmictrl "github.com/qvirt/qvirt/controllers/vmi"
 	"github.com/qvirt/qvirt/internal/config"
 	"github.com/qvirt/qvirt/test/envtest"
 )
@@ -87,7 +88,8 @@ func (e *testEnv) startManager(r *Reconciler) {
 	t := e.t
 	t.Helper()
 	opts := cp.ManagerOptions()
-	opts.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}}
+	// Launcher pods trimmed as qvirt-controller's cache trims them.
+	opts.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}, DefaultTransform: vmictrl.CacheTransform}
 	mgr, err := ctrl.NewManager(cp.Config, opts)
 	if err != nil {
 		t.Fatalf("new manager: %v", err)

@@ -77,12 +77,12 @@ func newNamespace(t testing.TB) string {
 }
 
 // managerOptions are the options the tests and the benchmark run the reconciler's manager with: the
-// cache limited to the namespace and to launcher pods, managed fields stripped.
+// cache limited to the namespace and to launcher pods, trimmed as qvirt-controller trims them.
 func managerOptions(ns string) ctrl.Options {
 	opts := cp.ManagerOptions()
 	opts.Cache = cache.Options{
 		DefaultNamespaces: map[string]cache.Config{ns: {}},
-		DefaultTransform:  cache.TransformStripManagedFields(),
+		DefaultTransform:  CacheTransform,
 		ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: {Label: LauncherPodSelector()}},
 	}
 	return opts

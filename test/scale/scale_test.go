@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sync"
 	"testing"
 	"time"
@@ -33,8 +34,9 @@ import (
 )
 
 var (
-	scaleVMIs  = flag.Int("scale.vmis", 8000, "how many VMIs BenchmarkControlPlane creates")
-	scaleNodes = flag.Int("scale.nodes", 100, "how many nodes this process plays")
+	scaleVMIs   = flag.Int("scale.vmis", 8000, "how many VMIs BenchmarkControlPlane creates")
+	scaleNodes  = flag.Int("scale.nodes", 100, "how many nodes this process plays")
+	heapProfile = flag.String("scale.heapprofile", "", "write the heap profile here once every VMI is Running (what the controller holds per VMI, by allocation site)")
 )
 
 // installNamespace holds qvirt-config, as qvirt-system does in a real install.
@@ -109,6 +111,7 @@ func benchControlPlane(b *testing.B, vmis, nodes int) {
 
 	time.Sleep(3 * time.Second) // the last status writes reach the controller's cache
 	heapAfter := testutil.LiveHeap()
+	writeHeapProfile(b, *heapProfile)
 	apiAfter := apiserverRequests(ctx, b, cp.Config)
 	counts := requests.snapshot()
 
@@ -298,5 +301,20 @@ func waitNoVMIs(ctx context.Context, b *testing.B, c client.Client, ns string, d
 			b.Fatalf("%d VMIs left after %s", len(list.Items), d)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// writeHeapProfile writes the live heap's profile to path, if one is asked for.
+func writeHeapProfile(b *testing.B, path string) {
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatalf("-scale.heapprofile: %v", err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatalf("-scale.heapprofile %s: %v", path, err)
 	}
 }
