@@ -7,11 +7,12 @@ import (
 
 // CacheTransform is qvirt-controller's cache transform: managed fields go from every object (never
 // read here, about a fifth of a cached VMI), and a launcher pod keeps only what the controller
-// reads from its cache: its metadata, node, volumes, each container's name, image and mounts
-// (the images it pulled, vmi_images.go), and its status. A launcher pod's commands, environment,
-// resources, security contexts, probes, tolerations and affinity are a third of the controller's
-// heap per VMI at 8,000 VMIs, and the one reader of the whole spec, the migration controller
-// copying the source pod into the target's, reads it from the API server.
+// reads from its cache: its metadata, node and status, and of its spec the image volumes and each
+// container's name, image and mounts of those volumes (the images it pulled, podImages). The rest
+// of a launcher pod's spec (commands, environment, resources, security contexts, probes,
+// tolerations, the other volumes) was a fifth of the controller's heap per VMI at 8,000 VMIs, and
+// its one reader, the migration controller copying the source pod into the target's, reads the
+// source pod from the API server.
 //
 // Nothing may write a cached pod back (an Update would send the trimmed spec); the controller
 // only creates and deletes pods.
@@ -28,21 +29,22 @@ func CacheTransform(obj any) (any, error) {
 
 // trimPodSpec keeps of spec what CacheTransform says.
 func trimPodSpec(spec *corev1.PodSpec) {
-	*spec = corev1.PodSpec{
-		Volumes:        spec.Volumes,
-		InitContainers: trimContainers(spec.InitContainers),
-		Containers:     trimContainers(spec.Containers),
-		NodeName:       spec.NodeName,
+	images := map[string]bool{}
+	var vols []corev1.Volume
+	for _, v := range spec.Volumes {
+		if v.Image != nil {
+			images[v.Name] = true
+			vols = append(vols, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{Image: v.Image}})
+		}
 	}
-}
-
-func trimContainers(cs []corev1.Container) []corev1.Container {
-	if cs == nil {
-		return nil
+	cs := make([]corev1.Container, len(spec.Containers))
+	for i, c := range spec.Containers {
+		cs[i] = corev1.Container{Name: c.Name, Image: c.Image}
+		for _, m := range c.VolumeMounts {
+			if images[m.Name] {
+				cs[i].VolumeMounts = append(cs[i].VolumeMounts, m)
+			}
+		}
 	}
-	out := make([]corev1.Container, len(cs))
-	for i, c := range cs {
-		out[i] = corev1.Container{Name: c.Name, Image: c.Image, VolumeMounts: c.VolumeMounts}
-	}
-	return out
+	*spec = corev1.PodSpec{Volumes: vols, Containers: cs, NodeName: spec.NodeName}
 }
