@@ -43,6 +43,8 @@ const (
 	DefaultMaxReplyBytes = 1 << 20
 	// watchBuffer is the initial line buffer of a status stream.
 	watchBuffer = 4 << 10
+	// connBuffer is each connection's read and write buffer.
+	connBuffer = 1 << 10
 	// WatchHeartbeat is how often a launcher repeats its status on a watch that saw no change, so
 	// a silent stream means a stuck launcher. Every heartbeat wakes the launcher and its node agent
 	// for one idle instance: at a minute, a stuck launcher is noticed within DefaultWatchIdleTimeout
@@ -127,6 +129,11 @@ func NewClientWithOptions(socket string, opts ClientOptions) *Client {
 		},
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,
+		// A node agent holds a status stream and an idle connection per instance, each with a
+		// read and a write buffer (4 KiB by default): a status line is read in a few reads anyway,
+		// and a Sync body is written once per start.
+		ReadBufferSize:  connBuffer,
+		WriteBufferSize: connBuffer,
 	}
 	return &Client{http: &http.Client{Transport: tr}, socket: socket, opts: opts.withDefaults()}
 }

@@ -19,8 +19,8 @@ import (
 // goroutine that locked it returns without unlocking: a child forked from such a thread would be
 // killed while the launcher runs on. That happened in the launcher's tests, whose DHCP tests lock
 // threads into network namespaces: swtpm was killed under a running guest. So one goroutine forks
-// cmd from a thread it locks, and keeps it, running nothing else, until cmd is reaped: one
-// goroutine and one thread per child.
+// cmd from a thread it locks and keeps it, running only this child's callbacks, until cmd is
+// reaped and exited has returned: one goroutine and one thread per child.
 func startTied(cmd *exec.Cmd, started func(), line func(string), exited func(error)) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}

@@ -236,7 +236,10 @@ func (r *Reconciler) apply(ctx context.Context, vmim *v1alpha1.VirtualMachineIns
 	case actCreateTargetPod:
 		// The target copies the source pod's whole spec, which the cache does not keep
 		// (vmictrl.CacheTransform): read it from the API server, once per target pod.
-		source, err := findSourcePod(ctx, r.apiReader(), vmi)
+		if r.APIReader == nil {
+			return ctrl.Result{}, errors.New("no API reader to read the source pod with: set up the reconciler with SetupWithManager")
+		}
+		source, err := findSourcePod(ctx, r.APIReader, vmi)
 		if err != nil {
 			return ctrl.Result{}, err
 		}

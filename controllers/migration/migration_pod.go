@@ -129,7 +129,9 @@ func withNodeNotIn(aff *corev1.Affinity, node string) *corev1.Affinity {
 // on status.nodeName that is not being deleted, preferring the one status.activePods names.
 func findSourcePod(ctx context.Context, c client.Reader, vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
 	var pods corev1.PodList
-	if err := c.List(ctx, &pods, client.InNamespace(vmi.Namespace), client.MatchingLabels{v1alpha1.VMIUIDLabel: string(vmi.UID)}); err != nil {
+	// The app label too: the cache holds launcher pods only, the API server any pod with the label.
+	launchers := client.MatchingLabels{v1alpha1.AppLabel: v1alpha1.LauncherApp, v1alpha1.VMIUIDLabel: string(vmi.UID)}
+	if err := c.List(ctx, &pods, client.InNamespace(vmi.Namespace), launchers); err != nil {
 		return nil, fmt.Errorf("list launcher pods of %s: %w", vmi.Name, err)
 	}
 	var found *corev1.Pod

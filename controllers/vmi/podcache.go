@@ -5,6 +5,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 )
 
+var stripManagedFields = cache.TransformStripManagedFields()
+
 // CacheTransform is qvirt-controller's cache transform: managed fields go from every object (never
 // read here, about a fifth of a cached VMI), and a launcher pod keeps only what the controller
 // reads from its cache: its metadata, node and status, and of its spec the image volumes and each
@@ -17,7 +19,7 @@ import (
 // Nothing may write a cached pod back (an Update would send the trimmed spec); the controller
 // only creates and deletes pods.
 func CacheTransform(obj any) (any, error) {
-	obj, err := cache.TransformStripManagedFields()(obj)
+	obj, err := stripManagedFields(obj)
 	if err != nil {
 		return obj, err
 	}

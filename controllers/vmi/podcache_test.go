@@ -55,6 +55,9 @@ func TestCacheTransform(t *testing.T) {
 	if c.Name != want.Spec.Containers[0].Name || c.Image != want.Spec.Containers[0].Image {
 		t.Errorf("container %q image %q, want %q %q", c.Name, c.Image, want.Spec.Containers[0].Name, want.Spec.Containers[0].Image)
 	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != p.Spec.Volumes[0].Name || len(want.Spec.Containers[0].VolumeMounts) < 2 {
+		t.Errorf("kept mounts %+v of %+v; want the image volume's alone", c.VolumeMounts, want.Spec.Containers[0].VolumeMounts)
+	}
 	if c.Resources.Requests != nil || c.Command != nil || c.SecurityContext != nil || p.Spec.Tolerations != nil {
 		t.Errorf("kept resources %v, command %v, security context %v, tolerations %v", c.Resources.Requests, c.Command, c.SecurityContext, p.Spec.Tolerations)
 	}
