@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -90,6 +92,18 @@ func TestStatusChanged(t *testing.T) {
 			if got != tc.want {
 				t.Errorf("changed %v, want %v", got, tc.want)
 			}
+			// The patch made from the statuses alone is the whole object's patch's status.
+			fast, err := s.diff(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			whole, err := s.wholeDiff(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(fast) != string(whole) {
+				t.Errorf("status patch %s, the whole object's patch has status %s", fast, whole)
+			}
 		})
 	}
 }
@@ -144,4 +158,59 @@ func TestSetCondition(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An object without a status (a ConfigMap) has no status patch, whatever else changed.
+func TestStatusChangedWithoutStatus(t *testing.T) {
+	base := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}, Data: map[string]string{"a": "1"}}
+	obj := base.DeepCopy()
+	obj.Data["a"] = "2"
+	changed, err := NewStatus(nil, base).Changed(obj)
+	if err != nil || changed {
+		t.Errorf("changed %v (%v), want false: a ConfigMap has no status", changed, err)
+	}
+}
+
+// BenchmarkStatusDiff is the diff behind every status write, for an instance as the node agent
+// writes it once its guest runs: from the statuses alone, and from the whole objects as
+// client.MergeFrom makes it.
+func BenchmarkStatusDiff(b *testing.B) {
+	base := benchInstance()
+	obj := base.DeepCopy()
+	obj.Status.Phase = v1alpha1.Running
+	obj.Status.Interfaces = []v1alpha1.VirtualMachineInstanceNetworkInterface{{Name: "default", IP: "10.0.0.7", MAC: "52:54:00:00:00:07"}}
+	setReady(obj, metav1.ConditionTrue)
+	for name, diff := range map[string]func(*Status) (any, error){
+		"status":       func(s *Status) (any, error) { return s.diff(obj) },
+		"whole-object": func(s *Status) (any, error) { return s.wholeDiff(obj) },
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				if _, err := diff(NewStatus(nil, base)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// benchInstance is a Scheduled instance with a spec of the size a small VM's has.
+func benchInstance() *v1alpha1.VirtualMachineInstance {
+	v := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm1", ResourceVersion: "7",
+		Labels: map[string]string{"app": "web", "kubevirt.io/domain": "vm1"}, Finalizers: []string{v1alpha1.GracefulShutdownFinalizer}}}
+	for i := range 3 {
+		name := fmt.Sprintf("disk%d", i)
+		v.Spec.Domain.Devices.Disks = append(v.Spec.Domain.Devices.Disks, v1alpha1.Disk{Name: name,
+			Disk: &v1alpha1.DiskTarget{Bus: v1alpha1.DiskBusVirtio}})
+		v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: name,
+			VolumeSource: v1alpha1.VolumeSource{EmptyDisk: &v1alpha1.EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}})
+	}
+	v.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")}
+	v.Status.Phase = v1alpha1.Scheduled
+	v.Status.NodeName = "node-1"
+	v.Status.PhaseTransitionTimestamps = []v1alpha1.VirtualMachineInstancePhaseTransitionTimestamp{
+		{Phase: v1alpha1.Scheduled, PhaseTransitionTimestamp: metav1.NewTime(time.Date(2026, 12, 1, 17, 0, 0, 0, time.UTC))},
+	}
+	return v
 }
