@@ -1,6 +1,8 @@
 package vmi
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 )
@@ -31,19 +33,21 @@ func CacheTransform(obj any) (any, error) {
 
 // trimPodSpec keeps of spec what CacheTransform says.
 func trimPodSpec(spec *corev1.PodSpec) {
-	images := map[string]bool{}
 	var vols []corev1.Volume
 	for _, v := range spec.Volumes {
 		if v.Image != nil {
-			images[v.Name] = true
 			vols = append(vols, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{Image: v.Image}})
 		}
+	}
+	// A pod has a few image volumes: a scan of them allocates nothing, a set would for every event.
+	isImage := func(name string) bool {
+		return slices.ContainsFunc(vols, func(v corev1.Volume) bool { return v.Name == name })
 	}
 	cs := make([]corev1.Container, len(spec.Containers))
 	for i, c := range spec.Containers {
 		cs[i] = corev1.Container{Name: c.Name, Image: c.Image}
 		for _, m := range c.VolumeMounts {
-			if images[m.Name] {
+			if isImage(m.Name) {
 				cs[i].VolumeMounts = append(cs[i].VolumeMounts, m)
 			}
 		}
