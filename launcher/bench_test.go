@@ -1,6 +1,7 @@
 package launcher_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"net"
@@ -166,37 +167,45 @@ func BenchmarkLauncherStartCPU(b *testing.B) {
 // launcherStartCPU runs `bin run` for the machine file vmi, watches its status until the guest
 // runs, and returns the launcher's CPU time and the wall time until then.
 func launcherStartCPU(b *testing.B, bin, vmi string) (cpu, wall time.Duration) {
-	runDir, err := os.MkdirTemp("", "qvb-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	sock := filepath.Join(runDir, launcher.SocketName)
-	l := &runLauncher{cmd: exec.Command(bin, "run", "--no-console", "--run-dir", runDir, "-f", vmi), runDir: runDir,
-		client: launcher.NewClient(sock)}
+	runDir := b.TempDir()
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, "run", "--no-console", "--run-dir", runDir, "-f", vmi)
+	cmd.Stderr = &stderr
+	client := launcher.NewClient(filepath.Join(runDir, launcher.SocketName))
 	start := time.Now()
-	if err := l.cmd.Start(); err != nil {
+	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer l.stop()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = client.Kill(context.Background())
+		<-exited
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	running := false
 	for !running {
 		// Until the launcher listens, a dial is refused at once: the kernel answers, not the
 		// launcher, so retrying costs the launcher nothing.
-		err = l.client.Watch(ctx, func(st protocol.Status) bool {
+		err := client.Watch(ctx, func(st protocol.Status) bool {
 			running = st.RunState == string(qmp.StateRunning)
 			return !running
 		})
-		if !running && ctx.Err() != nil {
-			b.Fatalf("the guest did not start within a minute: %v", err)
+		if running {
+			break
 		}
-		if !running {
-			time.Sleep(time.Millisecond)
+		select {
+		case err := <-exited:
+			exited <- err // for the deferred stop
+			b.Fatalf("the launcher exited before its guest ran: %v\n%s", err, stderr.Bytes())
+		case <-ctx.Done():
+			b.Fatalf("the guest did not start within a minute: %v", err)
+		case <-time.After(time.Millisecond):
 		}
 	}
-	wall = time.Since(start)
-	return taskCPU(b, l.cmd.Process.Pid), wall
+	return taskCPU(b, cmd.Process.Pid), time.Since(start)
 }
 
 // launcherBinary builds qvirt-launcher as `make build` builds it (static, so no libc or ld.so pages

@@ -57,9 +57,9 @@ func copyLines(r io.Reader, line func(string)) {
 // the launcher's tests, whose DHCP tests lock threads into network namespaces: swtpm was killed
 // under a running guest. A thread locked to a goroutine that waits runs nothing else and never
 // ends before release. The stderr copy and the reaping run on an ordinary goroutine: with them on
-// the locked one too, a launcher's start cost 1 ms more CPU and 5 ms more time
-// (BenchmarkLauncherStartCPU, 20 starts each), as each wake of a locked goroutine is a hand-off
-// between threads.
+// the locked one too, a launcher's start cost 0.3 to 1.6 ms more CPU, of about 8, in each of five
+// comparisons of 20 starts (BenchmarkLauncherStartCPU); every wake of a goroutine locked to a
+// thread is a hand-off between threads.
 func startPinned(cmd *exec.Cmd) (release func(), err error) {
 	started := make(chan error, 1)
 	done := make(chan struct{})

@@ -39,7 +39,7 @@ func trimPodSpec(spec *corev1.PodSpec) {
 			vols = append(vols, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{Image: v.Image}})
 		}
 	}
-	// A pod has a few image volumes: a scan of them allocates nothing, a set would for every event.
+	// A pod has a few image volumes: scanning them beats building a set for every pod event.
 	isImage := func(name string) bool {
 		return slices.ContainsFunc(vols, func(v corev1.Volume) bool { return v.Name == name })
 	}

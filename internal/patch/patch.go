@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
@@ -184,18 +185,23 @@ func (s *Status) diff(obj client.Object) (json.RawMessage, error) {
 	return data, nil
 }
 
-// statusJSON is obj's Status field as JSON; ok is false when obj has no Status struct (a ConfigMap),
-// which the whole object's diff handles.
+// statusJSON is obj's status as JSON: its own Status struct field, marshalled under the JSON key
+// "status". ok is false for any other object (a ConfigMap, an Unstructured), which the whole
+// object's diff handles.
 func statusJSON(obj client.Object) (data []byte, ok bool, err error) {
 	v := reflect.ValueOf(obj)
 	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
 		return nil, false, nil
 	}
-	f := v.Elem().FieldByName("Status")
-	if !f.IsValid() || f.Kind() != reflect.Struct {
+	sf, found := v.Elem().Type().FieldByName("Status")
+	if !found || len(sf.Index) != 1 || sf.Type.Kind() != reflect.Struct {
 		return nil, false, nil
 	}
-	data, err = json.Marshal(f.Interface())
+	if name, _, _ := strings.Cut(sf.Tag.Get("json"), ","); name != "status" {
+		return nil, false, nil
+	}
+	// Through its address, so a MarshalJSON on a pointer receiver runs as in the whole object.
+	data, err = json.Marshal(v.Elem().Field(sf.Index[0]).Addr().Interface())
 	return data, err == nil, err
 }
 

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
@@ -160,14 +161,31 @@ func TestSetCondition(t *testing.T) {
 	}
 }
 
-// An object without a status (a ConfigMap) has no status patch, whatever else changed.
-func TestStatusChangedWithoutStatus(t *testing.T) {
-	base := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}, Data: map[string]string{"a": "1"}}
-	obj := base.DeepCopy()
-	obj.Data["a"] = "2"
-	changed, err := NewStatus(nil, base).Changed(obj)
-	if err != nil || changed {
-		t.Errorf("changed %v (%v), want false: a ConfigMap has no status", changed, err)
+// An object without a Status struct has its status diffed from the whole object: an Unstructured's
+// status is seen, a ConfigMap (no status at all) never has one.
+func TestStatusChangedWithoutStatusStruct(t *testing.T) {
+	base := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "qvirt.io/v1alpha1", "kind": "VirtualMachine",
+		"metadata": map[string]any{"namespace": "ns", "name": "vm1"}, "spec": map[string]any{"running": true},
+		"status": map[string]any{"ready": false}}}
+	for name, tc := range map[string]struct {
+		change func(u *unstructured.Unstructured)
+		want   bool
+	}{
+		"the status": {change: func(u *unstructured.Unstructured) { u.Object["status"] = map[string]any{"ready": true} }, want: true},
+		"the spec":   {change: func(u *unstructured.Unstructured) { u.Object["spec"] = map[string]any{"running": false} }, want: false},
+	} {
+		obj := base.DeepCopy()
+		tc.change(obj)
+		changed, err := NewStatus(nil, base).Changed(obj)
+		if err != nil || changed != tc.want {
+			t.Errorf("%s: changed %v (%v), want %v", name, changed, err, tc.want)
+		}
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}, Data: map[string]string{"a": "1"}}
+	other := cm.DeepCopy()
+	other.Data["a"] = "2"
+	if changed, err := NewStatus(nil, cm).Changed(other); err != nil || changed {
+		t.Errorf("ConfigMap: changed %v (%v), want false: it has no status", changed, err)
 	}
 }
 
