@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -143,4 +145,16 @@ func writeShares(dir string, milli int64) error {
 		return fmt.Errorf("cgroup %s: set cpu.shares %s: %w", dir, shares, err)
 	}
 	return nil
+}
+
+// cpuCgroupPath is the cpu controller's cgroup in a /proc/PID/cgroup listing (cgroup v1: lines
+// "ID:controllers:path", where cpu may share its line with cpuacct).
+func cpuCgroupPath(listing string) (string, bool) {
+	for line := range strings.Lines(listing) {
+		parts := strings.SplitN(strings.TrimSuffix(line, "\n"), ":", 3)
+		if len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), "cpu") {
+			return parts[2], true
+		}
+	}
+	return "", false
 }

@@ -88,11 +88,35 @@ func (s sandbox) enterAndStart(cmd *exec.Cmd) error {
 	// cgroup v1 moves this thread alone; the child forked from it starts in the pod's cgroup, as
 	// does everything it forks (the launcher's QEMU).
 	if s.cpuTasks != "" {
-		if err := os.WriteFile(s.cpuTasks, []byte(strconv.Itoa(unix.Gettid())), 0o644); err != nil {
-			return fmt.Errorf("enter the pod's CPU cgroup: %w", err)
+		leave, err := enterCPUGroup(s.cpuTasks)
+		if err != nil {
+			return err
 		}
+		// The runtime retires this thread once its goroutine returns, unless it is the process's
+		// main thread, which it parks for good: left in the pod's cgroup, that thread would keep
+		// the cgroup from ever being removed.
+		defer leave()
 	}
 	return cmd.Start()
+}
+
+// enterCPUGroup moves the calling thread into the cgroup of tasks file tasks; leave moves it back
+// to the cpu cgroup it was in. A failure to move back shows later, as the pod's cgroup that cannot
+// be removed (removePod's error).
+func enterCPUGroup(tasks string) (leave func(), err error) {
+	tid := strconv.Itoa(unix.Gettid())
+	listing, err := os.ReadFile("/proc/self/task/" + tid + "/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("read this thread's cgroups: %w", err)
+	}
+	was, ok := cpuCgroupPath(string(listing))
+	if !ok {
+		return nil, fmt.Errorf("this thread has no cpu cgroup in /proc/self/task/%s/cgroup", tid)
+	}
+	if err := os.WriteFile(tasks, []byte(tid), 0o644); err != nil {
+		return nil, fmt.Errorf("enter the pod's CPU cgroup: %w", err)
+	}
+	return func() { _ = os.WriteFile(filepath.Join(cgroupCPURoot, was, "tasks"), []byte(tid), 0o644) }, nil
 }
 
 // sortedMounts orders binds parents first, so a bind inside another lands on top of it.
