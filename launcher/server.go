@@ -25,7 +25,11 @@ const maxBody = 4 << 20
 
 // Handler serves the command protocol of package launcher/protocol for l.
 func Handler(l *Launcher, log logr.Logger) http.Handler {
-	s := &server{l: l, log: log}
+	return (&server{l: l, log: log}).routes()
+}
+
+func (s *server) routes() http.Handler {
+	l := s.l
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/info", s.info)
 	mux.HandleFunc("POST /v1/sync", s.sync)
@@ -92,14 +96,26 @@ func Listen(socket string) (net.Listener, error) {
 
 // ServeOn serves the command protocol on ln until ctx ends.
 func ServeOn(ctx context.Context, ln net.Listener, l *Launcher, log logr.Logger) error {
-	srv := &http.Server{Handler: Handler(l, log), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutCtx)
-	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	s := &server{l: l, log: log, closing: make(chan struct{})}
+	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(func() { close(s.closing) })
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	// Serve returns as soon as Shutdown closes the listener, and the launcher's process exits
+	// when this returns: wait for the replies being written and the status watches' last lines
+	// (the guest's end, for the node agent), a bounded while.
+	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutCtx); err != nil {
+		log.Info("the command server stopped with requests still open", "error", err.Error())
+		_ = srv.Close()
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -108,6 +124,9 @@ func ServeOn(ctx context.Context, ln net.Listener, l *Launcher, log logr.Logger)
 type server struct {
 	l   *Launcher
 	log logr.Logger
+	// closing is closed when the server shuts down: a status watch sends its last status and
+	// ends. nil (never closed) for a Handler served by someone else.
+	closing chan struct{}
 }
 
 func (s *server) sync(w http.ResponseWriter, r *http.Request) {
@@ -155,6 +174,10 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 		case <-changed:
 		case <-heartbeat.C:
 		case <-r.Context().Done():
+			return
+		case <-s.closing:
+			st, _ = s.l.Status(r.Context())
+			_ = enc.Encode(st)
 			return
 		}
 		st, changed = s.l.Status(r.Context())
