@@ -50,6 +50,11 @@ func (s sandbox) enterAndStart(cmd *exec.Cmd) error {
 		return fmt.Errorf("open netns %s: %w", s.netns, err)
 	}
 	defer unix.Close(fd)
+	home, err := keepHome([]namespace{mntNS, utsNS, netNS})
+	if err != nil {
+		return err
+	}
+	defer home()
 	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS | unix.CLONE_NEWUTS); err != nil {
 		return fmt.Errorf("unshare mount and uts namespaces: %w", err)
 	}
@@ -92,9 +97,8 @@ func (s sandbox) enterAndStart(cmd *exec.Cmd) error {
 		if err != nil {
 			return err
 		}
-		// The runtime retires this thread once its goroutine returns, unless it is the process's
-		// main thread, which it parks for good: left in the pod's cgroup, that thread would keep
-		// the cgroup from ever being removed.
+		// Left in the pod's cgroup, a parked thread (keepHome) would keep the cgroup from ever
+		// being removed.
 		defer leave()
 	}
 	return cmd.Start()
@@ -233,10 +237,7 @@ func startInContainer(pid int, cmd *exec.Cmd) error {
 }
 
 func enterContainerAndStart(pid int, cmd *exec.Cmd) error {
-	nss := []struct {
-		name string
-		flag int
-	}{{"mnt", unix.CLONE_NEWNS}, {"uts", unix.CLONE_NEWUTS}, {"net", unix.CLONE_NEWNET}, {"pid", unix.CLONE_NEWPID}}
+	nss := []namespace{mntNS, utsNS, netNS, pidNS}
 	fds := make([]int, 0, len(nss))
 	defer func() {
 		for _, fd := range fds {
@@ -250,6 +251,11 @@ func enterContainerAndStart(pid int, cmd *exec.Cmd) error {
 		}
 		fds = append(fds, fd)
 	}
+	home, err := keepHome(nss)
+	if err != nil {
+		return err
+	}
+	defer home()
 	// A thread sharing its filesystem attributes with others cannot change its mount namespace.
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare filesystem attributes: %w", err)
@@ -260,4 +266,47 @@ func enterContainerAndStart(pid int, cmd *exec.Cmd) error {
 		}
 	}
 	return cmd.Start()
+}
+
+// namespace is a kind of Linux namespace that a forking thread enters.
+type namespace struct {
+	name string // its file in /proc/<pid>/ns
+	flag int
+}
+
+var (
+	mntNS = namespace{"mnt", unix.CLONE_NEWNS}
+	utsNS = namespace{"uts", unix.CLONE_NEWUTS}
+	netNS = namespace{"net", unix.CLONE_NEWNET}
+	pidNS = namespace{"pid", unix.CLONE_NEWPID}
+)
+
+// keepHome opens the calling thread's own namespaces of the kinds given; home moves the thread
+// back into them and closes them. A thread that entered a pod's namespaces to fork must go home
+// afterwards: the runtime retires it once its locked goroutine returns, unless it is the process's
+// main thread, which it parks for good, and a parked thread would keep the pod's network and mount
+// namespaces alive after the pod. The way home is best effort: the child has started by then.
+func keepHome(kinds []namespace) (home func(), err error) {
+	fds := make([]int, 0, len(kinds))
+	home = func() {
+		for i, fd := range fds {
+			_ = unix.Setns(fd, kinds[i].flag)
+			_ = unix.Close(fd)
+		}
+	}
+	for _, k := range kinds {
+		file := k.name
+		if k.flag == unix.CLONE_NEWPID {
+			file = "pid_for_children" // what setns changes: the thread's own never does
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/"+file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			for _, fd := range fds {
+				_ = unix.Close(fd)
+			}
+			return nil, fmt.Errorf("open this thread's %s namespace: %w", k.name, err)
+		}
+		fds = append(fds, fd)
+	}
+	return home, nil
 }
