@@ -147,6 +147,19 @@ func writeShares(dir string, milli int64) error {
 	return nil
 }
 
+// cpuCgroupOf is the cpu cgroup of proc, a /proc/<pid> or /proc/self/task/<tid> directory.
+func cpuCgroupOf(proc string) (string, error) {
+	listing, err := os.ReadFile(proc + "/cgroup")
+	if err != nil {
+		return "", fmt.Errorf("read the cgroups of %s: %w", proc, err)
+	}
+	path, ok := cpuCgroupPath(string(listing))
+	if !ok {
+		return "", fmt.Errorf("no cpu cgroup in %s/cgroup", proc)
+	}
+	return path, nil
+}
+
 // cpuCgroupPath is the cpu controller's cgroup in a /proc/PID/cgroup listing (cgroup v1: lines
 // "ID:controllers:path", where cpu may share its line with cpuacct).
 func cpuCgroupPath(listing string) (string, bool) {

@@ -147,22 +147,18 @@ func newNetns(t *testing.T) string {
 }
 
 func threadCPUCgroup(t *testing.T) string {
-	return cgroupOf(t, "/proc/self/task/"+strconv.Itoa(unix.Gettid())+"/cgroup")
+	return cgroupOf(t, "/proc/self/task/"+strconv.Itoa(unix.Gettid()))
 }
 
 func pidCPUCgroup(t *testing.T, pid int) string {
-	return cgroupOf(t, "/proc/"+strconv.Itoa(pid)+"/cgroup")
+	return cgroupOf(t, "/proc/"+strconv.Itoa(pid))
 }
 
-func cgroupOf(t *testing.T, file string) string {
+func cgroupOf(t *testing.T, proc string) string {
 	t.Helper()
-	data, err := os.ReadFile(file)
+	path, err := cpuCgroupOf(proc)
 	if err != nil {
 		t.Fatal(err)
-	}
-	path, ok := cpuCgroupPath(string(data))
-	if !ok {
-		t.Fatalf("no cpu controller in %s:\n%s", file, data)
 	}
 	return path
 }

@@ -109,13 +109,9 @@ func (s sandbox) enterAndStart(cmd *exec.Cmd) error {
 // be removed (removePod's error).
 func enterCPUGroup(tasks string) (leave func(), err error) {
 	tid := strconv.Itoa(unix.Gettid())
-	listing, err := os.ReadFile("/proc/self/task/" + tid + "/cgroup")
+	was, err := cpuCgroupOf("/proc/self/task/" + tid)
 	if err != nil {
-		return nil, fmt.Errorf("read this thread's cgroups: %w", err)
-	}
-	was, ok := cpuCgroupPath(string(listing))
-	if !ok {
-		return nil, fmt.Errorf("this thread has no cpu cgroup in /proc/self/task/%s/cgroup", tid)
+		return nil, err
 	}
 	if err := os.WriteFile(tasks, []byte(tid), 0o644); err != nil {
 		return nil, fmt.Errorf("enter the pod's CPU cgroup: %w", err)
