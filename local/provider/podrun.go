@@ -354,7 +354,7 @@ func (r *podRun) runOnce(i int, vols map[string]volume) (*corev1.ContainerStateT
 	if err == nil {
 		var sb sandbox
 		if sb, err = r.sandbox(c, cmd.Path, bin, termFile, vols); err == nil {
-			err = r.startProcess(i, cmd, sb)
+			err = r.startProcess(i, cmd, sb, volumeMountStatuses(c, vols))
 		}
 	}
 	if err != nil {
@@ -415,7 +415,9 @@ func (r *podRun) sandbox(c *corev1.Container, initBin, bin, termFile string, vol
 	return sb, nil
 }
 
-func (r *podRun) startProcess(i int, cmd *exec.Cmd, sb sandbox) error {
+// startProcess starts container i's process in its sandbox and reports it running, with mounts
+// as its volume mounts' status.
+func (r *podRun) startProcess(i int, cmd *exec.Cmd, sb sandbox, mounts []corev1.VolumeMountStatus) error {
 	r.mu.Lock()
 	if r.stopping {
 		r.mu.Unlock()
@@ -444,6 +446,7 @@ func (r *podRun) startProcess(i int, cmd *exec.Cmd, sb sandbox) error {
 		// With a readiness probe the container is Ready only once the probe passes (probe.go).
 		cs.Ready, cs.Started = c.ReadinessProbe == nil, new(true)
 		cs.ContainerID = containerID(cmd.Process.Pid)
+		cs.VolumeMounts = mounts
 	})
 	return nil
 }
@@ -661,7 +664,6 @@ func (r *podRun) prepareVolumes() (map[string]volume, error) {
 			return nil, fmt.Errorf("spec.volumes[%d] (%s): only hostPath, emptyDir, image, secret, configMap, downwardAPI, projected and persistentVolumeClaim are supported by the local node provider", i, v.Name)
 		}
 	}
-	r.reportVolumeMounts(vols)
 	return vols, nil
 }
 
@@ -763,26 +765,22 @@ func (r *podRun) releaseImages() {
 	}
 }
 
-// reportVolumeMounts puts each container's mounts in its status, with the digest of the image of
-// an image volume, as the kubelet reports them.
-func (r *podRun) reportVolumeMounts(vols map[string]volume) {
-	r.update(func(st *corev1.PodStatus) {
-		for i, c := range r.pod.Spec.Containers {
-			var out []corev1.VolumeMountStatus
-			for _, m := range c.VolumeMounts {
-				v, ok := vols[m.Name]
-				if !ok {
-					continue
-				}
-				ms := corev1.VolumeMountStatus{Name: m.Name, MountPath: m.MountPath, ReadOnly: m.ReadOnly || v.readOnly}
-				if v.imageRef != "" {
-					ms.VolumeStatus = &corev1.VolumeStatus{Image: &corev1.ImageVolumeStatus{ImageRef: v.imageRef}}
-				}
-				out = append(out, ms)
-			}
-			st.ContainerStatuses[i].VolumeMounts = out
+// volumeMountStatuses are container c's mounts for its status, with the digest of the image of an
+// image volume. The kubelet reports them once the container exists, with its start.
+func volumeMountStatuses(c *corev1.Container, vols map[string]volume) []corev1.VolumeMountStatus {
+	var out []corev1.VolumeMountStatus
+	for _, m := range c.VolumeMounts {
+		v, ok := vols[m.Name]
+		if !ok {
+			continue
 		}
-	})
+		ms := corev1.VolumeMountStatus{Name: m.Name, MountPath: m.MountPath, ReadOnly: m.ReadOnly || v.readOnly}
+		if v.imageRef != "" {
+			ms.VolumeStatus = &corev1.VolumeStatus{Image: &corev1.ImageVolumeStatus{ImageRef: v.imageRef}}
+		}
+		out = append(out, ms)
+	}
+	return out
 }
 
 func hostPathVolume(hp *corev1.HostPathVolumeSource, roots map[string]string) (volume, error) {

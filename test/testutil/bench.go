@@ -34,7 +34,8 @@ func DrainWatch(ctx context.Context, w watch.Interface, see func(watch.Event)) {
 	}
 }
 
-// APIRequests is the API server's apiserver_request_total by "VERB resource[/subresource]",
+// APIRequests is the API server's apiserver_request_total by "VERB resource[/subresource]", with
+// the response code added when it is not a success ("PATCH virtualmachineinstances/status 409"),
 // summed over the other labels: the requests it served from every client since it started.
 func APIRequests(ctx context.Context, cfg *rest.Config) (map[string]float64, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
@@ -51,6 +52,9 @@ func APIRequests(ctx context.Context, cfg *rest.Config) (map[string]float64, err
 		key := labels["verb"] + " " + labels["resource"]
 		if sub := labels["subresource"]; sub != "" {
 			key += "/" + sub
+		}
+		if code := labels["code"]; code != "" && code[0] != '2' {
+			key += " " + code
 		}
 		out[key] += m.GetCounter().GetValue()
 	}
