@@ -51,6 +51,10 @@ type Reconciler struct {
 	// MaxConcurrentReconciles is how many instances are reconciled at once; DefaultWorkers when 0.
 	// Safe because the work queue never hands one instance to two workers.
 	MaxConcurrentReconciles int
+
+	// superseded spares the conflict of a pass that read a version its own last write replaced
+	// (its own pod's event queues the instance while that write is on its way to the cache).
+	superseded patch.Superseded
 }
 
 // DefaultWorkers is the default number of concurrent reconciles, as KubeVirt's VMI controller.
@@ -100,7 +104,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	vmi := &v1alpha1.VirtualMachineInstance{}
 	if err := r.Client.Get(ctx, req.NamespacedName, vmi); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.superseded.Forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.superseded.Stale(vmi) {
+		return patch.StaleResult(), nil
 	}
 	if err := patch.AddFinalizer(ctx, r.Client, vmi, v1alpha1.GracefulShutdownFinalizer); err != nil {
 		return patch.Result(ctrl.Result{}, err)
@@ -109,7 +119,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	// The status patch's optimistic lock keeps a stale cache from overwriting what others wrote
 	// since: the node agent's phases, or a migration's new node (whose source pod is then gone
 	// from a fresher pod cache, which must not read as "pod deleted").
-	status := patch.NewStatus(r.Client, vmi)
+	status := r.superseded.NewStatus(r.Client, vmi)
 	var change outcome
 	defer func() {
 		patched, err := status.Patch(ctx, vmi)

@@ -3,6 +3,7 @@ package vmisync
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync"
 	"time"
 
@@ -40,6 +41,8 @@ type stream struct {
 	cancel context.CancelFunc
 	// latest is the last status received; nil before the first.
 	latest *protocol.Status
+	// read is the status the pass that started the stream acted on, until the first arrives.
+	read *protocol.Status
 	// ended is set when the stream is over (the launcher went away or the handler stops).
 	ended bool
 	// shuttingDown is set once a graceful shutdown was asked for.
@@ -92,15 +95,17 @@ func (ls *launchers) latest(uid types.UID) (st protocol.Status, ok bool) {
 	return *s.latest, true
 }
 
-// follow starts streaming the instance's status unless a live stream exists.
-func (ls *launchers) follow(vmi *v1alpha1.VirtualMachineInstance) {
+// follow starts streaming the instance's status unless a live stream exists. read is the status
+// the caller just read from the launcher and acts on: a first streamed status equal to it queues
+// no pass, since the caller's pass is that pass.
+func (ls *launchers) follow(vmi *v1alpha1.VirtualMachineInstance, read protocol.Status) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if s := ls.streams[vmi.UID]; s != nil && !s.ended {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &stream{key: client.ObjectKeyFromObject(vmi), cancel: cancel}
+	s := &stream{key: client.ObjectKeyFromObject(vmi), cancel: cancel, read: &read}
 	ls.streams[vmi.UID] = s
 	key := &v1alpha1.VirtualMachineInstance{}
 	key.Namespace, key.Name, key.UID = vmi.Namespace, vmi.Name, vmi.UID
@@ -112,9 +117,12 @@ func (ls *launchers) run(ctx context.Context, s *stream, key *v1alpha1.VirtualMa
 	defer c.Close()
 	err := c.Watch(ctx, func(st protocol.Status) bool {
 		ls.mu.Lock()
-		s.latest = &st
+		seen := s.latest == nil && s.read != nil && reflect.DeepEqual(*s.read, st)
+		s.latest, s.read = &st, nil
 		ls.mu.Unlock()
-		ls.notify(ctx, key)
+		if !seen {
+			ls.notify(ctx, key)
+		}
 		return true
 	})
 	if err != nil && !errors.Is(err, context.Canceled) {

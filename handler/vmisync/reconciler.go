@@ -97,6 +97,9 @@ type Reconciler struct {
 	APIReader client.Reader
 
 	launchers *launchers
+	// superseded spares the conflict of a pass that read a version its own last write replaced
+	// (the launcher's status stream queues the instance again while that write is on its way).
+	superseded patch.Superseded
 }
 
 // SetupWithManager registers the reconciler. The manager's cache must hold only this node's
@@ -155,6 +158,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	err := r.Client.Get(ctx, req.NamespacedName, &v)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
+	}
+	if err != nil {
+		r.superseded.Forget(req.NamespacedName)
+	} else if r.superseded.Stale(&v) {
+		return patch.StaleResult(), nil
 	}
 	if err != nil || v.Status.NodeName != r.NodeName {
 		// Not (or no longer) running here: gone, migrated away, or coming here by migration.
@@ -327,7 +335,7 @@ func (r *Reconciler) syncLauncher(ctx context.Context, v *v1alpha1.VirtualMachin
 				return nil, err
 			}
 		}
-		r.launchers.follow(v)
+		r.launchers.follow(v, st)
 	}
 	if st.UID != "" && st.UID != string(v.UID) {
 		return nil, r.syncFailed(v, ReasonSyncFailed, EventSyncFailed,
@@ -562,7 +570,7 @@ func (r *Reconciler) launcherPod(ctx context.Context, v *v1alpha1.VirtualMachine
 // patchStatus writes the status changed since before, locked on before's resourceVersion; an
 // instance gone meanwhile has nothing left to record.
 func (r *Reconciler) patchStatus(ctx context.Context, before, v *v1alpha1.VirtualMachineInstance) error {
-	_, err := patch.NewStatus(r.Client, before).Patch(ctx, v)
+	_, err := r.superseded.NewStatus(r.Client, before).Patch(ctx, v)
 	return client.IgnoreNotFound(err)
 }
 

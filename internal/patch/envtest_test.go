@@ -113,6 +113,47 @@ func TestStaleStatusPatch(t *testing.T) {
 	}
 }
 
+// TestSupersededReadStops: after a status write, a read of the version it replaced (a cache that has
+// not seen the write) is stale, and its pass would have lost with a conflict; a read of a newer
+// version is not, and ends the record. Another reconciler's record is its own.
+func TestSupersededReadStops(t *testing.T) {
+	ctx := context.Background()
+	c := cp.Client
+	m := newMigration(t, newNamespace(t), "m")
+	var written, other patch.Superseded
+	cached := m.DeepCopy() // what a cache still holds after the write below
+	if written.Stale(cached) {
+		t.Fatal("nothing written yet, and the read is stale")
+	}
+
+	status := written.NewStatus(c, m)
+	stamp(m)
+	if patched, err := status.Patch(ctx, m); err != nil || !patched {
+		t.Fatalf("write: patched %v error %v", patched, err)
+	}
+	if !written.Stale(cached) {
+		t.Error("the version the write replaced is not stale")
+	}
+	if _, err := patch.NewStatus(c, cached).Patch(ctx, withStamp(cached)); !apierrors.IsConflict(err) {
+		t.Errorf("a write from that version: %v, want the conflict Stale spares", err)
+	}
+	if other.Stale(cached) {
+		t.Error("another reconciler's record says stale")
+	}
+	if written.Stale(m) {
+		t.Fatalf("the written version %s is stale", m.ResourceVersion)
+	}
+	if written.Stale(cached) {
+		t.Error("stale still after a newer version was read: the record outlived the cache's catching up")
+	}
+}
+
+func withStamp(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	m = m.DeepCopy()
+	stamp(m)
+	return m
+}
+
 // TestFinalizers: added and removed by patch under the read's resourceVersion; a stale read
 // conflicts; removal from a gone object is no error.
 func TestFinalizers(t *testing.T) {

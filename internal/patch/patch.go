@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
@@ -142,7 +143,60 @@ type Status struct {
 	base client.Object
 	// baseStatus is base's status as JSON, made at the first diff.
 	baseStatus []byte
+	// superseded, when set, records each version this status's writes replace.
+	superseded *Superseded
 }
+
+// Superseded remembers, per object, the resourceVersion that a reconciler's last status write
+// replaced. A pass that reads that version again reads a cache that has not seen the write yet:
+// whatever it decided, its own write would lose with a conflict, a wasted request and a wasted
+// pass. Such a pass stops at once instead (Stale); the write's watch event, or the requeue, brings
+// the object back. The zero value is ready; safe for concurrent use.
+type Superseded struct {
+	mu       sync.Mutex
+	replaced map[types.NamespacedName]string
+}
+
+// NewStatus is NewStatus whose writes are recorded here.
+func (s *Superseded) NewStatus(c client.Client, obj client.Object) *Status {
+	st := NewStatus(c, obj)
+	st.superseded = s
+	return st
+}
+
+// Stale reports whether obj is a version that a status write recorded here replaced, in which
+// case the pass should return StaleResult. A newer version ends the record.
+func (s *Superseded) Stale(obj client.Object) bool {
+	key := client.ObjectKeyFromObject(obj)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rv, ok := s.replaced[key]
+	if ok && rv == obj.GetResourceVersion() {
+		return true
+	}
+	delete(s.replaced, key)
+	return false
+}
+
+// Forget ends the record of the object named key, which is gone.
+func (s *Superseded) Forget(key types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.replaced, key)
+}
+
+func (s *Superseded) wrote(key types.NamespacedName, replaced string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.replaced == nil {
+		s.replaced = map[types.NamespacedName]string{}
+	}
+	s.replaced[key] = replaced
+}
+
+// StaleResult is what a pass returns when it read a superseded version: it runs again once the
+// cache has caught up, as after a conflict, without relying on a watch event.
+func StaleResult() ctrl.Result { return ctrl.Result{RequeueAfter: ConflictRequeue} }
 
 // NewStatus snapshots obj. Take it before the pass changes obj's status, and after any patch of
 // obj's metadata (AddFinalizer): the status patch is locked on the snapshot's resourceVersion.
@@ -236,6 +290,9 @@ func (s *Status) Patch(ctx context.Context, obj client.Object) (patched bool, er
 	}
 	if err := s.c.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, data)); err != nil {
 		return false, fmt.Errorf("patch status of %s: %w", key(obj), err)
+	}
+	if s.superseded != nil {
+		s.superseded.wrote(client.ObjectKeyFromObject(s.base), s.base.GetResourceVersion())
 	}
 	return true, nil
 }
