@@ -3,6 +3,7 @@ package launcher
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,8 +29,10 @@ func TestServeOnEndsStatusWatchesBeforeItReturns(t *testing.T) {
 
 	first := make(chan protocol.Status, 1)
 	watched := make(chan error, 1)
+	var last atomic.Pointer[protocol.Status]
 	go func() {
 		watched <- NewClient(socket).Watch(context.Background(), func(st protocol.Status) bool {
+			last.Store(&st)
 			select {
 			case first <- st:
 			default:
@@ -43,6 +46,9 @@ func TestServeOnEndsStatusWatchesBeforeItReturns(t *testing.T) {
 		t.Fatal("no status on the watch")
 	}
 
+	// The status changes as the server stops, as it does when the guest ends: the watch must send
+	// it before it ends.
+	l.terminate()
 	stop()
 	if err := <-served; err != nil {
 		t.Fatalf("ServeOn: %v", err)
@@ -53,6 +59,9 @@ func TestServeOnEndsStatusWatchesBeforeItReturns(t *testing.T) {
 	case err := <-watched:
 		if err != nil {
 			t.Errorf("the watch ended with %v, want a clean end", err)
+		}
+		if st := last.Load(); !st.Terminated {
+			t.Errorf("the watch's last status %+v, want the one the server stopped with (terminated)", st)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("ServeOn returned while a status watch was still open: an exiting launcher cuts it")

@@ -103,14 +103,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile brings one instance's launcher pod and status in line.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	vmi := &v1alpha1.VirtualMachineInstance{}
-	if err := r.Client.Get(ctx, req.NamespacedName, vmi); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.superseded.Forget(req.NamespacedName)
-		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if r.superseded.Stale(vmi) {
+	err := r.Client.Get(ctx, req.NamespacedName, vmi)
+	if r.superseded.Read(req.NamespacedName, vmi, err) {
 		return patch.StaleResult(), nil
+	}
+	if err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if err := patch.AddFinalizer(ctx, r.Client, vmi, v1alpha1.GracefulShutdownFinalizer); err != nil {
 		return patch.Result(ctrl.Result{}, err)
@@ -134,7 +132,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if !vmi.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, vmi)
 	}
-	res, change, err := r.reconcileNormal(ctx, vmi)
+	res, change, err = r.reconcileNormal(ctx, vmi)
 	return res, err
 }
 

@@ -33,12 +33,14 @@ func TestStreamQueuesNoPassForTheStatusAlreadyRead(t *testing.T) {
 	ls.follow(v, read)
 
 	deadline := time.Now().Add(30 * time.Second)
-	for !streamEnded(ls, v.UID) {
+	for !streamEnded(ls, v.UID) || len(ls.events) < 2 {
 		if time.Now().After(deadline) {
-			t.Fatal("the stream did not end")
+			t.Fatalf("the stream did not end, or queued %d passes", len(ls.events))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// The end's pass is queued just after the stream is marked ended.
+	time.Sleep(100 * time.Millisecond)
 	if n := len(ls.events); n != 2 {
 		t.Errorf("%d passes queued, want 2: one for the status that changed, one for the stream's end", n)
 	}

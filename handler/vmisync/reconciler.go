@@ -159,9 +159,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
-	if err != nil {
-		r.superseded.Forget(req.NamespacedName)
-	} else if r.superseded.Stale(&v) {
+	if r.superseded.Read(req.NamespacedName, &v, err) {
 		return patch.StaleResult(), nil
 	}
 	if err != nil || v.Status.NodeName != r.NodeName {

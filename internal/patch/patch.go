@@ -27,6 +27,10 @@
 // that race is not a failure, only a stale read: Result turns it into a quiet requeue after
 // ConflictRequeue, with no error logged and no back-off. The requeue does not rely on a watch event
 // of the newer version, which a predicate may filter out or which may belong to another object.
+//
+// A reconciler whose own status writes queue it again (its pass outruns its cache) may keep a
+// Superseded: it takes its snapshots with Superseded.NewStatus and, right after the Get, stops a
+// pass that Superseded.Read calls stale, which spares the write that would lose.
 package patch
 
 import (
@@ -164,8 +168,17 @@ func (s *Superseded) NewStatus(c client.Client, obj client.Object) *Status {
 	return st
 }
 
-// Stale reports whether obj is a version that a status write recorded here replaced, in which
-// case the pass should return StaleResult. A newer version ends the record.
+// Read takes what the pass's Get of key into obj returned, and reports whether obj is stale: a
+// version that a status write recorded here replaced, in which case the pass returns StaleResult.
+// An object gone, or read at any other version, ends the record.
+func (s *Superseded) Read(key types.NamespacedName, obj client.Object, getErr error) (stale bool) {
+	if apierrors.IsNotFound(getErr) {
+		s.forget(key)
+	}
+	return getErr == nil && s.Stale(obj)
+}
+
+// Stale is Read of a successful Get.
 func (s *Superseded) Stale(obj client.Object) bool {
 	key := client.ObjectKeyFromObject(obj)
 	s.mu.Lock()
@@ -178,8 +191,7 @@ func (s *Superseded) Stale(obj client.Object) bool {
 	return false
 }
 
-// Forget ends the record of the object named key, which is gone.
-func (s *Superseded) Forget(key types.NamespacedName) {
+func (s *Superseded) forget(key types.NamespacedName) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.replaced, key)
@@ -291,7 +303,9 @@ func (s *Status) Patch(ctx context.Context, obj client.Object) (patched bool, er
 	if err := s.c.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, data)); err != nil {
 		return false, fmt.Errorf("patch status of %s: %w", key(obj), err)
 	}
-	if s.superseded != nil {
+	// A write the API server stored as no change (a field its schema prunes, say) keeps the
+	// version and sends no event: recording it would stop every later pass for good.
+	if s.superseded != nil && obj.GetResourceVersion() != s.base.GetResourceVersion() {
 		s.superseded.wrote(client.ObjectKeyFromObject(s.base), s.base.GetResourceVersion())
 	}
 	return true, nil

@@ -1,6 +1,7 @@
 package patch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -14,8 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/runtime"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 )
@@ -231,4 +236,30 @@ func benchInstance() *v1alpha1.VirtualMachineInstance {
 		{Phase: v1alpha1.Scheduled, PhaseTransitionTimestamp: metav1.NewTime(time.Date(2026, 12, 1, 17, 0, 0, 0, time.UTC))},
 	}
 	return v
+}
+
+// A status write the API server stores as no change keeps the object's version and sends no watch
+// event: recording that version as replaced would call every later read of it stale, and stop the
+// object's passes for good.
+func TestSupersededIgnoresAWriteThatKeptTheVersion(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m", ResourceVersion: "7"}}
+	storedAsIs := interceptor.Funcs{SubResourcePatch: func(context.Context, client.Client, string, client.Object, client.Patch, ...client.SubResourcePatchOption) error {
+		return nil // the reply: the object as it was
+	}}
+	c := fake.NewClientBuilder().WithScheme(s).WithInterceptorFuncs(storedAsIs).Build()
+	var sup Superseded
+	read := m.DeepCopy()
+	st := sup.NewStatus(c, m)
+	m.Status.Phase = v1alpha1.MigrationRunning
+	m.ResourceVersion = "7"
+	if patched, err := st.Patch(context.Background(), m); err != nil || !patched {
+		t.Fatalf("write: patched %v error %v", patched, err)
+	}
+	if sup.Stale(read) {
+		t.Error("a read of the version the write kept is stale: nothing would ever run again")
+	}
 }

@@ -40,6 +40,8 @@ func TestForkingThreadLeavesThePodsSandbox(t *testing.T) {
 	}
 	podNet := newNetns(t)
 	container := sleeper()
+	// In a PID namespace of its own, as podRun starts containers: the exec below enters it.
+	container.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
 	forkFromThread(t, "a container's start", func() error {
 		return (sandbox{netns: podNet, cpuTasks: tasks, hostname: "cg-pod"}).enterAndStart(container)
 	})
@@ -51,18 +53,21 @@ func TestForkingThreadLeavesThePodsSandbox(t *testing.T) {
 		t.Errorf("the container's process is in network namespace %s, want the pod's", child)
 	}
 
-	exec := sleeper()
-	forkFromThread(t, "an exec in the container", func() error { return enterContainerAndStart(container.Process.Pid, exec) })
-	t.Cleanup(func() { _ = exec.Process.Kill(); _ = exec.Wait() })
+	inContainer := sleeper()
+	forkFromThread(t, "an exec in the container", func() error { return enterContainerAndStart(container.Process.Pid, inContainer) })
+	t.Cleanup(func() { _ = inContainer.Process.Kill(); _ = inContainer.Wait() })
 	for _, kind := range []string{"net", "mnt", "uts", "pid"} {
-		proc := "/proc/" + strconv.Itoa(exec.Process.Pid)
+		proc := "/proc/" + strconv.Itoa(inContainer.Process.Pid)
 		if got, want := nsOf(t, proc, kind), nsOf(t, "/proc/"+strconv.Itoa(container.Process.Pid), kind); got != want {
 			t.Errorf("the exec'd process is in %s namespace %s, want the container's %s", kind, got, want)
 		}
 	}
 
-	_ = container.Process.Kill()
-	_ = container.Wait()
+	// The exec first: a PID namespace's first process is not reaped before every other in it is.
+	for _, p := range []*exec.Cmd{inContainer, container} {
+		_ = p.Process.Kill()
+		_ = p.Wait()
+	}
 	if err := g.removePod(pod.UID); err != nil {
 		t.Errorf("remove the pod's cgroup once its process is gone: %v", err)
 	}
@@ -129,9 +134,16 @@ func newNetns(t *testing.T) string {
 	made := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread entered the new namespace
+		own, err := netns.Get()
+		if err != nil {
+			made <- err
+			return
+		}
+		defer own.Close()
 		h, err := netns.NewNamed(name)
 		if err == nil {
 			_ = h.Close()
+			err = netns.Set(own) // a parked thread must not keep the namespace alive
 		}
 		made <- err
 	}()

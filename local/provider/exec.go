@@ -34,7 +34,9 @@ type sandbox struct {
 // start starts cmd inside the sandbox. Go cannot run code between fork and exec, so a dedicated
 // OS thread enters the namespaces (setns for the network, unshare for mount and UTS, which only
 // touches this thread) and forks from there: the child inherits the thread's namespaces. The
-// thread is never unlocked, so the Go runtime retires it instead of reusing it elsewhere.
+// thread goes home afterwards (keepHome), but is never unlocked all the same, so the Go runtime
+// retires it instead of reusing it elsewhere: it no longer shares its filesystem attributes
+// (CLONE_FS), its working directory is reset, and going home is best effort.
 func (s sandbox) start(cmd *exec.Cmd) error {
 	errc := make(chan error, 1)
 	go func() {
@@ -54,7 +56,12 @@ func (s sandbox) enterAndStart(cmd *exec.Cmd) error {
 	if err != nil {
 		return err
 	}
-	defer home()
+	leaveCgroup := func() {}
+	// Home first: the cgroup's files are the host's, and the pod's mount namespace may hide them.
+	defer func() {
+		home()
+		leaveCgroup()
+	}()
 	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS | unix.CLONE_NEWUTS); err != nil {
 		return fmt.Errorf("unshare mount and uts namespaces: %w", err)
 	}
@@ -93,13 +100,13 @@ func (s sandbox) enterAndStart(cmd *exec.Cmd) error {
 	// cgroup v1 moves this thread alone; the child forked from it starts in the pod's cgroup, as
 	// does everything it forks (the launcher's QEMU).
 	if s.cpuTasks != "" {
+		// Left in the pod's cgroup, a parked thread (keepHome) would keep the cgroup from ever
+		// being removed.
 		leave, err := enterCPUGroup(s.cpuTasks)
 		if err != nil {
 			return err
 		}
-		// Left in the pod's cgroup, a parked thread (keepHome) would keep the cgroup from ever
-		// being removed.
-		defer leave()
+		leaveCgroup = leave
 	}
 	return cmd.Start()
 }
@@ -234,19 +241,11 @@ func startInContainer(pid int, cmd *exec.Cmd) error {
 
 func enterContainerAndStart(pid int, cmd *exec.Cmd) error {
 	nss := []namespace{mntNS, utsNS, netNS, pidNS}
-	fds := make([]int, 0, len(nss))
-	defer func() {
-		for _, fd := range fds {
-			_ = unix.Close(fd)
-		}
-	}()
-	for _, ns := range nss {
-		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, ns.name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open the container's %s namespace: %w", ns.name, err)
-		}
-		fds = append(fds, fd)
+	fds, err := openNamespaces(fmt.Sprintf("/proc/%d/ns/", pid), nss, "the container's")
+	if err != nil {
+		return err
 	}
+	defer closeFDs(fds)
 	home, err := keepHome(nss)
 	if err != nil {
 		return err
@@ -283,26 +282,42 @@ var (
 // main thread, which it parks for good, and a parked thread would keep the pod's network and mount
 // namespaces alive after the pod. The way home is best effort: the child has started by then.
 func keepHome(kinds []namespace) (home func(), err error) {
-	fds := make([]int, 0, len(kinds))
-	home = func() {
-		for i, fd := range fds {
-			_ = unix.Setns(fd, kinds[i].flag)
-			_ = unix.Close(fd)
+	own := make([]namespace, len(kinds))
+	for i, k := range kinds {
+		own[i] = k
+		if k.flag == unix.CLONE_NEWPID {
+			own[i].name = "pid_for_children" // what setns changes: the thread's own never does
 		}
 	}
-	for _, k := range kinds {
-		file := k.name
-		if k.flag == unix.CLONE_NEWPID {
-			file = "pid_for_children" // what setns changes: the thread's own never does
+	fds, err := openNamespaces("/proc/thread-self/ns/", own, "this thread's")
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		for i, fd := range fds {
+			_ = unix.Setns(fd, kinds[i].flag)
 		}
-		fd, err := unix.Open("/proc/thread-self/ns/"+file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		closeFDs(fds)
+	}, nil
+}
+
+// openNamespaces opens the namespace files of kinds in dir (a /proc/<pid>/ns/ directory, with its
+// slash); whose says whose they are, for the error.
+func openNamespaces(dir string, kinds []namespace, whose string) ([]int, error) {
+	fds := make([]int, 0, len(kinds))
+	for _, k := range kinds {
+		fd, err := unix.Open(dir+k.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			for _, fd := range fds {
-				_ = unix.Close(fd)
-			}
-			return nil, fmt.Errorf("open this thread's %s namespace: %w", k.name, err)
+			closeFDs(fds)
+			return nil, fmt.Errorf("open %s %s namespace: %w", whose, k.name, err)
 		}
 		fds = append(fds, fd)
 	}
-	return home, nil
+	return fds, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
 }
