@@ -31,6 +31,7 @@ import (
 
 	"github.com/qvirt/qvirt/local/provider"
 	"github.com/qvirt/qvirt/test/envtest"
+	"github.com/qvirt/qvirt/test/podnet"
 	"github.com/qvirt/qvirt/test/testutil"
 )
 
@@ -611,9 +612,10 @@ func TestVirtualNodes(t *testing.T) {
 		after := readHostState(t)
 		// Other tests on this machine may add and remove links meanwhile: only new ones count, and
 		// not taps, which the providers never make in the host's namespace (a pod's taps are in
-		// its own) and the launcher's and metrics' tests running beside this package do.
+		// its own) and the launcher's and metrics' tests running beside this package do, nor the
+		// bridges and veths of package podnet, which the node agent's tests beside it make.
 		for _, l := range after.links {
-			if !slices.Contains(before.links, l) && !strings.HasSuffix(l, "/tuntap") {
+			if !slices.Contains(before.links, l) && !strings.HasSuffix(l, "/tuntap") && !podnetLink(l) {
 				t.Errorf("link %s is left after the providers stopped (before: %v)", l, before.links)
 			}
 		}
@@ -853,4 +855,9 @@ func cacheHome(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// podnetLink reports whether l ("name/type") is a link of package podnet's.
+func podnetLink(l string) bool {
+	return strings.HasPrefix(l, podnet.BridgePrefix) || strings.HasPrefix(l, podnet.HostVethPrefix)
 }

@@ -66,11 +66,18 @@ type Network struct {
 	next    netip.Addr
 }
 
+// The name prefixes of the host's links this package makes: a test that checks the host for links
+// left behind skips these, which tests of other packages running beside it make and remove.
+const (
+	BridgePrefix   = "qvn"
+	HostVethPrefix = "qvh"
+)
+
 // NewNetwork makes the bridge and registers its removal with t.Cleanup.
 func NewNetwork(t testing.TB) *Network {
 	t.Helper()
 	subnet := freeSubnet(t)
-	n := &Network{Bridge: "qvn" + RandHex(t, 4), Gateway: subnet.Addr().Next()}
+	n := &Network{Bridge: BridgePrefix + RandHex(t, 4), Gateway: subnet.Addr().Next()}
 	n.next = n.Gateway.Next()
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge}}
 	if err := netlink.LinkAdd(br); err != nil {
@@ -129,7 +136,7 @@ func freeSubnet(t testing.TB) netip.Prefix {
 func newNS(t testing.TB, gateway, podIP netip.Addr) *NS {
 	t.Helper()
 	id := RandHex(t, 4)
-	p := &NS{Name: "qvt-" + id, HostVeth: "qvh" + id, HostIP: gateway, PodIP: podIP}
+	p := &NS{Name: "qvt-" + id, HostVeth: HostVethPrefix + id, HostIP: gateway, PodIP: podIP}
 	p.Path = filepath.Join("/var/run/netns", p.Name)
 
 	// netns.NewNamed switches the calling thread into the new namespace: do it on a thread that
