@@ -203,6 +203,7 @@ func (l *Launcher) takePostCopy(p *Process) {
 		p.killFor(fmt.Errorf("take the TPM's state over at the post-copy switch: %w", err))
 		return
 	}
+	p.setPostCopyIn(true)
 	taken := *mig
 	taken.Status, taken.PostCopy, taken.Handover = string(qmp.MigrationPostcopyActive), true, protocol.HandoverDone
 	l.migration = &taken
@@ -224,15 +225,21 @@ func (l *Launcher) takePostCopy(p *Process) {
 // failPostCopy ends this side's QEMU after a migration failed past the post-copy switch: the
 // guest's memory is split between the two nodes, and neither may run it.
 func (l *Launcher) failPostCopy(p *Process, info *protocol.MigrationInfo) {
-	why := fmt.Sprintf("the migration failed after it switched to post-copy (%s)", info.Status)
+	why := info.Status
 	if info.Error != "" {
 		why += ": " + info.Error
 	}
-	why += "; the guest's memory is split between the source and the target, so it cannot run on either"
+	why = postCopySplit(why)
 	failed := *info
 	failed.Error = why
 	l.setMigration(&failed)
 	p.killFor(fmt.Errorf("%s", why))
+}
+
+// postCopySplit says why a guest ended whose migration failed past the post-copy switch.
+func postCopySplit(cause string) string {
+	return "the migration failed after it switched to post-copy (" + cause +
+		"); the guest's memory is split between the source and the target, so it cannot run on either"
 }
 
 // finishIncomingPostCopy (target) ends an incoming migration past the switch to post-copy from its
@@ -244,6 +251,7 @@ func (l *Launcher) finishIncomingPostCopy(p *Process, status string, recovery ti
 		wait := time.Duration(0) // for the end of a migration that went on after a recovery
 		switch {
 		case status == string(qmp.MigrationCompleted):
+			p.setPostCopyIn(false)
 			l.setMigration(info)
 			return
 		case status == string(qmp.MigrationPostcopyPaused) && recovery > 0:

@@ -76,6 +76,10 @@ type Process struct {
 	panicked  bool
 	killedFor error // why the launcher killed QEMU: a daemon that ended, a failed post-copy
 	migrated  bool
+	// postCopyIn: the guest runs here from an incoming migration past its post-copy switch, with
+	// pages still on the source. QEMU exits by itself when that migration fails (its listen
+	// thread's loadvm error), which may come before the launcher ends it (killFor).
+	postCopyIn bool
 	exit      *protocol.Exit
 	version   string
 	changed   chan struct{} // closed and replaced on every state change
@@ -161,6 +165,13 @@ func (p *Process) startDaemons(opts Options) error {
 func (p *Process) daemonFailed(err error) {
 	p.log.Error(err, "ending QEMU: a daemon it needs ended")
 	p.killFor(err)
+}
+
+// setPostCopyIn records whether an incoming post-copy migration is under way (postCopyIn).
+func (p *Process) setPostCopyIn(on bool) {
+	p.mu.Lock()
+	p.postCopyIn = on
+	p.mu.Unlock()
 }
 
 // killFor kills QEMU; its exit (crashed) carries err.
@@ -380,7 +391,7 @@ func (p *Process) onExit(waitErr error) {
 // classify says why QEMU ended from its wait status and the events it sent before.
 func (p *Process) classify(waitErr error) protocol.Exit {
 	p.mu.Lock()
-	shutdown, panicked, migrated, connected, killedFor := p.shutdown, p.panicked, p.migrated, p.mon != nil, p.killedFor
+	shutdown, panicked, migrated, connected, killedFor, postCopyIn := p.shutdown, p.panicked, p.migrated, p.mon != nil, p.killedFor, p.postCopyIn
 	p.mu.Unlock()
 	e := protocol.Exit{At: time.Now()}
 	if killedFor != nil {
@@ -396,6 +407,9 @@ func (p *Process) classify(waitErr error) protocol.Exit {
 		}
 		e.Detail = fmt.Sprintf("exit code %d: %s", ee.ExitCode(), strings.TrimSpace(p.stderr.String()))
 		e.Reason = protocol.ExitCrashed
+		if postCopyIn {
+			e.Detail = postCopySplit("QEMU " + e.Detail)
+		}
 		if !connected {
 			e.Reason = protocol.ExitFailedToStart
 		}

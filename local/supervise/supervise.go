@@ -6,11 +6,13 @@
 package supervise
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -123,10 +125,47 @@ func (s *Supervisor) Start(ctx context.Context, c Component) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s not ready (log: %s): %w", c.Name, s.LogPath(c.Name), errors.Join(ctx.Err(), err))
+			return fmt.Errorf("%s not ready (%s; log: %s, ending:\n%s): %w", c.Name, s.restarts(c.Name), s.LogPath(c.Name),
+				logEnd(s.LogPath(c.Name), logEndBytes), errors.Join(ctx.Err(), err))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// logEndBytes is how much of a component's log an error that it is not ready quotes.
+const logEndBytes = 2000
+
+// restarts says how often name was started again, and how its last run ended.
+func (s *Supervisor) restarts(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.states[name]
+	if st.Restarts == 0 {
+		return "never restarted"
+	}
+	return fmt.Sprintf("restarted %d times, last exit %s", st.Restarts, st.LastExit)
+}
+
+// logEnd is the last n bytes of the file at path, from a line's start where there is one.
+func logEnd(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return err.Error()
+	}
+	off := max(0, info.Size()-n)
+	b := make([]byte, info.Size()-off)
+	if _, err := f.ReadAt(b, off); err != nil && err != io.EOF {
+		return err.Error()
+	}
+	if i := bytes.IndexByte(b, '\n'); off > 0 && i >= 0 {
+		b = b[i+1:]
+	}
+	return string(bytes.TrimRight(b, "\n"))
 }
 
 // spawn starts one run of c.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -101,4 +102,31 @@ func TestSuperviseBacksOffAFailingComponent(t *testing.T) {
 	}
 	s.Stop(time.Second)
 	waitState(t, dir, "crasher", func(st State) bool { return st.State == Stopped })
+}
+
+// A component that never becomes ready: the error says how its runs ended and quotes its log's
+// end, where it said why (a port taken), rather than only that a probe was refused.
+func TestNotReadySaysWhy(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	s, err := New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	defer cancel()
+	err = s.Start(ctx, Component{Name: "taken", Path: sh, Args: []string{"-c", "echo 'listen tcp 127.0.0.1:9441: bind: address already in use' >&2; exit 1"},
+		Ready: func(context.Context) error { return errors.New("connection refused") }})
+	if err == nil {
+		t.Fatal("a component that exits at once was ready")
+	}
+	for _, want := range []string{"taken not ready", "restarted 1 times, last exit exit status 1", "bind: address already in use", "connection refused"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
 }

@@ -4,6 +4,7 @@ package testutil
 import (
 	"bytes"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -60,22 +61,63 @@ func PodSocketDir(t testing.TB, podsDir string, podUID types.UID) string {
 	return real
 }
 
-// FreePortPair is a TCP port on loopback that nobody listens on now, nor on the port above it
-// (a component that also takes port+1: etcd's peer URL, the kubelet's health port).
+// FreePortPair is a TCP port that nobody listens on now, nor on the port above it (a component
+// that also takes port+1: etcd's peer URL, the kubelet's health port). It is below the kernel's
+// ephemeral range, so no outgoing connection takes it as its local port before the component
+// that is given it binds it (CI: a controller replica's probe port, taken for the run by a
+// long-lived client connection, never became ready). Ports are not handed out twice in a process.
 func FreePortPair(t *testing.T) int {
 	t.Helper()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	lo, hi := belowEphemeral(t)
+	freePorts.Lock()
+	defer freePorts.Unlock()
+	for range 10000 {
+		port := lo + rand.IntN(hi-lo)
+		if freePorts.given[port] || freePorts.given[port+1] || !listenable(port) || !listenable(port+1) {
+			continue
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+1))); err == nil {
-			l2.Close()
-			return port
-		}
+		freePorts.given[port], freePorts.given[port+1] = true, true
+		return port
 	}
+	t.Fatalf("no free pair of TCP ports in %d-%d", lo, hi)
+	return 0
+}
+
+var freePorts = struct {
+	sync.Mutex
+	given map[int]bool
+}{given: map[int]bool{}}
+
+// belowEphemeral is the range of ports FreePortPair picks from: up to 16384 ports below
+// net.ipv4.ip_local_port_range.
+func belowEphemeral(t *testing.T) (lo, hi int) {
+	t.Helper()
+	const rangeFile = "/proc/sys/net/ipv4/ip_local_port_range"
+	data, err := os.ReadFile(rangeFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(string(data))
+	if len(fields) != 2 {
+		t.Fatalf("%s: %q: want two ports", rangeFile, data)
+	}
+	eph, err := strconv.Atoi(fields[0])
+	if err != nil || eph < 2048 {
+		t.Fatalf("%s: %q: want the first ephemeral port, above 2048", rangeFile, data)
+	}
+	return max(1024, eph-16384), eph - 2
+}
+
+// listenable reports whether port can be listened on, on loopback and on every address.
+func listenable(port int) bool {
+	for _, host := range []string{"127.0.0.1", "0.0.0.0"} {
+		l, err := net.Listen("tcp4", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return false
+		}
+		l.Close()
+	}
+	return true
 }
 
 // HTTPBody gets url until it answers 200 OK, for up to d, and returns the body without its
