@@ -80,10 +80,10 @@ type Process struct {
 	// pages still on the source. QEMU exits by itself when that migration fails (its listen
 	// thread's loadvm error), which may come before the launcher ends it (killFor).
 	postCopyIn bool
-	exit      *protocol.Exit
-	version   string
-	changed   chan struct{} // closed and replaced on every state change
-	closeOnce sync.Once
+	exit       *protocol.Exit
+	version    string
+	changed    chan struct{} // closed and replaced on every state change
+	closeOnce  sync.Once
 	// sockets is how many sockets of vCPUs the guest has: the machine's, then more as they are
 	// hot-plugged (cpu_hotplug.go).
 	sockets atomic.Uint32
