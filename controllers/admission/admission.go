@@ -43,8 +43,8 @@ func Setup(mgr ctrl.Manager, store *config.Store) error {
 		WithValidator(&VMIValidator{Config: store}).Complete(); err != nil {
 		return fmt.Errorf("register VirtualMachineInstance webhooks: %w", err)
 	}
-	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionAdmitter{Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Config: store}})
-	mgr.GetWebhookServer().Register(uninstall.Path, &webhook.Admission{Handler: &uninstall.Guard{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Client: mgr.GetClient()}})
+	mgr.GetWebhookServer().Register(EvictionPath, &webhook.Admission{Handler: &EvictionAdmitter{Reader: reader, Client: mgr.GetClient(), Config: store}})
+	mgr.GetWebhookServer().Register(uninstall.Path, &webhook.Admission{Handler: &uninstall.Guard{Reader: reader, Client: mgr.GetClient()}})
 	return nil
 }
 

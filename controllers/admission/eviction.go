@@ -50,13 +50,13 @@ const EvictionPath = "/validate-v1-pod-eviction"
 // Once marked, later evictions are refused (429) with how the evacuation stands, where KubeVirt
 // lets them go to a PodDisruptionBudget that refuses them.
 type EvictionAdmitter struct {
-	// Reader reads the evicted pod and its instance from kube-apiserver, not from the manager's
-	// cache: a cache that has not caught up with a new launcher pod, or with the instance's
-	// Running status, would let the eviction through and stop the guest. Evictions are rare (a
-	// drain), so the two reads cost nothing that matters.
+	// Reader reads the evicted pod, its instance and the instance's migrations from
+	// kube-apiserver, not from the manager's cache: a cache that has not caught up with a new
+	// launcher pod, or with the instance's Running status, would let the eviction through and stop
+	// the guest, and a replica that does not lead holds no cache of them (controllers.Setup).
+	// Evictions are rare (a drain), so the reads cost nothing that matters.
 	Reader client.Reader
-	// Client lists migrations (from the cache: only the refusal's message depends on them) and
-	// marks instances.
+	// Client marks instances.
 	Client client.Client
 	Config *config.Store
 }
@@ -146,7 +146,7 @@ func (a *EvictionAdmitter) progress(ctx context.Context, vmi *v1alpha1.VirtualMa
 		return "waiting for an external controller to move it off node " + vmi.Status.EvacuationNodeName
 	}
 	var list v1alpha1.VirtualMachineInstanceMigrationList
-	if err := a.Client.List(ctx, &list, client.InNamespace(vmi.Namespace)); err != nil {
+	if err := a.Reader.List(ctx, &list, client.InNamespace(vmi.Namespace)); err != nil {
 		return "migrating it off node " + vmi.Status.EvacuationNodeName
 	}
 	return migration.PlanEvacuation(vmi, list.Items, metav1.Now().Time).Describe()

@@ -49,12 +49,13 @@ const InstallLabel = "app.kubernetes.io/part-of"
 // deletion) or one held Terminating since a refused uninstall must go with the rest rather than
 // wait for a controller that is about to stop.
 type Guard struct {
-	// Reader lists workloads from the manager's cache: the guard answers every deletion of an
-	// installed object, and an uninstall deletes a few dozen of them.
+	// Reader lists workloads and reads the targets from kube-apiserver: a replica that does not
+	// lead holds no cache of them (controllers.Setup). An uninstall deletes a few dozen installed
+	// objects, a rare administrator's action, and each deletion refused while workloads exist
+	// costs three lists.
 	Reader client.Reader
-	// APIReader reads the targets from kube-apiserver; Client patches them.
-	APIReader client.Reader
-	Client    client.Client
+	// Client patches the targets.
+	Client client.Client
 }
 
 // Handle implements admission.Handler.
@@ -73,7 +74,7 @@ func (g *Guard) Handle(ctx context.Context, req admission.Request) admission.Res
 	if req.DryRun != nil && *req.DryRun {
 		return admission.Allowed("")
 	}
-	if err := Release(ctx, g.APIReader, g.Client); err != nil {
+	if err := Release(ctx, g.Reader, g.Client); err != nil {
 		return admission.Denied(fmt.Sprintf("qvirt could not release its webhook configurations and admission policies before %s %q goes: %v; try again", req.Kind.Kind, req.Name, err))
 	}
 	return admission.Allowed("")

@@ -117,7 +117,7 @@ func (ls *launchers) run(ctx context.Context, s *stream, key *v1alpha1.VirtualMa
 	defer c.Close()
 	err := c.Watch(ctx, func(st protocol.Status) bool {
 		ls.mu.Lock()
-		seen := s.latest == nil && s.read != nil && reflect.DeepEqual(*s.read, st)
+		seen := s.read != nil && reflect.DeepEqual(*s.read, st)
 		s.latest, s.read = &st, nil
 		ls.mu.Unlock()
 		if !seen {
