@@ -6,6 +6,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"sync/atomic"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -16,6 +18,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/admission"
@@ -160,4 +163,24 @@ func initialConfig(ctx context.Context, r client.Reader, namespace string) (*con
 func recorder(mgr ctrl.Manager, name string) record.EventRecorder {
 	//lint:ignore SA1019 see above
 	return mgr.GetEventRecorderFor(name)
+}
+
+// WebhookReady is the readiness of a replica serving the webhooks: started (the webhook server's
+// started check, which fails until serving holds a certificate) is asked until it passes once,
+// and not again. Its TLS handshake with the replica itself was most of an idle replica's CPU at a
+// probe a second (local mode's endpoint publisher). Once it has passed it could not fail again: the
+// server serves for the process's life, and a deleted or broken certificate Secret leaves the last
+// good certificate in place (certs.Source). A stopping replica still turns not ready (drain).
+func WebhookReady(started healthz.Checker) healthz.Checker {
+	var passed atomic.Bool
+	return func(req *http.Request) error {
+		if passed.Load() {
+			return nil
+		}
+		if err := started(req); err != nil {
+			return err
+		}
+		passed.Store(true)
+		return nil
+	}
 }

@@ -109,7 +109,7 @@ func run(apiLimit *restlimit.Flags, metrics server.Options, probeAddr, pprofAddr
 	}
 	ready := healthz.Ping
 	if webhooks {
-		ready = mgr.GetWebhookServer().StartedChecker()
+		ready = controllers.WebhookReady(mgr.GetWebhookServer().StartedChecker())
 	}
 	if err := mgr.AddReadyzCheck("readyz", stopping.Ready(ready)); err != nil {
 		return err
