@@ -21,6 +21,7 @@ import (
 	"github.com/qvirt/qvirt/api/scheme"
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers"
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // requestLog records the resources a client listed or watched (the path of each GET).
@@ -29,15 +30,13 @@ type requestLog struct {
 	reads []string
 }
 
-func (l *requestLog) wrap(rt http.RoundTripper) http.RoundTripper {
-	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		if req.Method == http.MethodGet {
-			l.mu.Lock()
-			l.reads = append(l.reads, req.URL.Path+"?"+req.URL.RawQuery)
-			l.mu.Unlock()
-		}
-		return rt.RoundTrip(req)
-	})
+func (l *requestLog) record(req *http.Request) {
+	if req.Method != http.MethodGet {
+		return
+	}
+	l.mu.Lock()
+	l.reads = append(l.reads, req.URL.Path+"?"+req.URL.RawQuery)
+	l.mu.Unlock()
 }
 
 // of lists the reads of a resource (its plural name).
@@ -54,10 +53,6 @@ func (l *requestLog) of(resource string) []string {
 	return out
 }
 
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
 // startReplica runs a qvirt-controller replica in the test process, as cmd/qvirt-controller does
 // (leader election in namespace, no webhooks), reading through log; cancel stops it and hands its
 // lease over.
@@ -68,7 +63,7 @@ func startReplica(t *testing.T, namespace string, log *requestLog) (ctrl.Manager
 		t.Fatal(err)
 	}
 	cfg := rest.CopyConfig(cp.Config)
-	cfg.Wrap(log.wrap)
+	cfg.Wrap(testutil.ObserveRequests(log.record))
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: sch, Cache: controllers.CacheOptions(namespace),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		LeaderElection: true, LeaderElectionID: "qvirt-controller.qvirt.io", LeaderElectionNamespace: namespace,

@@ -30,21 +30,28 @@ func waitState(t *testing.T, dir, name string, ok func(State) bool) State {
 	}
 }
 
+// newSupervisor is a Supervisor in a new directory, and the path of the command named cmd.
+func newSupervisor(t *testing.T, cmd string) (s *Supervisor, dir, path string) {
+	t.Helper()
+	path, err := exec.LookPath(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	s, err = New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, dir, path
+}
+
 func TestSuperviseRestartsAndStops(t *testing.T) {
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	s, err := New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, dir, sleep := newSupervisor(t, "sleep")
 	marker := filepath.Join(dir, "ready")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	readyCalls := 0
-	err = s.Start(ctx, Component{Name: "sleeper", Path: sleep, Args: []string{"1000"},
+	err := s.Start(ctx, Component{Name: "sleeper", Path: sleep, Args: []string{"1000"},
 		Ready: func(context.Context) error {
 			readyCalls++
 			if readyCalls < 3 {
@@ -82,15 +89,7 @@ func TestSuperviseRestartsAndStops(t *testing.T) {
 }
 
 func TestSuperviseBacksOffAFailingComponent(t *testing.T) {
-	falseBin, err := exec.LookPath("false")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	s, err := New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, dir, falseBin := newSupervisor(t, "false")
 	if err := s.Start(context.Background(), Component{Name: "crasher", Path: falseBin}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,19 +106,11 @@ func TestSuperviseBacksOffAFailingComponent(t *testing.T) {
 // A component that never becomes ready: the error says how its runs ended and quotes its log's
 // end, where it said why (a port taken), rather than only that a probe was refused.
 func TestNotReadySaysWhy(t *testing.T) {
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	s, err := New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _, sh := newSupervisor(t, "sh")
 	defer s.Stop(time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
 	defer cancel()
-	err = s.Start(ctx, Component{Name: "taken", Path: sh, Args: []string{"-c", "echo 'listen tcp 127.0.0.1:9441: bind: address already in use' >&2; exit 1"},
+	err := s.Start(ctx, Component{Name: "taken", Path: sh, Args: []string{"-c", "echo 'listen tcp 127.0.0.1:9441: bind: address already in use' >&2; exit 1"},
 		Ready: func(context.Context) error { return errors.New("connection refused") }})
 	if err == nil {
 		t.Fatal("a component that exits at once was ready")

@@ -264,17 +264,6 @@ type requestCounter struct {
 
 type requestCounts struct{ get, list, watch, write int }
 
-func (r *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
-	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		r.count(req)
-		return rt.RoundTrip(req)
-	})
-}
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
-
 func (r *requestCounter) count(req *http.Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

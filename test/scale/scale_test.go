@@ -186,7 +186,7 @@ func setupInstall(ctx context.Context, c client.Client) error {
 func startController(b *testing.B, cp *envtest.ControlPlane, requests *requestCounter) (stop func()) {
 	b.Helper()
 	cfg := rest.CopyConfig(cp.Config)
-	cfg.Wrap(requests.wrap)
+	cfg.Wrap(testutil.ObserveRequests(requests.count))
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 cp.Scheme,
 		Cache:                  controllers.CacheOptions(installNamespace),

@@ -138,3 +138,21 @@ func HTTPBody(t testing.TB, url string, d time.Duration) string {
 	})
 	return body
 }
+
+// ObserveRequests is a rest.Config's Wrap that calls seen with each request a client sends, before
+// it goes: to count or record what the client asks of kube-apiserver.
+func ObserveRequests(seen func(*http.Request)) func(http.RoundTripper) http.RoundTripper {
+	return func(rt http.RoundTripper) http.RoundTripper {
+		return observer{seen: seen, next: rt}
+	}
+}
+
+type observer struct {
+	seen func(*http.Request)
+	next http.RoundTripper
+}
+
+func (o observer) RoundTrip(req *http.Request) (*http.Response, error) {
+	o.seen(req)
+	return o.next.RoundTrip(req)
+}
