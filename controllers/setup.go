@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/qvirt/qvirt/api/v1alpha1"
 	"github.com/qvirt/qvirt/controllers/admission"
@@ -66,9 +67,10 @@ type Options struct {
 // Setup loads the configuration and registers every reconciler (and the webhooks) with mgr.
 //
 // Every replica serves the webhooks and follows the configuration they read. The other
-// reconcilers, with their field indexes and caches, are registered only once this replica leads
-// (as KubeVirt's virt-controller starts its informers in onStartedLeading): a field index or a
-// cache registered at setup would have a replica that only waits to lead receive and decode every
+// reconcilers are set up (and their mistakes found) on every replica too, but what they add to the
+// manager, their controllers, caches and field indexes, waits until this replica leads (as
+// KubeVirt's virt-controller starts its informers in onStartedLeading): a field index or a cache
+// registered at setup would have a replica that only waits to lead receive and decode every
 // launcher pod, instance and migration event of the cluster, for nothing (0.4 CPU-seconds per 100
 // started VMIs in BenchmarkStartup). The price is a takeover that first lists what it watches.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, error) {
@@ -77,6 +79,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, 
 		return nil, err
 	}
 	c, s := mgr.GetClient(), mgr.GetScheme()
+	lead := &leaderOnly{Manager: mgr}
 	everyReplica := []setupStep{
 		{"config", func() error {
 			return (&config.Reconciler{Client: c, Namespace: opts.Namespace, Store: store, Recorder: recorder(mgr, "qvirt-config")}).SetupWithManager(mgr)
@@ -87,29 +90,29 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*config.Store, 
 	}
 	leading := []setupStep{
 		{"vm", func() error {
-			return (&vm.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vm"), Config: store, APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
+			return (&vm.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vm"), Config: store, APIReader: mgr.GetAPIReader()}).SetupWithManager(lead)
 		}},
 		{"vmi", func() error {
-			return (&vmi.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vmi"), Config: store, APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
+			return (&vmi.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-vmi"), Config: store, APIReader: mgr.GetAPIReader()}).SetupWithManager(lead)
 		}},
 		{"migration", func() error {
-			return (&migration.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-migration"), Config: store}).SetupWithManager(mgr)
+			return (&migration.Reconciler{Client: c, Scheme: s, Recorder: recorder(mgr, "qvirt-migration"), Config: store}).SetupWithManager(lead)
 		}},
 		{"evacuation", func() error {
-			return (&migration.EvacuationReconciler{Client: c, Recorder: recorder(mgr, "qvirt-evacuation"), Config: store}).SetupWithManager(mgr)
+			return (&migration.EvacuationReconciler{Client: c, Recorder: recorder(mgr, "qvirt-evacuation"), Config: store}).SetupWithManager(lead)
 		}},
 		{"nodehealth", func() error {
-			return (&nodehealth.Reconciler{Client: c, Recorder: recorder(mgr, "qvirt-nodehealth"), Timeout: opts.NodeHeartbeatTimeout}).SetupWithManager(mgr)
+			return (&nodehealth.Reconciler{Client: c, Recorder: recorder(mgr, "qvirt-nodehealth"), Timeout: opts.NodeHeartbeatTimeout}).SetupWithManager(lead)
 		}},
-		{"uninstall", func() error { return (&uninstall.Reconciler{Client: c}).SetupWithManager(mgr) }},
+		{"uninstall", func() error { return (&uninstall.Reconciler{Client: c}).SetupWithManager(lead) }},
 		{"certs", func() error {
-			return (&certctl.Reconciler{Client: c, Namespace: opts.Namespace, Recorder: recorder(mgr, "qvirt-certs")}).SetupWithManager(mgr)
+			return (&certctl.Reconciler{Client: c, Namespace: opts.Namespace, Recorder: recorder(mgr, "qvirt-certs")}).SetupWithManager(lead)
 		}},
 	}
-	if err := runSteps(everyReplica); err != nil {
+	if err := runSteps(append(everyReplica, leading...)); err != nil {
 		return nil, err
 	}
-	if err := mgr.Add(onLeading(func() error { return runSteps(leading) })); err != nil {
+	if err := mgr.Add(onLeading(lead.register)); err != nil {
 		return nil, err
 	}
 	return store, nil
@@ -130,12 +133,60 @@ func runSteps(steps []setupStep) error {
 	return nil
 }
 
-// onLeading runs once the replica leads (at once without leader election). The manager has started
-// by then, so the controllers and caches it registers start as they are added, and each
-// reconciler's field indexes are in place before its controller is.
-type onLeading func() error
+// leaderOnly is the manager the leader's reconcilers are set up with. Their builders run (and fail)
+// at setup, on every replica, but what they would add to the manager, and the field indexes they
+// would register, are kept for register, once the replica leads. Each controller then starts with
+// all of its watches in place, so it waits for their caches to sync before its workers run; a
+// controller added to a started manager before its builder had added the watches would not.
+type leaderOnly struct {
+	ctrl.Manager
+	runnables []manager.Runnable
+	indexes   []fieldIndex
+}
 
-func (f onLeading) Start(context.Context) error { return f() }
+type fieldIndex struct {
+	obj     client.Object
+	field   string
+	extract client.IndexerFunc
+}
+
+// Add keeps r for register.
+func (l *leaderOnly) Add(r manager.Runnable) error {
+	l.runnables = append(l.runnables, r)
+	return nil
+}
+
+// GetFieldIndexer keeps the indexes registered for register.
+func (l *leaderOnly) GetFieldIndexer() client.FieldIndexer { return (*leaderIndexer)(l) }
+
+type leaderIndexer leaderOnly
+
+func (l *leaderIndexer) IndexField(_ context.Context, obj client.Object, field string, extract client.IndexerFunc) error {
+	l.indexes = append(l.indexes, fieldIndex{obj: obj, field: field, extract: extract})
+	return nil
+}
+
+// register gives the manager, which has started, what the setup kept: the field indexes first,
+// then the caches and controllers in the order they were added (a reconciler's own cache before
+// the controller that watches it). The started manager starts each as it is added.
+func (l *leaderOnly) register(ctx context.Context) error {
+	for _, ix := range l.indexes {
+		if err := l.Manager.GetFieldIndexer().IndexField(ctx, ix.obj, ix.field, ix.extract); err != nil {
+			return fmt.Errorf("index %T by %s: %w", ix.obj, ix.field, err)
+		}
+	}
+	for _, r := range l.runnables {
+		if err := l.Manager.Add(r); err != nil {
+			return fmt.Errorf("start %T: %w", r, err)
+		}
+	}
+	return nil
+}
+
+// onLeading runs once the replica leads (at once without leader election).
+type onLeading func(context.Context) error
+
+func (f onLeading) Start(ctx context.Context) error { return f(ctx) }
 
 func (onLeading) NeedLeaderElection() bool { return true }
 

@@ -166,7 +166,8 @@ func (l *Launcher) finishIncoming(p *Process, done, postCopy *qmp.Waiter, recove
 			}
 		case ev, ok = <-ended:
 			if !ok {
-				return // QEMU went away; the process's exit says why
+				l.postCopyLost() // QEMU went away; the process's exit says why
+				return
 			}
 			wait = false
 		}

@@ -236,6 +236,22 @@ func (l *Launcher) failPostCopy(p *Process, info *protocol.MigrationInfo) {
 	p.killFor(fmt.Errorf("%s", why))
 }
 
+// postCopyLost records a migration past its post-copy switch whose QEMU went away before it ended,
+// and that no failure was recorded for yet (failPostCopy), as failed: QEMU's exit (QEMU 7.2 exits by itself when the source is lost) can come before its
+// MIGRATION event, and the guest's memory is split all the same.
+func (l *Launcher) postCopyLost() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.migration
+	if m == nil || !m.PostCopy || m.Status == string(qmp.MigrationCompleted) || m.Error != "" {
+		return
+	}
+	failed := *m
+	failed.Status, failed.Error = string(qmp.MigrationFailed), postCopySplit("QEMU exited before the migration ended")
+	l.migration = &failed
+	l.notifyLocked()
+}
+
 // postCopySplit says why a guest ended whose migration failed past the post-copy switch.
 func postCopySplit(cause string) string {
 	return "the migration failed after it switched to post-copy (" + cause +
@@ -269,7 +285,8 @@ func (l *Launcher) finishIncomingPostCopy(p *Process, status string, recovery ti
 		if err != nil {
 			select {
 			case <-p.Done():
-				return // QEMU went away; the process's exit says why
+				l.postCopyLost() // QEMU went away; the process's exit says why
+				return
 			default:
 			}
 			info.Error = fmt.Sprintf("the link to the source broke and the migration did not recover within %s", recovery)

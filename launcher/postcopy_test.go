@@ -146,10 +146,11 @@ func TestPostCopyFailureEndsBothSides(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st protocol.Status
-	waitFor(t, time.Minute, "the target's QEMU to end", func() bool {
+	// QEMU's own exit and its MIGRATION event come in either order; both are recorded in turn.
+	waitFor(t, time.Minute, "the target's QEMU to end, its migration failed", func() bool {
 		var err error
 		st, err = dst.client.Status(ctx)
-		return err == nil && st.Exit != nil
+		return err == nil && st.Exit != nil && st.Migration != nil && st.Migration.Status == "failed"
 	})
 	if !strings.Contains(st.Exit.Detail, "post-copy") || st.Migration == nil || !strings.Contains(st.Migration.Error, "split between") {
 		t.Fatalf("the target ended %+v, migration %+v: want both to say the post-copy failed", st.Exit, st.Migration)

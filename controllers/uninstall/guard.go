@@ -96,14 +96,35 @@ func Workloads(ctx context.Context, r client.Reader) (string, error) {
 	}
 	var parts []string
 	for _, k := range kinds {
-		if err := r.List(ctx, k.list, client.UnsafeDisableDeepCopy); err != nil {
+		opts := []client.ListOption{client.UnsafeDisableDeepCopy}
+		if k.counts == nil {
+			// Every item counts, so the first few and the API server's count of the rest say it
+			// all; the whole list of thousands of VMIs could outlast the guard's 5 s timeout.
+			opts = append(opts, client.Limit(shownNames))
+		}
+		if err := r.List(ctx, k.list, opts...); err != nil {
 			return "", fmt.Errorf("list %ss: %w", k.kind, err)
 		}
 		if names := objectNames(k.list, k.counts); len(names) > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s: %s", len(names), k.kind, firstNames(names, 3)))
+			parts = append(parts, describe(k.kind, names, k.list.GetRemainingItemCount(), k.counts == nil))
 		}
 	}
 	return strings.Join(parts, "; "), nil
+}
+
+// shownNames is how many workloads of a kind a refusal names.
+const shownNames = 3
+
+// describe counts names of kind and names the first few. A limited list's rest is the API server's
+// remaining count; a cache's limited list gives none, so a full one says "or more".
+func describe(kind string, names []string, remaining *int64, limited bool) string {
+	switch {
+	case remaining != nil && *remaining > 0:
+		return fmt.Sprintf("%d %s: %s and %d more", int64(len(names))+*remaining, kind, strings.Join(names, ", "), *remaining)
+	case limited && remaining == nil && len(names) == shownNames:
+		return fmt.Sprintf("%d or more %s: %s", len(names), kind, strings.Join(names, ", "))
+	}
+	return fmt.Sprintf("%d %s: %s", len(names), kind, firstNames(names, shownNames))
 }
 
 // counts says whether a migration keeps qvirt in use: until it finishes.

@@ -140,10 +140,11 @@ func (s *Supervisor) restarts(name string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.states[name]
-	if st.Restarts == 0 {
-		return "never restarted"
+	out := fmt.Sprintf("restarted %d times", st.Restarts)
+	if st.LastExit != "" {
+		out += ", last exit " + st.LastExit
 	}
-	return fmt.Sprintf("restarted %d times, last exit %s", st.Restarts, st.LastExit)
+	return out
 }
 
 // logEnd is the last n bytes of the file at path, from a line's start where there is one.

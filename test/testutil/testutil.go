@@ -69,6 +69,9 @@ func PodSocketDir(t testing.TB, podsDir string, podUID types.UID) string {
 func FreePortPair(t *testing.T) int {
 	t.Helper()
 	lo, hi := belowEphemeral(t)
+	if hi-lo < 1024 {
+		return kernelPortPair(t)
+	}
 	freePorts.Lock()
 	defer freePorts.Unlock()
 	for range 10000 {
@@ -89,7 +92,7 @@ var freePorts = struct {
 }{given: map[int]bool{}}
 
 // belowEphemeral is the range of ports FreePortPair picks from: up to 16384 ports below
-// net.ipv4.ip_local_port_range.
+// net.ipv4.ip_local_port_range, and above 1024 (empty when the range starts below 2048).
 func belowEphemeral(t *testing.T) (lo, hi int) {
 	t.Helper()
 	const rangeFile = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -102,10 +105,27 @@ func belowEphemeral(t *testing.T) (lo, hi int) {
 		t.Fatalf("%s: %q: want two ports", rangeFile, data)
 	}
 	eph, err := strconv.Atoi(fields[0])
-	if err != nil || eph < 2048 {
-		t.Fatalf("%s: %q: want the first ephemeral port, above 2048", rangeFile, data)
+	if err != nil {
+		t.Fatalf("%s: %q: want the first ephemeral port first", rangeFile, data)
 	}
 	return max(1024, eph-16384), eph - 2
+}
+
+// kernelPortPair is FreePortPair where the ephemeral range leaves no room below it: a port the
+// kernel picks, with the port above it free too.
+func kernelPortPair(t *testing.T) int {
+	t.Helper()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if listenable(port + 1) {
+			return port
+		}
+	}
 }
 
 // listenable reports whether port can be listened on, on loopback and on every address.
