@@ -236,9 +236,10 @@ func (l *Launcher) failPostCopy(p *Process, info *protocol.MigrationInfo) {
 	p.killFor(fmt.Errorf("%s", why))
 }
 
-// postCopyLost records a migration past its post-copy switch whose QEMU went away before it ended,
-// and that no failure was recorded for yet (failPostCopy), as failed: QEMU's exit (QEMU 7.2 exits by itself when the source is lost) can come before its
-// MIGRATION event, and the guest's memory is split all the same.
+// postCopyLost records as failed a migration past its post-copy switch whose QEMU went away before
+// it ended, when no failure was recorded for it yet (failPostCopy): QEMU 7.2 exits by itself when
+// the source is lost, which can come before its MIGRATION event, and the guest's memory is split
+// all the same.
 func (l *Launcher) postCopyLost() {
 	l.mu.Lock()
 	defer l.mu.Unlock()

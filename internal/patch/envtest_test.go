@@ -122,7 +122,7 @@ func TestSupersededReadStops(t *testing.T) {
 	m := newMigration(t, newNamespace(t), "m")
 	var written, other patch.Superseded
 	cached := m.DeepCopy() // what a cache still holds after the write below
-	if written.Stale(cached) {
+	if written.Read(client.ObjectKeyFromObject(cached), cached, nil) {
 		t.Fatal("nothing written yet, and the read is stale")
 	}
 
@@ -131,19 +131,19 @@ func TestSupersededReadStops(t *testing.T) {
 	if patched, err := status.Patch(ctx, m); err != nil || !patched {
 		t.Fatalf("write: patched %v error %v", patched, err)
 	}
-	if !written.Stale(cached) {
+	if !written.Read(client.ObjectKeyFromObject(cached), cached, nil) {
 		t.Error("the version the write replaced is not stale")
 	}
 	if _, err := patch.NewStatus(c, cached).Patch(ctx, withStamp(cached)); !apierrors.IsConflict(err) {
 		t.Errorf("a write from that version: %v, want the conflict Stale spares", err)
 	}
-	if other.Stale(cached) {
+	if other.Read(client.ObjectKeyFromObject(cached), cached, nil) {
 		t.Error("another reconciler's record says stale")
 	}
-	if written.Stale(m) {
+	if written.Read(client.ObjectKeyFromObject(m), m, nil) {
 		t.Fatalf("the written version %s is stale", m.ResourceVersion)
 	}
-	if written.Stale(cached) {
+	if written.Read(client.ObjectKeyFromObject(cached), cached, nil) {
 		t.Error("stale still after a newer version was read: the record outlived the cache's catching up")
 	}
 }

@@ -175,11 +175,10 @@ func (s *Superseded) Read(key types.NamespacedName, obj client.Object, getErr er
 	if apierrors.IsNotFound(getErr) {
 		s.forget(key)
 	}
-	return getErr == nil && s.Stale(obj)
+	return getErr == nil && s.stale(obj)
 }
 
-// Stale is Read of a successful Get.
-func (s *Superseded) Stale(obj client.Object) bool {
+func (s *Superseded) stale(obj client.Object) bool {
 	key := client.ObjectKeyFromObject(obj)
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -259,7 +259,7 @@ func TestSupersededIgnoresAWriteThatKeptTheVersion(t *testing.T) {
 	if patched, err := st.Patch(context.Background(), m); err != nil || !patched {
 		t.Fatalf("write: patched %v error %v", patched, err)
 	}
-	if sup.Stale(read) {
+	if sup.Read(client.ObjectKeyFromObject(read), read, nil) {
 		t.Error("a read of the version the write kept is stale: nothing would ever run again")
 	}
 }
