@@ -19,17 +19,27 @@ import (
 // qemu-ga on the channel socket (channel.go). It connects when QEMU says the guest opened the port
 // (VSERPORT_CHANGE, or query-chardev when the watcher starts); it drops the connection when the
 // guest closes the port or the agent fails to answer within agentCallTimeout. While connected it
-// polls the interfaces every AgentPollInterval (the reply doubles as the liveness check) and the
-// OS info every agentOSInfoEvery polls; Status watchers hear of a change only.
+// polls the interfaces (the reply doubles as the liveness check) and the OS info every
+// agentOSInfoEvery polls; Status watchers hear of a change only.
 //
-// KubeVirt polls the agent every 10 s for most of this; so does the launcher.
+// KubeVirt polls the agent every 10 s for most of this. The launcher does too for a minute
+// (agentFastPolls) after the agent connects, after a NIC is hot-plugged and after any reply that
+// differs from the last. While the replies stay the same the interval doubles up to
+// AgentPollMax, since every poll wakes the launcher, QEMU and the guest's agent for nothing new:
+// an idle instance with an agent is asked once a minute, not six times.
 
-// AgentPollInterval is how often a connected agent is asked for the guest's interfaces.
-var AgentPollInterval = 10 * time.Second
+// AgentPollInterval is how often a connected agent is asked for the guest's interfaces while
+// they change; AgentPollMax is the interval they reach while they do not.
+var (
+	AgentPollInterval = 10 * time.Second
+	AgentPollMax      = time.Minute
+)
 
 const (
 	agentCallTimeout = 5 * time.Second
 	agentOSInfoEvery = 30 // polls: the OS changes rarely (an upgrade), the kernel on reboot
+	// agentFastPolls is how many polls stay at AgentPollInterval after a change (a minute at 10 s).
+	agentFastPolls = 6
 	// agentMaxRetryWait bounds the polls skipped between retries of an agent that does not answer
 	// (about 5 minutes at the default interval).
 	agentMaxRetryWait = 32
@@ -46,7 +56,10 @@ type agentState struct {
 	mu     sync.Mutex
 	client *guestagent.Client // nil while disconnected
 	status protocol.GuestAgent
+	soon   chan struct{} // pollSoon's request to the watcher
 }
+
+func newAgentState() *agentState { return &agentState{soon: make(chan struct{}, 1)} }
 
 // watchAgent runs the watcher for p until QEMU exits. It polls only while the guest has the
 // agent's port open, so that a guest without qemu-ga costs its launcher nothing (no connection
@@ -58,31 +71,28 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 	defer a.disconnect(l)
 	// Subscribed first, so that no change falls between the query and the events.
 	portOpen := agentPortOpen(p)
-	tick := time.NewTicker(AgentPollInterval)
-	defer tick.Stop()
-	if !portOpen {
-		tick.Stop()
-	}
-	polls, failures, wait := 0, 0, 0
+	timer := time.NewTimer(AgentPollInterval)
+	defer timer.Stop()
+	timer.Stop()
+	sched := newAgentSchedule()
 	pollNow := portOpen
 	for {
 		if pollNow {
 			pollNow = false
-			if wait > 0 {
-				wait--
-			} else {
+			if sched.due() {
 				// A busy client (a long freeze in progress) is not a dead agent: skip this poll.
-				err := a.poll(l, p, polls%agentOSInfoEvery == 0)
+				changed, err := a.poll(l, p, sched.full())
 				switch {
-				case err == nil || errors.Is(err, guestagent.ErrBusy):
-					failures = 0
-				default:
+				case errors.Is(err, guestagent.ErrBusy):
+					sched.busy()
+				case err != nil:
 					a.disconnect(l)
-					failures++
-					wait = agentRetryWait(failures)
+					sched.failed()
+				default:
+					sched.answered(changed)
 				}
-				polls++
 			}
+			timer.Reset(sched.interval)
 		}
 		select {
 		case <-p.Done():
@@ -97,16 +107,90 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 			}
 			portOpen = open
 			if !open {
-				tick.Stop()
+				timer.Stop()
 				a.disconnect(l)
 				continue
 			}
-			polls, failures, wait = 0, 0, 0 // a new agent: ask for everything, now
-			tick.Reset(AgentPollInterval)
+			sched = newAgentSchedule() // a new agent: ask for everything, now
 			pollNow = true
-		case <-tick.C:
+		case <-a.soon:
+			sched.soon()
+			pollNow = portOpen
+		case <-timer.C:
 			pollNow = portOpen
 		}
+	}
+}
+
+// agentSchedule is when the watcher asks the agent next: interval is the wait after this poll,
+// fast the polls left at AgentPollInterval, skip the polls left out after failures.
+type agentSchedule struct {
+	interval        time.Duration
+	polls, failures int
+	fast, skip      int
+}
+
+// newAgentSchedule is the schedule of a new connection: everything is asked at once, then often.
+func newAgentSchedule() agentSchedule {
+	return agentSchedule{interval: AgentPollInterval, fast: agentFastPolls}
+}
+
+// due reports whether this poll asks the agent, or is one of those skipped after failures.
+func (s *agentSchedule) due() bool {
+	if s.skip > 0 {
+		s.skip--
+		return false
+	}
+	return true
+}
+
+// full reports whether this poll also asks for the agent's and the OS's info: the first after a
+// connection, then every agentOSInfoEvery.
+func (s *agentSchedule) full() bool { return s.polls%agentOSInfoEvery == 0 }
+
+// answered follows a reply: after one that changed the status the next agentFastPolls come at
+// AgentPollInterval (an address often follows a new interface by seconds); after that the
+// interval doubles with each reply, up to AgentPollMax.
+func (s *agentSchedule) answered(changed bool) {
+	s.polls++
+	s.failures = 0
+	if changed {
+		s.fast = agentFastPolls
+	}
+	if s.fast > 0 {
+		s.fast--
+		s.interval = AgentPollInterval
+		return
+	}
+	s.interval = min(2*s.interval, max(AgentPollMax, AgentPollInterval))
+}
+
+// busy keeps the interval: the agent is there, busy with a request of the user's.
+func (s *agentSchedule) busy() { s.polls++ }
+
+// failed follows a poll that got no answer: retry at AgentPollInterval, skipping more polls the
+// more failures in a row (agentRetryWait).
+func (s *agentSchedule) failed() {
+	s.polls++
+	s.failures++
+	s.skip = agentRetryWait(s.failures)
+	s.interval = AgentPollInterval
+}
+
+// soon makes the next poll now and the ones after it frequent: the launcher changed the guest
+// (a NIC was hot-plugged), and what the agent reports will follow.
+func (s *agentSchedule) soon() {
+	s.interval = AgentPollInterval
+	s.fast = agentFastPolls
+	s.skip = 0
+}
+
+// pollSoon asks the watcher to poll now and often, when the launcher changed what the agent
+// reports (a hot-plugged NIC's interface and address).
+func (a *agentState) pollSoon() {
+	select {
+	case a.soon <- struct{}{}:
+	default: // one is pending
 	}
 }
 
@@ -151,8 +235,9 @@ func portChange(ev gqmp.Event) (open, mine bool) {
 	return open, id == GuestAgentPortID
 }
 
-// poll connects when needed and refreshes the status; full adds the agent and OS info.
-func (a *agentState) poll(l *Launcher, p *Process, full bool) error {
+// poll connects when needed and refreshes the status; full adds the agent and OS info. changed
+// reports whether the status differs from before.
+func (a *agentState) poll(l *Launcher, p *Process, full bool) (changed bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), agentCallTimeout)
 	defer cancel()
 	a.mu.Lock()
@@ -160,9 +245,8 @@ func (a *agentState) poll(l *Launcher, p *Process, full bool) error {
 	st := a.status
 	a.mu.Unlock()
 	if c == nil {
-		var err error
 		if c, err = guestagent.Dial(ctx, p.Machine().GuestAgentSocket()); err != nil {
-			return err
+			return false, err
 		}
 		a.mu.Lock()
 		a.client = c
@@ -172,7 +256,7 @@ func (a *agentState) poll(l *Launcher, p *Process, full bool) error {
 	if full {
 		info, err := c.Info(ctx)
 		if err != nil {
-			return err
+			return false, err
 		}
 		st.Version = info.Version
 		os, err := c.OSInfo(ctx)
@@ -180,7 +264,7 @@ func (a *agentState) poll(l *Launcher, p *Process, full bool) error {
 		switch {
 		case errors.As(err, &agentErr): // disabled or unsupported in this guest: no OS info
 		case err != nil:
-			return err
+			return false, err
 		default:
 			st.OS = osInfo(os)
 		}
@@ -190,17 +274,16 @@ func (a *agentState) poll(l *Launcher, p *Process, full bool) error {
 	switch {
 	case errors.As(err, &agentErr): // refused (a frozen guest allows few commands): keep the last
 	case err != nil:
-		return err
+		return false, err
 	default:
 		st.Interfaces = interfaces(ifs)
 	}
 	st.Connected = true
-	a.set(l, st)
-	return nil
+	return a.set(l, st), nil
 }
 
-// set records st and tells Status watchers when it changed.
-func (a *agentState) set(l *Launcher, st protocol.GuestAgent) {
+// set records st and tells Status watchers when it changed; it reports whether it did.
+func (a *agentState) set(l *Launcher, st protocol.GuestAgent) bool {
 	a.mu.Lock()
 	same := reflect.DeepEqual(a.status, st)
 	a.status = st
@@ -208,6 +291,7 @@ func (a *agentState) set(l *Launcher, st protocol.GuestAgent) {
 	if !same {
 		l.notify()
 	}
+	return !same
 }
 
 // disconnect closes the connection; the guest's interfaces and OS stay as last reported

@@ -238,3 +238,36 @@ func TestAgentWatcherLeavesAClosedPortAlone(t *testing.T) {
 		t.Errorf("status %v, %+v: want an agent reported as not connected", err, st.GuestAgent)
 	}
 }
+
+// TestAgentPollsAfterAHotpluggedNIC: the watcher backs off while the agent reports nothing new,
+// yet a hot-plugged NIC is in the agent's report within seconds, since the hotplug asks for polls
+// at the short interval again. Without that, the next poll here comes 13 s after the hotplug.
+func TestAgentPollsAfterAHotpluggedNIC(t *testing.T) {
+	saved, savedMax := launcher.AgentPollInterval, launcher.AgentPollMax
+	launcher.AgentPollInterval, launcher.AgentPollMax = 250*time.Millisecond, time.Hour
+	t.Cleanup(func() { launcher.AgentPollInterval, launcher.AgentPollMax = saved, savedMax })
+	v, _ := boot(t)
+	ctx := context.Background()
+	waitFor(t, time.Minute, "the guest agent to connect", func() bool {
+		st, err := v.client.Status(ctx)
+		return err == nil && st.GuestAgent != nil && st.GuestAgent.Connected
+	})
+	// Polls 250 ms apart for 1.5 s, then 0.5, 1, 2, 4, 8 and 16 s apart: 20 s on, the next poll
+	// on its own is 13 s away.
+	time.Sleep(20 * time.Second)
+	tap := fmt.Sprintf("qvgh%d", os.Getpid()%100000)
+	run(t, "ip", "tuntap", "add", "dev", tap, "mode", "tap")
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tap).Run() })
+	run(t, "ip", "link", "set", tap, "up")
+	const mac = "02:00:00:aa:bb:83"
+	if err := v.client.HotplugNIC(ctx, machine.NIC{Name: "hot", Tap: tap, MAC: mac, Model: machine.NICVirtio}); err != nil {
+		t.Fatalf("hotplug nic: %v", err)
+	}
+	plugged := time.Now()
+	waitFor(t, 11*time.Second, "the agent to report the hot-plugged NIC", func() bool {
+		st, err := v.client.Status(ctx)
+		return err == nil && st.GuestAgent != nil &&
+			slices.ContainsFunc(st.GuestAgent.Interfaces, func(i protocol.GuestInterface) bool { return i.MAC == mac })
+	})
+	t.Logf("the agent reported the hot-plugged NIC %v after the hotplug", time.Since(plugged).Round(time.Millisecond))
+}

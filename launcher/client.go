@@ -47,10 +47,11 @@ const (
 	connBuffer = 1 << 10
 	// WatchHeartbeat is how often a launcher repeats its status on a watch that saw no change, so
 	// a silent stream means a stuck launcher. Every heartbeat wakes the launcher and its node agent
-	// for one idle instance: at a minute, a stuck launcher is noticed within DefaultWatchIdleTimeout
-	// (a dead one at once: its socket closes), and an idle instance costs one wake-up a minute (at 15
-	// s, four made most of an idle launcher's CPU).
-	WatchHeartbeat = time.Minute
+	// for one idle instance, and a wake-up is most of what an idle launcher costs (BenchmarkLauncherIdle:
+	// at one a minute, the heartbeat was 5-10 ms of the launcher's 7-15 ms a minute on the test
+	// machine). At 5 minutes a stuck launcher is noticed within DefaultWatchIdleTimeout, 15
+	// minutes; a dead one at once, since its socket closes.
+	WatchHeartbeat = 5 * time.Minute
 	// DefaultWatchIdleTimeout ends a watch that sent nothing (not even a heartbeat) for this long.
 	DefaultWatchIdleTimeout = 3 * WatchHeartbeat
 

@@ -231,6 +231,9 @@ func (l *Launcher) HotplugNIC(ctx context.Context, n *machine.NIC) error {
 	}
 	l.watchNICDHCP(p, n.Name, srv)
 	l.nics[n.Name] = hot
+	if l.agent != nil {
+		l.agent.pollSoon() // the guest's new interface and its address, reported within seconds
+	}
 	l.notifyLocked()
 	return nil
 }

@@ -114,7 +114,7 @@ func (l *Launcher) Sync(ctx context.Context, req *protocol.SyncRequest) error {
 	go l.follow(proc)
 	l.serveDHCP(proc, m.NICs)
 	if m.GuestAgent {
-		l.agent = &agentState{}
+		l.agent = newAgentState()
 		go l.watchAgent(proc, l.agent)
 	}
 	if m.DownwardMetrics != nil {

@@ -76,8 +76,11 @@ func benchInterval(b *testing.B) time.Duration {
 // launchers; goal 0.02). Then an idle minute with the instances running and nothing changing, less
 // an idle minute measured before they existed (baseline-*-cpu-ms-per-min: the control plane's
 // fixed cost, which no instance causes): idle-*-cpu-ms-per-vmi-min, and qvirt's own,
-// idle-qvirt-cpu-ms-per-vmi-min (goal 1). One iteration is the whole procedure (it takes minutes),
-// so run it with -benchtime=1x.
+// idle-qvirt-cpu-ms-per-vmi-min (goal 1). The launchers' status heartbeats (every
+// launcher.WatchHeartbeat, 5 minutes) mostly fall outside that minute: launcher's
+// BenchmarkLauncherIdle measures a whole heartbeat period, with and without a guest agent, beside
+// a Go process that does nothing. One iteration is the whole procedure (it takes minutes), so run
+// it with -benchtime=1x.
 func BenchmarkStartup(b *testing.B) {
 	for range b.N {
 		benchStartup(b)
