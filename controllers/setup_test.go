@@ -3,7 +3,6 @@ package controllers_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -33,16 +32,6 @@ var cp *envtest.ControlPlane
 
 func TestMain(m *testing.M) { envtest.Main(m, &cp) }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 func eventually(t *testing.T, d time.Duration, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -62,8 +51,8 @@ func startController(t *testing.T, namespace string) (metrics, health string) {
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/qvirt-controller").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v: %s", err, out)
 	}
-	metrics = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	health = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metrics = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	health = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	cmd := exec.Command(bin, "--kubeconfig", cp.Kubeconfig, "--namespace", namespace, "--leader-elect",
 		"--webhooks=false", "--metrics-bind-address", metrics, "--health-probe-bind-address", health)
 	var logs strings.Builder

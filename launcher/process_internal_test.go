@@ -26,3 +26,20 @@ func TestExitInPostCopySaysTheMigrationFailed(t *testing.T) {
 		}
 	}
 }
+
+// TestExitAfterACompletedPostCopyIsNotASplit: once the incoming post-copy migration completes the
+// target holds the whole guest, so a later failure of its QEMU is QEMU's own, not a split guest.
+func TestExitAfterACompletedPostCopyIsNotASplit(t *testing.T) {
+	l := &Launcher{changed: make(chan struct{})}
+	p := &Process{mon: &qmp.Monitor{}, stderr: newTailBuffer(1024)}
+	_, _ = p.stderr.Write([]byte("qemu-system-x86_64: something else failed\n"))
+	p.setPostCopyIn(true)
+	l.finishIncomingPostCopy(p, string(qmp.MigrationCompleted), 0)
+	if l.migration == nil || l.migration.Status != string(qmp.MigrationCompleted) {
+		t.Fatalf("migration %+v, want completed", l.migration)
+	}
+	e := p.classify(exec.Command("sh", "-c", "exit 1").Run())
+	if e.Reason != protocol.ExitCrashed || strings.Contains(e.Detail, "post-copy") {
+		t.Errorf("exit after the post-copy completed: %+v; want QEMU's own failure, no post-copy split", e)
+	}
+}

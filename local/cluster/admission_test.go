@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -22,26 +21,6 @@ import (
 	"github.com/qvirt/qvirt/test/failover"
 	"github.com/qvirt/qvirt/test/testutil"
 )
-
-// freePortRun is the first of n consecutive TCP ports nobody listens on now.
-func freePortRun(t *testing.T, n int) int {
-	t.Helper()
-	for {
-		first := testutil.FreePortPair(t)
-		ok := true
-		for i := 1; i < n && ok; i++ {
-			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", itoa(first+i)))
-			if err != nil {
-				ok = false
-				continue
-			}
-			l.Close()
-		}
-		if ok {
-			return first
-		}
-	}
-}
 
 // checkCABundles waits until every webhook of qvirt's webhook configurations carries, as its
 // caBundle, the trust bundle qvirt-controller keeps in ConfigMap qvirt-ca-bundle: nobody else

@@ -146,7 +146,7 @@ func installAndRunController(ctx, bg context.Context, t *testing.T, cp *ControlP
 		t.Fatal(err)
 	}
 	ctl := ControllerOptions{Binary: bin, Namespace: "qvirt-system", Address: addr,
-		WebhookPort: freePortRun(t, ControllerReplicas), ProbePort: freePortRun(t, ControllerReplicas)}
+		WebhookPort: testutil.FreePortRun(t, ControllerReplicas), ProbePort: testutil.FreePortRun(t, ControllerReplicas)}
 	if err := cp.StartControllers(ctx, bg, sup, c, ctl); err != nil {
 		t.Fatal(err)
 	}

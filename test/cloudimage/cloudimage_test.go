@@ -149,7 +149,7 @@ func bootAndCheck(t *testing.T, fw firmware) string {
 		copyFile(t, filepath.Join(ovmfDir, fw.vars), vars)
 	}
 	serial, qga := filepath.Join(dir, "serial.sock"), filepath.Join(dir, "qga.sock")
-	sshPort := freePort(t)
+	sshPort := testutil.FreePort(t)
 
 	args := append(fw.args(vars),
 		"-m", "1024", "-smp", "1", "-nodefaults", "-no-user-config", "-display", "none",
@@ -386,13 +386,3 @@ func copyFile(t *testing.T, from, to string) {
 	}
 }
 
-// freePort is a loopback TCP port nothing listens on (QEMU binds it a moment later).
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}

@@ -3,7 +3,6 @@ package e2ecloud
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,7 +169,7 @@ func bareBoot(b *testing.B, key ssh.Signer, authorized string) time.Duration {
 	if err := launcher.WriteISO(seed, "cidata", files, dir); err != nil {
 		b.Fatal(err)
 	}
-	port := freePort(b)
+	port := testutil.FreePort(b)
 	var out testutil.SyncBuffer
 	cmd := exec.Command("qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "qemu64", "-smp", "1", "-m", "1024",
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
@@ -189,13 +188,3 @@ func bareBoot(b *testing.B, key ssh.Signer, authorized string) time.Duration {
 	return done.Sub(start)
 }
 
-// freePort is a loopback TCP port nothing listens on (QEMU binds it a moment later).
-func freePort(b *testing.B) int {
-	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}

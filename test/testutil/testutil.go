@@ -62,28 +62,52 @@ func PodSocketDir(t testing.TB, podsDir string, podUID types.UID) string {
 }
 
 // FreePortPair is a TCP port that nobody listens on now, nor on the port above it (a component
-// that also takes port+1: etcd's peer URL, the kubelet's health port). It is below the kernel's
-// ephemeral range, so no outgoing connection takes it as its local port before the component
-// that is given it binds it (CI: a controller replica's probe port, taken for the run by a
-// long-lived client connection, never became ready). Ports are not handed out twice in a process.
+// that also takes port+1: etcd's peer URL, the kubelet's health port); see FreePort.
 func FreePortPair(t *testing.T) int {
+	t.Helper()
+	return FreePortRun(t, 2)
+}
+
+// FreePort is a TCP port that nobody listens on now, for a component (QEMU, a server under test)
+// that binds it a moment later. It is below the kernel's ephemeral range, so no outgoing
+// connection takes it as its local port before the component binds it (CI: a controller
+// replica's probe port, taken for the run by a long-lived client connection, never became
+// ready). Ports are not handed out twice in a process.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	return FreePortRun(t, 1)
+}
+
+// FreePortRun is the first of n free ports in a row (replicas that take a port each from a base).
+func FreePortRun(t testing.TB, n int) int {
 	t.Helper()
 	lo, hi := belowEphemeral(t)
 	if hi-lo < 1024 {
-		return kernelPortPair(t)
+		return kernelPortRun(t, n)
 	}
 	freePorts.Lock()
 	defer freePorts.Unlock()
 	for range 10000 {
-		port := lo + rand.IntN(hi-lo)
-		if freePorts.given[port] || freePorts.given[port+1] || !listenable(port) || !listenable(port+1) {
-			continue
+		port := lo + rand.IntN(hi-lo-n)
+		if runFree(port, n) {
+			for i := range n {
+				freePorts.given[port+i] = true
+			}
+			return port
 		}
-		freePorts.given[port], freePorts.given[port+1] = true, true
-		return port
 	}
-	t.Fatalf("no free pair of TCP ports in %d-%d", lo, hi)
+	t.Fatalf("no %d free TCP ports in a row in %d-%d", n, lo, hi)
 	return 0
+}
+
+// runFree reports whether none of the n ports from port was handed out, and each can be listened on.
+func runFree(port, n int) bool {
+	for i := range n {
+		if freePorts.given[port+i] || !listenable(port+i) {
+			return false
+		}
+	}
+	return true
 }
 
 var freePorts = struct {
@@ -91,9 +115,9 @@ var freePorts = struct {
 	given map[int]bool
 }{given: map[int]bool{}}
 
-// belowEphemeral is the range of ports FreePortPair picks from: up to 16384 ports below
+// belowEphemeral is the range of ports FreePort picks from: up to 16384 ports below
 // net.ipv4.ip_local_port_range, and above 1024 (empty when the range starts below 2048).
-func belowEphemeral(t *testing.T) (lo, hi int) {
+func belowEphemeral(t testing.TB) (lo, hi int) {
 	t.Helper()
 	const rangeFile = "/proc/sys/net/ipv4/ip_local_port_range"
 	data, err := os.ReadFile(rangeFile)
@@ -111,9 +135,9 @@ func belowEphemeral(t *testing.T) (lo, hi int) {
 	return max(1024, eph-16384), eph - 2
 }
 
-// kernelPortPair is FreePortPair where the ephemeral range leaves no room below it: a port the
-// kernel picks, with the port above it free too.
-func kernelPortPair(t *testing.T) int {
+// kernelPortRun is FreePortRun where the ephemeral range leaves no room below it: a port the
+// kernel picks, with the n-1 ports above it free too.
+func kernelPortRun(t testing.TB, n int) int {
 	t.Helper()
 	for {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -122,7 +146,10 @@ func kernelPortPair(t *testing.T) int {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if listenable(port + 1) {
+		freePorts.Lock()
+		ok := runFree(port+1, n-1)
+		freePorts.Unlock()
+		if ok {
 			return port
 		}
 	}
