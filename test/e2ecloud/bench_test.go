@@ -187,4 +187,3 @@ func bareBoot(b *testing.B, key ssh.Signer, authorized string) time.Duration {
 	})
 	return done.Sub(start)
 }
-
