@@ -37,7 +37,10 @@ var (
 
 const (
 	agentCallTimeout = 5 * time.Second
-	agentOSInfoEvery = 30 // polls: the OS changes rarely (an upgrade), the kernel on reboot
+	// agentOSInfoEvery is in polls: the OS changes rarely (an upgrade) and the kernel on a reboot,
+	// which closes and reopens the agent's port and so asks at once. While nothing changes that is
+	// every 25 minutes or so.
+	agentOSInfoEvery = 30
 	// agentFastPolls is how many polls stay at AgentPollInterval after a change (a minute at 10 s).
 	agentFastPolls = 6
 	// agentMaxRetryWait bounds the polls skipped between retries of an agent that does not answer
@@ -71,10 +74,12 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 	defer a.disconnect(l)
 	// Subscribed first, so that no change falls between the query and the events.
 	portOpen := agentPortOpen(p)
-	timer := time.NewTimer(AgentPollInterval)
+	// The intervals are read once: tests change them between launchers.
+	base, most := AgentPollInterval, max(AgentPollMax, AgentPollInterval)
+	timer := time.NewTimer(base)
 	defer timer.Stop()
 	timer.Stop()
-	sched := newAgentSchedule()
+	sched := newAgentSchedule(base, most)
 	pollNow := portOpen
 	for {
 		if pollNow {
@@ -111,7 +116,7 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 				a.disconnect(l)
 				continue
 			}
-			sched = newAgentSchedule() // a new agent: ask for everything, now
+			sched = newAgentSchedule(base, most) // a new agent: ask for everything, now
 			pollNow = true
 		case <-a.soon:
 			sched.soon()
@@ -123,16 +128,17 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 }
 
 // agentSchedule is when the watcher asks the agent next: interval is the wait after this poll,
-// fast the polls left at AgentPollInterval, skip the polls left out after failures.
+// between base (AgentPollInterval) and most (AgentPollMax); fast the polls left at base, skip the
+// polls left out after failures.
 type agentSchedule struct {
-	interval        time.Duration
-	polls, failures int
-	fast, skip      int
+	base, most, interval time.Duration
+	polls, failures      int
+	fast, skip           int
 }
 
 // newAgentSchedule is the schedule of a new connection: everything is asked at once, then often.
-func newAgentSchedule() agentSchedule {
-	return agentSchedule{interval: AgentPollInterval, fast: agentFastPolls}
+func newAgentSchedule(base, most time.Duration) agentSchedule {
+	return agentSchedule{base: base, most: most, interval: base, fast: agentFastPolls}
 }
 
 // due reports whether this poll asks the agent, or is one of those skipped after failures.
@@ -149,8 +155,8 @@ func (s *agentSchedule) due() bool {
 func (s *agentSchedule) full() bool { return s.polls%agentOSInfoEvery == 0 }
 
 // answered follows a reply: after one that changed the status the next agentFastPolls come at
-// AgentPollInterval (an address often follows a new interface by seconds); after that the
-// interval doubles with each reply, up to AgentPollMax.
+// base (an address often follows a new interface by seconds); after that the interval doubles
+// with each reply, up to most.
 func (s *agentSchedule) answered(changed bool) {
 	s.polls++
 	s.failures = 0
@@ -159,28 +165,31 @@ func (s *agentSchedule) answered(changed bool) {
 	}
 	if s.fast > 0 {
 		s.fast--
-		s.interval = AgentPollInterval
+		s.interval = s.base
 		return
 	}
-	s.interval = min(2*s.interval, max(AgentPollMax, AgentPollInterval))
+	s.interval = min(2*s.interval, s.most)
 }
 
 // busy keeps the interval: the agent is there, busy with a request of the user's.
-func (s *agentSchedule) busy() { s.polls++ }
+func (s *agentSchedule) busy() {
+	s.polls++
+	s.failures = 0
+}
 
-// failed follows a poll that got no answer: retry at AgentPollInterval, skipping more polls the
-// more failures in a row (agentRetryWait).
+// failed follows a poll that got no answer: retry at base, skipping more polls the more failures
+// in a row (agentRetryWait).
 func (s *agentSchedule) failed() {
 	s.polls++
 	s.failures++
 	s.skip = agentRetryWait(s.failures)
-	s.interval = AgentPollInterval
+	s.interval = s.base
 }
 
 // soon makes the next poll now and the ones after it frequent: the launcher changed the guest
 // (a NIC was hot-plugged), and what the agent reports will follow.
 func (s *agentSchedule) soon() {
-	s.interval = AgentPollInterval
+	s.interval = s.base
 	s.fast = agentFastPolls
 	s.skip = 0
 }

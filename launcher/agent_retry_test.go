@@ -41,7 +41,7 @@ func TestAgentScheduleBacksOffWhileNothingChanges(t *testing.T) {
 		return out
 	}
 	same := func(n int) []bool { return make([]bool, n) }
-	s := newAgentSchedule()
+	s := newAgentSchedule(AgentPollInterval, AgentPollMax)
 	if !s.full() {
 		t.Error("the first poll of a connection does not ask for the agent's and the OS's info")
 	}
@@ -54,7 +54,7 @@ func TestAgentScheduleBacksOffWhileNothingChanges(t *testing.T) {
 	if got := intervals(&s, true, false); !slices.Equal(got, []time.Duration{s10, s10}) {
 		t.Errorf("after a changed answer: %v, want the short interval again", got)
 	}
-	s = newAgentSchedule()
+	s = newAgentSchedule(AgentPollInterval, AgentPollMax)
 	intervals(&s, append([]bool{true}, same(10)...)...)
 	s.soon()
 	if got := intervals(&s, same(7)...); !slices.Equal(got, []time.Duration{s10, s10, s10, s10, s10, s10, 20 * time.Second}) {

@@ -24,10 +24,10 @@ import (
 // clears Connected, starting it again sets it.
 func TestGuestAgentReportsTheGuest(t *testing.T) {
 	ctx := context.Background()
-	// Poll often, so that polls happen while the guest is frozen below.
-	saved := launcher.AgentPollInterval
-	launcher.AgentPollInterval = time.Second
-	t.Cleanup(func() { launcher.AgentPollInterval = saved })
+	// Poll every second, without backing off, so that polls happen while the guest is frozen below.
+	saved, savedMax := launcher.AgentPollInterval, launcher.AgentPollMax
+	launcher.AgentPollInterval, launcher.AgentPollMax = time.Second, time.Second
+	t.Cleanup(func() { launcher.AgentPollInterval, launcher.AgentPollMax = saved, savedMax })
 	tap := fmt.Sprintf("qvga%d", os.Getpid()%100000)
 	run(t, "ip", "tuntap", "add", "dev", tap, "mode", "tap")
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tap).Run() })
@@ -241,7 +241,7 @@ func TestAgentWatcherLeavesAClosedPortAlone(t *testing.T) {
 
 // TestAgentPollsAfterAHotpluggedNIC: the watcher backs off while the agent reports nothing new,
 // yet a hot-plugged NIC is in the agent's report within seconds, since the hotplug asks for polls
-// at the short interval again. Without that, the next poll here comes 13 s after the hotplug.
+// at the short interval again. Without that, the next poll here comes about 31 s after the hotplug.
 func TestAgentPollsAfterAHotpluggedNIC(t *testing.T) {
 	saved, savedMax := launcher.AgentPollInterval, launcher.AgentPollMax
 	launcher.AgentPollInterval, launcher.AgentPollMax = 250*time.Millisecond, time.Hour
@@ -252,9 +252,9 @@ func TestAgentPollsAfterAHotpluggedNIC(t *testing.T) {
 		st, err := v.client.Status(ctx)
 		return err == nil && st.GuestAgent != nil && st.GuestAgent.Connected
 	})
-	// Polls 250 ms apart for 1.5 s, then 0.5, 1, 2, 4, 8 and 16 s apart: 20 s on, the next poll
-	// on its own is 13 s away.
-	time.Sleep(20 * time.Second)
+	// Polls 250 ms apart for 1.5 s, then 0.5, 1, 2, 4, 8, 16 and 32 s apart: 34 s on, the next
+	// poll on its own is about 31 s away, well past the wait below.
+	time.Sleep(34 * time.Second)
 	tap := fmt.Sprintf("qvgh%d", os.Getpid()%100000)
 	run(t, "ip", "tuntap", "add", "dev", tap, "mode", "tap")
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", tap).Run() })

@@ -557,10 +557,15 @@ func (r *Reconciler) recoverTarget(ctx context.Context, v *v1alpha1.VirtualMachi
 
 // resumePostCopy sends the rest of a post-copy migration whose link broke to the target, which
 // listens again (recoverTarget): a new tunnel in the source pod, and the source QEMU's resume to
-// it. A resume is tried at most once per resumeRetry: the source's status lags behind it.
+// it. A resume is tried at most once per resumeRetry, since the source's status lags behind it;
+// one not due yet returns errResumeLater, so that the instance is looked at again then: nothing
+// else may change before the guest is lost (a failed resume leaves the same paused status).
 func (r *Reconciler) resumePostCopy(ctx context.Context, v *v1alpha1.VirtualMachineInstance, ms *v1alpha1.VirtualMachineInstanceMigrationState) error {
-	if r.Migrations == nil || !r.launchers.resumeDue(v.UID, resumeRetry) {
+	if r.Migrations == nil {
 		return nil
+	}
+	if !r.launchers.resumeDue(v.UID, resumeRetry) {
+		return errResumeLater
 	}
 	hostDir := r.launchers.dir(v.UID)
 	if hostDir == "" {
@@ -583,3 +588,6 @@ func (r *Reconciler) resumePostCopy(ctx context.Context, v *v1alpha1.VirtualMach
 
 // resumeRetry spaces the source's resumes of one migration.
 const resumeRetry = 10 * time.Second
+
+// errResumeLater requeues a source whose post-copy resume is not due yet: see resumePostCopy.
+var errResumeLater = errors.New("the post-copy migration's resume is not due yet")

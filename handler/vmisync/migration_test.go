@@ -99,6 +99,37 @@ func TestPausedPostCopyIsNotAFailure(t *testing.T) {
 	}
 }
 
+// A post-copy resume tried less than resumeRetry ago is not sent again, but the instance is looked
+// at again then: a resume that failed leaves the same paused status, so no event would bring it
+// back before the guest is lost (it used to wait for the launcher's heartbeat, now 5 minutes,
+// as long as the recovery window). The phases after the migration's still run.
+func TestThrottledPostCopyResumeIsRetried(t *testing.T) {
+	v := &v1alpha1.VirtualMachineInstance{}
+	v.UID = "7c2e9a41-5b3d-4e6f-8a1b-9c0d2e3f4a5b"
+	v.Status.NodeName = "node-a"
+	v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationUID: "m-3", SourceNode: "node-a",
+		TargetNode: "node-b", TargetReady: true, TargetRecoveryReady: true, TargetNodeAddress: "10.0.0.2:4443",
+		StartTimestamp: ptr.To(metav1.Now())}
+	st := &protocol.Status{Phase: protocol.PhaseRunning, RunState: "paused",
+		Migration: &protocol.MigrationInfo{Role: protocol.RoleSource, Status: "postcopy-paused", PostCopy: true}}
+	r := &Reconciler{NodeName: "node-a", Recorder: record.NewFakeRecorder(10), Migrations: unusedTunnel{},
+		launchers: newLaunchers(launcher.ClientOptions{}, logr.Discard())}
+	r.launchers.resumeDue(v.UID, resumeRetry) // a resume was just tried
+	ran := false
+	s := &syncState{v: v, st: st}
+	err := runPhases(context.Background(), s, []phase{
+		{name: "source migration", run: r.sourceMigrationPhase},
+		{name: "next", run: func(context.Context, *syncState) error { ran = true; return nil }},
+	})
+	if err != nil || s.requeueAfter != resumeRetry || !ran {
+		t.Errorf("a resume not due yet: err %v, requeue after %v, later phases ran %v; want no error, a requeue after %v, and the phases run",
+			err, s.requeueAfter, ran, resumeRetry)
+	}
+}
+
+// unusedTunnel is a MigrationTunnel for a test that must not reach it.
+type unusedTunnel struct{ MigrationTunnel }
+
 // The streamed launcher status can lag behind the launcher itself: a reconcile right after the
 // agent's own start (its status write done, the stream not yet showing the migration) read a
 // stream that showed no migration and started again; the launcher refused ("409: a migration is

@@ -198,7 +198,10 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.patchStatus(ctx, before, &v); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, syncErr
+	if syncErr != nil {
+		return ctrl.Result{}, syncErr
+	}
+	return ctrl.Result{RequeueAfter: s.requeueAfter}, nil
 }
 
 // syncState is one reconcile of an instance running on this node, shared by its phases: each
@@ -211,6 +214,8 @@ type syncState struct {
 	st *protocol.Status
 	// failures are the hotplug failures per volume, for the instance's volumeStatus.
 	failures hotplugFailures
+	// requeueAfter asks for another reconcile that long after this one, when no event will come.
+	requeueAfter time.Duration
 }
 
 // phase is one step of bringing the launcher in line with the instance. A hotplug phase is
@@ -227,7 +232,7 @@ type phase struct {
 func (r *Reconciler) phases() []phase {
 	return []phase{
 		{name: "launcher", run: r.launcherPhase},
-		{name: "source migration", run: func(ctx context.Context, s *syncState) error { return r.syncSourceMigration(ctx, s.v, s.st) }},
+		{name: "source migration", run: r.sourceMigrationPhase},
 		{name: "realtime", run: func(ctx context.Context, s *syncState) error { return r.syncRealtime(ctx, s.v, s.pod, s.st) }, hotplug: true},
 		{name: "disks", run: r.disksPhase, hotplug: true},
 		{name: "nics", run: func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }, hotplug: true},
@@ -257,6 +262,16 @@ func runPhases(ctx context.Context, s *syncState, phases []phase) error {
 		}
 	}
 	return errors.Join(hotplugErrs...)
+}
+
+// sourceMigrationPhase turns a resume that is not due yet into a requeue: the phases after it run.
+func (r *Reconciler) sourceMigrationPhase(ctx context.Context, s *syncState) error {
+	err := r.syncSourceMigration(ctx, s.v, s.st)
+	if errors.Is(err, errResumeLater) {
+		s.requeueAfter = resumeRetry
+		return nil
+	}
+	return err
 }
 
 func (r *Reconciler) launcherPhase(ctx context.Context, s *syncState) error {

@@ -88,16 +88,21 @@ func FreePortRun(t testing.TB, n int) int {
 	freePorts.Lock()
 	defer freePorts.Unlock()
 	for range 10000 {
-		port := lo + rand.IntN(hi-lo-n)
+		port := lo + rand.IntN(hi-lo-n+2) // the run ends at hi at most
 		if runFree(port, n) {
-			for i := range n {
-				freePorts.given[port+i] = true
-			}
+			give(port, n)
 			return port
 		}
 	}
 	t.Fatalf("no %d free TCP ports in a row in %d-%d", n, lo, hi)
 	return 0
+}
+
+// give records the n ports from port as handed out; freePorts is locked.
+func give(port, n int) {
+	for i := range n {
+		freePorts.given[port+i] = true
+	}
 }
 
 // runFree reports whether none of the n ports from port was handed out, and each can be listened on.
@@ -147,7 +152,10 @@ func kernelPortRun(t testing.TB, n int) int {
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
 		freePorts.Lock()
-		ok := runFree(port+1, n-1)
+		ok := runFree(port, n)
+		if ok {
+			give(port, n)
+		}
 		freePorts.Unlock()
 		if ok {
 			return port
