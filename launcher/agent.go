@@ -76,19 +76,20 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 	portOpen := agentPortOpen(p)
 	// The intervals are read once: tests change them between launchers.
 	base, most := AgentPollInterval, max(AgentPollMax, AgentPollInterval)
+	// Stopped until the first poll: nothing is due while the port is closed.
 	timer := time.NewTimer(base)
-	defer timer.Stop()
 	timer.Stop()
+	defer timer.Stop()
 	sched := newAgentSchedule(base, most)
 	pollNow := portOpen
 	for {
 		if pollNow {
 			pollNow = false
 			if sched.due() {
-				// A busy client (a long freeze in progress) is not a dead agent: skip this poll.
 				changed, err := a.poll(l, p, sched.full())
 				switch {
 				case errors.Is(err, guestagent.ErrBusy):
+					// A busy client (a long freeze in progress) is not a dead agent: skip this poll.
 					sched.busy()
 				case err != nil:
 					a.disconnect(l)

@@ -69,14 +69,17 @@ func guestVMI(t testing.TB) *v1alpha1.VirtualMachineInstance {
 func guestSpec(t testing.TB) *protocol.SyncRequest { return testutil.SyncRequest(t, guestVMI(t), nil) }
 
 // guestMachineFile writes the test guest's machine description, as `qvirtctl machine --emulation
-// -f test/guest/vmi.yaml` prints it, for `qvirt-launcher run`.
-func guestMachineFile(t testing.TB) string {
+// -f test/guest/vmi.yaml` prints it, for `qvirt-launcher run`, with extraArgs appended to the
+// guest kernel's command line.
+func guestMachineFile(t testing.TB, extraArgs ...string) string {
 	t.Helper()
 	vmi, err := translate.LoadFile("../test/guest/vmi.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	vmi.Spec.Domain.Firmware.KernelBoot.Container.Image = "file://" + guestDir
+	kb := vmi.Spec.Domain.Firmware.KernelBoot
+	kb.Container.Image = "file://" + guestDir
+	kb.KernelArgs = strings.Join(append([]string{kb.KernelArgs}, extraArgs...), " ")
 	m, err := translate.Machine(vmi, translate.Host{Emulation: true})
 	if err != nil {
 		t.Fatal(err)

@@ -218,7 +218,7 @@ func imagePullCondition(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) *
 	statuses := append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...)
 	for _, cs := range statuses {
 		w := cs.State.Waiting
-		if w == nil || (w.Reason != v1alpha1.ReasonErrImagePull && w.Reason != v1alpha1.ReasonImagePullBackOff) {
+		if w == nil || !pullWait(w) {
 			continue
 		}
 		msg := fmt.Sprintf("launcher pod %s, container %s: %s", pod.Name, cs.Name, w.Message)

@@ -510,7 +510,7 @@ func unplugPending(v *v1alpha1.VirtualMachineInstance, st *protocol.Status) erro
 }
 
 // errPostCopyWatch requeues a migration target in post-copy: see recoveryPoll.
-var errPostCopyWatch = errors.New("the migration is in post-copy")
+var errPostCopyWatch = &waitError{"the migration is in post-copy", recoveryPoll}
 
 // recoverTarget mends, on the target's side, a migration in post-copy whose link broke: when the
 // target launcher reports it paused, this node's endpoint expects the source's resumed stream and
@@ -590,4 +590,4 @@ func (r *Reconciler) resumePostCopy(ctx context.Context, v *v1alpha1.VirtualMach
 const resumeRetry = 10 * time.Second
 
 // errResumeLater requeues a source whose post-copy resume is not due yet: see resumePostCopy.
-var errResumeLater = errors.New("the post-copy migration's resume is not due yet")
+var errResumeLater = &waitError{"the post-copy migration's resume is not due yet", resumeRetry}

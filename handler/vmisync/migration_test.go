@@ -118,7 +118,7 @@ func TestThrottledPostCopyResumeIsRetried(t *testing.T) {
 	ran := false
 	s := &syncState{v: v, st: st}
 	err := runPhases(context.Background(), s, []phase{
-		{name: "source migration", run: r.sourceMigrationPhase},
+		{name: "source migration", run: r.phases()[1].run},
 		{name: "next", run: func(context.Context, *syncState) error { ran = true; return nil }},
 	})
 	if err != nil || s.requeueAfter != resumeRetry || !ran {

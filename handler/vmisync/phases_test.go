@@ -46,3 +46,23 @@ func TestHotplugPhasesRunDespiteAnotherFailing(t *testing.T) {
 		t.Errorf("after a failing launcher phase: ran %v, error %v; want only the launcher phase and its error", ran, err)
 	}
 }
+
+// A phase that waits holds back none after it while the launcher's status is known, and the
+// reconcile comes back after the shortest wait asked for.
+func TestWaitingPhasesRequeueAtTheShortestWait(t *testing.T) {
+	var ran []string
+	wait := func(name string, err error) phase {
+		return phase{name: name, run: func(_ context.Context, s *syncState) error {
+			ran = append(ran, name)
+			s.st = &protocol.Status{Phase: protocol.PhaseRunning}
+			return err
+		}}
+	}
+	s := &syncState{}
+	err := runPhases(context.Background(), s, []phase{
+		wait("launcher", nil), wait("post-copy", errPostCopyWatch), wait("resume", errResumeLater), wait("disks", nil),
+	})
+	if err != nil || s.requeueAfter != recoveryPoll || len(ran) != 4 {
+		t.Errorf("ran %v, error %v, requeue after %v; want all four phases, no error, after %v", ran, err, s.requeueAfter, recoveryPoll)
+	}
+}

@@ -191,8 +191,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	before := v.DeepCopy()
 	s := &syncState{v: &v, pod: pod}
 	syncErr := r.runPhases(ctx, s)
-	if errors.Is(syncErr, errLauncherStarting) {
-		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
+	if after, ok := waitFor(syncErr); ok {
+		// The launcher phase waits: there is no launcher status to write.
+		return ctrl.Result{RequeueAfter: after}, nil
 	}
 	r.applyStatus(s)
 	if err := r.patchStatus(ctx, before, &v); err != nil {
@@ -214,7 +215,8 @@ type syncState struct {
 	st *protocol.Status
 	// failures are the hotplug failures per volume, for the instance's volumeStatus.
 	failures hotplugFailures
-	// requeueAfter asks for another reconcile that long after this one, when no event will come.
+	// requeueAfter asks for another reconcile that long after this one, when no event will come:
+	// the shortest wait of a phase that the phases after it did not wait for (runPhases).
 	requeueAfter time.Duration
 }
 
@@ -232,7 +234,7 @@ type phase struct {
 func (r *Reconciler) phases() []phase {
 	return []phase{
 		{name: "launcher", run: r.launcherPhase},
-		{name: "source migration", run: r.sourceMigrationPhase},
+		{name: "source migration", run: func(ctx context.Context, s *syncState) error { return r.syncSourceMigration(ctx, s.v, s.st) }},
 		{name: "realtime", run: func(ctx context.Context, s *syncState) error { return r.syncRealtime(ctx, s.v, s.pod, s.st) }, hotplug: true},
 		{name: "disks", run: r.disksPhase, hotplug: true},
 		{name: "nics", run: func(ctx context.Context, s *syncState) error { return r.syncNICs(ctx, s.v, s.pod, s.st) }, hotplug: true},
@@ -242,7 +244,9 @@ func (r *Reconciler) phases() []phase {
 }
 
 // runPhases runs the phases in order until one that is not a hotplug phase fails or no launcher
-// status is left to sync with; the hotplug phases all run, and their errors are joined.
+// status is left to sync with; the hotplug phases all run, and their errors are joined. A phase
+// that waits (waitError) holds back no other while there is a launcher status: its wait becomes
+// the state's requeueAfter.
 func (r *Reconciler) runPhases(ctx context.Context, s *syncState) error {
 	return runPhases(ctx, s, r.phases())
 }
@@ -251,6 +255,10 @@ func runPhases(ctx context.Context, s *syncState, phases []phase) error {
 	var hotplugErrs []error
 	for _, p := range phases {
 		err := p.run(ctx, s)
+		if after, ok := waitFor(err); ok && s.st != nil {
+			s.waitAtMost(after)
+			err = nil
+		}
 		if err != nil && !p.hotplug {
 			return errors.Join(append(hotplugErrs, fmt.Errorf("%s: %w", p.name, err))...)
 		}
@@ -264,14 +272,11 @@ func runPhases(ctx context.Context, s *syncState, phases []phase) error {
 	return errors.Join(hotplugErrs...)
 }
 
-// sourceMigrationPhase turns a resume that is not due yet into a requeue: the phases after it run.
-func (r *Reconciler) sourceMigrationPhase(ctx context.Context, s *syncState) error {
-	err := r.syncSourceMigration(ctx, s.v, s.st)
-	if errors.Is(err, errResumeLater) {
-		s.requeueAfter = resumeRetry
-		return nil
+// waitAtMost asks for the next reconcile after d at the latest.
+func (s *syncState) waitAtMost(d time.Duration) {
+	if s.requeueAfter == 0 || d < s.requeueAfter {
+		s.requeueAfter = d
 	}
-	return err
 }
 
 func (r *Reconciler) launcherPhase(ctx context.Context, s *syncState) error {
@@ -371,7 +376,26 @@ const (
 	launcherStartPoll  = 200 * time.Millisecond
 )
 
-var errLauncherStarting = errors.New("the launcher is starting")
+var errLauncherStarting = &waitError{"the launcher is starting", launcherStartPoll}
+
+// waitError is what a phase returns when it waits for something no event announces (a launcher's
+// socket, a handover, a post-copy, a resume's next turn): the instance is looked at again after
+// the wait, and nothing is recorded as a failure.
+type waitError struct {
+	what  string
+	after time.Duration
+}
+
+func (e *waitError) Error() string { return e.what }
+
+// waitFor is the wait err asks for, if it asks for one.
+func waitFor(err error) (time.Duration, bool) {
+	var w *waitError
+	if errors.As(err, &w) {
+		return w.after, true
+	}
+	return 0, false
+}
 
 // notListening reports whether err says nobody listens on the socket (yet, or any more).
 func notListening(err error) bool {
@@ -423,11 +447,8 @@ func (r *Reconciler) reconcileIncoming(ctx context.Context, req ctrl.Request) (c
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	err := r.reconcileTarget(ctx, &v)
-	if errors.Is(err, errLauncherStarting) || errors.Is(err, errHandoverPending) {
-		return ctrl.Result{RequeueAfter: launcherStartPoll}, nil
-	}
-	if errors.Is(err, errPostCopyWatch) {
-		return ctrl.Result{RequeueAfter: recoveryPoll}, nil
+	if after, ok := waitFor(err); ok {
+		return ctrl.Result{RequeueAfter: after}, nil
 	}
 	return ctrl.Result{}, err
 }

@@ -41,7 +41,7 @@ const (
 
 // errHandoverPending asks for another look shortly: the target launcher has not recorded yet that
 // it holds the guest, or it was just told to stop its QEMU.
-var errHandoverPending = errors.New("the handover is under way")
+var errHandoverPending = &waitError{"the handover is under way", launcherStartPoll}
 
 // syncSourceHandover drives a source launcher that holds a handed-over guest, and reports whether
 // it holds one (the rest of the source's migration sync then has nothing to do).

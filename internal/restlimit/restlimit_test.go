@@ -45,15 +45,19 @@ func TestApply(t *testing.T) {
 }
 
 // TestRequestsAreMeasured: once the limits are applied, a request through the config shows on
-// controller-runtime's /metrics registry: its latency and its wait for a token.
+// controller-runtime's /metrics registry: its latency and its wait for a token. It does not ask
+// for a compressed answer.
 func TestRequestsAreMeasured(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	var accepted []string
+	// Over TLS, as to kube-apiserver: without TLS settings client-go uses Go's default transport.
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		accepted = append(accepted, r.Header.Get("Accept-Encoding"))
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
 	}))
 	defer srv.Close()
 	f := Register(flag.NewFlagSet("test", flag.ContinueOnError), 200, 400)
-	cfg := &rest.Config{Host: srv.URL}
+	cfg := &rest.Config{Host: srv.URL, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
 	if err := f.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +67,9 @@ func TestRequestsAreMeasured(t *testing.T) {
 	}
 	if _, err := dc.ServerVersion(); err != nil {
 		t.Fatal(err)
+	}
+	if len(accepted) != 1 || strings.Contains(accepted[0], "gzip") {
+		t.Errorf("Accept-Encoding of the requests: %q, want one request not accepting gzip", accepted)
 	}
 	families, err := metrics.Registry.Gather()
 	if err != nil {
