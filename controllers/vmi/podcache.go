@@ -12,7 +12,9 @@ var stripManagedFields = cache.TransformStripManagedFields()
 // CacheTransform is qvirt-controller's cache transform: managed fields go from every object (never
 // read here, about a fifth of a cached VMI), and a launcher pod keeps only what the controller
 // reads from its cache: its metadata, node and status, and of its spec the image volumes and each
-// container's name, image and mounts of those volumes (the images it pulled, podImages). The rest
+// container's name, image and mounts of those volumes (the images it pulled, podImages), and
+// whether it has a liveness probe (a launcher the kubelet stopped for it, terminatedPodOutcome:
+// the probe itself is left out, an empty one stands for it). The rest
 // of a launcher pod's spec (commands, environment, resources, security contexts, probes,
 // tolerations, the other volumes) was a fifth of the controller's heap per VMI at 8,000 VMIs, and
 // its one reader, the migration controller copying the source pod into the target's, reads the
@@ -46,6 +48,9 @@ func trimPodSpec(spec *corev1.PodSpec) {
 	cs := make([]corev1.Container, len(spec.Containers))
 	for i, c := range spec.Containers {
 		cs[i] = corev1.Container{Name: c.Name, Image: c.Image}
+		if c.LivenessProbe != nil {
+			cs[i].LivenessProbe = &corev1.Probe{}
+		}
 		for _, m := range c.VolumeMounts {
 			if isImage(m.Name) {
 				cs[i].VolumeMounts = append(cs[i].VolumeMounts, m)

@@ -39,6 +39,11 @@ func TestPodOutcome(t *testing.T) {
 	livenessKilled.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: podlayout.ComputeContainer, State: corev1.ContainerState{
 		Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: podlayout.TerminatedMessagePrefix + "guest shutdown"},
 	}}}
+	// As the controller's cache holds it: the spec trimmed (CacheTransform).
+	cached, err := CacheTransform(livenessKilled.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
 	deletedAfterStop := livenessKilled.DeepCopy()
 	deletedAfterStop.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 	poweredOff := livenessKilled.DeepCopy()
@@ -74,6 +79,8 @@ func TestPodOutcome(t *testing.T) {
 		{name: "liveness kill the node agent missed", cur: v1alpha1.Running, pod: livenessKilled, phase: v1alpha1.Failed,
 			reason: vmisync.ReasonLivenessProbeFailed, event: vmisync.EventGuestEnded,
 			wantMessage: "The kubelet stopped the launcher pod's compute container: spec.livenessProbe failed. The guest ended: guest shutdown"},
+		{name: "liveness kill the node agent missed, pod from the cache", cur: v1alpha1.Running, pod: cached.(*corev1.Pod), phase: v1alpha1.Failed,
+			reason: vmisync.ReasonLivenessProbeFailed, event: vmisync.EventGuestEnded},
 		{name: "launcher stopped for its pod's deletion", cur: v1alpha1.Running, pod: deletedAfterStop, phase: v1alpha1.Succeeded, reason: ReasonPodSucceeded, event: EventPodSucceeded},
 		{name: "guest powered off by itself", cur: v1alpha1.Running, pod: poweredOff, phase: v1alpha1.Succeeded, reason: ReasonPodSucceeded, event: EventPodSucceeded},
 		{name: "Failed is final", cur: v1alpha1.Failed, phase: v1alpha1.Failed},
