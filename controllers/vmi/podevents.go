@@ -29,8 +29,9 @@ func podChanged() predicate.Predicate {
 // podFacts is all the reconciler reads from its launcher pods (launcherPod, podOutcome and
 // terminatedPodOutcome, podFailureDetail, imagePullCondition, unscheduledCondition,
 // RecordImages): a pod update that leaves it the same cannot change the instance. A new reader of
-// another field of the pod adds the field here, or its changes are never seen. The spec's image
-// volumes and containers are immutable, name, UID and creation time too.
+// another field of the pod adds the field here, or its changes are never seen. What it reads of
+// the spec besides the node (image volumes, mounts, whether there is a liveness probe) is
+// immutable, and so are the name, UID and creation time.
 func podFacts(p *corev1.Pod) corev1.Pod {
 	f := corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp},

@@ -66,6 +66,11 @@ func TestPodUpdatesThatReconcile(t *testing.T) {
 			compute(p, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: "qemu: error"}})
 		}, true},
 		{"the pod failed", func(p *corev1.Pod) { p.Status.Phase, p.Status.Reason = corev1.PodFailed, "Evicted" }, true},
+		{"the pod's message", func(p *corev1.Pod) { p.Status.Message = "The node was low on resource: memory." }, true},
+		{"an init container's image cannot be pulled", func(p *corev1.Pod) {
+			p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "init", State: corev1.ContainerState{
+				Waiting: &corev1.ContainerStateWaiting{Reason: v1alpha1.ReasonErrImagePull}}}}
+		}, true},
 		{"an image volume's digest", func(p *corev1.Pod) {
 			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: podlayout.ComputeContainer, VolumeMounts: []corev1.VolumeMountStatus{{
 				Name: "disk-root", VolumeStatus: &corev1.VolumeStatus{Image: &corev1.ImageVolumeStatus{ImageRef: "example/disk@sha256:aa"}}}}}}
@@ -79,8 +84,21 @@ func TestPodUpdatesThatReconcile(t *testing.T) {
 			t.Errorf("%s: reconcile = %v, want %v", c.name, got, c.want)
 		}
 	}
-	// An image pull error that clears (the pull succeeded) must reach the instance's condition.
+	// How a container ended: its reason and message are in the instance's Event.
 	old, cur := base(), base()
+	compute(old, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}})
+	compute(cur, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: podlayout.TerminatedMessagePrefix + "guest shutdown"}})
+	if !pred.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: cur}) {
+		t.Error("a terminated container's message came: no reconcile")
+	}
+	// Scheduled after all: the instance's mirrored PodScheduled=False goes.
+	old, cur = base(), base()
+	old.Status.Conditions[0] = corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable"}
+	if !pred.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: cur}) {
+		t.Error("scheduled after being unschedulable: no reconcile")
+	}
+	// An image pull error that clears (the pull succeeded) must reach the instance's condition.
+	old, cur = base(), base()
 	compute(old, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: v1alpha1.ReasonErrImagePull}})
 	compute(cur, corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}})
 	if !pred.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: cur}) {

@@ -115,7 +115,7 @@ func (r *Reconciler) reconcileTarget(ctx context.Context, v *v1alpha1.VirtualMac
 	}
 	before := v.DeepCopy()
 	listen, err := r.prepareTarget(ctx, v, pod)
-	if errors.Is(err, errLauncherStarting) || (err != nil && ctx.Err() != nil) {
+	if _, wait := waitFor(err); wait || (err != nil && ctx.Err() != nil) {
 		return err
 	}
 	if err != nil {

@@ -118,7 +118,7 @@ func TestThrottledPostCopyResumeIsRetried(t *testing.T) {
 	ran := false
 	s := &syncState{v: v, st: st}
 	err := runPhases(context.Background(), s, []phase{
-		{name: "source migration", run: r.phases()[1].run},
+		{name: "source migration", run: phaseNamed(t, r, "source migration")},
 		{name: "next", run: func(context.Context, *syncState) error { ran = true; return nil }},
 	})
 	if err != nil || s.requeueAfter != resumeRetry || !ran {
@@ -173,4 +173,16 @@ func TestSourceMigrationAsksTheLauncherBeforeStarting(t *testing.T) {
 		t.Errorf("failed %v (%q), startTimestamp %v, starts sent %d; want the running migration recorded as started and none sent",
 			ms.Failed, ms.FailureReason, ms.StartTimestamp, sources.Load())
 	}
+}
+
+// phaseNamed is r's phase of that name.
+func phaseNamed(t *testing.T, r *Reconciler, name string) func(context.Context, *syncState) error {
+	t.Helper()
+	for _, p := range r.phases() {
+		if p.name == name {
+			return p.run
+		}
+	}
+	t.Fatalf("no phase %q", name)
+	return nil
 }

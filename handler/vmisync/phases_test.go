@@ -3,9 +3,11 @@ package vmisync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/qvirt/qvirt/launcher/protocol"
 )
@@ -60,9 +62,32 @@ func TestWaitingPhasesRequeueAtTheShortestWait(t *testing.T) {
 	}
 	s := &syncState{}
 	err := runPhases(context.Background(), s, []phase{
-		wait("launcher", nil), wait("post-copy", errPostCopyWatch), wait("resume", errResumeLater), wait("disks", nil),
+		wait("launcher", nil), wait("resume", errResumeLater), wait("post-copy", errPostCopyWatch), wait("disks", nil),
 	})
 	if err != nil || s.requeueAfter != recoveryPoll || len(ran) != 4 {
 		t.Errorf("ran %v, error %v, requeue after %v; want all four phases, no error, after %v", ran, err, s.requeueAfter, recoveryPoll)
+	}
+}
+
+// Each wait reaches the reconcile's requeue with its own delay, through the phases' wrapping; a
+// wait joined with a failure is a failure (its error must not be dropped).
+func TestWaitFor(t *testing.T) {
+	for _, c := range []struct {
+		err   error
+		after time.Duration
+		wait  bool
+	}{
+		{errLauncherStarting, launcherStartPoll, true},
+		{errHandoverPending, launcherStartPoll, true},
+		{errPostCopyWatch, recoveryPoll, true},
+		{errResumeLater, resumeRetry, true},
+		{fmt.Errorf("launcher: %w", errLauncherStarting), launcherStartPoll, true},
+		{errors.Join(errors.New("disks: attach volume \"bad\""), fmt.Errorf("launcher: %w", errLauncherStarting)), 0, false},
+		{errors.New("the launcher is starting"), 0, false},
+		{nil, 0, false},
+	} {
+		if after, wait := waitFor(c.err); after != c.after || wait != c.wait {
+			t.Errorf("waitFor(%v) = %v, %v; want %v, %v", c.err, after, wait, c.after, c.wait)
+		}
 	}
 }

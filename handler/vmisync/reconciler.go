@@ -260,7 +260,11 @@ func runPhases(ctx context.Context, s *syncState, phases []phase) error {
 			err = nil
 		}
 		if err != nil && !p.hotplug {
-			return errors.Join(append(hotplugErrs, fmt.Errorf("%s: %w", p.name, err))...)
+			err = fmt.Errorf("%s: %w", p.name, err)
+			if len(hotplugErrs) == 0 {
+				return err
+			}
+			return errors.Join(append(hotplugErrs, err)...)
 		}
 		if err != nil {
 			hotplugErrs = append(hotplugErrs, fmt.Errorf("%s: %w", p.name, err))
@@ -388,11 +392,13 @@ type waitError struct {
 
 func (e *waitError) Error() string { return e.what }
 
-// waitFor is the wait err asks for, if it asks for one.
+// waitFor is the wait err asks for, if it is a wait and nothing else: a wait joined with a
+// failure (errors.Join) is a failure, so it is looked for through single wrapping only.
 func waitFor(err error) (time.Duration, bool) {
-	var w *waitError
-	if errors.As(err, &w) {
-		return w.after, true
+	for ; err != nil; err = errors.Unwrap(err) {
+		if w, ok := err.(*waitError); ok {
+			return w.after, true
+		}
 	}
 	return 0, false
 }

@@ -311,6 +311,9 @@ func (c *Cluster) nodeOptions(i int, restCfg *rest.Config, cniBin string) provid
 	// A kubelet's pod status updates are not throttled like a controller's: with client-go's
 	// default 5 QPS a burst of launcher pods waits seconds for its status writes.
 	cfg.QPS, cfg.Burst = 100, 200
+	// Loopback to kube-apiserver: gzipped watch streams would cost both ends CPU for nothing
+	// (restlimit says more).
+	cfg.DisableCompression = true
 	return provider.Options{NodeName: name, Config: cfg, StateDir: dir, CNIBinDir: cniBin,
 		// Multus reads pods and NetworkAttachmentDefinitions as the virtual node does.
 		MultusBinDir: c.multusBin, MultusKubeconfig: c.Kubeconfig,
