@@ -3,11 +3,19 @@ package testutil
 import (
 	"context"
 	"runtime"
+	"testing"
 
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
+
+// ReportGoal reports a benchmark's figure and the goal it is held to (issue 16's), as unit+"-goal":
+// the figures print sorted by unit, so each goal prints beside its figure.
+func ReportGoal(b *testing.B, value float64, unit string, goal float64) {
+	b.ReportMetric(value, unit)
+	b.ReportMetric(goal, unit+"-goal")
+}
 
 // LiveHeap is the heap in use after a full collection: what a benchmark's process holds.
 func LiveHeap() uint64 {
