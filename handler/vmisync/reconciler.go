@@ -259,15 +259,15 @@ func runPhases(ctx context.Context, s *syncState, phases []phase) error {
 			s.waitAtMost(after)
 			err = nil
 		}
-		if err != nil && !p.hotplug {
-			err = fmt.Errorf("%s: %w", p.name, err)
-			if len(hotplugErrs) == 0 {
-				return err
-			}
-			return errors.Join(append(hotplugErrs, err)...)
-		}
 		if err != nil {
-			hotplugErrs = append(hotplugErrs, fmt.Errorf("%s: %w", p.name, err))
+			err = fmt.Errorf("%s: %w", p.name, err)
+			if !p.hotplug && len(hotplugErrs) == 0 {
+				return err // alone, unjoined: waitFor reads a wait through single wrapping only
+			}
+			if !p.hotplug {
+				return errors.Join(append(hotplugErrs, err)...)
+			}
+			hotplugErrs = append(hotplugErrs, err)
 		}
 		if s.st == nil {
 			break
