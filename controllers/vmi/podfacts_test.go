@@ -23,7 +23,9 @@ import (
 func TestPodReadersSeeOnlyPodFacts(t *testing.T) {
 	fill := randfill.NewWithSeed(7).NilChance(0.3).NumElements(0, 3).Funcs(
 		func(tm *metav1.Time, c randfill.Continue) { *tm = metav1.Unix(c.Int63n(1<<31), 0) },
-		func(q *resource.Quantity, c randfill.Continue) { *q = *resource.NewQuantity(c.Int63n(1<<20), resource.BinarySI) },
+		func(q *resource.Quantity, c randfill.Continue) {
+			*q = *resource.NewQuantity(c.Int63n(1<<20), resource.BinarySI)
+		},
 		// The kubelet's own words, so that a reader of one of them is found (random text never is).
 		func(w *corev1.ContainerStateWaiting, c randfill.Continue) {
 			w.Reason = oneOf(c, "ContainerCreating", "PodInitializing", "CreateContainerError", "CreateContainerConfigError",
