@@ -107,7 +107,7 @@ func BenchmarkLauncherRSS(b *testing.B) {
 	bin, vmi := launcherBinary(b), guestMachineFile(b)
 	var total, private float64
 	for i := 0; i < b.N; i++ {
-		l := startRunLauncher(b, bin, vmi)
+		l, _ := startRunLauncher(b, bin, vmi)
 		time.Sleep(2 * time.Second) // steady state: the guest boots, the launcher serves
 		total += statusMiB(b, l.cmd.Process.Pid, "VmRSS:")
 		private += statusMiB(b, l.cmd.Process.Pid, "RssAnon:")
@@ -146,24 +146,15 @@ func BenchmarkLauncherIdle(b *testing.B) {
 	window := launcher.WatchHeartbeat
 	var agentCPU, plainCPU, floorCPU time.Duration
 	for i := 0; i < b.N; i++ {
-		agent, plain := startRunLauncher(b, bin, withAgent), startRunLauncher(b, bin, without)
+		agent, _ := startRunLauncher(b, bin, withAgent)
+		plain, _ := startRunLauncher(b, bin, without)
 		floor := exec.Command(floorBin)
 		if err := floor.Start(); err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = floor.Process.Kill(); _ = floor.Wait() })
 		stopWatches := watchStatus(agent, plain)
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			st, err := statusWithin(agent.client, 5*time.Second)
-			if err == nil && st.GuestAgent != nil && st.GuestAgent.Connected {
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatal("the guest agent did not connect")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitAgentConnected(b, agent)
 		time.Sleep(settle)
 		before := []time.Duration{taskCPU(b, agent.cmd.Process.Pid), taskCPU(b, plain.cmd.Process.Pid), taskCPU(b, floor.Process.Pid)}
 		time.Sleep(window)
@@ -181,6 +172,64 @@ func BenchmarkLauncherIdle(b *testing.B) {
 	testutil.ReportGoal(b, perMin(agentCPU), "idle-agent-cpu-ms-per-min", 1)
 	b.ReportMetric(perMin(plainCPU), "idle-cpu-ms-per-min")
 	b.ReportMetric(perMin(floorCPU), "go-floor-cpu-ms-per-min")
+}
+
+// BenchmarkLauncherProbe reports what qvirt spends on one probe of each kind that goes through
+// the guest agent, the cost the idle goal leaves out ("no probes"): the `qvirt-launcher probe`
+// process the kubelet execs in the compute container (its own CPU, user and system) plus what its
+// launcher spends answering it, for a guestAgentPing probe (ping-probe-cpu-ms) and an exec probe
+// running `true` in the guest (exec-probe-cpu-ms), and what each costs a minute at KubeVirt's
+// default period of 10 s (…-per-min); …-launcher-cpu-ms is the launcher's part. The kubelet's and the container runtime's work to exec the
+// process is Kubernetes' share and not counted; TCP and HTTP probes are the kubelet's alone.
+func BenchmarkLauncherProbe(b *testing.B) {
+	bin := launcherBinary(b)
+	l, _ := startRunLauncher(b, bin, guestMachineFile(b))
+	waitAgentConnected(b, l)
+	socketDir, uid := filepath.Split(l.runDir)
+	// probe runs one probe and returns the probe process's CPU and its launcher's.
+	probe := func(kind string, command ...string) (proc, served time.Duration) {
+		args := []string{"probe", "--socket-dir", socketDir, "--vmi-uid", uid, "--" + kind, "--timeout", "5s"}
+		if len(command) > 0 {
+			args = append(append(args, "--"), command...)
+		}
+		before := taskCPU(b, l.cmd.Process.Pid)
+		cmd := exec.Command(bin, args...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("qvirt-launcher %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), taskCPU(b, l.cmd.Process.Pid) - before
+	}
+	var pingProc, pingLauncher, execProc, execLauncher time.Duration
+	for i := 0; i < b.N; i++ {
+		p, l := probe("guest-agent-ping")
+		pingProc, pingLauncher = pingProc+p, pingLauncher+l
+		p, l = probe("guest-exec", "true")
+		execProc, execLauncher = execProc+p, execLauncher+l
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(b.N) }
+	const perMin = 6 // a probe every 10 s
+	b.ReportMetric(ms(pingProc+pingLauncher), "ping-probe-cpu-ms")
+	b.ReportMetric(ms(pingLauncher), "ping-probe-launcher-cpu-ms")
+	b.ReportMetric(perMin*ms(pingProc+pingLauncher), "ping-probe-cpu-ms-per-min")
+	b.ReportMetric(ms(execProc+execLauncher), "exec-probe-cpu-ms")
+	b.ReportMetric(ms(execLauncher), "exec-probe-launcher-cpu-ms")
+	b.ReportMetric(perMin*ms(execProc+execLauncher), "exec-probe-cpu-ms-per-min")
+}
+
+// waitAgentConnected waits up to 2 minutes for l's guest agent to connect.
+func waitAgentConnected(b *testing.B, l *runLauncher) {
+	b.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		st, err := statusWithin(l.client, 5*time.Second)
+		if err == nil && st.GuestAgent != nil && st.GuestAgent.Connected {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("the guest agent did not connect")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // watchStatus keeps a status watch open on each launcher, as a node agent does, until the
@@ -214,48 +263,12 @@ func BenchmarkLauncherStartCPU(b *testing.B) {
 	b.ReportMetric(float64(wall.Microseconds())/1000/float64(b.N), "launcher-start-ms")
 }
 
-// launcherStartCPU runs `bin run` for the machine file vmi, watches its status until the guest
-// runs, and returns the launcher's CPU time and the wall time until then.
+// launcherStartCPU runs `bin run` for the machine file vmi until its guest runs, and returns the
+// launcher's CPU time and the wall time until then.
 func launcherStartCPU(b *testing.B, bin, vmi string) (cpu, wall time.Duration) {
-	runDir := b.TempDir()
-	var stderr bytes.Buffer
-	cmd := exec.Command(bin, "run", "--no-console", "--run-dir", runDir, "-f", vmi)
-	cmd.Stderr = &stderr
-	client := launcher.NewClient(filepath.Join(runDir, launcher.SocketName))
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = client.Kill(context.Background())
-		<-exited
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	running := false
-	for !running {
-		// Until the launcher listens, a dial is refused at once: the kernel answers, not the
-		// launcher, so retrying costs the launcher nothing.
-		err := client.Watch(ctx, func(st protocol.Status) bool {
-			running = st.RunState == string(qmp.StateRunning)
-			return !running
-		})
-		if running {
-			break
-		}
-		select {
-		case err := <-exited:
-			exited <- err // for the deferred stop
-			b.Fatalf("the launcher exited before its guest ran: %v\n%s", err, stderr.Bytes())
-		case <-ctx.Done():
-			b.Fatalf("the guest did not start within a minute: %v", err)
-		case <-time.After(time.Millisecond):
-		}
-	}
-	return taskCPU(b, cmd.Process.Pid), time.Since(start)
+	l, wall := startRunLauncher(b, bin, vmi)
+	defer l.stop()
+	return taskCPU(b, l.cmd.Process.Pid), wall
 }
 
 // launcherBinary builds qvirt-launcher as `make build` builds it (static, so no libc or ld.so pages
@@ -269,33 +282,51 @@ func launcherBinary(b *testing.B) string {
 }
 
 type runLauncher struct {
-	cmd    *exec.Cmd
-	client *launcher.Client
-	runDir string
+	cmd     *exec.Cmd
+	client  *launcher.Client
+	runDir  string
+	exited  chan struct{} // closed when cmd.Wait returned, with waitErr
+	waitErr error
 }
 
-// startRunLauncher runs `bin run` for the machine file vmi and returns once its guest runs.
-func startRunLauncher(b *testing.B, bin, vmi string) *runLauncher {
+// startRunLauncher runs `bin run` for the machine file vmi and returns once its guest runs, with
+// the time from its exec until then. Its status is watched from the moment its socket listens,
+// as a node agent does, so that the wait adds no polling of the launcher's own.
+func startRunLauncher(b *testing.B, bin, vmi string) (*runLauncher, time.Duration) {
 	runDir, err := os.MkdirTemp("", "qvb-")
 	if err != nil {
 		b.Fatal(err)
 	}
+	var stderr bytes.Buffer
 	l := &runLauncher{cmd: exec.Command(bin, "run", "--no-console", "--run-dir", runDir, "-f", vmi), runDir: runDir,
-		client: launcher.NewClient(filepath.Join(runDir, launcher.SocketName))}
+		client: launcher.NewClient(filepath.Join(runDir, launcher.SocketName)), exited: make(chan struct{})}
+	l.cmd.Stderr = &stderr
+	start := time.Now()
 	if err := l.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+	go func() { l.waitErr = l.cmd.Wait(); close(l.exited) }()
 	b.Cleanup(l.stop)
-	deadline := time.Now().Add(time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	for {
-		st, err := statusWithin(l.client, 5*time.Second)
-		if err == nil && st.RunState == string(qmp.StateRunning) {
-			return l
+		// Until the launcher listens, a dial is refused at once: the kernel answers, not the
+		// launcher, so retrying costs the launcher nothing.
+		running := false
+		err := l.client.Watch(ctx, func(st protocol.Status) bool {
+			running = st.RunState == string(qmp.StateRunning)
+			return !running
+		})
+		if running {
+			return l, time.Since(start)
 		}
-		if time.Now().After(deadline) {
-			b.Fatal("the guest did not start")
+		select {
+		case <-l.exited:
+			b.Fatalf("the launcher exited before its guest ran: %v\n%s", l.waitErr, stderr.Bytes())
+		case <-ctx.Done():
+			b.Fatalf("the guest did not start within a minute: %v", err)
+		case <-time.After(time.Millisecond):
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -306,12 +337,13 @@ func statusWithin(c *launcher.Client, d time.Duration) (protocol.Status, error) 
 }
 
 func (l *runLauncher) stop() {
-	if l.cmd.ProcessState != nil {
-		return
+	select {
+	case <-l.exited:
+	default:
+		_ = l.cmd.Process.Signal(syscall.SIGTERM)
+		_ = l.client.Kill(context.Background())
+		<-l.exited
 	}
-	_ = l.cmd.Process.Signal(syscall.SIGTERM)
-	_ = l.client.Kill(context.Background())
-	_ = l.cmd.Wait()
 	_ = os.RemoveAll(l.runDir)
 }
 
