@@ -30,9 +30,9 @@ func podChanged() predicate.Predicate {
 // terminatedPodOutcome, podFailureDetail, imagePullCondition, unscheduledCondition,
 // RecordImages): a pod update that leaves it the same cannot change the instance. A new reader of
 // another field of the pod adds the field here, or its changes are never seen; it joins
-// TestPodReadersSeeOnlyPodFacts's readPod too, which fails for a reader of a field left out. What it reads of
-// the spec besides the node (image volumes, mounts, whether there is a liveness probe) is
-// immutable, and so are the name, UID and creation time.
+// TestPodReadersSeeOnlyPodFacts's readPod too, which fails for a reader of a field left out.
+// What it reads of the spec besides the node (image volumes, mounts, whether there is a liveness
+// probe) cannot change on a live pod, nor can the name, UID and creation time.
 func podFacts(p *corev1.Pod) corev1.Pod {
 	f := corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp},

@@ -1,8 +1,11 @@
 package vmi
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,7 +20,8 @@ import (
 )
 
 // Every reader of a launcher pod answers the same for two pods with the same podFacts, whatever
-// else differs: random metadata and status, the same facts. So an update the predicate drops
+// else differs: random metadata, status and the spec's fields a live pod can change, the same
+// facts. So an update the predicate drops
 // cannot change the instance, and a reader that starts to read a field podFacts leaves out fails
 // here (a new reader joins readPod).
 func TestPodReadersSeeOnlyPodFacts(t *testing.T) {
@@ -36,30 +40,46 @@ func TestPodReadersSeeOnlyPodFacts(t *testing.T) {
 			*ct = oneOf(c, corev1.PodReady, corev1.ContainersReady, corev1.PodInitialized, corev1.DisruptionTarget,
 				corev1.PodReadyToStartContainers, corev1.PodResizePending, corev1.PodResizeInProgress)
 		},
+		func(cs *corev1.ConditionStatus, c randfill.Continue) {
+			*cs = oneOf(c, corev1.ConditionTrue, corev1.ConditionFalse, corev1.ConditionUnknown)
+		},
 	)
-	for name, base := range podFactBases() {
+	bases := podFactBases()
+	for _, name := range slices.Sorted(maps.Keys(bases)) {
+		base := bases[name]
 		want := readPod(base)
 		for i := range 200 {
 			other := withFactsOf(base, fill)
 			if !equality.Semantic.DeepEqual(podFacts(base), podFacts(other)) {
 				t.Fatalf("%s: the test's pod %d has other facts than its base", name, i)
 			}
-			if got := readPod(other); !reflect.DeepEqual(got, want) {
-				t.Fatalf("%s: a pod with the same facts reads differently:\n got  %#v\n want %#v\npod: %#v", name, got, want, other)
+			for what, got := range readPod(other) {
+				if !reflect.DeepEqual(got, want[what]) {
+					t.Fatalf("%s: %s reads a pod with the same facts differently:\n got  %s\n want %s\npod: %s",
+						name, what, asJSON(got), asJSON(want[what]), asJSON(other))
+				}
 			}
 		}
 	}
 }
 
+func asJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("%+v", v)
+	}
+	return string(b)
+}
+
 func oneOf[T any](c randfill.Continue, v ...T) T { return v[c.Intn(len(v))] }
 
-// readPod is what each reader makes of pod, for an instance in each phase.
-func readPod(pod *corev1.Pod) []string {
+// readPod is what each reader makes of pod, for an instance in each phase, by reader.
+func readPod(pod *corev1.Pod) map[string]any {
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{UID: "uid-1"}}
 	vmi.Spec.Volumes = []v1alpha1.Volume{{Name: "root", VolumeSource: v1alpha1.VolumeSource{
 		ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example/disk:1"}}}}
-	var out []string
-	add := func(what string, v any) { out = append(out, fmt.Sprintf("%s: %#v", what, v)) }
+	out := map[string]any{}
+	add := func(what string, v any) { out[what] = v }
 	for _, cur := range []v1alpha1.VirtualMachineInstancePhase{"", v1alpha1.Pending, v1alpha1.Scheduling,
 		v1alpha1.Scheduled, v1alpha1.Running, v1alpha1.Succeeded, v1alpha1.Failed} {
 		add("podOutcome "+string(cur), podOutcome(cur, pod))
@@ -78,7 +98,8 @@ func readPod(pod *corev1.Pod) []string {
 }
 
 // withFactsOf is a pod with base's facts and random everything else, but for what cannot change
-// on a live pod (its name, UID, creation time and spec but for the node).
+// on a live pod: its name, UID, creation time and the spec but for the node, the containers'
+// images and resources, the deadline, tolerations and scheduling gates.
 func withFactsOf(base *corev1.Pod, fill *randfill.Filler) *corev1.Pod {
 	p := &corev1.Pod{}
 	fill.Fill(&p.ObjectMeta)
@@ -86,6 +107,15 @@ func withFactsOf(base *corev1.Pod, fill *randfill.Filler) *corev1.Pod {
 	p.Name, p.Namespace, p.UID, p.CreationTimestamp = base.Name, base.Namespace, base.UID, base.CreationTimestamp
 	p.Labels, p.DeletionTimestamp = base.Labels, base.DeletionTimestamp
 	p.Spec = *base.Spec.DeepCopy()
+	for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for i := range cs {
+			fill.Fill(&cs[i].Image)
+			fill.Fill(&cs[i].Resources)
+		}
+	}
+	fill.Fill(&p.Spec.ActiveDeadlineSeconds)
+	fill.Fill(&p.Spec.Tolerations)
+	fill.Fill(&p.Spec.SchedulingGates)
 	p.Status.Phase, p.Status.Reason, p.Status.Message = base.Status.Phase, base.Status.Reason, base.Status.Message
 	var conds []corev1.PodCondition
 	for _, c := range p.Status.Conditions {
@@ -129,7 +159,10 @@ func containersWithFactsOf(base, random []corev1.ContainerStatus, fill *randfill
 		}
 		for _, m := range b.VolumeMounts {
 			if m.VolumeStatus != nil && m.VolumeStatus.Image != nil {
-				cs.VolumeMounts = append(cs.VolumeMounts, *m.DeepCopy())
+				var r corev1.VolumeMountStatus
+				fill.Fill(&r)
+				r.Name, r.VolumeStatus = m.Name, &corev1.VolumeStatus{Image: m.VolumeStatus.Image.DeepCopy()}
+				cs.VolumeMounts = append(cs.VolumeMounts, r)
 			}
 		}
 		out = append(out, cs)

@@ -24,19 +24,19 @@ func LockHostNetwork(t testing.TB) {
 // LockHostNetworkNow takes the same lock for a caller without a test (a TestMain holding it for
 // its package's shared fixture) and returns its release.
 func LockHostNetworkNow() (func(), error) {
-	return lockHost("hostnet")
+	return lockHost("hostnet", syscall.LOCK_EX)
 }
 
-// lockHost takes the lock named name, held across this machine's test processes (an flock on a
-// file in the temporary directory; each call opens its own, so goroutines of one process exclude
-// each other too), and returns its release.
-func lockHost(name string) (func(), error) {
+// lockHost takes the lock named name, held across this machine's test processes (an flock, how
+// LOCK_EX or LOCK_SH, on a file in the temporary directory; each call opens its own, so
+// goroutines of one process exclude each other too), and returns its release.
+func lockHost(name string, how int) (func(), error) {
 	path := filepath.Join(os.TempDir(), "qvirt-test-"+name+".lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s lock: %w", name, err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s lock: %w", name, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -18,6 +19,7 @@ const nrHugepages = "/proc/sys/vm/nr_hugepages"
 // found it.
 func ReserveHugepages(t *testing.T, n int) {
 	t.Helper()
+	t.Cleanup(lockReservations(t, false))
 	if err := addHugepages(n); err != nil {
 		t.Fatal(err)
 	}
@@ -28,12 +30,29 @@ func ReserveHugepages(t *testing.T, n int) {
 	})
 }
 
-// addHugepages changes the pool by n under a lock held across test processes: go test runs the
-// launcher's, the node agent's and local mode's packages side by side, and a read and write of
-// the pool between another's read and write would lose that one's change. A pool the kernel
-// cannot grow by n is put back as it was.
+// lockReservations is held, shared, by every test that holds pages of the pool, in any process,
+// and exclusively by a test that needs the pool to itself; it returns the release.
+func lockReservations(t *testing.T, exclusive bool) func() {
+	t.Helper()
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	unlock, err := lockHost("hugepages-reserved", how)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return unlock
+}
+
+// addHugepages changes the pool by n under a lock held across test processes: go test runs
+// packages side by side unless told -p 1, and a read and write of the pool between another's read
+// and write would lose that one's change. The kernel stops growing the pool when the writing
+// thread has a signal pending (hugetlb's set_max_huge_pages: "Bail for signals"; here the SIGCHLD
+// of a test's QEMU or launcher exiting) and reports the write as done all the same, so the write
+// is repeated while each one adds pages. A pool the kernel cannot grow by n is put back as it was.
 func addHugepages(n int) error {
-	unlock, err := lockHost("hugepages")
+	unlock, err := lockHost("hugepages", syscall.LOCK_EX)
 	if err != nil {
 		return err
 	}
@@ -43,15 +62,22 @@ func addHugepages(n int) error {
 		return err
 	}
 	want := max(before+n, 0)
-	if err := writeHugepages(want); err != nil {
-		return err
+	for got := before; ; {
+		if err := writeHugepages(want); err != nil {
+			return errors.Join(err, writeHugepages(before))
+		}
+		last := got
+		if got, err = readHugepages(); err != nil {
+			return errors.Join(err, writeHugepages(before))
+		}
+		if n <= 0 || got >= want {
+			return nil
+		}
+		if got <= last {
+			short := fmt.Errorf("%s: the kernel holds %d huge pages of the %d asked for (%d before)", nrHugepages, got, want, before)
+			return errors.Join(short, writeHugepages(before))
+		}
 	}
-	got, err := readHugepages()
-	if err != nil || n <= 0 || got >= want {
-		return err
-	}
-	short := fmt.Errorf("%s: the kernel holds %d huge pages of the %d asked for", nrHugepages, got, want)
-	return errors.Join(short, writeHugepages(before))
 }
 
 func readHugepages() (int, error) {
