@@ -154,7 +154,7 @@ func BenchmarkLauncherIdle(b *testing.B) {
 		}
 		b.Cleanup(func() { _ = floor.Process.Kill(); _ = floor.Wait() })
 		stopWatches := watchStatus(agent, plain)
-		waitAgentConnected(b, agent)
+		agent.waitStatus(b, 2*time.Minute, "its guest agent to connect", agentConnected)
 		time.Sleep(settle)
 		before := []time.Duration{taskCPU(b, agent.cmd.Process.Pid), taskCPU(b, plain.cmd.Process.Pid), taskCPU(b, floor.Process.Pid)}
 		time.Sleep(window)
@@ -186,7 +186,7 @@ func BenchmarkLauncherIdle(b *testing.B) {
 func BenchmarkLauncherProbe(b *testing.B) {
 	bin := launcherBinary(b)
 	l, _ := startRunLauncher(b, bin, guestMachineFile(b))
-	waitAgentConnected(b, l)
+	l.waitStatus(b, 2*time.Minute, "its guest agent to connect", agentConnected)
 	socketDir, uid := filepath.Split(l.runDir)
 	// probe runs one probe and returns the probe process's CPU and its launcher's.
 	probe := func(kind string, command ...string) (proc, served time.Duration) {
@@ -221,22 +221,6 @@ func BenchmarkLauncherProbe(b *testing.B) {
 	b.ReportMetric(ms(execProc+execLauncher), "exec-probe-cpu-ms")
 	b.ReportMetric(ms(execLauncher), "exec-probe-launcher-cpu-ms")
 	b.ReportMetric(perMin*ms(execProc+execLauncher), "exec-probe-cpu-ms-per-min")
-}
-
-// waitAgentConnected waits up to 2 minutes for l's guest agent to connect.
-func waitAgentConnected(b *testing.B, l *runLauncher) {
-	b.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		st, err := statusWithin(l.client, 5*time.Second)
-		if err == nil && st.GuestAgent != nil && st.GuestAgent.Connected {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("the guest agent did not connect")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // watchStatus keeps a status watch open on each launcher, as a node agent does, until the
@@ -292,55 +276,57 @@ type runLauncher struct {
 	cmd     *exec.Cmd
 	client  *launcher.Client
 	runDir  string
+	stderr  *bytes.Buffer
 	exited  chan struct{} // closed when cmd.Wait returned, with waitErr
 	waitErr error
 }
 
 // startRunLauncher runs `bin run` for the machine file vmi and returns once its guest runs, with
-// the time from its exec until then. Its status is watched from the moment its socket listens,
-// as a node agent does, so that the wait adds no polling of the launcher's own.
+// the time from its exec until then.
 func startRunLauncher(b *testing.B, bin, vmi string) (*runLauncher, time.Duration) {
 	runDir, err := os.MkdirTemp("", "qvb-")
 	if err != nil {
 		b.Fatal(err)
 	}
-	var stderr bytes.Buffer
 	l := &runLauncher{cmd: exec.Command(bin, "run", "--no-console", "--run-dir", runDir, "-f", vmi), runDir: runDir,
-		client: launcher.NewClient(filepath.Join(runDir, launcher.SocketName)), exited: make(chan struct{})}
-	l.cmd.Stderr = &stderr
+		client: launcher.NewClient(filepath.Join(runDir, launcher.SocketName)), stderr: &bytes.Buffer{}, exited: make(chan struct{})}
+	l.cmd.Stderr = l.stderr
 	start := time.Now()
 	if err := l.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
 	go func() { l.waitErr = l.cmd.Wait(); close(l.exited) }()
 	b.Cleanup(l.stop)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	l.waitStatus(b, time.Minute, "its guest to run", func(st protocol.Status) bool { return st.RunState == string(qmp.StateRunning) })
+	return l, time.Since(start)
+}
+
+func agentConnected(st protocol.Status) bool { return st.GuestAgent != nil && st.GuestAgent.Connected }
+
+// waitStatus watches l's status until cond holds, for at most d, as a node agent watches it: no
+// polling of the launcher's own. Until the launcher listens a dial is refused at once (the kernel
+// answers, not the launcher), so retrying costs the launcher nothing.
+func (l *runLauncher) waitStatus(b *testing.B, d time.Duration, what string, cond func(protocol.Status) bool) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	for {
-		// Until the launcher listens, a dial is refused at once: the kernel answers, not the
-		// launcher, so retrying costs the launcher nothing.
-		running := false
+		done := false
 		err := l.client.Watch(ctx, func(st protocol.Status) bool {
-			running = st.RunState == string(qmp.StateRunning)
-			return !running
+			done = cond(st)
+			return !done
 		})
-		if running {
-			return l, time.Since(start)
+		if done {
+			return
 		}
 		select {
 		case <-l.exited:
-			b.Fatalf("the launcher exited before its guest ran: %v\n%s", l.waitErr, stderr.Bytes())
+			b.Fatalf("the launcher exited while waiting for %s: %v\n%s", what, l.waitErr, l.stderr.Bytes())
 		case <-ctx.Done():
-			b.Fatalf("the guest did not start within a minute: %v", err)
+			b.Fatalf("waited %s for %s: %v", d, what, err)
 		case <-time.After(time.Millisecond):
 		}
 	}
-}
-
-func statusWithin(c *launcher.Client, d time.Duration) (protocol.Status, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	return c.Status(ctx)
 }
 
 func (l *runLauncher) stop() {
