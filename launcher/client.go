@@ -8,14 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"net/url"
 	"sync/atomic"
 	"time"
 
 	"github.com/qvirt/qvirt/internal/unixsock"
 	"github.com/qvirt/qvirt/launcher/protocol"
+	"github.com/qvirt/qvirt/launcher/wire"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -25,8 +24,10 @@ import (
 // A launcher is untrusted (a tenant can exec into its pod and answer in its place), so every call
 // is bounded in time and every reply in size: a launcher that accepts and never answers, or answers
 // without end, costs its caller one timeout, not a stuck worker or the node agent's memory.
+//
+// Each call is a connection of its own, closed after the reply: a node agent then holds one
+// connection per instance, its status watch, and no idle ones.
 type Client struct {
-	http   *http.Client
 	socket string
 	opts   ClientOptions
 }
@@ -124,23 +125,26 @@ func NewClient(socket string) *Client {
 
 // NewClientWithOptions returns a client with opts' limits for the launcher listening on socket.
 func NewClientWithOptions(socket string, opts ClientOptions) *Client {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return unixsock.Dial(ctx, socket)
-		},
-		DisableCompression:     true,
-		MaxResponseHeaderBytes: maxResponseHeaderBytes,
-		// A node agent holds a status stream and an idle connection per instance, each with a
-		// read and a write buffer (4 KiB by default): a status line is read in a few reads anyway,
-		// and a Sync body is written once per start.
-		ReadBufferSize:  connBuffer,
-		WriteBufferSize: connBuffer,
-	}
-	return &Client{http: &http.Client{Transport: tr}, socket: socket, opts: opts.withDefaults()}
+	return &Client{socket: socket, opts: opts.withDefaults()}
 }
 
-// Close releases idle connections.
-func (c *Client) Close() { c.http.CloseIdleConnections() }
+// Close releases the client's resources: none are held between calls.
+func (c *Client) Close() {}
+
+// send makes one request on a connection of its own; the reply's Body closes it.
+func (c *Client) send(ctx context.Context, call, method, path string, body []byte) (*wire.Response, error) {
+	conn, err := unixsock.Dial(ctx, c.socket)
+	if err != nil {
+		return nil, fmt.Errorf("launcher %s: %w", call, err)
+	}
+	// A node agent holds a status stream per instance: a status line is read in a few reads
+	// anyway.
+	resp, err := wire.Do(ctx, conn, method, path, body, wire.ClientOptions{MaxHeadBytes: maxResponseHeaderBytes, BufferSize: connBuffer})
+	if err != nil {
+		return nil, fmt.Errorf("launcher %s: %w", call, err)
+	}
+	return resp, nil
+}
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
 	return c.doWithin(ctx, c.opts.CallTimeout, method, path, body, out)
@@ -150,34 +154,29 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 // opts.MaxReplyBytes.
 func (c *Client) doWithin(ctx context.Context, timeout time.Duration, method, path string, body, out any) error {
 	call := method + " " + path
-	var rd io.Reader
+	var data []byte
 	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if data, err = json.Marshal(body); err != nil {
 			return err
 		}
-		rd = bytes.NewReader(data)
 	}
 	callCtx, cancel := ctx, context.CancelFunc(func() {})
 	if timeout > 0 {
 		callCtx, cancel = context.WithTimeout(ctx, timeout)
 	}
 	defer cancel()
-	err := c.roundTrip(callCtx, call, path, method, rd, out)
+	err := c.roundTrip(callCtx, call, path, method, data, out)
 	if err != nil && timeout > 0 && ctx.Err() == nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) {
 		return &TimeoutError{Socket: c.socket, Call: call, After: timeout}
 	}
 	return err
 }
 
-func (c *Client) roundTrip(ctx context.Context, call, path, method string, body io.Reader, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://launcher"+path, body)
+func (c *Client) roundTrip(ctx context.Context, call, path, method string, body []byte, out any) error {
+	resp, err := c.send(ctx, call, method, path, body)
 	if err != nil {
 		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("launcher %s: %w", call, err)
 	}
 	defer resp.Body.Close()
 	data, err := c.readReply(resp.Body, call)
@@ -220,9 +219,9 @@ func apiError(status int, body []byte) error {
 // answers 404: it speaks machine.ProtocolLegacy.
 func (c *Client) Info(ctx context.Context) (machine.Info, error) {
 	var out machine.Info
-	err := c.do(ctx, http.MethodGet, "/v1/info", nil, &out)
+	err := c.do(ctx, "GET", "/v1/info", nil, &out)
 	var apiErr *APIError
-	if errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound {
+	if errors.As(err, &apiErr) && apiErr.Status == wire.StatusNotFound {
 		return machine.Info{Protocols: []string{machine.ProtocolLegacy}}, nil
 	}
 	return out, err
@@ -231,13 +230,13 @@ func (c *Client) Info(ctx context.Context) (machine.Info, error) {
 // Sync starts the VM; it answers once QEMU started (within opts.SyncTimeout).
 func (c *Client) Sync(ctx context.Context, req *protocol.SyncRequest) (protocol.Status, error) {
 	var st protocol.Status
-	return st, c.doWithin(ctx, c.opts.SyncTimeout, http.MethodPost, "/v1/sync", req, &st)
+	return st, c.doWithin(ctx, c.opts.SyncTimeout, "POST", "/v1/sync", req, &st)
 }
 
 // Status returns the launcher's status.
 func (c *Client) Status(ctx context.Context) (protocol.Status, error) {
 	var st protocol.Status
-	return st, c.do(ctx, http.MethodGet, "/v1/status", nil, &st)
+	return st, c.do(ctx, "GET", "/v1/status", nil, &st)
 }
 
 // Watch calls fn with the status now and after every change until ctx ends, fn returns false or
@@ -258,13 +257,9 @@ func (c *Client) Watch(ctx context.Context, fn func(protocol.Status) bool) error
 }
 
 func (c *Client) watch(ctx context.Context, call string, idle *idleTimer, fn func(protocol.Status) bool) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://launcher/v1/status?"+url.Values{"watch": {"true"}}.Encode(), nil)
+	resp, err := c.send(ctx, call, "GET", "/v1/status?watch=true", nil)
 	if err != nil {
 		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("launcher %s: %w", call, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
@@ -325,36 +320,32 @@ func (it *idleTimer) fired() bool { return it.expired.Load() }
 
 // Pause stops the guest's vCPUs.
 func (c *Client) Pause(ctx context.Context) error {
-	return c.do(ctx, http.MethodPost, "/v1/pause", nil, nil)
+	return c.do(ctx, "POST", "/v1/pause", nil, nil)
 }
 
 // Resume restarts them.
 func (c *Client) Resume(ctx context.Context) error {
-	return c.do(ctx, http.MethodPost, "/v1/resume", nil, nil)
+	return c.do(ctx, "POST", "/v1/resume", nil, nil)
 }
 
 // Reset resets the guest.
 func (c *Client) Reset(ctx context.Context) error {
-	return c.do(ctx, http.MethodPost, "/v1/reset", nil, nil)
+	return c.do(ctx, "POST", "/v1/reset", nil, nil)
 }
 
 // SoftReboot presses Ctrl+Alt+Del on the guest's keyboard, for the guest to reboot itself; QEMU
 // and the launcher's phase stay as they are. A paused guest is refused with a 409 *APIError.
 func (c *Client) SoftReboot(ctx context.Context) error {
-	return c.do(ctx, http.MethodPost, "/v1/softreboot", nil, nil)
+	return c.do(ctx, "POST", "/v1/softreboot", nil, nil)
 }
 
 // Screenshot returns the guest's display as a PNG stream, which the caller must close and bound
 // (in time and size): a display's PNG can be larger than any other reply. A VM
 // without a graphics device is a 400 *APIError with Field machine.graphics.
 func (c *Client) Screenshot(ctx context.Context) (io.ReadCloser, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://launcher/v1/screenshot", nil)
+	resp, err := c.send(ctx, "GET /v1/screenshot", "GET", "/v1/screenshot", nil)
 	if err != nil {
 		return nil, err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("launcher GET /v1/screenshot: %w", err)
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
@@ -369,14 +360,14 @@ func (c *Client) Screenshot(ctx context.Context) (io.ReadCloser, error) {
 
 // Kill ends QEMU at once.
 func (c *Client) Kill(ctx context.Context) error {
-	return c.do(ctx, http.MethodPost, "/v1/kill", nil, nil)
+	return c.do(ctx, "POST", "/v1/kill", nil, nil)
 }
 
 // Shutdown stops the guest gracefully and returns how QEMU ended. It lasts as long as the guest
 // takes, up to the grace period: ctx bounds it, not opts.CallTimeout.
 func (c *Client) Shutdown(ctx context.Context, gracePeriodSeconds *int64) (protocol.Exit, error) {
 	var exit protocol.Exit
-	return exit, c.doWithin(ctx, 0, http.MethodPost, "/v1/shutdown", protocol.ShutdownRequest{GracePeriodSeconds: gracePeriodSeconds}, &exit)
+	return exit, c.doWithin(ctx, 0, "POST", "/v1/shutdown", protocol.ShutdownRequest{GracePeriodSeconds: gracePeriodSeconds}, &exit)
 }
 
 // HotplugDisk attaches a disk, its image resolved by the launcher as at start; the reply is the
@@ -384,96 +375,96 @@ func (c *Client) Shutdown(ctx context.Context, gracePeriodSeconds *int64) (proto
 // field at fault (e.g. "source.hostFile.path" for a missing image, status 400).
 func (c *Client) HotplugDisk(ctx context.Context, d machine.Disk) (machine.Disk, error) {
 	var out machine.Disk
-	return out, c.do(ctx, http.MethodPost, "/v1/disks", d, &out)
+	return out, c.do(ctx, "POST", "/v1/disks", d, &out)
 }
 
 // UnplugDisk detaches a hot-plugged disk once the guest has let it go, deleting an image the
 // launcher created for it. A name that is not hot-plugged is a 400 with Field "name".
 func (c *Client) UnplugDisk(ctx context.Context, name string) error {
-	return c.do(ctx, http.MethodDelete, "/v1/disks/"+url.PathEscape(name), nil, nil)
+	return c.do(ctx, "DELETE", "/v1/disks/"+url.PathEscape(name), nil, nil)
 }
 
 // HotplugNIC attaches a NIC.
 func (c *Client) HotplugNIC(ctx context.Context, n machine.NIC) error {
-	return c.do(ctx, http.MethodPost, "/v1/nics", n, nil)
+	return c.do(ctx, "POST", "/v1/nics", n, nil)
 }
 
 // UnplugNIC detaches a hotplugged NIC.
 func (c *Client) UnplugNIC(ctx context.Context, name string) error {
-	return c.do(ctx, http.MethodDelete, "/v1/nics/"+url.PathEscape(name), nil, nil)
+	return c.do(ctx, "DELETE", "/v1/nics/"+url.PathEscape(name), nil, nil)
 }
 
 // SetSockets hot-plugs vCPUs until the guest has sockets sockets.
 func (c *Client) SetSockets(ctx context.Context, sockets uint32) error {
-	return c.do(ctx, http.MethodPut, "/v1/cpu", protocol.CPURequest{Sockets: sockets}, nil)
+	return c.do(ctx, "PUT", "/v1/cpu", protocol.CPURequest{Sockets: sockets}, nil)
 }
 
 // SetGuestMemory asks the guest to have guestMiB of memory (memory hotplug).
 func (c *Client) SetGuestMemory(ctx context.Context, guestMiB int64) error {
-	return c.do(ctx, http.MethodPut, "/v1/memory", protocol.MemoryRequest{GuestMiB: guestMiB}, nil)
+	return c.do(ctx, "PUT", "/v1/memory", protocol.MemoryRequest{GuestMiB: guestMiB}, nil)
 }
 
 // PrepareMigrationTarget makes an incoming launcher listen and returns the URI for the source.
 func (c *Client) PrepareMigrationTarget(ctx context.Context, req protocol.MigrationTarget) (string, error) {
 	var out protocol.MigrationTargetReply
-	err := c.do(ctx, http.MethodPost, "/v1/migration/target", req, &out)
+	err := c.do(ctx, "POST", "/v1/migration/target", req, &out)
 	return out.URI, err
 }
 
 // MigrateSource starts an outgoing migration.
 func (c *Client) MigrateSource(ctx context.Context, req protocol.MigrationSource) error {
-	return c.do(ctx, http.MethodPost, "/v1/migration/source", req, nil)
+	return c.do(ctx, "POST", "/v1/migration/source", req, nil)
 }
 
 // CancelMigration cancels an outgoing migration.
 func (c *Client) CancelMigration(ctx context.Context) error {
-	return c.do(ctx, http.MethodDelete, "/v1/migration", nil, nil)
+	return c.do(ctx, "DELETE", "/v1/migration", nil, nil)
 }
 
 // RunMigrated tells a target holding a handed-over guest to take it over, and returns its status.
 func (c *Client) RunMigrated(ctx context.Context, req protocol.MigrationRun) (protocol.Status, error) {
 	var st protocol.Status
-	return st, c.do(ctx, http.MethodPost, "/v1/migration/run", req, &st)
+	return st, c.do(ctx, "POST", "/v1/migration/run", req, &st)
 }
 
 // FinishMigration tells a source holding a handed-over guest that the target runs it: it quits.
 func (c *Client) FinishMigration(ctx context.Context) error {
-	return c.do(ctx, http.MethodPost, "/v1/migration/finish", nil, nil)
+	return c.do(ctx, "POST", "/v1/migration/finish", nil, nil)
 }
 
 // ReclaimMigration tells a source holding a handed-over guest that the target failed before it
 // ran it: the guest runs on here. It returns the launcher's status.
 func (c *Client) ReclaimMigration(ctx context.Context, reason string) (protocol.Status, error) {
 	var st protocol.Status
-	return st, c.do(ctx, http.MethodPost, "/v1/migration/reclaim", protocol.MigrationReclaim{Reason: reason}, &st)
+	return st, c.do(ctx, "POST", "/v1/migration/reclaim", protocol.MigrationReclaim{Reason: reason}, &st)
 }
 
 // RecoverMigration makes a target whose post-copy migration lost its link listen for the source
 // again and returns the URI the source must resume to.
 func (c *Client) RecoverMigration(ctx context.Context, req protocol.MigrationRecover) (string, error) {
 	var out protocol.MigrationTargetReply
-	err := c.do(ctx, http.MethodPost, "/v1/migration/recover", req, &out)
+	err := c.do(ctx, "POST", "/v1/migration/recover", req, &out)
 	return out.URI, err
 }
 
 // ResumeMigration has a source whose post-copy migration lost its link send the rest to a target
 // that listens again (RecoverMigration).
 func (c *Client) ResumeMigration(ctx context.Context, req protocol.MigrationResume) error {
-	return c.do(ctx, http.MethodPost, "/v1/migration/resume", req, nil)
+	return c.do(ctx, "POST", "/v1/migration/resume", req, nil)
 }
 
 // GuestInfo asks the guest agent for its version, the guest's OS, hostname, users and
 // filesystems. A 409 *APIError while no agent is connected.
 func (c *Client) GuestInfo(ctx context.Context) (protocol.GuestAgentInfo, error) {
 	var out protocol.GuestAgentInfo
-	err := c.doWithin(ctx, guestCallTimeout, http.MethodGet, "/v1/guest/info", nil, &out)
+	err := c.doWithin(ctx, guestCallTimeout, "GET", "/v1/guest/info", nil, &out)
 	return out, err
 }
 
 // GuestPing asks the launcher to ping the guest agent, within timeout (at most guestCallTimeout).
 func (c *Client) GuestPing(ctx context.Context, timeout time.Duration) error {
 	var out struct{}
-	return c.doWithin(ctx, min(timeout, guestCallTimeout), http.MethodGet, "/v1/guest/ping", nil, &out)
+	return c.doWithin(ctx, min(timeout, guestCallTimeout), "GET", "/v1/guest/ping", nil, &out)
 }
 
 // GuestExecProbe asks the launcher to run an exec probe's command in the guest; it waits up to the
@@ -481,21 +472,21 @@ func (c *Client) GuestPing(ctx context.Context, timeout time.Duration) error {
 func (c *Client) GuestExecProbe(ctx context.Context, req protocol.GuestExecProbe) (protocol.GuestExecResult, error) {
 	var out protocol.GuestExecResult
 	timeout := min(time.Duration(req.TimeoutSeconds)*time.Second, MaxExecProbeTimeout) + time.Second
-	err := c.doWithin(ctx, timeout, http.MethodPost, "/v1/guest/exec-probe", req, &out)
+	err := c.doWithin(ctx, timeout, "POST", "/v1/guest/exec-probe", req, &out)
 	return out, err
 }
 
 // GuestUsers lists the users logged in to the guest.
 func (c *Client) GuestUsers(ctx context.Context) ([]protocol.GuestUser, error) {
 	var out []protocol.GuestUser
-	err := c.doWithin(ctx, guestCallTimeout, http.MethodGet, "/v1/guest/users", nil, &out)
+	err := c.doWithin(ctx, guestCallTimeout, "GET", "/v1/guest/users", nil, &out)
 	return out, err
 }
 
 // GuestFilesystems lists the guest's mounted filesystems.
 func (c *Client) GuestFilesystems(ctx context.Context) ([]protocol.GuestFilesystem, error) {
 	var out []protocol.GuestFilesystem
-	err := c.doWithin(ctx, guestCallTimeout, http.MethodGet, "/v1/guest/filesystems", nil, &out)
+	err := c.doWithin(ctx, guestCallTimeout, "GET", "/v1/guest/filesystems", nil, &out)
 	return out, err
 }
 
@@ -503,10 +494,10 @@ func (c *Client) GuestFilesystems(ctx context.Context) ([]protocol.GuestFilesyst
 // state ("status").
 func (c *Client) FSFreeze(ctx context.Context, op string) (protocol.FSFreeze, error) {
 	var out protocol.FSFreeze
-	method, path := http.MethodPost, "/v1/guest/fs"+op
+	method, path := "POST", "/v1/guest/fs"+op
 	switch op {
 	case "status":
-		method, path = http.MethodGet, "/v1/guest/fsfreeze"
+		method, path = "GET", "/v1/guest/fsfreeze"
 	case "freeze", "thaw":
 	default:
 		return out, fmt.Errorf("unknown freeze operation %q: want freeze, thaw or status", op)

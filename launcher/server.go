@@ -1,19 +1,20 @@
 package launcher
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/qvirt/qvirt/launcher/protocol"
+	"github.com/qvirt/qvirt/launcher/wire"
 	"github.com/qvirt/qvirt/machine"
 )
 
@@ -23,14 +24,9 @@ const SocketName = "launcher.sock"
 // maxBody bounds request bodies; a VMI spec is far smaller.
 const maxBody = 4 << 20
 
-// Handler serves the command protocol of package launcher/protocol for l.
-func Handler(l *Launcher, log logr.Logger) http.Handler {
-	return (&server{l: l, log: log}).routes()
-}
-
-func (s *server) routes() http.Handler {
+func (s *server) routes() *wire.Mux {
 	l := s.l
-	mux := http.NewServeMux()
+	mux := wire.NewMux(refuse)
 	mux.HandleFunc("GET /v1/info", s.info)
 	mux.HandleFunc("POST /v1/sync", s.sync)
 	mux.HandleFunc("GET /v1/status", s.status)
@@ -97,7 +93,7 @@ func Listen(socket string) (net.Listener, error) {
 // ServeOn serves the command protocol on ln until ctx ends.
 func ServeOn(ctx context.Context, ln net.Listener, l *Launcher, log logr.Logger) error {
 	s := &server{l: l, log: log, closing: make(chan struct{})}
-	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &wire.Server{Handler: s.routes().Serve, ReadTimeout: 10 * time.Second, MaxBodyBytes: maxBody, ErrorBody: errorBody}
 	srv.RegisterOnShutdown(func() { close(s.closing) })
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -115,7 +111,7 @@ func ServeOn(ctx context.Context, ln net.Listener, l *Launcher, log logr.Logger)
 		log.Info("the command server stopped with requests still open", "error", err.Error())
 		_ = srv.Close()
 	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+	if err := <-served; !errors.Is(err, wire.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -125,11 +121,11 @@ type server struct {
 	l   *Launcher
 	log logr.Logger
 	// closing is closed when the server shuts down: a status watch sends its last status and
-	// ends. nil (never closed) for a Handler served by someone else.
+	// ends.
 	closing chan struct{}
 }
 
-func (s *server) sync(w http.ResponseWriter, r *http.Request) {
+func (s *server) sync(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.SyncRequest
 	if !decode(w, r, &req) {
 		return
@@ -146,19 +142,18 @@ func (s *server) sync(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, _ := s.l.Status(r.Context())
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, wire.StatusOK, st)
 }
 
 // status replies with the current Status, or with ?watch=true streams one JSON Status per line
 // each time it changes, and again every WatchHeartbeat without a change (the node agent takes a
 // silent stream for a stuck launcher), until the client goes away.
-func (s *server) status(w http.ResponseWriter, r *http.Request) {
+func (s *server) status(w *wire.ResponseWriter, r *wire.Request) {
 	st, changed := s.l.Status(r.Context())
-	if r.URL.Query().Get("watch") != "true" {
-		writeJSON(w, http.StatusOK, st)
+	if r.Query.Get("watch") != "true" {
+		writeJSON(w, wire.StatusOK, st)
 		return
 	}
-	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
 	heartbeat := time.NewTicker(WatchHeartbeat)
@@ -167,9 +162,7 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 		if err := enc.Encode(st); err != nil {
 			return
 		}
-		if flusher != nil {
-			flusher.Flush()
-		}
+		w.Flush()
 		select {
 		case <-changed:
 		case <-heartbeat.C:
@@ -185,30 +178,30 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 }
 
 // reply serves fn's result as JSON.
-func reply[T any](fn func(context.Context) (T, error)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func reply[T any](fn func(context.Context) (T, error)) wire.HandlerFunc {
+	return func(w *wire.ResponseWriter, r *wire.Request) {
 		v, err := fn(r.Context())
 		if err != nil {
 			writeError(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, v)
+		writeJSON(w, wire.StatusOK, v)
 	}
 }
 
-func (s *server) simple(fn func(context.Context) error) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func (s *server) simple(fn func(context.Context) error) wire.HandlerFunc {
+	return func(w *wire.ResponseWriter, r *wire.Request) {
 		if err := fn(r.Context()); err != nil {
 			writeError(w, err)
 			return
 		}
 		st, _ := s.l.Status(r.Context())
-		writeJSON(w, http.StatusOK, st)
+		writeJSON(w, wire.StatusOK, st)
 	}
 }
 
 // screenshot streams the PNG QEMU wrote; errors before the first byte are the usual JSON.
-func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {
+func (s *server) screenshot(w *wire.ResponseWriter, r *wire.Request) {
 	f, err := s.l.Screenshot(r.Context())
 	if err != nil {
 		writeError(w, err)
@@ -219,15 +212,15 @@ func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {
 	if fi, err := f.Stat(); err == nil {
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
 	}
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(wire.StatusOK)
 	if _, err := io.Copy(w, f); err != nil {
 		s.log.Info("screenshot: client went away", "error", err.Error())
 	}
 }
 
-func (s *server) shutdown(w http.ResponseWriter, r *http.Request) {
+func (s *server) shutdown(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.ShutdownRequest
-	if r.ContentLength != 0 && !decode(w, r, &req) {
+	if len(r.Body) != 0 && !decode(w, r, &req) {
 		return
 	}
 	if req.GracePeriodSeconds != nil && *req.GracePeriodSeconds < 0 {
@@ -239,15 +232,15 @@ func (s *server) shutdown(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, exit)
+	writeJSON(w, wire.StatusOK, exit)
 }
 
 // info lists the protocol versions this launcher speaks, for the node agent's handshake.
-func (s *server) info(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, machine.Info{Protocols: []string{machine.Protocol}})
+func (s *server) info(w *wire.ResponseWriter, r *wire.Request) {
+	writeJSON(w, wire.StatusOK, machine.Info{Protocols: []string{machine.Protocol}})
 }
 
-func (s *server) hotplugDisk(w http.ResponseWriter, r *http.Request) {
+func (s *server) hotplugDisk(w *wire.ResponseWriter, r *wire.Request) {
 	var req machine.Disk
 	if !decode(w, r, &req) {
 		return
@@ -257,18 +250,18 @@ func (s *server) hotplugDisk(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, d)
+	writeJSON(w, wire.StatusOK, d)
 }
 
-func (s *server) unplugDisk(w http.ResponseWriter, r *http.Request) {
+func (s *server) unplugDisk(w *wire.ResponseWriter, r *wire.Request) {
 	if err := s.l.UnplugDisk(r.Context(), r.PathValue("name")); err != nil {
 		writeError(w, err)
 		return
 	}
-	w.WriteHeader(http.StatusNoContent)
+	w.WriteHeader(wire.StatusNoContent)
 }
 
-func (s *server) hotplugNIC(w http.ResponseWriter, r *http.Request) {
+func (s *server) hotplugNIC(w *wire.ResponseWriter, r *wire.Request) {
 	var req machine.NIC
 	if !decode(w, r, &req) {
 		return
@@ -277,20 +270,20 @@ func (s *server) hotplugNIC(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, req)
+	writeJSON(w, wire.StatusOK, req)
 }
 
-func (s *server) unplugNIC(w http.ResponseWriter, r *http.Request) {
+func (s *server) unplugNIC(w *wire.ResponseWriter, r *wire.Request) {
 	if err := s.l.UnplugNIC(r.Context(), r.PathValue("name")); err != nil {
 		writeError(w, err)
 		return
 	}
-	w.WriteHeader(http.StatusNoContent)
+	w.WriteHeader(wire.StatusNoContent)
 }
 
 // put decodes a request of type T and applies it with fn, answering 204 when it is done.
-func put[T any](fn func(context.Context, T) error) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func put[T any](fn func(context.Context, T) error) wire.HandlerFunc {
+	return func(w *wire.ResponseWriter, r *wire.Request) {
 		var req T
 		if !decode(w, r, &req) {
 			return
@@ -299,11 +292,11 @@ func put[T any](fn func(context.Context, T) error) http.HandlerFunc {
 			writeError(w, err)
 			return
 		}
-		w.WriteHeader(http.StatusNoContent)
+		w.WriteHeader(wire.StatusNoContent)
 	}
 }
 
-func (s *server) migrationTarget(w http.ResponseWriter, r *http.Request) {
+func (s *server) migrationTarget(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.MigrationTarget
 	if !decode(w, r, &req) {
 		return
@@ -313,10 +306,10 @@ func (s *server) migrationTarget(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, protocol.MigrationTargetReply{URI: uri})
+	writeJSON(w, wire.StatusOK, protocol.MigrationTargetReply{URI: uri})
 }
 
-func (s *server) migrationSource(w http.ResponseWriter, r *http.Request) {
+func (s *server) migrationSource(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.MigrationSource
 	if !decode(w, r, &req) {
 		return
@@ -326,10 +319,10 @@ func (s *server) migrationSource(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, _ := s.l.Status(r.Context())
-	writeJSON(w, http.StatusAccepted, st)
+	writeJSON(w, wire.StatusAccepted, st)
 }
 
-func (s *server) migrationRun(w http.ResponseWriter, r *http.Request) {
+func (s *server) migrationRun(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.MigrationRun
 	if !decode(w, r, &req) {
 		return
@@ -339,10 +332,10 @@ func (s *server) migrationRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, _ := s.l.Status(r.Context())
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, wire.StatusOK, st)
 }
 
-func (s *server) migrationReclaim(w http.ResponseWriter, r *http.Request) {
+func (s *server) migrationReclaim(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.MigrationReclaim
 	if !decode(w, r, &req) {
 		return
@@ -352,10 +345,10 @@ func (s *server) migrationReclaim(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, _ := s.l.Status(r.Context())
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, wire.StatusOK, st)
 }
 
-func (s *server) migrationRecover(w http.ResponseWriter, r *http.Request) {
+func (s *server) migrationRecover(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.MigrationRecover
 	if !decode(w, r, &req) {
 		return
@@ -365,10 +358,10 @@ func (s *server) migrationRecover(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, protocol.MigrationTargetReply{URI: uri})
+	writeJSON(w, wire.StatusOK, protocol.MigrationTargetReply{URI: uri})
 }
 
-func (s *server) migrationResume(w http.ResponseWriter, r *http.Request) {
+func (s *server) migrationResume(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.MigrationResume
 	if !decode(w, r, &req) {
 		return
@@ -378,11 +371,11 @@ func (s *server) migrationResume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st, _ := s.l.Status(r.Context())
-	writeJSON(w, http.StatusAccepted, st)
+	writeJSON(w, wire.StatusAccepted, st)
 }
 
 // decode reads a JSON body strictly: unknown fields are a 400 naming them.
-func (s *server) guestExecProbe(w http.ResponseWriter, r *http.Request) {
+func (s *server) guestExecProbe(w *wire.ResponseWriter, r *wire.Request) {
 	var req protocol.GuestExecProbe
 	if !decode(w, r, &req) {
 		return
@@ -392,14 +385,14 @@ func (s *server) guestExecProbe(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, res)
+	writeJSON(w, wire.StatusOK, res)
 }
 
-func decode(w http.ResponseWriter, r *http.Request, into any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+func decode(w *wire.ResponseWriter, r *wire.Request, into any) bool {
+	dec := json.NewDecoder(bytes.NewReader(r.Body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(into); err != nil {
-		writeJSON(w, http.StatusBadRequest, protocol.ErrorResponse{Error: "decode request body: " + err.Error()})
+		writeJSON(w, wire.StatusBadRequest, protocol.ErrorResponse{Error: "decode request body: " + err.Error()})
 		return false
 	}
 	return true
@@ -407,23 +400,35 @@ func decode(w http.ResponseWriter, r *http.Request, into any) bool {
 
 // writeError maps an error to its HTTP status: validation errors are 400 with the field named,
 // state conflicts 409, anything else (QEMU refusing a command) 500.
-func writeError(w http.ResponseWriter, err error) {
+func writeError(w *wire.ResponseWriter, err error) {
 	var (
 		fe       *machine.FieldError
 		conflict *ConflictError
 	)
 	switch {
 	case errors.As(err, &fe):
-		writeJSON(w, http.StatusBadRequest, protocol.ErrorResponse{Error: err.Error(), Field: fe.Field})
+		writeJSON(w, wire.StatusBadRequest, protocol.ErrorResponse{Error: err.Error(), Field: fe.Field})
 	case errors.As(err, &conflict):
-		writeJSON(w, http.StatusConflict, protocol.ErrorResponse{Error: err.Error()})
+		writeJSON(w, wire.StatusConflict, protocol.ErrorResponse{Error: err.Error()})
 	default:
-		writeJSON(w, http.StatusInternalServerError, protocol.ErrorResponse{Error: err.Error()})
+		writeJSON(w, wire.StatusInternalServerError, protocol.ErrorResponse{Error: err.Error()})
 	}
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
+func writeJSON(w *wire.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// refuse answers a request no route takes (404, 405) with the usual JSON error.
+func refuse(w *wire.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, protocol.ErrorResponse{Error: msg})
+}
+
+// errorBody is the JSON error of a request the server refuses before routing it (malformed, too
+// large).
+func errorBody(_ int, msg string) (string, []byte) {
+	data, _ := json.Marshal(protocol.ErrorResponse{Error: msg})
+	return "application/json", data
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"maps"
 	"math"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/qvirt/qvirt/launcher/protocol"
+	"github.com/qvirt/qvirt/launcher/wire"
 	"github.com/qvirt/qvirt/qmp"
 )
 
@@ -418,19 +418,19 @@ var clockTick = sync.OnceValue(func() time.Duration {
 })
 
 // stats serves GET /v1/stats.
-func (s *server) stats(w http.ResponseWriter, r *http.Request) {
+func (s *server) stats(w *wire.ResponseWriter, r *wire.Request) {
 	st, err := s.l.Stats(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, wire.StatusOK, st)
 }
 
 // Stats returns the VM's counters; an APIError with status 409 when no QEMU runs.
 func (c *Client) Stats(ctx context.Context) (protocol.Stats, error) {
 	var st protocol.Stats
-	return st, c.do(ctx, http.MethodGet, "/v1/stats", nil, &st)
+	return st, c.do(ctx, "GET", "/v1/stats", nil, &st)
 }
 
 // coldTaps are the taps of the NICs QEMU started with but not as hot-plugged ones, by NIC name.

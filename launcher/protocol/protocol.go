@@ -13,8 +13,10 @@ import (
 // The command protocol between the node agent and a launcher: HTTP/1.1 with JSON bodies over the
 // unix socket <socket-dir>/<vmi-uid>/launcher.sock. HTTP was chosen over gRPC because it needs no
 // code generation, keeps the launcher's binary and memory small, and can be poked with curl
-// (`curl --unix-socket launcher.sock http://launcher/v1/status`). Its version is
-// machine.Protocol; the node agent asks GET /v1/info before it sends a SyncRequest.
+// (`curl --unix-socket launcher.sock http://launcher/v1/status`). Both ends speak it through package
+// launcher/wire, a subset of HTTP/1.1 (bodies with a Content-Length, replies chunked or with one,
+// a connection per call) that keeps net/http and its TLS stack out of the launcher's binary. Its
+// version is machine.Protocol; the node agent asks GET /v1/info before it sends a SyncRequest.
 //
 //	GET    /v1/info                 -> machine.Info  the protocol versions this launcher speaks
 //	POST   /v1/sync                 SyncRequest      start the VM (idempotent for the same VMI UID)

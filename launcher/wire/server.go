@@ -1,0 +1,532 @@
+package wire
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/textproto"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrServerClosed is what Serve returns after Shutdown or Close.
+var ErrServerClosed = errors.New("wire: server closed")
+
+// Request is one request, its body read whole before the handler runs.
+type Request struct {
+	Method string
+	// Path is the request target's unescaped path, Query its query.
+	Path    string
+	rawPath string
+	Query  url.Values
+	Header textproto.MIMEHeader
+	Body   []byte
+	// proto11 is an HTTP/1.1 request; close asks to end the connection after the reply.
+	proto11, close bool
+	ctx            context.Context
+	params         map[string]string
+}
+
+// Context ends when the client goes away or the server closes.
+func (r *Request) Context() context.Context { return r.ctx }
+
+// PathValue is the path segment the route's {name} matched.
+func (r *Request) PathValue(name string) string { return r.params[name] }
+
+// HandlerFunc answers a request.
+type HandlerFunc func(w *ResponseWriter, r *Request)
+
+// Server serves HTTP/1.1 on a listener. Its zero limits take the defaults below.
+type Server struct {
+	Handler HandlerFunc
+	// ReadTimeout bounds reading a request, head and body, from its first byte (10 s).
+	ReadTimeout time.Duration
+	// MaxHeadBytes bounds a request's line and headers (64 KiB); MaxBodyBytes its body (4 MiB).
+	MaxHeadBytes int64
+	MaxBodyBytes int64
+	// ErrorBody formats the body of a refusal the server makes itself (a malformed request, an
+	// unknown route), with its Content-Type; nil: plain text.
+	ErrorBody func(code int, msg string) (contentType string, body []byte)
+
+	mu         sync.Mutex
+	listeners  map[net.Listener]struct{}
+	conns      map[*conn]struct{}
+	onShutdown []func()
+	closing    atomic.Bool
+	active     sync.WaitGroup
+}
+
+const (
+	defaultReadTimeout = 10 * time.Second
+	defaultMaxHead     = 64 << 10
+	defaultMaxBody     = 4 << 20
+	bufferSize         = 4 << 10
+)
+
+// RegisterOnShutdown adds fn to what Shutdown calls, for long replies (a watch) to end.
+func (s *Server) RegisterOnShutdown(fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onShutdown = append(s.onShutdown, fn)
+}
+
+// Serve accepts connections on ln and serves each in its own goroutine until Shutdown or Close.
+func (s *Server) Serve(ln net.Listener) error {
+	if !s.track(ln) {
+		_ = ln.Close()
+		return ErrServerClosed
+	}
+	defer s.untrack(ln)
+	for {
+		rwc, err := ln.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return ErrServerClosed
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		c := &conn{srv: s, rwc: rwc}
+		if !s.add(c) {
+			_ = rwc.Close()
+			return ErrServerClosed
+		}
+		go c.serve()
+	}
+}
+
+// Shutdown stops accepting, lets the requests being served finish and closes idle connections,
+// until ctx ends (then it returns ctx's error; Close ends the rest).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	s.mu.Lock()
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	fns := slices.Clone(s.onShutdown)
+	// A connection waiting for its next request wakes and ends; one serving a request ends after
+	// its reply (it sees closing). Set after closing, so a connection that resets its deadline
+	// afterwards sees closing when it checks.
+	for c := range s.conns {
+		_ = c.rwc.SetReadDeadline(aLongTimeAgo)
+	}
+	s.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
+	done := make(chan struct{})
+	go func() { s.active.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close closes the listeners and every connection at once.
+func (s *Server) Close() error {
+	s.closing.Store(true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	for c := range s.conns {
+		_ = c.rwc.Close()
+	}
+	return nil
+}
+
+func (s *Server) track(ln net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return false
+	}
+	if s.listeners == nil {
+		s.listeners = map[net.Listener]struct{}{}
+	}
+	s.listeners[ln] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(ln net.Listener) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.listeners, ln)
+}
+
+func (s *Server) add(c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return false
+	}
+	if s.conns == nil {
+		s.conns = map[*conn]struct{}{}
+	}
+	s.conns[c] = struct{}{}
+	s.active.Add(1)
+	return true
+}
+
+func (s *Server) remove(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.active.Done()
+}
+
+func orDefault[T int64 | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// requestError is a request the server refuses before any handler sees it.
+type requestError struct {
+	code int
+	msg  string
+}
+
+func (e *requestError) Error() string { return e.msg }
+
+func refuse(code int, format string, args ...any) error {
+	return &requestError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// conn is one client connection.
+type conn struct {
+	srv *Server
+	rwc net.Conn
+	lr  *limitedReader
+	br  *bufio.Reader
+	bw  *bufio.Writer
+}
+
+func (c *conn) serve() {
+	defer c.srv.remove(c)
+	defer c.rwc.Close()
+	c.lr = &limitedReader{r: c.rwc, remain: -1}
+	c.br = bufio.NewReaderSize(c.lr, bufferSize)
+	c.bw = bufio.NewWriterSize(c.rwc, bufferSize)
+	for !c.srv.closing.Load() {
+		req, err := c.next()
+		if err != nil {
+			c.refuse(err)
+			return
+		}
+		if !c.handle(req) || req.close || !req.proto11 {
+			return
+		}
+	}
+}
+
+// refuse answers a request that could not be read, unless the client just went away.
+func (c *conn) refuse(err error) {
+	var re *requestError
+	if !errors.As(err, &re) {
+		return
+	}
+	w := &ResponseWriter{bw: c.bw, header: textproto.MIMEHeader{}, proto11: true, closeAfter: true}
+	c.srv.writeError(w, re.code, re.msg)
+	_ = w.finish()
+}
+
+func (s *Server) writeError(w *ResponseWriter, code int, msg string) {
+	contentType, body := "text/plain; charset=utf-8", []byte(msg+"\n")
+	if s.ErrorBody != nil {
+		contentType, body = s.ErrorBody(code, msg)
+	}
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
+}
+
+// next waits for a request without a deadline (an idle connection), then reads it whole within
+// ReadTimeout.
+func (c *conn) next() (*Request, error) {
+	maxHead := orDefault(c.srv.MaxHeadBytes, defaultMaxHead)
+	c.lr.remain = maxHead
+	if _, err := c.br.Peek(1); err != nil {
+		return nil, err
+	}
+	if c.srv.closing.Load() {
+		return nil, ErrServerClosed
+	}
+	_ = c.rwc.SetReadDeadline(time.Now().Add(orDefault(c.srv.ReadTimeout, defaultReadTimeout)))
+	defer func() { _ = c.rwc.SetReadDeadline(time.Time{}) }()
+	return readRequest(c.br, c.lr, maxHead, orDefault(c.srv.MaxBodyBytes, defaultMaxBody), c.sendContinue)
+}
+
+// sendContinue tells a client that waits for it (curl does, for a body over 1 KiB) to send its
+// body.
+func (c *conn) sendContinue() error {
+	if _, err := c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+		return err
+	}
+	return c.bw.Flush()
+}
+
+// readRequest reads one request from br, whose underlying reader is lr: its head within maxHead
+// bytes, its body within maxBody. A malformed or too large request is an error that names what
+// was wrong, with the status to refuse it with.
+// A request that expects 100-continue gets it through sendContinue before its body is read.
+func readRequest(br *bufio.Reader, lr *limitedReader, maxHead, maxBody int64, sendContinue func() error) (*Request, error) {
+	check := limitHead(br, lr, maxHead)
+	defer func() { lr.remain = -1 }()
+	tp := textproto.NewReader(br)
+	line, err := tp.ReadLine()
+	if err = check(err); err != nil {
+		return nil, headError(err, "read the request line")
+	}
+	req, err := parseRequestLine(line)
+	if err != nil {
+		return nil, err
+	}
+	hdr, err := tp.ReadMIMEHeader()
+	if err = check(err); err != nil {
+		return nil, headError(err, "read the request headers")
+	}
+	req.Header = hdr
+	req.close = connectionClose(hdr, req.proto11)
+	lr.remain = -1
+	if isChunked, err := chunked(hdr); err != nil {
+		return nil, refuse(StatusNotImplemented, "%v", err)
+	} else if isChunked {
+		return nil, refuse(StatusLengthRequired, "a request body needs a Content-Length header")
+	}
+	n, err := contentLength(hdr)
+	if err != nil {
+		return nil, refuse(StatusBadRequest, "%v", err)
+	}
+	if n > maxBody {
+		return nil, refuse(StatusRequestEntityTooLarge, "request body of %d bytes: at most %d are accepted", n, maxBody)
+	}
+	if n > 0 && req.proto11 && strings.EqualFold(hdr.Get("Expect"), "100-continue") {
+		if err := sendContinue(); err != nil {
+			return nil, fmt.Errorf("send 100 Continue: %w", err)
+		}
+	}
+	if n > 0 {
+		req.Body = make([]byte, n)
+		if _, err := io.ReadFull(br, req.Body); err != nil {
+			return nil, fmt.Errorf("read the request body: %w", err)
+		}
+	}
+	return req, nil
+}
+
+func headError(err error, what string) error {
+	switch {
+	case errors.Is(err, errHeadTooLarge):
+		return refuse(StatusHeaderFieldsTooLarge, "%s: the request's line and headers are too large", what)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return err
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return err // a timeout or a broken connection: nobody to answer
+	}
+	return refuse(StatusBadRequest, "%s: %v", what, err)
+}
+
+// parseRequestLine reads "METHOD /path?query HTTP/1.1".
+func parseRequestLine(line string) (*Request, error) {
+	method, rest, ok1 := strings.Cut(line, " ")
+	target, version, ok2 := strings.Cut(rest, " ")
+	if !ok1 || !ok2 || method == "" || strings.ContainsAny(method, " \t") {
+		return nil, refuse(StatusBadRequest, "request line %q: want METHOD /path HTTP/1.1", line)
+	}
+	proto11, err := parseVersion(version)
+	if err != nil {
+		return nil, refuse(StatusVersionNotSupported, "request line: %v", err)
+	}
+	if !strings.HasPrefix(target, "/") {
+		return nil, refuse(StatusBadRequest, "request target %q: want a path starting with /", target)
+	}
+	u, err := url.ParseRequestURI(target)
+	if err != nil {
+		return nil, refuse(StatusBadRequest, "request target %q: %v", target, err)
+	}
+	query, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, refuse(StatusBadRequest, "request target %q: query: %v", target, err)
+	}
+	return &Request{Method: method, Path: u.Path, rawPath: u.EscapedPath(), Query: query, proto11: proto11}, nil
+}
+
+// connectionClose reports whether the connection ends after this message: asked by its
+// Connection header, or HTTP/1.0 without keep-alive.
+func connectionClose(h textproto.MIMEHeader, proto11 bool) bool {
+	for _, v := range h.Values("Connection") {
+		for _, tok := range strings.Split(v, ",") {
+			switch strings.ToLower(strings.TrimSpace(tok)) {
+			case "close":
+				return true
+			case "keep-alive":
+				proto11 = true
+			}
+		}
+	}
+	return !proto11
+}
+
+// handle runs the handler for req, its context cancelled if the client goes away meanwhile, and
+// reports whether the connection can serve another request.
+func (c *conn) handle(req *Request) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req.ctx = ctx
+	// The client sends nothing more until it has the reply (no pipelining from the clients of
+	// this protocol), so a read that ends now is the client gone. A byte that arrives is the next
+	// request's and stays in br.
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if _, err := c.br.Peek(1); err != nil && !isTimeout(err) {
+			cancel()
+		}
+	}()
+	w := &ResponseWriter{bw: c.bw, header: textproto.MIMEHeader{}, proto11: req.proto11, closeAfter: req.close}
+	c.srv.Handler(w, req)
+	err := w.finish()
+	_ = c.rwc.SetReadDeadline(aLongTimeAgo)
+	<-watched
+	_ = c.rwc.SetReadDeadline(time.Time{})
+	return err == nil && !w.closeAfter && ctx.Err() == nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// ResponseWriter writes one reply. The status line and headers go out on the first Write (or
+// WriteHeader); the body is chunked unless the handler set Content-Length.
+type ResponseWriter struct {
+	bw          *bufio.Writer
+	header      textproto.MIMEHeader
+	proto11     bool
+	closeAfter  bool
+	wroteHeader bool
+	code        int
+	chunked     bool
+	remain      int64 // of a Content-Length body; -1: not fixed
+	err         error
+}
+
+// ErrBodyNotAllowed is a Write to a reply whose status carries no body.
+var ErrBodyNotAllowed = errors.New("wire: this status carries no body")
+
+// Header is the reply's headers, to set before WriteHeader.
+func (w *ResponseWriter) Header() textproto.MIMEHeader { return w.header }
+
+// WriteHeader sends the status line and the headers; later calls do nothing.
+func (w *ResponseWriter) WriteHeader(code int) {
+	if w.wroteHeader {
+		return
+	}
+	w.wroteHeader, w.code, w.remain = true, code, -1
+	if n, err := contentLength(w.header); err == nil && n >= 0 {
+		w.remain = n
+	}
+	switch {
+	case bodyless(code):
+		w.header.Del("Content-Length")
+		w.header.Del("Transfer-Encoding")
+	case w.remain >= 0:
+	case w.proto11:
+		w.chunked = true
+		w.header.Set("Transfer-Encoding", "chunked")
+	default:
+		w.closeAfter = true // an HTTP/1.0 body ends with the connection
+	}
+	if w.closeAfter {
+		w.header.Set("Connection", "close")
+	}
+	text := StatusText(code)
+	if text == "" {
+		text = "Status " + strconv.Itoa(code)
+	}
+	fmt.Fprintf(w.bw, "HTTP/1.1 %d %s\r\n", code, text)
+	keys := make([]string, 0, len(w.header))
+	for k := range w.header {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, v := range w.header[k] {
+			// A value is the handler's own; no CR or LF may split it into another header.
+			v = strings.NewReplacer("\r", " ", "\n", " ").Replace(v)
+			fmt.Fprintf(w.bw, "%s: %s\r\n", k, v)
+		}
+	}
+	_, w.err = w.bw.WriteString("\r\n")
+}
+
+// Write sends body bytes, as one chunk of a chunked body.
+func (w *ResponseWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(StatusOK)
+	if w.err != nil {
+		return 0, w.err
+	}
+	if bodyless(w.code) {
+		return 0, ErrBodyNotAllowed
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if w.remain >= 0 {
+		if int64(len(p)) > w.remain {
+			w.err = fmt.Errorf("wire: reply body longer than its Content-Length")
+			return 0, w.err
+		}
+		w.remain -= int64(len(p))
+	}
+	if w.chunked {
+		fmt.Fprintf(w.bw, "%x\r\n", len(p))
+	}
+	n, err := w.bw.Write(p)
+	if err == nil && w.chunked {
+		_, err = w.bw.WriteString("\r\n")
+	}
+	w.err = err
+	return n, err
+}
+
+// Flush sends what was written so far.
+func (w *ResponseWriter) Flush() {
+	w.WriteHeader(StatusOK)
+	if w.err == nil {
+		w.err = w.bw.Flush()
+	}
+}
+
+// finish ends the reply; an error leaves the connection unusable.
+func (w *ResponseWriter) finish() error {
+	w.WriteHeader(StatusOK)
+	if w.err != nil {
+		return w.err
+	}
+	if w.chunked {
+		_, w.err = w.bw.WriteString("0\r\n\r\n")
+	}
+	if w.err == nil {
+		w.err = w.bw.Flush()
+	}
+	if w.err == nil && w.remain > 0 {
+		w.err = fmt.Errorf("wire: reply body %d bytes shorter than its Content-Length", w.remain)
+	}
+	return w.err
+}
