@@ -26,9 +26,9 @@ type Request struct {
 	// Path is the request target's unescaped path, Query its query.
 	Path    string
 	rawPath string
-	Query  url.Values
-	Header textproto.MIMEHeader
-	Body   []byte
+	Query   url.Values
+	Header  textproto.MIMEHeader
+	Body    []byte
 	// proto11 is an HTTP/1.1 request; close asks to end the connection after the reply.
 	proto11, close bool
 	ctx            context.Context
