@@ -93,7 +93,7 @@ func Listen(socket string) (net.Listener, error) {
 // ServeOn serves the command protocol on ln until ctx ends.
 func ServeOn(ctx context.Context, ln net.Listener, l *Launcher, log logr.Logger) error {
 	s := &server{l: l, log: log, closing: make(chan struct{})}
-	srv := &wire.Server{Handler: s.routes().Serve, ReadTimeout: 10 * time.Second, MaxBodyBytes: maxBody, ErrorBody: errorBody}
+	srv := &wire.Server{Handler: s.routes().Serve, MaxBodyBytes: maxBody, ErrorBody: errorBody, Log: log}
 	srv.RegisterOnShutdown(func() { close(s.closing) })
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

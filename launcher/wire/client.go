@@ -233,7 +233,7 @@ func (c *chunkedReader) nextChunk() error {
 		c.remain, c.inData = size, true
 		return nil
 	}
-	for {
+	for read := 0; ; {
 		trailer, err := c.line()
 		if err != nil {
 			return err
@@ -241,6 +241,9 @@ func (c *chunkedReader) nextChunk() error {
 		if trailer == "" {
 			c.done = true
 			return nil
+		}
+		if read += len(trailer); read > maxChunkLine {
+			return fmt.Errorf("chunked body: trailers longer than %d bytes", maxChunkLine)
 		}
 	}
 }

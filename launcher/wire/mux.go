@@ -49,7 +49,8 @@ func (m *Mux) Serve(w *ResponseWriter, r *Request) {
 		if !ok {
 			continue
 		}
-		if rt.method != r.Method {
+		// A GET route answers HEAD too, with its headers only.
+		if rt.method != r.Method && (rt.method != "GET" || r.Method != "HEAD") {
 			allowed = append(allowed, rt.method)
 			continue
 		}

@@ -1,10 +1,14 @@
 package wire
 
 import (
+	"runtime/debug"
+	"syscall"
+
 	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/go-logr/logr"
 	"io"
 	"net"
 	"net/textproto"
@@ -47,14 +51,19 @@ type HandlerFunc func(w *ResponseWriter, r *Request)
 // Server serves HTTP/1.1 on a listener. Its zero limits take the defaults below.
 type Server struct {
 	Handler HandlerFunc
-	// ReadTimeout bounds reading a request, head and body, from its first byte (10 s).
+	// ReadTimeout bounds reading a request, head and body, from its first byte, and a new
+	// connection's wait for its first request (10 s).
 	ReadTimeout time.Duration
+	// IdleTimeout ends a kept-alive connection that sends no further request (2 minutes).
+	IdleTimeout time.Duration
 	// MaxHeadBytes bounds a request's line and headers (64 KiB); MaxBodyBytes its body (4 MiB).
 	MaxHeadBytes int64
 	MaxBodyBytes int64
 	// ErrorBody formats the body of a refusal the server makes itself (a malformed request, an
 	// unknown route), with its Content-Type; nil: plain text.
 	ErrorBody func(code int, msg string) (contentType string, body []byte)
+	// Log records a handler's panic, which ends only its connection.
+	Log logr.Logger
 
 	mu         sync.Mutex
 	listeners  map[net.Listener]struct{}
@@ -66,6 +75,7 @@ type Server struct {
 
 const (
 	defaultReadTimeout = 10 * time.Second
+	defaultIdleTimeout = 2 * time.Minute
 	defaultMaxHead     = 64 << 10
 	defaultMaxBody     = 4 << 20
 	bufferSize         = 4 << 10
@@ -85,14 +95,24 @@ func (s *Server) Serve(ln net.Listener) error {
 		return ErrServerClosed
 	}
 	defer s.untrack(ln)
+	defer ln.Close()
+	var backoff time.Duration
 	for {
 		rwc, err := ln.Accept()
 		if err != nil {
 			if s.closing.Load() {
 				return ErrServerClosed
 			}
-			return fmt.Errorf("accept: %w", err)
+			if !temporary(err) {
+				return fmt.Errorf("accept: %w", err)
+			}
+			// Out of descriptors or memory for a moment: the launcher must not end its VM for it.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.Log.Info("accept failed; retrying", "error", err.Error(), "after", backoff)
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		c := &conn{srv: s, rwc: rwc}
 		if !s.add(c) {
 			_ = rwc.Close()
@@ -105,17 +125,18 @@ func (s *Server) Serve(ln net.Listener) error {
 // Shutdown stops accepting, lets the requests being served finish and closes idle connections,
 // until ctx ends (then it returns ctx's error; Close ends the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.closing.Store(true)
 	s.mu.Lock()
+	s.closing.Store(true)
 	for ln := range s.listeners {
 		_ = ln.Close()
 	}
 	fns := slices.Clone(s.onShutdown)
-	// A connection waiting for its next request wakes and ends; one serving a request ends after
-	// its reply (it sees closing). Set after closing, so a connection that resets its deadline
-	// afterwards sees closing when it checks.
+	// A connection waiting for a request wakes and ends; one reading or serving a request ends
+	// after its reply (setIdle sees closing). Both under mu, so none is missed.
 	for c := range s.conns {
-		_ = c.rwc.SetReadDeadline(aLongTimeAgo)
+		if c.idle {
+			_ = c.rwc.SetReadDeadline(aLongTimeAgo)
+		}
 	}
 	s.mu.Unlock()
 	for _, fn := range fns {
@@ -164,6 +185,7 @@ func (s *Server) untrack(ln net.Listener) {
 	delete(s.listeners, ln)
 }
 
+// add tracks a new connection, idle until its first request, which it waits for ReadTimeout.
 func (s *Server) add(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -175,7 +197,41 @@ func (s *Server) add(c *conn) bool {
 	}
 	s.conns[c] = struct{}{}
 	s.active.Add(1)
+	c.idle = true
+	_ = c.rwc.SetReadDeadline(time.Now().Add(orDefault(s.ReadTimeout, defaultReadTimeout)))
 	return true
+}
+
+// setActive marks c as reading a request, unless the server is closing.
+func (s *Server) setActive(c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.idle = false
+	return !s.closing.Load()
+}
+
+// setIdle marks c as waiting for its next request, IdleTimeout at most, unless the server is
+// closing.
+func (s *Server) setIdle(c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return false
+	}
+	c.idle = true
+	_ = c.rwc.SetReadDeadline(time.Now().Add(orDefault(s.IdleTimeout, defaultIdleTimeout)))
+	return true
+}
+
+// temporary reports an accept error worth retrying: the process or the system is out of
+// descriptors or memory for now.
+func temporary(err error) bool {
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return isTimeout(err)
 }
 
 func (s *Server) remove(c *conn) {
@@ -211,21 +267,28 @@ type conn struct {
 	lr  *limitedReader
 	br  *bufio.Reader
 	bw  *bufio.Writer
+	// idle: waiting for a request (guarded by srv.mu); Shutdown wakes those.
+	idle bool
 }
 
 func (c *conn) serve() {
 	defer c.srv.remove(c)
 	defer c.rwc.Close()
+	defer func() {
+		if v := recover(); v != nil {
+			c.srv.Log.Error(fmt.Errorf("%v", v), "a command handler panicked; its connection ends", "stack", string(debug.Stack()))
+		}
+	}()
 	c.lr = &limitedReader{r: c.rwc, remain: -1}
 	c.br = bufio.NewReaderSize(c.lr, bufferSize)
 	c.bw = bufio.NewWriterSize(c.rwc, bufferSize)
-	for !c.srv.closing.Load() {
+	for {
 		req, err := c.next()
 		if err != nil {
 			c.refuse(err)
 			return
 		}
-		if !c.handle(req) || req.close || !req.proto11 {
+		if !c.handle(req) || req.close || !req.proto11 || !c.srv.setIdle(c) {
 			return
 		}
 	}
@@ -253,7 +316,7 @@ func (s *Server) writeError(w *ResponseWriter, code int, msg string) {
 	_, _ = w.Write(body)
 }
 
-// next waits for a request without a deadline (an idle connection), then reads it whole within
+// next waits for a request within the idle connection's deadline, then reads it whole within
 // ReadTimeout.
 func (c *conn) next() (*Request, error) {
 	maxHead := orDefault(c.srv.MaxHeadBytes, defaultMaxHead)
@@ -261,7 +324,7 @@ func (c *conn) next() (*Request, error) {
 	if _, err := c.br.Peek(1); err != nil {
 		return nil, err
 	}
-	if c.srv.closing.Load() {
+	if !c.srv.setActive(c) {
 		return nil, ErrServerClosed
 	}
 	_ = c.rwc.SetReadDeadline(time.Now().Add(orDefault(c.srv.ReadTimeout, defaultReadTimeout)))
@@ -287,22 +350,29 @@ func readRequest(br *bufio.Reader, lr *limitedReader, maxHead, maxBody int64, se
 	defer func() { lr.remain = -1 }()
 	tp := textproto.NewReader(br)
 	line, err := tp.ReadLine()
+	if err == nil && line == "" {
+		line, err = tp.ReadLine() // RFC 9112 section 2.2: an empty line before the request
+	}
 	if err = check(err); err != nil {
 		return nil, headError(err, "read the request line")
+	}
+	// The headers first: a line cut by the connection's end or a timeout reads as whole, and
+	// the headers' read then tells the end from a malformed line.
+	hdr, err := tp.ReadMIMEHeader()
+	if err = check(err); err != nil {
+		return nil, headError(err, "read the request headers")
 	}
 	req, err := parseRequestLine(line)
 	if err != nil {
 		return nil, err
 	}
-	hdr, err := tp.ReadMIMEHeader()
-	if err = check(err); err != nil {
-		return nil, headError(err, "read the request headers")
-	}
 	req.Header = hdr
 	req.close = connectionClose(hdr, req.proto11)
 	lr.remain = -1
-	if isChunked, err := chunked(hdr); err != nil {
+	if isChunked, err := chunked(hdr); errors.Is(err, errUnknownCoding) {
 		return nil, refuse(StatusNotImplemented, "%v", err)
+	} else if err != nil {
+		return nil, refuse(StatusBadRequest, "%v", err)
 	} else if isChunked {
 		return nil, refuse(StatusLengthRequired, "a request body needs a Content-Length header")
 	}
@@ -319,9 +389,12 @@ func readRequest(br *bufio.Reader, lr *limitedReader, maxHead, maxBody int64, se
 		}
 	}
 	if n > 0 {
-		req.Body = make([]byte, n)
-		if _, err := io.ReadFull(br, req.Body); err != nil {
+		// Read as it arrives: a head that only announces a large body holds no large buffer.
+		if req.Body, err = io.ReadAll(io.LimitReader(br, n)); err != nil {
 			return nil, fmt.Errorf("read the request body: %w", err)
+		}
+		if int64(len(req.Body)) < n {
+			return nil, fmt.Errorf("read the request body: %w", io.ErrUnexpectedEOF)
 		}
 	}
 	return req, nil
@@ -343,9 +416,9 @@ func headError(err error, what string) error {
 
 // parseRequestLine reads "METHOD /path?query HTTP/1.1".
 func parseRequestLine(line string) (*Request, error) {
-	method, rest, ok1 := strings.Cut(line, " ")
-	target, version, ok2 := strings.Cut(rest, " ")
-	if !ok1 || !ok2 || method == "" || strings.ContainsAny(method, " \t") {
+	method, rest, _ := strings.Cut(line, " ")
+	target, version, _ := strings.Cut(rest, " ")
+	if strings.Count(line, " ") != 2 || method == "" || target == "" || strings.ContainsAny(line, "\t") {
 		return nil, refuse(StatusBadRequest, "request line %q: want METHOD /path HTTP/1.1", line)
 	}
 	proto11, err := parseVersion(version)
@@ -398,7 +471,7 @@ func (c *conn) handle(req *Request) bool {
 			cancel()
 		}
 	}()
-	w := &ResponseWriter{bw: c.bw, header: textproto.MIMEHeader{}, proto11: req.proto11, closeAfter: req.close}
+	w := &ResponseWriter{bw: c.bw, header: textproto.MIMEHeader{}, proto11: req.proto11, closeAfter: req.close, head: req.Method == "HEAD"}
 	c.srv.Handler(w, req)
 	err := w.finish()
 	_ = c.rwc.SetReadDeadline(aLongTimeAgo)
@@ -424,6 +497,7 @@ type ResponseWriter struct {
 	chunked     bool
 	remain      int64 // of a Content-Length body; -1: not fixed
 	err         error
+	head        bool // a HEAD request's reply: the headers only
 }
 
 // ErrBodyNotAllowed is a Write to a reply whose status carries no body.
@@ -438,7 +512,9 @@ func (w *ResponseWriter) WriteHeader(code int) {
 		return
 	}
 	w.wroteHeader, w.code, w.remain = true, code, -1
-	if n, err := contentLength(w.header); err == nil && n >= 0 {
+	if n, err := contentLength(w.header); err != nil {
+		w.header.Del("Content-Length") // the handler's mistake must not frame the reply
+	} else if n >= 0 {
 		w.remain = n
 	}
 	switch {
@@ -484,8 +560,8 @@ func (w *ResponseWriter) Write(p []byte) (int, error) {
 	if bodyless(w.code) {
 		return 0, ErrBodyNotAllowed
 	}
-	if len(p) == 0 {
-		return 0, nil
+	if len(p) == 0 || w.head {
+		return len(p), nil
 	}
 	if w.remain >= 0 {
 		if int64(len(p)) > w.remain {
@@ -519,13 +595,13 @@ func (w *ResponseWriter) finish() error {
 	if w.err != nil {
 		return w.err
 	}
-	if w.chunked {
+	if w.chunked && !w.head {
 		_, w.err = w.bw.WriteString("0\r\n\r\n")
 	}
 	if w.err == nil {
 		w.err = w.bw.Flush()
 	}
-	if w.err == nil && w.remain > 0 {
+	if w.err == nil && w.remain > 0 && !w.head {
 		w.err = fmt.Errorf("wire: reply body %d bytes shorter than its Content-Length", w.remain)
 	}
 	return w.err

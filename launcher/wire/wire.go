@@ -105,7 +105,7 @@ func chunked(h textproto.MIMEHeader) (bool, error) {
 		return false, nil
 	}
 	if len(te) != 1 || !strings.EqualFold(strings.TrimSpace(te[0]), "chunked") {
-		return false, fmt.Errorf("header Transfer-Encoding %q: only chunked is spoken", strings.Join(te, ", "))
+		return false, fmt.Errorf("header Transfer-Encoding %q: %w", strings.Join(te, ", "), errUnknownCoding)
 	}
 	if len(h.Values("Content-Length")) > 0 {
 		return false, errors.New("both Transfer-Encoding and Content-Length are set")
@@ -136,7 +136,10 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-var errHeadTooLarge = errors.New("message head too large")
+var (
+	errHeadTooLarge  = errors.New("message head too large")
+	errUnknownCoding = errors.New("only chunked is spoken")
+)
 
 // limitHead bounds what br reads through lr to limit bytes for a message's head, and returns the
 // check for each step of reading it: the head is too large once it took limit bytes. (bufio hands

@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -76,7 +78,7 @@ func testMux() *Mux {
 func TestServerSpeaksToNetHTTP(t *testing.T) {
 	socket := serve(t, &Server{Handler: testMux().Serve})
 	c := stdClient(socket)
-	var conns int
+	var fresh int
 	cases := []struct {
 		method, path, body string
 		code               int
@@ -97,6 +99,13 @@ func TestServerSpeaksToNetHTTP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) {
+				if !info.Reused {
+					fresh++
+				}
+			},
+		}))
 		if tc.body == "" {
 			req.Body, req.ContentLength = nil, 0
 		}
@@ -121,12 +130,9 @@ func TestServerSpeaksToNetHTTP(t *testing.T) {
 		if tc.path == "/v1/fixed" && resp.ContentLength != 5 {
 			t.Errorf("the fixed reply's length %d, want 5", resp.ContentLength)
 		}
-		if resp.Close {
-			conns++
-		}
 	}
-	if conns != 0 {
-		t.Errorf("%d replies closed their connection, want all kept alive", conns)
+	if fresh != 1 {
+		t.Errorf("%d connections for %d requests, want one kept alive", fresh, len(cases))
 	}
 }
 
@@ -155,8 +161,8 @@ func rawRequest(t *testing.T, socket, raw string) string {
 // TestServerRefusesMalformedRequests: each bad request gets a status naming what was wrong and the
 // connection ends; no handler runs.
 func TestServerRefusesMalformedRequests(t *testing.T) {
-	ran := false
-	srv := &Server{Handler: func(w *ResponseWriter, r *Request) { ran = true }, MaxHeadBytes: 1 << 10, MaxBodyBytes: 16,
+	var ran atomic.Bool
+	srv := &Server{Handler: func(w *ResponseWriter, r *Request) { ran.Store(true) }, MaxHeadBytes: 1 << 10, MaxBodyBytes: 16,
 		ErrorBody: func(code int, msg string) (string, []byte) {
 			return "application/json", fmt.Appendf(nil, `{"error":%q}`, msg)
 		}}
@@ -173,7 +179,10 @@ func TestServerRefusesMalformedRequests(t *testing.T) {
 		{"lengths disagree", "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "400", "disagree"},
 		{"chunked request", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n", "411", "needs a Content-Length"},
 		{"gzip coding", "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", "501", "only chunked"},
-		{"smuggling", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", "501", "both Transfer-Encoding and Content-Length"},
+		{"smuggling", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", "400", "both Transfer-Encoding and Content-Length"},
+		{"double space", "GET  /v1/status HTTP/1.1\r\n\r\n", "400", "want METHOD /path HTTP/1.1"},
+		{"trailing space", "GET /v1/status HTTP/1.1 \r\n\r\n", "400", "want METHOD /path HTTP/1.1"},
+		{"head at the limit", "GET / HTTP/1.1\r\nX: " + strings.Repeat("a", 1024-23) + "\r\n\r\n", "431", "too large"},
 	}
 	for _, tc := range cases {
 		out := rawRequest(t, socket, tc.raw)
@@ -182,8 +191,17 @@ func TestServerRefusesMalformedRequests(t *testing.T) {
 			t.Errorf("%s: the server answered %q, want status %s with Connection: close and a JSON error containing %q", tc.name, out, tc.status, tc.want)
 		}
 	}
-	if ran {
+	if ran.Load() {
 		t.Error("a handler ran for a malformed request")
+	}
+	// One byte under the limit is served, and so is a request after an empty line.
+	for _, raw := range []string{
+		"GET / HTTP/1.1\r\nConnection: close\r\nX: " + strings.Repeat("a", 1023-42) + "\r\n\r\n",
+		"\r\nGET / HTTP/1.1\r\nConnection: close\r\n\r\n",
+	} {
+		if out := rawRequest(t, socket, raw); !strings.HasPrefix(out, "HTTP/1.1 200 OK\r\n") {
+			t.Errorf("request %q: answered %q, want 200", raw, out)
+		}
 	}
 }
 
@@ -209,6 +227,97 @@ func TestServerSendsContinue(t *testing.T) {
 	}
 	if body, err := io.ReadAll(resp.Body); err != nil || string(body) != "|{}" {
 		t.Errorf("reply %q, %v; want the body echoed", body, err)
+	}
+}
+
+// TestServerAnswersHEAD: a GET route answers HEAD with its headers and no body, and the
+// connection stays usable.
+func TestServerAnswersHEAD(t *testing.T) {
+	socket := serve(t, &Server{Handler: testMux().Serve})
+	c := stdClient(socket)
+	for range 2 {
+		resp, err := c.Head("http://launcher/v1/fixed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != 200 || resp.ContentLength != 5 || len(body) != 0 {
+			t.Errorf("HEAD: %d, length %d, body %q; want 200, 5 and none", resp.StatusCode, resp.ContentLength, body)
+		}
+	}
+	resp, err := c.Get("http://launcher/v1/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if string(body) != "line 0\nline 1\nline 2\n" {
+		t.Errorf("GET after HEAD: %q", body)
+	}
+}
+
+// TestHandlerPanicEndsItsConnectionOnly: a handler that panics costs its connection, not the
+// launcher; the next request is served.
+func TestHandlerPanicEndsItsConnectionOnly(t *testing.T) {
+	socket := serve(t, &Server{Handler: func(w *ResponseWriter, r *Request) {
+		if r.Path == "/panic" {
+			var m map[string]int
+			m["x"]++
+		}
+		fmt.Fprint(w, "ok")
+	}})
+	if out := rawRequest(t, socket, "GET /panic HTTP/1.1\r\n\r\n"); out != "" {
+		t.Errorf("the panicking request was answered %q", out)
+	}
+	if out := rawRequest(t, socket, "GET /fine HTTP/1.1\r\nConnection: close\r\n\r\n"); !strings.HasSuffix(out, "\r\n\r\n2\r\nok\r\n0\r\n\r\n") {
+		t.Errorf("the next request was answered %q", out)
+	}
+}
+
+// TestServerTimesOutSilentClients: a connection that sends nothing, or half a request, or nothing
+// after its reply, ends at its timeout.
+func TestServerTimesOutSilentClients(t *testing.T) {
+	socket := serve(t, &Server{Handler: testMux().Serve, ReadTimeout: 200 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
+	for _, sent := range []string{"", "GET /v1/fixed HTTP/1.1\r\nX: a", "POST /v1/echo HTTP/1.1\r\nContent-Length: 10\r\n\r\n{}", "GET /v1/fixed HTTP/1.1\r\n\r\n"} {
+		conn := dial(t, socket)
+		_, _ = io.WriteString(conn, sent)
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		out, err := io.ReadAll(conn)
+		_ = conn.Close()
+		if err != nil {
+			t.Errorf("after %q: the server kept the connection open: %v", sent, err)
+		}
+		if want := ""; strings.HasSuffix(sent, "\r\n\r\n") {
+			if !strings.HasSuffix(string(out), "hello") {
+				t.Errorf("after %q: %q, want the reply then the end", sent, out)
+			}
+		} else if string(out) != want {
+			t.Errorf("after %q: %q, want the connection closed without a reply", sent, out)
+		}
+	}
+}
+
+// TestShutdownServesRequestsBeingRead: a request whose body is on its way when Shutdown begins is
+// still answered.
+func TestShutdownServesRequestsBeingRead(t *testing.T) {
+	srv := &Server{Handler: testMux().Serve}
+	socket := serve(t, srv)
+	conn := dial(t, socket)
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "POST /v1/echo HTTP/1.1\r\nContent-Length: 2\r\n\r\n{")
+	time.Sleep(100 * time.Millisecond) // the server is reading the body
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(context.Background()) }()
+	time.Sleep(100 * time.Millisecond)
+	_, _ = io.WriteString(conn, "}")
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	out, _ := io.ReadAll(conn)
+	if !strings.Contains(string(out), "|{}") {
+		t.Errorf("the request being read at Shutdown was answered %q, want its echo", out)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
 	}
 }
 
@@ -338,6 +447,16 @@ func TestClientSpeaksToNetHTTP(t *testing.T) {
 			}
 		case "/none":
 			w.WriteHeader(http.StatusNoContent)
+		case "/trailers":
+			w.Header().Set("Trailer", "X-Sum")
+			fmt.Fprint(w, "data")
+			w.Header().Set("X-Sum", "4")
+		case "/close":
+			// HTTP/1.0-style: no length, no chunks, the body ends with the connection.
+			conn, bufrw, _ := http.NewResponseController(w).Hijack()
+			_, _ = bufrw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+			_ = bufrw.Flush()
+			_ = conn.Close()
 		case "/forever":
 			fmt.Fprintln(w, "one")
 			w.(http.Flusher).Flush()
@@ -346,6 +465,8 @@ func TestClientSpeaksToNetHTTP(t *testing.T) {
 	})
 	for _, tc := range []struct{ method, path, body, want string }{
 		{"POST", "/fixed", `{"a":1}`, `POST{"a":1}`},
+		{"GET", "/trailers", "", "data"},
+		{"GET", "/close", "", "until the end"},
 		{"GET", "/chunked", "", "0;1;2;"},
 		{"DELETE", "/none", "", ""},
 	} {
@@ -393,6 +514,9 @@ func TestClientRefusesMalformedReplies(t *testing.T) {
 		{"endless chunk line", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + strings.Repeat("1", 8<<10), "longer than"},
 		{"head too large", "HTTP/1.1 200 OK\r\nX: " + strings.Repeat("a", 2<<10) + "\r\n\r\n", "too large"},
 		{"two lengths", "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "disagree"},
+		{"length and chunks", "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "both Transfer-Encoding and Content-Length"},
+		{"endless trailers", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + strings.Repeat("T: v\r\n", 2<<10), "trailers longer than"},
+		{"only interim replies", strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 6), "only interim replies"},
 	}
 	for _, tc := range cases {
 		client, server := net.Pipe()
