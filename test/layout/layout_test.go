@@ -36,6 +36,13 @@ func TestLauncherLinksNoKubernetes(t *testing.T) {
 	forbid(t, "github.com/qvirt/qvirt/cmd/qvirt-launcher", "k8s.io/", "sigs.k8s.io/", "github.com/qvirt/qvirt/api/")
 }
 
+// The launcher's command socket speaks HTTP through launcher/wire, not net/http: net/http links
+// crypto/tls, x509 and HTTP/2, 3.3 MiB of the launcher's mapped binary and most of its resident
+// memory beyond its own (BenchmarkLauncherRSS).
+func TestLauncherLinksNoHTTPStack(t *testing.T) {
+	forbid(t, "github.com/qvirt/qvirt/cmd/qvirt-launcher", "net/http", "crypto/tls", "crypto/x509")
+}
+
 // qvirtctl is a client: it links no reconciler and not the local cluster (qvirt-local runs that).
 func TestQvirtctlLinksNoReconcilerNorLocalCluster(t *testing.T) {
 	forbid(t, "github.com/qvirt/qvirt/cmd/qvirtctl", "github.com/qvirt/qvirt/controllers", "github.com/qvirt/qvirt/local/",
