@@ -202,12 +202,16 @@ func (s *Server) add(c *conn) bool {
 	return true
 }
 
-// setActive marks c as reading a request, unless the server is closing.
-func (s *Server) setActive(c *conn) bool {
+// setActive marks c as reading a request whose first byte arrived
+// and gives it ReadTimeout to arrive whole (in place of a past deadline Shutdown may have set
+// since it arrived). It reports whether the server is closing: the request is answered all the
+// same, and the connection closed after.
+func (s *Server) setActive(c *conn) (closing bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c.idle = false
-	return !s.closing.Load()
+	_ = c.rwc.SetReadDeadline(time.Now().Add(orDefault(s.ReadTimeout, defaultReadTimeout)))
+	return s.closing.Load()
 }
 
 // setIdle marks c as waiting for its next request, IdleTimeout at most, unless the server is
@@ -324,12 +328,14 @@ func (c *conn) next() (*Request, error) {
 	if _, err := c.br.Peek(1); err != nil {
 		return nil, err
 	}
-	if !c.srv.setActive(c) {
-		return nil, ErrServerClosed
-	}
-	_ = c.rwc.SetReadDeadline(time.Now().Add(orDefault(c.srv.ReadTimeout, defaultReadTimeout)))
+	closing := c.srv.setActive(c)
 	defer func() { _ = c.rwc.SetReadDeadline(time.Time{}) }()
-	return readRequest(c.br, c.lr, maxHead, orDefault(c.srv.MaxBodyBytes, defaultMaxBody), c.sendContinue)
+	req, err := readRequest(c.br, c.lr, maxHead, orDefault(c.srv.MaxBodyBytes, defaultMaxBody), c.sendContinue)
+	if err != nil {
+		return nil, err
+	}
+	req.close = req.close || closing
+	return req, nil
 }
 
 // sendContinue tells a client that waits for it (curl does, for a body over 1 KiB) to send its
@@ -471,7 +477,13 @@ func (c *conn) handle(req *Request) bool {
 			cancel()
 		}
 	}()
-	w := &ResponseWriter{bw: c.bw, header: textproto.MIMEHeader{}, proto11: req.proto11, closeAfter: req.close, head: req.Method == "HEAD"}
+	w := &ResponseWriter{bw: c.bw, header: textproto.MIMEHeader{}, proto11: req.proto11, closeAfter: req.close,
+		closing: &c.srv.closing}
+	if req.Method == "HEAD" {
+		// The reply ends with its headers: a streaming handler (a status watch) must stop then,
+		// or the client's next request on the connection waits behind it.
+		w.head, w.headDone = true, cancel
+	}
 	c.srv.Handler(w, req)
 	err := w.finish()
 	_ = c.rwc.SetReadDeadline(aLongTimeAgo)
@@ -498,6 +510,8 @@ type ResponseWriter struct {
 	remain      int64 // of a Content-Length body; -1: not fixed
 	err         error
 	head        bool // a HEAD request's reply: the headers only
+	headDone    func()
+	closing     *atomic.Bool // the server's: a reply written while it closes says Connection: close
 }
 
 // ErrBodyNotAllowed is a Write to a reply whose status carries no body.
@@ -528,6 +542,9 @@ func (w *ResponseWriter) WriteHeader(code int) {
 	default:
 		w.closeAfter = true // an HTTP/1.0 body ends with the connection
 	}
+	if w.closing != nil && w.closing.Load() {
+		w.closeAfter = true
+	}
 	if w.closeAfter {
 		w.header.Set("Connection", "close")
 	}
@@ -549,6 +566,9 @@ func (w *ResponseWriter) WriteHeader(code int) {
 		}
 	}
 	_, w.err = w.bw.WriteString("\r\n")
+	if w.head && w.headDone != nil {
+		w.headDone()
+	}
 }
 
 // Write sends body bytes, as one chunk of a chunked body.

@@ -65,6 +65,17 @@ func testMux() *Mux {
 			w.Flush()
 		}
 	})
+	m.HandleFunc("GET /v1/forever", func(w *ResponseWriter, r *Request) {
+		for {
+			fmt.Fprintln(w, "again")
+			w.Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
 	m.HandleFunc("GET /v1/fixed", func(w *ResponseWriter, r *Request) {
 		w.Header().Set("Content-Length", "5")
 		_, _ = io.WriteString(w, "hello")
@@ -246,6 +257,11 @@ func TestServerAnswersHEAD(t *testing.T) {
 			t.Errorf("HEAD: %d, length %d, body %q; want 200, 5 and none", resp.StatusCode, resp.ContentLength, body)
 		}
 	}
+	// A streaming route (a status watch) ends at its headers, so the kept-alive connection's next
+	// request is answered.
+	if resp, err := c.Head("http://launcher/v1/forever"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("HEAD of a stream: %v", err)
+	}
 	resp, err := c.Get("http://launcher/v1/stream")
 	if err != nil {
 		t.Fatal(err)
@@ -312,8 +328,8 @@ func TestShutdownServesRequestsBeingRead(t *testing.T) {
 	_, _ = io.WriteString(conn, "}")
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	out, _ := io.ReadAll(conn)
-	if !strings.Contains(string(out), "|{}") {
-		t.Errorf("the request being read at Shutdown was answered %q, want its echo", out)
+	if !strings.Contains(string(out), "|{}") || !strings.Contains(string(out), "Connection: close\r\n") {
+		t.Errorf("the request being read at Shutdown was answered %q, want its echo and Connection: close", out)
 	}
 	if err := <-shut; err != nil {
 		t.Errorf("Shutdown: %v", err)
