@@ -313,6 +313,32 @@ func TestServerTimesOutSilentClients(t *testing.T) {
 	}
 }
 
+// TestServerDropsClientsThatStopReading: a client that asks for a stream and reads none of it
+// costs the server its WriteTimeout, then the handler ends.
+func TestServerDropsClientsThatStopReading(t *testing.T) {
+	ended := make(chan error, 1)
+	socket := serve(t, &Server{WriteTimeout: 200 * time.Millisecond, Handler: func(w *ResponseWriter, r *Request) {
+		chunk := []byte(strings.Repeat("x", 64<<10))
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}})
+	conn := dial(t, socket)
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GET /stream HTTP/1.1\r\n\r\n")
+	select {
+	case err := <-ended:
+		if !isTimeout(err) {
+			t.Errorf("the handler's write ended with %v, want a timeout", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler still writes to a client that reads nothing, 10 s on")
+	}
+}
+
 // TestShutdownServesRequestsBeingRead: a request whose body is on its way when Shutdown begins is
 // still answered.
 func TestShutdownServesRequestsBeingRead(t *testing.T) {
