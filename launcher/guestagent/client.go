@@ -7,7 +7,8 @@
 // The guest is untrusted: every reply is bounded (MaxReplyBytes), every call has a deadline, and
 // what a reply holds is cut to MaxItems entries and MaxString bytes per string before it leaves
 // this package. A transport error, a timeout or an oversized or garbled reply breaks the client
-// (Broken): the caller closes it and dials again. Standard library only: the launcher links it.
+// (Broken): the caller closes it and dials again. Standard library only (and quietconn): the
+// launcher links it.
 package guestagent
 
 import (
@@ -20,6 +21,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"time"
+
+	"github.com/qvirt/qvirt/internal/quietconn"
 )
 
 // Bounds on what the guest can make the launcher hold.
@@ -63,14 +66,16 @@ type Client struct {
 	broken bool          // guarded by turn
 }
 
-// Dial connects to the agent's channel socket and synchronises with the agent.
+// Dial connects to the agent's channel socket and synchronises with the agent. The connection
+// reads and writes quietly (quietconn): an idle instance's launcher polls its agent once a minute,
+// and the wake-ups the Go runtime adds to a plain socket's exchange cost more than the exchange.
 func Dial(ctx context.Context, path string) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the guest agent channel %s: %w", path, err)
 	}
-	c := New(conn)
+	c := New(quietconn.Wrap(conn))
 	if err := c.Sync(ctx); err != nil {
 		_ = c.Close()
 		return nil, err

@@ -75,7 +75,7 @@ func (w *ResponseWriter) WriteHeader(code int) {
 	for _, k := range keys {
 		for _, v := range w.header[k] {
 			// A value is the handler's own; no CR or LF may split it into another header.
-			v = strings.NewReplacer("\r", " ", "\n", " ").Replace(v)
+			v = headerValueBreaks.Replace(v)
 			fmt.Fprintf(w.bw, "%s: %s\r\n", k, v)
 		}
 	}
@@ -84,6 +84,9 @@ func (w *ResponseWriter) WriteHeader(code int) {
 		w.headDone()
 	}
 }
+
+// headerValueBreaks turns the line breaks a header value must not hold into spaces.
+var headerValueBreaks = strings.NewReplacer("\r", " ", "\n", " ")
 
 // Write sends body bytes, as one chunk of a chunked body.
 func (w *ResponseWriter) Write(p []byte) (int, error) {

@@ -1,24 +1,26 @@
 package wire
 
 import (
-	"runtime/debug"
-	"syscall"
-
 	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"github.com/go-logr/logr"
 	"io"
 	"net"
 	"net/textproto"
 	"net/url"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/qvirt/qvirt/internal/quietconn"
 )
 
 // ErrServerClosed is what Serve returns after Shutdown or Close.
@@ -117,7 +119,9 @@ func (s *Server) Serve(ln net.Listener) error {
 			continue
 		}
 		backoff = 0
-		c := &conn{srv: s, rwc: rwc}
+		// Quiet reads and writes: a status watch's heartbeat is what wakes an idle launcher, and
+		// the Go runtime's own wake-ups around a plain write cost more than the write.
+		c := &conn{srv: s, rwc: quietconn.Wrap(rwc)}
 		if !s.add(c) {
 			_ = rwc.Close()
 			return ErrServerClosed
