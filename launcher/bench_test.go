@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -127,6 +128,10 @@ func BenchmarkLauncherRSS(b *testing.B) {
 //   - go-floor-cpu-ms-per-min: a Go process that does nothing (testdata/idlefloor), what the Go
 //     runtime alone costs a sleeping process on this machine.
 //
+// …-wakeups-per-min are how many times the same processes' threads ran: what the CPU figures are
+// made of. Each wake-up's price moves tenfold with the machine's neighbours here; their count does
+// not.
+//
 // The window starts once the agent's polls have backed off to AgentPollMax and lasts
 // WatchHeartbeat, so it holds what a long-idle instance costs: one heartbeat per watch and a poll
 // every AgentPollMax.
@@ -144,34 +149,55 @@ func BenchmarkLauncherIdle(b *testing.B) {
 	// a change soon after the agent connected (its address).
 	const settle = 150 * time.Second
 	window := launcher.WatchHeartbeat
-	var agentCPU, plainCPU, floorCPU time.Duration
+	var agent, plain, floor schedDelta
 	for i := 0; i < b.N; i++ {
-		agent, _ := startRunLauncher(b, bin, withAgent)
-		plain, _ := startRunLauncher(b, bin, without)
-		floor := exec.Command(floorBin)
-		if err := floor.Start(); err != nil {
+		withAgentL, _ := startRunLauncher(b, bin, withAgent)
+		plainL, _ := startRunLauncher(b, bin, without)
+		floorCmd := exec.Command(floorBin)
+		if err := floorCmd.Start(); err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { _ = floor.Process.Kill(); _ = floor.Wait() })
-		stopWatches := watchStatus(agent, plain)
-		agent.waitStatus(b, 2*time.Minute, "its guest agent to connect", agentConnected)
+		b.Cleanup(func() { _ = floorCmd.Process.Kill(); _ = floorCmd.Wait() })
+		stopWatches := watchStatus(withAgentL, plainL)
+		withAgentL.waitStatus(b, 2*time.Minute, "its guest agent to connect", agentConnected)
 		time.Sleep(settle)
-		before := []time.Duration{taskCPU(b, agent.cmd.Process.Pid), taskCPU(b, plain.cmd.Process.Pid), taskCPU(b, floor.Process.Pid)}
+		pids := []int{withAgentL.cmd.Process.Pid, plainL.cmd.Process.Pid, floorCmd.Process.Pid}
+		deltas := []*schedDelta{&agent, &plain, &floor}
+		for j, pid := range pids {
+			deltas[j].begin(b, pid)
+		}
 		time.Sleep(window)
-		agentCPU += taskCPU(b, agent.cmd.Process.Pid) - before[0]
-		plainCPU += taskCPU(b, plain.cmd.Process.Pid) - before[1]
-		floorCPU += taskCPU(b, floor.Process.Pid) - before[2]
+		for j, pid := range pids {
+			deltas[j].end(b, pid)
+		}
 		stopWatches()
-		agent.stop()
-		plain.stop()
+		withAgentL.stop()
+		plainL.stop()
 	}
-	perMin := func(d time.Duration) float64 {
-		return float64(d.Microseconds()) / 1000 / float64(b.N) / window.Minutes()
-	}
+	minutes := float64(b.N) * window.Minutes()
+	perMin := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / minutes }
 	// The goal is all of qvirt's per idle instance; the launcher's is most of it.
-	testutil.ReportGoal(b, perMin(agentCPU), "idle-agent-cpu-ms-per-min", 1)
-	b.ReportMetric(perMin(plainCPU), "idle-cpu-ms-per-min")
-	b.ReportMetric(perMin(floorCPU), "go-floor-cpu-ms-per-min")
+	testutil.ReportGoal(b, perMin(agent.cpu), "idle-agent-cpu-ms-per-min", 1)
+	b.ReportMetric(perMin(plain.cpu), "idle-cpu-ms-per-min")
+	b.ReportMetric(perMin(floor.cpu), "go-floor-cpu-ms-per-min")
+	// What the CPU figures are made of: wake-ups, whose count does not move with the machine.
+	b.ReportMetric(float64(agent.runs)/minutes, "idle-agent-wakeups-per-min")
+	b.ReportMetric(float64(plain.runs)/minutes, "idle-wakeups-per-min")
+	b.ReportMetric(float64(floor.runs)/minutes, "go-floor-wakeups-per-min")
+}
+
+// schedDelta adds up a process's CPU time and wake-ups between begin and end (taskSched).
+type schedDelta struct {
+	cpu, cpu0   time.Duration
+	runs, runs0 int64
+}
+
+func (d *schedDelta) begin(b *testing.B, pid int) { d.cpu0, d.runs0 = taskSched(b, pid) }
+
+func (d *schedDelta) end(b *testing.B, pid int) {
+	cpu, runs := taskSched(b, pid)
+	d.cpu += cpu - d.cpu0
+	d.runs += runs - d.runs0
 }
 
 // BenchmarkLauncherProbe reports what qvirt spends on one probe of each kind that goes through
@@ -348,6 +374,14 @@ func (l *runLauncher) stop() {
 // taskCPU is the CPU time all of process pid's threads have run (schedstat, in nanoseconds: the
 // clock-tick counts of /proc/PID/stat are too coarse for an idle minute).
 func taskCPU(b *testing.B, pid int) time.Duration {
+	cpu, _ := taskSched(b, pid)
+	return cpu
+}
+
+// taskSched is the CPU time of all of process pid's threads and how many times they were
+// scheduled to run (schedstat's time slices): an idle process's wake-ups, a count the machine's
+// neighbours do not change as they change each wake-up's price.
+func taskSched(b *testing.B, pid int) (cpu time.Duration, runs int64) {
 	// A launcher's threads live as long as it does (the Go runtime keeps them), so no thread's
 	// time is lost between two readings.
 	pattern := "/proc/" + strconv.Itoa(pid) + "/task/*/schedstat"
@@ -355,23 +389,24 @@ func taskCPU(b *testing.B, pid int) time.Duration {
 	if err != nil || len(stats) == 0 {
 		b.Fatalf("no %s (the process ended, or the kernel keeps no schedstat): %v", pattern, err)
 	}
-	var ns int64
 	for _, f := range stats {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			continue // the thread ended
 		}
 		fields := strings.Fields(string(data))
-		if len(fields) == 0 {
+		if len(fields) < 3 {
 			continue
 		}
-		v, err := strconv.ParseInt(fields[0], 10, 64)
-		if err != nil {
+		ns, err1 := strconv.ParseInt(fields[0], 10, 64)
+		n, err2 := strconv.ParseInt(fields[2], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
 			b.Fatalf("%s: %v", f, err)
 		}
-		ns += v
+		cpu += time.Duration(ns)
+		runs += n
 	}
-	return time.Duration(ns)
+	return cpu, runs
 }
 
 // statusMiB is a kB field of /proc/PID/status (VmRSS:, RssAnon:) in MiB.
