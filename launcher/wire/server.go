@@ -514,5 +514,9 @@ type deadlineWriter struct {
 
 func (d *deadlineWriter) Write(p []byte) (int, error) {
 	_ = d.conn.SetWriteDeadline(time.Now().Add(d.timeout))
-	return d.conn.Write(p)
+	n, err := d.conn.Write(p)
+	// A deadline left set is a timer that wakes an idle launcher a minute after each status
+	// heartbeat, for nothing.
+	_ = d.conn.SetWriteDeadline(time.Time{})
+	return n, err
 }
