@@ -38,31 +38,44 @@ func fileConn(t testing.TB, fd int) net.Conn {
 	return c
 }
 
-// TestRoundTripLargerThanTheSocketBuffer sends 8 MiB each way, far more than a socket's buffer,
-// so writes wait for room and reads come in pieces.
-func TestRoundTripLargerThanTheSocketBuffer(t *testing.T) {
-	q, p := pair(t)
+// TestRoundTrip sends 8 MiB through an echo, far more than a socket's buffer, so writes wait for
+// room and reads come in pieces; the writes are made by another goroutine than the reads, each
+// waiting on its own readiness: in one write, then in writes of 4 KiB.
+func TestRoundTrip(t *testing.T) {
 	want := bytes.Repeat([]byte("0123456789abcdef"), 512*1024)
-	// The plain end echoes what it reads.
-	go func() { _, _ = io.CopyN(p, p, int64(len(want))) }()
-	errc := make(chan error, 1)
-	go func() {
-		n, err := q.Write(want)
-		if err == nil && n != len(want) {
-			err = io.ErrShortWrite
+	for name, piece := range map[string]int{"one write": len(want), "4 KiB writes": 4096} {
+		t.Run(name, func(t *testing.T) {
+			q, p := pair(t)
+			go func() { _, _ = io.Copy(p, p) }() // the plain end echoes
+			errc := make(chan error, 1)
+			go func() { errc <- writeInPieces(q, want, piece) }()
+			got := make([]byte, len(want))
+			if _, err := io.ReadFull(q, got); err != nil {
+				t.Fatalf("read back: %v", err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatal("the bytes read back differ from those written")
+			}
+		})
+	}
+}
+
+// writeInPieces writes b in writes of piece bytes, each of which must write all of its piece.
+func writeInPieces(c net.Conn, b []byte, piece int) error {
+	for off := 0; off < len(b); off += piece {
+		chunk := b[off:min(off+piece, len(b))]
+		n, err := c.Write(chunk)
+		if err != nil {
+			return err
 		}
-		errc <- err
-	}()
-	got := make([]byte, len(want))
-	if _, err := io.ReadFull(q, got); err != nil {
-		t.Fatalf("read back: %v", err)
+		if n != len(chunk) {
+			return io.ErrShortWrite
+		}
 	}
-	if err := <-errc; err != nil {
-		t.Fatalf("write: %v", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("the bytes read back differ from those written")
-	}
+	return nil
 }
 
 func TestReadSeesTheDeadline(t *testing.T) {
@@ -93,51 +106,29 @@ func TestWriteSeesTheDeadline(t *testing.T) {
 	}
 }
 
-func TestCloseEndsAWaitingWrite(t *testing.T) {
-	q, _ := pair(t)
-	big := make([]byte, 2<<20)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := q.Write(big) // nobody reads: it waits for room
-		errc <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	_ = q.Close()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("write on a closed connection: %v, want net.ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a write kept waiting after Close")
+// TestCloseEndsAWaitingCall closes the connection under a read waiting for data and under a write
+// waiting for room (nobody reads the other end).
+func TestCloseEndsAWaitingCall(t *testing.T) {
+	calls := map[string]func(net.Conn) error{
+		"read":  func(c net.Conn) error { _, err := c.Read(make([]byte, 10)); return err },
+		"write": func(c net.Conn) error { _, err := c.Write(make([]byte, 2<<20)); return err },
 	}
-}
-
-// TestReadAndWriteAtOnce has one goroutine write while another reads the echo: each waits on its
-// own readiness.
-func TestReadAndWriteAtOnce(t *testing.T) {
-	q, p := pair(t)
-	go func() { _, _ = io.Copy(p, p) }()
-	want := bytes.Repeat([]byte("qvirt"), 400_000)
-	errc := make(chan error, 1)
-	go func() {
-		for off := 0; off < len(want); off += 4096 {
-			if _, err := q.Write(want[off:min(off+4096, len(want))]); err != nil {
-				errc <- err
-				return
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			q, _ := pair(t)
+			errc := make(chan error, 1)
+			go func() { errc <- call(q) }()
+			time.Sleep(50 * time.Millisecond)
+			_ = q.Close()
+			select {
+			case err := <-errc:
+				if !errors.Is(err, net.ErrClosed) {
+					t.Fatalf("%s on a closed connection: %v, want net.ErrClosed", name, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("a %s kept waiting after Close", name)
 			}
-		}
-		errc <- nil
-	}()
-	got := make([]byte, len(want))
-	if _, err := io.ReadFull(q, got); err != nil {
-		t.Fatalf("read the echo: %v", err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatalf("write: %v", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("the echo differs from what was written")
+		})
 	}
 }
 
@@ -173,25 +164,6 @@ func TestReadAfterThePeerClosedIsEOF(t *testing.T) {
 	got, err := io.ReadAll(q)
 	if err != nil || string(got) != "last" {
 		t.Fatalf("read to the end: %q, %v; want \"last\" then EOF", got, err)
-	}
-}
-
-func TestCloseEndsAWaitingRead(t *testing.T) {
-	q, _ := pair(t)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := q.Read(make([]byte, 10))
-		errc <- err
-	}()
-	time.Sleep(20 * time.Millisecond)
-	_ = q.Close()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("read on a closed connection: %v, want net.ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a read kept waiting after Close")
 	}
 }
 
