@@ -11,6 +11,7 @@ import (
 
 	gqmp "github.com/digitalocean/go-qemu/qmp"
 
+	"github.com/qvirt/qvirt/internal/quiettimer"
 	"github.com/qvirt/qvirt/launcher/guestagent"
 	"github.com/qvirt/qvirt/launcher/protocol"
 )
@@ -76,10 +77,11 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 	portOpen := agentPortOpen(p)
 	// The intervals are read once: tests change them between launchers.
 	base, most := AgentPollInterval, max(AgentPollMax, AgentPollInterval)
-	// Stopped until the first poll: nothing is due while the port is closed.
-	timer := time.NewTimer(base)
-	timer.Stop()
-	defer timer.Stop()
+	// Stopped until the first poll: nothing is due while the port is closed. A timerfd, not a Go
+	// timer: this is the one timer of a long-idle launcher, and a Go timer's firing costs it twice
+	// the wake-ups (package quiettimer).
+	timer := quiettimer.New()
+	defer timer.Close()
 	sched := newAgentSchedule(base, most)
 	pollNow := portOpen
 	for {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -379,32 +378,12 @@ func taskCPU(b *testing.B, pid int) time.Duration {
 }
 
 // taskSched is the CPU time of all of process pid's threads and how many times they were
-// scheduled to run (schedstat's time slices): an idle process's wake-ups, a count the machine's
-// neighbours do not change as they change each wake-up's price.
-func taskSched(b *testing.B, pid int) (cpu time.Duration, runs int64) {
-	// A launcher's threads live as long as it does (the Go runtime keeps them), so no thread's
-	// time is lost between two readings.
-	pattern := "/proc/" + strconv.Itoa(pid) + "/task/*/schedstat"
-	stats, err := filepath.Glob(pattern)
-	if err != nil || len(stats) == 0 {
-		b.Fatalf("no %s (the process ended, or the kernel keeps no schedstat): %v", pattern, err)
-	}
-	for _, f := range stats {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue // the thread ended
-		}
-		fields := strings.Fields(string(data))
-		if len(fields) < 3 {
-			continue
-		}
-		ns, err1 := strconv.ParseInt(fields[0], 10, 64)
-		n, err2 := strconv.ParseInt(fields[2], 10, 64)
-		if err := errors.Join(err1, err2); err != nil {
-			b.Fatalf("%s: %v", f, err)
-		}
-		cpu += time.Duration(ns)
-		runs += n
+// scheduled in (testutil.SchedStats). A launcher's threads live as long as it does (the Go runtime
+// keeps them), so no thread's time is lost between two readings.
+func taskSched(b *testing.B, pid int) (time.Duration, int64) {
+	cpu, runs, err := testutil.SchedStats(pid)
+	if err != nil {
+		b.Fatal(err)
 	}
 	return cpu, runs
 }

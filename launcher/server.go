@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/qvirt/qvirt/internal/quiettimer"
 	"github.com/qvirt/qvirt/launcher/protocol"
 	"github.com/qvirt/qvirt/launcher/wire"
 	"github.com/qvirt/qvirt/machine"
@@ -156,13 +157,16 @@ func (s *server) status(w *wire.ResponseWriter, r *wire.Request) {
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
-	heartbeat := time.NewTicker(WatchHeartbeat)
-	defer heartbeat.Stop()
+	// A timerfd, not a Go ticker: on a long-idle launcher the heartbeat is most of what wakes it
+	// (package quiettimer).
+	heartbeat := quiettimer.New()
+	defer heartbeat.Close()
 	for {
 		if err := enc.Encode(st); err != nil {
 			return
 		}
 		w.Flush()
+		heartbeat.Reset(WatchHeartbeat)
 		select {
 		case <-changed:
 		case <-heartbeat.C:

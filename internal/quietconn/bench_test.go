@@ -4,11 +4,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/qvirt/qvirt/test/testutil"
 )
 
 // echoEnv makes the test binary an echo peer on its descriptor 3 (TestMain): the peer of
@@ -40,7 +40,7 @@ func echo(f *os.File) {
 }
 
 // BenchmarkIdleExchange is what one small request and reply costs a process that was idle before
-// it (the launcher polling an idle guest's agent once a minute): the context switches of the
+// it (the launcher polling an idle guest's agent once a minute): the wake-ups of the
 // process's threads and their CPU time per exchange, through a plain connection and through a
 // quiet one. Each exchange follows an idle spell long enough for the runtime's monitor thread to
 // fall asleep. The process's own reads of its statistics are system calls too, so they are made
@@ -69,18 +69,18 @@ func BenchmarkIdleExchange(b *testing.B) {
 				_ = c.SetDeadline(time.Time{})
 			}
 			exchange() // the connection's first use
-			idleSwitches, idleCPU := idleLoop(b, b.N, nil)
-			switches, cpu := idleLoop(b, b.N, exchange)
-			b.ReportMetric(float64(switches-idleSwitches)/float64(b.N), "ctxsw/exchange")
-			b.ReportMetric(float64(cpu-idleCPU)/1e3/float64(b.N), "cpu-µs/exchange")
+			idleWakeups, idleCPU := idleLoop(b, b.N, nil)
+			wakeups, cpu := idleLoop(b, b.N, exchange)
+			b.ReportMetric(float64(wakeups-idleWakeups)/float64(b.N), "wakeups/exchange")
+			b.ReportMetric(float64((cpu-idleCPU).Microseconds())/float64(b.N), "cpu-µs/exchange")
 		})
 	}
 }
 
 // idleLoop sleeps n times, long enough for the runtime's monitor thread to fall asleep, and calls
-// f after each sleep; it returns the context switches and CPU nanoseconds of the whole loop.
-func idleLoop(b *testing.B, n int, f func()) (switches, cpuNs int64) {
-	s0, c0 := threadStats(b)
+// f after each sleep; it returns the wake-ups and CPU time of this process's threads over the loop.
+func idleLoop(b *testing.B, n int, f func()) (wakeups int64, cpu time.Duration) {
+	c0, w0 := schedStats(b)
 	for range n {
 		time.Sleep(200 * time.Millisecond)
 		if f != nil {
@@ -88,8 +88,16 @@ func idleLoop(b *testing.B, n int, f func()) (switches, cpuNs int64) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond) // the monitor's wake-ups after the last
-	s1, c1 := threadStats(b)
-	return s1 - s0, c1 - c0
+	c1, w1 := schedStats(b)
+	return w1 - w0, c1 - c0
+}
+
+func schedStats(b *testing.B) (time.Duration, int64) {
+	cpu, runs, err := testutil.SchedStats(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cpu, runs
 }
 
 // echoPeer starts the echo process and returns this end of its socket.
@@ -112,31 +120,4 @@ func echoPeer(b *testing.B) net.Conn {
 		_ = cmd.Wait()
 	})
 	return c
-}
-
-// threadStats sums the context switches (voluntary and not) and the CPU time in nanoseconds
-// (schedstat) of this process's threads.
-func threadStats(b *testing.B) (switches, cpuNs int64) {
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, task := range tasks {
-		dir := "/proc/self/task/" + task.Name() + "/"
-		if st, err := os.ReadFile(dir + "status"); err == nil {
-			for _, line := range strings.Split(string(st), "\n") {
-				if k, v, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
-					n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-					switches += n
-				}
-			}
-		}
-		if ss, err := os.ReadFile(dir + "schedstat"); err == nil {
-			if f := strings.Fields(string(ss)); len(f) > 0 {
-				n, _ := strconv.ParseInt(f[0], 10, 64)
-				cpuNs += n
-			}
-		}
-	}
-	return switches, cpuNs
 }

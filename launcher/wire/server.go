@@ -119,8 +119,9 @@ func (s *Server) Serve(ln net.Listener) error {
 			continue
 		}
 		backoff = 0
-		// Quiet reads and writes: a status watch's heartbeat is what wakes an idle launcher, and
-		// the Go runtime's own wake-ups around a plain write cost more than the write.
+		// Quiet reads and writes: what reaches an idle launcher here is a status watch's heartbeat
+		// (on a timerfd, which leaves the runtime's monitor thread asleep) and a probe's request,
+		// and a plain read or write would wake that thread (package quietconn).
 		c := &conn{srv: s, rwc: quietconn.Wrap(rwc)}
 		if !s.add(c) {
 			_ = rwc.Close()

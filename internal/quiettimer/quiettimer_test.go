@@ -1,0 +1,199 @@
+package quiettimer
+
+import (
+	"testing"
+	"time"
+)
+
+// kinds runs a test on a timerfd timer and on the Go timer a Timer falls back to.
+func kinds(t *testing.T, f func(t *testing.T, newTimer func() *Timer)) {
+	t.Run("timerfd", func(t *testing.T) {
+		f(t, func() *Timer {
+			tm := New()
+			if tm.raw == nil {
+				t.Fatal("no timerfd: the timer fell back to a Go timer")
+			}
+			t.Cleanup(func() { _ = tm.Close() })
+			return tm
+		})
+	})
+	t.Run("fallback", func(t *testing.T) {
+		f(t, func() *Timer {
+			tm := newFallback()
+			t.Cleanup(func() { _ = tm.Close() })
+			return tm
+		})
+	})
+}
+
+// newFallback is a Timer as New returns it when no timerfd can be made.
+func newFallback() *Timer {
+	t := &Timer{c: make(chan time.Time, 1)}
+	t.C = t.c
+	return t
+}
+
+// fired waits up to within for a firing.
+func fired(tm *Timer, within time.Duration) bool {
+	select {
+	case <-tm.C:
+		return true
+	case <-time.After(within):
+		return false
+	}
+}
+
+func TestFiresOnceAfterItsDuration(t *testing.T) {
+	kinds(t, func(t *testing.T, newTimer func() *Timer) {
+		tm := newTimer()
+		start := time.Now()
+		tm.Reset(50 * time.Millisecond)
+		if !fired(tm, 5*time.Second) {
+			t.Fatal("a timer set for 50ms did not fire within 5s")
+		}
+		if d := time.Since(start); d < 50*time.Millisecond {
+			t.Fatalf("fired after %v, before its 50ms", d)
+		}
+		if fired(tm, 200*time.Millisecond) {
+			t.Fatal("a one-shot timer fired twice")
+		}
+		// And again, once set again.
+		tm.Reset(10 * time.Millisecond)
+		if !fired(tm, 5*time.Second) {
+			t.Fatal("the timer set a second time did not fire")
+		}
+	})
+}
+
+func TestNotPositiveFiresAtOnce(t *testing.T) {
+	kinds(t, func(t *testing.T, newTimer func() *Timer) {
+		tm := newTimer()
+		for _, d := range []time.Duration{0, -time.Second} {
+			tm.Reset(d)
+			if !fired(tm, 5*time.Second) {
+				t.Fatalf("Reset(%v) did not fire", d)
+			}
+		}
+	})
+}
+
+func TestStopKeepsItFromFiring(t *testing.T) {
+	kinds(t, func(t *testing.T, newTimer func() *Timer) {
+		tm := newTimer()
+		tm.Reset(50 * time.Millisecond)
+		tm.Stop()
+		if fired(tm, 300*time.Millisecond) {
+			t.Fatal("a stopped timer fired")
+		}
+	})
+}
+
+// A firing nobody received yet belongs to the old setting: Reset and Stop discard it, as
+// time.Timer does, so a caller that sets the timer again never reads a stale firing.
+func TestResetDiscardsAPendingFiring(t *testing.T) {
+	kinds(t, func(t *testing.T, newTimer func() *Timer) {
+		tm := newTimer()
+		tm.Reset(time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // fired, not received
+		start := time.Now()
+		tm.Reset(300 * time.Millisecond)
+		if !fired(tm, 5*time.Second) {
+			t.Fatal("the timer set again did not fire")
+		}
+		if d := time.Since(start); d < 300*time.Millisecond {
+			t.Fatalf("received a firing %v after Reset(300ms): the earlier setting's", d)
+		}
+		tm.Reset(time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
+		tm.Stop()
+		if fired(tm, 100*time.Millisecond) {
+			t.Fatal("received a firing after Stop")
+		}
+	})
+}
+
+// Reset racing the firing of the setting before it: whatever the order, no firing of the old
+// setting is received after the new one was made.
+func TestResetRacingAFiring(t *testing.T) {
+	kinds(t, func(t *testing.T, newTimer func() *Timer) {
+		tm := newTimer()
+		for i := range 300 {
+			tm.Reset(time.Duration(i%50) * time.Microsecond)
+			time.Sleep(time.Duration(i%7) * 10 * time.Microsecond)
+			tm.Reset(time.Hour)
+			select {
+			case <-tm.C:
+				t.Fatalf("round %d: received the earlier setting's firing after Reset(1h)", i)
+			default:
+			}
+		}
+		// The goroutine may have read an expiry just before the last Reset: give it the time
+		// to send it, which it must not.
+		if fired(tm, 50*time.Millisecond) {
+			t.Fatal("received the earlier setting's firing after Reset(1h)")
+		}
+	})
+}
+
+func TestCloseEndsIt(t *testing.T) {
+	kinds(t, func(t *testing.T, newTimer func() *Timer) {
+		tm := newTimer()
+		tm.Reset(20 * time.Millisecond)
+		if err := tm.Close(); err != nil {
+			t.Fatal(err)
+		}
+		tm.Reset(time.Millisecond) // no effect, and no panic
+		if fired(tm, 200*time.Millisecond) {
+			t.Fatal("a closed timer fired")
+		}
+	})
+	// The reading goroutine ends: it lets go of the descriptor.
+	tm := New()
+	raw := tm.raw
+	_ = tm.Close()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		tm.mu.Lock()
+		done := tm.raw == nil
+		tm.mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the goroutine reading the descriptor did not end after Close")
+		}
+	}
+	if err := raw.Control(func(uintptr) {}); err == nil {
+		t.Fatal("the descriptor is still open after Close")
+	}
+}
+
+// Many timers at once each fire once, at their own time.
+func TestManyTimers(t *testing.T) {
+	const n = 64
+	type result struct {
+		i    int
+		late time.Duration
+	}
+	results := make(chan result, n)
+	start := time.Now()
+	for i := range n {
+		tm := New()
+		t.Cleanup(func() { _ = tm.Close() })
+		d := time.Duration(i%8) * 10 * time.Millisecond
+		tm.Reset(d)
+		go func() {
+			<-tm.C
+			results <- result{i, time.Since(start) - d}
+		}()
+	}
+	for range n {
+		select {
+		case r := <-results:
+			if r.late < 0 {
+				t.Errorf("timer %d fired %v early", r.i, -r.late)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("not every timer fired within 10s")
+		}
+	}
+}
