@@ -78,8 +78,8 @@ func (l *Launcher) watchAgent(p *Process, a *agentState) {
 	// The intervals are read once: tests change them between launchers.
 	base, most := AgentPollInterval, max(AgentPollMax, AgentPollInterval)
 	// Stopped until the first poll: nothing is due while the port is closed. A timerfd, not a Go
-	// timer: this is the one timer of a long-idle launcher, and a Go timer's firing costs it twice
-	// the wake-ups (package quiettimer).
+	// timer: this is what wakes a long-idle launcher, and a Go timer's firing also wakes the
+	// runtime's monitor thread (package quiettimer).
 	timer := quiettimer.New()
 	defer timer.Close()
 	sched := newAgentSchedule(base, most)

@@ -1,19 +1,18 @@
 // Package quiettimer is a one-shot timer on a Linux timerfd, for a process that sleeps for a
 // minute at a time (an idle instance's launcher, between two polls of its guest's agent).
 //
-// A Go timer wakes two of the runtime's threads when it fires. The poller thread waits for it in
-// epoll_pwait, whose timeout the kernel may stretch by 0.1% (up to 60 ms on a minute). The monitor
-// thread (sysmon) sleeps until the same instant exactly, finds the timer overdue, and wakes every
-// 10 ms until the poller has caught up: BenchmarkLauncherIdle's launcher polling its agent once a
-// minute spent some 4 of its 9 wake-ups a poll that way, and BenchmarkTimerFire shows it per
-// firing. A timerfd's expiry is an event on a file descriptor instead: the kernel fires it on time,
-// the poller waits for it with no timeout of its own, and the monitor thread, which sleeps until
-// the next Go timer, is not involved.
+// A Go timer wakes more of the runtime than its own goroutine when it fires. The poller thread
+// waits for it in epoll_pwait, whose timeout the kernel may stretch by 0.1% (0.5% for a niced
+// process; up to 60 ms on a minute). The monitor thread (sysmon) sleeps until the same instant
+// exactly, finds the timer overdue, and wakes every 10 ms until the poller has caught up. A
+// timerfd's expiry is an event on a file descriptor instead: the kernel fires it on time, the
+// poller waits for it with no timeout of its own, and the monitor thread, which sleeps until the
+// next Go timer or for a minute at most, is not woken by it. BenchmarkTimerFire counts both.
 //
 // The descriptor's reads and its setting are raw system calls (syscall.RawSyscall), for the reason
 // package quietconn gives: a system call through the runtime's bookkeeping wakes the monitor too.
-// Where no timerfd can be made (the descriptor limit reached), a Timer falls back to a Go timer:
-// it still fires, only not quietly.
+// Where no timerfd can be made or waited for (the descriptor limit reached, the poller refusing
+// it), a Timer falls back to a Go timer: it still fires, only not quietly.
 package quiettimer
 
 import (
@@ -36,6 +35,7 @@ type Timer struct {
 
 	mu     sync.Mutex  // orders a firing's send against Reset's and Stop's drain
 	gen    uint64      // settings made, so that the fallback's late firing is known
+	when   time.Time   // when the current setting fires; zero while stopped
 	fall   *time.Timer // the fallback Go timer of the current setting, if any
 	closed bool
 }
@@ -77,10 +77,16 @@ func (t *Timer) Reset(d time.Duration) { t.set(max(d, 1)) }
 // Stop disarms the timer and discards a firing not yet received.
 func (t *Timer) Stop() { t.set(0) }
 
-// Close stops the timer for good and releases its descriptor and goroutine.
+// Close stops the timer for good, discards a firing not yet received, and releases its
+// descriptor and goroutine. Reset and Stop do nothing after it.
 func (t *Timer) Close() error {
 	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
 	t.closed = true
+	t.drain()
 	t.stopFallback()
 	file := t.file
 	t.mu.Unlock()
@@ -100,11 +106,12 @@ func (t *Timer) set(d time.Duration) {
 	if t.closed {
 		return
 	}
-	select {
-	case <-t.c:
-	default:
-	}
+	t.drain()
 	t.gen++
+	t.when = time.Time{}
+	if d > 0 {
+		t.when = time.Now().Add(d)
+	}
 	t.stopFallback()
 	if t.raw != nil {
 		if t.setFD(d) == nil {
@@ -112,9 +119,22 @@ func (t *Timer) set(d time.Duration) {
 		}
 		t.raw = nil
 	}
-	if d > 0 {
-		gen := t.gen
-		t.fall = time.AfterFunc(d, func() { t.fireIf(gen) })
+	t.armFallback()
+}
+
+// armFallback sets a Go timer for the current setting, if there is one.
+func (t *Timer) armFallback() {
+	if t.when.IsZero() {
+		return
+	}
+	gen := t.gen
+	t.fall = time.AfterFunc(time.Until(t.when), func() { t.fireIf(gen) })
+}
+
+func (t *Timer) drain() {
+	select {
+	case <-t.c:
+	default:
 	}
 }
 
@@ -165,18 +185,30 @@ func (t *Timer) wait(raw syscall.RawConn) {
 				return false // not expired, or set again since: wait for the poller
 			}
 			if errno == 0 && t.raw != nil {
+				t.when = time.Time{}
 				t.fireLocked()
 			}
 			return true
 		})
 		if err != nil || errno != 0 {
-			// Closed, or a read a timerfd never fails with: a Go timer from the next setting on.
-			t.mu.Lock()
-			t.raw = nil
-			t.mu.Unlock()
+			t.giveUp()
 			return
 		}
 	}
+}
+
+// giveUp follows the end of the descriptor's reading: Close, or a failure (the poller refused the
+// descriptor, or a read a timerfd does not fail with). After a failure the current setting, and
+// every one after it, is a Go timer's.
+func (t *Timer) giveUp() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.raw == nil || t.closed {
+		t.raw = nil
+		return
+	}
+	t.raw = nil
+	t.armFallback()
 }
 
 // fireIf sends the time on C if no setting came after gen (the fallback Go timer's function).
@@ -184,6 +216,7 @@ func (t *Timer) fireIf(gen uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.gen == gen && !t.closed {
+		t.when = time.Time{}
 		t.fireLocked()
 	}
 }

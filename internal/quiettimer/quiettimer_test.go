@@ -10,7 +10,7 @@ func kinds(t *testing.T, f func(t *testing.T, newTimer func() *Timer)) {
 	t.Run("timerfd", func(t *testing.T) {
 		f(t, func() *Timer {
 			tm := New()
-			if tm.raw == nil {
+			if !tm.onFD() {
 				t.Fatal("no timerfd: the timer fell back to a Go timer")
 			}
 			t.Cleanup(func() { _ = tm.Close() })
@@ -31,6 +31,13 @@ func newFallback() *Timer {
 	t := &Timer{c: make(chan time.Time, 1)}
 	t.C = t.c
 	return t
+}
+
+// onFD reports whether tm still runs on its timerfd.
+func (tm *Timer) onFD() bool {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	return tm.raw != nil
 }
 
 // fired waits up to within for a firing.
@@ -138,26 +145,37 @@ func TestResetRacingAFiring(t *testing.T) {
 func TestCloseEndsIt(t *testing.T) {
 	kinds(t, func(t *testing.T, newTimer func() *Timer) {
 		tm := newTimer()
-		tm.Reset(20 * time.Millisecond)
+		tm.Reset(time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // fired, not received
+		tm.Reset(time.Hour)
 		if err := tm.Close(); err != nil {
 			t.Fatal(err)
+		}
+		if err := tm.Close(); err != nil {
+			t.Fatalf("a second Close: %v", err)
 		}
 		tm.Reset(time.Millisecond) // no effect, and no panic
 		if fired(tm, 200*time.Millisecond) {
 			t.Fatal("a closed timer fired")
 		}
 	})
+	kinds(t, func(t *testing.T, newTimer func() *Timer) {
+		tm := newTimer()
+		tm.Reset(time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
+		_ = tm.Close()
+		if fired(tm, 0) {
+			t.Fatal("Close left a firing to receive")
+		}
+	})
 	// The reading goroutine ends: it lets go of the descriptor.
 	tm := New()
+	if !tm.onFD() {
+		t.Fatal("no timerfd")
+	}
 	raw := tm.raw
 	_ = tm.Close()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		tm.mu.Lock()
-		done := tm.raw == nil
-		tm.mu.Unlock()
-		if done {
-			break
-		}
+	for deadline := time.Now().Add(5 * time.Second); tm.onFD(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the goroutine reading the descriptor did not end after Close")
 		}
@@ -167,33 +185,66 @@ func TestCloseEndsIt(t *testing.T) {
 	}
 }
 
+// A descriptor that fails while set (here closed under the timer, as a poller refusing it would
+// end its reading) hands the setting to a Go timer: it still fires, at its time, and so do the
+// settings after it.
+func TestFallsBackWhenTheDescriptorFails(t *testing.T) {
+	tm := New()
+	t.Cleanup(func() { _ = tm.Close() })
+	start := time.Now()
+	tm.Reset(200 * time.Millisecond)
+	_ = tm.file.Close()
+	if !fired(tm, 5*time.Second) {
+		t.Fatal("the setting made before the descriptor failed never fired")
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("fired after %v, before its 200ms", d)
+	}
+	if tm.onFD() {
+		t.Fatal("still on the failed descriptor")
+	}
+	tm.Reset(10 * time.Millisecond)
+	if !fired(tm, 5*time.Second) {
+		t.Fatal("a setting after the failure never fired")
+	}
+	if fired(tm, 100*time.Millisecond) {
+		t.Fatal("fired twice")
+	}
+}
+
 // Many timers at once each fire once, at their own time.
 func TestManyTimers(t *testing.T) {
-	const n = 64
-	type result struct {
-		i    int
-		late time.Duration
-	}
-	results := make(chan result, n)
-	start := time.Now()
-	for i := range n {
-		tm := New()
-		t.Cleanup(func() { _ = tm.Close() })
-		d := time.Duration(i%8) * 10 * time.Millisecond
-		tm.Reset(d)
-		go func() {
-			<-tm.C
-			results <- result{i, time.Since(start) - d}
-		}()
-	}
-	for range n {
-		select {
-		case r := <-results:
-			if r.late < 0 {
-				t.Errorf("timer %d fired %v early", r.i, -r.late)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("not every timer fired within 10s")
+	kinds(t, func(t *testing.T, newTimer func() *Timer) {
+		const n = 64
+		type result struct {
+			i     int
+			late  time.Duration
+			twice bool
 		}
-	}
+		results := make(chan result, n)
+		start := time.Now()
+		for i := range n {
+			tm := newTimer()
+			d := time.Duration(i%8) * 10 * time.Millisecond
+			tm.Reset(d)
+			go func() {
+				<-tm.C
+				late := time.Since(start) - d
+				results <- result{i, late, fired(tm, 100*time.Millisecond)}
+			}()
+		}
+		for range n {
+			select {
+			case r := <-results:
+				if r.late < 0 {
+					t.Errorf("timer %d fired %v early", r.i, -r.late)
+				}
+				if r.twice {
+					t.Errorf("timer %d fired twice", r.i)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("not every timer fired within 10s")
+			}
+		}
+	})
 }

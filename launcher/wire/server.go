@@ -120,8 +120,8 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		backoff = 0
 		// Quiet reads and writes: what reaches an idle launcher here is a status watch's heartbeat
-		// (on a timerfd, which leaves the runtime's monitor thread asleep) and a probe's request,
-		// and a plain read or write would wake that thread (package quietconn).
+		// (on a timerfd, whose firing does not wake the runtime's monitor thread) and a probe's
+		// request, and a plain read or write would wake that thread (package quietconn).
 		c := &conn{srv: s, rwc: quietconn.Wrap(rwc)}
 		if !s.add(c) {
 			_ = rwc.Close()
