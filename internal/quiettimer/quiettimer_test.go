@@ -40,6 +40,17 @@ func (tm *Timer) onFD() bool {
 	return tm.raw != nil
 }
 
+// firesAfter fails t unless tm fires within 5s, and no sooner than d after start.
+func firesAfter(t *testing.T, tm *Timer, start time.Time, d time.Duration, what string) {
+	t.Helper()
+	if !fired(tm, 5*time.Second) {
+		t.Fatalf("%s did not fire within 5s", what)
+	}
+	if got := time.Since(start); got < d {
+		t.Fatalf("%s fired after %v, before its %v", what, got, d)
+	}
+}
+
 // fired waits up to within for a firing.
 func fired(tm *Timer, within time.Duration) bool {
 	select {
@@ -55,20 +66,13 @@ func TestFiresOnceAfterItsDuration(t *testing.T) {
 		tm := newTimer()
 		start := time.Now()
 		tm.Reset(50 * time.Millisecond)
-		if !fired(tm, 5*time.Second) {
-			t.Fatal("a timer set for 50ms did not fire within 5s")
-		}
-		if d := time.Since(start); d < 50*time.Millisecond {
-			t.Fatalf("fired after %v, before its 50ms", d)
-		}
+		firesAfter(t, tm, start, 50*time.Millisecond, "a timer set for 50ms")
 		if fired(tm, 200*time.Millisecond) {
 			t.Fatal("a one-shot timer fired twice")
 		}
 		// And again, once set again.
 		tm.Reset(10 * time.Millisecond)
-		if !fired(tm, 5*time.Second) {
-			t.Fatal("the timer set a second time did not fire")
-		}
+		firesAfter(t, tm, start, 0, "the timer set a second time")
 	})
 }
 
@@ -84,7 +88,10 @@ func TestNotPositiveFiresAtOnce(t *testing.T) {
 	})
 }
 
-func TestStopKeepsItFromFiring(t *testing.T) {
+// Stop keeps a timer from firing. And a firing nobody received yet belongs to the old setting:
+// Reset and Stop discard it, as time.Timer does, so a caller that sets the timer again never reads
+// a stale firing.
+func TestStopAndResetDiscardTheOldSetting(t *testing.T) {
 	kinds(t, func(t *testing.T, newTimer func() *Timer) {
 		tm := newTimer()
 		tm.Reset(50 * time.Millisecond)
@@ -92,24 +99,11 @@ func TestStopKeepsItFromFiring(t *testing.T) {
 		if fired(tm, 300*time.Millisecond) {
 			t.Fatal("a stopped timer fired")
 		}
-	})
-}
-
-// A firing nobody received yet belongs to the old setting: Reset and Stop discard it, as
-// time.Timer does, so a caller that sets the timer again never reads a stale firing.
-func TestResetDiscardsAPendingFiring(t *testing.T) {
-	kinds(t, func(t *testing.T, newTimer func() *Timer) {
-		tm := newTimer()
 		tm.Reset(time.Millisecond)
 		time.Sleep(100 * time.Millisecond) // fired, not received
 		start := time.Now()
 		tm.Reset(300 * time.Millisecond)
-		if !fired(tm, 5*time.Second) {
-			t.Fatal("the timer set again did not fire")
-		}
-		if d := time.Since(start); d < 300*time.Millisecond {
-			t.Fatalf("received a firing %v after Reset(300ms): the earlier setting's", d)
-		}
+		firesAfter(t, tm, start, 300*time.Millisecond, "the timer set again (an earlier firing received?)")
 		tm.Reset(time.Millisecond)
 		time.Sleep(100 * time.Millisecond)
 		tm.Stop()
@@ -194,19 +188,12 @@ func TestFallsBackWhenTheDescriptorFails(t *testing.T) {
 	start := time.Now()
 	tm.Reset(200 * time.Millisecond)
 	_ = tm.file.Close()
-	if !fired(tm, 5*time.Second) {
-		t.Fatal("the setting made before the descriptor failed never fired")
-	}
-	if d := time.Since(start); d < 200*time.Millisecond {
-		t.Fatalf("fired after %v, before its 200ms", d)
-	}
+	firesAfter(t, tm, start, 200*time.Millisecond, "the setting made before the descriptor failed")
 	if tm.onFD() {
 		t.Fatal("still on the failed descriptor")
 	}
 	tm.Reset(10 * time.Millisecond)
-	if !fired(tm, 5*time.Second) {
-		t.Fatal("a setting after the failure never fired")
-	}
+	firesAfter(t, tm, start, 0, "a setting after the failure")
 	if fired(tm, 100*time.Millisecond) {
 		t.Fatal("fired twice")
 	}
