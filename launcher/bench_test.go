@@ -153,6 +153,7 @@ func BenchmarkLauncherIdle(b *testing.B) {
 		withAgentL, _ := startRunLauncher(b, bin, withAgent)
 		plainL, _ := startRunLauncher(b, bin, without)
 		floorCmd := exec.Command(floorBin)
+		floorCmd.Env = append(os.Environ(), "GOMAXPROCS=1") // as the launcher runs
 		if err := floorCmd.Start(); err != nil {
 			b.Fatal(err)
 		}

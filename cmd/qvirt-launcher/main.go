@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -51,9 +52,9 @@ func main() {
 	// threads running Go at once. With more, the runtime wakes a second thread to look for work
 	// each time a goroutine wakes; an idle launcher's wake-ups halve without it, and its start
 	// costs a fifth less CPU (BenchmarkLauncherIdle, BenchmarkLauncherStartCPU). Setting it also
-	// ends the runtime's once-a-second re-reading of the cgroup's CPU limit. GOMAXPROCS in the
-	// environment still wins.
-	if os.Getenv("GOMAXPROCS") == "" {
+	// ends the runtime's re-reading of the cgroup's CPU limit at each of its monitor's wakes. A
+	// GOMAXPROCS in the environment that the runtime takes (a number above 0) still wins.
+	if n, err := strconv.Atoi(os.Getenv("GOMAXPROCS")); err != nil || n < 1 {
 		runtime.GOMAXPROCS(1)
 	}
 	if len(os.Args) < 2 {

@@ -184,7 +184,7 @@ func (t *Timer) wait(raw syscall.RawConn) {
 			if errno == syscall.EAGAIN {
 				return false // not expired, or set again since: wait for the poller
 			}
-			if errno == 0 && t.raw != nil {
+			if errno == 0 && t.raw != nil && !t.closed {
 				t.when = time.Time{}
 				t.fireLocked()
 			}

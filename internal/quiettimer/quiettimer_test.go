@@ -71,8 +71,9 @@ func TestFiresOnceAfterItsDuration(t *testing.T) {
 			t.Fatal("a one-shot timer fired twice")
 		}
 		// And again, once set again.
+		start = time.Now()
 		tm.Reset(10 * time.Millisecond)
-		firesAfter(t, tm, start, 0, "the timer set a second time")
+		firesAfter(t, tm, start, 10*time.Millisecond, "the timer set a second time")
 	})
 }
 
@@ -192,8 +193,9 @@ func TestFallsBackWhenTheDescriptorFails(t *testing.T) {
 	if tm.onFD() {
 		t.Fatal("still on the failed descriptor")
 	}
+	start = time.Now()
 	tm.Reset(10 * time.Millisecond)
-	firesAfter(t, tm, start, 0, "a setting after the failure")
+	firesAfter(t, tm, start, 10*time.Millisecond, "a setting after the failure")
 	if fired(tm, 100*time.Millisecond) {
 		t.Fatal("fired twice")
 	}
