@@ -186,16 +186,16 @@ func BenchmarkLauncherIdle(b *testing.B) {
 	b.ReportMetric(float64(floor.runs)/minutes, "go-floor-wakeups-per-min")
 }
 
-// schedDelta adds up a process's CPU time and wake-ups between begin and end (taskSched).
+// schedDelta adds up a process's CPU time and wake-ups between begin and end (testutil.SchedStats).
 type schedDelta struct {
 	cpu, cpu0   time.Duration
 	runs, runs0 int64
 }
 
-func (d *schedDelta) begin(b *testing.B, pid int) { d.cpu0, d.runs0 = taskSched(b, pid) }
+func (d *schedDelta) begin(b *testing.B, pid int) { d.cpu0, d.runs0 = testutil.MustSchedStats(b, pid) }
 
 func (d *schedDelta) end(b *testing.B, pid int) {
-	cpu, runs := taskSched(b, pid)
+	cpu, runs := testutil.MustSchedStats(b, pid)
 	d.cpu += cpu - d.cpu0
 	d.runs += runs - d.runs0
 }
@@ -372,21 +372,12 @@ func (l *runLauncher) stop() {
 }
 
 // taskCPU is the CPU time all of process pid's threads have run (schedstat, in nanoseconds: the
-// clock-tick counts of /proc/PID/stat are too coarse for an idle minute).
+// clock-tick counts of /proc/PID/stat are too coarse for an idle minute). A launcher's threads
+// live as long as it does (the Go runtime keeps them), so no thread's time is lost between two
+// readings.
 func taskCPU(b *testing.B, pid int) time.Duration {
-	cpu, _ := taskSched(b, pid)
+	cpu, _ := testutil.MustSchedStats(b, pid)
 	return cpu
-}
-
-// taskSched is the CPU time of all of process pid's threads and how many times they were
-// scheduled in (testutil.SchedStats). A launcher's threads live as long as it does (the Go runtime
-// keeps them), so no thread's time is lost between two readings.
-func taskSched(b *testing.B, pid int) (time.Duration, int64) {
-	cpu, runs, err := testutil.SchedStats(pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return cpu, runs
 }
 
 // statusMiB is a kB field of /proc/PID/status (VmRSS:, RssAnon:) in MiB.

@@ -80,7 +80,7 @@ func BenchmarkIdleExchange(b *testing.B) {
 // idleLoop sleeps n times, long enough for the runtime's monitor thread to fall asleep, and calls
 // f after each sleep; it returns the wake-ups and CPU time of this process's threads over the loop.
 func idleLoop(b *testing.B, n int, f func()) (wakeups int64, cpu time.Duration) {
-	c0, w0 := schedStats(b)
+	c0, w0 := testutil.MustSchedStats(b, 0)
 	for range n {
 		time.Sleep(200 * time.Millisecond)
 		if f != nil {
@@ -88,16 +88,8 @@ func idleLoop(b *testing.B, n int, f func()) (wakeups int64, cpu time.Duration) 
 		}
 	}
 	time.Sleep(200 * time.Millisecond) // the monitor's wake-ups after the last
-	c1, w1 := schedStats(b)
+	c1, w1 := testutil.MustSchedStats(b, 0)
 	return w1 - w0, c1 - c0
-}
-
-func schedStats(b *testing.B) (time.Duration, int64) {
-	cpu, runs, err := testutil.SchedStats(0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return cpu, runs
 }
 
 // echoPeer starts the echo process and returns this end of its socket.

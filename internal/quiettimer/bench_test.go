@@ -28,19 +28,13 @@ func BenchmarkTimerFire(b *testing.B) {
 // fires runs fire b.N times and reports the process's wake-ups and CPU per run.
 func fires(b *testing.B, fire func()) {
 	fire() // settled: the first use's allocations and thread starts are not counted
-	cpu0, runs0, err := testutil.SchedStats(0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cpu0, runs0 := testutil.MustSchedStats(b, 0)
 	b.ResetTimer()
 	for range b.N {
 		fire()
 	}
 	b.StopTimer()
-	cpu1, runs1, err := testutil.SchedStats(0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cpu1, runs1 := testutil.MustSchedStats(b, 0)
 	b.ReportMetric(float64(runs1-runs0)/float64(b.N), "wakeups/fire")
 	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "cpu-µs/fire")
 }

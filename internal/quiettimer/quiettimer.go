@@ -203,12 +203,11 @@ func (t *Timer) wait(raw syscall.RawConn) {
 func (t *Timer) giveUp() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.raw == nil || t.closed {
-		t.raw = nil
-		return
+	// raw is already nil when set failed, and set has armed the fallback itself.
+	if t.raw != nil && !t.closed {
+		t.armFallback()
 	}
 	t.raw = nil
-	t.armFallback()
 }
 
 // fireIf sends the time on C if no setting came after gen (the fallback Go timer's function).

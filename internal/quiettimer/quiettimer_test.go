@@ -1,6 +1,7 @@
 package quiettimer
 
 import (
+	"os"
 	"testing"
 	"time"
 )
@@ -198,6 +199,31 @@ func TestFallsBackWhenTheDescriptorFails(t *testing.T) {
 	firesAfter(t, tm, start, 10*time.Millisecond, "a setting after the failure")
 	if fired(tm, 100*time.Millisecond) {
 		t.Fatal("fired twice")
+	}
+}
+
+// A setting the descriptor refuses (timerfd_settime failing) is a Go timer's.
+func TestFallsBackWhenSettingFails(t *testing.T) {
+	tm := New()
+	t.Cleanup(func() { _ = tm.Close() })
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	closed, err := r.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close()
+	tm.mu.Lock()
+	tm.raw = closed // a descriptor whose Control fails, as a timerfd's setting would
+	tm.mu.Unlock()
+	start := time.Now()
+	tm.Reset(10 * time.Millisecond)
+	firesAfter(t, tm, start, 10*time.Millisecond, "a setting the descriptor refused")
+	if tm.onFD() {
+		t.Fatal("still on the descriptor that refused the setting")
 	}
 }
 

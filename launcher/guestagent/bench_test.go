@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -53,3 +54,26 @@ func BenchmarkInterfacesPoll(b *testing.B) {
 }
 
 func fdFile(fd int, name string) *os.File { return os.NewFile(uintptr(fd), name) }
+
+// BenchmarkDecodeInterfaces is the decoding part of a poll: the reply line to the launcher's
+// interfaces, for the test guest's reply (guest) and for a guest that lists MaxItems*4 interfaces
+// (over-cap), of which MaxItems are decoded.
+func BenchmarkDecodeInterfaces(b *testing.B) {
+	many := `{"return": [` + strings.Repeat(`{"name": "eth0", "ip-addresses": [{"ip-address-type": "ipv4", "ip-address": "10.0.0.1", "prefix": 8}], "hardware-address": "02:00:00:aa:bb:81"},`, 4*MaxItems-1) +
+		`{"name": "eth1"}]}`
+	for _, c := range []struct{ name, line string }{{"guest", realInterfaces}, {"over-cap", many}} {
+		b.Run(c.name, func(b *testing.B) {
+			line := []byte(c.line)
+			b.ReportAllocs()
+			for range b.N {
+				raw, err := ParseReply(line)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := DecodeInterfaces(raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -173,6 +173,38 @@ func TestDecodeInterfacesBounds(t *testing.T) {
 	}
 }
 
+// The cap is found by counting the list's own commas: those inside names, in nested lists and
+// objects, and after escaped quotes and backslashes do not count, and a garbled element past the
+// cap still fails the reply.
+func TestDecodeInterfacesCapCountsTheListsOwnCommas(t *testing.T) {
+	names := []string{`a,b`, `c]d`, `e},{\"name\": \"f`, `g\"`, `h\\`, `i\\\",`}
+	var list []string
+	for i := range MaxItems + 5 {
+		name := names[i%len(names)]
+		list = append(list, ` {"name": "`+name+`", "ip-addresses": [ ], "statistics": {"a": [1, [2, 3]], "b": {"c": ","}}}`)
+	}
+	got, err := DecodeInterfaces(json.RawMessage("[" + strings.Join(list, " , ") + "\n]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != MaxItems {
+		t.Fatalf("%d interfaces, want the cap %d", len(got), MaxItems)
+	}
+	for i, in := range got {
+		var want string
+		if err := json.Unmarshal([]byte(`"`+names[i%len(names)]+`"`), &want); err != nil {
+			t.Fatal(err)
+		}
+		if in.Name != want {
+			t.Errorf("interface %d is %q, want %q", i, in.Name, want)
+		}
+	}
+	garbled := "[" + strings.Join(list, ",") + `, {"name": }]`
+	if _, err := DecodeInterfaces(json.RawMessage(garbled)); err == nil {
+		t.Error("a reply garbled past the cap decoded")
+	}
+}
+
 // deadlineConn records the last deadline set on it.
 type deadlineConn struct {
 	net.Conn

@@ -1,6 +1,8 @@
 package guestagent
 
 import (
+	"bytes"
+	"encoding/json"
 	"testing"
 	"unicode/utf8"
 )
@@ -71,4 +73,38 @@ func checkLen(t *testing.T, n int) {
 	if n > MaxItems {
 		t.Errorf("list of %d passed the cap %d", n, MaxItems)
 	}
+}
+
+// FuzzFirstItems checks the capped list's decoding against a plain decode: for any valid JSON
+// array, its first n elements, byte for byte; for any other valid JSON, an error. n is small, so
+// that the fuzzer reaches the cut with short inputs.
+func FuzzFirstItems(f *testing.F) {
+	f.Add([]byte(`[1, "a,b", {"c": [2, 3]}, "\"]", "\\", []]`), uint8(2))
+	f.Add([]byte(`[{"x": ","}, {"y": "\\\","}, 0]`), uint8(1))
+	f.Add([]byte(`{"not": "a list"}`), uint8(0))
+	f.Fuzz(func(t *testing.T, b []byte, cap uint8) {
+		b = bytes.TrimSpace(b) // as encoding/json hands an Unmarshaler its value
+		if !json.Valid(b) {
+			return // an Unmarshaler is given valid JSON only
+		}
+		n := int(cap%4) + 1
+		var plain []json.RawMessage
+		plainErr := json.Unmarshal(b, &plain)
+		got, err := firstItems[json.RawMessage](b, n)
+		if (err != nil) != (plainErr != nil) {
+			t.Fatalf("firstItems: %v, plain: %v", err, plainErr)
+		}
+		if err != nil {
+			return
+		}
+		want := plain[:min(len(plain), n)]
+		if len(got) != len(want) {
+			t.Fatalf("%d elements, want %d", len(got), len(want))
+		}
+		for i := range want {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Fatalf("element %d is %s, want %s", i, got[i], want[i])
+			}
+		}
+	})
 }

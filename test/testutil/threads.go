@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -72,4 +73,14 @@ func SchedStats(pid int) (cpu time.Duration, runs int64, err error) {
 		runs += n
 	}
 	return cpu, runs, nil
+}
+
+// MustSchedStats is SchedStats, failing tb when the figures cannot be read.
+func MustSchedStats(tb testing.TB, pid int) (time.Duration, int64) {
+	tb.Helper()
+	cpu, runs, err := SchedStats(pid)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cpu, runs
 }
