@@ -203,7 +203,8 @@ func (t *Timer) wait(raw syscall.RawConn) {
 func (t *Timer) giveUp() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	// raw is already nil when set failed, and set has armed the fallback itself.
+	// raw is already nil when set failed, and set has armed the fallback itself; a closed timer
+	// has no setting to carry over.
 	if t.raw != nil && !t.closed {
 		t.armFallback()
 	}

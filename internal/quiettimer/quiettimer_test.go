@@ -202,7 +202,8 @@ func TestFallsBackWhenTheDescriptorFails(t *testing.T) {
 	}
 }
 
-// A setting the descriptor refuses (timerfd_settime failing) is a Go timer's.
+// A setting the descriptor refuses (timerfd_settime failing: here EINVAL, as the descriptor is a
+// pipe's) is a Go timer's.
 func TestFallsBackWhenSettingFails(t *testing.T) {
 	tm := New()
 	t.Cleanup(func() { _ = tm.Close() })
@@ -210,14 +211,13 @@ func TestFallsBackWhenSettingFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = w.Close()
-	closed, err := r.SyscallConn()
+	t.Cleanup(func() { _ = r.Close(); _ = w.Close() })
+	notTimer, err := r.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = r.Close()
 	tm.mu.Lock()
-	tm.raw = closed // a descriptor whose Control fails, as a timerfd's setting would
+	tm.raw = notTimer
 	tm.mu.Unlock()
 	start := time.Now()
 	tm.Reset(10 * time.Millisecond)

@@ -2,7 +2,7 @@ package guestagent
 
 import (
 	"encoding/json"
-	"errors"
+	"reflect"
 )
 
 // capped is a JSON array of which at most MaxItems elements are decoded; the rest are dropped
@@ -19,8 +19,8 @@ func (c *capped[T]) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// firstItems decodes the first n elements of the JSON array b with one json.Unmarshal (nil for
-// null). The encoding/json package hands an Unmarshaler a value it has already checked to be valid
+// firstItems decodes the first n elements (n > 0) of the JSON array b with one json.Unmarshal (nil
+// for null). The encoding/json package hands an Unmarshaler a value it has already checked to be valid
 // JSON, so the elements past n need no check of their own, and the cut is found by counting the
 // array's own commas, outside strings and nested values.
 func firstItems[T any](b []byte, n int) ([]T, error) {
@@ -28,7 +28,9 @@ func firstItems[T any](b []byte, n int) ([]T, error) {
 		return nil, nil
 	}
 	if len(b) == 0 || b[0] != '[' {
-		return nil, errors.New("expected a JSON array")
+		// encoding/json adds the field's path to a type error: which list of the reply was wrong.
+		// The type named is any list's; capped's own name would spell out T's fields.
+		return nil, &json.UnmarshalTypeError{Value: jsonKind(b), Type: reflect.TypeFor[[]any]()}
 	}
 	if end, more := itemsEnd(b, n); more {
 		b = append(b[:end:end], ']') // a copy: b is the caller's
@@ -38,6 +40,21 @@ func firstItems[T any](b []byte, n int) ([]T, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// jsonKind names the kind of the valid JSON value b, as encoding/json's type errors do.
+func jsonKind(b []byte) string {
+	switch {
+	case len(b) == 0:
+		return "nothing"
+	case b[0] == '{':
+		return "object"
+	case b[0] == '"':
+		return "string"
+	case b[0] == 't' || b[0] == 'f':
+		return "bool"
+	}
+	return "number"
 }
 
 // itemsEnd returns the offset of the comma after the n-th element (n > 0) of the valid JSON array

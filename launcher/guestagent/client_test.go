@@ -2,6 +2,7 @@ package guestagent
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -183,9 +184,14 @@ func TestDecodeInterfacesCapCountsTheListsOwnCommas(t *testing.T) {
 		name := names[i%len(names)]
 		list = append(list, ` {"name": "`+name+`", "ip-addresses": [ ], "statistics": {"a": [1, [2, 3]], "b": {"c": ","}}}`)
 	}
-	got, err := DecodeInterfaces(json.RawMessage("[" + strings.Join(list, " , ") + "\n]"))
+	raw := json.RawMessage("[" + strings.Join(list, " , ") + "\n]")
+	before := bytes.Clone(raw)
+	got, err := DecodeInterfaces(raw)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !bytes.Equal(raw, before) {
+		t.Error("decoding changed the reply: another decoder of the same reply would read the cut")
 	}
 	if len(got) != MaxItems {
 		t.Fatalf("%d interfaces, want the cap %d", len(got), MaxItems)
@@ -199,9 +205,25 @@ func TestDecodeInterfacesCapCountsTheListsOwnCommas(t *testing.T) {
 			t.Errorf("interface %d is %q, want %q", i, in.Name, want)
 		}
 	}
+	// The elements past the cap are not decoded, but json.Unmarshal checks the whole reply first.
 	garbled := "[" + strings.Join(list, ",") + `, {"name": }]`
 	if _, err := DecodeInterfaces(json.RawMessage(garbled)); err == nil {
 		t.Error("a reply garbled past the cap decoded")
+	}
+}
+
+// A list given as null is no list; one given as anything else is an error naming it.
+func TestDecodeInterfacesListKinds(t *testing.T) {
+	got, err := DecodeInterfaces(json.RawMessage(`[{"name": "eth0", "ip-addresses": null}]`))
+	if err != nil || len(got) != 1 || got[0].Addresses != nil {
+		t.Errorf("ip-addresses null: %+v, %v; want eth0 without addresses", got, err)
+	}
+	if got, err := DecodeInterfaces(json.RawMessage(`null`)); err != nil || len(got) != 0 {
+		t.Errorf("null: %#v, %v; want no interfaces", got, err)
+	}
+	_, err = DecodeInterfaces(json.RawMessage(`[{"name": "eth0", "ip-addresses": {"ip-address": "10.0.0.1"}}]`))
+	if err == nil || !strings.Contains(err.Error(), "ip-addresses") || !strings.Contains(err.Error(), "object") {
+		t.Errorf("ip-addresses as an object: %v; want an error naming the field and what it got", err)
 	}
 }
 

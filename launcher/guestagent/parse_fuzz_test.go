@@ -82,15 +82,20 @@ func FuzzFirstItems(f *testing.F) {
 	f.Add([]byte(`[1, "a,b", {"c": [2, 3]}, "\"]", "\\", []]`), uint8(2))
 	f.Add([]byte(`[{"x": ","}, {"y": "\\\","}, 0]`), uint8(1))
 	f.Add([]byte(`{"not": "a list"}`), uint8(0))
-	f.Fuzz(func(t *testing.T, b []byte, cap uint8) {
+	f.Add([]byte(`null`), uint8(0))
+	f.Fuzz(func(t *testing.T, b []byte, k uint8) {
 		b = bytes.TrimSpace(b) // as encoding/json hands an Unmarshaler its value
 		if !json.Valid(b) {
 			return // an Unmarshaler is given valid JSON only
 		}
-		n := int(cap%4) + 1
+		n := int(k%4) + 1
 		var plain []json.RawMessage
 		plainErr := json.Unmarshal(b, &plain)
+		before := bytes.Clone(b)
 		got, err := firstItems[json.RawMessage](b, n)
+		if !bytes.Equal(b, before) {
+			t.Fatalf("the input changed: %s, was %s", b, before)
+		}
 		if (err != nil) != (plainErr != nil) {
 			t.Fatalf("firstItems: %v, plain: %v", err, plainErr)
 		}
